@@ -1,0 +1,256 @@
+use crate::device::DeviceSpec;
+use crate::infer::{infer, TypeError};
+use crate::op::Op;
+use crate::types::TensorType;
+use dfc_diag::Span;
+use petgraph::stable_graph::{NodeIndex, StableGraph};
+use petgraph::visit::EdgeRef;
+use petgraph::Direction;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BinaryHeap, HashSet};
+use std::cmp::Reverse;
+
+/// A node's identity. Stable across removals of other nodes; printed renumbered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct NodeId(u32);
+
+impl NodeId {
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+
+    fn from_petgraph(index: NodeIndex) -> NodeId {
+        NodeId(index.index() as u32)
+    }
+
+    fn to_petgraph(self) -> NodeIndex {
+        NodeIndex::new(self.0 as usize)
+    }
+}
+
+/// One output of one node: what a data edge carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct TensorRef {
+    pub node: NodeId,
+    pub port: u32,
+}
+
+impl From<NodeId> for TensorRef {
+    fn from(node: NodeId) -> TensorRef {
+        TensorRef { node, port: 0 }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Node {
+    pub op: Op,
+    /// Unique in the graph; `/` separates name scopes (`h1/w`, `hidden/matmul`).
+    pub name: String,
+    pub outputs: Vec<TensorType>,
+    /// The device the source asked for (`@device`, `device "..." { }`), possibly partial.
+    pub requested_device: Option<DeviceSpec>,
+    /// The device placement chose. `None` until placement runs.
+    pub device: Option<DeviceSpec>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Edge {
+    /// Output `output` of the source feeds operand `input` of the target.
+    Data { output: u32, input: u32 },
+    /// The target runs after the source; nothing flows.
+    Control,
+}
+
+/// A dataflow graph: nodes are ops, edges data or control dependencies. Source spans live in a
+/// table beside the graph, not in the nodes.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Graph {
+    graph: StableGraph<Node, Edge>,
+    spans: BTreeMap<NodeId, Span>,
+    #[serde(skip)]
+    names: HashSet<String>,
+}
+
+impl Graph {
+    pub fn new() -> Graph {
+        Graph::default()
+    }
+
+    /// Adds a node whose output types are inferred from `inputs`. The name is made unique by a
+    /// numeric suffix where needed.
+    pub fn add(
+        &mut self,
+        op: Op,
+        inputs: &[TensorRef],
+        name: &str,
+        span: Option<Span>,
+    ) -> Result<NodeId, TypeError> {
+        let types: Vec<&TensorType> = inputs.iter().map(|t| self.ty(*t)).collect();
+        let outputs = infer(&op, &types)?;
+        Ok(self.add_with_types(op, inputs, outputs, name, span))
+    }
+
+    /// Adds a node with the given output types, unchecked (the verifier checks them).
+    pub fn add_with_types(
+        &mut self,
+        op: Op,
+        inputs: &[TensorRef],
+        outputs: Vec<TensorType>,
+        name: &str,
+        span: Option<Span>,
+    ) -> NodeId {
+        let name = self.unique_name(name);
+        self.names.insert(name.clone());
+        let node = Node { op, name, outputs, requested_device: None, device: None };
+        let id = NodeId::from_petgraph(self.graph.add_node(node));
+        for (i, input) in inputs.iter().enumerate() {
+            self.graph.add_edge(
+                input.node.to_petgraph(),
+                id.to_petgraph(),
+                Edge::Data { output: input.port, input: i as u32 },
+            );
+        }
+        if let Some(span) = span {
+            self.spans.insert(id, span);
+        }
+        id
+    }
+
+    /// `base`, or `base_1`, `base_2`, ... whichever is free.
+    pub fn unique_name(&mut self, base: &str) -> String {
+        if self.names.len() != self.graph.node_count() {
+            self.names = self.graph.node_weights().map(|n| n.name.clone()).collect();
+        }
+        let base = if base.is_empty() { "node" } else { base };
+        if !self.names.contains(base) {
+            return base.to_string();
+        }
+        (1..).map(|i| format!("{base}_{i}")).find(|n| !self.names.contains(n)).expect("unbounded")
+    }
+
+    pub fn add_control_edge(&mut self, before: NodeId, after: NodeId) {
+        self.graph.add_edge(before.to_petgraph(), after.to_petgraph(), Edge::Control);
+    }
+
+    pub fn remove(&mut self, id: NodeId) -> Option<Node> {
+        self.spans.remove(&id);
+        let node = self.graph.remove_node(id.to_petgraph())?;
+        self.names.remove(&node.name);
+        Some(node)
+    }
+
+    pub fn contains(&self, id: NodeId) -> bool {
+        self.graph.contains_node(id.to_petgraph())
+    }
+
+    pub fn node(&self, id: NodeId) -> &Node {
+        &self.graph[id.to_petgraph()]
+    }
+
+    pub fn node_mut(&mut self, id: NodeId) -> &mut Node {
+        &mut self.graph[id.to_petgraph()]
+    }
+
+    /// The type of one output.
+    pub fn ty(&self, tensor: TensorRef) -> &TensorType {
+        &self.node(tensor.node).outputs[tensor.port as usize]
+    }
+
+    pub fn len(&self) -> usize {
+        self.graph.node_count()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Every node, in creation order.
+    pub fn node_ids(&self) -> impl Iterator<Item = NodeId> + '_ {
+        self.graph.node_indices().map(NodeId::from_petgraph)
+    }
+
+    /// Data operands in operand order. A malformed graph may have gaps or duplicates; the
+    /// verifier reports those, `data_edges` shows them.
+    pub fn inputs(&self, id: NodeId) -> Vec<TensorRef> {
+        let mut edges = self.data_edges_into(id);
+        edges.sort_by_key(|(input, _)| *input);
+        edges.into_iter().map(|(_, tensor)| tensor).collect()
+    }
+
+    /// `(operand index, source)` of every data edge into `id`.
+    pub fn data_edges_into(&self, id: NodeId) -> Vec<(u32, TensorRef)> {
+        self.graph
+            .edges_directed(id.to_petgraph(), Direction::Incoming)
+            .filter_map(|e| match *e.weight() {
+                Edge::Data { output, input } => {
+                    Some((input, TensorRef { node: NodeId::from_petgraph(e.source()), port: output }))
+                }
+                Edge::Control => None,
+            })
+            .collect()
+    }
+
+    pub fn control_inputs(&self, id: NodeId) -> Vec<NodeId> {
+        let mut before: Vec<NodeId> = self
+            .graph
+            .edges_directed(id.to_petgraph(), Direction::Incoming)
+            .filter(|e| *e.weight() == Edge::Control)
+            .map(|e| NodeId::from_petgraph(e.source()))
+            .collect();
+        before.sort();
+        before
+    }
+
+    /// Nodes that use any output of `id`, by data or control edge, each once.
+    pub fn users(&self, id: NodeId) -> Vec<NodeId> {
+        let mut users: Vec<NodeId> = self
+            .graph
+            .neighbors_directed(id.to_petgraph(), Direction::Outgoing)
+            .map(NodeId::from_petgraph)
+            .collect();
+        users.sort();
+        users.dedup();
+        users
+    }
+
+    pub fn span(&self, id: NodeId) -> Option<Span> {
+        self.spans.get(&id).copied()
+    }
+
+    pub fn set_span(&mut self, id: NodeId, span: Span) {
+        self.spans.insert(id, span);
+    }
+
+    /// A topological order, stable: among ready nodes the oldest comes first, so the same
+    /// graph always prints the same. `Err` holds the nodes on or behind a cycle.
+    pub fn topo_order(&self) -> Result<Vec<NodeId>, Vec<NodeId>> {
+        let mut pending: BTreeMap<NodeId, usize> = BTreeMap::new();
+        let mut ready = BinaryHeap::new();
+        for id in self.node_ids() {
+            let n = self.graph.edges_directed(id.to_petgraph(), Direction::Incoming).count();
+            if n == 0 {
+                ready.push(Reverse(id));
+            } else {
+                pending.insert(id, n);
+            }
+        }
+        let mut order = Vec::with_capacity(self.len());
+        while let Some(Reverse(id)) = ready.pop() {
+            order.push(id);
+            for edge in self.graph.edges_directed(id.to_petgraph(), Direction::Outgoing) {
+                let target = NodeId::from_petgraph(edge.target());
+                let n = pending.get_mut(&target).expect("counted above");
+                *n -= 1;
+                if *n == 0 {
+                    pending.remove(&target);
+                    ready.push(Reverse(target));
+                }
+            }
+        }
+        if pending.is_empty() {
+            Ok(order)
+        } else {
+            Err(pending.into_keys().collect())
+        }
+    }
+}

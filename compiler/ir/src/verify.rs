@@ -1,0 +1,147 @@
+//! The IR verifier: checks every invariant and reports every violation, not the first.
+//! It runs after every pass in tests and debug builds.
+
+use crate::graph::{Graph, NodeId, TensorRef};
+use crate::infer::infer;
+use crate::module::Module;
+use crate::op::Op;
+use crate::types::TensorType;
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+
+#[derive(Clone, Copy, Debug, Default)]
+pub struct VerifyOptions {
+    /// After placement every node must have a device.
+    pub require_devices: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VerifyError {
+    /// The node at fault, when one is.
+    pub node: Option<NodeId>,
+    pub message: String,
+}
+
+impl fmt::Display for VerifyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// Every broken invariant of `module`, or an empty list.
+pub fn verify(module: &Module, options: VerifyOptions) -> Vec<VerifyError> {
+    let graph = &module.graph;
+    let mut errors = verify_graph(graph, options);
+    let mut check_ref = |what: &str, t: TensorRef| {
+        if !graph.contains(t.node) {
+            errors.push(VerifyError { node: None, message: format!("{what} refers to a removed node") });
+        } else if t.port as usize >= graph.node(t.node).outputs.len() {
+            errors.push(VerifyError { node: Some(t.node), message: format!("{what} refers to a missing output") });
+        }
+    };
+    for output in &module.outputs {
+        check_ref(&format!("output `{}`", output.name), output.tensor);
+    }
+    if let Some(training) = &module.training {
+        check_ref("the loss", training.loss);
+    }
+    for &id in &module.inputs {
+        if !graph.contains(id) || !matches!(graph.node(id).op, Op::Input { .. }) {
+            errors.push(VerifyError { node: None, message: "a module input is not an input node".into() });
+        }
+    }
+    for &id in &module.params {
+        if !graph.contains(id) || !matches!(graph.node(id).op, Op::Variable { .. }) {
+            errors.push(VerifyError { node: None, message: "a module parameter is not a variable node".into() });
+        }
+    }
+    if let Some(training) = &module.training {
+        if graph.contains(training.loss.node) {
+            let loss = graph.ty(training.loss);
+            if loss.shape.rank() != 0 || !loss.dtype.is_float() {
+                errors.push(VerifyError {
+                    node: Some(training.loss.node),
+                    message: format!("the loss must be a floating-point scalar, not {loss}"),
+                });
+            }
+        }
+    }
+    errors
+}
+
+pub fn verify_graph(graph: &Graph, options: VerifyOptions) -> Vec<VerifyError> {
+    let mut errors = Vec::new();
+    let mut error = |node: NodeId, message: String| errors.push(VerifyError { node: Some(node), message });
+
+    if let Err(cyclic) = graph.topo_order() {
+        let names: Vec<&str> = cyclic.iter().take(5).map(|id| graph.node(*id).name.as_str()).collect();
+        error(cyclic[0], format!("the graph has a cycle through {}", names.join(", ")));
+    }
+
+    let mut names: HashMap<&str, NodeId> = HashMap::new();
+    for id in graph.node_ids() {
+        let node = graph.node(id);
+        if let Some(first) = names.insert(&node.name, id) {
+            error(id, format!("the name `{}` is also used by another node ({first:?})", node.name));
+        }
+
+        // Operands: every index 0..n exactly once, each from an existing output.
+        let mut edges = graph.data_edges_into(id);
+        edges.sort_by_key(|(input, _)| *input);
+        let mut seen = HashSet::new();
+        for (input, source) in &edges {
+            if !seen.insert(*input) {
+                error(id, format!("operand {input} is connected twice"));
+            }
+            if source.port as usize >= graph.node(source.node).outputs.len() {
+                error(id, format!("operand {input} reads output {} of a node that has fewer", source.port));
+            }
+        }
+        let n_inputs = edges.len();
+        if seen.len() == n_inputs && (0..n_inputs as u32).any(|i| !seen.contains(&i)) {
+            error(id, "the operands are not numbered 0..n".into());
+        }
+        match node.op.arity() {
+            Some(arity) if arity != n_inputs => {
+                error(id, format!("`{}` takes {arity} operand(s) but has {n_inputs}", node.op.name()));
+                continue;
+            }
+            _ => {}
+        }
+
+        // Stateful operands: `read` and the assignments act on a variable itself.
+        if matches!(node.op, Op::Read | Op::Assign | Op::AssignAdd | Op::AssignSub) {
+            if let Some((_, target)) = edges.iter().find(|(input, _)| *input == 0) {
+                if !matches!(graph.node(target.node).op, Op::Variable { .. }) {
+                    error(id, format!("`{}` must act on a variable", node.op.name()));
+                }
+            }
+        }
+        for (input, source) in &edges {
+            let is_variable = matches!(graph.node(source.node).op, Op::Variable { .. });
+            let takes_variable = *input == 0 && matches!(node.op, Op::Read | Op::Assign | Op::AssignAdd | Op::AssignSub);
+            if is_variable && !takes_variable {
+                error(id, format!("operand {input} uses a variable directly; read it first"));
+            }
+        }
+
+        // Types: the stored output types are what the op gives for these operands.
+        if edges.iter().all(|(_, s)| (s.port as usize) < graph.node(s.node).outputs.len()) {
+            let operand_types: Vec<&TensorType> = graph.inputs(id).iter().map(|t| graph.ty(*t)).collect();
+            match infer(&node.op, &operand_types) {
+                Ok(types) if types != node.outputs => {
+                    let want: Vec<String> = types.iter().map(|t| t.to_string()).collect();
+                    let have: Vec<String> = node.outputs.iter().map(|t| t.to_string()).collect();
+                    error(id, format!("output type {} should be {}", have.join(", "), want.join(", ")));
+                }
+                Ok(_) => {}
+                Err(e) => error(id, format!("ill-typed: {}", e.message)),
+            }
+        }
+
+        if options.require_devices && node.device.is_none() {
+            error(id, format!("`{}` has no device", node.name));
+        }
+    }
+    errors
+}

@@ -1,0 +1,10 @@
+//! The front end of dfc: `.df` text → AST with spans, plus syntax diagnostics.
+//!
+//! Architecture Invariant: parsing never fails. `parse` always returns a tree (possibly with
+//! statements left out) and every syntax error it found, so that later stages and the editor
+//! always have something to work with. No input may make it panic (see the fuzz target).
+
+pub mod ast;
+mod parser;
+
+pub use parser::parse;

@@ -1,0 +1,568 @@
+//! pest parse tree → AST, with syntax diagnostics.
+//!
+//! The grammar swallows unparseable statements and items into `bad_stmt` / `bad_item`; for each,
+//! the text is parsed again with the strict rule so that the error points at the exact token
+//! and says what was expected there.
+
+use crate::ast::*;
+use dfc_diag::{Code, Diagnostic, Span};
+use pest::iterators::Pair;
+use pest::pratt_parser::{Assoc, Op, PrattParser};
+use pest::Parser as _;
+use std::sync::LazyLock;
+
+#[derive(pest_derive::Parser)]
+#[grammar = "../../grammar/dfc.pest"]
+struct DfcParser;
+
+static PRATT: LazyLock<PrattParser<Rule>> = LazyLock::new(|| {
+    PrattParser::new()
+        .op(Op::infix(Rule::eq, Assoc::Left)
+            | Op::infix(Rule::ne, Assoc::Left)
+            | Op::infix(Rule::lt, Assoc::Left)
+            | Op::infix(Rule::le, Assoc::Left)
+            | Op::infix(Rule::gt, Assoc::Left)
+            | Op::infix(Rule::ge, Assoc::Left))
+        .op(Op::infix(Rule::add, Assoc::Left) | Op::infix(Rule::sub, Assoc::Left))
+        .op(Op::infix(Rule::mul, Assoc::Left)
+            | Op::infix(Rule::div, Assoc::Left)
+            | Op::infix(Rule::matmul, Assoc::Left))
+        .op(Op::prefix(Rule::neg))
+});
+
+/// Parses a whole file. Never fails: what cannot be parsed is reported and left out.
+pub fn parse(source: &str) -> (SourceFile, Vec<Diagnostic>) {
+    pest::set_error_detail(true);
+    let mut builder = Builder { source, diagnostics: Vec::new() };
+    let file = match DfcParser::parse(Rule::file, source) {
+        Ok(mut pairs) => builder.file(pairs.next().expect("file rule")),
+        Err(error) => {
+            // The recovery rules make this unreachable in practice; keep the error all the same.
+            builder.diagnostics.push(syntax_error(source, 0, &error));
+            SourceFile::default()
+        }
+    };
+    (file, builder.diagnostics)
+}
+
+struct Builder<'s> {
+    source: &'s str,
+    diagnostics: Vec<Diagnostic>,
+}
+
+fn span_of(pair: &Pair<Rule>) -> Span {
+    let span = pair.as_span();
+    Span::new(span.start(), span.end())
+}
+
+impl Builder<'_> {
+    fn file(&mut self, pair: Pair<Rule>) -> SourceFile {
+        let mut items = Vec::new();
+        for pair in pair.into_inner() {
+            match pair.as_rule() {
+                Rule::model => items.push(Item::Model(self.model(pair))),
+                Rule::layer_def => items.push(Item::Layer(self.layer_def(pair))),
+                Rule::bad_item => self.bad_region(&pair, Rule::strict_item_entry),
+                _ => {}
+            }
+        }
+        SourceFile { items }
+    }
+
+    fn model(&mut self, pair: Pair<Rule>) -> Model {
+        let span = span_of(&pair);
+        let mut inner = significant(pair);
+        let name = ident(inner.next().expect("model name"));
+        let body = self.block(inner, "model", &name, span);
+        Model { name, body, span }
+    }
+
+    /// Statements up to the optional closing brace; reports a missing one.
+    fn block<'i>(
+        &mut self,
+        pairs: impl Iterator<Item = Pair<'i, Rule>>,
+        what: &str,
+        name: &Ident,
+        span: Span,
+    ) -> Vec<Stmt> {
+        let mut body = Vec::new();
+        let mut closed = false;
+        for pair in pairs {
+            match pair.as_rule() {
+                Rule::close => closed = true,
+                _ => body.extend(self.stmt(pair)),
+            }
+        }
+        if !closed {
+            let end = Span::new(span.end as usize, span.end as usize);
+            self.diagnostics.push(
+                Diagnostic::error(
+                    Code::UNCLOSED_BLOCK,
+                    end,
+                    format!("{what} `{}` is missing its closing `}}`", name.name),
+                )
+                .with_label("expected `}` here")
+                .with_secondary(name.span, format!("{what} opened here"))
+                .with_help("add `}` after the last statement of the block"),
+            );
+        }
+        body
+    }
+
+    fn layer_def(&mut self, pair: Pair<Rule>) -> LayerDef {
+        let span = span_of(&pair);
+        let mut inner = significant(pair).peekable();
+        let name = ident(inner.next().expect("layer name"));
+        let mut params = Vec::new();
+        if inner.peek().map(|p| p.as_rule()) == Some(Rule::layer_params) {
+            for param in inner.next().expect("peeked").into_inner() {
+                params.push(self.layer_param(param));
+            }
+        }
+        let mut return_type = None;
+        if inner.peek().map(|p| p.as_rule()) == Some(Rule::tensor_type) {
+            return_type = Some(self.tensor_type(inner.next().expect("peeked")));
+        }
+        let body = self.block(inner, "layer", &name, span);
+        LayerDef { name, params, return_type, body, span }
+    }
+
+    fn layer_param(&mut self, pair: Pair<Rule>) -> LayerParam {
+        let span = span_of(&pair);
+        let mut inner = pair.into_inner();
+        let name = ident(inner.next().expect("param name"));
+        let kind_pair = inner.next().expect("param kind");
+        let kind = match kind_pair.as_rule() {
+            Rule::dim_kind => LayerParamKind::Dim,
+            _ => LayerParamKind::Tensor(self.tensor_type(kind_pair)),
+        };
+        let default = inner.next().map(|p| self.expr(p));
+        LayerParam { name, kind, default, span }
+    }
+
+    fn stmt(&mut self, pair: Pair<Rule>) -> Option<Stmt> {
+        let span = span_of(&pair);
+        let rule = pair.as_rule();
+        if rule == Rule::bad_stmt {
+            self.bad_region(&pair, Rule::strict_stmt_entry);
+            return None;
+        }
+        let mut attrs = Vec::new();
+        let mut inner = significant(pair).peekable();
+        while inner.peek().map(|p| p.as_rule()) == Some(Rule::attribute) {
+            attrs.push(self.attribute(inner.next().expect("peeked")));
+        }
+        let kind = match rule {
+            Rule::dim_stmt => {
+                let name = ident(inner.next()?);
+                StmtKind::Dim { name, value: inner.next().map(|p| self.expr(p)) }
+            }
+            Rule::input_stmt => {
+                let name = ident(inner.next()?);
+                StmtKind::Input { name, ty: self.tensor_type(inner.next()?) }
+            }
+            Rule::param_stmt => {
+                let name = ident(inner.next()?);
+                let ty = self.tensor_type(inner.next()?);
+                StmtKind::Param { name, ty, init: inner.next().map(|p| self.expr(p)) }
+            }
+            Rule::const_stmt | Rule::let_stmt => {
+                let name = ident(inner.next()?);
+                let mut ty = None;
+                let mut next = inner.next()?;
+                if next.as_rule() == Rule::tensor_type {
+                    ty = Some(self.tensor_type(next));
+                    next = inner.next()?;
+                }
+                let value = self.expr(next);
+                if rule == Rule::const_stmt {
+                    StmtKind::Const { name, ty, value }
+                } else {
+                    StmtKind::Let { name, ty, value }
+                }
+            }
+            Rule::output_stmt => StmtKind::Output {
+                items: inner
+                    .map(|item| {
+                        let span = span_of(&item);
+                        let mut parts = significant(item);
+                        let value = self.expr(parts.next().expect("output expr"));
+                        OutputItem { value, alias: parts.next().map(ident), span }
+                    })
+                    .collect(),
+            },
+            Rule::minimize_stmt => {
+                let loss = self.expr(inner.next()?);
+                StmtKind::Minimize { loss, optimizer: self.call(inner.next()?) }
+            }
+            Rule::device_block => {
+                let spec = self.string(inner.next()?);
+                let name = Ident { name: spec.value.clone(), span: spec.span };
+                let body = self.block(inner, "device block", &name, span);
+                StmtKind::Device { spec, body }
+            }
+            Rule::return_stmt => StmtKind::Return { value: self.expr(inner.next()?) },
+            _ => return None,
+        };
+        Some(Stmt { attrs, kind, span })
+    }
+
+    fn attribute(&mut self, pair: Pair<Rule>) -> Attribute {
+        let span = span_of(&pair);
+        let mut inner = pair.into_inner();
+        let name = ident(inner.next().expect("attribute name"));
+        let args = inner.next().map(|p| self.args(p)).unwrap_or_default();
+        Attribute { name, args, span }
+    }
+
+    fn tensor_type(&mut self, pair: Pair<Rule>) -> TensorType {
+        let span = span_of(&pair);
+        let mut inner = pair.into_inner();
+        let dtype_pair = inner.next().expect("dtype");
+        let dtype = DTypeName::parse(dtype_pair.as_str()).expect("grammar admits only dtypes");
+        let shape = inner
+            .next()
+            .map(|shape| shape.into_inner().map(|p| self.expr(p)).collect())
+            .unwrap_or_default();
+        TensorType { dtype, dtype_span: span_of(&dtype_pair), shape, span }
+    }
+
+    fn string(&mut self, pair: Pair<Rule>) -> StrLit {
+        let span = span_of(&pair);
+        let body = pair.into_inner().next().map(|p| p.as_str()).unwrap_or("");
+        StrLit { value: self.unescape(body, span), span }
+    }
+
+    fn unescape(&mut self, body: &str, span: Span) -> String {
+        let mut out = String::with_capacity(body.len());
+        let mut chars = body.chars();
+        while let Some(c) = chars.next() {
+            if c != '\\' {
+                out.push(c);
+                continue;
+            }
+            match chars.next() {
+                Some('n') => out.push('\n'),
+                Some('t') => out.push('\t'),
+                Some(c @ ('\\' | '"')) => out.push(c),
+                other => {
+                    let shown = other.map(|c| format!("\\{c}")).unwrap_or_else(|| "\\".into());
+                    self.diagnostics.push(
+                        Diagnostic::error(
+                            Code::BAD_LITERAL,
+                            span,
+                            format!("unknown escape `{shown}` in string"),
+                        )
+                        .with_help("the escapes are \\n, \\t, \\\\ and \\\""),
+                    );
+                }
+            }
+        }
+        out
+    }
+
+    fn args(&mut self, pair: Pair<Rule>) -> Vec<Arg> {
+        pair.into_inner()
+            .map(|arg| {
+                let span = span_of(&arg);
+                if arg.as_rule() == Rule::kwarg {
+                    let mut inner = arg.into_inner();
+                    let name = ident(inner.next().expect("kwarg name"));
+                    let value = self.expr(inner.next().expect("kwarg value"));
+                    Arg { name: Some(name), value, span }
+                } else {
+                    Arg { name: None, value: self.expr(arg), span }
+                }
+            })
+            .collect()
+    }
+
+    fn call(&mut self, pair: Pair<Rule>) -> Call {
+        let span = span_of(&pair);
+        let mut inner = pair.into_inner().peekable();
+        let callee = ident(inner.next().expect("callee"));
+        let mut type_arg = None;
+        if inner.peek().map(|p| p.as_rule()) == Some(Rule::type_args) {
+            let dtype = inner.next().expect("peeked").into_inner().next().expect("dtype");
+            let parsed = DTypeName::parse(dtype.as_str()).expect("grammar admits only dtypes");
+            type_arg = Some((parsed, span_of(&dtype)));
+        }
+        let args = inner.next().map(|p| self.args(p)).unwrap_or_default();
+        Call { callee, type_arg, args, span }
+    }
+
+    fn expr(&mut self, pair: Pair<Rule>) -> Expr {
+        // `expr` holds a flat sequence of operands and operators; the Pratt parser nests them.
+        let pairs = match pair.as_rule() {
+            Rule::expr => pair.into_inner(),
+            _ => return self.primary(pair),
+        };
+        // The closures below all need `self`; a RefCell-free way is to collect diagnostics apart.
+        let mut diagnostics = Vec::new();
+        let source = self.source;
+        let expr = PRATT
+            .map_primary(|p| {
+                let mut builder = Builder { source, diagnostics: Vec::new() };
+                let e = builder.primary(p);
+                diagnostics.append(&mut builder.diagnostics);
+                e
+            })
+            .map_prefix(|op, operand| Expr {
+                span: span_of(&op).to(operand.span),
+                kind: ExprKind::Unary(UnaryOp::Neg, Box::new(operand)),
+            })
+            .map_infix(|lhs, op, rhs| {
+                let op = match op.as_rule() {
+                    Rule::add => BinaryOp::Add,
+                    Rule::sub => BinaryOp::Sub,
+                    Rule::mul => BinaryOp::Mul,
+                    Rule::div => BinaryOp::Div,
+                    Rule::matmul => BinaryOp::MatMul,
+                    Rule::eq => BinaryOp::Eq,
+                    Rule::ne => BinaryOp::Ne,
+                    Rule::lt => BinaryOp::Lt,
+                    Rule::le => BinaryOp::Le,
+                    Rule::gt => BinaryOp::Gt,
+                    _ => BinaryOp::Ge,
+                };
+                Expr {
+                    span: lhs.span.to(rhs.span),
+                    kind: ExprKind::Binary(op, Box::new(lhs), Box::new(rhs)),
+                }
+            })
+            .parse(pairs);
+        self.diagnostics.append(&mut diagnostics);
+        expr
+    }
+
+    fn primary(&mut self, pair: Pair<Rule>) -> Expr {
+        let span = span_of(&pair);
+        let kind = match pair.as_rule() {
+            Rule::int => match pair.as_str().parse::<i64>() {
+                Ok(value) => ExprKind::Int(value),
+                Err(_) => {
+                    self.diagnostics.push(
+                        Diagnostic::error(
+                            Code::BAD_LITERAL,
+                            span,
+                            format!("integer `{}` is too large", pair.as_str()),
+                        )
+                        .with_label("does not fit in 64 bits")
+                        .with_help(format!("integers range up to {}", i64::MAX)),
+                    );
+                    ExprKind::Int(0)
+                }
+            },
+            Rule::float => match pair.as_str().parse::<f64>() {
+                Ok(value) if value.is_finite() => ExprKind::Float(value),
+                _ => {
+                    self.diagnostics.push(
+                        Diagnostic::error(
+                            Code::BAD_LITERAL,
+                            span,
+                            format!("number `{}` is out of range", pair.as_str()),
+                        )
+                        .with_help("floating-point literals must be finite f64 values"),
+                    );
+                    ExprKind::Float(0.0)
+                }
+            },
+            Rule::boolean => ExprKind::Bool(pair.as_str() == "true"),
+            Rule::string => ExprKind::Str(self.string(pair).value),
+            Rule::ident => ExprKind::Name(ident(pair)),
+            Rule::array => ExprKind::Array(pair.into_inner().map(|p| self.expr(p)).collect()),
+            Rule::call => ExprKind::Call(self.call(pair)),
+            Rule::paren => {
+                // Keep the parenthesised expression's own span, so messages point inside.
+                let inner = pair.into_inner().next().expect("paren expr");
+                return self.expr(inner);
+            }
+            _ => return self.expr(pair),
+        };
+        Expr { kind, span }
+    }
+
+    /// Reports the syntax error inside a region the grammar had to skip.
+    fn bad_region(&mut self, pair: &Pair<Rule>, strict_rule: Rule) {
+        let start = pair.as_span().start();
+        let diagnostic = match DfcParser::parse(strict_rule, &self.source[start..]) {
+            Err(error) => syntax_error(self.source, start, &error),
+            Ok(_) => Diagnostic::error(Code::SYNTAX, span_of(pair), "this cannot be parsed")
+                .with_help("see docs/language.md for the statement forms"),
+        };
+        self.diagnostics.push(diagnostic);
+    }
+}
+
+/// The children of `pair` without keyword tokens.
+fn significant(pair: Pair<'_, Rule>) -> impl Iterator<Item = Pair<'_, Rule>> {
+    pair.into_inner().filter(|p| {
+        !matches!(
+            p.as_rule(),
+            Rule::kw_model
+                | Rule::kw_layer
+                | Rule::kw_dim
+                | Rule::kw_input
+                | Rule::kw_param
+                | Rule::kw_const
+                | Rule::kw_let
+                | Rule::kw_output
+                | Rule::kw_minimize
+                | Rule::kw_with
+                | Rule::kw_device
+                | Rule::kw_return
+                | Rule::kw_as
+        )
+    })
+}
+
+fn ident(pair: Pair<Rule>) -> Ident {
+    Ident { name: pair.as_str().to_string(), span: span_of(&pair) }
+}
+
+/// Turns a pest error (in `source[offset..]`) into a diagnostic: the offending token, and what
+/// could stand there instead, in words.
+fn syntax_error(source: &str, offset: usize, error: &pest::error::Error<Rule>) -> Diagnostic {
+    let at = offset
+        + match error.location {
+            pest::error::InputLocation::Pos(pos) => pos,
+            pest::error::InputLocation::Span((start, _)) => start,
+        };
+    let found = token_at(source, at);
+    let found_text = if found.is_empty() {
+        "end of file".to_string()
+    } else {
+        format!("`{}`", &source[found.range()])
+    };
+
+    let mut expected: Vec<String> = Vec::new();
+    if let pest::error::ErrorVariant::ParsingError { positives, .. } = &error.variant {
+        for rule in positives {
+            if let Some(name) = rule_description(*rule) {
+                expected.push(name.to_string());
+            }
+        }
+    }
+    if let Some(attempts) = error.parse_attempts() {
+        // pest does not export its token type; its Display shows a literal as itself.
+        for token in attempts.expected_tokens().iter().map(|t| t.to_string()) {
+            let is_literal = !token.trim().is_empty()
+                && !matches!(token.as_str(), "//" | "/*" | "\u{feff}")
+                && token != "BUILTIN_RULE"
+                && !(token.len() > 2 && token.contains(".."));
+            if is_literal {
+                expected.push(format!("`{token}`"));
+            }
+        }
+    }
+    expected.sort();
+    expected.dedup();
+    // Keywords that only serve to rule words out are noise in "expected" lists.
+    expected.retain(|e| !KEYWORD_NOISE.contains(&e.as_str()));
+    // "an expression" already says name, number, call, ...; and a list of every statement
+    // keyword reads better as one phrase.
+    if expected.iter().any(|e| e == "an expression") {
+        expected.retain(|e| !EXPRESSION_PARTS.contains(&e.as_str()));
+    }
+    if expected.iter().any(|e| e == "an operator") {
+        expected.retain(|e| !OPERATORS.contains(&e.as_str()));
+    }
+    let n_keywords = expected.iter().filter(|e| STATEMENT_KEYWORDS.contains(&e.as_str())).count();
+    if n_keywords >= 4 {
+        expected.retain(|e| {
+            !STATEMENT_KEYWORDS.contains(&e.as_str()) && !matches!(e.as_str(), "`@`" | "`model`" | "`layer`")
+        });
+        expected.push("a statement".into());
+        expected.dedup();
+    }
+
+    let message = if expected.is_empty() {
+        format!("unexpected {found_text}")
+    } else {
+        format!("expected {}, found {found_text}", dfc_diag::one_of(&expected))
+    };
+    let label_span = if found.is_empty() { Span::new(at, at) } else { found };
+    let mut diagnostic = Diagnostic::error(Code::SYNTAX, label_span, message)
+        .with_label(if found.is_empty() { "input ends here".to_string() } else { "unexpected here".to_string() });
+    if let Some(help) = syntax_help(source, at, &found_text) {
+        diagnostic = diagnostic.with_help(help);
+    }
+    diagnostic
+}
+
+const KEYWORD_NOISE: &[&str] = &["`\"`", "`\\`", "`e`", "`E`", "`_`"];
+const EXPRESSION_PARTS: &[&str] = &[
+    "a name", "a number", "an integer", "a string", "a call", "`[`", "`(`", "`-`", "`.`",
+    "`true`", "`false`", "`true` or `false`",
+];
+const OPERATORS: &[&str] =
+    &["`!=`", "`*`", "`+`", "`-`", "`/`", "`<=`", "`<`", "`==`", "`>=`", "`>`", "`@`"];
+const STATEMENT_KEYWORDS: &[&str] = &[
+    "`dim`", "`input`", "`param`", "`const`", "`let`", "`output`", "`minimize`", "`device`",
+    "`return`", "a statement",
+];
+
+/// The token starting at `at` (an identifier or number, or one character), for "found ...".
+fn token_at(source: &str, at: usize) -> Span {
+    let at = at.min(source.len());
+    let rest = &source[at..];
+    let mut chars = rest.char_indices();
+    let Some((_, first)) = chars.next() else { return Span::new(at, at) };
+    let len = if first.is_alphanumeric() || first == '_' {
+        rest.find(|c: char| !(c.is_alphanumeric() || c == '_' || c == '.')).unwrap_or(rest.len())
+    } else {
+        first.len_utf8()
+    };
+    Span::new(at, at + len)
+}
+
+fn syntax_help(source: &str, at: usize, found: &str) -> Option<String> {
+    let before = source[..at.min(source.len())].trim_end();
+    if found == "`;`" {
+        return Some("statements need no `;`: end a statement with a new line".into());
+    }
+    if before.ends_with(',') && (found == "`)`" || found == "`]`") {
+        return None;
+    }
+    if found == "end of file" {
+        return Some("the file ends in the middle of a statement or block".into());
+    }
+    if found.starts_with("`=") && before.ends_with(|c: char| c.is_alphanumeric()) {
+        return Some("definitions start with `let`, `const`, `param`, `input` or `dim`".into());
+    }
+    None
+}
+
+fn rule_description(rule: Rule) -> Option<&'static str> {
+    Some(match rule {
+        Rule::expr | Rule::primary | Rule::paren | Rule::neg => "an expression",
+        Rule::ident => "a name",
+        Rule::int => "an integer",
+        Rule::float => "a number",
+        Rule::string => "a string",
+        Rule::tensor_type | Rule::dtype => "a type (f32, f64, i32, i64, u8 or bool)",
+        Rule::call => "a call",
+        Rule::shape | Rule::array => "`[`",
+        Rule::close => "`}`",
+        Rule::attribute => "an `@attribute`",
+        Rule::eq | Rule::ne | Rule::lt | Rule::le | Rule::gt | Rule::ge => "an operator",
+        Rule::add | Rule::sub | Rule::mul | Rule::div | Rule::matmul => "an operator",
+        Rule::dim_stmt
+        | Rule::input_stmt
+        | Rule::param_stmt
+        | Rule::const_stmt
+        | Rule::let_stmt
+        | Rule::output_stmt
+        | Rule::minimize_stmt
+        | Rule::device_block
+        | Rule::return_stmt => "a statement",
+        Rule::model | Rule::layer_def => "`model` or `layer`",
+        Rule::layer_param | Rule::layer_params => "a layer parameter",
+        Rule::args | Rule::kwarg => "an argument",
+        Rule::type_args => "`<`",
+        Rule::dim_kind => "`dim`",
+        Rule::output_item => "an output",
+        Rule::boolean => "`true` or `false`",
+        _ => return None,
+    })
+}
