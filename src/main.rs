@@ -1,1 +1,248 @@
-fn main(){}
+//! The `dfc` command: check, ir, compile, inspect.
+
+mod render;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use dfc_diag::{Code, Diagnostic, LineIndex, Span};
+use render::Source;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(name = "dfc", version, about = "A compiler and runtime for dataflow graphs")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Check .df files and report every problem (exit 1 if there are errors).
+    Check {
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        #[command(flatten)]
+        model: ModelArgs,
+        /// How to print diagnostics.
+        #[arg(long, value_enum, default_value_t = MessageFormat::Human)]
+        message_format: MessageFormat,
+    },
+    /// Print the IR of a model in its text form.
+    Ir {
+        file: PathBuf,
+        #[command(flatten)]
+        model: ModelArgs,
+    },
+    /// Compile a model into a plan file.
+    Compile {
+        file: PathBuf,
+        #[command(flatten)]
+        model: ModelArgs,
+        /// Where to write the plan [default: the source name with extension .plan].
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+    },
+    /// Describe what a plan file holds.
+    Inspect {
+        plan: PathBuf,
+        /// Print the summary as JSON, for tools.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(clap::Args)]
+struct ModelArgs {
+    /// Which model of the file (needed when it defines several).
+    #[arg(long)]
+    model: Option<String>,
+    /// Give a dim a value: --dim batch=256 (repeatable).
+    #[arg(long = "dim", value_name = "NAME=VALUE", value_parser = parse_dim)]
+    dims: Vec<(String, i64)>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum MessageFormat {
+    Human,
+    Json,
+}
+
+fn parse_dim(text: &str) -> Result<(String, i64), String> {
+    let (name, value) = text.split_once('=').ok_or_else(|| format!("`{text}` is not NAME=VALUE"))?;
+    let value = value.trim().parse().map_err(|_| format!("the value of `{name}` is not an integer: `{value}`"))?;
+    Ok((name.trim().to_string(), value))
+}
+
+/// A failure of the command itself, printed as one line.
+struct Failure(String);
+
+type Outcome = Result<ExitCode, Failure>;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Check { files, model, message_format } => check(&files, &model, message_format),
+        Command::Ir { file, model } => ir(&file, &model),
+        Command::Compile { file, model, output } => compile(&file, &model, output),
+        Command::Inspect { plan, json } => inspect(&plan, json),
+    };
+    match result {
+        Ok(code) => code,
+        Err(Failure(message)) => {
+            eprintln!("error: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Reads a source file. Bytes that are not UTF-8 are a diagnostic at the first bad byte, so
+/// even garbage input gets a located message.
+fn read_source(path: &Path) -> Result<(Source, Vec<Diagnostic>), Failure> {
+    let bytes = std::fs::read(path).map_err(|e| Failure(format!("cannot read `{}`: {}", path.display(), io_reason(&e))))?;
+    let shown = path.display().to_string();
+    match String::from_utf8(bytes) {
+        Ok(text) => Ok((Source { path: shown, text }, Vec::new())),
+        Err(error) => {
+            let at = error.utf8_error().valid_up_to();
+            let text = String::from_utf8_lossy(error.as_bytes()).into_owned();
+            let offset = text[..].char_indices().nth(error.as_bytes()[..at].iter().filter(|b| (**b & 0xC0) != 0x80).count()).map_or(text.len(), |(i, _)| i);
+            let diagnostic = Diagnostic::error(Code::NOT_UTF8, Span::new(offset, offset + 1), "the file is not valid UTF-8")
+                .with_label("invalid byte here")
+                .with_help("dfc reads UTF-8 text; is this a .df file?");
+            Ok((Source { path: shown, text }, vec![diagnostic]))
+        }
+    }
+}
+
+fn io_reason(error: &std::io::Error) -> String {
+    match error.kind() {
+        std::io::ErrorKind::NotFound => "no such file".into(),
+        std::io::ErrorKind::PermissionDenied => "permission denied".into(),
+        std::io::ErrorKind::IsADirectory => "it is a directory".into(),
+        _ => {
+            let text = error.to_string();
+            text.split(" (os error").next().unwrap_or(&text).to_lowercase()
+        }
+    }
+}
+
+fn options(model: &ModelArgs) -> dfc_sema::Options {
+    dfc_sema::Options { dims: model.dims.clone() }
+}
+
+/// Prints diagnostics; returns (errors, warnings).
+fn report(source: &Source, diagnostics: &[Diagnostic], format: MessageFormat) -> (usize, usize) {
+    let index = LineIndex::new(&source.text);
+    let color = render::use_color();
+    for diagnostic in diagnostics {
+        match format {
+            MessageFormat::Human => eprint!("{}", render::human(source, diagnostic, color)),
+            MessageFormat::Json => println!("{}", render::json(source, &index, diagnostic)),
+        }
+    }
+    let errors = diagnostics.iter().filter(|d| d.is_error()).count();
+    (errors, diagnostics.len() - errors)
+}
+
+fn plural(n: usize, word: &str) -> String {
+    if n == 1 {
+        format!("1 {word}")
+    } else {
+        format!("{n} {word}s")
+    }
+}
+
+/// The front end on one file: parse and analyse. A non-UTF-8 file is not analysed further.
+fn front_end(source: &Source, mut diagnostics: Vec<Diagnostic>, model: &ModelArgs, one: bool) -> (Option<dfc_ir::Module>, Vec<Diagnostic>) {
+    if !diagnostics.is_empty() {
+        return (None, diagnostics);
+    }
+    let (file, mut syntax) = dfc_syntax::parse(&source.text);
+    diagnostics.append(&mut syntax);
+    let module = if one {
+        let (module, mut found) = dfc_sema::analyze_one(&file, model.model.as_deref(), &options(model));
+        diagnostics.append(&mut found);
+        module
+    } else {
+        let (_, mut found) = dfc_sema::analyze(&file, &options(model));
+        diagnostics.append(&mut found);
+        None
+    };
+    dfc_diag::sort(&mut diagnostics);
+    diagnostics.dedup();
+    let has_errors = diagnostics.iter().any(|d| d.is_error());
+    (module.filter(|_| !has_errors), diagnostics)
+}
+
+fn check(files: &[PathBuf], model: &ModelArgs, format: MessageFormat) -> Outcome {
+    let mut failed = false;
+    for path in files {
+        let (source, early) = read_source(path)?;
+        let (_, diagnostics) = front_end(&source, early, model, false);
+        let (errors, warnings) = report(&source, &diagnostics, format);
+        if format == MessageFormat::Human && errors + warnings > 0 {
+            let what = if errors > 0 { "could not check" } else { "checked" };
+            let mut counts = Vec::new();
+            if errors > 0 {
+                counts.push(plural(errors, "error"));
+            }
+            if warnings > 0 {
+                counts.push(plural(warnings, "warning"));
+            }
+            eprintln!("{}: {what} `{}`: {}", if errors > 0 { "error" } else { "warning" }, source.path, counts.join(", "));
+        }
+        failed |= errors > 0;
+    }
+    Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
+}
+
+/// Parses, analyses and verifies one model, printing diagnostics; `None` if it has errors.
+fn load_module(path: &Path, model: &ModelArgs) -> Result<Option<(Source, dfc_ir::Module)>, Failure> {
+    let (source, early) = read_source(path)?;
+    let (module, diagnostics) = front_end(&source, early, model, true);
+    let (errors, _) = report(&source, &diagnostics, MessageFormat::Human);
+    let Some(module) = module else {
+        eprintln!("error: could not compile `{}`: {}", source.path, plural(errors.max(1), "error"));
+        return Ok(None);
+    };
+    let problems = dfc_ir::verify(&module, dfc_ir::VerifyOptions::default());
+    if !problems.is_empty() {
+        let mut notes = std::collections::HashMap::new();
+        for problem in &problems {
+            if let Some(node) = problem.node {
+                notes.entry(node).or_insert_with(Vec::new).push(problem.message.clone());
+            }
+        }
+        eprint!("{}", dfc_ir::print_annotated(&module, &notes));
+        return Err(Failure(format!("internal compiler error: the IR of `{}` failed verification ({}); please report it", source.path, plural(problems.len(), "problem"))));
+    }
+    Ok(Some((source, module)))
+}
+
+fn ir(path: &Path, model: &ModelArgs) -> Outcome {
+    let Some((_, module)) = load_module(path, model)? else { return Ok(ExitCode::FAILURE) };
+    print!("{}", dfc_ir::print(&module));
+    Ok(ExitCode::SUCCESS)
+}
+
+fn compile(path: &Path, model: &ModelArgs, output: Option<PathBuf>) -> Outcome {
+    let Some((source, module)) = load_module(path, model)? else { return Ok(ExitCode::FAILURE) };
+    let output = output.unwrap_or_else(|| path.with_extension("plan"));
+    let name = path.file_name().map_or_else(|| source.path.clone(), |n| n.to_string_lossy().into_owned());
+    let plan = dfc_plan::Plan::single_device(module, &name, &source.text);
+    dfc_plan::write(&output, &plan).map_err(|e| Failure(format!("cannot write `{}`: {}", output.display(), io_reason(&e))))?;
+    eprintln!("compiled `{}` (model `{}`) to `{}`", source.path, plan.model, output.display());
+    Ok(ExitCode::SUCCESS)
+}
+
+fn inspect(path: &Path, json: bool) -> Outcome {
+    let bytes = std::fs::read(path).map_err(|e| Failure(format!("cannot read `{}`: {}", path.display(), io_reason(&e))))?;
+    let plan = dfc_plan::decode(&bytes).map_err(|e| Failure(format!("`{}`: {e}", path.display())))?;
+    let summary = dfc_plan::summary(&plan);
+    if json {
+        println!("{}", serde_json::to_string_pretty(&summary).expect("summaries serialise"));
+    } else {
+        print!("{summary}");
+    }
+    Ok(ExitCode::SUCCESS)
+}

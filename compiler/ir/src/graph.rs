@@ -128,6 +128,16 @@ impl Graph {
         (1..).map(|i| format!("{base}_{i}")).find(|n| !self.names.contains(n)).expect("unbounded")
     }
 
+    /// Renames a node; the new name is made unique like `add` does. Returns the name given.
+    pub fn rename(&mut self, id: NodeId, name: &str) -> String {
+        let old = std::mem::take(&mut self.node_mut(id).name);
+        self.names.remove(&old);
+        let name = self.unique_name(name);
+        self.names.insert(name.clone());
+        self.node_mut(id).name = name.clone();
+        name
+    }
+
     pub fn add_control_edge(&mut self, before: NodeId, after: NodeId) {
         self.graph.add_edge(before.to_petgraph(), after.to_petgraph(), Edge::Control);
     }

@@ -1,1 +1,120 @@
+//! Semantic analysis: AST → IR `Module`.
+//!
+//! Resolves names, evaluates `dim`s and constants, instantiates layers (binding their shape
+//! parameters by unification), infers the dtype and static shape of every value (through
+//! `dfc_ir::infer`, the one definition of op typing) and records placement requests. Every
+//! problem becomes a `Diagnostic`; analysis goes on after an error (the failed value is
+//! "poisoned" so that it causes no further reports), so one run reports them all.
+//!
+//! Architecture Invariant: no input makes analysis panic, and a module is returned only when
+//! there are no errors.
 
+mod args;
+mod builtins;
+mod eval;
+mod layers;
+mod lower;
+mod value;
+
+use dfc_diag::{Code, Diagnostic};
+use dfc_ir::Module;
+use dfc_syntax::ast::{Item, SourceFile};
+
+/// What the command line may change about a model.
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// `--dim NAME=VALUE` overrides, applied to every model analysed.
+    pub dims: Vec<(String, i64)>,
+}
+
+/// The result of analysing one model.
+pub struct Analysis {
+    pub model: String,
+    /// `None` when the model has errors.
+    pub module: Option<Module>,
+}
+
+/// Analyses every model of a file (layers are checked where they are used). Diagnostics of
+/// the whole file come back sorted by position.
+pub fn analyze(file: &SourceFile, options: &Options) -> (Vec<Analysis>, Vec<Diagnostic>) {
+    let mut diagnostics = Vec::new();
+    let layers = layers::collect(file, &mut diagnostics);
+    let mut analyses = Vec::new();
+    let mut unused_overrides: Vec<&(String, i64)> = options.dims.iter().collect();
+    for item in &file.items {
+        if let Item::Model(model) = item {
+            let (module, mut found) = lower::lower_model(model, &layers, options);
+            unused_overrides.retain(|(name, _)| !module.dims.iter().any(|(d, _)| d == name));
+            let has_errors = found.iter().any(|d| d.is_error());
+            diagnostics.append(&mut found);
+            analyses.push(Analysis { model: model.name.name.clone(), module: (!has_errors).then_some(module) });
+        }
+    }
+    layers::warn_unused(file, &layers, &mut diagnostics);
+    if let (Some((name, _)), Some(Item::Model(first))) = (unused_overrides.first(), file.items.iter().find(|i| matches!(i, Item::Model(_)))) {
+        diagnostics.push(
+            Diagnostic::error(Code::BAD_DIM, first.name.span, format!("`--dim {name}` names no dim of any model in this file"))
+                .with_help("declare it with `dim NAME = VALUE` or drop the override"),
+        );
+    }
+    dfc_diag::sort(&mut diagnostics);
+    (analyses, diagnostics)
+}
+
+/// Analyses the model named `name`, or the only model of the file when `name` is `None`.
+pub fn analyze_one(
+    file: &SourceFile,
+    name: Option<&str>,
+    options: &Options,
+) -> (Option<Module>, Vec<Diagnostic>) {
+    let models: Vec<&dfc_syntax::ast::Model> = file
+        .items
+        .iter()
+        .filter_map(|i| match i {
+            Item::Model(m) => Some(m),
+            Item::Layer(_) => None,
+        })
+        .collect();
+    let (analyses, mut diagnostics) = analyze(file, options);
+    let names: Vec<String> = models.iter().map(|m| format!("`{}`", m.name.name)).collect();
+    let chosen = match name {
+        Some(name) => analyses.into_iter().find(|a| a.model == name).ok_or_else(|| {
+            let help = if names.is_empty() {
+                "the file defines no model".to_string()
+            } else {
+                format!("the file defines {}", dfc_diag::one_of(&names))
+            };
+            Diagnostic::error(Code::NO_MODEL, dfc_diag::Span::default(), format!("no model named `{name}`"))
+                .with_help(help)
+        }),
+        None if analyses.len() == 1 => Ok(analyses.into_iter().next().expect("one")),
+        None if analyses.is_empty() => Err(Diagnostic::error(
+            Code::NO_MODEL,
+            dfc_diag::Span::default(),
+            "the file defines no model",
+        )
+        .with_help("a model is `model NAME { ... }`; see docs/language.md")),
+        None => Err(Diagnostic::error(
+            Code::NO_MODEL,
+            models[1].name.span,
+            format!("the file defines {} models; say which one to use", models.len()),
+        )
+        .with_help(format!("pass --model with {}", dfc_diag::one_of(&names)))),
+    };
+    match chosen {
+        Ok(analysis) => (analysis.module, diagnostics),
+        Err(diagnostic) => {
+            diagnostics.push(diagnostic);
+            (None, diagnostics)
+        }
+    }
+}
+
+/// Parses and analyses source text: the whole front end in one call.
+pub fn check_source(source: &str, options: &Options) -> (Vec<Analysis>, Vec<Diagnostic>) {
+    let (file, mut diagnostics) = dfc_syntax::parse(source);
+    let (analyses, mut found) = analyze(&file, options);
+    diagnostics.append(&mut found);
+    dfc_diag::sort(&mut diagnostics);
+    (analyses, diagnostics)
+}

@@ -1,0 +1,180 @@
+use dfc_ir::{
+    DType, Graph, Initializer, Module, Op, Optimizer, OptimizerKind, Output, ReduceKind, TensorType, Training,
+};
+use dfc_plan::{decode, encode, summary, Plan, PlanError, FORMAT_VERSION, HEADER_LEN};
+
+/// `y = x @ w`, trained to minimise `mean(y)` with SGD.
+fn module() -> Module {
+    let mut g = Graph::new();
+    let x = g.add(Op::Input { ty: TensorType::new(DType::F32, vec![4, 3]) }, &[], "x", None).unwrap();
+    let variable = Op::Variable {
+        ty: TensorType::new(DType::F32, vec![3, 2]),
+        init: Initializer::GlorotUniform,
+        trainable: true,
+        partitions: 1,
+    };
+    let w = g.add(variable, &[], "w", None).unwrap();
+    let w_read = g.add(Op::Read, &[w.into()], "w/read", None).unwrap();
+    let matmul = Op::MatMul { transpose_a: false, transpose_b: false };
+    let y = g.add(matmul, &[x.into(), w_read.into()], "y", None).unwrap();
+    let mean = Op::Reduce { kind: ReduceKind::Mean, axes: vec![0, 1], keep_dims: false };
+    let loss = g.add(mean, &[y.into()], "loss", None).unwrap();
+    Module {
+        name: "mlp".into(),
+        graph: g,
+        dims: vec![("batch".into(), 4)],
+        inputs: vec![x],
+        params: vec![w],
+        outputs: vec![Output { name: "y".into(), tensor: y.into() }],
+        training: Some(Training {
+            loss: loss.into(),
+            optimizer: Optimizer { kind: OptimizerKind::Sgd, learning_rate: 0.1, weight_decay: 0.0 },
+        }),
+    }
+}
+
+fn plan() -> Plan {
+    Plan::single_device(module(), "mlp.df", "model mlp { }")
+}
+
+#[test]
+fn single_device_fills_the_interface_and_places_every_node() {
+    let plan = plan();
+    assert_eq!(plan.partitions.len(), 1);
+    let device = &plan.partitions[0].device;
+    assert_eq!(device.to_string(), "/job:localhost/task:0/cpu:0");
+    let graph = &plan.partitions[0].module.graph;
+    assert!(graph.node_ids().all(|id| graph.node(id).device.as_ref() == Some(device)));
+    assert_eq!(plan.cluster.jobs[0].name, "localhost");
+    assert_eq!(plan.inputs[0].name, "x");
+    assert_eq!(plan.inputs[0].ty.to_string(), "f32[4,3]");
+    assert_eq!(plan.outputs[0].ty.to_string(), "f32[4,2]");
+    assert_eq!((plan.params[0].name.as_str(), plan.params[0].bytes), ("w", 24));
+    assert_eq!(plan.training.as_ref().unwrap().loss, "loss");
+    assert_eq!(plan.source_hash, dfc_plan::source_hash("model mlp { }"));
+    assert_ne!(plan.source_hash, dfc_plan::source_hash("model mlp {}"));
+}
+
+#[test]
+fn encode_then_decode_round_trips() {
+    let plan = plan();
+    let decoded = decode(&encode(&plan)).unwrap();
+    assert_eq!(dfc_ir::print(&decoded.partitions[0].module), dfc_ir::print(&plan.partitions[0].module));
+    assert_eq!(decoded.partitions[0].device, plan.partitions[0].device);
+    assert_eq!(decoded.inputs, plan.inputs);
+    assert_eq!(decoded.params, plan.params);
+    assert_eq!(decoded.training, plan.training);
+    assert_eq!(summary(&decoded).to_string(), summary(&plan).to_string());
+    // Deterministic: the same plan always encodes to the same bytes.
+    assert_eq!(encode(&decoded), encode(&plan));
+}
+
+#[test]
+fn every_truncation_is_an_error() {
+    let bytes = encode(&plan());
+    for len in 0..bytes.len() {
+        let err = decode(&bytes[..len]).unwrap_err();
+        match len {
+            0..HEADER_LEN => assert_eq!(err, PlanError::TooShort { len }),
+            _ => assert!(matches!(err, PlanError::Truncated { .. }), "{len}: {err}"),
+        }
+    }
+}
+
+#[test]
+fn every_flipped_byte_is_an_error() {
+    let bytes = encode(&plan());
+    for at in 0..bytes.len() {
+        for flip in [0x01, 0x80, 0xff] {
+            let mut bad = bytes.clone();
+            bad[at] ^= flip;
+            let err = decode(&bad).unwrap_err();
+            if at >= HEADER_LEN {
+                assert!(matches!(err, PlanError::ChecksumMismatch { .. }), "{at}: {err}");
+            }
+        }
+    }
+}
+
+#[test]
+fn header_errors_say_what_is_wrong() {
+    let bytes = encode(&plan());
+    let mut newer = bytes.clone();
+    newer[8..12].copy_from_slice(&(FORMAT_VERSION + 1).to_le_bytes());
+    assert_eq!(decode(&newer).unwrap_err(), PlanError::NewerVersion { found: 2 });
+    assert!(decode(&newer).unwrap_err().to_string().contains("use a newer dfc"));
+
+    let mut older = bytes.clone();
+    older[8..12].copy_from_slice(&0u32.to_le_bytes());
+    assert!(decode(&older).unwrap_err().to_string().contains("recompile the model"));
+
+    let mut magic = bytes.clone();
+    magic[0] = b'X';
+    assert_eq!(decode(&magic).unwrap_err(), PlanError::NotAPlan);
+    assert_eq!(decode(b"model mlp {}").unwrap_err(), PlanError::NotAPlan);
+
+    let mut longer = bytes.clone();
+    longer.push(0);
+    assert_eq!(decode(&longer).unwrap_err(), PlanError::TrailingBytes { extra: 1 });
+}
+
+/// A payload with a correct checksum but content that is not a plan, as a buggy or hostile
+/// writer could make.
+#[test]
+fn malformed_payloads_with_valid_checksums_are_errors() {
+    let good = encode(&plan());
+    let payload = &good[HEADER_LEN..];
+    let reframe = |payload: &[u8]| {
+        let mut bytes = good[..12].to_vec();
+        bytes.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+        bytes.extend_from_slice(&crc32fast::hash(payload).to_le_bytes());
+        bytes.extend_from_slice(payload);
+        bytes
+    };
+    for len in 0..payload.len() {
+        assert!(decode(&reframe(&payload[..len])).is_err(), "{len}");
+    }
+    for at in 0..payload.len() {
+        let mut bad = payload.to_vec();
+        bad[at] ^= 0xff;
+        let _ = decode(&reframe(&bad)); // Any result but a panic.
+    }
+    let mut longer = payload.to_vec();
+    longer.push(0);
+    assert!(matches!(decode(&reframe(&longer)), Err(PlanError::Malformed(_))));
+
+    // An output that names a node the graph does not have.
+    let mut plan = plan();
+    plan.partitions[0].module.outputs[0].tensor.port = 7;
+    let err = decode(&encode(&plan)).unwrap_err();
+    assert!(matches!(err, PlanError::Malformed(ref m) if m.contains("does not exist")), "{err}");
+}
+
+#[test]
+fn summary_shows_the_model() {
+    let summary = summary(&plan());
+    assert_eq!(summary.total_param_bytes, 24);
+    assert_eq!(summary.devices[0].n_nodes, 5);
+    assert_eq!(summary.devices[0].n_variables, 1);
+    assert_eq!(summary.devices[0].ops["matmul"], 1);
+    let text = summary.to_string();
+    assert!(text.starts_with(&format!("model mlp from mlp.df (dfc {}, plan format 1)\n", env!("CARGO_PKG_VERSION"))));
+    for line in ["dims: batch=4", "  x  f32[4,3]", "  w  f32[3,2]  24 B  glorot_uniform", "training: minimize loss with sgd(lr=0.1)"] {
+        assert!(text.lines().any(|l| l == line), "no line `{line}` in:\n{text}");
+    }
+    assert!(text.contains("/job:localhost/task:0/cpu:0  5 nodes  1 variable  24 B  (input 1, matmul 1, mean 1, read 1, variable 1)"), "{text}");
+}
+
+#[test]
+fn write_replaces_the_file_atomically() {
+    let dir = std::env::temp_dir().join(format!("dfc-plan-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("plan.bin");
+    std::fs::write(&path, b"old").unwrap();
+    dfc_plan::write(&path, &plan()).unwrap();
+    let plan = decode(&std::fs::read(&path).unwrap()).unwrap();
+    assert_eq!(plan.model, "mlp");
+    // No temporary file is left behind.
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,0 +1,435 @@
+//! The built-in ops callable from `.df` source: their signatures, and their lowering to IR ops.
+
+use crate::args::{self, Param};
+use crate::lower::Lowerer;
+use crate::value::Val;
+use dfc_diag::{Code, Diagnostic, Span};
+use dfc_ir::{BinaryOp, CompareOp, DType, Op, Padding, ReduceKind, Shape, TensorRef, UnaryOp};
+use dfc_syntax::ast::{Arg, Call, ExprKind};
+
+/// Every built-in op: name, signature, one line of documentation. The language reference and
+/// editors (hover, completion) show these.
+pub const OPS: &[(&str, &str, &str)] = &[
+    ("neg", "neg(x)", "Elementwise negation, as unary `-`."),
+    ("abs", "abs(x)", "Elementwise absolute value."),
+    ("exp", "exp(x)", "Elementwise e^x."),
+    ("log", "log(x)", "Elementwise natural logarithm."),
+    ("sqrt", "sqrt(x)", "Elementwise square root."),
+    ("rsqrt", "rsqrt(x)", "Elementwise 1/sqrt(x)."),
+    ("relu", "relu(x)", "Elementwise max(x, 0)."),
+    ("sigmoid", "sigmoid(x)", "Elementwise 1/(1+e^-x)."),
+    ("tanh", "tanh(x)", "Elementwise hyperbolic tangent."),
+    ("add", "add(x, y)", "Elementwise sum, broadcast; as `x + y`."),
+    ("sub", "sub(x, y)", "Elementwise difference, broadcast; as `x - y`."),
+    ("mul", "mul(x, y)", "Elementwise product, broadcast; as `x * y`."),
+    ("div", "div(x, y)", "Elementwise quotient, broadcast; as `x / y`."),
+    ("pow", "pow(x, y)", "Elementwise x^y, broadcast."),
+    ("maximum", "maximum(x, y)", "Elementwise larger value, broadcast."),
+    ("minimum", "minimum(x, y)", "Elementwise smaller value, broadcast."),
+    ("equal", "equal(x, y)", "Elementwise x == y as bool, broadcast."),
+    ("not_equal", "not_equal(x, y)", "Elementwise x != y as bool, broadcast."),
+    ("less", "less(x, y)", "Elementwise x < y as bool, broadcast."),
+    ("less_equal", "less_equal(x, y)", "Elementwise x <= y as bool, broadcast."),
+    ("greater", "greater(x, y)", "Elementwise x > y as bool, broadcast."),
+    ("greater_equal", "greater_equal(x, y)", "Elementwise x >= y as bool, broadcast."),
+    ("select", "select(cond, x, y)", "Elementwise `cond ? x : y`, broadcast."),
+    ("cast", "cast<T>(x)", "Converts elements to type T."),
+    ("matmul", "matmul(a, b, transpose_a=false, transpose_b=false)", "Batched matrix product of the last two axes; as `a @ b`."),
+    ("reshape", "reshape(x, shape)", "The same elements in a new shape; one size may be -1."),
+    ("flatten", "flatten(x)", "Reshapes [n, ...] to [n, product of the rest]."),
+    ("transpose", "transpose(x, perm=reversed)", "Permutes the axes."),
+    ("concat", "concat([x, y, ...], axis=0)", "Joins tensors along an axis."),
+    ("slice", "slice(x, begin, size)", "The block starting at `begin` of `size` (-1: to the end)."),
+    ("sum", "sum(x, axis=all, keep_dims=false)", "Sum over the given axes."),
+    ("mean", "mean(x, axis=all, keep_dims=false)", "Mean over the given axes."),
+    ("max", "max(x, axis=all, keep_dims=false)", "Maximum over the given axes."),
+    ("min", "min(x, axis=all, keep_dims=false)", "Minimum over the given axes."),
+    ("softmax", "softmax(x, axis=-1)", "e^x normalised to sum 1 along an axis."),
+    ("log_softmax", "log_softmax(x, axis=-1)", "log(softmax(x)), computed stably."),
+    ("softmax_cross_entropy", "softmax_cross_entropy(logits, labels)", "Per-example cross-entropy of softmax(logits) against label distributions over the last axis."),
+    ("sigmoid_cross_entropy", "sigmoid_cross_entropy(logits, labels)", "Elementwise cross-entropy of sigmoid(logits) against labels in [0, 1]."),
+    ("one_hot", "one_hot<T=f32>(indices, depth)", "Integer class ids to one-hot vectors of length `depth`."),
+    ("conv2d", "conv2d(x, filter, strides=1, padding=\"valid\")", "2-D convolution: x is NHWC, filter is [height, width, in, out]."),
+    ("max_pool", "max_pool(x, window=2, strides=window, padding=\"valid\")", "Maximum over windows of NHWC input."),
+    ("avg_pool", "avg_pool(x, window=2, strides=window, padding=\"valid\")", "Mean over windows of NHWC input."),
+    ("gather", "gather(table, indices)", "Rows of `table` at integer `indices` (embedding lookup)."),
+    ("stop_gradient", "stop_gradient(x)", "x, through which no gradient flows."),
+    ("identity", "identity(x)", "x unchanged."),
+];
+
+pub fn is_op(name: &str) -> bool {
+    OPS.iter().any(|(n, _, _)| *n == name)
+}
+
+fn params_of(name: &str) -> &'static [Param<'static>] {
+    match name {
+        "neg" | "abs" | "exp" | "log" | "sqrt" | "rsqrt" | "relu" | "sigmoid" | "tanh" | "cast" | "flatten" | "stop_gradient" | "identity" => &[Param { name: "x", required: true }],
+        "add" | "sub" | "mul" | "div" | "pow" | "maximum" | "minimum" | "equal" | "not_equal" | "less" | "less_equal" | "greater" | "greater_equal" => &[Param { name: "x", required: true }, Param { name: "y", required: true }],
+        "select" => &[Param { name: "cond", required: true }, Param { name: "x", required: true }, Param { name: "y", required: true }],
+        "matmul" => &[Param { name: "a", required: true }, Param { name: "b", required: true }, Param { name: "transpose_a", required: false }, Param { name: "transpose_b", required: false }],
+        "reshape" => &[Param { name: "x", required: true }, Param { name: "shape", required: true }],
+        "transpose" => &[Param { name: "x", required: true }, Param { name: "perm", required: false }],
+        "concat" => &[Param { name: "values", required: true }, Param { name: "axis", required: false }],
+        "slice" => &[Param { name: "x", required: true }, Param { name: "begin", required: true }, Param { name: "size", required: true }],
+        "sum" | "mean" | "max" | "min" => &[Param { name: "x", required: true }, Param { name: "axis", required: false }, Param { name: "keep_dims", required: false }],
+        "softmax" | "log_softmax" => &[Param { name: "x", required: true }, Param { name: "axis", required: false }],
+        "softmax_cross_entropy" | "sigmoid_cross_entropy" => &[Param { name: "logits", required: true }, Param { name: "labels", required: true }],
+        "one_hot" => &[Param { name: "indices", required: true }, Param { name: "depth", required: true }],
+        "conv2d" => &[Param { name: "x", required: true }, Param { name: "filter", required: true }, Param { name: "strides", required: false }, Param { name: "padding", required: false }],
+        "max_pool" | "avg_pool" => &[Param { name: "x", required: true }, Param { name: "window", required: false }, Param { name: "strides", required: false }, Param { name: "padding", required: false }],
+        "gather" => &[Param { name: "table", required: true }, Param { name: "indices", required: true }],
+        _ => &[],
+    }
+}
+
+impl Lowerer<'_> {
+    pub fn call(&mut self, call: &Call, span: Span) -> Val {
+        let name = call.callee.name.as_str();
+        if let Some(def) = self.layers.get(name) {
+            return self.call_layer(def, call, span);
+        }
+        if !is_op(name) {
+            let mut d = Diagnostic::error(Code::UNKNOWN_FUNCTION, call.callee.span, format!("`{name}` is neither an op nor a layer"))
+                .with_label("unknown");
+            let candidates = OPS.iter().map(|(n, _, _)| *n).chain(self.layers.names());
+            if let Some(best) = dfc_diag::closest(name, candidates) {
+                d = d.with_help(format!("did you mean `{best}`?"));
+            } else {
+                d = d.with_help("docs/language.md lists the ops; define a `layer` for your own");
+            }
+            self.diagnostics.push(d);
+            // Arguments are still checked, for their own errors.
+            for arg in &call.args {
+                self.eval(&arg.value);
+            }
+            return Val::Error;
+        }
+        if let Some((_, type_span)) = call.type_arg {
+            if name != "cast" && name != "one_hot" {
+                self.diagnostics.push(
+                    Diagnostic::error(Code::ARGUMENT_KIND, type_span, format!("`{name}` takes no type argument"))
+                        .with_help("only cast<T> and one_hot<T> take one"),
+                );
+            }
+        }
+        let Some(bound) = args::bind(name, span, params_of(name), &call.args, &mut self.diagnostics) else {
+            return Val::Error;
+        };
+        self.builtin(name, call, &bound, span)
+    }
+
+    /// A bound tensor argument: evaluated and made a tensor.
+    fn tensor_arg(&mut self, arg: Option<&Arg>) -> Option<(TensorRef, Span)> {
+        let arg = arg?;
+        let value = self.eval(&arg.value);
+        self.to_tensor(value, arg.value.span, None).map(|t| (t, arg.value.span))
+    }
+
+    fn builtin(&mut self, name: &str, call: &Call, bound: &[Option<&Arg>], span: Span) -> Val {
+        let unary = |op: UnaryOp| Op::Unary(op);
+        let simple_unary = match name {
+            "neg" => Some(unary(UnaryOp::Neg)),
+            "abs" => Some(unary(UnaryOp::Abs)),
+            "exp" => Some(unary(UnaryOp::Exp)),
+            "log" => Some(unary(UnaryOp::Log)),
+            "sqrt" => Some(unary(UnaryOp::Sqrt)),
+            "rsqrt" => Some(unary(UnaryOp::Rsqrt)),
+            "relu" => Some(unary(UnaryOp::Relu)),
+            "sigmoid" => Some(unary(UnaryOp::Sigmoid)),
+            "tanh" => Some(unary(UnaryOp::Tanh)),
+            "stop_gradient" => Some(Op::StopGradient),
+            "identity" => Some(Op::Identity),
+            _ => None,
+        };
+        if let Some(op) = simple_unary {
+            let Some(x) = self.tensor_arg(bound[0]) else { return Val::Error };
+            return self.node(op, &[x], span);
+        }
+        let binary = match name {
+            "add" => Some(Op::Binary(BinaryOp::Add)),
+            "sub" => Some(Op::Binary(BinaryOp::Sub)),
+            "mul" => Some(Op::Binary(BinaryOp::Mul)),
+            "div" => Some(Op::Binary(BinaryOp::Div)),
+            "pow" => Some(Op::Binary(BinaryOp::Pow)),
+            "maximum" => Some(Op::Binary(BinaryOp::Maximum)),
+            "minimum" => Some(Op::Binary(BinaryOp::Minimum)),
+            "equal" => Some(Op::Compare(CompareOp::Equal)),
+            "not_equal" => Some(Op::Compare(CompareOp::NotEqual)),
+            "less" => Some(Op::Compare(CompareOp::Less)),
+            "less_equal" => Some(Op::Compare(CompareOp::LessEqual)),
+            "greater" => Some(Op::Compare(CompareOp::Greater)),
+            "greater_equal" => Some(Op::Compare(CompareOp::GreaterEqual)),
+            "softmax_cross_entropy" => Some(Op::SoftmaxCrossEntropy),
+            "sigmoid_cross_entropy" => Some(Op::SigmoidCrossEntropy),
+            _ => None,
+        };
+        if let Some(op) = binary {
+            let (x, y) = (bound[0].expect("required"), bound[1].expect("required"));
+            let a = self.eval(&x.value);
+            let b = self.eval(&y.value);
+            return self.binary_op(op, (a, x.value.span), (b, y.value.span), span);
+        }
+        match name {
+            "select" => {
+                let Some(cond) = self.tensor_arg(bound[0]) else { return Val::Error };
+                let (x, y) = (bound[1].expect("required"), bound[2].expect("required"));
+                let (a, b) = (self.eval(&x.value), self.eval(&y.value));
+                let a_dtype = if let Val::Tensor(t) = &a { Some(self.graph.ty(*t).dtype) } else { None };
+                let b_dtype = if let Val::Tensor(t) = &b { Some(self.graph.ty(*t).dtype) } else { None };
+                let Some(a) = self.to_tensor(a, x.value.span, b_dtype) else { return Val::Error };
+                let Some(b) = self.to_tensor(b, y.value.span, a_dtype) else { return Val::Error };
+                self.node(Op::Select, &[cond, (a, x.value.span), (b, y.value.span)], span)
+            }
+            "cast" => {
+                let Some((to, _)) = call.type_arg else {
+                    self.diagnostics.push(
+                        Diagnostic::error(Code::MISSING_ARGUMENT, call.callee.span, "`cast` needs the type to cast to")
+                            .with_help("write it in angle brackets: cast<f32>(x)"),
+                    );
+                    return Val::Error;
+                };
+                let Some(x) = self.tensor_arg(bound[0]) else { return Val::Error };
+                self.node(Op::Cast { to: crate::eval::dtype_of(to) }, &[x], span)
+            }
+            "matmul" => {
+                let flag = |this: &mut Self, arg: Option<&Arg>, what: &str| match arg {
+                    Some(a) => this.const_bool(&a.value, what),
+                    None => Some(false),
+                };
+                let transpose_a = flag(self, bound[2], "`transpose_a`");
+                let transpose_b = flag(self, bound[3], "`transpose_b`");
+                let (a, b) = (bound[0].expect("required"), bound[1].expect("required"));
+                let (va, vb) = (self.eval(&a.value), self.eval(&b.value));
+                let (Some(transpose_a), Some(transpose_b)) = (transpose_a, transpose_b) else { return Val::Error };
+                self.binary_op(Op::MatMul { transpose_a, transpose_b }, (va, a.value.span), (vb, b.value.span), span)
+            }
+            "reshape" => {
+                let Some(x) = self.tensor_arg(bound[0]) else { return Val::Error };
+                let shape_arg = bound[1].expect("required");
+                let Some(dims) = self.const_int_list(&shape_arg.value, "a size in the new shape") else { return Val::Error };
+                let Some(shape) = self.reshape_target(x.0, &dims, shape_arg.value.span) else { return Val::Error };
+                self.node(Op::Reshape { shape }, &[x], span)
+            }
+            "flatten" => {
+                let Some(x) = self.tensor_arg(bound[0]) else { return Val::Error };
+                let dims = self.graph.ty(x.0).shape.dims().to_vec();
+                if dims.is_empty() {
+                    self.diagnostics.push(
+                        Diagnostic::error(Code::AXIS_OUT_OF_RANGE, x.1, "`flatten` needs a tensor with a leading axis, not a scalar")
+                            .with_help("flatten keeps axis 0 and joins the rest"),
+                    );
+                    return Val::Error;
+                }
+                let rest: usize = dims[1..].iter().product();
+                self.node(Op::Reshape { shape: Shape(vec![dims[0], rest]) }, &[x], span)
+            }
+            "transpose" => {
+                let Some(x) = self.tensor_arg(bound[0]) else { return Val::Error };
+                let rank = self.graph.ty(x.0).shape.rank();
+                let perm = match bound[1] {
+                    None => (0..rank).rev().collect(),
+                    Some(arg) => {
+                        let Some(values) = self.const_int_list(&arg.value, "an axis") else { return Val::Error };
+                        let resolved: Option<Vec<usize>> = values.iter().map(|&v| self.axis(v, rank, arg.value.span)).collect();
+                        let Some(perm) = resolved else { return Val::Error };
+                        perm
+                    }
+                };
+                self.node(Op::Transpose { perm }, &[x], span)
+            }
+            "concat" => {
+                let values_arg = bound[0].expect("required");
+                let ExprKind::Array(items) = &values_arg.value.kind else {
+                    self.diagnostics.push(
+                        Diagnostic::error(Code::ARGUMENT_KIND, values_arg.value.span, "`concat` takes a list of tensors")
+                            .with_help("write them in brackets: concat([a, b], axis = 1)"),
+                    );
+                    return Val::Error;
+                };
+                let mut operands = Vec::new();
+                for item in items {
+                    let value = self.eval(item);
+                    operands.push(self.to_tensor(value, item.span, None).map(|t| (t, item.span)));
+                }
+                let Some(operands) = operands.into_iter().collect::<Option<Vec<_>>>() else { return Val::Error };
+                if operands.is_empty() {
+                    self.diagnostics.push(Diagnostic::error(Code::ARITY, values_arg.value.span, "`concat` needs at least one tensor"));
+                    return Val::Error;
+                }
+                let rank = self.graph.ty(operands[0].0).shape.rank();
+                let axis = match bound[1] {
+                    Some(arg) => match self.const_int(&arg.value, "the axis") {
+                        Some(v) => self.axis(v, rank, arg.value.span),
+                        None => None,
+                    },
+                    None => self.axis(0, rank, values_arg.value.span),
+                };
+                let Some(axis) = axis else { return Val::Error };
+                self.node(Op::Concat { axis }, &operands, span)
+            }
+            "slice" => {
+                let Some(x) = self.tensor_arg(bound[0]) else { return Val::Error };
+                let (begin_arg, size_arg) = (bound[1].expect("required"), bound[2].expect("required"));
+                let begin = self.const_int_list(&begin_arg.value, "a slice start");
+                let size = self.const_int_list(&size_arg.value, "a slice size");
+                let (Some(begin), Some(size)) = (begin, size) else { return Val::Error };
+                let dims = self.graph.ty(x.0).shape.dims().to_vec();
+                if begin.len() != dims.len() || size.len() != dims.len() {
+                    self.diagnostics.push(
+                        Diagnostic::error(Code::AXIS_OUT_OF_RANGE, span, format!("`slice` of a rank-{} tensor needs {} starts and {} sizes", dims.len(), dims.len(), dims.len()))
+                            .with_help("give one start and one size per axis"),
+                    );
+                    return Val::Error;
+                }
+                let mut starts = Vec::new();
+                let mut sizes = Vec::new();
+                for ((&b, &s), &d) in begin.iter().zip(&size).zip(&dims) {
+                    if b < 0 || b as usize > d {
+                        self.diagnostics.push(Diagnostic::error(Code::INVALID_SHAPE, begin_arg.value.span, format!("slice start {b} is outside an axis of size {d}")));
+                        return Val::Error;
+                    }
+                    let s = if s == -1 { d as i64 - b } else { s };
+                    if s < 1 {
+                        self.diagnostics.push(Diagnostic::error(Code::INVALID_SHAPE, size_arg.value.span, format!("slice size {s} is not positive")).with_help("-1 means to the end of the axis"));
+                        return Val::Error;
+                    }
+                    starts.push(b as usize);
+                    sizes.push(s as usize);
+                }
+                self.node(Op::Slice { begin: starts, size: sizes }, &[x], span)
+            }
+            "sum" | "mean" | "max" | "min" => {
+                let Some(x) = self.tensor_arg(bound[0]) else { return Val::Error };
+                let rank = self.graph.ty(x.0).shape.rank();
+                let axes = match bound[1] {
+                    None => (0..rank).collect(),
+                    Some(arg) => {
+                        let Some(values) = self.const_int_list(&arg.value, "an axis") else { return Val::Error };
+                        let resolved: Option<Vec<usize>> = values.iter().map(|&v| self.axis(v, rank, arg.value.span)).collect();
+                        let Some(axes) = resolved else { return Val::Error };
+                        axes
+                    }
+                };
+                let keep_dims = match bound[2] {
+                    Some(arg) => self.const_bool(&arg.value, "`keep_dims`"),
+                    None => Some(false),
+                };
+                let Some(keep_dims) = keep_dims else { return Val::Error };
+                let kind = match name {
+                    "sum" => ReduceKind::Sum,
+                    "mean" => ReduceKind::Mean,
+                    "max" => ReduceKind::Max,
+                    _ => ReduceKind::Min,
+                };
+                self.node(Op::Reduce { kind, axes, keep_dims }, &[x], span)
+            }
+            "softmax" | "log_softmax" => {
+                let Some(x) = self.tensor_arg(bound[0]) else { return Val::Error };
+                let rank = self.graph.ty(x.0).shape.rank();
+                let axis = match bound[1] {
+                    Some(arg) => self.const_int(&arg.value, "the axis").and_then(|v| self.axis(v, rank, arg.value.span)),
+                    None => self.axis(-1, rank, x.1),
+                };
+                let Some(axis) = axis else { return Val::Error };
+                let op = if name == "softmax" { Op::Softmax { axis } } else { Op::LogSoftmax { axis } };
+                self.node(op, &[x], span)
+            }
+            "one_hot" => {
+                let Some(x) = self.tensor_arg(bound[0]) else { return Val::Error };
+                let depth_arg = bound[1].expect("required");
+                let Some(depth) = self.size(&depth_arg.value, "the depth of one_hot") else { return Val::Error };
+                let dtype = call.type_arg.map(|(d, _)| crate::eval::dtype_of(d)).unwrap_or(DType::F32);
+                self.node(Op::OneHot { depth, dtype }, &[x], span)
+            }
+            "conv2d" => {
+                let Some(x) = self.tensor_arg(bound[0]) else { return Val::Error };
+                let Some(filter) = self.tensor_arg(bound[1]) else { return Val::Error };
+                let strides = self.pair(bound[2], 1, "a stride");
+                let padding = self.padding(bound[3]);
+                let (Some(strides), Some(padding)) = (strides, padding) else { return Val::Error };
+                self.node(Op::Conv2d { strides, padding }, &[x, filter], span)
+            }
+            "max_pool" | "avg_pool" => {
+                let Some(x) = self.tensor_arg(bound[0]) else { return Val::Error };
+                let window = self.pair(bound[1], 2, "a window size");
+                let Some(window) = window else { return Val::Error };
+                let strides = match bound[2] {
+                    Some(_) => self.pair(bound[2], 1, "a stride"),
+                    None => Some(window),
+                };
+                let padding = self.padding(bound[3]);
+                let (Some(strides), Some(padding)) = (strides, padding) else { return Val::Error };
+                let op = if name == "max_pool" { Op::MaxPool { window, strides, padding } } else { Op::AvgPool { window, strides, padding } };
+                self.node(op, &[x], span)
+            }
+            "gather" => {
+                let Some(table) = self.tensor_arg(bound[0]) else { return Val::Error };
+                let indices_arg = bound[1].expect("required");
+                let value = self.eval(&indices_arg.value);
+                let Some(indices) = self.to_tensor(value, indices_arg.value.span, Some(DType::I32)) else { return Val::Error };
+                self.node(Op::Gather, &[table, (indices, indices_arg.value.span)], span)
+            }
+            _ => unreachable!("every op in OPS is lowered above: {name}"),
+        }
+    }
+
+    /// `3` or `[3, 3]` for a 2-D window or stride.
+    fn pair(&mut self, arg: Option<&Arg>, default: usize, what: &str) -> Option<[usize; 2]> {
+        let Some(arg) = arg else { return Some([default, default]) };
+        let values = self.const_int_list(&arg.value, what)?;
+        let valid = values.iter().all(|&v| v >= 1);
+        match values.as_slice() {
+            [v] if valid => Some([*v as usize, *v as usize]),
+            [h, w] if valid => Some([*h as usize, *w as usize]),
+            _ => {
+                self.diagnostics.push(
+                    Diagnostic::error(Code::ARGUMENT_KIND, arg.value.span, format!("{what} is one positive integer or a pair [height, width]"))
+                        .with_label("not a size or pair of sizes"),
+                );
+                None
+            }
+        }
+    }
+
+    fn padding(&mut self, arg: Option<&Arg>) -> Option<Padding> {
+        let Some(arg) = arg else { return Some(Padding::Valid) };
+        match &arg.value.kind {
+            ExprKind::Str(s) if s == "valid" => Some(Padding::Valid),
+            ExprKind::Str(s) if s == "same" => Some(Padding::Same),
+            _ => {
+                self.diagnostics.push(
+                    Diagnostic::error(Code::ARGUMENT_KIND, arg.value.span, "padding is \"valid\" or \"same\"")
+                        .with_label("not a padding"),
+                );
+                None
+            }
+        }
+    }
+
+    /// The shape `reshape` produces, with a single `-1` inferred.
+    fn reshape_target(&mut self, x: TensorRef, dims: &[i64], span: Span) -> Option<Shape> {
+        let ty = self.graph.ty(x).clone();
+        let n = ty.shape.n_elements();
+        let unknown: Vec<usize> = dims.iter().enumerate().filter(|(_, &d)| d == -1).map(|(i, _)| i).collect();
+        if unknown.len() > 1 || dims.iter().any(|&d| d < -1 || d == 0) {
+            self.diagnostics.push(
+                Diagnostic::error(Code::INVALID_SHAPE, span, format!("{dims:?} is not a shape"))
+                    .with_help("sizes are positive; at most one may be -1 (inferred)"),
+            );
+            return None;
+        }
+        let known: usize = dims.iter().filter(|&&d| d > 0).map(|&d| d as usize).product();
+        let mut shape: Vec<usize> = dims.iter().map(|&d| d.max(0) as usize).collect();
+        if let Some(&i) = unknown.first() {
+            if known == 0 || n % known != 0 {
+                self.diagnostics.push(
+                    Diagnostic::error(Code::INVALID_SHAPE, span, format!("cannot reshape {ty} ({n} elements) to {dims:?}"))
+                        .with_help(format!("{n} is not a multiple of {known}")),
+                );
+                return None;
+            }
+            shape[i] = n / known;
+        }
+        Some(Shape(shape))
+    }
+}

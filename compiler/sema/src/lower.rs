@@ -1,0 +1,769 @@
+//! Statements: the model body and layer bodies, names and their scopes.
+
+use crate::args::{self, Param};
+use crate::layers::Layers;
+use crate::value::{Number, Val};
+use crate::Options;
+use dfc_diag::{Code, Diagnostic, Span};
+use dfc_ir::{
+    ConstValue, DType, DeviceSpec, Graph, Initializer, Module, NodeId, Op, Optimizer, OptimizerKind, Output, Training,
+};
+use dfc_syntax::ast::{self, Attribute, Expr, ExprKind, Ident, Stmt, StmtKind};
+use std::collections::{HashMap, HashSet};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BindingKind {
+    Dim,
+    Input,
+    Param,
+    Const,
+    Let,
+    LayerArgument,
+}
+
+impl BindingKind {
+    fn word(self) -> &'static str {
+        match self {
+            BindingKind::Dim => "dim",
+            BindingKind::Input => "input",
+            BindingKind::Param => "param",
+            BindingKind::Const => "const",
+            BindingKind::Let => "let",
+            BindingKind::LayerArgument => "layer argument",
+        }
+    }
+}
+
+pub struct Binding {
+    pub value: Val,
+    pub span: Span,
+    pub kind: BindingKind,
+    pub used: bool,
+}
+
+/// The names visible in a model or in one layer instance.
+#[derive(Default)]
+pub struct Scope {
+    pub bindings: HashMap<String, Binding>,
+    /// Definition order, for deterministic warnings.
+    pub order: Vec<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Context {
+    Model,
+    Layer,
+}
+
+/// What a block of statements declares besides names.
+pub struct BlockState {
+    pub context: Context,
+    pub dims: Vec<(String, usize)>,
+    pub inputs: Vec<NodeId>,
+    pub outputs: Vec<(Output, Span)>,
+    pub training: Option<(Training, Span)>,
+    pub returned: Option<(Val, Span)>,
+}
+
+impl BlockState {
+    pub fn new(context: Context) -> BlockState {
+        BlockState { context, dims: Vec::new(), inputs: Vec::new(), outputs: Vec::new(), training: None, returned: None }
+    }
+}
+
+pub struct Lowerer<'a> {
+    pub graph: Graph,
+    pub diagnostics: Vec<Diagnostic>,
+    pub layers: &'a Layers<'a>,
+    pub options: &'a Options,
+    pub scope: Scope,
+    /// Name scope of the nodes being created, `""` or ending in `/` (`h1/`).
+    pub prefix: String,
+    /// The name nodes are created under (the `let` being lowered).
+    pub hint: String,
+    /// The device requested by enclosing `device` blocks and attributes.
+    pub device: Option<DeviceSpec>,
+    pub params: Vec<NodeId>,
+    /// Layers being instantiated, innermost last, to refuse recursion.
+    pub layer_stack: Vec<String>,
+    /// How many layer calls the current `let` makes, and how many were instantiated so far.
+    pub let_layer_calls: usize,
+    pub layer_instances: HashSet<String>,
+}
+
+pub fn lower_model(model: &ast::Model, layers: &Layers, options: &Options) -> (Module, Vec<Diagnostic>) {
+    let mut lowerer = Lowerer {
+        graph: Graph::new(),
+        diagnostics: Vec::new(),
+        layers,
+        options,
+        scope: Scope::default(),
+        prefix: String::new(),
+        hint: String::new(),
+        device: None,
+        params: Vec::new(),
+        layer_stack: Vec::new(),
+        let_layer_calls: 0,
+        layer_instances: HashSet::new(),
+    };
+    let mut state = BlockState::new(Context::Model);
+    lowerer.block(&model.body, &mut state);
+    lowerer.warn_unused(&state);
+    if state.outputs.is_empty() && state.training.is_none() {
+        lowerer.diagnostics.push(
+            Diagnostic::warning(Code::NOTHING_TO_RUN, model.name.span, format!("model `{}` has neither outputs nor a `minimize`", model.name.name))
+                .with_help("add `output NAME` or `minimize LOSS with sgd(lr = 0.01)`"),
+        );
+    }
+    let module = Module {
+        name: model.name.name.clone(),
+        graph: lowerer.graph,
+        dims: state.dims,
+        inputs: state.inputs,
+        params: lowerer.params,
+        outputs: state.outputs.into_iter().map(|(o, _)| o).collect(),
+        training: state.training.map(|(t, _)| t),
+    };
+    (module, lowerer.diagnostics)
+}
+
+impl<'a> Lowerer<'a> {
+    pub fn block(&mut self, stmts: &[Stmt], state: &mut BlockState) {
+        for stmt in stmts {
+            self.stmt(stmt, state);
+        }
+    }
+
+    fn stmt(&mut self, stmt: &Stmt, state: &mut BlockState) {
+        let allowed = match (&stmt.kind, state.context) {
+            (StmtKind::Dim { .. } | StmtKind::Input { .. } | StmtKind::Output { .. } | StmtKind::Minimize { .. }, Context::Layer) => {
+                Err("a layer body holds `param`, `const`, `let`, `device` and `return`; inputs, outputs, dims and `minimize` belong to the model")
+            }
+            (StmtKind::Return { .. }, Context::Model) => Err("`return` ends a layer; a model names its results with `output`"),
+            _ => Ok(()),
+        };
+        if let Err(help) = allowed {
+            let keyword = stmt.kind.keyword();
+            let place = if state.context == Context::Layer { "a layer" } else { "a model" };
+            self.diagnostics.push(
+                Diagnostic::error(Code::MISPLACED_STATEMENT, stmt.span, format!("`{keyword}` is not allowed in {place}"))
+                    .with_label(format!("`{keyword}` here"))
+                    .with_help(help),
+            );
+            return;
+        }
+        let attrs = self.attributes(stmt);
+        let saved_device = self.device.clone();
+        if let Some(device) = &attrs.device {
+            self.device = Some(merge_device(self.device.as_ref(), device));
+        }
+        match &stmt.kind {
+            StmtKind::Dim { name, value } => self.dim(name, value.as_ref(), state),
+            StmtKind::Input { name, ty } => {
+                if let Some(ty) = self.resolve_type(ty) {
+                    self.hint = name.name.clone();
+                    let id = self.graph.add(Op::Input { ty }, &[], &name.name, Some(stmt.span)).expect("inputs always type");
+                    self.graph.node_mut(id).requested_device = self.device.clone();
+                    state.inputs.push(id);
+                    self.define(name, Val::Tensor(id.into()), BindingKind::Input);
+                } else {
+                    self.define(name, Val::Error, BindingKind::Input);
+                }
+            }
+            StmtKind::Param { name, ty, init } => self.param(name, ty, init.as_ref(), &attrs, stmt.span),
+            StmtKind::Const { name, ty, value } => self.constant_stmt(name, ty.as_ref(), value),
+            StmtKind::Let { name, ty, value } => self.let_stmt(name, ty.as_ref(), value),
+            StmtKind::Output { items } => {
+                for item in items {
+                    self.output(item, state);
+                }
+            }
+            StmtKind::Minimize { loss, optimizer } => self.minimize(loss, optimizer, stmt.span, state),
+            StmtKind::Device { spec, body } => match DeviceSpec::parse(&spec.value) {
+                Ok(device) => {
+                    self.device = Some(merge_device(self.device.as_ref(), &device));
+                    self.block(body, state);
+                }
+                Err(message) => {
+                    self.bad_device(spec.span, &message);
+                    self.block(body, state);
+                }
+            },
+            StmtKind::Return { value } => {
+                self.hint = String::new();
+                let result = self.eval(value);
+                if let Some((_, first)) = &state.returned {
+                    self.diagnostics.push(
+                        Diagnostic::error(Code::MISPLACED_STATEMENT, stmt.span, "a layer returns once")
+                            .with_secondary(*first, "it already returned here")
+                            .with_help("combine the results, or split the layer in two"),
+                    );
+                } else {
+                    state.returned = Some((result, value.span));
+                }
+            }
+        }
+        self.device = saved_device;
+    }
+
+    // ---- names ------------------------------------------------------------------------------
+
+    pub fn define(&mut self, name: &Ident, value: Val, kind: BindingKind) {
+        if let Some(previous) = self.scope.bindings.get(&name.name) {
+            let previous_span = previous.span;
+            let previous_kind = previous.kind.word();
+            self.diagnostics.push(
+                Diagnostic::error(Code::DUPLICATE_NAME, name.span, format!("`{}` is defined twice", name.name))
+                    .with_label("defined again here")
+                    .with_secondary(previous_span, format!("first defined here (a {previous_kind})"))
+                    .with_help("names are defined once per model or layer; rename one of them"),
+            );
+            return;
+        }
+        let builtin = crate::builtins::is_op(&name.name);
+        if builtin || self.layers.get(&name.name).is_some() {
+            let what = if builtin { "a built-in op" } else { "a layer" };
+            self.diagnostics.push(
+                Diagnostic::error(Code::DUPLICATE_NAME, name.span, format!("`{}` is the name of {what}", name.name))
+                    .with_help("choose another name, so that calls stay unambiguous"),
+            );
+        }
+        let used = name.name.starts_with('_') || kind == BindingKind::LayerArgument;
+        self.scope.order.push(name.name.clone());
+        self.scope.bindings.insert(name.name.clone(), Binding { value, span: name.span, kind, used });
+    }
+
+    pub fn lookup(&mut self, ident: &Ident) -> Val {
+        if let Some(binding) = self.scope.bindings.get_mut(&ident.name) {
+            binding.used = true;
+            return binding.value.clone();
+        }
+        let is_op = crate::builtins::is_op(&ident.name);
+        if is_op || self.layers.get(&ident.name).is_some() {
+            let what = if is_op { "an op" } else { "a layer" };
+            self.diagnostics.push(
+                Diagnostic::error(Code::WRONG_KIND_OF_NAME, ident.span, format!("`{}` is {what}, not a value", ident.name))
+                    .with_label("used as a value")
+                    .with_help(format!("call it: `{}(...)`", ident.name)),
+            );
+            return Val::Error;
+        }
+        let mut d = Diagnostic::error(Code::UNDEFINED_NAME, ident.span, format!("`{}` is not defined", ident.name))
+            .with_label("not defined");
+        let candidates: Vec<&str> = self.scope.bindings.keys().map(|k| k.as_str()).collect();
+        if let Some(best) = dfc_diag::closest(&ident.name, candidates) {
+            d = d.with_help(format!("did you mean `{best}`?"));
+        } else if self.layer_stack.is_empty() {
+            d = d.with_help("names must be defined (with `let`, `param`, `input`, `const` or `dim`) before they are used");
+        } else {
+            d = d.with_help("a layer sees only its arguments and its own definitions, not the model's");
+        }
+        self.diagnostics.push(d);
+        // Define it as poisoned so that later uses report nothing more.
+        self.scope.bindings.insert(
+            ident.name.clone(),
+            Binding { value: Val::Error, span: ident.span, kind: BindingKind::Let, used: true },
+        );
+        Val::Error
+    }
+
+    fn warn_unused(&mut self, state: &BlockState) {
+        let outputs: HashSet<&str> = state.outputs.iter().map(|(o, _)| o.name.as_str()).collect();
+        for name in &self.scope.order {
+            let binding = &self.scope.bindings[name];
+            if binding.used || outputs.contains(name.as_str()) || binding.kind == BindingKind::Dim {
+                continue;
+            }
+            self.diagnostics.push(
+                Diagnostic::warning(Code::UNUSED, binding.span, format!("{} `{name}` is never used", binding.kind.word()))
+                    .with_help(format!("remove it, or name it `_{name}` to keep it quietly")),
+            );
+        }
+    }
+
+    // ---- statements -------------------------------------------------------------------------
+
+    fn dim(&mut self, name: &Ident, value: Option<&Expr>, state: &mut BlockState) {
+        let overridden = self.options.dims.iter().rev().find(|(n, _)| *n == name.name).map(|(_, v)| *v);
+        let resolved = match (overridden, value) {
+            (Some(v), _) if v >= 1 => Some(v),
+            (Some(v), _) => {
+                self.diagnostics.push(
+                    Diagnostic::error(Code::BAD_DIM, name.span, format!("`--dim {}={v}` is not a positive size", name.name))
+                        .with_help("dims are sizes: positive integers"),
+                );
+                None
+            }
+            (None, Some(expr)) => self.size(expr, &format!("dim `{}`", name.name)).map(|v| v as i64),
+            (None, None) => {
+                self.diagnostics.push(
+                    Diagnostic::error(Code::BAD_DIM, name.span, format!("dim `{}` has no value", name.name))
+                        .with_label("declared without a value")
+                        .with_help(format!("give it a default (`dim {0} = 128`) or pass `--dim {0}=N`", name.name)),
+                );
+                None
+            }
+        };
+        match resolved {
+            Some(v) => {
+                state.dims.push((name.name.clone(), v as usize));
+                self.define(name, Val::Number(Number::Int(v)), BindingKind::Dim);
+            }
+            None => self.define(name, Val::Error, BindingKind::Dim),
+        }
+    }
+
+    fn param(&mut self, name: &Ident, ty: &ast::TensorType, init: Option<&Expr>, attrs: &Attributes, span: Span) {
+        let Some(resolved) = self.resolve_type(ty) else {
+            self.define(name, Val::Error, BindingKind::Param);
+            return;
+        };
+        let trainable = attrs.trainable.unwrap_or(true);
+        if trainable && !resolved.dtype.is_float() {
+            self.diagnostics.push(
+                Diagnostic::error(Code::DTYPE_MISMATCH, ty.dtype_span, format!("a trainable param must be f32 or f64, not {}", resolved.dtype))
+                    .with_help("use a float type, or mark it `@trainable(false)`"),
+            );
+        }
+        let init = match init {
+            Some(expr) => self.initializer(expr),
+            // Keras's defaults: Glorot for weight matrices and filters, zeros for biases.
+            None if resolved.shape.rank() >= 2 => Some(Initializer::GlorotUniform),
+            None => Some(Initializer::Zeros),
+        };
+        let mut partitions = 1;
+        if let Some((n, n_span)) = attrs.partitioned {
+            let rows = resolved.shape.dims().first().copied().unwrap_or(0);
+            if resolved.shape.rank() == 0 {
+                self.diagnostics.push(
+                    Diagnostic::error(Code::BAD_PARTITIONING, n_span, "a scalar cannot be partitioned")
+                        .with_help("partitioning splits axis 0 of a param into shards"),
+                );
+            } else if n < 1 || n as usize > rows {
+                self.diagnostics.push(
+                    Diagnostic::error(Code::BAD_PARTITIONING, n_span, format!("cannot split {} rows into {n} shards", rows))
+                        .with_label(format!("must be between 1 and {rows}"))
+                        .with_help("each shard gets at least one row of axis 0"),
+                );
+            } else {
+                partitions = n as u32;
+            }
+        }
+        let Some(init) = init else {
+            self.define(name, Val::Error, BindingKind::Param);
+            return;
+        };
+        let full_name = format!("{}{}", self.prefix, name.name);
+        let op = Op::Variable { ty: resolved, init, trainable, partitions };
+        let variable = self.graph.add(op, &[], &full_name, Some(span)).expect("variables always type");
+        let read = self.graph.add(Op::Read, &[variable.into()], &format!("{full_name}/read"), Some(span)).expect("reads type");
+        for id in [variable, read] {
+            self.graph.node_mut(id).requested_device = self.device.clone();
+        }
+        self.params.push(variable);
+        self.define(name, Val::Tensor(read.into()), BindingKind::Param);
+    }
+
+    fn constant_stmt(&mut self, name: &Ident, ty: Option<&ast::TensorType>, value: &Expr) {
+        self.hint = name.name.clone();
+        let evaluated = self.eval(value);
+        let result = match (&evaluated, ty) {
+            (Val::Error, _) => Val::Error,
+            (Val::Tensor(t), _) => {
+                let ty = self.graph.ty(*t).clone();
+                self.diagnostics.push(
+                    Diagnostic::error(Code::NOT_CONSTANT, value.span, format!("`const {}` must be known at compile time", name.name))
+                        .with_label(format!("this is a {ty} tensor computed when the model runs"))
+                        .with_help("use `let` for values computed from inputs and params"),
+                );
+                Val::Error
+            }
+            (Val::Str(_), _) => self.wrong_kind(value.span, "a number or a list of numbers", &evaluated),
+            (_, None) => evaluated,
+            (_, Some(ty)) => self.typed_constant(evaluated, ty, value.span),
+        };
+        self.define(name, result, BindingKind::Const);
+    }
+
+    /// `const c: f32[2, 2] = [[1, 2], [3, 4]]`; a single number fills the shape.
+    fn typed_constant(&mut self, value: Val, ty: &ast::TensorType, span: Span) -> Val {
+        let Some(ty) = self.resolve_type(ty) else { return Val::Error };
+        let filled = match value {
+            Val::Number(n) if ty.shape.rank() > 0 => {
+                let tensor = self.to_tensor(Val::Number(n), span, Some(ty.dtype));
+                let Some(scalar) = tensor else { return Val::Error };
+                let values = vec![n.as_f64(); ty.shape.n_elements()];
+                // The scalar node served only to check the value; the filled constant replaces it.
+                self.graph.remove(scalar.node);
+                return Val::Tensor(self.constant(ConstValue::from_f64(ty.dtype, ty.shape, &values), span));
+            }
+            other => other,
+        };
+        let Some(tensor) = self.to_tensor(filled, span, Some(ty.dtype)) else { return Val::Error };
+        self.check_annotation(tensor, &ty, span)
+    }
+
+    fn check_annotation(&mut self, tensor: dfc_ir::TensorRef, expected: &dfc_ir::TensorType, span: Span) -> Val {
+        let actual = self.graph.ty(tensor).clone();
+        if actual != *expected {
+            let code = if actual.dtype != expected.dtype { Code::DTYPE_MISMATCH } else { Code::ANNOTATION_MISMATCH };
+            let code = if code == Code::DTYPE_MISMATCH { Code::ANNOTATION_MISMATCH } else { code };
+            self.diagnostics.push(
+                Diagnostic::error(code, span, format!("this is {actual}, but it is annotated {expected}"))
+                    .with_label(format!("{actual}"))
+                    .with_help("fix the annotation, or reshape/cast the value"),
+            );
+            return Val::Error;
+        }
+        Val::Tensor(tensor)
+    }
+
+    fn let_stmt(&mut self, name: &Ident, ty: Option<&ast::TensorType>, value: &Expr) {
+        self.hint = name.name.clone();
+        self.let_layer_calls = crate::layers::count_layer_calls(value, self.layers);
+        let first_new = self.graph.len();
+        let mut result = self.eval(value);
+        self.let_layer_calls = 0;
+        if let Some(ty) = ty {
+            result = match result {
+                Val::Error => Val::Error,
+                Val::Tensor(t) => match self.resolve_type(ty) {
+                    Some(expected) => self.check_annotation(t, &expected, value.span),
+                    None => Val::Error,
+                },
+                other => self.typed_constant(other, ty, value.span),
+            };
+        }
+        // The node computing the value takes the let's name (`hidden`, not `hidden/add`).
+        if let Val::Tensor(t) = &result {
+            let created_here = t.node.index() >= first_new && !matches!(self.graph.node(t.node).op, Op::Variable { .. } | Op::Read | Op::Input { .. });
+            if created_here {
+                let full = format!("{}{}", self.prefix, name.name);
+                self.graph.rename(t.node, &full);
+            }
+        }
+        self.define(name, result, BindingKind::Let);
+    }
+
+    fn output(&mut self, item: &ast::OutputItem, state: &mut BlockState) {
+        let name = match (&item.alias, &item.value.kind) {
+            (Some(alias), _) => alias.clone(),
+            (None, ExprKind::Name(ident)) => ident.clone(),
+            (None, _) => {
+                self.diagnostics.push(
+                    Diagnostic::error(Code::BAD_OUTPUT, item.value.span, "an output computed in place needs a name")
+                        .with_label("unnamed output")
+                        .with_help("add `as NAME`: `output softmax(logits) as probabilities`"),
+                );
+                return;
+            }
+        };
+        if let Some((_, first)) = state.outputs.iter().find(|(o, _)| o.name == name.name) {
+            let first = *first;
+            self.diagnostics.push(
+                Diagnostic::error(Code::BAD_OUTPUT, name.span, format!("output `{}` is named twice", name.name))
+                    .with_secondary(first, "first named here"),
+            );
+            return;
+        }
+        self.hint = name.name.clone();
+        let value = self.eval(&item.value);
+        if let Some(tensor) = self.to_tensor(value, item.value.span, None) {
+            state.outputs.push((Output { name: name.name.clone(), tensor }, name.span));
+        }
+    }
+
+    fn minimize(&mut self, loss: &Expr, optimizer: &ast::Call, span: Span, state: &mut BlockState) {
+        if let Some((_, first)) = &state.training {
+            self.diagnostics.push(
+                Diagnostic::error(Code::DUPLICATE_MINIMIZE, span, "a model minimizes one loss")
+                    .with_secondary(*first, "the loss is already given here")
+                    .with_help("add the losses into one: `minimize a + b with ...`"),
+            );
+            return;
+        }
+        self.hint = "loss".into();
+        let value = self.eval(loss);
+        let tensor = self.to_tensor(value, loss.span, Some(DType::F32));
+        let optimizer = self.optimizer(optimizer);
+        let Some(tensor) = tensor else { return };
+        let ty = self.graph.ty(tensor).clone();
+        if ty.shape.rank() != 0 || !ty.dtype.is_float() {
+            let help = if ty.dtype.is_float() {
+                "reduce it to a scalar, e.g. `mean(...)`"
+            } else {
+                "the loss must be f32 or f64; cast it with cast<f32>(...)"
+            };
+            self.diagnostics.push(
+                Diagnostic::error(Code::BAD_LOSS, loss.span, format!("the loss must be a floating-point scalar, not {ty}"))
+                    .with_label(format!("{ty}"))
+                    .with_help(help),
+            );
+            return;
+        }
+        if let Some(optimizer) = optimizer {
+            state.training = Some((Training { loss: tensor, optimizer }, span));
+        }
+    }
+
+    // ---- attributes, initialisers, optimizers -------------------------------------------------
+
+    fn attributes(&mut self, stmt: &Stmt) -> Attributes {
+        let mut out = Attributes::default();
+        let allowed: &[&str] = match stmt.kind {
+            StmtKind::Param { .. } => &["device", "partitioned", "trainable"],
+            StmtKind::Input { .. } | StmtKind::Let { .. } | StmtKind::Const { .. } => &["device"],
+            _ => &[],
+        };
+        let mut seen: HashMap<&str, Span> = HashMap::new();
+        for attr in &stmt.attrs {
+            let name = attr.name.name.as_str();
+            if !allowed.contains(&name) {
+                let mut d = Diagnostic::error(Code::UNKNOWN_ATTRIBUTE, attr.name.span, format!("`@{name}` is not an attribute of `{}`", stmt.kind.keyword()));
+                let all = ["device", "partitioned", "trainable"];
+                d = match (all.contains(&name), dfc_diag::closest(name, all)) {
+                    (true, _) => d.with_help(format!("`{}` takes {}", stmt.kind.keyword(), list_attrs(allowed))),
+                    (false, Some(best)) if allowed.contains(&best) => d.with_help(format!("did you mean `@{best}`?")),
+                    _ => d.with_help(format!("`{}` takes {}", stmt.kind.keyword(), list_attrs(allowed))),
+                };
+                self.diagnostics.push(d);
+                continue;
+            }
+            if let Some(first) = seen.insert(name, attr.span) {
+                self.diagnostics.push(
+                    Diagnostic::error(Code::DUPLICATE_ARGUMENT, attr.span, format!("`@{name}` is given twice"))
+                        .with_secondary(first, "first given here"),
+                );
+                continue;
+            }
+            self.attribute(attr, &mut out);
+        }
+        out
+    }
+
+    fn attribute(&mut self, attr: &Attribute, out: &mut Attributes) {
+        let callee = format!("@{}", attr.name.name);
+        match attr.name.name.as_str() {
+            "device" => {
+                let Some(bound) = args::bind(&callee, attr.span, &[Param { name: "spec", required: true }], &attr.args, &mut self.diagnostics) else { return };
+                let Some(arg) = bound[0] else { return };
+                match &arg.value.kind {
+                    ExprKind::Str(text) => match DeviceSpec::parse(text) {
+                        Ok(spec) => out.device = Some(spec),
+                        Err(message) => self.bad_device(arg.value.span, &message),
+                    },
+                    _ => {
+                        self.diagnostics.push(
+                            Diagnostic::error(Code::BAD_DEVICE, arg.value.span, "a device is given as a string")
+                                .with_help("e.g. @device(\"/job:ps/task:0\") or @device(\"gpu:0\")"),
+                        );
+                    }
+                }
+            }
+            "partitioned" => {
+                let Some(bound) = args::bind(&callee, attr.span, &[Param { name: "shards", required: true }], &attr.args, &mut self.diagnostics) else { return };
+                if let Some(arg) = bound[0] {
+                    if let Some(n) = self.const_int(&arg.value, "the number of shards") {
+                        out.partitioned = Some((n, arg.value.span));
+                    }
+                }
+            }
+            _ => {
+                let Some(bound) = args::bind(&callee, attr.span, &[Param { name: "enabled", required: true }], &attr.args, &mut self.diagnostics) else { return };
+                if let Some(arg) = bound[0] {
+                    out.trainable = self.const_bool(&arg.value, "`@trainable`");
+                }
+            }
+        }
+    }
+
+    fn bad_device(&mut self, span: Span, message: &str) {
+        self.diagnostics.push(
+            Diagnostic::error(Code::BAD_DEVICE, span, format!("malformed device: {message}"))
+                .with_label("not a device")
+                .with_help("devices look like \"/job:worker/task:0/device:GPU:0\", \"/job:ps/task:1\", \"cpu:0\" or \"gpu:1\""),
+        );
+    }
+
+    fn initializer(&mut self, expr: &Expr) -> Option<Initializer> {
+        const NAMES: [&str; 8] = ["zeros", "ones", "constant", "uniform", "normal", "truncated_normal", "glorot_uniform", "he_normal"];
+        let (name, call) = match &expr.kind {
+            ExprKind::Name(ident) => (ident, None),
+            ExprKind::Call(call) => (&call.callee, Some(call)),
+            ExprKind::Int(_) | ExprKind::Float(_) | ExprKind::Unary(..) => {
+                let value = self.const_f64(expr, "a constant initial value")?;
+                return Some(Initializer::Constant { value });
+            }
+            _ => {
+                self.diagnostics.push(
+                    Diagnostic::error(Code::BAD_INITIALIZER, expr.span, "a param is initialised by an initialiser or a number")
+                        .with_help(format!("the initialisers are {}", dfc_diag::one_of(&NAMES))),
+                );
+                return None;
+            }
+        };
+        let params: &[Param] = match name.name.as_str() {
+            "zeros" | "ones" | "glorot_uniform" | "he_normal" => &[],
+            "constant" => &[Param { name: "value", required: true }],
+            "uniform" => &[Param { name: "min", required: false }, Param { name: "max", required: false }],
+            "normal" | "truncated_normal" => &[Param { name: "mean", required: false }, Param { name: "stddev", required: false }],
+            other => {
+                let mut d = Diagnostic::error(Code::BAD_INITIALIZER, name.span, format!("`{other}` is not an initialiser"));
+                d = match dfc_diag::closest(other, NAMES) {
+                    Some(best) => d.with_help(format!("did you mean `{best}`?")),
+                    None => d.with_help(format!("the initialisers are {}", dfc_diag::one_of(&NAMES))),
+                };
+                self.diagnostics.push(d);
+                return None;
+            }
+        };
+        let empty = Vec::new();
+        let call_args = call.map(|c| &c.args).unwrap_or(&empty);
+        let bound = args::bind(&name.name, expr.span, params, call_args, &mut self.diagnostics)?;
+        let mut value = |i: usize, default: f64, what: &str| -> Option<f64> {
+            match args::expr(bound[i]) {
+                Some(e) => self.const_f64(e, what),
+                None => Some(default),
+            }
+        };
+        // Keras's defaults for the random initialisers.
+        let init = match name.name.as_str() {
+            "zeros" => Initializer::Zeros,
+            "ones" => Initializer::Ones,
+            "glorot_uniform" => Initializer::GlorotUniform,
+            "he_normal" => Initializer::HeNormal,
+            "constant" => Initializer::Constant { value: value(0, 0.0, "the constant")? },
+            "uniform" => {
+                let (min, max) = (value(0, -0.05, "min")?, value(1, 0.05, "max")?);
+                if min >= max {
+                    self.diagnostics.push(
+                        Diagnostic::error(Code::BAD_INITIALIZER, expr.span, format!("uniform({min}, {max}) is an empty range"))
+                            .with_help("min must be below max"),
+                    );
+                    return None;
+                }
+                Initializer::Uniform { min, max }
+            }
+            kind => {
+                let (mean, stddev) = (value(0, 0.0, "mean")?, value(1, 0.05, "stddev")?);
+                if stddev <= 0.0 {
+                    self.diagnostics.push(
+                        Diagnostic::error(Code::BAD_INITIALIZER, expr.span, format!("stddev must be positive, not {stddev}")),
+                    );
+                    return None;
+                }
+                if kind == "normal" {
+                    Initializer::Normal { mean, stddev }
+                } else {
+                    Initializer::TruncatedNormal { mean, stddev }
+                }
+            }
+        };
+        Some(init)
+    }
+
+    fn optimizer(&mut self, call: &ast::Call) -> Option<Optimizer> {
+        const NAMES: [&str; 5] = ["sgd", "momentum", "adam", "adagrad", "rmsprop"];
+        let name = call.callee.name.as_str();
+        let params: &[Param] = match name {
+            "sgd" => &[Param { name: "lr", required: true }, Param { name: "weight_decay", required: false }],
+            "momentum" => &[Param { name: "lr", required: true }, Param { name: "momentum", required: false }, Param { name: "nesterov", required: false }, Param { name: "weight_decay", required: false }],
+            "adam" => &[Param { name: "lr", required: false }, Param { name: "beta1", required: false }, Param { name: "beta2", required: false }, Param { name: "epsilon", required: false }, Param { name: "weight_decay", required: false }],
+            "adagrad" => &[Param { name: "lr", required: false }, Param { name: "initial_accumulator", required: false }, Param { name: "epsilon", required: false }, Param { name: "weight_decay", required: false }],
+            "rmsprop" => &[Param { name: "lr", required: false }, Param { name: "rho", required: false }, Param { name: "momentum", required: false }, Param { name: "epsilon", required: false }, Param { name: "weight_decay", required: false }],
+            _ => {
+                let mut d = Diagnostic::error(Code::BAD_OPTIMIZER, call.callee.span, format!("`{name}` is not an optimizer"));
+                d = match dfc_diag::closest(name, NAMES) {
+                    Some(best) => d.with_help(format!("did you mean `{best}`?")),
+                    None => d.with_help(format!("the optimizers are {}", dfc_diag::one_of(&NAMES))),
+                };
+                self.diagnostics.push(d);
+                return None;
+            }
+        };
+        let bound = args::bind(name, call.span, params, &call.args, &mut self.diagnostics)?;
+        let index = |key: &str| params.iter().position(|p| p.name == key);
+        let mut ok = true;
+        let mut number = |this: &mut Self, key: &str, default: f64, valid: fn(f64) -> bool, rule: &str| -> f64 {
+            let Some(i) = index(key) else { return default };
+            let Some(expr) = args::expr(bound[i]) else { return default };
+            match this.const_f64(expr, &format!("`{key}`")) {
+                Some(v) if valid(v) => v,
+                Some(v) => {
+                    this.diagnostics.push(
+                        Diagnostic::error(Code::BAD_OPTIMIZER, expr.span, format!("`{key}` = {v} is out of range"))
+                            .with_label(format!("must be {rule}")),
+                    );
+                    ok = false;
+                    default
+                }
+                None => {
+                    ok = false;
+                    default
+                }
+            }
+        };
+        let positive = |v: f64| v > 0.0 && v.is_finite();
+        let unit = |v: f64| (0.0..1.0).contains(&v);
+        let non_negative = |v: f64| v >= 0.0 && v.is_finite();
+        let default_lr = match name {
+            "adagrad" => 0.01,
+            _ => 0.001,
+        };
+        let learning_rate = number(self, "lr", default_lr, positive, "positive");
+        let weight_decay = number(self, "weight_decay", 0.0, non_negative, "≥ 0");
+        let kind = match name {
+            "sgd" => OptimizerKind::Sgd,
+            "momentum" => {
+                let momentum = number(self, "momentum", 0.9, unit, "in [0, 1)");
+                let nesterov = match index("nesterov").and_then(|i| args::expr(bound[i])) {
+                    Some(e) => self.const_bool(e, "`nesterov`").unwrap_or(false),
+                    None => false,
+                };
+                OptimizerKind::Momentum { momentum, nesterov }
+            }
+            "adam" => OptimizerKind::Adam {
+                beta1: number(self, "beta1", 0.9, unit, "in [0, 1)"),
+                beta2: number(self, "beta2", 0.999, unit, "in [0, 1)"),
+                epsilon: number(self, "epsilon", 1e-7, positive, "positive"),
+            },
+            "adagrad" => OptimizerKind::Adagrad {
+                initial_accumulator: number(self, "initial_accumulator", 0.1, non_negative, "≥ 0"),
+                epsilon: number(self, "epsilon", 1e-7, positive, "positive"),
+            },
+            _ => OptimizerKind::RmsProp {
+                rho: number(self, "rho", 0.9, unit, "in [0, 1)"),
+                momentum: number(self, "momentum", 0.0, unit, "in [0, 1)"),
+                epsilon: number(self, "epsilon", 1e-7, positive, "positive"),
+            },
+        };
+        ok.then_some(Optimizer { kind, learning_rate, weight_decay })
+    }
+}
+
+#[derive(Default)]
+pub struct Attributes {
+    pub device: Option<DeviceSpec>,
+    pub partitioned: Option<(i64, Span)>,
+    pub trainable: Option<bool>,
+}
+
+fn list_attrs(allowed: &[&str]) -> String {
+    if allowed.is_empty() {
+        return "no attributes".into();
+    }
+    let names: Vec<String> = allowed.iter().map(|a| format!("`@{a}`")).collect();
+    dfc_diag::one_of(&names)
+}
+
+/// Nested device scopes, as in TensorFlow: what the inner scope sets wins; the rest is kept.
+pub fn merge_device(outer: Option<&DeviceSpec>, inner: &DeviceSpec) -> DeviceSpec {
+    let Some(outer) = outer else { return inner.clone() };
+    DeviceSpec {
+        job: inner.job.clone().or_else(|| outer.job.clone()),
+        replica: inner.replica.or(outer.replica),
+        task: inner.task.or(outer.task),
+        kind: inner.kind.or(outer.kind),
+        index: inner.index.or(outer.index),
+    }
+}
