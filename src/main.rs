@@ -152,26 +152,16 @@ fn plural(n: usize, word: &str) -> String {
     }
 }
 
-/// The front end on one file: parse and analyse. A non-UTF-8 file is not analysed further.
-fn front_end(source: &Source, mut diagnostics: Vec<Diagnostic>, model: &ModelArgs, one: bool) -> (Option<dfc_ir::Module>, Vec<Diagnostic>) {
-    if !diagnostics.is_empty() {
-        return (None, diagnostics);
+/// The front end on one file. A file that is not UTF-8 is not analysed further.
+fn front_end(source: &Source, early: Vec<Diagnostic>, model: &ModelArgs, one: bool) -> (Option<dfc_ir::Module>, Vec<Diagnostic>) {
+    if !early.is_empty() {
+        return (None, early);
     }
-    let (file, mut syntax) = dfc_syntax::parse(&source.text);
-    diagnostics.append(&mut syntax);
-    let module = if one {
-        let (module, mut found) = dfc_sema::analyze_one(&file, model.model.as_deref(), &options(model));
-        diagnostics.append(&mut found);
-        module
+    if one {
+        dfc_sema::compile_source(&source.text, model.model.as_deref(), &options(model))
     } else {
-        let (_, mut found) = dfc_sema::analyze(&file, &options(model));
-        diagnostics.append(&mut found);
-        None
-    };
-    dfc_diag::sort(&mut diagnostics);
-    diagnostics.dedup();
-    let has_errors = diagnostics.iter().any(|d| d.is_error());
-    (module.filter(|_| !has_errors), diagnostics)
+        (None, dfc_sema::check_source(&source.text, &options(model)).1)
+    }
 }
 
 fn check(files: &[PathBuf], model: &ModelArgs, format: MessageFormat) -> Outcome {

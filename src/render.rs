@@ -34,10 +34,6 @@ impl fmt::Display for Report<'_> {
 impl std::error::Error for Report<'_> {}
 
 impl miette::Diagnostic for Report<'_> {
-    fn code<'b>(&'b self) -> Option<Box<dyn fmt::Display + 'b>> {
-        Some(Box::new(self.diagnostic.code))
-    }
-
     fn severity(&self) -> Option<miette::Severity> {
         Some(match self.diagnostic.severity {
             Severity::Error => miette::Severity::Error,
@@ -76,7 +72,11 @@ pub fn use_color() -> bool {
 
 /// A diagnostic as text with the source lines and carets.
 pub fn human(source: &Source, diagnostic: &Diagnostic, color: bool) -> String {
-    let theme = if color { GraphicalTheme::unicode() } else { GraphicalTheme::unicode_nocolor() };
+    let mut theme = if color { GraphicalTheme::unicode() } else { GraphicalTheme::unicode_nocolor() };
+    // rustc's header, `error[E0101]: message`, in place of miette's icon and separate code line.
+    let code = diagnostic.code;
+    theme.characters.error = format!("error[{code}]:");
+    theme.characters.warning = format!("warning[{code}]:");
     let handler = GraphicalReportHandler::new_themed(theme).with_width(100);
     let report = Report {
         diagnostic,

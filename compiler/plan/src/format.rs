@@ -109,8 +109,7 @@ fn check_refs(plan: &Plan) -> Result<(), String> {
         let tensors = module.outputs.iter().map(|o| o.tensor).chain(module.training.iter().map(|t| t.loss));
         let nodes = module.inputs.iter().chain(&module.params).map(|&id| id.into());
         for tensor in tensors.chain(nodes) {
-            let ok = graph.contains(tensor.node)
-                && (tensor.port as usize) < graph.node(tensor.node).outputs.len();
+            let ok = graph.contains(tensor.node) && (tensor.port as usize) < graph.node(tensor.node).outputs.len();
             if !ok {
                 return Err(format!(
                     "partition {i} refers to output {} of node {}, which does not exist",

@@ -116,11 +116,8 @@ impl Plan {
                 IoSpec { name: node.name.clone(), ty }
             })
             .collect();
-        let outputs = module
-            .outputs
-            .iter()
-            .map(|o| IoSpec { name: o.name.clone(), ty: graph.ty(o.tensor).clone() })
-            .collect();
+        let outputs =
+            module.outputs.iter().map(|o| IoSpec { name: o.name.clone(), ty: graph.ty(o.tensor).clone() }).collect();
         let params = module
             .params
             .iter()
@@ -139,10 +136,10 @@ impl Plan {
                 }
             })
             .collect();
-        let training = module.training.as_ref().map(|t| TrainingSpec {
-            loss: tensor_name(&module, t.loss),
-            optimizer: t.optimizer.clone(),
-        });
+        let training = module
+            .training
+            .as_ref()
+            .map(|t| TrainingSpec { loss: tensor_name(&module, t.loss), optimizer: t.optimizer.clone() });
 
         Plan {
             dfc_version: env!("CARGO_PKG_VERSION").into(),
@@ -151,10 +148,7 @@ impl Plan {
             model: module.name.clone(),
             dims: module.dims.clone(),
             cluster: Cluster {
-                jobs: vec![Job {
-                    name: "localhost".into(),
-                    tasks: vec![Task { devices: vec![device.clone()] }],
-                }],
+                jobs: vec![Job { name: "localhost".into(), tasks: vec![Task { devices: vec![device.clone()] }] }],
             },
             inputs,
             outputs,
@@ -180,16 +174,11 @@ fn tensor_name(module: &Module, tensor: TensorRef) -> String {
 /// Bytes of a tensor's buffer, saturating: a decoded plan may hold absurd shapes, and sizes
 /// are only shown, so they must not overflow (a panic in debug builds).
 pub(crate) fn tensor_bytes(ty: &TensorType) -> u64 {
-    ty.shape
-        .dims()
-        .iter()
-        .fold(ty.dtype.size_in_bytes() as u64, |acc, &d| acc.saturating_mul(d as u64))
+    ty.shape.dims().iter().fold(ty.dtype.size_in_bytes() as u64, |acc, &d| acc.saturating_mul(d as u64))
 }
 
 /// FNV-1a, 64 bit: a stable fingerprint of the source text (not a security measure; it only
 /// tells whether a plan was compiled from this text).
 pub fn source_hash(text: &str) -> u64 {
-    text.bytes().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
-        (hash ^ byte as u64).wrapping_mul(0x0000_0100_0000_01b3)
-    })
+    text.bytes().fold(0xcbf2_9ce4_8422_2325, |hash, byte| (hash ^ byte as u64).wrapping_mul(0x0000_0100_0000_01b3))
 }

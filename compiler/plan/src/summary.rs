@@ -105,10 +105,10 @@ pub fn summary(plan: &Plan) -> Summary {
         outputs: plan.outputs.iter().map(|io| tensor(&io.name, &io.ty)).collect(),
         total_param_bytes: params.iter().fold(0u64, |sum, p| sum.saturating_add(p.bytes)),
         params,
-        training: plan.training.as_ref().map(|t| TrainingSummary {
-            loss: t.loss.clone(),
-            optimizer: t.optimizer.to_string(),
-        }),
+        training: plan
+            .training
+            .as_ref()
+            .map(|t| TrainingSummary { loss: t.loss.clone(), optimizer: t.optimizer.to_string() }),
     }
 }
 

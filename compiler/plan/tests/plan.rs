@@ -159,10 +159,20 @@ fn summary_shows_the_model() {
     assert_eq!(summary.devices[0].ops["matmul"], 1);
     let text = summary.to_string();
     assert!(text.starts_with(&format!("model mlp from mlp.df (dfc {}, plan format 1)\n", env!("CARGO_PKG_VERSION"))));
-    for line in ["dims: batch=4", "  x  f32[4,3]", "  w  f32[3,2]  24 B  glorot_uniform", "training: minimize loss with sgd(lr=0.1)"] {
+    for line in [
+        "dims: batch=4",
+        "  x  f32[4,3]",
+        "  w  f32[3,2]  24 B  glorot_uniform",
+        "training: minimize loss with sgd(lr=0.1)",
+    ] {
         assert!(text.lines().any(|l| l == line), "no line `{line}` in:\n{text}");
     }
-    assert!(text.contains("/job:localhost/task:0/cpu:0  5 nodes  1 variable  24 B  (input 1, matmul 1, mean 1, read 1, variable 1)"), "{text}");
+    assert!(
+        text.contains(
+            "/job:localhost/task:0/cpu:0  5 nodes  1 variable  24 B  (input 1, matmul 1, mean 1, read 1, variable 1)"
+        ),
+        "{text}"
+    );
 }
 
 #[test]

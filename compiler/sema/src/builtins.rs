@@ -98,11 +98,7 @@ impl Lowerer<'_> {
                 d = d.with_help("docs/language.md lists the ops; define a `layer` for your own");
             }
             self.diagnostics.push(d);
-            // Arguments are still checked, for their own errors.
-            for arg in &call.args {
-                self.eval(&arg.value);
-            }
-            return Val::Error;
+            return self.eval_args_for_errors(call);
         }
         if let Some((_, type_span)) = call.type_arg {
             if name != "cast" && name != "one_hot" {
@@ -113,9 +109,18 @@ impl Lowerer<'_> {
             }
         }
         let Some(bound) = args::bind(name, span, params_of(name), &call.args, &mut self.diagnostics) else {
-            return Val::Error;
+            return self.eval_args_for_errors(call);
         };
         self.builtin(name, call, &bound, span)
+    }
+
+    /// After a call that cannot be made, its arguments are still checked for their own errors
+    /// (and count as uses of the names in them).
+    pub fn eval_args_for_errors(&mut self, call: &Call) -> Val {
+        for arg in &call.args {
+            self.eval(&arg.value);
+        }
+        Val::Error
     }
 
     /// A bound tensor argument: evaluated and made a tensor.

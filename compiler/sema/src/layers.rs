@@ -101,7 +101,9 @@ impl Lowerer<'_> {
             self.diagnostics.push(Diagnostic::error(Code::ARGUMENT_KIND, type_span, "layers take no type argument"));
         }
         let params: Vec<Param> = def.params.iter().map(|p| Param { name: &p.name.name, required: p.default.is_none() }).collect();
-        let Some(bound) = args::bind(&def.name.name, span, &params, &call.args, &mut self.diagnostics) else { return Val::Error };
+        let Some(bound) = args::bind(&def.name.name, span, &params, &call.args, &mut self.diagnostics) else {
+            return self.eval_args_for_errors(call);
+        };
 
         // Arguments are evaluated in the caller's scope.
         let mut sizes: HashMap<String, (i64, Span)> = HashMap::new();

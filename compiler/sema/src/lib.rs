@@ -16,6 +16,7 @@ mod layers;
 mod lower;
 mod value;
 
+pub use builtins::OPS;
 use dfc_diag::{Code, Diagnostic};
 use dfc_ir::Module;
 use dfc_syntax::ast::{Item, SourceFile};
@@ -110,11 +111,30 @@ pub fn analyze_one(
     }
 }
 
-/// Parses and analyses source text: the whole front end in one call.
+/// Parses and analyses source text: the whole front end in one call, as `dfc check` and the
+/// language server run it.
 pub fn check_source(source: &str, options: &Options) -> (Vec<Analysis>, Vec<Diagnostic>) {
-    let (file, mut diagnostics) = dfc_syntax::parse(source);
-    let (analyses, mut found) = analyze(&file, options);
-    diagnostics.append(&mut found);
-    dfc_diag::sort(&mut diagnostics);
-    (analyses, diagnostics)
+    let (file, syntax) = dfc_syntax::parse(source);
+    let (analyses, found) = analyze(&file, options);
+    (analyses, merge(syntax, found))
+}
+
+/// Parses and analyses source text for one model (`name`, or the only one), as `dfc compile`
+/// runs it. The module is `None` when there is any error.
+pub fn compile_source(source: &str, name: Option<&str>, options: &Options) -> (Option<Module>, Vec<Diagnostic>) {
+    let (file, syntax) = dfc_syntax::parse(source);
+    let (module, found) = analyze_one(&file, name, options);
+    let diagnostics = merge(syntax, found);
+    let has_errors = diagnostics.iter().any(|d| d.is_error());
+    (module.filter(|_| !has_errors), diagnostics)
+}
+
+/// Syntax and semantic diagnostics in source order. After a syntax error, statements are
+/// missing from the tree, so "never used" and "nothing to run" warnings would be noise.
+fn merge(mut syntax: Vec<Diagnostic>, semantic: Vec<Diagnostic>) -> Vec<Diagnostic> {
+    let had_syntax_errors = !syntax.is_empty();
+    syntax.extend(semantic.into_iter().filter(|d| d.is_error() || !had_syntax_errors));
+    dfc_diag::sort(&mut syntax);
+    syntax.dedup();
+    syntax
 }

@@ -109,7 +109,8 @@ pub fn lower_model(model: &ast::Model, layers: &Layers, options: &Options) -> (M
     let mut state = BlockState::new(Context::Model);
     lowerer.block(&model.body, &mut state);
     lowerer.warn_unused(&state);
-    if state.outputs.is_empty() && state.training.is_none() {
+    let declares_results = model.body.iter().any(|s| declares_results(s));
+    if !declares_results {
         lowerer.diagnostics.push(
             Diagnostic::warning(Code::NOTHING_TO_RUN, model.name.span, format!("model `{}` has neither outputs nor a `minimize`", model.name.name))
                 .with_help("add `output NAME` or `minimize LOSS with sgd(lr = 0.01)`"),
@@ -349,10 +350,8 @@ impl<'a> Lowerer<'a> {
                 partitions = n as u32;
             }
         }
-        let Some(init) = init else {
-            self.define(name, Val::Error, BindingKind::Param);
-            return;
-        };
+        // A bad initialiser is reported; the param is still created so its uses are checked.
+        let init = init.unwrap_or(Initializer::Zeros);
         let full_name = format!("{}{}", self.prefix, name.name);
         let op = Op::Variable { ty: resolved, init, trainable, partitions };
         let variable = self.graph.add(op, &[], &full_name, Some(span)).expect("variables always type");
@@ -382,6 +381,10 @@ impl<'a> Lowerer<'a> {
             (_, None) => evaluated,
             (_, Some(ty)) => self.typed_constant(evaluated, ty, value.span),
         };
+        if let Val::Tensor(t) = &result {
+            let full = format!("{}{}", self.prefix, name.name);
+            self.graph.rename(t.node, &full);
+        }
         self.define(name, result, BindingKind::Const);
     }
 
@@ -738,6 +741,14 @@ impl<'a> Lowerer<'a> {
             },
         };
         ok.then_some(Optimizer { kind, learning_rate, weight_decay })
+    }
+}
+
+fn declares_results(stmt: &Stmt) -> bool {
+    match &stmt.kind {
+        StmtKind::Output { .. } | StmtKind::Minimize { .. } => true,
+        StmtKind::Device { body, .. } => body.iter().any(declares_results),
+        _ => false,
     }
 }
 

@@ -5,6 +5,8 @@
 //! always have something to work with. No input may make it panic (see the fuzz target).
 
 pub mod ast;
+mod dump;
 mod parser;
 
+pub use dump::dump;
 pub use parser::parse;

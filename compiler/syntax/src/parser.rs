@@ -196,7 +196,19 @@ impl Builder<'_> {
                 StmtKind::Minimize { loss, optimizer: self.call(inner.next()?) }
             }
             Rule::device_block => {
-                let spec = self.string(inner.next()?);
+                let spec_pair = inner.next()?;
+                let spec = if spec_pair.as_rule() == Rule::bad_device_spec {
+                    let text = spec_pair.as_str().trim().to_string();
+                    let span = Span::new(spec_pair.as_span().start(), spec_pair.as_span().start() + text.len());
+                    self.diagnostics.push(
+                        Diagnostic::error(Code::SYNTAX, span, "a device is written as a string")
+                            .with_label("not a string")
+                            .with_help(format!("put it in quotes: device \"{text}\" {{ ... }}")),
+                    );
+                    StrLit { value: text, span }
+                } else {
+                    self.string(spec_pair)
+                };
                 let name = Ident { name: spec.value.clone(), span: spec.span };
                 let body = self.block(inner, "device block", &name, span);
                 StmtKind::Device { spec, body }
@@ -464,6 +476,9 @@ fn syntax_error(source: &str, offset: usize, error: &pest::error::Error<Rule>) -
     if expected.iter().any(|e| e == "an expression") {
         expected.retain(|e| !EXPRESSION_PARTS.contains(&e.as_str()));
     }
+    if expected.iter().any(|e| e.starts_with("a type")) {
+        expected.retain(|e| !DTYPES.contains(&e.as_str()));
+    }
     if expected.iter().any(|e| e == "an operator") {
         expected.retain(|e| !OPERATORS.contains(&e.as_str()));
     }
@@ -484,7 +499,7 @@ fn syntax_error(source: &str, offset: usize, error: &pest::error::Error<Rule>) -
     let label_span = if found.is_empty() { Span::new(at, at) } else { found };
     let mut diagnostic = Diagnostic::error(Code::SYNTAX, label_span, message)
         .with_label(if found.is_empty() { "input ends here".to_string() } else { "unexpected here".to_string() });
-    if let Some(help) = syntax_help(source, at, &found_text) {
+    if let Some(help) = syntax_help(source, at, &found_text, &expected) {
         diagnostic = diagnostic.with_help(help);
     }
     diagnostic
@@ -495,6 +510,7 @@ const EXPRESSION_PARTS: &[&str] = &[
     "a name", "a number", "an integer", "a string", "a call", "`[`", "`(`", "`-`", "`.`",
     "`true`", "`false`", "`true` or `false`",
 ];
+const DTYPES: &[&str] = &["`f32`", "`f64`", "`i32`", "`i64`", "`u8`", "`bool`"];
 const OPERATORS: &[&str] =
     &["`!=`", "`*`", "`+`", "`-`", "`/`", "`<=`", "`<`", "`==`", "`>=`", "`>`", "`@`"];
 const STATEMENT_KEYWORDS: &[&str] = &[
@@ -516,7 +532,12 @@ fn token_at(source: &str, at: usize) -> Span {
     Span::new(at, at + len)
 }
 
-fn syntax_help(source: &str, at: usize, found: &str) -> Option<String> {
+const KEYWORDS: &[&str] = &[
+    "model", "layer", "dim", "input", "param", "const", "let", "output", "minimize", "with", "device", "return", "as",
+    "true", "false", "f32", "f64", "i32", "i64", "u8", "bool",
+];
+
+fn syntax_help(source: &str, at: usize, found: &str, expected: &[String]) -> Option<String> {
     let before = source[..at.min(source.len())].trim_end();
     if found == "`;`" {
         return Some("statements need no `;`: end a statement with a new line".into());
@@ -527,7 +548,15 @@ fn syntax_help(source: &str, at: usize, found: &str) -> Option<String> {
     if found == "end of file" {
         return Some("the file ends in the middle of a statement or block".into());
     }
-    if found.starts_with("`=") && before.ends_with(|c: char| c.is_alphanumeric()) {
+    let word = found.trim_matches('`');
+    if KEYWORDS.contains(&word) && expected.iter().any(|e| e == "a name") {
+        return Some(format!("`{word}` is a keyword and cannot be used as a name"));
+    }
+    if found == "`\"`" {
+        return Some("a string ends on the line where it starts; add the closing `\"`".into());
+    }
+    let expects_statement = expected.iter().any(|e| e == "a statement");
+    if expects_statement && found.starts_with("`=") && before.ends_with(|c: char| c.is_alphanumeric()) {
         return Some("definitions start with `let`, `const`, `param`, `input` or `dim`".into());
     }
     None
