@@ -190,6 +190,13 @@ impl<'a> Lowerer<'a> {
                     self.block(body, state);
                 }
             },
+            StmtKind::Invalid { name } => {
+                if let Some(name) = name {
+                    if !self.scope.bindings.contains_key(&name.name) {
+                        self.scope.bindings.insert(name.name.clone(), Binding { value: Val::Error, span: name.span, kind: BindingKind::Let, used: true });
+                    }
+                }
+            }
             StmtKind::Return { value } => {
                 self.hint = String::new();
                 let result = self.eval(value);

@@ -79,6 +79,9 @@ pub enum StmtKind {
     Minimize { loss: Expr, optimizer: Call },
     Device { spec: StrLit, body: Vec<Stmt> },
     Return { value: Expr },
+    /// A statement that did not parse (already reported). If it began `let NAME`, `param NAME`
+    /// and so on, `name` holds NAME, so that later uses of it are not reported as undefined.
+    Invalid { name: Option<Ident> },
 }
 
 impl StmtKind {
@@ -94,6 +97,7 @@ impl StmtKind {
             StmtKind::Minimize { .. } => "minimize",
             StmtKind::Device { .. } => "device",
             StmtKind::Return { .. } => "return",
+            StmtKind::Invalid { .. } => "statement",
         }
     }
 }

@@ -73,6 +73,9 @@ fn block(out: &mut String, stmts: &[Stmt], depth: usize) {
                 let _ = writeln!(out, "{indent}}}");
             }
             StmtKind::Return { value } => { let _ = writeln!(out, "return {}", expr(value)); }
+            StmtKind::Invalid { name } => {
+                let _ = writeln!(out, "<invalid{}>", name.as_ref().map(|n| format!(" defining {}", n.name)).unwrap_or_default());
+            }
         }
     }
 }

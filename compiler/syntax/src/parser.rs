@@ -145,7 +145,7 @@ impl Builder<'_> {
         let rule = pair.as_rule();
         if rule == Rule::bad_stmt {
             self.bad_region(&pair, Rule::strict_stmt_entry);
-            return None;
+            return Some(Stmt { attrs: Vec::new(), kind: StmtKind::Invalid { name: defined_name(&pair) }, span });
         }
         let mut attrs = Vec::new();
         let mut inner = significant(pair).peekable();
@@ -406,6 +406,25 @@ impl Builder<'_> {
     }
 }
 
+/// `NAME` in a bad statement that starts `let NAME`, `param NAME`, `const NAME`, `input NAME`
+/// or `dim NAME`.
+fn defined_name(pair: &Pair<Rule>) -> Option<Ident> {
+    let text = pair.as_str();
+    let start = pair.as_span().start();
+    let keyword = ["let", "param", "const", "input", "dim"].into_iter().find(|k| {
+        text.strip_prefix(k).is_some_and(|rest| rest.starts_with(|c: char| c.is_whitespace()))
+    })?;
+    let rest = &text[keyword.len()..];
+    let skipped = rest.len() - rest.trim_start().len();
+    let name: String = rest.trim_start().chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+    let first = name.chars().next()?;
+    if first.is_ascii_digit() || KEYWORDS.contains(&name.as_str()) {
+        return None;
+    }
+    let at = start + keyword.len() + skipped;
+    Some(Ident { span: Span::new(at, at + name.len()), name })
+}
+
 /// The children of `pair` without keyword tokens.
 fn significant(pair: Pair<'_, Rule>) -> impl Iterator<Item = Pair<'_, Rule>> {
     pair.into_inner().filter(|p| {
@@ -502,6 +521,12 @@ fn syntax_error(source: &str, offset: usize, error: &pest::error::Error<Rule>) -
     if let Some(help) = syntax_help(source, at, &found_text, &expected) {
         diagnostic = diagnostic.with_help(help);
     }
+    if expected.iter().any(|e| e == "`)`" || e == "`]`") {
+        if let Some(open) = unclosed_bracket(&source[offset..at]) {
+            let open = offset + open;
+            diagnostic = diagnostic.with_secondary(Span::new(open, open + 1), "this bracket is never closed");
+        }
+    }
     diagnostic
 }
 
@@ -517,6 +542,24 @@ const STATEMENT_KEYWORDS: &[&str] = &[
     "`dim`", "`input`", "`param`", "`const`", "`let`", "`output`", "`minimize`", "`device`",
     "`return`", "a statement",
 ];
+
+/// The innermost `(` or `[` in `text` that is not closed within it, ignoring strings and
+/// comments only roughly (good enough to point at the likely culprit).
+fn unclosed_bracket(text: &str) -> Option<usize> {
+    let mut open = Vec::new();
+    let mut in_string = false;
+    for (i, c) in text.char_indices() {
+        match c {
+            '"' => in_string = !in_string,
+            '(' | '[' if !in_string => open.push(i),
+            ')' | ']' if !in_string => {
+                open.pop();
+            }
+            _ => {}
+        }
+    }
+    open.pop()
+}
 
 /// The token starting at `at` (an identifier or number, or one character), for "found ...".
 fn token_at(source: &str, at: usize) -> Span {

@@ -1,0 +1,292 @@
+//! End-to-end tests of the `dfc` binary: every example checks, compiles and inspects; broken
+//! variants of the examples fail with located diagnostics; damaged plans are refused cleanly.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn dfc(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_dfc")).args(args).env("NO_COLOR", "1").output().expect("run dfc")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn examples() -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(root().join("examples"))
+        .expect("examples/")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "df"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 6, "expected the six examples, found {files:?}");
+    files
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = root().join("target").join("cli-tests");
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    dir.join(name)
+}
+
+fn assert_no_panic(output: &Output) {
+    let stderr = text(&output.stderr);
+    assert!(!stderr.contains("panicked"), "dfc panicked:\n{stderr}");
+    assert!(output.status.code().is_some(), "dfc was killed by a signal:\n{stderr}");
+}
+
+#[test]
+fn every_example_checks_clean() {
+    for path in examples() {
+        let output = dfc(&["check", path.to_str().expect("utf-8 path")]);
+        assert!(output.status.success(), "{}:\n{}", path.display(), text(&output.stderr));
+        assert!(output.stderr.is_empty(), "{} has warnings:\n{}", path.display(), text(&output.stderr));
+    }
+}
+
+/// `dfc compile` then `dfc inspect`: the plan holds the same IR that `dfc ir` prints, and the
+/// summary names the model's inputs, params and outputs.
+#[test]
+fn every_example_compiles_and_inspects() {
+    for path in examples() {
+        let stem = path.file_stem().expect("stem").to_string_lossy().into_owned();
+        let plan_path = scratch(&format!("{stem}.plan"));
+        let source = path.to_str().expect("utf-8 path");
+        let compiled = dfc(&["compile", source, "-o", plan_path.to_str().expect("utf-8")]);
+        assert!(compiled.status.success(), "{stem}: {}", text(&compiled.stderr));
+
+        let ir = dfc(&["ir", source]);
+        assert!(ir.status.success());
+        let plan = dfc_plan::decode(&std::fs::read(&plan_path).expect("plan written")).expect("plan decodes");
+        assert_eq!(plan.partitions.len(), 1);
+        let mut module = plan.partitions[0].module.clone();
+        let ids: Vec<_> = module.graph.node_ids().collect();
+        for id in ids {
+            assert!(module.graph.node(id).device.is_some(), "{stem}: a node has no device in the plan");
+            module.graph.node_mut(id).device = None;
+        }
+        assert_eq!(dfc_ir::print(&module), text(&ir.stdout), "{stem}: the plan's IR differs from `dfc ir`");
+
+        let human = dfc(&["inspect", plan_path.to_str().expect("utf-8")]);
+        assert!(human.status.success(), "{stem}: {}", text(&human.stderr));
+        let shown = text(&human.stdout);
+        assert!(shown.contains(&plan.model), "{stem}: inspect does not name the model:\n{shown}");
+
+        let json = dfc(&["inspect", "--json", plan_path.to_str().expect("utf-8")]);
+        assert!(json.status.success());
+        let summary: serde_json::Value = serde_json::from_slice(&json.stdout).expect("inspect --json is JSON");
+        assert_eq!(summary["model"], plan.model.as_str());
+        let names = |key: &str| -> Vec<String> {
+            summary[key].as_array().expect(key).iter().map(|v| v["name"].as_str().expect("name").to_string()).collect()
+        };
+        assert_eq!(names("inputs"), plan.inputs.iter().map(|i| i.name.clone()).collect::<Vec<_>>());
+        assert_eq!(names("params"), plan.params.iter().map(|p| p.name.clone()).collect::<Vec<_>>());
+        assert_eq!(names("outputs"), plan.outputs.iter().map(|o| o.name.clone()).collect::<Vec<_>>());
+        assert!(!plan.params.is_empty(), "{stem}: no params");
+    }
+}
+
+/// A broken variant of an example: `find` replaced by `replace`; the diagnostic `code` must
+/// point at `at` (a substring of the broken text, first occurrence after the replacement start).
+struct Breakage {
+    example: &'static str,
+    find: &'static str,
+    replace: &'static str,
+    code: &'static str,
+    at: &'static str,
+}
+
+const BREAKAGES: &[Breakage] = &[
+    Breakage { example: "mlp.df", find: "relu(dense(h1,", replace: "relu(dense(h9,", code: "E0101", at: "h9" },
+    Breakage { example: "softmax_regression.df", find: "f32[784, classes]", replace: "f32[785, classes]", code: "E0203", at: "x @ w" },
+    Breakage { example: "cnn.df", find: "max_pool(conv(x, filters = 32), window = 2)", replace: "max_pool(conv(x, filters = 32), 2, 2, \"valid\", 7)", code: "E0301", at: "7)" },
+    Breakage { example: "linear_regression.df", find: "mean((prediction - y)", replace: "mean((prediction - y", code: "E0001", at: "output prediction" },
+    Breakage { example: "ridge_regression.df", find: "sum(w * w)", replace: "sum(w * w, 1, 2, 3)", code: "E0301", at: "3)" },
+    Breakage { example: "wide_and_deep.df", find: "axis = 1)", replace: "axis = 2)", code: "E0205", at: "2)" },
+    Breakage { example: "mlp.df", find: "units = 10)", replace: "units = x)", code: "E0208", at: "x)" },
+];
+
+fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text[..offset];
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().expect("a line").chars().count() + 1;
+    (line, column)
+}
+
+#[test]
+fn broken_examples_are_located() {
+    for b in BREAKAGES {
+        let original = std::fs::read_to_string(root().join("examples").join(b.example)).expect("example");
+        let start = original.find(b.find).unwrap_or_else(|| panic!("{}: `{}` not found", b.example, b.find));
+        let broken = original.replacen(b.find, b.replace, 1);
+        let at = start + broken[start..].find(b.at).unwrap_or_else(|| panic!("`{}` not in the replacement", b.at));
+        let (line, column) = line_col(&broken, at);
+        let path = scratch(&format!("broken-{}-{}", b.code, b.example));
+        std::fs::write(&path, &broken).expect("write");
+
+        let output = dfc(&["check", "--message-format", "json", path.to_str().expect("utf-8")]);
+        assert_no_panic(&output);
+        assert_eq!(output.status.code(), Some(1), "{} ({}) should fail", b.example, b.code);
+        let diagnostics: Vec<serde_json::Value> =
+            text(&output.stdout).lines().map(|l| serde_json::from_str(l).expect("one JSON object per line")).collect();
+        let hit = diagnostics.iter().find(|d| d["code"] == b.code);
+        let hit = hit.unwrap_or_else(|| panic!("{}: no {} in {diagnostics:#?}", b.example, b.code));
+        assert_eq!((hit["line"].as_u64(), hit["column"].as_u64()), (Some(line as u64), Some(column as u64)), "{}: {hit}", b.example);
+        for key in ["file", "end_line", "end_column", "severity", "message"] {
+            assert!(!hit[key].is_null(), "{key} missing in {hit}");
+        }
+
+        // The human rendering names the file, line and column, and shows the help line.
+        let human = dfc(&["check", path.to_str().expect("utf-8")]);
+        let stderr = text(&human.stderr);
+        assert_eq!(human.status.code(), Some(1));
+        assert!(stderr.contains(&format!(":{line}:{column}]")), "{}: no {line}:{column} in\n{stderr}", b.example);
+        assert!(stderr.contains(&format!("error[{}]", b.code)), "{stderr}");
+    }
+}
+
+#[test]
+fn garbage_bytes_are_a_located_error() {
+    let mut bytes = std::fs::read(root().join("examples/mlp.df")).expect("example");
+    let at = text(&bytes).find("let h1").expect("let h1");
+    bytes.splice(at..at, [0xff, 0xfe, 0x00, 0x80]);
+    let path = scratch("garbage.df");
+    std::fs::write(&path, &bytes).expect("write");
+    let output = dfc(&["check", "--message-format", "json", path.to_str().expect("utf-8")]);
+    assert_no_panic(&output);
+    assert_eq!(output.status.code(), Some(1));
+    let first: serde_json::Value = serde_json::from_str(text(&output.stdout).lines().next().expect("a diagnostic")).expect("json");
+    assert_eq!(first["code"], "E0004");
+    let (line, column) = line_col(&text(&bytes[..at]), at.min(text(&bytes[..at]).len()));
+    assert_eq!((first["line"].as_u64(), first["column"].as_u64()), (Some(line as u64), Some(column as u64)));
+
+    // Pure noise: still a clean failure, never a crash.
+    let noise: Vec<u8> = (0..4096u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    let path = scratch("noise.df");
+    std::fs::write(&path, &noise).expect("write");
+    for command in ["check", "ir", "compile"] {
+        let output = dfc(&[command, path.to_str().expect("utf-8")]);
+        assert_no_panic(&output);
+        assert_eq!(output.status.code(), Some(1), "{command} on noise");
+    }
+}
+
+#[test]
+fn many_errors_are_reported_in_one_run() {
+    let original = std::fs::read_to_string(root().join("examples/mlp.df")).expect("example");
+    let broken = original.replacen("relu(dense(x,", "relu(dense(xx,", 1).replacen("one_hot(labels, 10)", "one_hot(labels)", 1).replacen("sgd(lr = 0.01)", "sgd(rate = 0.01)", 1);
+    let path = scratch("many.df");
+    std::fs::write(&path, broken).expect("write");
+    let output = dfc(&["check", "--message-format", "json", path.to_str().expect("utf-8")]);
+    let codes: Vec<String> = text(&output.stdout).lines().map(|l| serde_json::from_str::<serde_json::Value>(l).expect("json")["code"].as_str().expect("code").to_string()).collect();
+    assert_eq!(codes, ["W0001", "E0101", "E0305", "E0302"], "{}", text(&output.stdout));
+}
+
+fn compiled_mlp() -> Vec<u8> {
+    let path = scratch("mlp-for-damage.plan");
+    let output = dfc(&["compile", root().join("examples/mlp.df").to_str().expect("utf-8"), "-o", path.to_str().expect("utf-8")]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    std::fs::read(path).expect("plan")
+}
+
+#[test]
+fn damaged_plans_are_refused_with_one_line() {
+    let good = compiled_mlp();
+    let mut corrupted = good.clone();
+    let middle = good.len() / 2;
+    corrupted[middle] ^= 0x5a;
+    let mut newer = good.clone();
+    newer[8..12].copy_from_slice(&99u32.to_le_bytes());
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        ("truncated", good[..good.len() / 2].to_vec(), "truncated"),
+        ("header-only", good[..10].to_vec(), "too short"),
+        ("corrupted", corrupted, "corrupted"),
+        ("newer", newer, "version 99"),
+        ("text", b"model m { }\n".to_vec(), "not a dfc plan"),
+        ("empty", Vec::new(), "too short"),
+    ];
+    for (name, bytes, reason) in cases {
+        let path = scratch(&format!("{name}.plan"));
+        std::fs::write(&path, bytes).expect("write");
+        for args in [vec!["inspect"], vec!["inspect", "--json"]] {
+            let mut args = args.clone();
+            args.push(path.to_str().expect("utf-8"));
+            let output = dfc(&args);
+            assert_no_panic(&output);
+            assert_eq!(output.status.code(), Some(1), "{name}");
+            let stderr = text(&output.stderr);
+            assert_eq!(stderr.lines().count(), 1, "{name}: not one line:\n{stderr}");
+            assert!(stderr.starts_with("error: ") && stderr.contains(reason), "{name}: {stderr}");
+            assert!(output.stdout.is_empty());
+        }
+    }
+}
+
+#[test]
+fn command_errors_are_one_line() {
+    let missing = scratch("does-not-exist.df");
+    let cases: Vec<Vec<String>> = vec![
+        vec!["check".into(), missing.display().to_string()],
+        vec!["compile".into(), missing.display().to_string()],
+        vec!["inspect".into(), missing.display().to_string()],
+        vec!["check".into(), root().join("examples").display().to_string()],
+    ];
+    for args in cases {
+        let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+        let output = dfc(&args);
+        assert_no_panic(&output);
+        assert_eq!(output.status.code(), Some(1), "{args:?}");
+        let stderr = text(&output.stderr);
+        assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
+        assert!(stderr.starts_with("error: cannot read"), "{args:?}: {stderr}");
+    }
+    let unwritable = dfc(&["compile", root().join("examples/mlp.df").to_str().expect("utf-8"), "-o", "/proc/dfc/plan"]);
+    assert_eq!(unwritable.status.code(), Some(1));
+    assert!(text(&unwritable.stderr).contains("error: cannot write"), "{}", text(&unwritable.stderr));
+}
+
+#[test]
+fn dims_can_be_overridden() {
+    let mlp = root().join("examples/mlp.df");
+    let mlp = mlp.to_str().expect("utf-8");
+    let output = dfc(&["ir", mlp, "--dim", "batch=256"]);
+    assert!(output.status.success());
+    assert!(text(&output.stdout).contains("input : u8[256,28,28]"));
+    let unknown = dfc(&["check", mlp, "--dim", "batches=256", "--message-format", "json"]);
+    assert_eq!(unknown.status.code(), Some(1));
+    assert!(text(&unknown.stdout).contains("E0207"));
+    let bad = dfc(&["check", mlp, "--dim", "batch=many"]);
+    assert_eq!(bad.status.code(), Some(2), "clap rejects a malformed --dim");
+    let zero = dfc(&["check", mlp, "--dim", "batch=0", "--message-format", "json"]);
+    assert_eq!(zero.status.code(), Some(1));
+}
+
+#[test]
+fn a_file_with_several_models_needs_model() {
+    let file = root().join("tests/ir/optimizers.df");
+    let file = file.to_str().expect("utf-8");
+    let ambiguous = dfc(&["ir", file]);
+    assert_eq!(ambiguous.status.code(), Some(1));
+    assert!(text(&ambiguous.stderr).contains("E0104"), "{}", text(&ambiguous.stderr));
+    let chosen = dfc(&["ir", file, "--model", "with_adam"]);
+    assert!(chosen.status.success());
+    assert!(text(&chosen.stdout).starts_with("model with_adam"));
+    let absent = dfc(&["ir", file, "--model", "nope"]);
+    assert_eq!(absent.status.code(), Some(1));
+    assert!(text(&absent.stderr).contains("with_sgd"));
+}
+
+#[test]
+fn plan_paths_default_next_to_the_source() {
+    let source = scratch("defaulted.df");
+    std::fs::copy(root().join("examples/linear_regression.df"), &source).expect("copy");
+    let plan = source.with_extension("plan");
+    let _ = std::fs::remove_file(&plan);
+    let output = dfc(&["compile", source.to_str().expect("utf-8")]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    assert!(Path::new(&plan).exists());
+}
