@@ -522,8 +522,9 @@ fn syntax_error(source: &str, offset: usize, error: &pest::error::Error<Rule>) -
         diagnostic = diagnostic.with_help(help);
     }
     if expected.iter().any(|e| e == "`)`" || e == "`]`") {
-        if let Some(open) = unclosed_bracket(&source[offset..at]) {
-            let open = offset + open;
+        // Only when the statement ran on past its line is the bracket the likely culprit.
+        let unclosed = unclosed_bracket(&source[offset..at]).map(|open| offset + open).filter(|&open| source[open..at].contains('\n'));
+        if let Some(open) = unclosed {
             diagnostic = diagnostic.with_secondary(Span::new(open, open + 1), "this bracket is never closed");
         }
     }
