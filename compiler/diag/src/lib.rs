@@ -134,7 +134,7 @@ pub fn one_of<S: AsRef<str>>(choices: &[S]) -> String {
 
 /// The closest of `candidates` to `name` by edit distance, for "did you mean" help lines.
 pub fn closest<'a>(name: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
-    let limit = ((name.chars().count() + 2) / 3).max(1);
+    let limit = name.chars().count().div_ceil(3).max(1);
     candidates
         .into_iter()
         .filter(|c| *c != name)

@@ -256,18 +256,16 @@ pub fn infer(op: &Op, inputs: &[&TensorType]) -> Result<Vec<TensorType>> {
 /// NumPy broadcasting: align from the right; sizes must be equal or 1.
 pub fn broadcast_shapes(a: &Shape, b: &Shape) -> Option<Shape> {
     let rank = a.rank().max(b.rank());
-    let mut dims = vec![0; rank];
-    for i in 0..rank {
-        let da = if i < rank - a.rank() { 1 } else { a.0[i - (rank - a.rank())] };
-        let db = if i < rank - b.rank() { 1 } else { b.0[i - (rank - b.rank())] };
-        dims[i] = match (da, db) {
-            (x, y) if x == y => x,
-            (1, y) => y,
-            (x, 1) => x,
-            _ => return None,
-        };
-    }
-    Some(Shape(dims))
+    let size = |s: &Shape, i: usize| if i < rank - s.rank() { 1 } else { s.0[i - (rank - s.rank())] };
+    (0..rank)
+        .map(|i| match (size(a, i), size(b, i)) {
+            (x, y) if x == y => Some(x),
+            (1, y) => Some(y),
+            (x, 1) => Some(x),
+            _ => None,
+        })
+        .collect::<Option<Vec<usize>>>()
+        .map(Shape)
 }
 
 fn broadcast(name: &str, a: &Shape, b: &Shape) -> Result<Shape> {

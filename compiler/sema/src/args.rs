@@ -106,6 +106,6 @@ pub fn bind<'a>(
 }
 
 /// The expression of a bound argument.
-pub fn expr<'a>(arg: Option<&'a Arg>) -> Option<&'a Expr> {
+pub fn expr(arg: Option<&Arg>) -> Option<&Expr> {
     arg.map(|a| &a.value)
 }

@@ -127,7 +127,7 @@ impl Lowerer<'_> {
     fn tensor_arg(&mut self, arg: Option<&Arg>) -> Option<(TensorRef, Span)> {
         let arg = arg?;
         let value = self.eval(&arg.value);
-        self.to_tensor(value, arg.value.span, None).map(|t| (t, arg.value.span))
+        self.make_tensor(value, arg.value.span, None).map(|t| (t, arg.value.span))
     }
 
     fn builtin(&mut self, name: &str, call: &Call, bound: &[Option<&Arg>], span: Span) -> Val {
@@ -181,8 +181,8 @@ impl Lowerer<'_> {
                 let (a, b) = (self.eval(&x.value), self.eval(&y.value));
                 let a_dtype = if let Val::Tensor(t) = &a { Some(self.graph.ty(*t).dtype) } else { None };
                 let b_dtype = if let Val::Tensor(t) = &b { Some(self.graph.ty(*t).dtype) } else { None };
-                let Some(a) = self.to_tensor(a, x.value.span, b_dtype) else { return Val::Error };
-                let Some(b) = self.to_tensor(b, y.value.span, a_dtype) else { return Val::Error };
+                let Some(a) = self.make_tensor(a, x.value.span, b_dtype) else { return Val::Error };
+                let Some(b) = self.make_tensor(b, y.value.span, a_dtype) else { return Val::Error };
                 self.node(Op::Select, &[cond, (a, x.value.span), (b, y.value.span)], span)
             }
             "cast" => {
@@ -254,7 +254,7 @@ impl Lowerer<'_> {
                 let mut operands = Vec::new();
                 for item in items {
                     let value = self.eval(item);
-                    operands.push(self.to_tensor(value, item.span, None).map(|t| (t, item.span)));
+                    operands.push(self.make_tensor(value, item.span, None).map(|t| (t, item.span)));
                 }
                 let Some(operands) = operands.into_iter().collect::<Option<Vec<_>>>() else { return Val::Error };
                 if operands.is_empty() {
@@ -371,7 +371,7 @@ impl Lowerer<'_> {
                 let Some(table) = self.tensor_arg(bound[0]) else { return Val::Error };
                 let indices_arg = bound[1].expect("required");
                 let value = self.eval(&indices_arg.value);
-                let Some(indices) = self.to_tensor(value, indices_arg.value.span, Some(DType::I32)) else { return Val::Error };
+                let Some(indices) = self.make_tensor(value, indices_arg.value.span, Some(DType::I32)) else { return Val::Error };
                 self.node(Op::Gather, &[table, (indices, indices_arg.value.span)], span)
             }
             _ => unreachable!("every op in OPS is lowered above: {name}"),
@@ -426,7 +426,7 @@ impl Lowerer<'_> {
         let known: usize = dims.iter().filter(|&&d| d > 0).map(|&d| d as usize).product();
         let mut shape: Vec<usize> = dims.iter().map(|&d| d.max(0) as usize).collect();
         if let Some(&i) = unknown.first() {
-            if known == 0 || n % known != 0 {
+            if known == 0 || !n.is_multiple_of(known) {
                 self.diagnostics.push(
                     Diagnostic::error(Code::INVALID_SHAPE, span, format!("cannot reshape {ty} ({n} elements) to {dims:?}"))
                         .with_help(format!("{n} is not a multiple of {known}")),

@@ -67,8 +67,8 @@ impl Lowerer<'_> {
     pub fn binary_op(&mut self, op: Op, (a, a_span): (Val, Span), (b, b_span): (Val, Span), span: Span) -> Val {
         let a_dtype = self.tensor_dtype(&a);
         let b_dtype = self.tensor_dtype(&b);
-        let Some(x) = self.to_tensor(a, a_span, b_dtype) else { return Val::Error };
-        let Some(y) = self.to_tensor(b, b_span, a_dtype) else { return Val::Error };
+        let Some(x) = self.make_tensor(a, a_span, b_dtype) else { return Val::Error };
+        let Some(y) = self.make_tensor(b, b_span, a_dtype) else { return Val::Error };
         self.node(op, &[(x, a_span), (y, b_span)], span)
     }
 
@@ -164,9 +164,9 @@ impl Lowerer<'_> {
         id.into()
     }
 
-    /// A value as a tensor: numbers and lists of numbers become constants (of `dtype` where
+    /// A value as a tensor, creating a constant node if need be: numbers and lists of numbers become constants (of `dtype` where
     /// given, else f32 for fractions, i32 for integers, bool for booleans).
-    pub fn to_tensor(&mut self, value: Val, span: Span, dtype: Option<DType>) -> Option<TensorRef> {
+    pub fn make_tensor(&mut self, value: Val, span: Span, dtype: Option<DType>) -> Option<TensorRef> {
         match value {
             Val::Tensor(t) => Some(t),
             Val::Error => None,
@@ -226,7 +226,7 @@ impl Lowerer<'_> {
 
     /// A nested list of numbers as a shape and row-major values.
     fn list_constant(&mut self, items: &[Val], span: Span) -> Option<(Shape, Vec<Number>)> {
-        if items.iter().any(|v| *v == Val::Error) {
+        if items.contains(&Val::Error) {
             return None;
         }
         if items.iter().all(|v| matches!(v, Val::Number(_))) {

@@ -121,7 +121,7 @@ impl Lowerer<'_> {
                 LayerParamKind::Tensor(ty) => {
                     let value = self.eval(expr);
                     let dtype = crate::eval::dtype_of(ty.dtype);
-                    match self.to_tensor(value, expr.span, Some(dtype)) {
+                    match self.make_tensor(value, expr.span, Some(dtype)) {
                         Some(t) => tensors.push((param, t, expr.span)),
                         None => ok = false,
                     }

@@ -109,7 +109,7 @@ pub fn lower_model(model: &ast::Model, layers: &Layers, options: &Options) -> (M
     let mut state = BlockState::new(Context::Model);
     lowerer.block(&model.body, &mut state);
     lowerer.warn_unused(&state);
-    let declares_results = model.body.iter().any(|s| declares_results(s));
+    let declares_results = model.body.iter().any(declares_results);
     if !declares_results {
         lowerer.diagnostics.push(
             Diagnostic::warning(Code::NOTHING_TO_RUN, model.name.span, format!("model `{}` has neither outputs nor a `minimize`", model.name.name))
@@ -400,7 +400,7 @@ impl<'a> Lowerer<'a> {
         let Some(ty) = self.resolve_type(ty) else { return Val::Error };
         let filled = match value {
             Val::Number(n) if ty.shape.rank() > 0 => {
-                let tensor = self.to_tensor(Val::Number(n), span, Some(ty.dtype));
+                let tensor = self.make_tensor(Val::Number(n), span, Some(ty.dtype));
                 let Some(scalar) = tensor else { return Val::Error };
                 let values = vec![n.as_f64(); ty.shape.n_elements()];
                 // The scalar node served only to check the value; the filled constant replaces it.
@@ -409,7 +409,7 @@ impl<'a> Lowerer<'a> {
             }
             other => other,
         };
-        let Some(tensor) = self.to_tensor(filled, span, Some(ty.dtype)) else { return Val::Error };
+        let Some(tensor) = self.make_tensor(filled, span, Some(ty.dtype)) else { return Val::Error };
         self.check_annotation(tensor, &ty, span)
     }
 
@@ -478,7 +478,7 @@ impl<'a> Lowerer<'a> {
         }
         self.hint = name.name.clone();
         let value = self.eval(&item.value);
-        if let Some(tensor) = self.to_tensor(value, item.value.span, None) {
+        if let Some(tensor) = self.make_tensor(value, item.value.span, None) {
             state.outputs.push((Output { name: name.name.clone(), tensor }, name.span));
         }
     }
@@ -494,7 +494,7 @@ impl<'a> Lowerer<'a> {
         }
         self.hint = "loss".into();
         let value = self.eval(loss);
-        let tensor = self.to_tensor(value, loss.span, Some(DType::F32));
+        let tensor = self.make_tensor(value, loss.span, Some(DType::F32));
         let optimizer = self.optimizer(optimizer);
         let Some(tensor) = tensor else { return };
         let ty = self.graph.ty(tensor).clone();

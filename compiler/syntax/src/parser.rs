@@ -480,7 +480,7 @@ fn syntax_error(source: &str, offset: usize, error: &pest::error::Error<Rule>) -
             let is_literal = !token.trim().is_empty()
                 && !matches!(token.as_str(), "//" | "/*" | "\u{feff}")
                 && token != "BUILTIN_RULE"
-                && !(token.len() > 2 && token.contains(".."));
+                && (token.len() <= 2 || !token.contains(".."));
             if is_literal {
                 expected.push(format!("`{token}`"));
             }
