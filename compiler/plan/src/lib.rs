@@ -74,6 +74,8 @@ pub struct ParamSpec {
     pub init: Initializer,
     pub trainable: bool,
     pub partitions: u32,
+    /// The device the source asked for (`@device`, `device` blocks), if any.
+    pub requested_device: Option<String>,
     /// Size of the variable's buffer.
     pub bytes: u64,
 }
@@ -132,6 +134,7 @@ impl Plan {
                     init: init.clone(),
                     trainable: *trainable,
                     partitions: *partitions,
+                    requested_device: node.requested_device.as_ref().map(|d| d.to_string()),
                     bytes: tensor_bytes(ty),
                 }
             })

@@ -49,6 +49,8 @@ pub struct ParamSummary {
     pub init: String,
     pub bytes: u64,
     pub trainable: bool,
+    pub partitions: u32,
+    pub requested_device: Option<String>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -91,6 +93,8 @@ pub fn summary(plan: &Plan) -> Summary {
             init: p.init.to_string(),
             bytes: p.bytes,
             trainable: p.trainable,
+            partitions: p.partitions,
+            requested_device: p.requested_device.clone(),
         })
         .collect();
     Summary {
@@ -187,6 +191,12 @@ impl fmt::Display for Summary {
                 let mut init = p.init.clone();
                 if !p.trainable {
                     init.push_str(", not trainable");
+                }
+                if p.partitions > 1 {
+                    init.push_str(&format!(", {} shards", p.partitions));
+                }
+                if let Some(device) = &p.requested_device {
+                    init.push_str(&format!(", on {device}"));
                 }
                 vec![p.name.clone(), format!("{}{}", p.dtype, shape(&p.shape)), bytes(p.bytes), init]
             })
