@@ -168,7 +168,8 @@ fn check(files: &[PathBuf], model: &ModelArgs, format: MessageFormat) -> Outcome
     let mut failed = false;
     for path in files {
         let (source, early) = read_source(path)?;
-        let (_, diagnostics) = front_end(&source, early, model, false);
+        // With --model, check that model only (and that it exists).
+        let (_, diagnostics) = front_end(&source, early, model, model.model.is_some());
         let (errors, warnings) = report(&source, &diagnostics, format);
         if format == MessageFormat::Human && errors + warnings > 0 {
             let what = if errors > 0 { "could not check" } else { "checked" };

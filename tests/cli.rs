@@ -102,7 +102,7 @@ struct Breakage {
 
 const BREAKAGES: &[Breakage] = &[
     Breakage { example: "mlp.df", find: "relu(dense(h1,", replace: "relu(dense(h9,", code: "E0101", at: "h9" },
-    Breakage { example: "softmax_regression.df", find: "f32[784, classes]", replace: "f32[785, classes]", code: "E0203", at: "x @ w" },
+    Breakage { example: "softmax_regression.df", find: "f32[784, classes]", replace: "f32[785, classes]", code: "E0203", at: "w + b" },
     Breakage { example: "cnn.df", find: "max_pool(conv(x, filters = 32), window = 2)", replace: "max_pool(conv(x, filters = 32), 2, 2, \"valid\", 7)", code: "E0301", at: "7)" },
     Breakage { example: "linear_regression.df", find: "mean((prediction - y)", replace: "mean((prediction - y", code: "E0001", at: "output prediction" },
     Breakage { example: "ridge_regression.df", find: "sum(w * w)", replace: "sum(w * w, 1, 2, 3)", code: "E0301", at: "3)" },

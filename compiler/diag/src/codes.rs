@@ -63,6 +63,7 @@ codes! {
     LAYER_WITHOUT_RETURN = "E0402", "a layer has no `return`";
     MISPLACED_STATEMENT = "E0403", "a statement is not allowed where it stands";
     RECURSIVE_LAYER = "E0404", "a layer calls itself";
+    LAYERS_TOO_DEEP = "E0405", "layers call layers too deeply";
     // Model-level
     BAD_DEVICE = "E0501", "a device specification is malformed";
     BAD_PARTITIONING = "E0502", "a partitioning request is invalid";

@@ -144,19 +144,38 @@ pub fn closest<'a>(name: &str, candidates: impl IntoIterator<Item = &'a str>) ->
         .map(|(_, c)| c)
 }
 
+/// Optimal string alignment distance: insertions, deletions, substitutions and transpositions
+/// of neighbours each cost 1 (`reul` is one step from `relu`).
 fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut diagonal = row[0];
-        row[0] = i + 1;
-        for (j, cb) in b.iter().enumerate() {
-            let above = row[j + 1];
-            row[j + 1] = if ca == *cb { diagonal } else { 1 + diagonal.min(above).min(row[j]) };
-            diagonal = above;
+    let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
+    let mut d = vec![vec![0usize; b.len() + 1]; a.len() + 1];
+    for (i, row) in d.iter_mut().enumerate() {
+        row[0] = i;
+    }
+    for j in 0..=b.len() {
+        d[0][j] = j;
+    }
+    for i in 1..=a.len() {
+        for j in 1..=b.len() {
+            let cost = usize::from(a[i - 1] != b[j - 1]);
+            d[i][j] = (d[i - 1][j] + 1).min(d[i][j - 1] + 1).min(d[i - 1][j - 1] + cost);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                d[i][j] = d[i][j].min(d[i - 2][j - 2] + 1);
+            }
         }
     }
-    row[b.len()]
+    d[a.len()][b.len()]
+}
+
+/// "a" or "an" before a word, by its first letter (enough for dtypes, shapes and keywords).
+pub fn article(word: &str) -> &'static str {
+    if word.starts_with("u8") {
+        return "a";
+    }
+    match word.chars().next() {
+        Some('a' | 'e' | 'i' | 'o' | 'u' | 'f') => "an",
+        _ => "a",
+    }
 }
 
 #[cfg(test)]
@@ -167,6 +186,7 @@ mod tests {
     fn closest_finds_typos_only() {
         assert_eq!(closest("reul", ["relu", "exp", "tanh"]), Some("relu"));
         assert_eq!(closest("hidden", ["w1", "b1"]), None);
+        assert_eq!(closest("reul", ["mul", "relu"]), Some("relu"));
     }
 
     #[test]

@@ -73,7 +73,7 @@ pub fn infer(op: &Op, inputs: &[&TensorType]) -> Result<Vec<TensorType>> {
         Op::Binary(_) => {
             same_dtype(name, inputs[0], inputs[1])?;
             numeric(name, inputs[0], 0)?;
-            TensorType::new(inputs[0].dtype, broadcast(name, &inputs[0].shape, &inputs[1].shape)?)
+            TensorType::new(inputs[0].dtype, broadcast(name, &inputs[0].shape, &inputs[1].shape).map_err(|e| e.at(1))?)
         }
         Op::Compare(compare) => {
             same_dtype(name, inputs[0], inputs[1])?;
@@ -81,7 +81,7 @@ pub fn infer(op: &Op, inputs: &[&TensorType]) -> Result<Vec<TensorType>> {
             if ordered {
                 numeric(name, inputs[0], 0)?;
             }
-            TensorType::new(DType::Bool, broadcast(name, &inputs[0].shape, &inputs[1].shape)?)
+            TensorType::new(DType::Bool, broadcast(name, &inputs[0].shape, &inputs[1].shape).map_err(|e| e.at(1))?)
         }
         Op::Select => {
             if inputs[0].dtype != DType::Bool {
@@ -93,8 +93,8 @@ pub fn infer(op: &Op, inputs: &[&TensorType]) -> Result<Vec<TensorType>> {
                 .at(0));
             }
             same_dtype(name, inputs[1], inputs[2]).map_err(|e| TypeError { operand: Some(2), ..e })?;
-            let shape = broadcast(name, &inputs[0].shape, &inputs[1].shape)?;
-            TensorType::new(inputs[1].dtype, broadcast(name, &shape, &inputs[2].shape)?)
+            let shape = broadcast(name, &inputs[0].shape, &inputs[1].shape).map_err(|e| e.at(1))?;
+            TensorType::new(inputs[1].dtype, broadcast(name, &shape, &inputs[2].shape).map_err(|e| e.at(2))?)
         }
         Op::Cast { to } => TensorType::new(*to, inputs[0].shape.clone()),
         Op::MatMul { transpose_a, transpose_b } => matmul(inputs[0], inputs[1], *transpose_a, *transpose_b)?,
@@ -350,7 +350,7 @@ fn matmul(a: &TensorType, b: &TensorType, transpose_a: bool, transpose_b: bool) 
     }
     let batch_a = Shape(a.shape.0[..ra - 2].to_vec());
     let batch_b = Shape(b.shape.0[..rb - 2].to_vec());
-    let mut dims = broadcast("matmul", &batch_a, &batch_b)?.0;
+    let mut dims = broadcast("matmul", &batch_a, &batch_b).map_err(|e| e.at(1))?.0;
     dims.extend([m, n]);
     Ok(TensorType::new(a.dtype, dims))
 }

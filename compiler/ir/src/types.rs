@@ -75,9 +75,9 @@ impl Shape {
         &self.0
     }
 
-    /// The number of elements (1 for a scalar).
+    /// The number of elements (1 for a scalar), saturating at `usize::MAX` for absurd shapes.
     pub fn n_elements(&self) -> usize {
-        self.0.iter().product()
+        self.0.iter().try_fold(1usize, |n, &d| n.checked_mul(d)).unwrap_or(usize::MAX)
     }
 }
 
@@ -117,7 +117,7 @@ impl TensorType {
     }
 
     pub fn size_in_bytes(&self) -> usize {
-        self.shape.n_elements() * self.dtype.size_in_bytes()
+        self.shape.n_elements().saturating_mul(self.dtype.size_in_bytes())
     }
 }
 

@@ -111,7 +111,31 @@ impl Lowerer<'_> {
         let Some(bound) = args::bind(name, span, params_of(name), &call.args, &mut self.diagnostics) else {
             return self.eval_args_for_errors(call);
         };
-        self.builtin(name, call, &bound, span)
+        let result = self.builtin(name, call, &bound, span);
+        if result == Val::Error {
+            // Arguments after a failed one were not evaluated; they are still used.
+            call.args.iter().for_each(|a| self.mark_used(&a.value));
+        }
+        result
+    }
+
+    /// Marks every name in `expr` used, without evaluating it.
+    pub fn mark_used(&mut self, expr: &dfc_syntax::ast::Expr) {
+        match &expr.kind {
+            ExprKind::Name(ident) => {
+                if let Some(binding) = self.scope.bindings.get_mut(&ident.name) {
+                    binding.used = true;
+                }
+            }
+            ExprKind::Array(items) => items.iter().for_each(|e| self.mark_used(e)),
+            ExprKind::Call(call) => call.args.iter().for_each(|a| self.mark_used(&a.value)),
+            ExprKind::Unary(_, e) => self.mark_used(e),
+            ExprKind::Binary(_, a, b) => {
+                self.mark_used(a);
+                self.mark_used(b);
+            }
+            _ => {}
+        }
     }
 
     /// After a call that cannot be made, its arguments are still checked for their own errors
@@ -225,7 +249,7 @@ impl Lowerer<'_> {
                     );
                     return Val::Error;
                 }
-                let rest: usize = dims[1..].iter().product();
+                let rest = Shape(dims[1..].to_vec()).n_elements();
                 self.node(Op::Reshape { shape: Shape(vec![dims[0], rest]) }, &[x], span)
             }
             "transpose" => {
@@ -423,7 +447,7 @@ impl Lowerer<'_> {
             );
             return None;
         }
-        let known: usize = dims.iter().filter(|&&d| d > 0).map(|&d| d as usize).product();
+        let known = dims.iter().filter(|&&d| d > 0).try_fold(1usize, |n, &d| n.checked_mul(d as usize)).unwrap_or(usize::MAX);
         let mut shape: Vec<usize> = dims.iter().map(|&d| d.max(0) as usize).collect();
         if let Some(&i) = unknown.first() {
             if known == 0 || !n.is_multiple_of(known) {

@@ -3,9 +3,14 @@
 
 use crate::lower::Lowerer;
 use crate::value::{Number, Val};
-use dfc_diag::{Code, Diagnostic, Span};
+use dfc_diag::{article, Code, Diagnostic, Span};
 use dfc_ir::{BinaryOp, CompareOp, ConstValue, DType, Op, Shape, TensorRef, UnaryOp};
 use dfc_syntax::ast::{self, Expr, ExprKind};
+
+/// The largest tensor analysis accepts: 2^40 elements (4 TiB of f32).
+pub const MAX_TENSOR_ELEMENTS: usize = 1 << 40;
+/// The largest constant: constants travel inside the plan.
+pub const MAX_CONSTANT_ELEMENTS: usize = 1 << 24;
 
 impl Lowerer<'_> {
     pub fn eval(&mut self, expr: &Expr) -> Val {
@@ -83,13 +88,21 @@ impl Lowerer<'_> {
         use ast::BinaryOp as B;
         use Number::{Float, Int};
         let (fx, fy) = (x.as_f64(), y.as_f64());
+        let is_bool = matches!(x, Number::Bool(_)) || matches!(y, Number::Bool(_));
+        if is_bool && !matches!(op, B::Eq | B::Ne) {
+            self.diagnostics.push(
+                Diagnostic::error(Code::DTYPE_MISMATCH, span, format!("`{}` is not defined on true and false", op.symbol()))
+                    .with_help("booleans can only be compared with == and !="),
+            );
+            return Val::Error;
+        }
         let result = match (op, x, y) {
             (B::Add, Int(a), Int(b)) => a.checked_add(b).map(Int),
             (B::Sub, Int(a), Int(b)) => a.checked_sub(b).map(Int),
             (B::Mul, Int(a), Int(b)) => a.checked_mul(b).map(Int),
             (B::Div, _, _) if fy == 0.0 => {
                 self.diagnostics.push(
-                    Diagnostic::error(Code::NOT_CONSTANT, span, "division by zero in a constant expression")
+                    Diagnostic::error(Code::BAD_LITERAL, span, "division by zero in a constant expression")
                         .with_label("the divisor is 0"),
                 );
                 return Val::Error;
@@ -135,25 +148,51 @@ impl Lowerer<'_> {
         match self.graph.add(op, &inputs, &name, Some(span)) {
             Ok(id) => {
                 self.graph.node_mut(id).requested_device = self.device.clone();
+                let ty = self.graph.node(id).outputs[0].clone();
+                if !self.check_size(&ty, span) {
+                    return Val::Error;
+                }
                 Val::Tensor(id.into())
             }
             Err(error) => {
-                let mut d = Diagnostic::error(error.code, span, error.message);
+                // Point at the operand to blame, with the types of the operands beside them;
+                // labels nested inside the whole expression's span render poorly.
+                let blamed = error.operand.filter(|&i| operands.get(i).is_some_and(|(_, s)| !s.is_empty() && *s != span));
+                let type_of = |this: &Self, t: TensorRef| this.graph.ty(t).to_string();
+                let mut d = match blamed {
+                    Some(i) => {
+                        let (tensor, operand_span) = operands[i];
+                        let mut d = Diagnostic::error(error.code, operand_span, error.message)
+                            .with_label(format!("this is {}", type_of(self, tensor)));
+                        for (j, (other, other_span)) in operands.iter().enumerate() {
+                            if j != i && !other_span.is_empty() && *other_span != span {
+                                d = d.with_secondary(*other_span, format!("this is {}", type_of(self, *other)));
+                            }
+                        }
+                        d
+                    }
+                    None => Diagnostic::error(error.code, span, error.message),
+                };
                 if let Some(help) = error.help {
                     d = d.with_help(help);
-                }
-                for (i, (tensor, operand_span)) in operands.iter().enumerate() {
-                    if operand_span.is_empty() || *operand_span == span {
-                        continue;
-                    }
-                    let ty = self.graph.ty(*tensor).to_string();
-                    let blame = if error.operand == Some(i) { " (here)" } else { "" };
-                    d = d.with_secondary(*operand_span, format!("{ty}{blame}"));
                 }
                 self.diagnostics.push(d);
                 Val::Error
             }
         }
+    }
+
+    /// Refuses tensors of more than `MAX_TENSOR_ELEMENTS` elements (and so every product of
+    /// sizes that would overflow).
+    pub fn check_size(&mut self, ty: &dfc_ir::TensorType, span: Span) -> bool {
+        if ty.shape.n_elements() <= MAX_TENSOR_ELEMENTS {
+            return true;
+        }
+        self.diagnostics.push(
+            Diagnostic::error(Code::INVALID_SHAPE, span, format!("{ty} has more elements than dfc supports (2^40)"))
+                .with_label("too large"),
+        );
+        false
     }
 
     /// A constant node.
@@ -201,25 +240,29 @@ impl Lowerer<'_> {
         }
     }
 
-    fn check_representable(&mut self, n: Number, dtype: DType, span: Span) -> Option<()> {
+    pub fn check_representable(&mut self, n: Number, dtype: DType, span: Span) -> Option<()> {
         let ok = match (n, dtype) {
             (_, DType::Bool) => matches!(n, Number::Bool(_)),
             (Number::Bool(_), _) => false,
             (Number::Float(v), d) if d.is_int() => v.fract() == 0.0,
             _ => true,
         };
+        let v = n.as_f64();
         let in_range = match dtype {
-            DType::U8 => (0.0..=255.0).contains(&n.as_f64()),
-            DType::I32 => (i32::MIN as f64..=i32::MAX as f64).contains(&n.as_f64()),
-            _ => true,
+            DType::U8 => (0.0..=255.0).contains(&v),
+            DType::I32 => (i32::MIN as f64..=i32::MAX as f64).contains(&v),
+            // 2^63 itself is out of range; every i64 literal is within.
+            DType::I64 => matches!(n, Number::Int(_)) || (-(2f64.powi(63))..2f64.powi(63)).contains(&v),
+            DType::F32 => v.abs() <= f32::MAX as f64,
+            DType::F64 | DType::Bool => true,
         };
         if ok && in_range {
             return Some(());
         }
         self.diagnostics.push(
-            Diagnostic::error(Code::DTYPE_MISMATCH, span, format!("the value {n} cannot be a {dtype}"))
-                .with_label(format!("used where a {dtype} value is needed"))
-                .with_help(format!("cast the other operand, e.g. cast<f32>(...), or write a {dtype} value")),
+            Diagnostic::error(Code::DTYPE_MISMATCH, span, format!("the value {n} cannot be {} {dtype}", article(dtype.name())))
+                .with_label(format!("used where {} {dtype} value is needed", article(dtype.name())))
+                .with_help(format!("cast the other operand, e.g. cast<f32>(...), or write {} {dtype} value", article(dtype.name()))),
         );
         None
     }
@@ -277,11 +320,15 @@ impl Lowerer<'_> {
         match self.eval(expr) {
             Val::Number(n) => Some(n),
             Val::Error => None,
+            Val::Tensor(t) if matches!(self.known.get(&t), Some(Val::Number(_))) => match self.known[&t] {
+                Val::Number(n) => Some(n),
+                _ => unreachable!("matched above"),
+            },
             Val::Tensor(t) => {
                 let ty = self.graph.ty(t).clone();
                 self.diagnostics.push(
                     Diagnostic::error(Code::NOT_CONSTANT, expr.span, format!("{what} must be a compile-time constant"))
-                        .with_label(format!("this is a {ty} tensor computed when the model runs"))
+                        .with_label(format!("this is {} {ty} tensor computed when the model runs", article(&ty.to_string())))
                         .with_help("use literals, dims and `const` values here"),
                 );
                 None
@@ -329,11 +376,34 @@ impl Lowerer<'_> {
         }
     }
 
-    /// An integer, or a list of integers, known at compile time.
+    /// An integer, or a list of integers, known at compile time: a literal list, or a name
+    /// bound to one (`const shape = [2, 6]`).
     pub fn const_int_list(&mut self, expr: &Expr, what: &str) -> Option<Vec<i64>> {
         if let ExprKind::Array(items) = &expr.kind {
             let values: Vec<Option<i64>> = items.iter().map(|e| self.const_int(e, what)).collect();
             return values.into_iter().collect();
+        }
+        if let ExprKind::Name(_) = &expr.kind {
+            let value = match self.eval(expr) {
+                Val::Tensor(t) => self.known.get(&t).cloned().unwrap_or(Val::Tensor(t)),
+                other => other,
+            };
+            if let Val::List(items) = value {
+                let values: Option<Vec<i64>> = items
+                    .iter()
+                    .map(|v| match v {
+                        Val::Number(Number::Int(i)) => Some(*i),
+                        _ => None,
+                    })
+                    .collect();
+                if values.is_none() {
+                    self.diagnostics.push(
+                        Diagnostic::error(Code::ARGUMENT_KIND, expr.span, format!("{what} must be a list of integers"))
+                            .with_label("not a list of integers"),
+                    );
+                }
+                return values;
+            }
         }
         Some(vec![self.const_int(expr, what)?])
     }
@@ -355,7 +425,8 @@ impl Lowerer<'_> {
     pub fn resolve_type(&mut self, ty: &ast::TensorType) -> Option<dfc_ir::TensorType> {
         let dims: Vec<Option<usize>> = ty.shape.iter().map(|e| self.size(e, "a size in a shape")).collect();
         let dims: Option<Vec<usize>> = dims.into_iter().collect();
-        Some(dfc_ir::TensorType::new(dtype_of(ty.dtype), dims?))
+        let resolved = dfc_ir::TensorType::new(dtype_of(ty.dtype), dims?);
+        self.check_size(&resolved, ty.span).then_some(resolved)
     }
 
     /// An axis given as a possibly negative integer, checked against `rank`.

@@ -3,12 +3,15 @@
 //! parameters of their tensor arguments bound by unification.
 
 use crate::args::{self, Param};
-use crate::lower::{BindingKind, BlockState, Context, Lowerer, Scope};
+use crate::lower::{BindingKind, BlockState, Context, Lowerer};
 use crate::value::{Number, Val};
 use dfc_diag::{Code, Diagnostic, Span};
 use dfc_syntax::ast::{Call, Expr, ExprKind, Item, LayerDef, LayerParamKind, SourceFile};
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
+
+/// Layer instances may nest this deep (analysis recurses through them).
+const MAX_LAYER_DEPTH: usize = 32;
 
 pub struct Layers<'a> {
     defs: HashMap<String, &'a LayerDef>,
@@ -100,31 +103,82 @@ impl Lowerer<'_> {
         if let Some((_, type_span)) = call.type_arg {
             self.diagnostics.push(Diagnostic::error(Code::ARGUMENT_KIND, type_span, "layers take no type argument"));
         }
+        if self.layer_stack.len() >= MAX_LAYER_DEPTH {
+            self.diagnostics.push(
+                Diagnostic::error(Code::LAYERS_TOO_DEEP, call.callee.span, format!("layers are nested more than {MAX_LAYER_DEPTH} deep here"))
+                    .with_help(format!("this call is inside {}", self.layer_stack.join(" → "))),
+            );
+            return self.eval_args_for_errors(call);
+        }
         let params: Vec<Param> = def.params.iter().map(|p| Param { name: &p.name.name, required: p.default.is_none() }).collect();
         let Some(bound) = args::bind(&def.name.name, span, &params, &call.args, &mut self.diagnostics) else {
             return self.eval_args_for_errors(call);
         };
 
-        // Arguments are evaluated in the caller's scope.
-        let mut sizes: HashMap<String, (i64, Span)> = HashMap::new();
+        // Given arguments are evaluated in the caller's scope.
+        let mut given_sizes: Vec<(&str, i64, Span)> = Vec::new();
         let mut tensors = Vec::new();
         let mut ok = true;
         for (param, arg) in def.params.iter().zip(&bound) {
-            let expr = arg.map(|a| &a.value).or(param.default.as_ref()).expect("bind checked required ones");
+            let Some(arg) = arg else { continue };
+            let expr = &arg.value;
             match &param.kind {
                 LayerParamKind::Dim => match self.const_int(expr, &format!("layer argument `{}`", param.name.name)) {
-                    Some(v) => {
-                        sizes.insert(param.name.name.clone(), (v, expr.span));
-                    }
+                    Some(v) => given_sizes.push((&param.name.name, v, expr.span)),
                     None => ok = false,
                 },
                 LayerParamKind::Tensor(ty) => {
                     let value = self.eval(expr);
-                    let dtype = crate::eval::dtype_of(ty.dtype);
-                    match self.make_tensor(value, expr.span, Some(dtype)) {
+                    match self.make_tensor(value, expr.span, Some(crate::eval::dtype_of(ty.dtype))) {
                         Some(t) => tensors.push((param, t, expr.span)),
                         None => ok = false,
                     }
+                }
+            }
+        }
+        if !ok {
+            call.args.iter().for_each(|a| self.mark_used(&a.value));
+            return Val::Error;
+        }
+
+        // Everything else happens in the instance's own scope: defaults, shapes, the body.
+        let instance = self.instance_prefix(&def.name.name);
+        let saved_scope = std::mem::take(&mut self.scope);
+        let saved_prefix = std::mem::replace(&mut self.prefix, instance);
+        let saved_hint = std::mem::take(&mut self.hint);
+        let saved_calls = std::mem::replace(&mut self.let_layer_calls, 0);
+        self.layer_stack.push(def.name.name.clone());
+        let result = self.instantiate(def, &bound, given_sizes, tensors, span);
+        self.layer_stack.pop();
+        self.scope = saved_scope;
+        self.prefix = saved_prefix;
+        self.hint = saved_hint;
+        self.let_layer_calls = saved_calls;
+        result
+    }
+
+    /// The body of `call_layer` inside the instance's scope: defaults (which may use sizes bound
+    /// so far), unification of tensor arguments with parameter shapes, the body, the result.
+    fn instantiate<'d>(
+        &mut self,
+        def: &'d LayerDef,
+        bound: &[Option<&dfc_syntax::ast::Arg>],
+        given_sizes: Vec<(&str, i64, Span)>,
+        mut tensors: Vec<(&'d dfc_syntax::ast::LayerParam, dfc_ir::TensorRef, Span)>,
+        span: Span,
+    ) -> Val {
+        let mut sizes: HashMap<String, (i64, Span)> = HashMap::new();
+        for (name, value, at) in given_sizes {
+            sizes.insert(name.to_string(), (value, at));
+            self.define_size(def, name, value);
+        }
+        let mut ok = true;
+        for (param, arg) in def.params.iter().zip(bound) {
+            if let (None, LayerParamKind::Tensor(ty), Some(default)) = (arg, &param.kind, &param.default) {
+                let value = self.eval(default);
+                match self.make_tensor(value, default.span, Some(crate::eval::dtype_of(ty.dtype))) {
+                    Some(t) => tensors.push((param, t, default.span)),
+                    None => ok = false,
                 }
             }
         }
@@ -171,6 +225,7 @@ impl Lowerer<'_> {
                         Some(_) => {}
                         None => {
                             sizes.insert(name.name.clone(), (size, *arg_span));
+                            self.define_size(def, &name.name, size);
                         }
                     },
                     ExprKind::Int(expected) if *expected != size => {
@@ -186,49 +241,50 @@ impl Lowerer<'_> {
             return Val::Error;
         }
 
-        // The instance's scope: its sizes and tensor arguments, nothing of the caller's.
-        let instance = self.instance_prefix(&def.name.name);
-        let saved_scope = std::mem::take(&mut self.scope);
-        let saved_prefix = std::mem::replace(&mut self.prefix, instance);
-        let saved_hint = std::mem::take(&mut self.hint);
-        let saved_calls = std::mem::replace(&mut self.let_layer_calls, 0);
-        self.layer_stack.push(def.name.name.clone());
-        self.scope = Scope::default();
-        let mut names: Vec<(&String, &(i64, Span))> = sizes.iter().collect();
-        names.sort();
-        for (name, (value, _)) in names {
-            let ident = dfc_syntax::ast::Ident { name: name.clone(), span: def.name.span };
-            self.define(&ident, Val::Number(Number::Int(*value)), BindingKind::LayerArgument);
-        }
-        for (param, tensor, _) in &tensors {
-            self.define(&param.name, Val::Tensor(*tensor), BindingKind::LayerArgument);
+        // `dim` parameters left to their defaults, unless unification bound them.
+        for (param, arg) in def.params.iter().zip(bound) {
+            if let (None, LayerParamKind::Dim, Some(default)) = (arg, &param.kind, &param.default) {
+                if sizes.contains_key(&param.name.name) {
+                    continue;
+                }
+                match self.const_int(default, &format!("the default of `{}`", param.name.name)) {
+                    Some(v) => {
+                        sizes.insert(param.name.name.clone(), (v, default.span));
+                        self.define_size(def, &param.name.name, v);
+                    }
+                    None => ok = false,
+                }
+            }
         }
         for (expr, size, axis, arg_span, param_name) in deferred {
             if let Some(expected) = self.const_int(expr, "a size in a layer parameter") {
                 if expected != size {
                     self.diagnostics.push(
                         Diagnostic::error(Code::LAYER_UNIFICATION, arg_span, format!("argument `{param_name}` of `{}` has size {size} on axis {axis}, but the layer needs {expected}", def.name.name))
+                            .with_label(format!("axis {axis} is {size}"))
                             .with_secondary(expr.span, format!("this is {expected}")),
                     );
                     ok = false;
                 }
+            } else {
+                ok = false;
             }
+        }
+        if !ok {
+            return Val::Error;
+        }
+        for (param, tensor, _) in &tensors {
+            self.define(&param.name, Val::Tensor(*tensor), BindingKind::LayerArgument);
         }
 
         let mut state = BlockState::new(Context::Layer);
-        if ok {
-            self.block(&def.body, &mut state);
-        }
-        let mut result = match state.returned.take() {
-            Some((value, _)) => value,
-            None if ok => {
-                self.diagnostics.push(
-                    Diagnostic::error(Code::LAYER_WITHOUT_RETURN, def.name.span, format!("layer `{}` returns nothing", def.name.name))
-                        .with_help("end the layer with `return EXPRESSION`"),
-                );
-                Val::Error
-            }
-            None => Val::Error,
+        self.block(&def.body, &mut state);
+        let Some((mut result, _)) = state.returned.take() else {
+            self.diagnostics.push(
+                Diagnostic::error(Code::LAYER_WITHOUT_RETURN, def.name.span, format!("layer `{}` returns nothing", def.name.name))
+                    .with_help("end the layer with `return EXPRESSION`"),
+            );
+            return Val::Error;
         };
         if let (Some(declared), Val::Tensor(t)) = (&def.return_type, &result) {
             if let Some(expected) = self.resolve_type(declared) {
@@ -242,13 +298,16 @@ impl Lowerer<'_> {
                 }
             }
         }
-
-        self.layer_stack.pop();
-        self.scope = saved_scope;
-        self.prefix = saved_prefix;
-        self.hint = saved_hint;
-        self.let_layer_calls = saved_calls;
         result
+    }
+
+    /// A size bound in a layer instance, visible to its shapes and body.
+    fn define_size(&mut self, def: &LayerDef, name: &str, value: i64) {
+        if self.scope.bindings.contains_key(name) {
+            return;
+        }
+        let ident = dfc_syntax::ast::Ident { name: name.to_string(), span: def.name.span };
+        self.define(&ident, Val::Number(Number::Int(value)), BindingKind::LayerArgument);
     }
 
     /// `h1/` for the only layer call of `let h1 = ...`; `h1/dense/`, `h1/dense_1/` for several;

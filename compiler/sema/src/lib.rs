@@ -45,7 +45,8 @@ pub fn analyze(file: &SourceFile, options: &Options) -> (Vec<Analysis>, Vec<Diag
     for item in &file.items {
         if let Item::Model(model) = item {
             let (module, mut found) = lower::lower_model(model, &layers, options);
-            unused_overrides.retain(|(name, _)| !module.dims.iter().any(|(d, _)| d == name));
+            let declared = lower::declared_dims(&model.body);
+            unused_overrides.retain(|(name, _)| !declared.contains(&name.as_str()));
             let has_errors = found.iter().any(|d| d.is_error());
             diagnostics.append(&mut found);
             analyses.push(Analysis { model: model.name.name.clone(), module: (!has_errors).then_some(module) });

@@ -89,6 +89,9 @@ pub struct Lowerer<'a> {
     /// How many layer calls the current `let` makes, and how many were instantiated so far.
     pub let_layer_calls: usize,
     pub layer_instances: HashSet<String>,
+    /// Compile-time values of typed constants (`const n: i32 = 4`), so that they can serve
+    /// as sizes and axes although they are tensors.
+    pub known: HashMap<dfc_ir::TensorRef, Val>,
 }
 
 pub fn lower_model(model: &ast::Model, layers: &Layers, options: &Options) -> (Module, Vec<Diagnostic>) {
@@ -105,10 +108,11 @@ pub fn lower_model(model: &ast::Model, layers: &Layers, options: &Options) -> (M
         layer_stack: Vec::new(),
         let_layer_calls: 0,
         layer_instances: HashSet::new(),
+        known: HashMap::new(),
     };
     let mut state = BlockState::new(Context::Model);
     lowerer.block(&model.body, &mut state);
-    lowerer.warn_unused(&state);
+    lowerer.warn_unused();
     let declares_results = model.body.iter().any(declares_results);
     if !declares_results {
         lowerer.diagnostics.push(
@@ -223,7 +227,7 @@ impl<'a> Lowerer<'a> {
             self.diagnostics.push(
                 Diagnostic::error(Code::DUPLICATE_NAME, name.span, format!("`{}` is defined twice", name.name))
                     .with_label("defined again here")
-                    .with_secondary(previous_span, format!("first defined here (a {previous_kind})"))
+                    .with_secondary(previous_span, format!("first defined here ({} {previous_kind})", dfc_diag::article(previous_kind)))
                     .with_help("names are defined once per model or layer; rename one of them"),
             );
             return;
@@ -275,11 +279,10 @@ impl<'a> Lowerer<'a> {
         Val::Error
     }
 
-    fn warn_unused(&mut self, state: &BlockState) {
-        let outputs: HashSet<&str> = state.outputs.iter().map(|(o, _)| o.name.as_str()).collect();
+    fn warn_unused(&mut self) {
         for name in &self.scope.order {
             let binding = &self.scope.bindings[name];
-            if binding.used || outputs.contains(name.as_str()) || binding.kind == BindingKind::Dim {
+            if binding.used || binding.kind == BindingKind::Dim {
                 continue;
             }
             self.diagnostics.push(
@@ -322,6 +325,7 @@ impl<'a> Lowerer<'a> {
     }
 
     fn param(&mut self, name: &Ident, ty: &ast::TensorType, init: Option<&Expr>, attrs: &Attributes, span: Span) {
+        let init_expr = init;
         let Some(resolved) = self.resolve_type(ty) else {
             self.define(name, Val::Error, BindingKind::Param);
             return;
@@ -359,6 +363,9 @@ impl<'a> Lowerer<'a> {
         }
         // A bad initialiser is reported; the param is still created so its uses are checked.
         let init = init.unwrap_or(Initializer::Zeros);
+        if let Some(expr) = init_expr {
+            self.check_initializer_dtype(&init, resolved.dtype, expr.span);
+        }
         let full_name = format!("{}{}", self.prefix, name.name);
         let op = Op::Variable { ty: resolved, init, trainable, partitions };
         let variable = self.graph.add(op, &[], &full_name, Some(span)).expect("variables always type");
@@ -379,7 +386,7 @@ impl<'a> Lowerer<'a> {
                 let ty = self.graph.ty(*t).clone();
                 self.diagnostics.push(
                     Diagnostic::error(Code::NOT_CONSTANT, value.span, format!("`const {}` must be known at compile time", name.name))
-                        .with_label(format!("this is a {ty} tensor computed when the model runs"))
+                        .with_label(format!("this is {} {ty} tensor computed when the model runs", dfc_diag::article(&ty.to_string())))
                         .with_help("use `let` for values computed from inputs and params"),
                 );
                 Val::Error
@@ -397,8 +404,23 @@ impl<'a> Lowerer<'a> {
 
     /// `const c: f32[2, 2] = [[1, 2], [3, 4]]`; a single number fills the shape.
     fn typed_constant(&mut self, value: Val, ty: &ast::TensorType, span: Span) -> Val {
+        let result = self.typed_constant_tensor(value.clone(), ty, span);
+        if let Val::Tensor(t) = &result {
+            self.known.insert(*t, value);
+        }
+        result
+    }
+
+    fn typed_constant_tensor(&mut self, value: Val, ty: &ast::TensorType, span: Span) -> Val {
         let Some(ty) = self.resolve_type(ty) else { return Val::Error };
         let filled = match value {
+            Val::Number(_) if ty.shape.n_elements() > crate::eval::MAX_CONSTANT_ELEMENTS => {
+                self.diagnostics.push(
+                    Diagnostic::error(Code::INVALID_SHAPE, span, format!("a constant of {ty} is too large to keep in the plan"))
+                        .with_help("constants hold at most 2^24 elements; use a param with `constant(...)` for large fills"),
+                );
+                return Val::Error;
+            }
             Val::Number(n) if ty.shape.rank() > 0 => {
                 let tensor = self.make_tensor(Val::Number(n), span, Some(ty.dtype));
                 let Some(scalar) = tensor else { return Val::Error };
@@ -465,6 +487,8 @@ impl<'a> Lowerer<'a> {
                         .with_label("unnamed output")
                         .with_help("add `as NAME`: `output softmax(logits) as probabilities`"),
                 );
+                self.hint = "output".into();
+                self.eval(&item.value);
                 return;
             }
         };
@@ -477,7 +501,9 @@ impl<'a> Lowerer<'a> {
             return;
         }
         self.hint = name.name.clone();
+        self.let_layer_calls = crate::layers::count_layer_calls(&item.value, self.layers);
         let value = self.eval(&item.value);
+        self.let_layer_calls = 0;
         if let Some(tensor) = self.make_tensor(value, item.value.span, None) {
             state.outputs.push((Output { name: name.name.clone(), tensor }, name.span));
         }
@@ -534,7 +560,11 @@ impl<'a> Lowerer<'a> {
                 d = match (all.contains(&name), dfc_diag::closest(name, all)) {
                     (true, _) => d.with_help(format!("`{}` takes {}", stmt.kind.keyword(), list_attrs(allowed))),
                     (false, Some(best)) if allowed.contains(&best) => d.with_help(format!("did you mean `@{best}`?")),
-                    _ => d.with_help(format!("`{}` takes {}", stmt.kind.keyword(), list_attrs(allowed))),
+                    _ => d.with_help(format!(
+                        "`{}` takes {}; for a matrix product, put spaces around `@`",
+                        stmt.kind.keyword(),
+                        list_attrs(allowed)
+                    )),
                 };
                 self.diagnostics.push(d);
                 continue;
@@ -585,6 +615,31 @@ impl<'a> Lowerer<'a> {
                 }
             }
         }
+    }
+
+    /// Random initialisers fill floats; a constant must fit the element type.
+    fn check_initializer_dtype(&mut self, init: &Initializer, dtype: DType, span: Span) {
+        let value = match init {
+            Initializer::Zeros => 0.0,
+            Initializer::Ones => 1.0,
+            Initializer::Constant { value } => *value,
+            _ if dtype.is_float() => return,
+            _ => {
+                self.diagnostics.push(
+                    Diagnostic::error(Code::BAD_INITIALIZER, span, format!("`{init}` draws real numbers; it cannot fill {} {dtype} param", dfc_diag::article(dtype.name())))
+                        .with_help("use zeros, ones or a constant for integer and bool params"),
+                );
+                return;
+            }
+        };
+        let number = if dtype == DType::Bool && (value == 0.0 || value == 1.0) {
+            Number::Bool(value == 1.0)
+        } else if value.fract() == 0.0 && value.abs() < 9.0e15 {
+            Number::Int(value as i64)
+        } else {
+            Number::Float(value)
+        };
+        self.check_representable(number, dtype, span);
     }
 
     fn bad_device(&mut self, span: Span, message: &str) {
@@ -749,6 +804,18 @@ impl<'a> Lowerer<'a> {
         };
         ok.then_some(Optimizer { kind, learning_rate, weight_decay })
     }
+}
+
+/// The names of every `dim` a block declares, nested blocks included.
+pub fn declared_dims(stmts: &[Stmt]) -> Vec<&str> {
+    stmts
+        .iter()
+        .flat_map(|stmt| match &stmt.kind {
+            StmtKind::Dim { name, .. } => vec![name.name.as_str()],
+            StmtKind::Device { body, .. } => declared_dims(body),
+            _ => Vec::new(),
+        })
+        .collect()
 }
 
 fn declares_results(stmt: &Stmt) -> bool {

@@ -30,10 +30,20 @@ static PRATT: LazyLock<PrattParser<Rule>> = LazyLock::new(|| {
         .op(Op::prefix(Rule::neg))
 });
 
+/// Brackets may nest this deep; pest's recursive descent would overflow the stack on
+/// pathological nesting, so deeper text is reported and blanked before parsing.
+const MAX_NESTING: usize = 64;
+/// Parse-tree nodes in one expression: bounds the depth of the expression tree (operator
+/// chains are flat in the parse tree but nested in the AST), so that later stages, which
+/// recurse over expressions, stay well within the stack.
+const MAX_EXPRESSION_NODES: usize = 2000;
+
 /// Parses a whole file. Never fails: what cannot be parsed is reported and left out.
 pub fn parse(source: &str) -> (SourceFile, Vec<Diagnostic>) {
     pest::set_error_detail(true);
-    let mut builder = Builder { source, diagnostics: Vec::new() };
+    let (limited, too_deep) = limit_nesting(source);
+    let source = limited.as_ref();
+    let mut builder = Builder { source, diagnostics: too_deep.into_iter().collect(), expr_depth: 0 };
     let file = match DfcParser::parse(Rule::file, source) {
         Ok(mut pairs) => builder.file(pairs.next().expect("file rule")),
         Err(error) => {
@@ -48,11 +58,104 @@ pub fn parse(source: &str) -> (SourceFile, Vec<Diagnostic>) {
 struct Builder<'s> {
     source: &'s str,
     diagnostics: Vec<Diagnostic>,
+    /// How many `expr` rules enclose the one being built (the size check runs at the top).
+    expr_depth: usize,
+}
+
+/// The source with the inside of every bracket nested deeper than `MAX_NESTING` replaced by
+/// `0` and spaces (newlines kept, so positions and lines do not move), and a diagnostic at the
+/// first such bracket. Strings and comments are skipped.
+fn limit_nesting(source: &str) -> (std::borrow::Cow<'_, str>, Option<Diagnostic>) {
+    let bytes = source.as_bytes();
+    let mut depth = 0usize;
+    let mut first_too_deep = None;
+    let mut blank: Vec<(usize, usize)> = Vec::new();
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'"' => {
+                i += 1;
+                while i < bytes.len() && bytes[i] != b'"' && bytes[i] != b'\n' {
+                    i += if bytes[i] == b'\\' { 2 } else { 1 };
+                }
+            }
+            b'/' if bytes.get(i + 1) == Some(&b'/') => {
+                while i < bytes.len() && bytes[i] != b'\n' {
+                    i += 1;
+                }
+            }
+            b'/' if bytes.get(i + 1) == Some(&b'*') => {
+                i += 2;
+                while i + 1 < bytes.len() && !(bytes[i] == b'*' && bytes[i + 1] == b'/') {
+                    i += 1;
+                }
+                i += 1;
+            }
+            b'(' | b'[' | b'{' => {
+                depth += 1;
+                if depth > MAX_NESTING {
+                    first_too_deep.get_or_insert(i);
+                    let end = matching_close(bytes, i).unwrap_or(bytes.len());
+                    blank.push((i + 1, end));
+                    // Skip the blanked region and its closing bracket; the depth is back to the limit.
+                    depth -= 1;
+                    i = end + 1;
+                    continue;
+                }
+            }
+            b')' | b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+        i += 1;
+    }
+    let Some(at) = first_too_deep else { return (std::borrow::Cow::Borrowed(source), None) };
+    let mut text = bytes.to_vec();
+    for (start, end) in blank {
+        for (k, byte) in text[start..end].iter_mut().enumerate() {
+            if *byte != b'\n' {
+                *byte = if k == 0 { b'0' } else { b' ' };
+            }
+        }
+    }
+    // Multi-byte characters inside a blanked region become spaces byte by byte: still UTF-8.
+    let text = String::from_utf8(text).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
+    let diagnostic = Diagnostic::error(Code::SYNTAX, Span::new(at, at + 1), format!("brackets are nested more than {MAX_NESTING} deep"))
+        .with_label("too deep from here")
+        .with_help("split the expression into several `let`s");
+    (std::borrow::Cow::Owned(text), Some(diagnostic))
+}
+
+/// The index of the bracket closing the one at `open` (any kind; it is only a limit).
+fn matching_close(bytes: &[u8], open: usize) -> Option<usize> {
+    let mut depth = 0usize;
+    for (i, &b) in bytes.iter().enumerate().skip(open) {
+        match b {
+            b'(' | b'[' | b'{' => depth += 1,
+            b')' | b']' | b'}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(i);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
 }
 
 fn span_of(pair: &Pair<Rule>) -> Span {
     let span = pair.as_span();
     Span::new(span.start(), span.end())
+}
+
+/// The span of a non-atomic rule without the whitespace and comments that pest consumed after
+/// its last element (when an optional tail did not match): it ends where its last child ends.
+fn trimmed_span(pair: &Pair<Rule>) -> Span {
+    let start = pair.as_span().start();
+    match pair.clone().into_inner().map(|p| p.as_span().end()).max() {
+        Some(end) => Span::new(start, end),
+        None => span_of(pair),
+    }
 }
 
 impl Builder<'_> {
@@ -70,7 +173,7 @@ impl Builder<'_> {
     }
 
     fn model(&mut self, pair: Pair<Rule>) -> Model {
-        let span = span_of(&pair);
+        let span = trimmed_span(&pair);
         let mut inner = significant(pair);
         let name = ident(inner.next().expect("model name"));
         let body = self.block(inner, "model", &name, span);
@@ -94,14 +197,15 @@ impl Builder<'_> {
             }
         }
         if !closed {
-            let end = Span::new(span.end as usize, span.end as usize);
+            // At the block's last character: an empty span at the end of a file shows no label.
+            let end = last_char(self.source, span.end as usize);
             self.diagnostics.push(
                 Diagnostic::error(
                     Code::UNCLOSED_BLOCK,
                     end,
                     format!("{what} `{}` is missing its closing `}}`", name.name),
                 )
-                .with_label("expected `}` here")
+                .with_label("expected `}` after this")
                 .with_secondary(name.span, format!("{what} opened here"))
                 .with_help("add `}` after the last statement of the block"),
             );
@@ -110,7 +214,7 @@ impl Builder<'_> {
     }
 
     fn layer_def(&mut self, pair: Pair<Rule>) -> LayerDef {
-        let span = span_of(&pair);
+        let span = trimmed_span(&pair);
         let mut inner = significant(pair).peekable();
         let name = ident(inner.next().expect("layer name"));
         let mut params = Vec::new();
@@ -128,7 +232,7 @@ impl Builder<'_> {
     }
 
     fn layer_param(&mut self, pair: Pair<Rule>) -> LayerParam {
-        let span = span_of(&pair);
+        let span = trimmed_span(&pair);
         let mut inner = pair.into_inner();
         let name = ident(inner.next().expect("param name"));
         let kind_pair = inner.next().expect("param kind");
@@ -141,7 +245,7 @@ impl Builder<'_> {
     }
 
     fn stmt(&mut self, pair: Pair<Rule>) -> Option<Stmt> {
-        let span = span_of(&pair);
+        let span = if pair.as_rule() == Rule::bad_stmt { span_of(&pair) } else { trimmed_span(&pair) };
         let rule = pair.as_rule();
         if rule == Rule::bad_stmt {
             self.bad_region(&pair, Rule::strict_stmt_entry);
@@ -184,7 +288,7 @@ impl Builder<'_> {
             Rule::output_stmt => StmtKind::Output {
                 items: inner
                     .map(|item| {
-                        let span = span_of(&item);
+                        let span = trimmed_span(&item);
                         let mut parts = significant(item);
                         let value = self.expr(parts.next().expect("output expr"));
                         OutputItem { value, alias: parts.next().map(ident), span }
@@ -223,12 +327,12 @@ impl Builder<'_> {
         let span = span_of(&pair);
         let mut inner = pair.into_inner();
         let name = ident(inner.next().expect("attribute name"));
-        let args = inner.next().map(|p| self.args(p)).unwrap_or_default();
+        let args = inner.next().and_then(|p| p.into_inner().next()).map(|p| self.args(p)).unwrap_or_default();
         Attribute { name, args, span }
     }
 
     fn tensor_type(&mut self, pair: Pair<Rule>) -> TensorType {
-        let span = span_of(&pair);
+        let span = trimmed_span(&pair);
         let mut inner = pair.into_inner();
         let dtype_pair = inner.next().expect("dtype");
         let dtype = DTypeName::parse(dtype_pair.as_str()).expect("grammar admits only dtypes");
@@ -305,16 +409,35 @@ impl Builder<'_> {
 
     fn expr(&mut self, pair: Pair<Rule>) -> Expr {
         // `expr` holds a flat sequence of operands and operators; the Pratt parser nests them.
-        let pairs = match pair.as_rule() {
-            Rule::expr => pair.into_inner(),
-            _ => return self.primary(pair),
-        };
+        if pair.as_rule() != Rule::expr {
+            return self.primary(pair);
+        }
+        if self.expr_depth == 0 {
+            let nodes = pair.clone().into_inner().flatten().count();
+            if nodes > MAX_EXPRESSION_NODES {
+                let span = span_of(&pair);
+                self.diagnostics.push(
+                    Diagnostic::error(Code::SYNTAX, span, format!("this expression is too large ({nodes} parts; the limit is {MAX_EXPRESSION_NODES})"))
+                        .with_help("split it into several `let`s"),
+                );
+                return Expr { kind: ExprKind::Int(0), span };
+            }
+        }
+        self.expr_depth += 1;
+        let expr = self.expr_inner(pair);
+        self.expr_depth -= 1;
+        expr
+    }
+
+    fn expr_inner(&mut self, pair: Pair<Rule>) -> Expr {
+        let pairs = pair.into_inner();
         // The closures below all need `self`; a RefCell-free way is to collect diagnostics apart.
         let mut diagnostics = Vec::new();
         let source = self.source;
+        let depth = self.expr_depth;
         let expr = PRATT
             .map_primary(|p| {
-                let mut builder = Builder { source, diagnostics: Vec::new() };
+                let mut builder = Builder { source, diagnostics: Vec::new(), expr_depth: depth };
                 let e = builder.primary(p);
                 diagnostics.append(&mut builder.diagnostics);
                 e
@@ -515,9 +638,10 @@ fn syntax_error(source: &str, offset: usize, error: &pest::error::Error<Rule>) -
     } else {
         format!("expected {}, found {found_text}", dfc_diag::one_of(&expected))
     };
-    let label_span = if found.is_empty() { Span::new(at, at) } else { found };
+    // At the end of the file, label the last character: miette shows no label on an empty span.
+    let label_span = if found.is_empty() { last_char(source, at) } else { found };
     let mut diagnostic = Diagnostic::error(Code::SYNTAX, label_span, message)
-        .with_label(if found.is_empty() { "input ends here".to_string() } else { "unexpected here".to_string() });
+        .with_label(if found.is_empty() { "the input ends after this".to_string() } else { "unexpected here".to_string() });
     if let Some(help) = syntax_help(source, at, &found_text, &expected) {
         diagnostic = diagnostic.with_help(help);
     }
@@ -562,6 +686,14 @@ fn unclosed_bracket(text: &str) -> Option<usize> {
     open.pop()
 }
 
+/// The last character before `end` that is not whitespace (miette shows no label on an empty
+/// span at the end of a file, so errors there are put on the text they follow).
+fn last_char(source: &str, end: usize) -> Span {
+    let text = source[..end.min(source.len())].trim_end();
+    let len = text.chars().next_back().map_or(0, char::len_utf8);
+    Span::new(text.len() - len, text.len())
+}
+
 /// The token starting at `at` (an identifier or number, or one character), for "found ...".
 fn token_at(source: &str, at: usize) -> Span {
     let at = at.min(source.len());
@@ -595,6 +727,9 @@ fn syntax_help(source: &str, at: usize, found: &str, expected: &[String]) -> Opt
     let word = found.trim_matches('`');
     if KEYWORDS.contains(&word) && expected.iter().any(|e| e == "a name") {
         return Some(format!("`{word}` is a keyword and cannot be used as a name"));
+    }
+    if expected.iter().any(|e| e == "an `@attribute`") && STATEMENT_KEYWORDS.contains(&found) {
+        return Some(format!("attributes stand before `input`, `param`, `const` or `let`, not {found}"));
     }
     if found == "`\"`" {
         return Some("a string ends on the line where it starts; add the closing `\"`".into());
