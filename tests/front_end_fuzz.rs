@@ -19,17 +19,19 @@ use std::process::Command;
 use std::sync::Once;
 
 /// Mutated inputs per example file (times `DFC_FUZZ_SCALE`).
-const MUTANTS_PER_EXAMPLE: usize = 700;
+const MUTANTS_PER_EXAMPLE: usize = 1000;
 /// Token soups and random ASCII strings (each, times `DFC_FUZZ_SCALE`).
 const SOUPS: usize = 800;
 const RANDOM_ASCII: usize = 500;
-/// Nesting depth of the deep inputs. Deep enough that only a front end that bounds its recursion
-/// (or does not recurse) gets through it on an 8 MiB stack in a debug build; do not lower it to
-/// make the test pass.
+/// The main nesting depth of the deep inputs; `DEEP` tries each at several depths, because
+/// pest's own stack guard turns the deepest inputs into a syntax error while somewhat shallower
+/// ones (about 1,000 to 3,000 levels) used to overflow the stack after pest had succeeded. Only a
+/// front end that bounds its recursion (or does not recurse) gets through them all on an 8 MiB
+/// stack in a debug build: do not lower these depths to make the test pass.
 const DEPTH: usize = 5_000;
 /// The stack the front end runs on here: what a Linux main thread (the `dfc` CLI) gets.
 const STACK: usize = 8 << 20;
-/// Stop collecting after this many failures (each is written to a file).
+/// Report at most this many kinds of failure per test (each minimized and written to a file).
 const MAX_FAILURES: usize = 20;
 
 /// The largest single allocation the front end may make here. A bigger one (a constant of
@@ -734,6 +736,10 @@ const DEEP: &[(&str, &[usize])] = &[
     ("device_blocks", &[1_000, 2_000, DEPTH, 20_000]),
     ("dim_chain", &[1_000, DEPTH]),
     ("layer_chain", &[100, 1_000]),
+    ("layer_cycle", &[1, 2, 100]),
+    ("attributes", &[DEPTH]),
+    ("outputs", &[DEPTH]),
+    ("long_literals", &[DEPTH]),
 ];
 
 fn deep_input(case: &str, d: usize) -> String {
@@ -762,6 +768,19 @@ fn deep_input(case: &str, d: usize) -> String {
             let last = format!("layer l{d}(x: f32[n, k]) -> f32[n, k] {{\n    return relu(x)\n}}\n");
             format!("{layers}{last}{}", model("    let y = l0(x)\n    output y"))
         }
+        "layer_cycle" => {
+            let layers: String = (0..d)
+                .map(|i| format!("layer l{i}(x: f32[n, k]) -> f32[n, k] {{\n    return l{}(x)\n}}\n", (i + 1) % d))
+                .collect();
+            format!("{layers}{}", model("    let y = l0(x)\n    output y"))
+        }
+        "attributes" => model(&format!("    {}let y = x\n    output y", "@device(\"/cpu:0\") ".repeat(d))),
+        "outputs" => model(&format!("    output {}", vec!["x"; d].join(", "))),
+        "long_literals" => model(&format!(
+            "    let y = x // {}\n    const s = \"{}\"\n    output y",
+            "\u{e9}\u{feff}".repeat(d * 10),
+            "\\\\\\q\\\"".repeat(d)
+        )),
         _ => unreachable!("no deep case {case}"),
     }
 }

@@ -27,6 +27,13 @@ impl Lowerer<'_> {
                 match value {
                     Val::Number(Number::Int(v)) => Val::Number(Number::Int(v.wrapping_neg())),
                     Val::Number(Number::Float(v)) => Val::Number(Number::Float(-v)),
+                    Val::Number(Number::Bool(_)) => {
+                        self.diagnostics.push(
+                            Diagnostic::error(Code::DTYPE_MISMATCH, expr.span, "`-` is not defined on true and false")
+                                .with_help("booleans can only be compared with == and !="),
+                        );
+                        Val::Error
+                    }
                     Val::Tensor(t) => self.node(Op::Unary(UnaryOp::Neg), &[(t, operand.span)], expr.span),
                     Val::Error => Val::Error,
                     other => self.wrong_kind(operand.span, "a number or tensor to negate", &other),
@@ -171,7 +178,15 @@ impl Lowerer<'_> {
                         }
                         d
                     }
-                    None => Diagnostic::error(error.code, span, error.message),
+                    None => {
+                        let types: Vec<String> = operands.iter().map(|(t, _)| type_of(self, *t)).collect();
+                        let label = match types.as_slice() {
+                            [] => String::new(),
+                            [one] => format!("the operand is {one}"),
+                            _ => format!("the operands are {}", dfc_diag::one_of(&types).replacen(" or ", " and ", 1)),
+                        };
+                        Diagnostic::error(error.code, span, error.message).with_label(label)
+                    }
                 };
                 if let Some(help) = error.help {
                     d = d.with_help(help);

@@ -172,76 +172,18 @@ impl Lowerer<'_> {
             sizes.insert(name.to_string(), (value, at));
             self.define_size(def, name, value);
         }
-        let mut ok = true;
-        for (param, arg) in def.params.iter().zip(bound) {
-            if let (None, LayerParamKind::Tensor(ty), Some(default)) = (arg, &param.kind, &param.default) {
-                let value = self.eval(default);
-                match self.make_tensor(value, default.span, Some(crate::eval::dtype_of(ty.dtype))) {
-                    Some(t) => tensors.push((param, t, default.span)),
-                    None => ok = false,
-                }
-            }
-        }
-        if !ok {
-            return Val::Error;
-        }
-
-        // Unification: names in parameter shapes bind to the argument's sizes.
+        // Unification: names in parameter shapes bind to the arguments' sizes. Given tensors
+        // first, then tensor defaults, which may use the sizes bound so far.
         let mut deferred = Vec::new();
+        let mut ok = true;
         for (param, tensor, arg_span) in &tensors {
-            let LayerParamKind::Tensor(declared) = &param.kind else { continue };
-            let actual = self.graph.ty(*tensor).clone();
-            let declared_text = describe_type(declared);
-            let mismatch = |reason: String| {
-                Diagnostic::error(
-                    Code::LAYER_UNIFICATION,
-                    *arg_span,
-                    format!("argument `{}` of `{}` is {actual}, but the layer takes {declared_text}", param.name.name, def.name.name),
-                )
-                .with_label(reason)
-                .with_secondary(declared.span, "parameter type declared here")
-            };
-            if crate::eval::dtype_of(declared.dtype) != actual.dtype {
-                self.diagnostics.push(mismatch(format!("element type {} is not {}", actual.dtype, crate::eval::dtype_of(declared.dtype))));
-                ok = false;
-                continue;
-            }
-            if declared.shape.len() != actual.shape.rank() {
-                self.diagnostics.push(mismatch(format!("rank {} is not {}", actual.shape.rank(), declared.shape.len())));
-                ok = false;
-                continue;
-            }
-            for (axis, (expr, &size)) in declared.shape.iter().zip(actual.shape.dims()).enumerate() {
-                let size = size as i64;
-                match &expr.kind {
-                    ExprKind::Name(name) => match sizes.get(&name.name) {
-                        Some(&(bound_size, bound_span)) if bound_size != size => {
-                            self.diagnostics.push(
-                                mismatch(format!("axis {axis} is {size}, but `{}` is {bound_size}", name.name))
-                                    .with_secondary(bound_span, format!("`{}` = {bound_size} from here", name.name)),
-                            );
-                            ok = false;
-                        }
-                        Some(_) => {}
-                        None => {
-                            sizes.insert(name.name.clone(), (size, *arg_span));
-                            self.define_size(def, &name.name, size);
-                        }
-                    },
-                    ExprKind::Int(expected) if *expected != size => {
-                        self.diagnostics.push(mismatch(format!("axis {axis} is {size}, not {expected}")));
-                        ok = false;
-                    }
-                    ExprKind::Int(_) => {}
-                    _ => deferred.push((expr, size, axis, *arg_span, param.name.name.clone())),
-                }
-            }
+            ok &= self.unify(def, param, *tensor, *arg_span, &mut sizes, &mut deferred);
         }
         if !ok {
             return Val::Error;
         }
-
-        // `dim` parameters left to their defaults, unless unification bound them.
+        // `dim` parameters left to their defaults, unless unification bound them; then tensor
+        // defaults, which may use every size.
         for (param, arg) in def.params.iter().zip(bound) {
             if let (None, LayerParamKind::Dim, Some(default)) = (arg, &param.kind, &param.default) {
                 if sizes.contains_key(&param.name.name) {
@@ -256,6 +198,22 @@ impl Lowerer<'_> {
                 }
             }
         }
+        for (param, arg) in def.params.iter().zip(bound) {
+            if let (None, LayerParamKind::Tensor(ty), Some(default)) = (arg, &param.kind, &param.default) {
+                let value = self.eval(default);
+                match self.make_tensor(value, default.span, Some(crate::eval::dtype_of(ty.dtype))) {
+                    Some(t) => {
+                        ok &= self.unify(def, param, t, default.span, &mut sizes, &mut deferred);
+                        tensors.push((param, t, default.span));
+                    }
+                    None => ok = false,
+                }
+            }
+        }
+        if !ok {
+            return Val::Error;
+        }
+
         for (expr, size, axis, arg_span, param_name) in deferred {
             if let Some(expected) = self.const_int(expr, "a size in a layer parameter") {
                 if expected != size {
@@ -299,6 +257,66 @@ impl Lowerer<'_> {
             }
         }
         result
+    }
+
+    /// Matches one tensor argument against its parameter's declared type, binding shape names
+    /// to sizes; compound size expressions are checked later (`deferred`).
+    fn unify<'e>(
+        &mut self,
+        def: &LayerDef,
+        param: &'e dfc_syntax::ast::LayerParam,
+        tensor: dfc_ir::TensorRef,
+        arg_span: Span,
+        sizes: &mut HashMap<String, (i64, Span)>,
+        deferred: &mut Vec<(&'e Expr, i64, usize, Span, String)>,
+    ) -> bool {
+        let LayerParamKind::Tensor(declared) = &param.kind else { return true };
+        let actual = self.graph.ty(tensor).clone();
+        let declared_text = describe_type(declared);
+        let mismatch = |reason: String| {
+            Diagnostic::error(
+                Code::LAYER_UNIFICATION,
+                arg_span,
+                format!("argument `{}` of `{}` is {actual}, but the layer takes {declared_text}", param.name.name, def.name.name),
+            )
+            .with_label(reason)
+            .with_secondary(declared.span, "parameter type declared here")
+        };
+        if crate::eval::dtype_of(declared.dtype) != actual.dtype {
+            self.diagnostics.push(mismatch(format!("element type {} is not {}", actual.dtype, crate::eval::dtype_of(declared.dtype))));
+            return false;
+        }
+        if declared.shape.len() != actual.shape.rank() {
+            self.diagnostics.push(mismatch(format!("rank {} is not {}", actual.shape.rank(), declared.shape.len())));
+            return false;
+        }
+        let mut ok = true;
+        for (axis, (expr, &size)) in declared.shape.iter().zip(actual.shape.dims()).enumerate() {
+            let size = size as i64;
+            match &expr.kind {
+                ExprKind::Name(name) => match sizes.get(&name.name) {
+                    Some(&(bound_size, bound_span)) if bound_size != size => {
+                        self.diagnostics.push(
+                            mismatch(format!("axis {axis} is {size}, but `{}` is {bound_size}", name.name))
+                                .with_secondary(bound_span, format!("`{}` = {bound_size} from here", name.name)),
+                        );
+                        ok = false;
+                    }
+                    Some(_) => {}
+                    None => {
+                        sizes.insert(name.name.clone(), (size, arg_span));
+                        self.define_size(def, &name.name, size);
+                    }
+                },
+                ExprKind::Int(expected) if *expected != size => {
+                    self.diagnostics.push(mismatch(format!("axis {axis} is {size}, not {expected}")));
+                    ok = false;
+                }
+                ExprKind::Int(_) => {}
+                _ => deferred.push((expr, size, axis, arg_span, param.name.name.clone())),
+            }
+        }
+        ok
     }
 
     /// A size bound in a layer instance, visible to its shapes and body.

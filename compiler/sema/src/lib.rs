@@ -38,24 +38,37 @@ pub struct Analysis {
 /// Analyses every model of a file (layers are checked where they are used). Diagnostics of
 /// the whole file come back sorted by position.
 pub fn analyze(file: &SourceFile, options: &Options) -> (Vec<Analysis>, Vec<Diagnostic>) {
+    analyze_models(file, options, None)
+}
+
+/// Analyses every model, or only the one named `only` (then layers unused by it are not
+/// reported: another model may use them).
+fn analyze_models(file: &SourceFile, options: &Options, only: Option<&str>) -> (Vec<Analysis>, Vec<Diagnostic>) {
     let mut diagnostics = Vec::new();
     let layers = layers::collect(file, &mut diagnostics);
     let mut analyses = Vec::new();
     let mut unused_overrides: Vec<&(String, i64)> = options.dims.iter().collect();
+    let mut first_model = None;
     for item in &file.items {
-        if let Item::Model(model) = item {
-            let (module, mut found) = lower::lower_model(model, &layers, options);
-            let declared = lower::declared_dims(&model.body);
-            unused_overrides.retain(|(name, _)| !declared.contains(&name.as_str()));
-            let has_errors = found.iter().any(|d| d.is_error());
-            diagnostics.append(&mut found);
-            analyses.push(Analysis { model: model.name.name.clone(), module: (!has_errors).then_some(module) });
+        let Item::Model(model) = item else { continue };
+        if only.is_some_and(|name| name != model.name.name) {
+            continue;
         }
+        first_model.get_or_insert(model.name.span);
+        let (module, mut found) = lower::lower_model(model, &layers, options);
+        let declared = lower::declared_dims(&model.body);
+        unused_overrides.retain(|(name, _)| !declared.contains(&name.as_str()));
+        let has_errors = found.iter().any(|d| d.is_error());
+        diagnostics.append(&mut found);
+        analyses.push(Analysis { model: model.name.name.clone(), module: (!has_errors).then_some(module) });
     }
-    layers::warn_unused(file, &layers, &mut diagnostics);
-    if let (Some((name, _)), Some(Item::Model(first))) = (unused_overrides.first(), file.items.iter().find(|i| matches!(i, Item::Model(_)))) {
+    if only.is_none() {
+        layers::warn_unused(file, &layers, &mut diagnostics);
+    }
+    if let (Some((name, _)), Some(span)) = (unused_overrides.first(), first_model) {
+        let scope = if only.is_some() { "the model" } else { "any model in this file" };
         diagnostics.push(
-            Diagnostic::error(Code::BAD_DIM, first.name.span, format!("`--dim {name}` names no dim of any model in this file"))
+            Diagnostic::error(Code::BAD_DIM, span, format!("`--dim {name}` names no dim of {scope}"))
                 .with_help("declare it with `dim NAME = VALUE` or drop the override"),
         );
     }
@@ -77,7 +90,8 @@ pub fn analyze_one(
             Item::Layer(_) => None,
         })
         .collect();
-    let (analyses, mut diagnostics) = analyze(file, options);
+    let exists = name.is_none_or(|n| models.iter().any(|m| m.name.name == n));
+    let (analyses, mut diagnostics) = if exists { analyze_models(file, options, name) } else { (Vec::new(), Vec::new()) };
     let names: Vec<String> = models.iter().map(|m| format!("`{}`", m.name.name)).collect();
     let chosen = match name {
         Some(name) => analyses.into_iter().find(|a| a.model == name).ok_or_else(|| {

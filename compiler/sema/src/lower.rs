@@ -339,8 +339,9 @@ impl<'a> Lowerer<'a> {
         }
         let init = match init {
             Some(expr) => self.initializer(expr),
-            // Keras's defaults: Glorot for weight matrices and filters, zeros for biases.
-            None if resolved.shape.rank() >= 2 => Some(Initializer::GlorotUniform),
+            // Keras's defaults: Glorot for weight matrices and filters, zeros for biases (and for
+            // everything that is not floating point).
+            None if resolved.shape.rank() >= 2 && resolved.dtype.is_float() => Some(Initializer::GlorotUniform),
             None => Some(Initializer::Zeros),
         };
         let mut partitions = 1;
@@ -404,9 +405,25 @@ impl<'a> Lowerer<'a> {
 
     /// `const c: f32[2, 2] = [[1, 2], [3, 4]]`; a single number fills the shape.
     fn typed_constant(&mut self, value: Val, ty: &ast::TensorType, span: Span) -> Val {
-        let result = self.typed_constant_tensor(value.clone(), ty, span);
+        let result = self.typed_constant_tensor(value, ty, span);
         if let Val::Tensor(t) = &result {
-            self.known.insert(*t, value);
+            // The value as converted to its type: `const k: i32 = 2.0` is the integer 2.
+            if let Op::Const { value } = &self.graph.node(t.node).op {
+                let dtype = value.dtype();
+                let numbers: Vec<Val> = value
+                    .to_f64()
+                    .into_iter()
+                    .map(|v| {
+                        Val::Number(match dtype {
+                            DType::Bool => Number::Bool(v != 0.0),
+                            d if d.is_int() => Number::Int(v as i64),
+                            _ => Number::Float(v),
+                        })
+                    })
+                    .collect();
+                let known = if value.shape.rank() == 0 { numbers[0].clone() } else { Val::List(numbers) };
+                self.known.insert(*t, known);
+            }
         }
         result
     }
@@ -632,14 +649,26 @@ impl<'a> Lowerer<'a> {
                 return;
             }
         };
+        // Initial values travel as f64: integers beyond 2^53 would silently change.
+        if dtype.is_int() && value.abs() > 2f64.powi(53) {
+            self.diagnostics.push(
+                Diagnostic::error(Code::BAD_INITIALIZER, span, format!("{value} cannot be an initial value exactly"))
+                    .with_help("initial values of integer params must lie within ±2^53"),
+            );
+            return;
+        }
         let number = if dtype == DType::Bool && (value == 0.0 || value == 1.0) {
             Number::Bool(value == 1.0)
-        } else if value.fract() == 0.0 && value.abs() < 9.0e15 {
+        } else if value.fract() == 0.0 {
             Number::Int(value as i64)
         } else {
             Number::Float(value)
         };
-        self.check_representable(number, dtype, span);
+        if self.check_representable(number, dtype, span).is_none() {
+            if let Some(d) = self.diagnostics.last_mut() {
+                d.help = Some(format!("the initial value must fit the param's type, {dtype}"));
+            }
+        }
     }
 
     fn bad_device(&mut self, span: Span, message: &str) {

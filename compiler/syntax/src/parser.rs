@@ -33,10 +33,10 @@ static PRATT: LazyLock<PrattParser<Rule>> = LazyLock::new(|| {
 /// Brackets may nest this deep; pest's recursive descent would overflow the stack on
 /// pathological nesting, so deeper text is reported and blanked before parsing.
 const MAX_NESTING: usize = 64;
-/// Parse-tree nodes in one expression: bounds the depth of the expression tree (operator
-/// chains are flat in the parse tree but nested in the AST), so that later stages, which
-/// recurse over expressions, stay well within the stack.
-const MAX_EXPRESSION_NODES: usize = 2000;
+/// How deep one expression's tree may be (operator chains are flat in the parse tree but
+/// nested in the AST), so that later stages, which recurse over expressions, stay well within
+/// the stack. Long flat lists are fine.
+const MAX_EXPRESSION_DEPTH: usize = 500;
 
 /// Parses a whole file. Never fails: what cannot be parsed is reported and left out.
 pub fn parse(source: &str) -> (SourceFile, Vec<Diagnostic>) {
@@ -123,6 +123,43 @@ fn limit_nesting(source: &str) -> (std::borrow::Cow<'_, str>, Option<Diagnostic>
         .with_label("too deep from here")
         .with_help("split the expression into several `let`s");
     (std::borrow::Cow::Owned(text), Some(diagnostic))
+}
+
+/// The depth of the AST an `expr` pair will become, computed without recursion: parse-tree
+/// depth, plus, inside an `expr`, one level per operator of its flat operator chain.
+fn expression_depth(expr: &Pair<Rule>) -> usize {
+    // Open ancestors as (end offset, depth of their children).
+    let mut open: Vec<(usize, usize)> = Vec::new();
+    let mut deepest = 0;
+    for pair in expr.clone().into_inner().flatten() {
+        let span = pair.as_span();
+        while open.last().is_some_and(|&(end, _)| end <= span.start()) {
+            open.pop();
+        }
+        let depth = open.last().map_or(1, |&(_, children)| children);
+        deepest = deepest.max(depth);
+        let operators = if pair.as_rule() == Rule::expr {
+            operator_count(&pair)
+        } else {
+            0
+        };
+        open.push((span.end(), depth + 1 + operators));
+    }
+    deepest + operator_count(expr)
+}
+
+/// Operators among an `expr`'s own elements: each nests the AST one level deeper.
+fn operator_count(expr: &Pair<Rule>) -> usize {
+    expr.clone()
+        .into_inner()
+        .filter(|p| {
+            matches!(
+                p.as_rule(),
+                Rule::neg | Rule::add | Rule::sub | Rule::mul | Rule::div | Rule::matmul
+                    | Rule::eq | Rule::ne | Rule::lt | Rule::le | Rule::gt | Rule::ge
+            )
+        })
+        .count()
 }
 
 /// The index of the bracket closing the one at `open` (any kind; it is only a limit).
@@ -413,11 +450,11 @@ impl Builder<'_> {
             return self.primary(pair);
         }
         if self.expr_depth == 0 {
-            let nodes = pair.clone().into_inner().flatten().count();
-            if nodes > MAX_EXPRESSION_NODES {
+            let depth = expression_depth(&pair);
+            if depth > MAX_EXPRESSION_DEPTH {
                 let span = span_of(&pair);
                 self.diagnostics.push(
-                    Diagnostic::error(Code::SYNTAX, span, format!("this expression is too large ({nodes} parts; the limit is {MAX_EXPRESSION_NODES})"))
+                    Diagnostic::error(Code::SYNTAX, span, format!("this expression nests {depth} operations deep; the limit is {MAX_EXPRESSION_DEPTH}"))
                         .with_help("split it into several `let`s"),
                 );
                 return Expr { kind: ExprKind::Int(0), span };
@@ -533,19 +570,33 @@ impl Builder<'_> {
 /// or `dim NAME`.
 fn defined_name(pair: &Pair<Rule>) -> Option<Ident> {
     let text = pair.as_str();
-    let start = pair.as_span().start();
+    // Skip leading attributes: `@name` and an optional `( ... )`.
+    let mut at = 0;
+    loop {
+        let rest = &text[at..];
+        at += rest.len() - rest.trim_start().len();
+        let Some(attribute) = text[at..].strip_prefix('@') else { break };
+        let spaces = attribute.len() - attribute.trim_start().len();
+        let attribute = attribute.trim_start();
+        let name_len = attribute.find(|c: char| !(c.is_alphanumeric() || c == '_')).unwrap_or(attribute.len());
+        at += 1 + spaces + name_len;
+        if text[at..].starts_with('(') {
+            at += text[at..].find(')').map_or(text.len() - at, |close| close + 1);
+        }
+    }
+    let rest = &text[at..];
     let keyword = ["let", "param", "const", "input", "dim"].into_iter().find(|k| {
-        text.strip_prefix(k).is_some_and(|rest| rest.starts_with(|c: char| c.is_whitespace()))
+        rest.strip_prefix(k).is_some_and(|r| r.starts_with(|c: char| c.is_whitespace()))
     })?;
-    let rest = &text[keyword.len()..];
-    let skipped = rest.len() - rest.trim_start().len();
-    let name: String = rest.trim_start().chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+    let after = &rest[keyword.len()..];
+    let skipped = after.len() - after.trim_start().len();
+    let name: String = after.trim_start().chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
     let first = name.chars().next()?;
     if first.is_ascii_digit() || KEYWORDS.contains(&name.as_str()) {
         return None;
     }
-    let at = start + keyword.len() + skipped;
-    Some(Ident { span: Span::new(at, at + name.len()), name })
+    let name_at = pair.as_span().start() + at + keyword.len() + skipped;
+    Some(Ident { span: Span::new(name_at, name_at + name.len()), name })
 }
 
 /// The children of `pair` without keyword tokens.
@@ -583,10 +634,11 @@ fn syntax_error(source: &str, offset: usize, error: &pest::error::Error<Rule>) -
             pest::error::InputLocation::Span((start, _)) => start,
         };
     let found = token_at(source, at);
-    let found_text = if found.is_empty() {
-        "end of file".to_string()
-    } else {
-        format!("`{}`", &source[found.range()])
+    let found_text = match &source[found.range()] {
+        "" => "end of file".to_string(),
+        "\n" | "\r" => "a line break".to_string(),
+        " " | "\t" => "a space".to_string(),
+        token => format!("`{token}`"),
     };
 
     let mut expected: Vec<String> = Vec::new();
@@ -634,7 +686,7 @@ fn syntax_error(source: &str, offset: usize, error: &pest::error::Error<Rule>) -
     }
 
     let message = if expected.is_empty() {
-        format!("unexpected {found_text}")
+        format!("unexpected {}", found_text.trim_start_matches("a "))
     } else {
         format!("expected {}, found {found_text}", dfc_diag::one_of(&expected))
     };
@@ -730,6 +782,9 @@ fn syntax_help(source: &str, at: usize, found: &str, expected: &[String]) -> Opt
     }
     if expected.iter().any(|e| e == "an `@attribute`") && STATEMENT_KEYWORDS.contains(&found) {
         return Some(format!("attributes stand before `input`, `param`, `const` or `let`, not {found}"));
+    }
+    if before.ends_with('@') && matches!(found, "a space" | "a line break") {
+        return Some("attributes are written without spaces: `@device(\"...\")`".into());
     }
     if found == "`\"`" {
         return Some("a string ends on the line where it starts; add the closing `\"`".into());
