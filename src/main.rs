@@ -98,17 +98,22 @@ fn main() -> ExitCode {
 /// Reads a source file. Bytes that are not UTF-8 are a diagnostic at the first bad byte, so
 /// even garbage input gets a located message.
 fn read_source(path: &Path) -> Result<(Source, Vec<Diagnostic>), Failure> {
-    let bytes = std::fs::read(path).map_err(|e| Failure(format!("cannot read `{}`: {}", path.display(), io_reason(&e))))?;
+    let bytes =
+        std::fs::read(path).map_err(|e| Failure(format!("cannot read `{}`: {}", path.display(), io_reason(&e))))?;
     let shown = path.display().to_string();
     match String::from_utf8(bytes) {
         Ok(text) => Ok((Source { path: shown, text }, Vec::new())),
         Err(error) => {
             let at = error.utf8_error().valid_up_to();
             let text = String::from_utf8_lossy(error.as_bytes()).into_owned();
-            let offset = text[..].char_indices().nth(error.as_bytes()[..at].iter().filter(|b| (**b & 0xC0) != 0x80).count()).map_or(text.len(), |(i, _)| i);
-            let diagnostic = Diagnostic::error(Code::NOT_UTF8, Span::new(offset, offset + 1), "the file is not valid UTF-8")
-                .with_label("invalid byte here")
-                .with_help("dfc reads UTF-8 text; is this a .df file?");
+            let offset = text[..]
+                .char_indices()
+                .nth(error.as_bytes()[..at].iter().filter(|b| (**b & 0xC0) != 0x80).count())
+                .map_or(text.len(), |(i, _)| i);
+            let diagnostic =
+                Diagnostic::error(Code::NOT_UTF8, Span::new(offset, offset + 1), "the file is not valid UTF-8")
+                    .with_label("invalid byte here")
+                    .with_help("dfc reads UTF-8 text; is this a .df file?");
             Ok((Source { path: shown, text }, vec![diagnostic]))
         }
     }
@@ -153,7 +158,12 @@ fn plural(n: usize, word: &str) -> String {
 }
 
 /// The front end on one file. A file that is not UTF-8 is not analysed further.
-fn front_end(source: &Source, early: Vec<Diagnostic>, model: &ModelArgs, one: bool) -> (Option<dfc_ir::Module>, Vec<Diagnostic>) {
+fn front_end(
+    source: &Source,
+    early: Vec<Diagnostic>,
+    model: &ModelArgs,
+    one: bool,
+) -> (Option<dfc_ir::Module>, Vec<Diagnostic>) {
     if !early.is_empty() {
         return (None, early);
     }
@@ -180,7 +190,12 @@ fn check(files: &[PathBuf], model: &ModelArgs, format: MessageFormat) -> Outcome
             if warnings > 0 {
                 counts.push(plural(warnings, "warning"));
             }
-            eprintln!("{}: {what} `{}`: {}", if errors > 0 { "error" } else { "warning" }, source.path, counts.join(", "));
+            eprintln!(
+                "{}: {what} `{}`: {}",
+                if errors > 0 { "error" } else { "warning" },
+                source.path,
+                counts.join(", ")
+            );
         }
         failed |= errors > 0;
     }
@@ -205,7 +220,11 @@ fn load_module(path: &Path, model: &ModelArgs) -> Result<Option<(Source, dfc_ir:
             }
         }
         eprint!("{}", dfc_ir::print_annotated(&module, &notes));
-        return Err(Failure(format!("internal compiler error: the IR of `{}` failed verification ({}); please report it", source.path, plural(problems.len(), "problem"))));
+        return Err(Failure(format!(
+            "internal compiler error: the IR of `{}` failed verification ({}); please report it",
+            source.path,
+            plural(problems.len(), "problem")
+        )));
     }
     Ok(Some((source, module)))
 }
@@ -221,13 +240,15 @@ fn compile(path: &Path, model: &ModelArgs, output: Option<PathBuf>) -> Outcome {
     let output = output.unwrap_or_else(|| path.with_extension("plan"));
     let name = path.file_name().map_or_else(|| source.path.clone(), |n| n.to_string_lossy().into_owned());
     let plan = dfc_plan::Plan::single_device(module, &name, &source.text);
-    dfc_plan::write(&output, &plan).map_err(|e| Failure(format!("cannot write `{}`: {}", output.display(), io_reason(&e))))?;
+    dfc_plan::write(&output, &plan)
+        .map_err(|e| Failure(format!("cannot write `{}`: {}", output.display(), io_reason(&e))))?;
     eprintln!("compiled `{}` (model `{}`) to `{}`", source.path, plan.model, output.display());
     Ok(ExitCode::SUCCESS)
 }
 
 fn inspect(path: &Path, json: bool) -> Outcome {
-    let bytes = std::fs::read(path).map_err(|e| Failure(format!("cannot read `{}`: {}", path.display(), io_reason(&e))))?;
+    let bytes =
+        std::fs::read(path).map_err(|e| Failure(format!("cannot read `{}`: {}", path.display(), io_reason(&e))))?;
     let plan = dfc_plan::decode(&bytes).map_err(|e| Failure(format!("`{}`: {e}", path.display())))?;
     let summary = dfc_plan::summary(&plan);
     if json {

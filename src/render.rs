@@ -78,11 +78,8 @@ pub fn human(source: &Source, diagnostic: &Diagnostic, color: bool) -> String {
     theme.characters.error = format!("error[{code}]:");
     theme.characters.warning = format!("warning[{code}]:");
     let handler = GraphicalReportHandler::new_themed(theme).with_width(100);
-    let report = Report {
-        diagnostic,
-        source: NamedSource::new(&source.path, source.text.clone()),
-        text_len: source.text.len(),
-    };
+    let report =
+        Report { diagnostic, source: NamedSource::new(&source.path, source.text.clone()), text_len: source.text.len() };
     let mut out = String::new();
     if handler.render_report(&mut out, &report).is_err() {
         out = format!("{}[{}]: {}\n", diagnostic.severity, diagnostic.code, diagnostic.message);

@@ -102,10 +102,34 @@ struct Breakage {
 
 const BREAKAGES: &[Breakage] = &[
     Breakage { example: "mlp.df", find: "relu(dense(h1,", replace: "relu(dense(h9,", code: "E0101", at: "h9" },
-    Breakage { example: "softmax_regression.df", find: "f32[784, classes]", replace: "f32[785, classes]", code: "E0203", at: "w + b" },
-    Breakage { example: "cnn.df", find: "max_pool(conv(x, filters = 32), window = 2)", replace: "max_pool(conv(x, filters = 32), 2, 2, \"valid\", 7)", code: "E0301", at: "7)" },
-    Breakage { example: "linear_regression.df", find: "mean((prediction - y)", replace: "mean((prediction - y", code: "E0001", at: "output prediction" },
-    Breakage { example: "ridge_regression.df", find: "sum(w * w)", replace: "sum(w * w, 1, 2, 3)", code: "E0301", at: "3)" },
+    Breakage {
+        example: "softmax_regression.df",
+        find: "f32[784, classes]",
+        replace: "f32[785, classes]",
+        code: "E0203",
+        at: "w + b",
+    },
+    Breakage {
+        example: "cnn.df",
+        find: "max_pool(conv(x, filters = 32), window = 2)",
+        replace: "max_pool(conv(x, filters = 32), 2, 2, \"valid\", 7)",
+        code: "E0301",
+        at: "7)",
+    },
+    Breakage {
+        example: "linear_regression.df",
+        find: "mean((prediction - y)",
+        replace: "mean((prediction - y",
+        code: "E0001",
+        at: "output prediction",
+    },
+    Breakage {
+        example: "ridge_regression.df",
+        find: "sum(w * w)",
+        replace: "sum(w * w, 1, 2, 3)",
+        code: "E0301",
+        at: "3)",
+    },
     Breakage { example: "wide_and_deep.df", find: "axis = 1)", replace: "axis = 2)", code: "E0205", at: "2)" },
     Breakage { example: "mlp.df", find: "units = 10)", replace: "units = x)", code: "E0208", at: "x)" },
 ];
@@ -135,7 +159,12 @@ fn broken_examples_are_located() {
             text(&output.stdout).lines().map(|l| serde_json::from_str(l).expect("one JSON object per line")).collect();
         let hit = diagnostics.iter().find(|d| d["code"] == b.code);
         let hit = hit.unwrap_or_else(|| panic!("{}: no {} in {diagnostics:#?}", b.example, b.code));
-        assert_eq!((hit["line"].as_u64(), hit["column"].as_u64()), (Some(line as u64), Some(column as u64)), "{}: {hit}", b.example);
+        assert_eq!(
+            (hit["line"].as_u64(), hit["column"].as_u64()),
+            (Some(line as u64), Some(column as u64)),
+            "{}: {hit}",
+            b.example
+        );
         for key in ["file", "end_line", "end_column", "severity", "message"] {
             assert!(!hit[key].is_null(), "{key} missing in {hit}");
         }
@@ -159,7 +188,8 @@ fn garbage_bytes_are_a_located_error() {
     let output = dfc(&["check", "--message-format", "json", path.to_str().expect("utf-8")]);
     assert_no_panic(&output);
     assert_eq!(output.status.code(), Some(1));
-    let first: serde_json::Value = serde_json::from_str(text(&output.stdout).lines().next().expect("a diagnostic")).expect("json");
+    let first: serde_json::Value =
+        serde_json::from_str(text(&output.stdout).lines().next().expect("a diagnostic")).expect("json");
     assert_eq!(first["code"], "E0004");
     let (line, column) = line_col(&text(&bytes[..at]), at.min(text(&bytes[..at]).len()));
     assert_eq!((first["line"].as_u64(), first["column"].as_u64()), (Some(line as u64), Some(column as u64)));
@@ -178,17 +208,26 @@ fn garbage_bytes_are_a_located_error() {
 #[test]
 fn many_errors_are_reported_in_one_run() {
     let original = std::fs::read_to_string(root().join("examples/mlp.df")).expect("example");
-    let broken = original.replacen("relu(dense(x,", "relu(dense(xx,", 1).replacen("one_hot(labels, 10)", "one_hot(labels)", 1).replacen("sgd(lr = 0.01)", "sgd(rate = 0.01)", 1);
+    let broken = original
+        .replacen("relu(dense(x,", "relu(dense(xx,", 1)
+        .replacen("one_hot(labels, 10)", "one_hot(labels)", 1)
+        .replacen("sgd(lr = 0.01)", "sgd(rate = 0.01)", 1);
     let path = scratch("many.df");
     std::fs::write(&path, broken).expect("write");
     let output = dfc(&["check", "--message-format", "json", path.to_str().expect("utf-8")]);
-    let codes: Vec<String> = text(&output.stdout).lines().map(|l| serde_json::from_str::<serde_json::Value>(l).expect("json")["code"].as_str().expect("code").to_string()).collect();
+    let codes: Vec<String> = text(&output.stdout)
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).expect("json")["code"].as_str().expect("code").to_string()
+        })
+        .collect();
     assert_eq!(codes, ["W0001", "E0101", "E0305", "E0302"], "{}", text(&output.stdout));
 }
 
 fn compiled_mlp() -> Vec<u8> {
     let path = scratch("mlp-for-damage.plan");
-    let output = dfc(&["compile", root().join("examples/mlp.df").to_str().expect("utf-8"), "-o", path.to_str().expect("utf-8")]);
+    let output =
+        dfc(&["compile", root().join("examples/mlp.df").to_str().expect("utf-8"), "-o", path.to_str().expect("utf-8")]);
     assert!(output.status.success(), "{}", text(&output.stderr));
     std::fs::read(path).expect("plan")
 }

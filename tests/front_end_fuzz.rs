@@ -90,27 +90,147 @@ fn refused(size: usize) {
 static ALLOCATOR: CappedAllocator = CappedAllocator;
 
 const TOKENS: &[&str] = &[
-    "(", ")", "[", "]", "{", "}", ",", "=", "@", "-", ":", "->", "<", ">", "==", "+", "*", "/", ".",
-    "1e999", "99999999999999999999", "-1", "0", "1.5", "\"", "\\", "/*", "*/", "//", "let", "param",
-    "layer", "model", "dim", "device", "return", "input", "const", "output", "minimize", "with", "as",
-    "true", "false", "f32[", "f32", "u8", "bool", "i64", "x", "relu(", "@device(\"", "partitioned(0)",
-    "@partitioned(", "cast<", "sgd(lr = 0.01)", "é", "\u{feff}", "\0", "\u{1F600}", "\r", "\t",
-    "\n", " ", "\"/job:ps\"", "\"\\q\"", "zeros", "glorot_uniform", "reshape(", "one_hot(", "concat([",
+    "(",
+    ")",
+    "[",
+    "]",
+    "{",
+    "}",
+    ",",
+    "=",
+    "@",
+    "-",
+    ":",
+    "->",
+    "<",
+    ">",
+    "==",
+    "+",
+    "*",
+    "/",
+    ".",
+    "1e999",
+    "99999999999999999999",
+    "-1",
+    "0",
+    "1.5",
+    "\"",
+    "\\",
+    "/*",
+    "*/",
+    "//",
+    "let",
+    "param",
+    "layer",
+    "model",
+    "dim",
+    "device",
+    "return",
+    "input",
+    "const",
+    "output",
+    "minimize",
+    "with",
+    "as",
+    "true",
+    "false",
+    "f32[",
+    "f32",
+    "u8",
+    "bool",
+    "i64",
+    "x",
+    "relu(",
+    "@device(\"",
+    "partitioned(0)",
+    "@partitioned(",
+    "cast<",
+    "sgd(lr = 0.01)",
+    "é",
+    "\u{feff}",
+    "\0",
+    "\u{1F600}",
+    "\r",
+    "\t",
+    "\n",
+    " ",
+    "\"/job:ps\"",
+    "\"\\q\"",
+    "zeros",
+    "glorot_uniform",
+    "reshape(",
+    "one_hot(",
+    "concat([",
 ];
 
 /// Replacements for names.
 const NAMES: &[&str] = &[
-    "x", "y", "_", "batch", "n", "units", "dense", "conv", "relu", "reshape", "gather", "concat",
-    "mean", "sum", "zeros", "glorot_uniform", "truncated_normal", "sgd", "adam", "softmax",
-    "sigmoid", "flatten", "max_pool", "conv2d", "one_hot", "cast", "matmul", "let", "dim", "model",
-    "layer", "param", "f32", "u8", "bool", "true", "as", "with", "é", "x\u{301}", "a0", "",
+    "x",
+    "y",
+    "_",
+    "batch",
+    "n",
+    "units",
+    "dense",
+    "conv",
+    "relu",
+    "reshape",
+    "gather",
+    "concat",
+    "mean",
+    "sum",
+    "zeros",
+    "glorot_uniform",
+    "truncated_normal",
+    "sgd",
+    "adam",
+    "softmax",
+    "sigmoid",
+    "flatten",
+    "max_pool",
+    "conv2d",
+    "one_hot",
+    "cast",
+    "matmul",
+    "let",
+    "dim",
+    "model",
+    "layer",
+    "param",
+    "f32",
+    "u8",
+    "bool",
+    "true",
+    "as",
+    "with",
+    "é",
+    "x\u{301}",
+    "a0",
+    "",
 ];
 
 /// Replacements for numbers.
 const NUMBERS: &[&str] = &[
-    "0", "1", "2", "-1", "0.0", "1.5", "1e999", "1e-999", "99999999999999999999",
-    "9223372036854775807", "9223372036854775808", "-9223372036854775808", "4294967296",
-    "2147483648", "65536", "1000000000000", "3037000500", "0.", ".5", "1e3",
+    "0",
+    "1",
+    "2",
+    "-1",
+    "0.0",
+    "1.5",
+    "1e999",
+    "1e-999",
+    "99999999999999999999",
+    "9223372036854775807",
+    "9223372036854775808",
+    "-9223372036854775808",
+    "4294967296",
+    "2147483648",
+    "65536",
+    "1000000000000",
+    "3037000500",
+    "0.",
+    ".5",
+    "1e3",
 ];
 
 // ---------------------------------------------------------------------------------------------
@@ -196,10 +316,7 @@ struct Problem {
 
 fn check_span(source: &str, stage: &str, d: &dfc_diag::Diagnostic, span: dfc_diag::Span) -> Result<(), Problem> {
     let (start, end) = (span.start as usize, span.end as usize);
-    let ok = start <= end
-        && end <= source.len()
-        && source.is_char_boundary(start)
-        && source.is_char_boundary(end);
+    let ok = start <= end && end <= source.len() && source.is_char_boundary(start) && source.is_char_boundary(end);
     if ok {
         return Ok(());
     }
@@ -234,8 +351,7 @@ fn check(source: &str) -> Result<usize, Problem> {
 fn check_with(source: &str, options: &dfc_sema::Options) -> Result<usize, Problem> {
     let (_file, diagnostics) = guarded("dfc_syntax::parse", || dfc_syntax::parse(source))?;
     check_diagnostics(source, "dfc_syntax::parse", &diagnostics)?;
-    let (analyses, diagnostics) =
-        guarded("dfc_sema::check_source", || dfc_sema::check_source(source, options))?;
+    let (analyses, diagnostics) = guarded("dfc_sema::check_source", || dfc_sema::check_source(source, options))?;
     check_diagnostics(source, "dfc_sema::check_source", &diagnostics)?;
     let mut modules = 0;
     for analysis in &analyses {
@@ -302,7 +418,8 @@ fn out_dir() -> PathBuf {
 
 fn escaped_preview(source: &str) -> String {
     let preview: String = source.chars().take(600).collect();
-    let more = if preview.len() < source.len() { format!(" … ({} bytes in all)", source.len()) } else { String::new() };
+    let more =
+        if preview.len() < source.len() { format!(" … ({} bytes in all)", source.len()) } else { String::new() };
     format!("{preview:?}{more}")
 }
 
@@ -705,9 +822,7 @@ fn token_soup_and_random_ascii() {
             let seed = 0xa500_0000_0000 ^ i as u64;
             let mut rng = fastrand::Rng::with_seed(seed);
             let len = rng.usize(..300);
-            let input: String = (0..len)
-                .map(|_| if rng.u8(..16) == 0 { '\n' } else { rng.char(' '..='~') })
-                .collect();
+            let input: String = (0..len).map(|_| if rng.u8(..16) == 0 { '\n' } else { rng.char(' '..='~') }).collect();
             campaign.run("ascii", seed, "random ASCII", &input);
         }
         // Whole examples with their text cut at every 7th byte (prefixes).
@@ -785,37 +900,37 @@ fn deep_input(case: &str, d: usize) -> String {
     }
 }
 
+/// Every deep case through the `dfc` binary (`dfc check`), on the main thread's stack as a user
+/// runs it: a stack overflow aborts the process, so it must happen in a child to be reported.
 #[test]
 fn deep_nesting() {
-    let exe = std::env::current_exe().expect("test binary");
+    let started = std::time::Instant::now();
     let mut failures = Vec::new();
     let mut inputs = 0;
     for &(case, depths) in DEEP {
         for &depth in depths {
             inputs += 1;
             let source = deep_input(case, depth);
-            let output = Command::new(&exe)
-                .args(["deep_nesting_child", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
-                .env("DFC_FUZZ_DEEP_CASE", case)
-                .env("DFC_FUZZ_DEEP_DEPTH", depth.to_string())
-                .output()
-                .expect("run the test binary");
-            let stdout = String::from_utf8_lossy(&output.stdout);
-            let stderr = String::from_utf8_lossy(&output.stderr);
-            if output.status.success() && stdout.contains("DEEP-OK") {
-                println!("deep_nesting: {case} at depth {depth}: ok");
-                continue;
-            }
-            let problem = stdout.lines().find_map(|l| l.strip_prefix("DEEP-FAIL ")).map(str::to_string).unwrap_or_else(
-                || {
-                    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
-                    let tail = lines[lines.len().saturating_sub(2)..].join(" | ");
-                    format!("the process died ({}): {tail}", output.status)
-                },
-            );
-            println!("deep_nesting: {case} at depth {depth}: FAILED: {problem}");
             let path = out_dir().join(format!("deep-{case}-{depth}.df"));
             std::fs::write(&path, &source).expect("write deep input");
+            let output = Command::new(env!("CARGO_BIN_EXE_dfc"))
+                .args(["check", "--message-format", "json"])
+                .arg(&path)
+                .output()
+                .expect("run dfc");
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            let clean_exit = matches!(output.status.code(), Some(0 | 1)) && !stderr.contains("panicked");
+            if clean_exit {
+                println!("deep_nesting: {case} at depth {depth}: ok (exit {:?})", output.status.code());
+                continue;
+            }
+            let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+            let problem = format!(
+                "dfc check ended with {}: {}",
+                output.status,
+                lines[lines.len().saturating_sub(2)..].join(" | ")
+            );
+            println!("deep_nesting: {case} at depth {depth}: FAILED: {problem}");
             failures.push(format!(
                 "[deep {case} at depth {depth}] {} bytes, written to {}, begins {}:\n  {problem}",
                 source.len(),
@@ -824,31 +939,6 @@ fn deep_nesting() {
             ));
         }
     }
-    println!("deep_nesting: {inputs} inputs checked (each in a child process, on a {} MiB stack)", STACK >> 20);
+    println!("deep_nesting: {inputs} inputs checked through `dfc check`, in {:.1?}", started.elapsed());
     assert!(failures.is_empty(), "deep_nesting: {} failing input(s):\n\n{}", failures.len(), failures.join("\n\n"));
-}
-
-/// Runs one deep case (`DFC_FUZZ_DEEP_CASE` at `DFC_FUZZ_DEEP_DEPTH`) on a fixed-size stack;
-/// `deep_nesting` starts it in a child process.
-#[test]
-#[ignore = "run by deep_nesting in a child process"]
-fn deep_nesting_child() {
-    let (Ok(case), Ok(depth)) = (std::env::var("DFC_FUZZ_DEEP_CASE"), std::env::var("DFC_FUZZ_DEEP_DEPTH")) else {
-        return;
-    };
-    let depth: usize = depth.parse().expect("DFC_FUZZ_DEEP_DEPTH");
-    let source = deep_input(&case, depth);
-    let result = std::thread::Builder::new()
-        .stack_size(STACK)
-        .spawn(move || check(&source).map_err(|p| p.detail))
-        .expect("spawn")
-        .join()
-        .unwrap_or_else(|_| Err("the checking thread panicked".into()));
-    match result {
-        Ok(_) => println!("DEEP-OK {case} {depth}"),
-        Err(problem) => {
-            println!("DEEP-FAIL {}", problem.replace('\n', " "));
-            panic!("deep case {case} at depth {depth}: {problem}");
-        }
-    }
 }

@@ -45,7 +45,11 @@ fn expect_file(expected: &Path, actual: &str) -> Option<String> {
     if want == actual {
         return None;
     }
-    let first_difference = want.lines().zip(actual.lines()).position(|(a, b)| a != b).unwrap_or(want.lines().count().min(actual.lines().count()));
+    let first_difference = want
+        .lines()
+        .zip(actual.lines())
+        .position(|(a, b)| a != b)
+        .unwrap_or(want.lines().count().min(actual.lines().count()));
     Some(format!(
         "{} differs from the actual output at line {} (run with UPDATE_EXPECT=1 to accept):\n--- actual ---\n{actual}",
         expected.display(),
@@ -66,7 +70,10 @@ fn plain(text: &str, diagnostics: &[Diagnostic]) -> String {
     for d in diagnostics {
         let start = index.line_col(text, d.primary.span.start as usize);
         let end = index.line_col(text, d.primary.span.end as usize);
-        out += &format!("{}:{}-{}:{} {}[{}]: {}\n", start.line, start.column, end.line, end.column, d.severity, d.code, d.message);
+        out += &format!(
+            "{}:{}-{}:{} {}[{}]: {}\n",
+            start.line, start.column, end.line, end.column, d.severity, d.code, d.message
+        );
         if !d.primary.message.is_empty() {
             out += &format!("    label: {}\n", d.primary.message);
         }
@@ -201,18 +208,30 @@ fn diagnostics_match_inline_markers() {
                     && m.column == start.column
                     && (width == 0 || m.width == width)
                     && m.code == d.code.as_str()
-                    && m.message.as_ref().is_none_or(|part| d.message.contains(part.as_str()) || d.primary.message.contains(part.as_str()))
+                    && m.message.as_ref().is_none_or(|part| {
+                        d.message.contains(part.as_str()) || d.primary.message.contains(part.as_str())
+                    })
             });
             match hit {
                 Some(i) => {
                     expected.remove(i);
                 }
-                None => unexpected.push(format!("  {}:{} (width {width}) {}: {}", start.line, start.column, d.code, d.message)),
+                None => unexpected
+                    .push(format!("  {}:{} (width {width}) {}: {}", start.line, start.column, d.code, d.message)),
             }
         }
         let missing: Vec<String> = expected
             .iter()
-            .map(|m| format!("  {}:{} (width {}) {}{}", m.line, m.column, m.width, m.code, m.message.as_ref().map(|s| format!(": {s}")).unwrap_or_default()))
+            .map(|m| {
+                format!(
+                    "  {}:{} (width {}) {}{}",
+                    m.line,
+                    m.column,
+                    m.width,
+                    m.code,
+                    m.message.as_ref().map(|s| format!(": {s}")).unwrap_or_default()
+                )
+            })
             .collect();
         if !unexpected.is_empty() || !missing.is_empty() {
             failures.push(format!(
@@ -229,13 +248,15 @@ fn diagnostics_match_inline_markers() {
 #[test]
 fn every_diagnostic_code_is_documented() {
     let docs = read(&root().join("docs/diagnostics.md"));
-    let missing: Vec<&str> = dfc_diag::ALL_CODES.iter().map(|(c, _)| c.as_str()).filter(|c| !docs.contains(c)).collect();
+    let missing: Vec<&str> =
+        dfc_diag::ALL_CODES.iter().map(|(c, _)| c.as_str()).filter(|c| !docs.contains(c)).collect();
     assert!(missing.is_empty(), "docs/diagnostics.md does not mention {missing:?}");
 }
 
 #[test]
 fn every_op_is_documented() {
     let docs = read(&root().join("docs/language.md"));
-    let missing: Vec<&str> = dfc_sema::OPS.iter().map(|(name, _, _)| *name).filter(|n| !docs.contains(&format!("`{n}"))).collect();
+    let missing: Vec<&str> =
+        dfc_sema::OPS.iter().map(|(name, _, _)| *name).filter(|n| !docs.contains(&format!("`{n}"))).collect();
     assert!(missing.is_empty(), "docs/language.md does not document {missing:?}");
 }

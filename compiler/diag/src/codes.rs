@@ -19,7 +19,6 @@ impl fmt::Display for Code {
     }
 }
 
-
 macro_rules! codes {
     ($($name:ident = $code:literal, $title:literal;)*) => {
         impl Code {

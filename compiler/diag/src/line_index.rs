@@ -23,10 +23,7 @@ impl LineIndex {
         let line = self.line_starts.partition_point(|&start| start <= offset) - 1;
         let start = self.line_starts[line];
         // Offsets inside a multi-byte character count as that character.
-        let column = text[start..]
-            .char_indices()
-            .take_while(|(i, _)| start + i < offset)
-            .count();
+        let column = text[start..].char_indices().take_while(|(i, _)| start + i < offset).count();
         LineCol { line: line + 1, column: column + 1 }
     }
 

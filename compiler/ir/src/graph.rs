@@ -7,8 +7,8 @@ use petgraph::stable_graph::{NodeIndex, StableGraph};
 use petgraph::visit::EdgeRef;
 use petgraph::Direction;
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, BinaryHeap, HashSet};
 use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet};
 
 /// A node's identity. Stable across removals of other nodes; printed renumbered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -69,6 +69,10 @@ pub struct Graph {
     spans: BTreeMap<NodeId, Span>,
     #[serde(skip)]
     names: HashSet<String>,
+    /// The next suffix to try per base name, so that naming n nodes alike is linear, not
+    /// quadratic.
+    #[serde(skip)]
+    next_suffix: HashMap<String, usize>,
 }
 
 impl Graph {
@@ -78,13 +82,7 @@ impl Graph {
 
     /// Adds a node whose output types are inferred from `inputs`. The name is made unique by a
     /// numeric suffix where needed.
-    pub fn add(
-        &mut self,
-        op: Op,
-        inputs: &[TensorRef],
-        name: &str,
-        span: Option<Span>,
-    ) -> Result<NodeId, TypeError> {
+    pub fn add(&mut self, op: Op, inputs: &[TensorRef], name: &str, span: Option<Span>) -> Result<NodeId, TypeError> {
         let types: Vec<&TensorType> = inputs.iter().map(|t| self.ty(*t)).collect();
         let outputs = infer(&op, &types)?;
         Ok(self.add_with_types(op, inputs, outputs, name, span))
@@ -125,7 +123,11 @@ impl Graph {
         if !self.names.contains(base) {
             return base.to_string();
         }
-        (1..).map(|i| format!("{base}_{i}")).find(|n| !self.names.contains(n)).expect("unbounded")
+        let start = self.next_suffix.get(base).copied().unwrap_or(1);
+        let (i, name) =
+            (start..).map(|i| (i, format!("{base}_{i}"))).find(|(_, n)| !self.names.contains(n)).expect("unbounded");
+        self.next_suffix.insert(base.to_string(), i + 1);
+        name
     }
 
     /// Renames a node; the new name is made unique like `add` does. Returns the name given.
@@ -213,11 +215,8 @@ impl Graph {
 
     /// Nodes that use any output of `id`, by data or control edge, each once.
     pub fn users(&self, id: NodeId) -> Vec<NodeId> {
-        let mut users: Vec<NodeId> = self
-            .graph
-            .neighbors_directed(id.to_petgraph(), Direction::Outgoing)
-            .map(NodeId::from_petgraph)
-            .collect();
+        let mut users: Vec<NodeId> =
+            self.graph.neighbors_directed(id.to_petgraph(), Direction::Outgoing).map(NodeId::from_petgraph).collect();
         users.sort();
         users.dedup();
         users

@@ -338,8 +338,10 @@ fn matmul(a: &TensorType, b: &TensorType, transpose_a: bool, transpose_b: bool) 
         }
     }
     let (ra, rb) = (a.shape.rank(), b.shape.rank());
-    let (m, ka) = if transpose_a { (a.shape.0[ra - 1], a.shape.0[ra - 2]) } else { (a.shape.0[ra - 2], a.shape.0[ra - 1]) };
-    let (kb, n) = if transpose_b { (b.shape.0[rb - 1], b.shape.0[rb - 2]) } else { (b.shape.0[rb - 2], b.shape.0[rb - 1]) };
+    let (m, ka) =
+        if transpose_a { (a.shape.0[ra - 1], a.shape.0[ra - 2]) } else { (a.shape.0[ra - 2], a.shape.0[ra - 1]) };
+    let (kb, n) =
+        if transpose_b { (b.shape.0[rb - 1], b.shape.0[rb - 2]) } else { (b.shape.0[rb - 2], b.shape.0[rb - 1]) };
     if ka != kb {
         return Err(TypeError::new(
             Code::MATMUL_MISMATCH,

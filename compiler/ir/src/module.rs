@@ -59,14 +59,12 @@ impl fmt::Display for Optimizer {
             OptimizerKind::Adam { beta1, beta2, epsilon } => {
                 write!(f, "adam(lr={lr:?}, beta1={beta1:?}, beta2={beta2:?}, epsilon={epsilon:?}")?
             }
-            OptimizerKind::Adagrad { initial_accumulator, epsilon } => write!(
-                f,
-                "adagrad(lr={lr:?}, initial_accumulator={initial_accumulator:?}, epsilon={epsilon:?}"
-            )?,
-            OptimizerKind::RmsProp { rho, momentum, epsilon } => write!(
-                f,
-                "rmsprop(lr={lr:?}, rho={rho:?}, momentum={momentum:?}, epsilon={epsilon:?}"
-            )?,
+            OptimizerKind::Adagrad { initial_accumulator, epsilon } => {
+                write!(f, "adagrad(lr={lr:?}, initial_accumulator={initial_accumulator:?}, epsilon={epsilon:?}")?
+            }
+            OptimizerKind::RmsProp { rho, momentum, epsilon } => {
+                write!(f, "rmsprop(lr={lr:?}, rho={rho:?}, momentum={momentum:?}, epsilon={epsilon:?}")?
+            }
         }
         if self.weight_decay != 0.0 {
             write!(f, ", weight_decay={:?}", self.weight_decay)?;

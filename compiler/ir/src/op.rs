@@ -8,12 +8,21 @@ use std::fmt;
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Op {
     /// A placeholder fed with data at every step.
-    Input { ty: TensorType },
+    Input {
+        ty: TensorType,
+    },
     /// A compile-time constant.
-    Const { value: ConstValue },
+    Const {
+        value: ConstValue,
+    },
     /// A variable: owns a buffer that lives across steps. Its output is the variable itself
     /// (a reference); `Read` yields its value.
-    Variable { ty: TensorType, init: Initializer, trainable: bool, partitions: u32 },
+    Variable {
+        ty: TensorType,
+        init: Initializer,
+        trainable: bool,
+        partitions: u32,
+    },
     Read,
     /// `variable = value`, `+=`, `-=`; yields the new value.
     Assign,
@@ -26,27 +35,63 @@ pub enum Op {
     Compare(CompareOp),
     /// `select(cond, a, b)`, broadcast.
     Select,
-    Cast { to: DType },
+    Cast {
+        to: DType,
+    },
     /// Batched matrix product of the last two axes; batch axes broadcast.
-    MatMul { transpose_a: bool, transpose_b: bool },
-    Reshape { shape: Shape },
-    Transpose { perm: Vec<usize> },
+    MatMul {
+        transpose_a: bool,
+        transpose_b: bool,
+    },
+    Reshape {
+        shape: Shape,
+    },
+    Transpose {
+        perm: Vec<usize>,
+    },
     /// Any number of operands, joined along `axis`.
-    Concat { axis: usize },
-    Slice { begin: Vec<usize>, size: Vec<usize> },
-    Reduce { kind: ReduceKind, axes: Vec<usize>, keep_dims: bool },
-    Softmax { axis: usize },
-    LogSoftmax { axis: usize },
+    Concat {
+        axis: usize,
+    },
+    Slice {
+        begin: Vec<usize>,
+        size: Vec<usize>,
+    },
+    Reduce {
+        kind: ReduceKind,
+        axes: Vec<usize>,
+        keep_dims: bool,
+    },
+    Softmax {
+        axis: usize,
+    },
+    LogSoftmax {
+        axis: usize,
+    },
     /// `(logits[..., C], labels[..., C]) -> loss[...]`, over the last axis.
     SoftmaxCrossEntropy,
     /// Elementwise `(logits, labels) -> loss`.
     SigmoidCrossEntropy,
     /// Integer indices `[...]` to `[..., depth]` of `dtype`.
-    OneHot { depth: usize, dtype: DType },
+    OneHot {
+        depth: usize,
+        dtype: DType,
+    },
     /// NHWC input, HWIO filter.
-    Conv2d { strides: [usize; 2], padding: Padding },
-    MaxPool { window: [usize; 2], strides: [usize; 2], padding: Padding },
-    AvgPool { window: [usize; 2], strides: [usize; 2], padding: Padding },
+    Conv2d {
+        strides: [usize; 2],
+        padding: Padding,
+    },
+    MaxPool {
+        window: [usize; 2],
+        strides: [usize; 2],
+        padding: Padding,
+    },
+    AvgPool {
+        window: [usize; 2],
+        strides: [usize; 2],
+        padding: Padding,
+    },
     /// `(params[V, ...], indices[...]) -> [indices..., params[1..]]` along axis 0.
     Gather,
 }
@@ -454,11 +499,7 @@ impl Op {
                 vec![("strides", list(strides)), ("padding", padding.name().into())]
             }
             Op::MaxPool { window, strides, padding } | Op::AvgPool { window, strides, padding } => {
-                vec![
-                    ("window", list(window)),
-                    ("strides", list(strides)),
-                    ("padding", padding.name().into()),
-                ]
+                vec![("window", list(window)), ("strides", list(strides)), ("padding", padding.name().into())]
             }
             _ => Vec::new(),
         }

@@ -119,7 +119,8 @@ pub fn verify_graph(graph: &Graph, options: VerifyOptions) -> Vec<VerifyError> {
         }
         for (input, source) in &edges {
             let is_variable = matches!(graph.node(source.node).op, Op::Variable { .. });
-            let takes_variable = *input == 0 && matches!(node.op, Op::Read | Op::Assign | Op::AssignAdd | Op::AssignSub);
+            let takes_variable =
+                *input == 0 && matches!(node.op, Op::Read | Op::Assign | Op::AssignAdd | Op::AssignSub);
             if is_variable && !takes_variable {
                 error(id, format!("operand {input} uses a variable directly; read it first"));
             }

@@ -13,7 +13,8 @@ fn small() -> (Module, NodeId, NodeId, NodeId) {
     let var = Op::Variable { ty: f32(&[3, 4]), init: Initializer::Zeros, trainable: true, partitions: 1 };
     let w = graph.add(var, &[], "w", None).unwrap();
     let read = graph.add(Op::Read, &[w.into()], "w/read", None).unwrap();
-    let y = graph.add(Op::MatMul { transpose_a: false, transpose_b: false }, &[x.into(), read.into()], "y", None).unwrap();
+    let y =
+        graph.add(Op::MatMul { transpose_a: false, transpose_b: false }, &[x.into(), read.into()], "y", None).unwrap();
     let module = Module {
         name: "small".into(),
         graph,
@@ -116,8 +117,16 @@ fn the_text_form_is_independent_of_creation_order_and_removals() {
     let var = Op::Variable { ty: f32(&[3, 4]), init: Initializer::Zeros, trainable: true, partitions: 1 };
     let w = graph.add(var, &[], "w", None).unwrap();
     let read = graph.add(Op::Read, &[w.into()], "w/read", None).unwrap();
-    let y = graph.add(Op::MatMul { transpose_a: false, transpose_b: false }, &[x.into(), read.into()], "y", None).unwrap();
+    let y =
+        graph.add(Op::MatMul { transpose_a: false, transpose_b: false }, &[x.into(), read.into()], "y", None).unwrap();
     graph.remove(junk);
-    let rebuilt = Module { name: "small".into(), graph, inputs: vec![x], params: vec![w], outputs: vec![Output { name: "y".into(), tensor: y.into() }], ..Module::default() };
+    let rebuilt = Module {
+        name: "small".into(),
+        graph,
+        inputs: vec![x],
+        params: vec![w],
+        outputs: vec![Output { name: "y".into(), tensor: y.into() }],
+        ..Module::default()
+    };
     assert_eq!(print(&rebuilt), printed);
 }

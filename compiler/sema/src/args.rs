@@ -34,9 +34,13 @@ pub fn bind<'a>(
         match &arg.name {
             None if seen_keyword => {
                 diagnostics.push(
-                    Diagnostic::error(Code::DUPLICATE_ARGUMENT, arg.span, "positional argument after a keyword argument")
-                        .with_label("give this one by name too")
-                        .with_help(format!("the signature is {}", signature())),
+                    Diagnostic::error(
+                        Code::DUPLICATE_ARGUMENT,
+                        arg.span,
+                        "positional argument after a keyword argument",
+                    )
+                    .with_label("give this one by name too")
+                    .with_help(format!("the signature is {}", signature())),
                 );
                 ok = false;
             }
@@ -79,7 +83,9 @@ pub fn bind<'a>(
                             format!("`{callee}` has no argument named `{}`", name.name),
                         );
                         d = match dfc_diag::closest(&name.name, known.iter().copied()) {
-                            Some(best) => d.with_help(format!("did you mean `{best}`? The signature is {}", signature())),
+                            Some(best) => {
+                                d.with_help(format!("did you mean `{best}`? The signature is {}", signature()))
+                            }
                             None => d.with_help(format!("the signature is {}", signature())),
                         };
                         diagnostics.push(d);

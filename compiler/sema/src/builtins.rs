@@ -34,7 +34,11 @@ pub const OPS: &[(&str, &str, &str)] = &[
     ("greater_equal", "greater_equal(x, y)", "Elementwise x >= y as bool, broadcast."),
     ("select", "select(cond, x, y)", "Elementwise `cond ? x : y`, broadcast."),
     ("cast", "cast<T>(x)", "Converts elements to type T."),
-    ("matmul", "matmul(a, b, transpose_a=false, transpose_b=false)", "Batched matrix product of the last two axes; as `a @ b`."),
+    (
+        "matmul",
+        "matmul(a, b, transpose_a=false, transpose_b=false)",
+        "Batched matrix product of the last two axes; as `a @ b`.",
+    ),
     ("reshape", "reshape(x, shape)", "The same elements in a new shape; one size may be -1."),
     ("flatten", "flatten(x)", "Reshapes [n, ...] to [n, product of the rest]."),
     ("transpose", "transpose(x, perm=reversed)", "Permutes the axes."),
@@ -46,10 +50,22 @@ pub const OPS: &[(&str, &str, &str)] = &[
     ("min", "min(x, axis=all, keep_dims=false)", "Minimum over the given axes."),
     ("softmax", "softmax(x, axis=-1)", "e^x normalised to sum 1 along an axis."),
     ("log_softmax", "log_softmax(x, axis=-1)", "log(softmax(x)), computed stably."),
-    ("softmax_cross_entropy", "softmax_cross_entropy(logits, labels)", "Per-example cross-entropy of softmax(logits) against label distributions over the last axis."),
-    ("sigmoid_cross_entropy", "sigmoid_cross_entropy(logits, labels)", "Elementwise cross-entropy of sigmoid(logits) against labels in [0, 1]."),
+    (
+        "softmax_cross_entropy",
+        "softmax_cross_entropy(logits, labels)",
+        "Per-example cross-entropy of softmax(logits) against label distributions over the last axis.",
+    ),
+    (
+        "sigmoid_cross_entropy",
+        "sigmoid_cross_entropy(logits, labels)",
+        "Elementwise cross-entropy of sigmoid(logits) against labels in [0, 1].",
+    ),
     ("one_hot", "one_hot<T=f32>(indices, depth)", "Integer class ids to one-hot vectors of length `depth`."),
-    ("conv2d", "conv2d(x, filter, strides=1, padding=\"valid\")", "2-D convolution: x is NHWC, filter is [height, width, in, out]."),
+    (
+        "conv2d",
+        "conv2d(x, filter, strides=1, padding=\"valid\")",
+        "2-D convolution: x is NHWC, filter is [height, width, in, out].",
+    ),
     ("max_pool", "max_pool(x, window=2, strides=window, padding=\"valid\")", "Maximum over windows of NHWC input."),
     ("avg_pool", "avg_pool(x, window=2, strides=window, padding=\"valid\")", "Mean over windows of NHWC input."),
     ("gather", "gather(table, indices)", "Rows of `table` at integer `indices` (embedding lookup)."),
@@ -63,20 +79,53 @@ pub fn is_op(name: &str) -> bool {
 
 fn params_of(name: &str) -> &'static [Param<'static>] {
     match name {
-        "neg" | "abs" | "exp" | "log" | "sqrt" | "rsqrt" | "relu" | "sigmoid" | "tanh" | "cast" | "flatten" | "stop_gradient" | "identity" => &[Param { name: "x", required: true }],
-        "add" | "sub" | "mul" | "div" | "pow" | "maximum" | "minimum" | "equal" | "not_equal" | "less" | "less_equal" | "greater" | "greater_equal" => &[Param { name: "x", required: true }, Param { name: "y", required: true }],
-        "select" => &[Param { name: "cond", required: true }, Param { name: "x", required: true }, Param { name: "y", required: true }],
-        "matmul" => &[Param { name: "a", required: true }, Param { name: "b", required: true }, Param { name: "transpose_a", required: false }, Param { name: "transpose_b", required: false }],
+        "neg" | "abs" | "exp" | "log" | "sqrt" | "rsqrt" | "relu" | "sigmoid" | "tanh" | "cast" | "flatten"
+        | "stop_gradient" | "identity" => &[Param { name: "x", required: true }],
+        "add" | "sub" | "mul" | "div" | "pow" | "maximum" | "minimum" | "equal" | "not_equal" | "less"
+        | "less_equal" | "greater" | "greater_equal" => {
+            &[Param { name: "x", required: true }, Param { name: "y", required: true }]
+        }
+        "select" => &[
+            Param { name: "cond", required: true },
+            Param { name: "x", required: true },
+            Param { name: "y", required: true },
+        ],
+        "matmul" => &[
+            Param { name: "a", required: true },
+            Param { name: "b", required: true },
+            Param { name: "transpose_a", required: false },
+            Param { name: "transpose_b", required: false },
+        ],
         "reshape" => &[Param { name: "x", required: true }, Param { name: "shape", required: true }],
         "transpose" => &[Param { name: "x", required: true }, Param { name: "perm", required: false }],
         "concat" => &[Param { name: "values", required: true }, Param { name: "axis", required: false }],
-        "slice" => &[Param { name: "x", required: true }, Param { name: "begin", required: true }, Param { name: "size", required: true }],
-        "sum" | "mean" | "max" | "min" => &[Param { name: "x", required: true }, Param { name: "axis", required: false }, Param { name: "keep_dims", required: false }],
+        "slice" => &[
+            Param { name: "x", required: true },
+            Param { name: "begin", required: true },
+            Param { name: "size", required: true },
+        ],
+        "sum" | "mean" | "max" | "min" => &[
+            Param { name: "x", required: true },
+            Param { name: "axis", required: false },
+            Param { name: "keep_dims", required: false },
+        ],
         "softmax" | "log_softmax" => &[Param { name: "x", required: true }, Param { name: "axis", required: false }],
-        "softmax_cross_entropy" | "sigmoid_cross_entropy" => &[Param { name: "logits", required: true }, Param { name: "labels", required: true }],
+        "softmax_cross_entropy" | "sigmoid_cross_entropy" => {
+            &[Param { name: "logits", required: true }, Param { name: "labels", required: true }]
+        }
         "one_hot" => &[Param { name: "indices", required: true }, Param { name: "depth", required: true }],
-        "conv2d" => &[Param { name: "x", required: true }, Param { name: "filter", required: true }, Param { name: "strides", required: false }, Param { name: "padding", required: false }],
-        "max_pool" | "avg_pool" => &[Param { name: "x", required: true }, Param { name: "window", required: false }, Param { name: "strides", required: false }, Param { name: "padding", required: false }],
+        "conv2d" => &[
+            Param { name: "x", required: true },
+            Param { name: "filter", required: true },
+            Param { name: "strides", required: false },
+            Param { name: "padding", required: false },
+        ],
+        "max_pool" | "avg_pool" => &[
+            Param { name: "x", required: true },
+            Param { name: "window", required: false },
+            Param { name: "strides", required: false },
+            Param { name: "padding", required: false },
+        ],
         "gather" => &[Param { name: "table", required: true }, Param { name: "indices", required: true }],
         _ => &[],
     }
@@ -89,8 +138,12 @@ impl Lowerer<'_> {
             return self.call_layer(def, call, span);
         }
         if !is_op(name) {
-            let mut d = Diagnostic::error(Code::UNKNOWN_FUNCTION, call.callee.span, format!("`{name}` is neither an op nor a layer"))
-                .with_label("unknown");
+            let mut d = Diagnostic::error(
+                Code::UNKNOWN_FUNCTION,
+                call.callee.span,
+                format!("`{name}` is neither an op nor a layer"),
+            )
+            .with_label("unknown");
             let candidates = OPS.iter().map(|(n, _, _)| *n).chain(self.layers.names());
             if let Some(best) = dfc_diag::closest(name, candidates) {
                 d = d.with_help(format!("did you mean `{best}`?"));
@@ -235,7 +288,9 @@ impl Lowerer<'_> {
             "reshape" => {
                 let Some(x) = self.tensor_arg(bound[0]) else { return Val::Error };
                 let shape_arg = bound[1].expect("required");
-                let Some(dims) = self.const_int_list(&shape_arg.value, "a size in the new shape") else { return Val::Error };
+                let Some(dims) = self.const_int_list(&shape_arg.value, "a size in the new shape") else {
+                    return Val::Error;
+                };
                 let Some(shape) = self.reshape_target(x.0, &dims, shape_arg.value.span) else { return Val::Error };
                 self.node(Op::Reshape { shape }, &[x], span)
             }
@@ -244,8 +299,12 @@ impl Lowerer<'_> {
                 let dims = self.graph.ty(x.0).shape.dims().to_vec();
                 if dims.is_empty() {
                     self.diagnostics.push(
-                        Diagnostic::error(Code::AXIS_OUT_OF_RANGE, x.1, "`flatten` needs a tensor with a leading axis, not a scalar")
-                            .with_help("flatten keeps axis 0 and joins the rest"),
+                        Diagnostic::error(
+                            Code::AXIS_OUT_OF_RANGE,
+                            x.1,
+                            "`flatten` needs a tensor with a leading axis, not a scalar",
+                        )
+                        .with_help("flatten keeps axis 0 and joins the rest"),
                     );
                     return Val::Error;
                 }
@@ -259,7 +318,8 @@ impl Lowerer<'_> {
                     None => (0..rank).rev().collect(),
                     Some(arg) => {
                         let Some(values) = self.const_int_list(&arg.value, "an axis") else { return Val::Error };
-                        let resolved: Option<Vec<usize>> = values.iter().map(|&v| self.axis(v, rank, arg.value.span)).collect();
+                        let resolved: Option<Vec<usize>> =
+                            values.iter().map(|&v| self.axis(v, rank, arg.value.span)).collect();
                         let Some(perm) = resolved else { return Val::Error };
                         perm
                     }
@@ -270,8 +330,12 @@ impl Lowerer<'_> {
                 let values_arg = bound[0].expect("required");
                 let ExprKind::Array(items) = &values_arg.value.kind else {
                     self.diagnostics.push(
-                        Diagnostic::error(Code::ARGUMENT_KIND, values_arg.value.span, "`concat` takes a list of tensors")
-                            .with_help("write them in brackets: concat([a, b], axis = 1)"),
+                        Diagnostic::error(
+                            Code::ARGUMENT_KIND,
+                            values_arg.value.span,
+                            "`concat` takes a list of tensors",
+                        )
+                        .with_help("write them in brackets: concat([a, b], axis = 1)"),
                     );
                     return Val::Error;
                 };
@@ -282,7 +346,11 @@ impl Lowerer<'_> {
                 }
                 let Some(operands) = operands.into_iter().collect::<Option<Vec<_>>>() else { return Val::Error };
                 if operands.is_empty() {
-                    self.diagnostics.push(Diagnostic::error(Code::ARITY, values_arg.value.span, "`concat` needs at least one tensor"));
+                    self.diagnostics.push(Diagnostic::error(
+                        Code::ARITY,
+                        values_arg.value.span,
+                        "`concat` needs at least one tensor",
+                    ));
                     return Val::Error;
                 }
                 let rank = self.graph.ty(operands[0].0).shape.rank();
@@ -305,8 +373,17 @@ impl Lowerer<'_> {
                 let dims = self.graph.ty(x.0).shape.dims().to_vec();
                 if begin.len() != dims.len() || size.len() != dims.len() {
                     self.diagnostics.push(
-                        Diagnostic::error(Code::AXIS_OUT_OF_RANGE, span, format!("`slice` of a rank-{} tensor needs {} starts and {} sizes", dims.len(), dims.len(), dims.len()))
-                            .with_help("give one start and one size per axis"),
+                        Diagnostic::error(
+                            Code::AXIS_OUT_OF_RANGE,
+                            span,
+                            format!(
+                                "`slice` of a rank-{} tensor needs {} starts and {} sizes",
+                                dims.len(),
+                                dims.len(),
+                                dims.len()
+                            ),
+                        )
+                        .with_help("give one start and one size per axis"),
                     );
                     return Val::Error;
                 }
@@ -314,12 +391,23 @@ impl Lowerer<'_> {
                 let mut sizes = Vec::new();
                 for ((&b, &s), &d) in begin.iter().zip(&size).zip(&dims) {
                     if b < 0 || b as usize > d {
-                        self.diagnostics.push(Diagnostic::error(Code::INVALID_SHAPE, begin_arg.value.span, format!("slice start {b} is outside an axis of size {d}")));
+                        self.diagnostics.push(Diagnostic::error(
+                            Code::INVALID_SHAPE,
+                            begin_arg.value.span,
+                            format!("slice start {b} is outside an axis of size {d}"),
+                        ));
                         return Val::Error;
                     }
                     let s = if s == -1 { d as i64 - b } else { s };
                     if s < 1 {
-                        self.diagnostics.push(Diagnostic::error(Code::INVALID_SHAPE, size_arg.value.span, format!("slice size {s} is not positive")).with_help("-1 means to the end of the axis"));
+                        self.diagnostics.push(
+                            Diagnostic::error(
+                                Code::INVALID_SHAPE,
+                                size_arg.value.span,
+                                format!("slice size {s} is not positive"),
+                            )
+                            .with_help("-1 means to the end of the axis"),
+                        );
                         return Val::Error;
                     }
                     starts.push(b as usize);
@@ -334,7 +422,8 @@ impl Lowerer<'_> {
                     None => (0..rank).collect(),
                     Some(arg) => {
                         let Some(values) = self.const_int_list(&arg.value, "an axis") else { return Val::Error };
-                        let resolved: Option<Vec<usize>> = values.iter().map(|&v| self.axis(v, rank, arg.value.span)).collect();
+                        let resolved: Option<Vec<usize>> =
+                            values.iter().map(|&v| self.axis(v, rank, arg.value.span)).collect();
                         let Some(axes) = resolved else { return Val::Error };
                         axes
                     }
@@ -356,7 +445,9 @@ impl Lowerer<'_> {
                 let Some(x) = self.tensor_arg(bound[0]) else { return Val::Error };
                 let rank = self.graph.ty(x.0).shape.rank();
                 let axis = match bound[1] {
-                    Some(arg) => self.const_int(&arg.value, "the axis").and_then(|v| self.axis(v, rank, arg.value.span)),
+                    Some(arg) => {
+                        self.const_int(&arg.value, "the axis").and_then(|v| self.axis(v, rank, arg.value.span))
+                    }
                     None => self.axis(-1, rank, x.1),
                 };
                 let Some(axis) = axis else { return Val::Error };
@@ -388,14 +479,20 @@ impl Lowerer<'_> {
                 };
                 let padding = self.padding(bound[3]);
                 let (Some(strides), Some(padding)) = (strides, padding) else { return Val::Error };
-                let op = if name == "max_pool" { Op::MaxPool { window, strides, padding } } else { Op::AvgPool { window, strides, padding } };
+                let op = if name == "max_pool" {
+                    Op::MaxPool { window, strides, padding }
+                } else {
+                    Op::AvgPool { window, strides, padding }
+                };
                 self.node(op, &[x], span)
             }
             "gather" => {
                 let Some(table) = self.tensor_arg(bound[0]) else { return Val::Error };
                 let indices_arg = bound[1].expect("required");
                 let value = self.eval(&indices_arg.value);
-                let Some(indices) = self.make_tensor(value, indices_arg.value.span, Some(DType::I32)) else { return Val::Error };
+                let Some(indices) = self.make_tensor(value, indices_arg.value.span, Some(DType::I32)) else {
+                    return Val::Error;
+                };
                 self.node(Op::Gather, &[table, (indices, indices_arg.value.span)], span)
             }
             _ => unreachable!("every op in OPS is lowered above: {name}"),
@@ -412,8 +509,12 @@ impl Lowerer<'_> {
             [h, w] if valid => Some([*h as usize, *w as usize]),
             _ => {
                 self.diagnostics.push(
-                    Diagnostic::error(Code::ARGUMENT_KIND, arg.value.span, format!("{what} is one positive integer or a pair [height, width]"))
-                        .with_label("not a size or pair of sizes"),
+                    Diagnostic::error(
+                        Code::ARGUMENT_KIND,
+                        arg.value.span,
+                        format!("{what} is one positive integer or a pair [height, width]"),
+                    )
+                    .with_label("not a size or pair of sizes"),
                 );
                 None
             }
@@ -447,13 +548,18 @@ impl Lowerer<'_> {
             );
             return None;
         }
-        let known = dims.iter().filter(|&&d| d > 0).try_fold(1usize, |n, &d| n.checked_mul(d as usize)).unwrap_or(usize::MAX);
+        let known =
+            dims.iter().filter(|&&d| d > 0).try_fold(1usize, |n, &d| n.checked_mul(d as usize)).unwrap_or(usize::MAX);
         let mut shape: Vec<usize> = dims.iter().map(|&d| d.max(0) as usize).collect();
         if let Some(&i) = unknown.first() {
             if known == 0 || !n.is_multiple_of(known) {
                 self.diagnostics.push(
-                    Diagnostic::error(Code::INVALID_SHAPE, span, format!("cannot reshape {ty} ({n} elements) to {dims:?}"))
-                        .with_help(format!("{n} is not a multiple of {known}")),
+                    Diagnostic::error(
+                        Code::INVALID_SHAPE,
+                        span,
+                        format!("cannot reshape {ty} ({n} elements) to {dims:?}"),
+                    )
+                    .with_help(format!("{n} is not a multiple of {known}")),
                 );
                 return None;
             }

@@ -98,8 +98,12 @@ impl Lowerer<'_> {
         let is_bool = matches!(x, Number::Bool(_)) || matches!(y, Number::Bool(_));
         if is_bool && !matches!(op, B::Eq | B::Ne) {
             self.diagnostics.push(
-                Diagnostic::error(Code::DTYPE_MISMATCH, span, format!("`{}` is not defined on true and false", op.symbol()))
-                    .with_help("booleans can only be compared with == and !="),
+                Diagnostic::error(
+                    Code::DTYPE_MISMATCH,
+                    span,
+                    format!("`{}` is not defined on true and false", op.symbol()),
+                )
+                .with_help("booleans can only be compared with == and !="),
             );
             return Val::Error;
         }
@@ -164,7 +168,8 @@ impl Lowerer<'_> {
             Err(error) => {
                 // Point at the operand to blame, with the types of the operands beside them;
                 // labels nested inside the whole expression's span render poorly.
-                let blamed = error.operand.filter(|&i| operands.get(i).is_some_and(|(_, s)| !s.is_empty() && *s != span));
+                let blamed =
+                    error.operand.filter(|&i| operands.get(i).is_some_and(|(_, s)| !s.is_empty() && *s != span));
                 let type_of = |this: &Self, t: TensorRef| this.graph.ty(t).to_string();
                 let mut d = match blamed {
                     Some(i) => {
@@ -212,7 +217,11 @@ impl Lowerer<'_> {
 
     /// A constant node.
     pub fn constant(&mut self, value: ConstValue, span: Span) -> TensorRef {
-        let name = if self.hint.is_empty() { format!("{}const", self.prefix) } else { format!("{}{}/const", self.prefix, self.hint) };
+        let name = if self.hint.is_empty() {
+            format!("{}const", self.prefix)
+        } else {
+            format!("{}{}/const", self.prefix, self.hint)
+        };
         let id = self.graph.add(Op::Const { value }, &[], &name, Some(span)).expect("constants always type");
         self.graph.node_mut(id).requested_device = self.device.clone();
         id.into()
@@ -275,9 +284,16 @@ impl Lowerer<'_> {
             return Some(());
         }
         self.diagnostics.push(
-            Diagnostic::error(Code::DTYPE_MISMATCH, span, format!("the value {n} cannot be {} {dtype}", article(dtype.name())))
-                .with_label(format!("used where {} {dtype} value is needed", article(dtype.name())))
-                .with_help(format!("cast the other operand, e.g. cast<f32>(...), or write {} {dtype} value", article(dtype.name()))),
+            Diagnostic::error(
+                Code::DTYPE_MISMATCH,
+                span,
+                format!("the value {n} cannot be {} {dtype}", article(dtype.name())),
+            )
+            .with_label(format!("used where {} {dtype} value is needed", article(dtype.name())))
+            .with_help(format!(
+                "cast the other operand, e.g. cast<f32>(...), or write {} {dtype} value",
+                article(dtype.name())
+            )),
         );
         None
     }
@@ -343,7 +359,10 @@ impl Lowerer<'_> {
                 let ty = self.graph.ty(t).clone();
                 self.diagnostics.push(
                     Diagnostic::error(Code::NOT_CONSTANT, expr.span, format!("{what} must be a compile-time constant"))
-                        .with_label(format!("this is {} {ty} tensor computed when the model runs", article(&ty.to_string())))
+                        .with_label(format!(
+                            "this is {} {ty} tensor computed when the model runs",
+                            article(&ty.to_string())
+                        ))
                         .with_help("use literals, dims and `const` values here"),
                 );
                 None
@@ -360,8 +379,12 @@ impl Lowerer<'_> {
             Number::Int(v) => Some(v),
             other => {
                 self.diagnostics.push(
-                    Diagnostic::error(Code::ARGUMENT_KIND, expr.span, format!("{what} must be an integer, not {other}"))
-                        .with_label("not an integer"),
+                    Diagnostic::error(
+                        Code::ARGUMENT_KIND,
+                        expr.span,
+                        format!("{what} must be an integer, not {other}"),
+                    )
+                    .with_label("not an integer"),
                 );
                 None
             }
@@ -371,7 +394,11 @@ impl Lowerer<'_> {
     pub fn const_f64(&mut self, expr: &Expr, what: &str) -> Option<f64> {
         match self.const_number(expr, what)? {
             Number::Bool(_) => {
-                self.diagnostics.push(Diagnostic::error(Code::ARGUMENT_KIND, expr.span, format!("{what} must be a number")));
+                self.diagnostics.push(Diagnostic::error(
+                    Code::ARGUMENT_KIND,
+                    expr.span,
+                    format!("{what} must be a number"),
+                ));
                 None
             }
             n => Some(n.as_f64()),
@@ -383,8 +410,12 @@ impl Lowerer<'_> {
             Number::Bool(v) => Some(v),
             other => {
                 self.diagnostics.push(
-                    Diagnostic::error(Code::ARGUMENT_KIND, expr.span, format!("{what} must be true or false, not {other}"))
-                        .with_label("not a bool"),
+                    Diagnostic::error(
+                        Code::ARGUMENT_KIND,
+                        expr.span,
+                        format!("{what} must be true or false, not {other}"),
+                    )
+                    .with_label("not a bool"),
                 );
                 None
             }
@@ -450,11 +481,19 @@ impl Lowerer<'_> {
         if (0..rank as i64).contains(&resolved) {
             return Some(resolved as usize);
         }
-        let range = if rank == 0 { "a scalar has no axes".to_string() } else { format!("axes run from {} to {}", -(rank as i64), rank - 1) };
+        let range = if rank == 0 {
+            "a scalar has no axes".to_string()
+        } else {
+            format!("axes run from {} to {}", -(rank as i64), rank - 1)
+        };
         self.diagnostics.push(
-            Diagnostic::error(Code::AXIS_OUT_OF_RANGE, span, format!("axis {value} is out of range for a tensor of rank {rank}"))
-                .with_label("no such axis")
-                .with_help(range),
+            Diagnostic::error(
+                Code::AXIS_OUT_OF_RANGE,
+                span,
+                format!("axis {value} is out of range for a tensor of rank {rank}"),
+            )
+            .with_label("no such axis")
+            .with_help(range),
         );
         None
     }

@@ -34,8 +34,12 @@ pub fn collect<'a>(file: &'a SourceFile, diagnostics: &mut Vec<Diagnostic>) -> L
         let Item::Layer(def) = item else { continue };
         if let Some(first) = defs.get(&def.name.name) {
             diagnostics.push(
-                Diagnostic::error(Code::DUPLICATE_NAME, def.name.span, format!("layer `{}` is defined twice", def.name.name))
-                    .with_secondary(first.name.span, "first defined here"),
+                Diagnostic::error(
+                    Code::DUPLICATE_NAME,
+                    def.name.span,
+                    format!("layer `{}` is defined twice", def.name.name),
+                )
+                .with_secondary(first.name.span, "first defined here"),
             );
             continue;
         }
@@ -50,8 +54,12 @@ pub fn collect<'a>(file: &'a SourceFile, diagnostics: &mut Vec<Diagnostic>) -> L
         for param in &def.params {
             if let Some(first) = seen.insert(&param.name.name, param.name.span) {
                 diagnostics.push(
-                    Diagnostic::error(Code::DUPLICATE_NAME, param.name.span, format!("layer parameter `{}` is declared twice", param.name.name))
-                        .with_secondary(first, "first declared here"),
+                    Diagnostic::error(
+                        Code::DUPLICATE_NAME,
+                        param.name.span,
+                        format!("layer parameter `{}` is declared twice", param.name.name),
+                    )
+                    .with_secondary(first, "first declared here"),
                 );
             }
         }
@@ -66,8 +74,12 @@ pub fn warn_unused(file: &SourceFile, layers: &Layers, diagnostics: &mut Vec<Dia
         if let Item::Layer(def) = item {
             if !used.contains(&def.name.name) && layers.get(&def.name.name).is_some_and(|d| std::ptr::eq(d, def)) {
                 diagnostics.push(
-                    Diagnostic::warning(Code::UNUSED, def.name.span, format!("layer `{}` is never used", def.name.name))
-                        .with_help("a layer is checked where it is called; call it from a model or remove it"),
+                    Diagnostic::warning(
+                        Code::UNUSED,
+                        def.name.span,
+                        format!("layer `{}` is never used", def.name.name),
+                    )
+                    .with_help("a layer is checked where it is called; call it from a model or remove it"),
                 );
             }
         }
@@ -94,9 +106,13 @@ impl Lowerer<'_> {
         self.layers.used.borrow_mut().insert(def.name.name.clone());
         if self.layer_stack.contains(&def.name.name) {
             self.diagnostics.push(
-                Diagnostic::error(Code::RECURSIVE_LAYER, call.callee.span, format!("layer `{}` calls itself", def.name.name))
-                    .with_secondary(def.name.span, "defined here")
-                    .with_help("layers are expanded at compile time, so they cannot recurse"),
+                Diagnostic::error(
+                    Code::RECURSIVE_LAYER,
+                    call.callee.span,
+                    format!("layer `{}` calls itself", def.name.name),
+                )
+                .with_secondary(def.name.span, "defined here")
+                .with_help("layers are expanded at compile time, so they cannot recurse"),
             );
             return Val::Error;
         }
@@ -105,12 +121,17 @@ impl Lowerer<'_> {
         }
         if self.layer_stack.len() >= MAX_LAYER_DEPTH {
             self.diagnostics.push(
-                Diagnostic::error(Code::LAYERS_TOO_DEEP, call.callee.span, format!("layers are nested more than {MAX_LAYER_DEPTH} deep here"))
-                    .with_help(format!("this call is inside {}", self.layer_stack.join(" → "))),
+                Diagnostic::error(
+                    Code::LAYERS_TOO_DEEP,
+                    call.callee.span,
+                    format!("layers are nested more than {MAX_LAYER_DEPTH} deep here"),
+                )
+                .with_help(format!("this call is inside {}", self.layer_stack.join(" → "))),
             );
             return self.eval_args_for_errors(call);
         }
-        let params: Vec<Param> = def.params.iter().map(|p| Param { name: &p.name.name, required: p.default.is_none() }).collect();
+        let params: Vec<Param> =
+            def.params.iter().map(|p| Param { name: &p.name.name, required: p.default.is_none() }).collect();
         let Some(bound) = args::bind(&def.name.name, span, &params, &call.args, &mut self.diagnostics) else {
             return self.eval_args_for_errors(call);
         };
@@ -239,8 +260,12 @@ impl Lowerer<'_> {
         self.block(&def.body, &mut state);
         let Some((mut result, _)) = state.returned.take() else {
             self.diagnostics.push(
-                Diagnostic::error(Code::LAYER_WITHOUT_RETURN, def.name.span, format!("layer `{}` returns nothing", def.name.name))
-                    .with_help("end the layer with `return EXPRESSION`"),
+                Diagnostic::error(
+                    Code::LAYER_WITHOUT_RETURN,
+                    def.name.span,
+                    format!("layer `{}` returns nothing", def.name.name),
+                )
+                .with_help("end the layer with `return EXPRESSION`"),
             );
             return Val::Error;
         };
@@ -249,8 +274,12 @@ impl Lowerer<'_> {
                 let actual = self.graph.ty(*t).clone();
                 if actual != expected {
                     self.diagnostics.push(
-                        Diagnostic::error(Code::ANNOTATION_MISMATCH, span, format!("layer `{}` returns {actual}, but declares {expected}", def.name.name))
-                            .with_secondary(declared.span, "return type declared here"),
+                        Diagnostic::error(
+                            Code::ANNOTATION_MISMATCH,
+                            span,
+                            format!("layer `{}` returns {actual}, but declares {expected}", def.name.name),
+                        )
+                        .with_secondary(declared.span, "return type declared here"),
                     );
                     result = Val::Error;
                 }
@@ -277,13 +306,20 @@ impl Lowerer<'_> {
             Diagnostic::error(
                 Code::LAYER_UNIFICATION,
                 arg_span,
-                format!("argument `{}` of `{}` is {actual}, but the layer takes {declared_text}", param.name.name, def.name.name),
+                format!(
+                    "argument `{}` of `{}` is {actual}, but the layer takes {declared_text}",
+                    param.name.name, def.name.name
+                ),
             )
             .with_label(reason)
             .with_secondary(declared.span, "parameter type declared here")
         };
         if crate::eval::dtype_of(declared.dtype) != actual.dtype {
-            self.diagnostics.push(mismatch(format!("element type {} is not {}", actual.dtype, crate::eval::dtype_of(declared.dtype))));
+            self.diagnostics.push(mismatch(format!(
+                "element type {} is not {}",
+                actual.dtype,
+                crate::eval::dtype_of(declared.dtype)
+            )));
             return false;
         }
         if declared.shape.len() != actual.shape.rank() {

@@ -77,11 +77,7 @@ fn analyze_models(file: &SourceFile, options: &Options, only: Option<&str>) -> (
 }
 
 /// Analyses the model named `name`, or the only model of the file when `name` is `None`.
-pub fn analyze_one(
-    file: &SourceFile,
-    name: Option<&str>,
-    options: &Options,
-) -> (Option<Module>, Vec<Diagnostic>) {
+pub fn analyze_one(file: &SourceFile, name: Option<&str>, options: &Options) -> (Option<Module>, Vec<Diagnostic>) {
     let models: Vec<&dfc_syntax::ast::Model> = file
         .items
         .iter()
@@ -91,7 +87,8 @@ pub fn analyze_one(
         })
         .collect();
     let exists = name.is_none_or(|n| models.iter().any(|m| m.name.name == n));
-    let (analyses, mut diagnostics) = if exists { analyze_models(file, options, name) } else { (Vec::new(), Vec::new()) };
+    let (analyses, mut diagnostics) =
+        if exists { analyze_models(file, options, name) } else { (Vec::new(), Vec::new()) };
     let names: Vec<String> = models.iter().map(|m| format!("`{}`", m.name.name)).collect();
     let chosen = match name {
         Some(name) => analyses.into_iter().find(|a| a.model == name).ok_or_else(|| {
@@ -104,12 +101,10 @@ pub fn analyze_one(
                 .with_help(help)
         }),
         None if analyses.len() == 1 => Ok(analyses.into_iter().next().expect("one")),
-        None if analyses.is_empty() => Err(Diagnostic::error(
-            Code::NO_MODEL,
-            dfc_diag::Span::default(),
-            "the file defines no model",
-        )
-        .with_help("a model is `model NAME { ... }`; see docs/language.md")),
+        None if analyses.is_empty() => {
+            Err(Diagnostic::error(Code::NO_MODEL, dfc_diag::Span::default(), "the file defines no model")
+                .with_help("a model is `model NAME { ... }`; see docs/language.md"))
+        }
         None => Err(Diagnostic::error(
             Code::NO_MODEL,
             models[1].name.span,

@@ -67,7 +67,14 @@ pub struct BlockState {
 
 impl BlockState {
     pub fn new(context: Context) -> BlockState {
-        BlockState { context, dims: Vec::new(), inputs: Vec::new(), outputs: Vec::new(), training: None, returned: None }
+        BlockState {
+            context,
+            dims: Vec::new(),
+            inputs: Vec::new(),
+            outputs: Vec::new(),
+            training: None,
+            returned: None,
+        }
     }
 }
 
@@ -116,8 +123,12 @@ pub fn lower_model(model: &ast::Model, layers: &Layers, options: &Options) -> (M
     let declares_results = model.body.iter().any(declares_results);
     if !declares_results {
         lowerer.diagnostics.push(
-            Diagnostic::warning(Code::NOTHING_TO_RUN, model.name.span, format!("model `{}` has neither outputs nor a `minimize`", model.name.name))
-                .with_help("add `output NAME` or `minimize LOSS with sgd(lr = 0.01)`"),
+            Diagnostic::warning(
+                Code::NOTHING_TO_RUN,
+                model.name.span,
+                format!("model `{}` has neither outputs nor a `minimize`", model.name.name),
+            )
+            .with_help("add `output NAME` or `minimize LOSS with sgd(lr = 0.01)`"),
         );
     }
     let module = Module {
@@ -151,9 +162,13 @@ impl<'a> Lowerer<'a> {
             let keyword = stmt.kind.keyword();
             let place = if state.context == Context::Layer { "a layer" } else { "a model" };
             self.diagnostics.push(
-                Diagnostic::error(Code::MISPLACED_STATEMENT, stmt.span, format!("`{keyword}` is not allowed in {place}"))
-                    .with_label(format!("`{keyword}` here"))
-                    .with_help(help),
+                Diagnostic::error(
+                    Code::MISPLACED_STATEMENT,
+                    stmt.span,
+                    format!("`{keyword}` is not allowed in {place}"),
+                )
+                .with_label(format!("`{keyword}` here"))
+                .with_help(help),
             );
             return;
         }
@@ -167,7 +182,8 @@ impl<'a> Lowerer<'a> {
             StmtKind::Input { name, ty } => {
                 if let Some(ty) = self.resolve_type(ty) {
                     self.hint = name.name.clone();
-                    let id = self.graph.add(Op::Input { ty }, &[], &name.name, Some(stmt.span)).expect("inputs always type");
+                    let id =
+                        self.graph.add(Op::Input { ty }, &[], &name.name, Some(stmt.span)).expect("inputs always type");
                     self.graph.node_mut(id).requested_device = self.device.clone();
                     state.inputs.push(id);
                     self.define(name, Val::Tensor(id.into()), BindingKind::Input);
@@ -197,7 +213,10 @@ impl<'a> Lowerer<'a> {
             StmtKind::Invalid { name } => {
                 if let Some(name) = name {
                     if !self.scope.bindings.contains_key(&name.name) {
-                        self.scope.bindings.insert(name.name.clone(), Binding { value: Val::Error, span: name.span, kind: BindingKind::Let, used: true });
+                        self.scope.bindings.insert(
+                            name.name.clone(),
+                            Binding { value: Val::Error, span: name.span, kind: BindingKind::Let, used: true },
+                        );
                     }
                 }
             }
@@ -227,7 +246,10 @@ impl<'a> Lowerer<'a> {
             self.diagnostics.push(
                 Diagnostic::error(Code::DUPLICATE_NAME, name.span, format!("`{}` is defined twice", name.name))
                     .with_label("defined again here")
-                    .with_secondary(previous_span, format!("first defined here ({} {previous_kind})", dfc_diag::article(previous_kind)))
+                    .with_secondary(
+                        previous_span,
+                        format!("first defined here ({} {previous_kind})", dfc_diag::article(previous_kind)),
+                    )
                     .with_help("names are defined once per model or layer; rename one of them"),
             );
             return;
@@ -254,9 +276,13 @@ impl<'a> Lowerer<'a> {
         if is_op || self.layers.get(&ident.name).is_some() {
             let what = if is_op { "an op" } else { "a layer" };
             self.diagnostics.push(
-                Diagnostic::error(Code::WRONG_KIND_OF_NAME, ident.span, format!("`{}` is {what}, not a value", ident.name))
-                    .with_label("used as a value")
-                    .with_help(format!("call it: `{}(...)`", ident.name)),
+                Diagnostic::error(
+                    Code::WRONG_KIND_OF_NAME,
+                    ident.span,
+                    format!("`{}` is {what}, not a value", ident.name),
+                )
+                .with_label("used as a value")
+                .with_help(format!("call it: `{}(...)`", ident.name)),
             );
             return Val::Error;
         }
@@ -266,7 +292,9 @@ impl<'a> Lowerer<'a> {
         if let Some(best) = dfc_diag::closest(&ident.name, candidates) {
             d = d.with_help(format!("did you mean `{best}`?"));
         } else if self.layer_stack.is_empty() {
-            d = d.with_help("names must be defined (with `let`, `param`, `input`, `const` or `dim`) before they are used");
+            d = d.with_help(
+                "names must be defined (with `let`, `param`, `input`, `const` or `dim`) before they are used",
+            );
         } else {
             d = d.with_help("a layer sees only its arguments and its own definitions, not the model's");
         }
@@ -286,8 +314,12 @@ impl<'a> Lowerer<'a> {
                 continue;
             }
             self.diagnostics.push(
-                Diagnostic::warning(Code::UNUSED, binding.span, format!("{} `{name}` is never used", binding.kind.word()))
-                    .with_help(format!("remove it, or name it `_{name}` to keep it quietly")),
+                Diagnostic::warning(
+                    Code::UNUSED,
+                    binding.span,
+                    format!("{} `{name}` is never used", binding.kind.word()),
+                )
+                .with_help(format!("remove it, or name it `_{name}` to keep it quietly")),
             );
         }
     }
@@ -300,8 +332,12 @@ impl<'a> Lowerer<'a> {
             (Some(v), _) if v >= 1 => Some(v),
             (Some(v), _) => {
                 self.diagnostics.push(
-                    Diagnostic::error(Code::BAD_DIM, name.span, format!("`--dim {}={v}` is not a positive size", name.name))
-                        .with_help("dims are sizes: positive integers"),
+                    Diagnostic::error(
+                        Code::BAD_DIM,
+                        name.span,
+                        format!("`--dim {}={v}` is not a positive size", name.name),
+                    )
+                    .with_help("dims are sizes: positive integers"),
                 );
                 None
             }
@@ -333,8 +369,12 @@ impl<'a> Lowerer<'a> {
         let trainable = attrs.trainable.unwrap_or(true);
         if trainable && !resolved.dtype.is_float() {
             self.diagnostics.push(
-                Diagnostic::error(Code::DTYPE_MISMATCH, ty.dtype_span, format!("a trainable param must be f32 or f64, not {}", resolved.dtype))
-                    .with_help("use a float type, or mark it `@trainable(false)`"),
+                Diagnostic::error(
+                    Code::DTYPE_MISMATCH,
+                    ty.dtype_span,
+                    format!("a trainable param must be f32 or f64, not {}", resolved.dtype),
+                )
+                .with_help("use a float type, or mark it `@trainable(false)`"),
             );
         }
         let init = match init {
@@ -354,9 +394,13 @@ impl<'a> Lowerer<'a> {
                 );
             } else if n < 1 || n as usize > rows {
                 self.diagnostics.push(
-                    Diagnostic::error(Code::BAD_PARTITIONING, n_span, format!("cannot split {} rows into {n} shards", rows))
-                        .with_label(format!("must be between 1 and {rows}"))
-                        .with_help("each shard gets at least one row of axis 0"),
+                    Diagnostic::error(
+                        Code::BAD_PARTITIONING,
+                        n_span,
+                        format!("cannot split {} rows into {n} shards", rows),
+                    )
+                    .with_label(format!("must be between 1 and {rows}"))
+                    .with_help("each shard gets at least one row of axis 0"),
                 );
             } else {
                 partitions = n as u32;
@@ -370,7 +414,8 @@ impl<'a> Lowerer<'a> {
         let full_name = format!("{}{}", self.prefix, name.name);
         let op = Op::Variable { ty: resolved, init, trainable, partitions };
         let variable = self.graph.add(op, &[], &full_name, Some(span)).expect("variables always type");
-        let read = self.graph.add(Op::Read, &[variable.into()], &format!("{full_name}/read"), Some(span)).expect("reads type");
+        let read =
+            self.graph.add(Op::Read, &[variable.into()], &format!("{full_name}/read"), Some(span)).expect("reads type");
         for id in [variable, read] {
             self.graph.node_mut(id).requested_device = self.device.clone();
         }
@@ -386,9 +431,16 @@ impl<'a> Lowerer<'a> {
             (Val::Tensor(t), _) => {
                 let ty = self.graph.ty(*t).clone();
                 self.diagnostics.push(
-                    Diagnostic::error(Code::NOT_CONSTANT, value.span, format!("`const {}` must be known at compile time", name.name))
-                        .with_label(format!("this is {} {ty} tensor computed when the model runs", dfc_diag::article(&ty.to_string())))
-                        .with_help("use `let` for values computed from inputs and params"),
+                    Diagnostic::error(
+                        Code::NOT_CONSTANT,
+                        value.span,
+                        format!("`const {}` must be known at compile time", name.name),
+                    )
+                    .with_label(format!(
+                        "this is {} {ty} tensor computed when the model runs",
+                        dfc_diag::article(&ty.to_string())
+                    ))
+                    .with_help("use `let` for values computed from inputs and params"),
                 );
                 Val::Error
             }
@@ -433,8 +485,14 @@ impl<'a> Lowerer<'a> {
         let filled = match value {
             Val::Number(_) if ty.shape.n_elements() > crate::eval::MAX_CONSTANT_ELEMENTS => {
                 self.diagnostics.push(
-                    Diagnostic::error(Code::INVALID_SHAPE, span, format!("a constant of {ty} is too large to keep in the plan"))
-                        .with_help("constants hold at most 2^24 elements; use a param with `constant(...)` for large fills"),
+                    Diagnostic::error(
+                        Code::INVALID_SHAPE,
+                        span,
+                        format!("a constant of {ty} is too large to keep in the plan"),
+                    )
+                    .with_help(
+                        "constants hold at most 2^24 elements; use a param with `constant(...)` for large fills",
+                    ),
                 );
                 return Val::Error;
             }
@@ -485,7 +543,8 @@ impl<'a> Lowerer<'a> {
         }
         // The node computing the value takes the let's name (`hidden`, not `hidden/add`).
         if let Val::Tensor(t) = &result {
-            let created_here = t.node.index() >= first_new && !matches!(self.graph.node(t.node).op, Op::Variable { .. } | Op::Read | Op::Input { .. });
+            let created_here = t.node.index() >= first_new
+                && !matches!(self.graph.node(t.node).op, Op::Variable { .. } | Op::Read | Op::Input { .. });
             if created_here {
                 let full = format!("{}{}", self.prefix, name.name);
                 self.graph.rename(t.node, &full);
@@ -548,9 +607,13 @@ impl<'a> Lowerer<'a> {
                 "the loss must be f32 or f64; cast it with cast<f32>(...)"
             };
             self.diagnostics.push(
-                Diagnostic::error(Code::BAD_LOSS, loss.span, format!("the loss must be a floating-point scalar, not {ty}"))
-                    .with_label(format!("{ty}"))
-                    .with_help(help),
+                Diagnostic::error(
+                    Code::BAD_LOSS,
+                    loss.span,
+                    format!("the loss must be a floating-point scalar, not {ty}"),
+                )
+                .with_label(format!("{ty}"))
+                .with_help(help),
             );
             return;
         }
@@ -572,7 +635,11 @@ impl<'a> Lowerer<'a> {
         for attr in &stmt.attrs {
             let name = attr.name.name.as_str();
             if !allowed.contains(&name) {
-                let mut d = Diagnostic::error(Code::UNKNOWN_ATTRIBUTE, attr.name.span, format!("`@{name}` is not an attribute of `{}`", stmt.kind.keyword()));
+                let mut d = Diagnostic::error(
+                    Code::UNKNOWN_ATTRIBUTE,
+                    attr.name.span,
+                    format!("`@{name}` is not an attribute of `{}`", stmt.kind.keyword()),
+                );
                 let all = ["device", "partitioned", "trainable"];
                 d = match (all.contains(&name), dfc_diag::closest(name, all)) {
                     (true, _) => d.with_help(format!("`{}` takes {}", stmt.kind.keyword(), list_attrs(allowed))),
@@ -602,7 +669,15 @@ impl<'a> Lowerer<'a> {
         let callee = format!("@{}", attr.name.name);
         match attr.name.name.as_str() {
             "device" => {
-                let Some(bound) = args::bind(&callee, attr.span, &[Param { name: "spec", required: true }], &attr.args, &mut self.diagnostics) else { return };
+                let Some(bound) = args::bind(
+                    &callee,
+                    attr.span,
+                    &[Param { name: "spec", required: true }],
+                    &attr.args,
+                    &mut self.diagnostics,
+                ) else {
+                    return;
+                };
                 let Some(arg) = bound[0] else { return };
                 match &arg.value.kind {
                     ExprKind::Str(text) => match DeviceSpec::parse(text) {
@@ -618,7 +693,15 @@ impl<'a> Lowerer<'a> {
                 }
             }
             "partitioned" => {
-                let Some(bound) = args::bind(&callee, attr.span, &[Param { name: "shards", required: true }], &attr.args, &mut self.diagnostics) else { return };
+                let Some(bound) = args::bind(
+                    &callee,
+                    attr.span,
+                    &[Param { name: "shards", required: true }],
+                    &attr.args,
+                    &mut self.diagnostics,
+                ) else {
+                    return;
+                };
                 if let Some(arg) = bound[0] {
                     if let Some(n) = self.const_int(&arg.value, "the number of shards") {
                         out.partitioned = Some((n, arg.value.span));
@@ -626,7 +709,15 @@ impl<'a> Lowerer<'a> {
                 }
             }
             _ => {
-                let Some(bound) = args::bind(&callee, attr.span, &[Param { name: "enabled", required: true }], &attr.args, &mut self.diagnostics) else { return };
+                let Some(bound) = args::bind(
+                    &callee,
+                    attr.span,
+                    &[Param { name: "enabled", required: true }],
+                    &attr.args,
+                    &mut self.diagnostics,
+                ) else {
+                    return;
+                };
                 if let Some(arg) = bound[0] {
                     out.trainable = self.const_bool(&arg.value, "`@trainable`");
                 }
@@ -643,8 +734,15 @@ impl<'a> Lowerer<'a> {
             _ if dtype.is_float() => return,
             _ => {
                 self.diagnostics.push(
-                    Diagnostic::error(Code::BAD_INITIALIZER, span, format!("`{init}` draws real numbers; it cannot fill {} {dtype} param", dfc_diag::article(dtype.name())))
-                        .with_help("use zeros, ones or a constant for integer and bool params"),
+                    Diagnostic::error(
+                        Code::BAD_INITIALIZER,
+                        span,
+                        format!(
+                            "`{init}` draws real numbers; it cannot fill {} {dtype} param",
+                            dfc_diag::article(dtype.name())
+                        ),
+                    )
+                    .with_help("use zeros, ones or a constant for integer and bool params"),
                 );
                 return;
             }
@@ -675,12 +773,15 @@ impl<'a> Lowerer<'a> {
         self.diagnostics.push(
             Diagnostic::error(Code::BAD_DEVICE, span, format!("malformed device: {message}"))
                 .with_label("not a device")
-                .with_help("devices look like \"/job:worker/task:0/device:GPU:0\", \"/job:ps/task:1\", \"cpu:0\" or \"gpu:1\""),
+                .with_help(
+                    "devices look like \"/job:worker/task:0/device:GPU:0\", \"/job:ps/task:1\", \"cpu:0\" or \"gpu:1\"",
+                ),
         );
     }
 
     fn initializer(&mut self, expr: &Expr) -> Option<Initializer> {
-        const NAMES: [&str; 8] = ["zeros", "ones", "constant", "uniform", "normal", "truncated_normal", "glorot_uniform", "he_normal"];
+        const NAMES: [&str; 8] =
+            ["zeros", "ones", "constant", "uniform", "normal", "truncated_normal", "glorot_uniform", "he_normal"];
         let (name, call) = match &expr.kind {
             ExprKind::Name(ident) => (ident, None),
             ExprKind::Call(call) => (&call.callee, Some(call)),
@@ -690,8 +791,12 @@ impl<'a> Lowerer<'a> {
             }
             _ => {
                 self.diagnostics.push(
-                    Diagnostic::error(Code::BAD_INITIALIZER, expr.span, "a param is initialised by an initialiser or a number")
-                        .with_help(format!("the initialisers are {}", dfc_diag::one_of(&NAMES))),
+                    Diagnostic::error(
+                        Code::BAD_INITIALIZER,
+                        expr.span,
+                        "a param is initialised by an initialiser or a number",
+                    )
+                    .with_help(format!("the initialisers are {}", dfc_diag::one_of(&NAMES))),
                 );
                 return None;
             }
@@ -700,9 +805,12 @@ impl<'a> Lowerer<'a> {
             "zeros" | "ones" | "glorot_uniform" | "he_normal" => &[],
             "constant" => &[Param { name: "value", required: true }],
             "uniform" => &[Param { name: "min", required: false }, Param { name: "max", required: false }],
-            "normal" | "truncated_normal" => &[Param { name: "mean", required: false }, Param { name: "stddev", required: false }],
+            "normal" | "truncated_normal" => {
+                &[Param { name: "mean", required: false }, Param { name: "stddev", required: false }]
+            }
             other => {
-                let mut d = Diagnostic::error(Code::BAD_INITIALIZER, name.span, format!("`{other}` is not an initialiser"));
+                let mut d =
+                    Diagnostic::error(Code::BAD_INITIALIZER, name.span, format!("`{other}` is not an initialiser"));
                 d = match dfc_diag::closest(other, NAMES) {
                     Some(best) => d.with_help(format!("did you mean `{best}`?")),
                     None => d.with_help(format!("the initialisers are {}", dfc_diag::one_of(&NAMES))),
@@ -731,8 +839,12 @@ impl<'a> Lowerer<'a> {
                 let (min, max) = (value(0, -0.05, "min")?, value(1, 0.05, "max")?);
                 if min >= max {
                     self.diagnostics.push(
-                        Diagnostic::error(Code::BAD_INITIALIZER, expr.span, format!("uniform({min}, {max}) is an empty range"))
-                            .with_help("min must be below max"),
+                        Diagnostic::error(
+                            Code::BAD_INITIALIZER,
+                            expr.span,
+                            format!("uniform({min}, {max}) is an empty range"),
+                        )
+                        .with_help("min must be below max"),
                     );
                     return None;
                 }
@@ -741,9 +853,11 @@ impl<'a> Lowerer<'a> {
             kind => {
                 let (mean, stddev) = (value(0, 0.0, "mean")?, value(1, 0.05, "stddev")?);
                 if stddev <= 0.0 {
-                    self.diagnostics.push(
-                        Diagnostic::error(Code::BAD_INITIALIZER, expr.span, format!("stddev must be positive, not {stddev}")),
-                    );
+                    self.diagnostics.push(Diagnostic::error(
+                        Code::BAD_INITIALIZER,
+                        expr.span,
+                        format!("stddev must be positive, not {stddev}"),
+                    ));
                     return None;
                 }
                 if kind == "normal" {
@@ -761,12 +875,35 @@ impl<'a> Lowerer<'a> {
         let name = call.callee.name.as_str();
         let params: &[Param] = match name {
             "sgd" => &[Param { name: "lr", required: true }, Param { name: "weight_decay", required: false }],
-            "momentum" => &[Param { name: "lr", required: true }, Param { name: "momentum", required: false }, Param { name: "nesterov", required: false }, Param { name: "weight_decay", required: false }],
-            "adam" => &[Param { name: "lr", required: false }, Param { name: "beta1", required: false }, Param { name: "beta2", required: false }, Param { name: "epsilon", required: false }, Param { name: "weight_decay", required: false }],
-            "adagrad" => &[Param { name: "lr", required: false }, Param { name: "initial_accumulator", required: false }, Param { name: "epsilon", required: false }, Param { name: "weight_decay", required: false }],
-            "rmsprop" => &[Param { name: "lr", required: false }, Param { name: "rho", required: false }, Param { name: "momentum", required: false }, Param { name: "epsilon", required: false }, Param { name: "weight_decay", required: false }],
+            "momentum" => &[
+                Param { name: "lr", required: true },
+                Param { name: "momentum", required: false },
+                Param { name: "nesterov", required: false },
+                Param { name: "weight_decay", required: false },
+            ],
+            "adam" => &[
+                Param { name: "lr", required: false },
+                Param { name: "beta1", required: false },
+                Param { name: "beta2", required: false },
+                Param { name: "epsilon", required: false },
+                Param { name: "weight_decay", required: false },
+            ],
+            "adagrad" => &[
+                Param { name: "lr", required: false },
+                Param { name: "initial_accumulator", required: false },
+                Param { name: "epsilon", required: false },
+                Param { name: "weight_decay", required: false },
+            ],
+            "rmsprop" => &[
+                Param { name: "lr", required: false },
+                Param { name: "rho", required: false },
+                Param { name: "momentum", required: false },
+                Param { name: "epsilon", required: false },
+                Param { name: "weight_decay", required: false },
+            ],
             _ => {
-                let mut d = Diagnostic::error(Code::BAD_OPTIMIZER, call.callee.span, format!("`{name}` is not an optimizer"));
+                let mut d =
+                    Diagnostic::error(Code::BAD_OPTIMIZER, call.callee.span, format!("`{name}` is not an optimizer"));
                 d = match dfc_diag::closest(name, NAMES) {
                     Some(best) => d.with_help(format!("did you mean `{best}`?")),
                     None => d.with_help(format!("the optimizers are {}", dfc_diag::one_of(&NAMES))),

@@ -49,6 +49,7 @@ impl Val {
         match self {
             Val::Tensor(t) => format!("a tensor {}", graph.ty(*t)),
             Val::Number(n) => format!("the number {n}"),
+            Val::List(items) if items.len() == 1 => "a list of 1 item".into(),
             Val::List(items) => format!("a list of {} items", items.len()),
             Val::Str(s) => format!("the string \"{s}\""),
             Val::Error => "an erroneous value".into(),

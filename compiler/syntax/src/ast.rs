@@ -70,18 +70,48 @@ pub struct Stmt {
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum StmtKind {
-    Dim { name: Ident, value: Option<Expr> },
-    Input { name: Ident, ty: TensorType },
-    Param { name: Ident, ty: TensorType, init: Option<Expr> },
-    Const { name: Ident, ty: Option<TensorType>, value: Expr },
-    Let { name: Ident, ty: Option<TensorType>, value: Expr },
-    Output { items: Vec<OutputItem> },
-    Minimize { loss: Expr, optimizer: Call },
-    Device { spec: StrLit, body: Vec<Stmt> },
-    Return { value: Expr },
+    Dim {
+        name: Ident,
+        value: Option<Expr>,
+    },
+    Input {
+        name: Ident,
+        ty: TensorType,
+    },
+    Param {
+        name: Ident,
+        ty: TensorType,
+        init: Option<Expr>,
+    },
+    Const {
+        name: Ident,
+        ty: Option<TensorType>,
+        value: Expr,
+    },
+    Let {
+        name: Ident,
+        ty: Option<TensorType>,
+        value: Expr,
+    },
+    Output {
+        items: Vec<OutputItem>,
+    },
+    Minimize {
+        loss: Expr,
+        optimizer: Call,
+    },
+    Device {
+        spec: StrLit,
+        body: Vec<Stmt>,
+    },
+    Return {
+        value: Expr,
+    },
     /// A statement that did not parse (already reported). If it began `let NAME`, `param NAME`
     /// and so on, `name` holds NAME, so that later uses of it are not reported as undefined.
-    Invalid { name: Option<Ident> },
+    Invalid {
+        name: Option<Ident>,
+    },
 }
 
 impl StmtKind {

@@ -45,17 +45,28 @@ fn block(out: &mut String, stmts: &[Stmt], depth: usize) {
         for attr in &stmt.attrs {
             let _ = write!(out, "@{}({}) ", attr.name.name, args(&attr.args));
         }
-        let annotated = |ty: &Option<TensorType>| ty.as_ref().map(|t| format!(": {}", tensor_type(t))).unwrap_or_default();
+        let annotated =
+            |ty: &Option<TensorType>| ty.as_ref().map(|t| format!(": {}", tensor_type(t))).unwrap_or_default();
         match &stmt.kind {
-            StmtKind::Dim { name, value: Some(v) } => { let _ = writeln!(out, "dim {} = {}", name.name, expr(v)); }
-            StmtKind::Dim { name, value: None } => { let _ = writeln!(out, "dim {}", name.name); }
-            StmtKind::Input { name, ty } => { let _ = writeln!(out, "input {}: {}", name.name, tensor_type(ty)); }
+            StmtKind::Dim { name, value: Some(v) } => {
+                let _ = writeln!(out, "dim {} = {}", name.name, expr(v));
+            }
+            StmtKind::Dim { name, value: None } => {
+                let _ = writeln!(out, "dim {}", name.name);
+            }
+            StmtKind::Input { name, ty } => {
+                let _ = writeln!(out, "input {}: {}", name.name, tensor_type(ty));
+            }
             StmtKind::Param { name, ty, init } => {
                 let init = init.as_ref().map(|e| format!(" = {}", expr(e))).unwrap_or_default();
                 let _ = writeln!(out, "param {}: {}{init}", name.name, tensor_type(ty));
             }
-            StmtKind::Const { name, ty, value } => { let _ = writeln!(out, "const {}{} = {}", name.name, annotated(ty), expr(value)); }
-            StmtKind::Let { name, ty, value } => { let _ = writeln!(out, "let {}{} = {}", name.name, annotated(ty), expr(value)); }
+            StmtKind::Const { name, ty, value } => {
+                let _ = writeln!(out, "const {}{} = {}", name.name, annotated(ty), expr(value));
+            }
+            StmtKind::Let { name, ty, value } => {
+                let _ = writeln!(out, "let {}{} = {}", name.name, annotated(ty), expr(value));
+            }
             StmtKind::Output { items } => {
                 let items: Vec<String> = items
                     .iter()
@@ -66,15 +77,23 @@ fn block(out: &mut String, stmts: &[Stmt], depth: usize) {
                     .collect();
                 let _ = writeln!(out, "output {}", items.join(", "));
             }
-            StmtKind::Minimize { loss, optimizer } => { let _ = writeln!(out, "minimize {} with {}", expr(loss), call(optimizer)); }
+            StmtKind::Minimize { loss, optimizer } => {
+                let _ = writeln!(out, "minimize {} with {}", expr(loss), call(optimizer));
+            }
             StmtKind::Device { spec, body } => {
                 let _ = writeln!(out, "device {:?} {{", spec.value);
                 block(out, body, depth + 1);
                 let _ = writeln!(out, "{indent}}}");
             }
-            StmtKind::Return { value } => { let _ = writeln!(out, "return {}", expr(value)); }
+            StmtKind::Return { value } => {
+                let _ = writeln!(out, "return {}", expr(value));
+            }
             StmtKind::Invalid { name } => {
-                let _ = writeln!(out, "<invalid{}>", name.as_ref().map(|n| format!(" defining {}", n.name)).unwrap_or_default());
+                let _ = writeln!(
+                    out,
+                    "<invalid{}>",
+                    name.as_ref().map(|n| format!(" defining {}", n.name)).unwrap_or_default()
+                );
             }
         }
     }

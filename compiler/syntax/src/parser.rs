@@ -119,9 +119,13 @@ fn limit_nesting(source: &str) -> (std::borrow::Cow<'_, str>, Option<Diagnostic>
     }
     // Multi-byte characters inside a blanked region become spaces byte by byte: still UTF-8.
     let text = String::from_utf8(text).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
-    let diagnostic = Diagnostic::error(Code::SYNTAX, Span::new(at, at + 1), format!("brackets are nested more than {MAX_NESTING} deep"))
-        .with_label("too deep from here")
-        .with_help("split the expression into several `let`s");
+    let diagnostic = Diagnostic::error(
+        Code::SYNTAX,
+        Span::new(at, at + 1),
+        format!("brackets are nested more than {MAX_NESTING} deep"),
+    )
+    .with_label("too deep from here")
+    .with_help("split the expression into several `let`s");
     (std::borrow::Cow::Owned(text), Some(diagnostic))
 }
 
@@ -138,11 +142,7 @@ fn expression_depth(expr: &Pair<Rule>) -> usize {
         }
         let depth = open.last().map_or(1, |&(_, children)| children);
         deepest = deepest.max(depth);
-        let operators = if pair.as_rule() == Rule::expr {
-            operator_count(&pair)
-        } else {
-            0
-        };
+        let operators = if pair.as_rule() == Rule::expr { operator_count(&pair) } else { 0 };
         open.push((span.end(), depth + 1 + operators));
     }
     deepest + operator_count(expr)
@@ -155,8 +155,18 @@ fn operator_count(expr: &Pair<Rule>) -> usize {
         .filter(|p| {
             matches!(
                 p.as_rule(),
-                Rule::neg | Rule::add | Rule::sub | Rule::mul | Rule::div | Rule::matmul
-                    | Rule::eq | Rule::ne | Rule::lt | Rule::le | Rule::gt | Rule::ge
+                Rule::neg
+                    | Rule::add
+                    | Rule::sub
+                    | Rule::mul
+                    | Rule::div
+                    | Rule::matmul
+                    | Rule::eq
+                    | Rule::ne
+                    | Rule::lt
+                    | Rule::le
+                    | Rule::gt
+                    | Rule::ge
             )
         })
         .count()
@@ -373,10 +383,7 @@ impl Builder<'_> {
         let mut inner = pair.into_inner();
         let dtype_pair = inner.next().expect("dtype");
         let dtype = DTypeName::parse(dtype_pair.as_str()).expect("grammar admits only dtypes");
-        let shape = inner
-            .next()
-            .map(|shape| shape.into_inner().map(|p| self.expr(p)).collect())
-            .unwrap_or_default();
+        let shape = inner.next().map(|shape| shape.into_inner().map(|p| self.expr(p)).collect()).unwrap_or_default();
         TensorType { dtype, dtype_span: span_of(&dtype_pair), shape, span }
     }
 
@@ -401,12 +408,8 @@ impl Builder<'_> {
                 other => {
                     let shown = other.map(|c| format!("\\{c}")).unwrap_or_else(|| "\\".into());
                     self.diagnostics.push(
-                        Diagnostic::error(
-                            Code::BAD_LITERAL,
-                            span,
-                            format!("unknown escape `{shown}` in string"),
-                        )
-                        .with_help("the escapes are \\n, \\t, \\\\ and \\\""),
+                        Diagnostic::error(Code::BAD_LITERAL, span, format!("unknown escape `{shown}` in string"))
+                            .with_help("the escapes are \\n, \\t, \\\\ and \\\""),
                     );
                 }
             }
@@ -454,8 +457,12 @@ impl Builder<'_> {
             if depth > MAX_EXPRESSION_DEPTH {
                 let span = span_of(&pair);
                 self.diagnostics.push(
-                    Diagnostic::error(Code::SYNTAX, span, format!("this expression nests {depth} operations deep; the limit is {MAX_EXPRESSION_DEPTH}"))
-                        .with_help("split it into several `let`s"),
+                    Diagnostic::error(
+                        Code::SYNTAX,
+                        span,
+                        format!("this expression nests {depth} operations deep; the limit is {MAX_EXPRESSION_DEPTH}"),
+                    )
+                    .with_help("split it into several `let`s"),
                 );
                 return Expr { kind: ExprKind::Int(0), span };
             }
@@ -497,10 +504,7 @@ impl Builder<'_> {
                     Rule::gt => BinaryOp::Gt,
                     _ => BinaryOp::Ge,
                 };
-                Expr {
-                    span: lhs.span.to(rhs.span),
-                    kind: ExprKind::Binary(op, Box::new(lhs), Box::new(rhs)),
-                }
+                Expr { span: lhs.span.to(rhs.span), kind: ExprKind::Binary(op, Box::new(lhs), Box::new(rhs)) }
             })
             .parse(pairs);
         self.diagnostics.append(&mut diagnostics);
@@ -514,13 +518,9 @@ impl Builder<'_> {
                 Ok(value) => ExprKind::Int(value),
                 Err(_) => {
                     self.diagnostics.push(
-                        Diagnostic::error(
-                            Code::BAD_LITERAL,
-                            span,
-                            format!("integer `{}` is too large", pair.as_str()),
-                        )
-                        .with_label("does not fit in 64 bits")
-                        .with_help(format!("integers range up to {}", i64::MAX)),
+                        Diagnostic::error(Code::BAD_LITERAL, span, format!("integer `{}` is too large", pair.as_str()))
+                            .with_label("does not fit in 64 bits")
+                            .with_help(format!("integers range up to {}", i64::MAX)),
                     );
                     ExprKind::Int(0)
                 }
@@ -585,9 +585,9 @@ fn defined_name(pair: &Pair<Rule>) -> Option<Ident> {
         }
     }
     let rest = &text[at..];
-    let keyword = ["let", "param", "const", "input", "dim"].into_iter().find(|k| {
-        rest.strip_prefix(k).is_some_and(|r| r.starts_with(|c: char| c.is_whitespace()))
-    })?;
+    let keyword = ["let", "param", "const", "input", "dim"]
+        .into_iter()
+        .find(|k| rest.strip_prefix(k).is_some_and(|r| r.starts_with(|c: char| c.is_whitespace())))?;
     let after = &rest[keyword.len()..];
     let skipped = after.len() - after.trim_start().len();
     let name: String = after.trim_start().chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
@@ -692,14 +692,19 @@ fn syntax_error(source: &str, offset: usize, error: &pest::error::Error<Rule>) -
     };
     // At the end of the file, label the last character: miette shows no label on an empty span.
     let label_span = if found.is_empty() { last_char(source, at) } else { found };
-    let mut diagnostic = Diagnostic::error(Code::SYNTAX, label_span, message)
-        .with_label(if found.is_empty() { "the input ends after this".to_string() } else { "unexpected here".to_string() });
+    let mut diagnostic = Diagnostic::error(Code::SYNTAX, label_span, message).with_label(if found.is_empty() {
+        "the input ends after this".to_string()
+    } else {
+        "unexpected here".to_string()
+    });
     if let Some(help) = syntax_help(source, at, &found_text, &expected) {
         diagnostic = diagnostic.with_help(help);
     }
     if expected.iter().any(|e| e == "`)`" || e == "`]`") {
         // Only when the statement ran on past its line is the bracket the likely culprit.
-        let unclosed = unclosed_bracket(&source[offset..at]).map(|open| offset + open).filter(|&open| source[open..at].contains('\n'));
+        let unclosed = unclosed_bracket(&source[offset..at])
+            .map(|open| offset + open)
+            .filter(|&open| source[open..at].contains('\n'));
         if let Some(open) = unclosed {
             diagnostic = diagnostic.with_secondary(Span::new(open, open + 1), "this bracket is never closed");
         }
@@ -709,15 +714,32 @@ fn syntax_error(source: &str, offset: usize, error: &pest::error::Error<Rule>) -
 
 const KEYWORD_NOISE: &[&str] = &["`\"`", "`\\`", "`e`", "`E`", "`_`"];
 const EXPRESSION_PARTS: &[&str] = &[
-    "a name", "a number", "an integer", "a string", "a call", "`[`", "`(`", "`-`", "`.`",
-    "`true`", "`false`", "`true` or `false`",
+    "a name",
+    "a number",
+    "an integer",
+    "a string",
+    "a call",
+    "`[`",
+    "`(`",
+    "`-`",
+    "`.`",
+    "`true`",
+    "`false`",
+    "`true` or `false`",
 ];
 const DTYPES: &[&str] = &["`f32`", "`f64`", "`i32`", "`i64`", "`u8`", "`bool`"];
-const OPERATORS: &[&str] =
-    &["`!=`", "`*`", "`+`", "`-`", "`/`", "`<=`", "`<`", "`==`", "`>=`", "`>`", "`@`"];
+const OPERATORS: &[&str] = &["`!=`", "`*`", "`+`", "`-`", "`/`", "`<=`", "`<`", "`==`", "`>=`", "`>`", "`@`"];
 const STATEMENT_KEYWORDS: &[&str] = &[
-    "`dim`", "`input`", "`param`", "`const`", "`let`", "`output`", "`minimize`", "`device`",
-    "`return`", "a statement",
+    "`dim`",
+    "`input`",
+    "`param`",
+    "`const`",
+    "`let`",
+    "`output`",
+    "`minimize`",
+    "`device`",
+    "`return`",
+    "a statement",
 ];
 
 /// The innermost `(` or `[` in `text` that is not closed within it, ignoring strings and
