@@ -230,6 +230,18 @@ impl Graph {
         self.spans.insert(id, span);
     }
 
+    /// `roots` and every node they depend on, through data and control edges.
+    pub fn ancestors(&self, roots: &[NodeId]) -> std::collections::BTreeSet<NodeId> {
+        let mut seen = std::collections::BTreeSet::new();
+        let mut stack: Vec<NodeId> = roots.to_vec();
+        while let Some(id) = stack.pop() {
+            if seen.insert(id) {
+                stack.extend(self.graph.neighbors_directed(id.to_petgraph(), Direction::Incoming).map(NodeId::from_petgraph));
+            }
+        }
+        seen
+    }
+
     /// A topological order, stable: among ready nodes the oldest comes first, so the same
     /// graph always prints the same. `Err` holds the nodes on or behind a cycle.
     pub fn topo_order(&self) -> Result<Vec<NodeId>, Vec<NodeId>> {

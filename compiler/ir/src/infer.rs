@@ -249,8 +249,87 @@ pub fn infer(op: &Op, inputs: &[&TensorType]) -> Result<Vec<TensorType>> {
             dims.extend_from_slice(&params.shape.0[1..]);
             TensorType::new(params.dtype, dims)
         }
+        Op::ArgMax { axis, dtype } => {
+            numeric(name, inputs[0], 0)?;
+            check_axes(name, &[*axis], inputs[0].shape.rank(), inputs[0])?;
+            if !matches!(dtype, DType::I32 | DType::I64) {
+                return Err(TypeError::new(Code::DTYPE_MISMATCH, format!("`argmax` gives i32 or i64, not {dtype}")));
+            }
+            let mut dims = inputs[0].shape.0.clone();
+            dims.remove(*axis);
+            TensorType::new(*dtype, dims)
+        }
+        Op::BroadcastTo { shape } => {
+            let broadcast_shape = broadcast(name, &inputs[0].shape, shape)?;
+            if broadcast_shape != *shape {
+                return Err(TypeError::new(
+                    Code::SHAPE_MISMATCH,
+                    format!("{} does not broadcast to {shape}", inputs[0]),
+                ));
+            }
+            TensorType::new(inputs[0].dtype, shape.clone())
+        }
+        Op::Pad { before, after } => {
+            let rank = inputs[0].shape.rank();
+            if before.len() != rank || after.len() != rank {
+                return Err(TypeError::new(Code::AXIS_OUT_OF_RANGE, format!("`pad` of {} needs {rank} sizes before and after", inputs[0])));
+            }
+            let dims = inputs[0].shape.dims().iter().zip(before.iter().zip(after)).map(|(d, (b, a))| d + b + a);
+            TensorType::new(inputs[0].dtype, dims.collect::<Vec<_>>())
+        }
+        Op::Conv2dBackpropInput { input_shape, strides, padding } => {
+            let x = TensorType::new(inputs[0].dtype, input_shape.clone());
+            let out = conv2d(&x, inputs[0], *strides, *padding)?;
+            same_shape(name, &out, inputs[1])?;
+            x
+        }
+        Op::Conv2dBackpropFilter { filter_shape, strides, padding } => {
+            let filter = TensorType::new(inputs[0].dtype, filter_shape.clone());
+            let out = conv2d(inputs[0], &filter, *strides, *padding)?;
+            same_shape(name, &out, inputs[1])?;
+            filter
+        }
+        Op::MaxPoolGrad { window, strides, padding } => {
+            let out = infer(&Op::MaxPool { window: *window, strides: *strides, padding: *padding }, &[inputs[0]])?;
+            same_shape(name, &out[0], inputs[1])?;
+            inputs[0].clone()
+        }
+        Op::AvgPoolGrad { input_shape, window, strides, padding } => {
+            let x = TensorType::new(inputs[0].dtype, input_shape.clone());
+            let out = infer(&Op::AvgPool { window: *window, strides: *strides, padding: *padding }, &[&x])?;
+            same_shape(name, &out[0], inputs[0])?;
+            x
+        }
+        Op::ScatterAdd { rows } => {
+            let (indices, updates) = (inputs[0], inputs[1]);
+            if !matches!(indices.dtype, DType::I32 | DType::I64) {
+                return Err(TypeError::new(Code::DTYPE_MISMATCH, format!("`scatter_add` indices must be i32 or i64, not {}", indices.dtype)).at(0));
+            }
+            let k = indices.shape.rank();
+            if updates.shape.rank() < k || updates.shape.0[..k] != indices.shape.0[..] {
+                return Err(TypeError::new(
+                    Code::SHAPE_MISMATCH,
+                    format!("`scatter_add` updates {updates} do not start with the indices' shape {}", indices.shape),
+                )
+                .at(1));
+            }
+            let mut dims = vec![*rows];
+            dims.extend_from_slice(&updates.shape.0[k..]);
+            TensorType::new(updates.dtype, dims)
+        }
     };
     Ok(vec![ty])
+}
+
+fn same_shape(name: &str, expected: &TensorType, actual: &TensorType) -> Result<()> {
+    if expected != actual {
+        return Err(TypeError::new(
+            Code::SHAPE_MISMATCH,
+            format!("`{name}` gets an output gradient {actual}, but the forward op gives {expected}"),
+        )
+        .at(1));
+    }
+    Ok(())
 }
 
 /// NumPy broadcasting: align from the right; sizes must be equal or 1.

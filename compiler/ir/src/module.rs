@@ -15,6 +15,8 @@ pub struct Module {
     /// `Variable` nodes of the model's parameters, in creation order.
     pub params: Vec<NodeId>,
     pub outputs: Vec<Output>,
+    /// Scalars averaged over evaluation data (`metric accuracy = ...`).
+    pub metrics: Vec<Output>,
     pub training: Option<Training>,
 }
 
@@ -29,6 +31,11 @@ pub struct Training {
     /// A floating-point scalar.
     pub loss: TensorRef,
     pub optimizer: Optimizer,
+    /// The gradient of the loss for each trainable variable; filled by autodiff.
+    pub gradients: Vec<(NodeId, TensorRef)>,
+    /// The ops that one training step runs for their effect (variable and slot updates),
+    /// filled by the optimizer pass. Empty until then.
+    pub updates: Vec<NodeId>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -94,6 +94,27 @@ pub enum Op {
     },
     /// `(params[V, ...], indices[...]) -> [indices..., params[1..]]` along axis 0.
     Gather,
+    /// Index of the largest element along `axis` (the first on ties), as `dtype` (i32 or i64).
+    ArgMax { axis: usize, dtype: DType },
+
+    // The ops below exist for gradients; the language does not name them.
+    /// Broadcasts (NumPy rules) to `shape`.
+    BroadcastTo { shape: Shape },
+    /// Zero padding: `before[i]` and `after[i]` zeros around axis i. The gradient of `Slice`.
+    Pad { before: Vec<usize>, after: Vec<usize> },
+    /// `(filter, grad_out) -> grad_input` of `Conv2d` with these attributes.
+    Conv2dBackpropInput { input_shape: Shape, strides: [usize; 2], padding: Padding },
+    /// `(input, grad_out) -> grad_filter` of `Conv2d` with these attributes.
+    Conv2dBackpropFilter { filter_shape: Shape, strides: [usize; 2], padding: Padding },
+    /// `(input, grad_out) -> grad_input` of `MaxPool`: each window's gradient goes to its
+    /// (first) largest element.
+    MaxPoolGrad { window: [usize; 2], strides: [usize; 2], padding: Padding },
+    /// `grad_out -> grad_input` of `AvgPool` (each output spreads evenly over its window's valid
+    /// elements).
+    AvgPoolGrad { input_shape: Shape, window: [usize; 2], strides: [usize; 2], padding: Padding },
+    /// `(indices[I...], updates[I..., D...]) -> [rows, D...]`: sums each update into the row its
+    /// index names (out-of-range indices are an error at run time). The gradient of `Gather`.
+    ScatterAdd { rows: usize },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -413,6 +434,14 @@ impl Op {
             Op::MaxPool { .. } => "max_pool",
             Op::AvgPool { .. } => "avg_pool",
             Op::Gather => "gather",
+            Op::ArgMax { .. } => "argmax",
+            Op::BroadcastTo { .. } => "broadcast_to",
+            Op::Pad { .. } => "pad",
+            Op::Conv2dBackpropInput { .. } => "conv2d_backprop_input",
+            Op::Conv2dBackpropFilter { .. } => "conv2d_backprop_filter",
+            Op::MaxPoolGrad { .. } => "max_pool_grad",
+            Op::AvgPoolGrad { .. } => "avg_pool_grad",
+            Op::ScatterAdd { .. } => "scatter_add",
         }
     }
 
@@ -433,7 +462,11 @@ impl Op {
             | Op::LogSoftmax { .. }
             | Op::OneHot { .. }
             | Op::MaxPool { .. }
-            | Op::AvgPool { .. } => 1,
+            | Op::AvgPool { .. }
+            | Op::ArgMax { .. }
+            | Op::BroadcastTo { .. }
+            | Op::Pad { .. }
+            | Op::AvgPoolGrad { .. } => 1,
             Op::Assign
             | Op::AssignAdd
             | Op::AssignSub
@@ -443,7 +476,11 @@ impl Op {
             | Op::SoftmaxCrossEntropy
             | Op::SigmoidCrossEntropy
             | Op::Conv2d { .. }
-            | Op::Gather => 2,
+            | Op::Gather
+            | Op::Conv2dBackpropInput { .. }
+            | Op::Conv2dBackpropFilter { .. }
+            | Op::MaxPoolGrad { .. }
+            | Op::ScatterAdd { .. } => 2,
             Op::Select => 3,
             Op::Concat { .. } => return None,
         })
@@ -495,6 +532,17 @@ impl Op {
                 attrs
             }
             Op::OneHot { depth, .. } => vec![("depth", depth.to_string())],
+            Op::ArgMax { axis, .. } => vec![("axis", axis.to_string())],
+            Op::Pad { before, after } => vec![("before", list(before)), ("after", list(after))],
+            Op::Conv2dBackpropInput { strides, padding, .. } | Op::Conv2dBackpropFilter { strides, padding, .. } => {
+                vec![("strides", list(strides)), ("padding", padding.name().into())]
+            }
+            Op::MaxPoolGrad { window, strides, padding } | Op::AvgPoolGrad { window, strides, padding, .. } => vec![
+                ("window", list(window)),
+                ("strides", list(strides)),
+                ("padding", padding.name().into()),
+            ],
+            Op::ScatterAdd { rows } => vec![("rows", rows.to_string())],
             Op::Conv2d { strides, padding } => {
                 vec![("strides", list(strides)), ("padding", padding.name().into())]
             }

@@ -75,8 +75,15 @@ pub fn print_annotated(module: &Module, notes: &HashMap<NodeId, Vec<String>>) ->
     for output in &module.outputs {
         let _ = writeln!(out, "  output {} = {}", output.name, operand(&output.tensor));
     }
+    for metric in &module.metrics {
+        let _ = writeln!(out, "  metric {} = {}", metric.name, operand(&metric.tensor));
+    }
     if let Some(training) = &module.training {
         let _ = writeln!(out, "  minimize {} with {}", operand(&training.loss), training.optimizer);
+        if !training.updates.is_empty() {
+            let updates: Vec<String> = training.updates.iter().map(|u| operand(&(*u).into())).collect();
+            let _ = writeln!(out, "  updates {}", updates.join(", "));
+        }
     }
     out.push_str("}\n");
     out

@@ -42,8 +42,18 @@ pub fn verify(module: &Module, options: VerifyOptions) -> Vec<VerifyError> {
     for output in &module.outputs {
         check_ref(&format!("output `{}`", output.name), output.tensor);
     }
+    for metric in &module.metrics {
+        check_ref(&format!("metric `{}`", metric.name), metric.tensor);
+    }
     if let Some(training) = &module.training {
         check_ref("the loss", training.loss);
+        for (variable, gradient) in &training.gradients {
+            check_ref("a gradient", *gradient);
+            check_ref("a gradient's variable", (*variable).into());
+        }
+        for update in &training.updates {
+            check_ref("an update", (*update).into());
+        }
     }
     for &id in &module.inputs {
         if !graph.contains(id) || !matches!(graph.node(id).op, Op::Input { .. }) {

@@ -79,6 +79,8 @@ fn module_references_and_the_loss_are_checked() {
     module.training = Some(Training {
         loss: y.into(),
         optimizer: Optimizer { kind: OptimizerKind::Sgd, learning_rate: 0.1, weight_decay: 0.0 },
+        gradients: Vec::new(),
+        updates: Vec::new(),
     });
     module.params.push(x);
     module.graph.remove(y);

@@ -29,7 +29,10 @@ fn module() -> Module {
         training: Some(Training {
             loss: loss.into(),
             optimizer: Optimizer { kind: OptimizerKind::Sgd, learning_rate: 0.1, weight_decay: 0.0 },
+            gradients: Vec::new(),
+            updates: Vec::new(),
         }),
+        metrics: Vec::new(),
     }
 }
 

@@ -69,6 +69,7 @@ pub const OPS: &[(&str, &str, &str)] = &[
     ("max_pool", "max_pool(x, window=2, strides=window, padding=\"valid\")", "Maximum over windows of NHWC input."),
     ("avg_pool", "avg_pool(x, window=2, strides=window, padding=\"valid\")", "Mean over windows of NHWC input."),
     ("gather", "gather(table, indices)", "Rows of `table` at integer `indices` (embedding lookup)."),
+    ("argmax", "argmax<T=i32>(x, axis=-1)", "Index of the largest element along an axis (the first of equals)."),
     ("stop_gradient", "stop_gradient(x)", "x, through which no gradient flows."),
     ("identity", "identity(x)", "x unchanged."),
 ];
@@ -109,7 +110,9 @@ fn params_of(name: &str) -> &'static [Param<'static>] {
             Param { name: "axis", required: false },
             Param { name: "keep_dims", required: false },
         ],
-        "softmax" | "log_softmax" => &[Param { name: "x", required: true }, Param { name: "axis", required: false }],
+        "softmax" | "log_softmax" | "argmax" => {
+            &[Param { name: "x", required: true }, Param { name: "axis", required: false }]
+        }
         "softmax_cross_entropy" | "sigmoid_cross_entropy" => {
             &[Param { name: "logits", required: true }, Param { name: "labels", required: true }]
         }
@@ -154,10 +157,10 @@ impl Lowerer<'_> {
             return self.eval_args_for_errors(call);
         }
         if let Some((_, type_span)) = call.type_arg {
-            if name != "cast" && name != "one_hot" {
+            if name != "cast" && name != "one_hot" && name != "argmax" {
                 self.diagnostics.push(
                     Diagnostic::error(Code::ARGUMENT_KIND, type_span, format!("`{name}` takes no type argument"))
-                        .with_help("only cast<T> and one_hot<T> take one"),
+                        .with_help("only cast<T>, one_hot<T> and argmax<T> take one"),
                 );
             }
         }
@@ -453,6 +456,17 @@ impl Lowerer<'_> {
                 let Some(axis) = axis else { return Val::Error };
                 let op = if name == "softmax" { Op::Softmax { axis } } else { Op::LogSoftmax { axis } };
                 self.node(op, &[x], span)
+            }
+            "argmax" => {
+                let Some(x) = self.tensor_arg(bound[0]) else { return Val::Error };
+                let rank = self.graph.ty(x.0).shape.rank();
+                let axis = match bound[1] {
+                    Some(arg) => self.const_int(&arg.value, "the axis").and_then(|v| self.axis(v, rank, arg.value.span)),
+                    None => self.axis(-1, rank, x.1),
+                };
+                let Some(axis) = axis else { return Val::Error };
+                let dtype = call.type_arg.map(|(d, _)| crate::eval::dtype_of(d)).unwrap_or(DType::I32);
+                self.node(Op::ArgMax { axis, dtype }, &[x], span)
             }
             "one_hot" => {
                 let Some(x) = self.tensor_arg(bound[0]) else { return Val::Error };

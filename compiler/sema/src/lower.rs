@@ -61,6 +61,7 @@ pub struct BlockState {
     pub dims: Vec<(String, usize)>,
     pub inputs: Vec<NodeId>,
     pub outputs: Vec<(Output, Span)>,
+    pub metrics: Vec<(Output, Span)>,
     pub training: Option<(Training, Span)>,
     pub returned: Option<(Val, Span)>,
 }
@@ -72,6 +73,7 @@ impl BlockState {
             dims: Vec::new(),
             inputs: Vec::new(),
             outputs: Vec::new(),
+            metrics: Vec::new(),
             training: None,
             returned: None,
         }
@@ -138,6 +140,7 @@ pub fn lower_model(model: &ast::Model, layers: &Layers, options: &Options) -> (M
         inputs: state.inputs,
         params: lowerer.params,
         outputs: state.outputs.into_iter().map(|(o, _)| o).collect(),
+        metrics: state.metrics.into_iter().map(|(o, _)| o).collect(),
         training: state.training.map(|(t, _)| t),
     };
     (module, lowerer.diagnostics)
@@ -152,9 +155,16 @@ impl<'a> Lowerer<'a> {
 
     fn stmt(&mut self, stmt: &Stmt, state: &mut BlockState) {
         let allowed = match (&stmt.kind, state.context) {
-            (StmtKind::Dim { .. } | StmtKind::Input { .. } | StmtKind::Output { .. } | StmtKind::Minimize { .. }, Context::Layer) => {
-                Err("a layer body holds `param`, `const`, `let`, `device` and `return`; inputs, outputs, dims and `minimize` belong to the model")
-            }
+            (
+                StmtKind::Dim { .. }
+                | StmtKind::Input { .. }
+                | StmtKind::Output { .. }
+                | StmtKind::Metric { .. }
+                | StmtKind::Minimize { .. },
+                Context::Layer,
+            ) => Err(
+                "a layer body holds `param`, `const`, `let`, `device` and `return`; inputs, outputs, metrics, dims and `minimize` belong to the model",
+            ),
             (StmtKind::Return { .. }, Context::Model) => Err("`return` ends a layer; a model names its results with `output`"),
             _ => Ok(()),
         };
@@ -200,6 +210,7 @@ impl<'a> Lowerer<'a> {
                 }
             }
             StmtKind::Minimize { loss, optimizer } => self.minimize(loss, optimizer, stmt.span, state),
+            StmtKind::Metric { name, value } => self.metric(name, value, state),
             StmtKind::Device { spec, body } => match DeviceSpec::parse(&spec.value) {
                 Ok(device) => {
                     self.device = Some(merge_device(self.device.as_ref(), &device));
@@ -585,6 +596,31 @@ impl<'a> Lowerer<'a> {
         }
     }
 
+    /// `metric NAME = EXPR`: a numeric scalar, averaged over evaluation batches by `dfc run`.
+    fn metric(&mut self, name: &Ident, value: &Expr, state: &mut BlockState) {
+        if let Some((_, first)) = state.metrics.iter().find(|(m, _)| m.name == name.name) {
+            let first = *first;
+            self.diagnostics.push(
+                Diagnostic::error(Code::BAD_OUTPUT, name.span, format!("metric `{}` is defined twice", name.name))
+                    .with_secondary(first, "first defined here"),
+            );
+            return;
+        }
+        self.hint = name.name.clone();
+        let evaluated = self.eval(value);
+        let Some(tensor) = self.make_tensor(evaluated, value.span, Some(DType::F32)) else { return };
+        let ty = self.graph.ty(tensor).clone();
+        if ty.shape.rank() != 0 || !ty.dtype.is_numeric() {
+            self.diagnostics.push(
+                Diagnostic::error(Code::BAD_OUTPUT, value.span, format!("a metric is a numeric scalar, not {ty}"))
+                    .with_label(format!("{ty}"))
+                    .with_help("reduce it over the batch, e.g. `mean(cast<f32>(argmax(logits) == labels))`"),
+            );
+            return;
+        }
+        state.metrics.push((Output { name: name.name.clone(), tensor }, name.span));
+    }
+
     fn minimize(&mut self, loss: &Expr, optimizer: &ast::Call, span: Span, state: &mut BlockState) {
         if let Some((_, first)) = &state.training {
             self.diagnostics.push(
@@ -618,7 +654,7 @@ impl<'a> Lowerer<'a> {
             return;
         }
         if let Some(optimizer) = optimizer {
-            state.training = Some((Training { loss: tensor, optimizer }, span));
+            state.training = Some((Training { loss: tensor, optimizer, gradients: Vec::new(), updates: Vec::new() }, span));
         }
     }
 
@@ -986,7 +1022,7 @@ pub fn declared_dims(stmts: &[Stmt]) -> Vec<&str> {
 
 fn declares_results(stmt: &Stmt) -> bool {
     match &stmt.kind {
-        StmtKind::Output { .. } | StmtKind::Minimize { .. } => true,
+        StmtKind::Output { .. } | StmtKind::Minimize { .. } | StmtKind::Metric { .. } => true,
         StmtKind::Device { body, .. } => body.iter().any(declares_results),
         _ => false,
     }

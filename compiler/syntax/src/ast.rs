@@ -96,6 +96,11 @@ pub enum StmtKind {
     Output {
         items: Vec<OutputItem>,
     },
+    /// `metric accuracy = mean(...)`: a scalar averaged over evaluation data.
+    Metric {
+        name: Ident,
+        value: Expr,
+    },
     Minimize {
         loss: Expr,
         optimizer: Call,
@@ -124,6 +129,7 @@ impl StmtKind {
             StmtKind::Const { .. } => "const",
             StmtKind::Let { .. } => "let",
             StmtKind::Output { .. } => "output",
+            StmtKind::Metric { .. } => "metric",
             StmtKind::Minimize { .. } => "minimize",
             StmtKind::Device { .. } => "device",
             StmtKind::Return { .. } => "return",

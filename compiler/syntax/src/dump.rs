@@ -77,6 +77,9 @@ fn block(out: &mut String, stmts: &[Stmt], depth: usize) {
                     .collect();
                 let _ = writeln!(out, "output {}", items.join(", "));
             }
+            StmtKind::Metric { name, value } => {
+                let _ = writeln!(out, "metric {} = {}", name.name, expr(value));
+            }
             StmtKind::Minimize { loss, optimizer } => {
                 let _ = writeln!(out, "minimize {} with {}", expr(loss), call(optimizer));
             }

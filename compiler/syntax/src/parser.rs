@@ -342,6 +342,10 @@ impl Builder<'_> {
                     })
                     .collect(),
             },
+            Rule::metric_stmt => {
+                let name = ident(inner.next()?);
+                StmtKind::Metric { name, value: self.expr(inner.next()?) }
+            }
             Rule::minimize_stmt => {
                 let loss = self.expr(inner.next()?);
                 StmtKind::Minimize { loss, optimizer: self.call(inner.next()?) }
@@ -613,6 +617,7 @@ fn significant(pair: Pair<'_, Rule>) -> impl Iterator<Item = Pair<'_, Rule>> {
                 | Rule::kw_let
                 | Rule::kw_output
                 | Rule::kw_minimize
+                | Rule::kw_metric
                 | Rule::kw_with
                 | Rule::kw_device
                 | Rule::kw_return
@@ -730,7 +735,7 @@ const EXPRESSION_PARTS: &[&str] = &[
 const DTYPES: &[&str] = &["`f32`", "`f64`", "`i32`", "`i64`", "`u8`", "`bool`"];
 const OPERATORS: &[&str] = &["`!=`", "`*`", "`+`", "`-`", "`/`", "`<=`", "`<`", "`==`", "`>=`", "`>`", "`@`"];
 const STATEMENT_KEYWORDS: &[&str] = &[
-    "`dim`",
+    "`dim`", "`metric`",
     "`input`",
     "`param`",
     "`const`",
@@ -783,7 +788,7 @@ fn token_at(source: &str, at: usize) -> Span {
 }
 
 const KEYWORDS: &[&str] = &[
-    "model", "layer", "dim", "input", "param", "const", "let", "output", "minimize", "with", "device", "return", "as",
+    "model", "layer", "dim", "input", "param", "const", "let", "output", "metric", "minimize", "with", "device", "return", "as",
     "true", "false", "f32", "f64", "i32", "i64", "u8", "bool",
 ];
 
@@ -838,6 +843,7 @@ fn rule_description(rule: Rule) -> Option<&'static str> {
         | Rule::const_stmt
         | Rule::let_stmt
         | Rule::output_stmt
+        | Rule::metric_stmt
         | Rule::minimize_stmt
         | Rule::device_block
         | Rule::return_stmt => "a statement",
