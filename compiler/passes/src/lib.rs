@@ -1,0 +1,1 @@
+//! The passes over the IR: autodiff, optimizer updates, prune, simplify.

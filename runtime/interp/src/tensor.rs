@@ -1,0 +1,140 @@
+//! Tensors as the runtime holds them: a shape and row-major data of one element type.
+
+use dfc_ir::{ConstData, ConstValue, DType, Shape, TensorType};
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Data {
+    F32(Vec<f32>),
+    F64(Vec<f64>),
+    I32(Vec<i32>),
+    I64(Vec<i64>),
+    U8(Vec<u8>),
+    Bool(Vec<bool>),
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tensor {
+    pub shape: Shape,
+    pub data: Data,
+}
+
+impl Tensor {
+    /// A tensor of `shape` holding `data`; the element count must match.
+    pub fn new(shape: impl Into<Shape>, data: Data) -> Tensor {
+        let shape = shape.into();
+        let tensor = Tensor { shape, data };
+        assert_eq!(tensor.len(), tensor.shape.n_elements(), "data length does not match the shape {}", tensor.shape);
+        tensor
+    }
+
+    pub fn zeros(ty: &TensorType) -> Tensor {
+        let n = ty.shape.n_elements();
+        let data = match ty.dtype {
+            DType::F32 => Data::F32(vec![0.0; n]),
+            DType::F64 => Data::F64(vec![0.0; n]),
+            DType::I32 => Data::I32(vec![0; n]),
+            DType::I64 => Data::I64(vec![0; n]),
+            DType::U8 => Data::U8(vec![0; n]),
+            DType::Bool => Data::Bool(vec![false; n]),
+        };
+        Tensor { shape: ty.shape.clone(), data }
+    }
+
+    /// `values` converted to `dtype` as Rust's `as` converts.
+    pub fn from_f64(dtype: DType, shape: impl Into<Shape>, values: &[f64]) -> Tensor {
+        let value = ConstValue::from_f64(dtype, shape.into(), values);
+        Tensor::from_const(&value)
+    }
+
+    pub fn from_const(value: &ConstValue) -> Tensor {
+        let data = match &value.data {
+            ConstData::F32(v) => Data::F32(v.clone()),
+            ConstData::F64(v) => Data::F64(v.clone()),
+            ConstData::I32(v) => Data::I32(v.clone()),
+            ConstData::I64(v) => Data::I64(v.clone()),
+            ConstData::U8(v) => Data::U8(v.clone()),
+            ConstData::Bool(v) => Data::Bool(v.clone()),
+        };
+        Tensor::new(value.shape.clone(), data)
+    }
+
+    pub fn dtype(&self) -> DType {
+        match self.data {
+            Data::F32(_) => DType::F32,
+            Data::F64(_) => DType::F64,
+            Data::I32(_) => DType::I32,
+            Data::I64(_) => DType::I64,
+            Data::U8(_) => DType::U8,
+            Data::Bool(_) => DType::Bool,
+        }
+    }
+
+    pub fn ty(&self) -> TensorType {
+        TensorType::new(self.dtype(), self.shape.clone())
+    }
+
+    pub fn len(&self) -> usize {
+        match &self.data {
+            Data::F32(v) => v.len(),
+            Data::F64(v) => v.len(),
+            Data::I32(v) => v.len(),
+            Data::I64(v) => v.len(),
+            Data::U8(v) => v.len(),
+            Data::Bool(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Every element as f64 (exact for all types but i64 beyond 2^53).
+    pub fn to_f64_vec(&self) -> Vec<f64> {
+        match &self.data {
+            Data::F32(v) => v.iter().map(|&x| x as f64).collect(),
+            Data::F64(v) => v.clone(),
+            Data::I32(v) => v.iter().map(|&x| x as f64).collect(),
+            Data::I64(v) => v.iter().map(|&x| x as f64).collect(),
+            Data::U8(v) => v.iter().map(|&x| x as f64).collect(),
+            Data::Bool(v) => v.iter().map(|&x| f64::from(u8::from(x))).collect(),
+        }
+    }
+
+    /// A scalar's value as f64. Panics if the tensor is not a single element.
+    pub fn scalar_f64(&self) -> f64 {
+        assert_eq!(self.len(), 1, "not a scalar: {}", self.ty());
+        self.to_f64_vec()[0]
+    }
+
+    /// The raw little-endian bytes of the data (for checkpoints and .npy).
+    pub fn to_le_bytes(&self) -> Vec<u8> {
+        match &self.data {
+            Data::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Data::F64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Data::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Data::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Data::U8(v) => v.clone(),
+            Data::Bool(v) => v.iter().map(|&x| u8::from(x)).collect(),
+        }
+    }
+
+    /// The inverse of `to_le_bytes`; `None` if the byte count does not fit the type.
+    pub fn from_le_bytes(ty: &TensorType, bytes: &[u8]) -> Option<Tensor> {
+        let n = ty.shape.n_elements();
+        if bytes.len() != n.checked_mul(ty.dtype.size_in_bytes())? {
+            return None;
+        }
+        fn chunks<const N: usize, T>(bytes: &[u8], f: fn([u8; N]) -> T) -> Vec<T> {
+            bytes.chunks_exact(N).map(|c| f(c.try_into().expect("exact chunks"))).collect()
+        }
+        let data = match ty.dtype {
+            DType::F32 => Data::F32(chunks(bytes, f32::from_le_bytes)),
+            DType::F64 => Data::F64(chunks(bytes, f64::from_le_bytes)),
+            DType::I32 => Data::I32(chunks(bytes, i32::from_le_bytes)),
+            DType::I64 => Data::I64(chunks(bytes, i64::from_le_bytes)),
+            DType::U8 => Data::U8(bytes.to_vec()),
+            DType::Bool => Data::Bool(bytes.iter().map(|&b| b != 0).collect()),
+        };
+        Some(Tensor { shape: ty.shape.clone(), data })
+    }
+}
