@@ -32,6 +32,9 @@ enum Command {
         file: PathBuf,
         #[command(flatten)]
         model: ModelArgs,
+        /// Show the IR after this pass (sema: as analysed, before any pass).
+        #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(dfc_passes::PASSES), default_value = "sema")]
+        after: String,
     },
     /// Compile a model into a plan file.
     Compile {
@@ -82,7 +85,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Check { files, model, message_format } => check(&files, &model, message_format),
-        Command::Ir { file, model } => ir(&file, &model),
+        Command::Ir { file, model, after } => ir(&file, &model, &after),
         Command::Compile { file, model, output } => compile(&file, &model, output),
         Command::Inspect { plan, json } => inspect(&plan, json),
     };
@@ -229,14 +232,16 @@ fn load_module(path: &Path, model: &ModelArgs) -> Result<Option<(Source, dfc_ir:
     Ok(Some((source, module)))
 }
 
-fn ir(path: &Path, model: &ModelArgs) -> Outcome {
-    let Some((_, module)) = load_module(path, model)? else { return Ok(ExitCode::FAILURE) };
+fn ir(path: &Path, model: &ModelArgs, after: &str) -> Outcome {
+    let Some((_, mut module)) = load_module(path, model)? else { return Ok(ExitCode::FAILURE) };
+    dfc_passes::run_pipeline(&mut module, Some(after));
     print!("{}", dfc_ir::print(&module));
     Ok(ExitCode::SUCCESS)
 }
 
 fn compile(path: &Path, model: &ModelArgs, output: Option<PathBuf>) -> Outcome {
-    let Some((source, module)) = load_module(path, model)? else { return Ok(ExitCode::FAILURE) };
+    let Some((source, mut module)) = load_module(path, model)? else { return Ok(ExitCode::FAILURE) };
+    dfc_passes::run_pipeline(&mut module, None);
     let output = output.unwrap_or_else(|| path.with_extension("plan"));
     let name = path.file_name().map_or_else(|| source.path.clone(), |n| n.to_string_lossy().into_owned());
     let plan = dfc_plan::Plan::single_device(module, &name, &source.text);

@@ -379,7 +379,9 @@ impl fmt::Display for ConstValue {
         let show = |v: f64| -> String {
             match self.dtype() {
                 DType::Bool => (v != 0.0).to_string(),
-                d if d.is_float() => format!("{v:?}"),
+                // An f32 shown as the shortest text that reads back as the same f32.
+                DType::F32 => format!("{:?}", v as f32),
+                DType::F64 => format!("{v:?}"),
                 _ => format!("{}", v as i64),
             }
         };

@@ -1,1 +1,35 @@
-//! The passes over the IR: autodiff, optimizer updates, prune, simplify.
+//! The passes over the IR. Each is a module with one entry function and no printing; the
+//! verifier runs after each in tests (`run_pipeline` verifies in debug builds).
+//!
+//! Order for training: autodiff → optimizer → simplify. `prune` selects what a given set of
+//! fetches and targets needs, for running.
+
+mod autodiff;
+mod optimizer;
+
+pub use autodiff::autodiff;
+pub use optimizer::apply_optimizer;
+
+use dfc_ir::Module;
+
+/// The passes `dfc ir --after` and `dfc compile` know, in pipeline order.
+pub const PASSES: &[&str] = &["sema", "autodiff", "optimizer"];
+
+/// Runs the pipeline up to and including `last` (`None`: all of it). Debug builds verify the IR
+/// after every pass and panic on a broken invariant, naming the pass: that is a compiler bug.
+pub fn run_pipeline(module: &mut Module, last: Option<&str>) {
+    for &pass in PASSES {
+        match pass {
+            "autodiff" => autodiff(module),
+            "optimizer" => apply_optimizer(module),
+            _ => {}
+        }
+        if cfg!(debug_assertions) {
+            let problems = dfc_ir::verify(module, dfc_ir::VerifyOptions::default());
+            assert!(problems.is_empty(), "the IR is broken after `{pass}`: {problems:?}");
+        }
+        if Some(pass) == last {
+            break;
+        }
+    }
+}
