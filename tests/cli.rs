@@ -48,7 +48,8 @@ fn every_example_checks_clean() {
     }
 }
 
-/// `dfc compile` then `dfc inspect`: the plan holds the same IR that `dfc ir` prints, and the
+/// `dfc compile` then `dfc inspect`: the plan holds the same IR that `dfc ir --after` the last
+/// pass prints, and the
 /// summary names the model's inputs, params and outputs.
 #[test]
 fn every_example_compiles_and_inspects() {
@@ -59,7 +60,9 @@ fn every_example_compiles_and_inspects() {
         let compiled = dfc(&["compile", source, "-o", plan_path.to_str().expect("utf-8")]);
         assert!(compiled.status.success(), "{stem}: {}", text(&compiled.stderr));
 
-        let ir = dfc(&["ir", source]);
+        // The plan holds the IR after the whole pipeline.
+        let last_pass = dfc_passes::PASSES.last().expect("passes");
+        let ir = dfc(&["ir", source, "--after", last_pass]);
         assert!(ir.status.success());
         let plan = dfc_plan::decode(&std::fs::read(&plan_path).expect("plan written")).expect("plan decodes");
         assert_eq!(plan.partitions.len(), 1);
