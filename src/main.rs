@@ -1,6 +1,7 @@
 //! The `dfc` command: check, ir, compile, inspect.
 
 mod render;
+mod run;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use dfc_diag::{Code, Diagnostic, LineIndex, Span};
@@ -45,6 +46,40 @@ enum Command {
         #[arg(short, long)]
         output: Option<PathBuf>,
     },
+    /// Train a plan on data files, or run it forward with --fetch.
+    Run {
+        plan: PathBuf,
+        /// Bind an input to a data file (IDX raw or .gz, .npy, CSV): --feed images=train.gz
+        #[arg(long = "feed", value_name = "INPUT=PATH", value_parser = parse_feed)]
+        feeds: Vec<(String, PathBuf)>,
+        /// Evaluation data, used after each epoch: --eval-feed images=test.gz
+        #[arg(long = "eval-feed", value_name = "INPUT=PATH", value_parser = parse_feed)]
+        eval_feeds: Vec<(String, PathBuf)>,
+        /// Passes over the training data [default: 1].
+        #[arg(long)]
+        epochs: Option<u64>,
+        /// Stop after this many training steps in all.
+        #[arg(long)]
+        steps: Option<u64>,
+        /// Seed of the initial values.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Seed of the example order (epoch e shuffles with this seed and e).
+        #[arg(long, default_value_t = 0)]
+        shuffle_seed: u64,
+        /// Write one JSON object per epoch to this file.
+        #[arg(long)]
+        metrics: Option<PathBuf>,
+        /// Save the variables after each epoch here, and resume from the newest checkpoint.
+        #[arg(long)]
+        checkpoint_dir: Option<PathBuf>,
+        /// Run forward and print (or with -o save as .npy) this output instead of training.
+        #[arg(long)]
+        fetch: Option<String>,
+        /// With --fetch: the .npy file to write.
+        #[arg(short, long, requires = "fetch")]
+        output: Option<PathBuf>,
+    },
     /// Describe what a plan file holds.
     Inspect {
         plan: PathBuf,
@@ -70,6 +105,11 @@ enum MessageFormat {
     Json,
 }
 
+fn parse_feed(text: &str) -> Result<(String, PathBuf), String> {
+    let (name, path) = text.split_once('=').ok_or_else(|| format!("`{text}` is not INPUT=PATH"))?;
+    Ok((name.trim().to_string(), PathBuf::from(path)))
+}
+
 fn parse_dim(text: &str) -> Result<(String, i64), String> {
     let (name, value) = text.split_once('=').ok_or_else(|| format!("`{text}` is not NAME=VALUE"))?;
     let value = value.trim().parse().map_err(|_| format!("the value of `{name}` is not an integer: `{value}`"))?;
@@ -88,6 +128,31 @@ fn main() -> ExitCode {
         Command::Ir { file, model, after } => ir(&file, &model, &after),
         Command::Compile { file, model, output } => compile(&file, &model, output),
         Command::Inspect { plan, json } => inspect(&plan, json),
+        Command::Run {
+            plan,
+            feeds,
+            eval_feeds,
+            epochs,
+            steps,
+            seed,
+            shuffle_seed,
+            metrics,
+            checkpoint_dir,
+            fetch,
+            output,
+        } => {
+            let train = dfc_driver::TrainOptions {
+                feeds,
+                eval_feeds,
+                epochs,
+                steps,
+                seed,
+                shuffle_seed,
+                metrics,
+                checkpoint_dir,
+            };
+            run_plan(&plan, &run::RunArgs { train, fetch, output })
+        }
     };
     match result {
         Ok(code) => code,
@@ -251,10 +316,27 @@ fn compile(path: &Path, model: &ModelArgs, output: Option<PathBuf>) -> Outcome {
     Ok(ExitCode::SUCCESS)
 }
 
-fn inspect(path: &Path, json: bool) -> Outcome {
+fn read_plan(path: &Path) -> Result<dfc_plan::Plan, Failure> {
     let bytes =
         std::fs::read(path).map_err(|e| Failure(format!("cannot read `{}`: {}", path.display(), io_reason(&e))))?;
-    let plan = dfc_plan::decode(&bytes).map_err(|e| Failure(format!("`{}`: {e}", path.display())))?;
+    dfc_plan::decode(&bytes).map_err(|e| Failure(format!("`{}`: {e}", path.display())))
+}
+
+fn run_plan(path: &Path, args: &run::RunArgs) -> Outcome {
+    let plan = read_plan(path)?;
+    let [partition] = plan.partitions.as_slice() else {
+        return Err(Failure(format!(
+            "`{}` has {} partitions; this dfc runs single-device plans",
+            path.display(),
+            plan.partitions.len()
+        )));
+    };
+    run::run(&partition.module, args).map_err(Failure)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn inspect(path: &Path, json: bool) -> Outcome {
+    let plan = read_plan(path)?;
     let summary = dfc_plan::summary(&plan);
     if json {
         println!("{}", serde_json::to_string_pretty(&summary).expect("summaries serialise"));

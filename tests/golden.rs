@@ -153,6 +153,37 @@ fn ir_of_examples() {
     ir_golden("examples", "tests/examples");
 }
 
+/// The IR after the whole pipeline up to `simplify`, verified: `tests/passes/*.df` →
+/// `tests/passes/*.simplify.ir`, and the examples → `tests/passes/examples/*.simplify.ir`.
+#[test]
+fn ir_after_passes() {
+    let mut failures = Vec::new();
+    for (dir, expected_dir) in [("tests/passes", "tests/passes"), ("examples", "tests/passes/examples")] {
+        for path in df_files(dir) {
+            let text = read(&path);
+            let (analyses, diagnostics) = dfc_sema::check_source(&text, &dfc_sema::Options::default());
+            if diagnostics.iter().any(|d| d.is_error()) || analyses.is_empty() {
+                failures.push(format!("{}: does not compile:\n{}", path.display(), plain(&text, &diagnostics)));
+                continue;
+            }
+            let mut printed = String::new();
+            for analysis in analyses {
+                let mut module = analysis.module.expect("no errors, so a module");
+                dfc_passes::run_pipeline(&mut module, Some("simplify"));
+                let problems = dfc_ir::verify(&module, dfc_ir::VerifyOptions::default());
+                if !problems.is_empty() {
+                    failures.push(format!("{}: IR fails verification after simplify: {problems:?}", path.display()));
+                }
+                printed += &dfc_ir::print(&module);
+            }
+            let stem = path.file_stem().expect("file name").to_string_lossy().into_owned();
+            let expected = root().join(expected_dir).join(format!("{stem}.simplify.ir"));
+            failures.extend(expect_file(&expected, &printed));
+        }
+    }
+    finish(failures);
+}
+
 struct Marker {
     line: usize,
     column: usize,

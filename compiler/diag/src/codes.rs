@@ -74,4 +74,5 @@ codes! {
     // Warnings
     UNUSED = "W0001", "a definition is never used";
     NOTHING_TO_RUN = "W0002", "a model has neither outputs nor a `minimize`";
+    NOT_TRAINED = "W0003", "a trainable param does not affect the loss";
 }

@@ -144,6 +144,39 @@ impl Graph {
         self.graph.add_edge(before.to_petgraph(), after.to_petgraph(), Edge::Control);
     }
 
+    /// Makes every operand that reads `old` read `new` instead, keeping its operand index;
+    /// control edges stay where they are. Returns how many operands moved. The caller keeps the
+    /// graph acyclic (`new` must not depend on a user of `old`) and the types equal.
+    pub fn replace_uses(&mut self, old: TensorRef, new: TensorRef) -> usize {
+        let moved: Vec<_> = self
+            .graph
+            .edges_directed(old.node.to_petgraph(), Direction::Outgoing)
+            .filter_map(|e| match *e.weight() {
+                Edge::Data { output, input } if output == old.port => Some((e.id(), e.target(), input)),
+                _ => None,
+            })
+            .collect();
+        for &(edge, target, input) in &moved {
+            self.graph.remove_edge(edge);
+            self.graph.add_edge(new.node.to_petgraph(), target, Edge::Data { output: new.port, input });
+        }
+        moved.len()
+    }
+
+    /// Removes every data edge into `id`, keeping its control inputs: for replacing a node's op
+    /// in place by one without operands (a folded constant).
+    pub fn clear_inputs(&mut self, id: NodeId) {
+        let edges: Vec<_> = self
+            .graph
+            .edges_directed(id.to_petgraph(), Direction::Incoming)
+            .filter(|e| matches!(e.weight(), Edge::Data { .. }))
+            .map(|e| e.id())
+            .collect();
+        for edge in edges {
+            self.graph.remove_edge(edge);
+        }
+    }
+
     pub fn remove(&mut self, id: NodeId) -> Option<Node> {
         self.spans.remove(&id);
         let node = self.graph.remove_node(id.to_petgraph())?;
@@ -236,7 +269,9 @@ impl Graph {
         let mut stack: Vec<NodeId> = roots.to_vec();
         while let Some(id) = stack.pop() {
             if seen.insert(id) {
-                stack.extend(self.graph.neighbors_directed(id.to_petgraph(), Direction::Incoming).map(NodeId::from_petgraph));
+                stack.extend(
+                    self.graph.neighbors_directed(id.to_petgraph(), Direction::Incoming).map(NodeId::from_petgraph),
+                );
             }
         }
         seen

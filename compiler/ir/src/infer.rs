@@ -272,7 +272,10 @@ pub fn infer(op: &Op, inputs: &[&TensorType]) -> Result<Vec<TensorType>> {
         Op::Pad { before, after } => {
             let rank = inputs[0].shape.rank();
             if before.len() != rank || after.len() != rank {
-                return Err(TypeError::new(Code::AXIS_OUT_OF_RANGE, format!("`pad` of {} needs {rank} sizes before and after", inputs[0])));
+                return Err(TypeError::new(
+                    Code::AXIS_OUT_OF_RANGE,
+                    format!("`pad` of {} needs {rank} sizes before and after", inputs[0]),
+                ));
             }
             let dims = inputs[0].shape.dims().iter().zip(before.iter().zip(after)).map(|(d, (b, a))| d + b + a);
             TensorType::new(inputs[0].dtype, dims.collect::<Vec<_>>())
@@ -303,7 +306,11 @@ pub fn infer(op: &Op, inputs: &[&TensorType]) -> Result<Vec<TensorType>> {
         Op::ScatterAdd { rows } => {
             let (indices, updates) = (inputs[0], inputs[1]);
             if !matches!(indices.dtype, DType::I32 | DType::I64) {
-                return Err(TypeError::new(Code::DTYPE_MISMATCH, format!("`scatter_add` indices must be i32 or i64, not {}", indices.dtype)).at(0));
+                return Err(TypeError::new(
+                    Code::DTYPE_MISMATCH,
+                    format!("`scatter_add` indices must be i32 or i64, not {}", indices.dtype),
+                )
+                .at(0));
             }
             let k = indices.shape.rank();
             if updates.shape.rank() < k || updates.shape.0[..k] != indices.shape.0[..] {

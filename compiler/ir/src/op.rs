@@ -95,26 +95,53 @@ pub enum Op {
     /// `(params[V, ...], indices[...]) -> [indices..., params[1..]]` along axis 0.
     Gather,
     /// Index of the largest element along `axis` (the first on ties), as `dtype` (i32 or i64).
-    ArgMax { axis: usize, dtype: DType },
+    ArgMax {
+        axis: usize,
+        dtype: DType,
+    },
 
     // The ops below exist for gradients; the language does not name them.
     /// Broadcasts (NumPy rules) to `shape`.
-    BroadcastTo { shape: Shape },
+    BroadcastTo {
+        shape: Shape,
+    },
     /// Zero padding: `before[i]` and `after[i]` zeros around axis i. The gradient of `Slice`.
-    Pad { before: Vec<usize>, after: Vec<usize> },
+    Pad {
+        before: Vec<usize>,
+        after: Vec<usize>,
+    },
     /// `(filter, grad_out) -> grad_input` of `Conv2d` with these attributes.
-    Conv2dBackpropInput { input_shape: Shape, strides: [usize; 2], padding: Padding },
+    Conv2dBackpropInput {
+        input_shape: Shape,
+        strides: [usize; 2],
+        padding: Padding,
+    },
     /// `(input, grad_out) -> grad_filter` of `Conv2d` with these attributes.
-    Conv2dBackpropFilter { filter_shape: Shape, strides: [usize; 2], padding: Padding },
+    Conv2dBackpropFilter {
+        filter_shape: Shape,
+        strides: [usize; 2],
+        padding: Padding,
+    },
     /// `(input, grad_out) -> grad_input` of `MaxPool`: each window's gradient goes to its
     /// (first) largest element.
-    MaxPoolGrad { window: [usize; 2], strides: [usize; 2], padding: Padding },
+    MaxPoolGrad {
+        window: [usize; 2],
+        strides: [usize; 2],
+        padding: Padding,
+    },
     /// `grad_out -> grad_input` of `AvgPool` (each output spreads evenly over its window's valid
     /// elements).
-    AvgPoolGrad { input_shape: Shape, window: [usize; 2], strides: [usize; 2], padding: Padding },
+    AvgPoolGrad {
+        input_shape: Shape,
+        window: [usize; 2],
+        strides: [usize; 2],
+        padding: Padding,
+    },
     /// `(indices[I...], updates[I..., D...]) -> [rows, D...]`: sums each update into the row its
     /// index names (out-of-range indices are an error at run time). The gradient of `Gather`.
-    ScatterAdd { rows: usize },
+    ScatterAdd {
+        rows: usize,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -539,11 +566,9 @@ impl Op {
             Op::Conv2dBackpropInput { strides, padding, .. } | Op::Conv2dBackpropFilter { strides, padding, .. } => {
                 vec![("strides", list(strides)), ("padding", padding.name().into())]
             }
-            Op::MaxPoolGrad { window, strides, padding } | Op::AvgPoolGrad { window, strides, padding, .. } => vec![
-                ("window", list(window)),
-                ("strides", list(strides)),
-                ("padding", padding.name().into()),
-            ],
+            Op::MaxPoolGrad { window, strides, padding } | Op::AvgPoolGrad { window, strides, padding, .. } => {
+                vec![("window", list(window)), ("strides", list(strides)), ("padding", padding.name().into())]
+            }
             Op::ScatterAdd { rows } => vec![("rows", rows.to_string())],
             Op::Conv2d { strides, padding } => {
                 vec![("strides", list(strides)), ("padding", padding.name().into())]

@@ -158,9 +158,8 @@ impl Builder<'_> {
             return g;
         }
         let extra = g_shape.rank() - shape.rank();
-        let axes: Vec<usize> = (0..g_shape.rank())
-            .filter(|&i| i < extra || (shape.0[i - extra] == 1 && g_shape.0[i] != 1))
-            .collect();
+        let axes: Vec<usize> =
+            (0..g_shape.rank()).filter(|&i| i < extra || (shape.0[i - extra] == 1 && g_shape.0[i] != 1)).collect();
         let summed = if axes.is_empty() { g } else { self.reduce_sum(g, axes, false) };
         self.reshape(summed, shape)
     }
@@ -271,7 +270,8 @@ impl Builder<'_> {
                         (da, db)
                     }
                     BinaryOp::Maximum | BinaryOp::Minimum => {
-                        let compare = if binary == BinaryOp::Maximum { CompareOp::GreaterEqual } else { CompareOp::LessEqual };
+                        let compare =
+                            if binary == BinaryOp::Maximum { CompareOp::GreaterEqual } else { CompareOp::LessEqual };
                         let a_wins = self.compare(compare, a, b);
                         let zero = self.zero_like(g);
                         (need_a.then(|| self.select(a_wins, g, zero)), need_b.then(|| self.select(a_wins, zero, g)))
@@ -355,8 +355,12 @@ impl Builder<'_> {
             }
             Op::Reduce { kind, axes, keep_dims } => {
                 let input_shape = shape(self, 0);
-                let kept: Vec<usize> =
-                    input_shape.dims().iter().enumerate().map(|(i, &d)| if axes.contains(&i) { 1 } else { d }).collect();
+                let kept: Vec<usize> = input_shape
+                    .dims()
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &d)| if axes.contains(&i) { 1 } else { d })
+                    .collect();
                 let kept = Shape(kept);
                 let g_kept = if keep_dims { g } else { self.reshape(g, &kept) };
                 let spread = self.add(Op::BroadcastTo { shape: input_shape.clone() }, &[g_kept]);

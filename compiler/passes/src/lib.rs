@@ -6,14 +6,18 @@
 
 mod autodiff;
 mod optimizer;
+mod prune;
+mod simplify;
 
 pub use autodiff::autodiff;
 pub use optimizer::apply_optimizer;
+pub use prune::{prune, PruneError};
+pub use simplify::simplify;
 
 use dfc_ir::Module;
 
 /// The passes `dfc ir --after` and `dfc compile` know, in pipeline order.
-pub const PASSES: &[&str] = &["sema", "autodiff", "optimizer"];
+pub const PASSES: &[&str] = &["sema", "autodiff", "optimizer", "simplify"];
 
 /// Runs the pipeline up to and including `last` (`None`: all of it). Debug builds verify the IR
 /// after every pass and panic on a broken invariant, naming the pass: that is a compiler bug.
@@ -22,6 +26,7 @@ pub fn run_pipeline(module: &mut Module, last: Option<&str>) {
         match pass {
             "autodiff" => autodiff(module),
             "optimizer" => apply_optimizer(module),
+            "simplify" => simplify(module),
             _ => {}
         }
         if cfg!(debug_assertions) {

@@ -87,7 +87,12 @@ pub fn apply_optimizer(module: &mut Module) {
                 u.mul(lr_t, ratio)
             }
             OptimizerKind::Adagrad { initial_accumulator, epsilon } => {
-                let slot = u.slot(&format!("{name}/adagrad"), dtype, &ty.shape, Initializer::Constant { value: initial_accumulator });
+                let slot = u.slot(
+                    &format!("{name}/adagrad"),
+                    dtype,
+                    &ty.shape,
+                    Initializer::Constant { value: initial_accumulator },
+                );
                 let g2 = u.mul(g, g);
                 let accumulated = u.add(Op::AssignAdd, &[slot.into(), g2]);
                 updates.push(accumulated.node);
@@ -126,7 +131,8 @@ pub fn apply_optimizer(module: &mut Module) {
         updates.push(update.node);
 
         // Every read of the variable happens before its update.
-        let reads: Vec<NodeId> = graph.users(variable).into_iter().filter(|r| matches!(graph.node(*r).op, Op::Read)).collect();
+        let reads: Vec<NodeId> =
+            graph.users(variable).into_iter().filter(|r| matches!(graph.node(*r).op, Op::Read)).collect();
         for read in reads {
             graph.add_control_edge(read, update.node);
         }
@@ -146,8 +152,12 @@ impl Updater<'_> {
     fn add(&mut self, op: Op, inputs: &[TensorRef]) -> TensorRef {
         let name = format!("{}/{}", self.scope, op.name());
         let span = self.variable.and_then(|v| self.graph.span(v));
-        let id = self.graph.add(op, inputs, &name, span).unwrap_or_else(|e| panic!("optimizer built an ill-typed `{name}`: {}", e.message));
-        self.graph.node_mut(id).requested_device = self.variable.and_then(|v| self.graph.node(v).requested_device.clone());
+        let id = self
+            .graph
+            .add(op, inputs, &name, span)
+            .unwrap_or_else(|e| panic!("optimizer built an ill-typed `{name}`: {}", e.message));
+        self.graph.node_mut(id).requested_device =
+            self.variable.and_then(|v| self.graph.node(v).requested_device.clone());
         id.into()
     }
 
@@ -173,7 +183,8 @@ impl Updater<'_> {
         let op = Op::Variable { ty, init, trainable: false, partitions: 1 };
         let span = self.variable.and_then(|v| self.graph.span(v));
         let id = self.graph.add(op, &[], name, span).expect("variables type");
-        self.graph.node_mut(id).requested_device = self.variable.and_then(|v| self.graph.node(v).requested_device.clone());
+        self.graph.node_mut(id).requested_device =
+            self.variable.and_then(|v| self.graph.node(v).requested_device.clone());
         id
     }
 

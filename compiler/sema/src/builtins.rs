@@ -461,7 +461,9 @@ impl Lowerer<'_> {
                 let Some(x) = self.tensor_arg(bound[0]) else { return Val::Error };
                 let rank = self.graph.ty(x.0).shape.rank();
                 let axis = match bound[1] {
-                    Some(arg) => self.const_int(&arg.value, "the axis").and_then(|v| self.axis(v, rank, arg.value.span)),
+                    Some(arg) => {
+                        self.const_int(&arg.value, "the axis").and_then(|v| self.axis(v, rank, arg.value.span))
+                    }
                     None => self.axis(-1, rank, x.1),
                 };
                 let Some(axis) = axis else { return Val::Error };

@@ -101,6 +101,8 @@ pub struct Lowerer<'a> {
     /// Compile-time values of typed constants (`const n: i32 = 4`), so that they can serve
     /// as sizes and axes although they are tensors.
     pub known: HashMap<dfc_ir::TensorRef, Val>,
+    /// Where each param's name stands, for warnings about the param.
+    pub param_names: HashMap<NodeId, Span>,
 }
 
 pub fn lower_model(model: &ast::Model, layers: &Layers, options: &Options) -> (Module, Vec<Diagnostic>) {
@@ -118,6 +120,7 @@ pub fn lower_model(model: &ast::Model, layers: &Layers, options: &Options) -> (M
         let_layer_calls: 0,
         layer_instances: HashSet::new(),
         known: HashMap::new(),
+        param_names: HashMap::new(),
     };
     let mut state = BlockState::new(Context::Model);
     lowerer.block(&model.body, &mut state);
@@ -132,6 +135,9 @@ pub fn lower_model(model: &ast::Model, layers: &Layers, options: &Options) -> (M
             )
             .with_help("add `output NAME` or `minimize LOSS with sgd(lr = 0.01)`"),
         );
+    }
+    if let Some((training, _)) = &state.training {
+        lowerer.warn_untrained(training.loss.node);
     }
     let module = Module {
         name: model.name.name.clone(),
@@ -318,6 +324,25 @@ impl<'a> Lowerer<'a> {
         Val::Error
     }
 
+    /// A trainable param the loss does not depend on would never change.
+    fn warn_untrained(&mut self, loss: NodeId) {
+        let needed = self.graph.ancestors(&[loss]);
+        for &param in &self.params {
+            let node = self.graph.node(param);
+            if matches!(node.op, Op::Variable { trainable: true, .. }) && !needed.contains(&param) {
+                let span = self.param_names.get(&param).copied().unwrap_or_default();
+                self.diagnostics.push(
+                    Diagnostic::warning(
+                        Code::NOT_TRAINED,
+                        span,
+                        format!("param `{}` does not affect the loss, so training never changes it", node.name),
+                    )
+                    .with_help("use it in the loss, or mark it `@trainable(false)`"),
+                );
+            }
+        }
+    }
+
     fn warn_unused(&mut self) {
         for name in &self.scope.order {
             let binding = &self.scope.bindings[name];
@@ -431,6 +456,7 @@ impl<'a> Lowerer<'a> {
             self.graph.node_mut(id).requested_device = self.device.clone();
         }
         self.params.push(variable);
+        self.param_names.insert(variable, name.span);
         self.define(name, Val::Tensor(read.into()), BindingKind::Param);
     }
 
@@ -654,7 +680,8 @@ impl<'a> Lowerer<'a> {
             return;
         }
         if let Some(optimizer) = optimizer {
-            state.training = Some((Training { loss: tensor, optimizer, gradients: Vec::new(), updates: Vec::new() }, span));
+            state.training =
+                Some((Training { loss: tensor, optimizer, gradients: Vec::new(), updates: Vec::new() }, span));
         }
     }
 

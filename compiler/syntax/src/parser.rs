@@ -735,7 +735,8 @@ const EXPRESSION_PARTS: &[&str] = &[
 const DTYPES: &[&str] = &["`f32`", "`f64`", "`i32`", "`i64`", "`u8`", "`bool`"];
 const OPERATORS: &[&str] = &["`!=`", "`*`", "`+`", "`-`", "`/`", "`<=`", "`<`", "`==`", "`>=`", "`>`", "`@`"];
 const STATEMENT_KEYWORDS: &[&str] = &[
-    "`dim`", "`metric`",
+    "`dim`",
+    "`metric`",
     "`input`",
     "`param`",
     "`const`",
@@ -788,8 +789,8 @@ fn token_at(source: &str, at: usize) -> Span {
 }
 
 const KEYWORDS: &[&str] = &[
-    "model", "layer", "dim", "input", "param", "const", "let", "output", "metric", "minimize", "with", "device", "return", "as",
-    "true", "false", "f32", "f64", "i32", "i64", "u8", "bool",
+    "model", "layer", "dim", "input", "param", "const", "let", "output", "metric", "minimize", "with", "device",
+    "return", "as", "true", "false", "f32", "f64", "i32", "i64", "u8", "bool",
 ];
 
 fn syntax_help(source: &str, at: usize, found: &str, expected: &[String]) -> Option<String> {

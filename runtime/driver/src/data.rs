@@ -175,9 +175,7 @@ fn parse_idx(path: &Path, bytes: &[u8]) -> Result<Tensor, DataError> {
         0x0C => ("i32", 4),
         0x0D => ("f32", 4),
         0x0E => ("f64", 8),
-        t => {
-            return Err(DataError::format(path, format!("bad IDX magic: unknown type byte {t:02x} (known: {TYPES})")))
-        }
+        t => return Err(DataError::format(path, format!("bad IDX magic: unknown type byte {t:02x} (known: {TYPES})"))),
     };
     let ndims = usize::from(bytes[3]);
     if ndims == 0 {
@@ -187,10 +185,7 @@ fn parse_idx(path: &Path, bytes: &[u8]) -> Result<Tensor, DataError> {
     if bytes.len() < header_len {
         return Err(DataError::format(
             path,
-            format!(
-                "truncated IDX header: {ndims} dimensions need {header_len} header bytes, found {}",
-                bytes.len()
-            ),
+            format!("truncated IDX header: {ndims} dimensions need {header_len} header bytes, found {}", bytes.len()),
         ));
     }
     let dims: Vec<usize> = bytes[4..header_len]
@@ -253,7 +248,10 @@ pub fn load_csv(path: &Path, dtype: DType) -> Result<Tensor, DataError> {
 }
 
 fn looks_like_a_value(field: &str) -> bool {
-    field.is_empty() || field.parse::<f64>().is_ok() || field.eq_ignore_ascii_case("true") || field.eq_ignore_ascii_case("false")
+    field.is_empty()
+        || field.parse::<f64>().is_ok()
+        || field.eq_ignore_ascii_case("true")
+        || field.eq_ignore_ascii_case("false")
 }
 
 /// One CSV column's values, parsed straight into the target type.
@@ -416,7 +414,8 @@ pub fn fit(name: &str, tensor: Tensor, expected: &TensorType) -> Result<Tensor, 
     let have = per_example(tensor.dtype(), &tensor.shape);
     let want = per_example(expected.dtype, &expected.shape);
     let batch = expected.shape.dims()[0];
-    let mismatch = || format!("examples are {have} but the model's input `{name}` takes {want} per example (batch {batch})");
+    let mismatch =
+        || format!("examples are {have} but the model's input `{name}` takes {want} per example (batch {batch})");
     if have.shape != want.shape {
         return Err(DataError::feed(name, mismatch()));
     }
@@ -527,13 +526,19 @@ impl Dataset {
         &self.tensors
     }
 
+    /// The feed names, in the order given to [`Dataset::new`].
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.tensors.iter().map(|(name, _)| name.as_str())
+    }
+
     pub fn get(&self, name: &str) -> Option<&Tensor> {
         self.tensors.iter().find(|(n, _)| n == name).map(|(_, t)| t)
     }
 
-    /// How many full batches of `batch` examples `order` gives: `order.len() / batch`.
-    pub fn num_batches(batch: usize, order: &[usize]) -> usize {
-        order.len().checked_div(batch).unwrap_or(0)
+    /// How many full batches of `batch` examples one epoch has: `len / batch` (see
+    /// [`Dataset::batches`] on the remainder); 0 if `batch` is 0.
+    pub fn num_batches(&self, batch: usize) -> usize {
+        self.len.checked_div(batch).unwrap_or(0)
     }
 
     /// The examples at `indices`, in that order, as one tensor per feed.
@@ -552,7 +557,11 @@ impl Dataset {
     /// fit its inputs. With a shuffled order each epoch drops different examples.
     ///
     /// Panics if `batch` is 0 or an index of `order` is out of range.
-    pub fn batches<'a>(&'a self, batch: usize, order: &'a [usize]) -> impl Iterator<Item = HashMap<String, Tensor>> + 'a {
+    pub fn batches<'a>(
+        &'a self,
+        batch: usize,
+        order: &'a [usize],
+    ) -> impl Iterator<Item = HashMap<String, Tensor>> + 'a {
         assert!(batch > 0, "the batch size must be positive");
         if let Some(&bad) = order.iter().find(|&&i| i >= self.len) {
             panic!("example index {bad} is out of range for a dataset of {} examples", self.len);

@@ -1,1 +1,20 @@
 //! The training driver behind `dfc run`: data feeds, batches, epochs, evaluation, metrics, checkpoints.
+//!
+//! - [`data`]: loading IDX, NumPy `.npy` and CSV files (raw or gzip) into tensors whose leading
+//!   axis is the example axis, fitting them to the model's inputs, and batching them.
+//! - [`npy`]: `.npy` reading and writing ([`save_npy`] backs `dfc run --fetch NAME -o out.npy`).
+//! - [`checkpoint`]: atomic safetensors checkpoints of the variables, the last few kept.
+//! - [`metrics`]: the JSON-lines log of one record per epoch.
+//! - [`train`]: the loop: epochs, evaluation, checkpoints and resumption, and `--fetch`.
+
+pub mod checkpoint;
+pub mod data;
+pub mod metrics;
+pub mod npy;
+pub mod train;
+
+pub use checkpoint::{Checkpoint, CheckpointError};
+pub use data::{fit, load, load_csv, load_idx, load_npy, shuffled_order, DataError, Dataset};
+pub use metrics::{EpochRecord, MetricsLog};
+pub use npy::{save_npy, to_npy_bytes};
+pub use train::{infer, train, Progress, RunError, TrainOptions, TrainSummary};

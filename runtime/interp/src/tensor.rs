@@ -12,6 +12,37 @@ pub enum Data {
     Bool(Vec<bool>),
 }
 
+/// The element types a tensor can hold, tying each Rust type to its `DType` and `Data` variant.
+pub trait Element: Copy + PartialEq + PartialOrd + Default + std::fmt::Debug + Send + Sync + 'static {
+    const DTYPE: DType;
+    fn into_data(values: Vec<Self>) -> Data;
+    fn slice(data: &Data) -> Option<&[Self]>;
+}
+
+macro_rules! element {
+    ($t:ty, $variant:ident) => {
+        impl Element for $t {
+            const DTYPE: DType = DType::$variant;
+            fn into_data(values: Vec<Self>) -> Data {
+                Data::$variant(values)
+            }
+            fn slice(data: &Data) -> Option<&[Self]> {
+                match data {
+                    Data::$variant(v) => Some(v),
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
+element!(f32, F32);
+element!(f64, F64);
+element!(i32, I32);
+element!(i64, I64);
+element!(u8, U8);
+element!(bool, Bool);
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct Tensor {
     pub shape: Shape,
@@ -19,6 +50,31 @@ pub struct Tensor {
 }
 
 impl Tensor {
+    /// A tensor of `shape` holding `values` of one element type: `Tensor::from_vec(vec![2], vec![1.0f32, 2.0])`.
+    /// The element count must match the shape.
+    pub fn from_vec<T: Element>(shape: impl Into<Shape>, values: Vec<T>) -> Tensor {
+        Tensor::new(shape, T::into_data(values))
+    }
+
+    /// A scalar (rank 0) holding `value`.
+    pub fn scalar<T: Element>(value: T) -> Tensor {
+        Tensor::from_vec(Shape::scalar(), vec![value])
+    }
+
+    /// The elements, if they are of type `T`.
+    pub fn as_slice<T: Element>(&self) -> Option<&[T]> {
+        T::slice(&self.data)
+    }
+
+    /// The elements as a `Vec<T>`. Panics if the element type is not `T` (a convenience for
+    /// tests and tools that know the type).
+    pub fn to_vec<T: Element>(&self) -> Vec<T> {
+        match self.as_slice::<T>() {
+            Some(values) => values.to_vec(),
+            None => panic!("a {} tensor does not hold {} elements", self.ty(), T::DTYPE),
+        }
+    }
+
     /// A tensor of `shape` holding `data`; the element count must match.
     pub fn new(shape: impl Into<Shape>, data: Data) -> Tensor {
         let shape = shape.into();

@@ -1,0 +1,237 @@
+//! Checkpoints: the model's variables at a step, as safetensors files in a directory.
+//!
+//! A checkpoint is `DIR/ckpt-{step:08}.safetensors` (more digits past step 99,999,999), with
+//! the metadata `{"format": "dfc-checkpoint-1", "step": "…", "epoch": "…"}` and one tensor per
+//! variable, by name. Files are written atomically: to a temporary file in the same directory,
+//! synced, then renamed over the final name (and the directory synced), so a crash leaves
+//! either the whole checkpoint or none; a stray temporary file is never taken for a
+//! checkpoint. After each successful save only the [`KEEP`] newest checkpoints (by step)
+//! remain.
+
+use std::borrow::Cow;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use dfc_interp::{Data, Tensor};
+use dfc_ir::{DType, TensorType};
+use safetensors::{Dtype, SafeTensors, View};
+
+/// The value of the `format` metadata key.
+pub const FORMAT: &str = "dfc-checkpoint-1";
+
+/// How many checkpoints [`save`] keeps.
+pub const KEEP: usize = 3;
+
+/// A loaded checkpoint.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Checkpoint {
+    pub path: PathBuf,
+    pub step: u64,
+    pub epoch: u64,
+    /// The variables by name.
+    pub tensors: BTreeMap<String, Tensor>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    #[error("cannot read checkpoint {}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("checkpoint {}: {message}", path.display())]
+    Invalid { path: PathBuf, message: String },
+}
+
+impl CheckpointError {
+    fn invalid(path: &Path, message: impl Into<String>) -> CheckpointError {
+        CheckpointError::Invalid { path: path.to_path_buf(), message: message.into() }
+    }
+}
+
+/// The file name of the checkpoint of `step`.
+pub fn file_name(step: u64) -> String {
+    format!("ckpt-{step:08}.safetensors")
+}
+
+/// The step of a checkpoint file name, `None` for any other name (temporary files included).
+pub fn step_of(file_name: &str) -> Option<u64> {
+    let digits = file_name.strip_prefix("ckpt-")?.strip_suffix(".safetensors")?;
+    if digits.len() < 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// The checkpoints in `dir` as (step, path), oldest step first; empty if `dir` does not exist.
+pub fn list(dir: &Path) -> io::Result<Vec<(u64, PathBuf)>> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let mut found = Vec::new();
+    for entry in entries {
+        let entry = entry?;
+        if let Some(step) = entry.file_name().to_str().and_then(step_of) {
+            if entry.file_type()?.is_file() {
+                found.push((step, entry.path()));
+            }
+        }
+    }
+    found.sort();
+    Ok(found)
+}
+
+/// A tensor as safetensors sees it.
+struct SafeView<'a> {
+    tensor: &'a Tensor,
+    shape: Vec<usize>,
+}
+
+fn safe_dtype(dtype: DType) -> Dtype {
+    match dtype {
+        DType::F32 => Dtype::F32,
+        DType::F64 => Dtype::F64,
+        DType::I32 => Dtype::I32,
+        DType::I64 => Dtype::I64,
+        DType::U8 => Dtype::U8,
+        DType::Bool => Dtype::BOOL,
+    }
+}
+
+impl View for SafeView<'_> {
+    fn dtype(&self) -> Dtype {
+        safe_dtype(self.tensor.dtype())
+    }
+
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    fn data(&self) -> Cow<'_, [u8]> {
+        match &self.tensor.data {
+            Data::U8(v) => Cow::Borrowed(v),
+            _ => Cow::Owned(self.tensor.to_le_bytes()),
+        }
+    }
+
+    fn data_len(&self) -> usize {
+        self.tensor.len() * self.tensor.dtype().size_in_bytes()
+    }
+}
+
+/// Writes the checkpoint of `step` (in `epoch`) holding `variables` to `dir` (created if
+/// missing) atomically, then deletes all but the [`KEEP`] newest checkpoints there (by step;
+/// the one just written is always kept; deletion is best effort). Returns the path written.
+///
+/// Two variables of the same name are an `InvalidInput` error, and nothing is written.
+pub fn save<'a, N: AsRef<str>>(
+    dir: &Path,
+    step: u64,
+    epoch: u64,
+    variables: impl IntoIterator<Item = (N, &'a Tensor)>,
+) -> io::Result<PathBuf> {
+    let mut seen = HashSet::new();
+    let mut views = Vec::new();
+    for (name, tensor) in variables {
+        let name = name.as_ref().to_string();
+        if !seen.insert(name.clone()) {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("two variables are named `{name}`")));
+        }
+        views.push((name, SafeView { tensor, shape: tensor.shape.dims().to_vec() }));
+    }
+    let metadata = HashMap::from([
+        ("format".to_string(), FORMAT.to_string()),
+        ("step".to_string(), step.to_string()),
+        ("epoch".to_string(), epoch.to_string()),
+    ]);
+    let bytes = safetensors::serialize(views, Some(metadata)).map_err(io::Error::other)?;
+
+    std::fs::create_dir_all(dir)?;
+    let path = dir.join(file_name(step));
+    write_atomically(dir, &path, &bytes)?;
+    prune(dir, KEEP, step);
+    Ok(path)
+}
+
+/// Writes `bytes` to `path` through a synced temporary file in `dir` and a rename. On any
+/// failure the temporary file is removed and `path` is untouched.
+fn write_atomically(dir: &Path, path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let mut temp = tempfile::Builder::new().prefix(".ckpt-").suffix(".tmp").tempfile_in(dir)?;
+    temp.write_all(bytes)?;
+    temp.as_file().sync_all()?;
+    temp.persist(path).map_err(|e| e.error)?; // on error the temporary file is dropped: deleted
+    #[cfg(unix)]
+    std::fs::File::open(dir)?.sync_all()?;
+    Ok(())
+}
+
+/// Deletes all but the `keep` newest checkpoints in `dir`, never the one of step `just_saved`.
+fn prune(dir: &Path, keep: usize, just_saved: u64) {
+    let Ok(found) = list(dir) else { return };
+    let excess = found.len().saturating_sub(keep);
+    for (step, path) in found.into_iter().take(excess) {
+        if step != just_saved {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+/// The newest checkpoint in `dir` by step, loaded; `None` if there is none (or no `dir`).
+pub fn latest(dir: &Path) -> Result<Option<Checkpoint>, CheckpointError> {
+    let found = list(dir).map_err(|source| CheckpointError::Io { path: dir.to_path_buf(), source })?;
+    match found.last() {
+        Some((_, path)) => load(path).map(Some),
+        None => Ok(None),
+    }
+}
+
+/// Loads the checkpoint at `path`: its step, epoch and variables.
+pub fn load(path: &Path) -> Result<Checkpoint, CheckpointError> {
+    let bytes = std::fs::read(path).map_err(|source| CheckpointError::Io { path: path.to_path_buf(), source })?;
+    let bad =
+        |e: safetensors::SafeTensorError| CheckpointError::invalid(path, format!("not a valid safetensors file: {e}"));
+    let (_, metadata) = SafeTensors::read_metadata(&bytes).map_err(bad)?;
+    let info = metadata.metadata().clone().unwrap_or_default();
+    match info.get("format") {
+        Some(f) if f == FORMAT => {}
+        Some(f) => return Err(CheckpointError::invalid(path, format!("format is `{f}`, expected `{FORMAT}`"))),
+        None => {
+            return Err(CheckpointError::invalid(
+                path,
+                format!("no `format` metadata: not a dfc checkpoint ({FORMAT})"),
+            ))
+        }
+    }
+    let number = |key: &str| -> Result<u64, CheckpointError> {
+        let value = info.get(key).ok_or_else(|| CheckpointError::invalid(path, format!("no `{key}` metadata")))?;
+        value.parse().map_err(|_| CheckpointError::invalid(path, format!("`{key}` metadata `{value}` is not a number")))
+    };
+    let (step, epoch) = (number("step")?, number("epoch")?);
+    let file = SafeTensors::deserialize(&bytes).map_err(bad)?;
+    let mut tensors = BTreeMap::new();
+    for (name, view) in file.iter() {
+        let dtype = match view.dtype() {
+            Dtype::F32 => DType::F32,
+            Dtype::F64 => DType::F64,
+            Dtype::I32 => DType::I32,
+            Dtype::I64 => DType::I64,
+            Dtype::U8 => DType::U8,
+            Dtype::BOOL => DType::Bool,
+            other => {
+                return Err(CheckpointError::invalid(
+                    path,
+                    format!("tensor `{name}` has dtype {other}; supported: F32 F64 I32 I64 U8 BOOL"),
+                ))
+            }
+        };
+        let ty = TensorType::new(dtype, view.shape().to_vec());
+        let tensor = Tensor::from_le_bytes(&ty, view.data())
+            .ok_or_else(|| CheckpointError::invalid(path, format!("tensor `{name}` has the wrong size for {ty}")))?;
+        tensors.insert(name.to_string(), tensor);
+    }
+    Ok(Checkpoint { path: path.to_path_buf(), step, epoch, tensors })
+}

@@ -1,0 +1,119 @@
+//! The metrics log: one JSON object per epoch, one per line (JSON Lines), flushed as written
+//! so that `tail -f` and a crash both see every finished epoch.
+//!
+//! A line looks like
+//!
+//! ```text
+//! {"epoch":1,"step":468,"train_loss":0.52,"eval_loss":0.41,"eval_accuracy":0.85,"eval_top5":0.99,"examples_per_sec":10432.1,"seconds":5.75}
+//! ```
+//!
+//! Keys: `epoch`, `step`, `train_loss`, `eval_loss` and `eval_accuracy` (only when evaluated),
+//! each extra metric as `eval_<name>`, then `examples_per_sec` and `seconds`. A non-finite
+//! number (a diverged loss) is written as `null`, since JSON has no NaN.
+
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::io::{self, BufWriter, Write};
+use std::path::Path;
+
+use serde_json::Value;
+
+/// What one epoch did.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct EpochRecord {
+    pub epoch: u64,
+    /// The global step (batches trained so far) at the end of the epoch.
+    pub step: u64,
+    /// The mean training loss over the epoch's batches.
+    pub train_loss: f64,
+    pub eval_loss: Option<f64>,
+    pub eval_accuracy: Option<f64>,
+    pub examples_per_sec: f64,
+    /// Wall-clock seconds the epoch took.
+    pub seconds: f64,
+    /// Other evaluation metrics, written as `eval_<name>`.
+    pub metrics: BTreeMap<String, f64>,
+}
+
+fn number(x: f64) -> Value {
+    serde_json::Number::from_f64(x).map_or(Value::Null, Value::Number)
+}
+
+impl EpochRecord {
+    /// The record's keys and values, in the order they are written. An extra metric whose key
+    /// (`eval_<name>`) would repeat another key is an `InvalidInput` error.
+    pub fn fields(&self) -> io::Result<Vec<(String, Value)>> {
+        let mut fields: Vec<(String, Value)> = vec![
+            ("epoch".into(), self.epoch.into()),
+            ("step".into(), self.step.into()),
+            ("train_loss".into(), number(self.train_loss)),
+        ];
+        if let Some(loss) = self.eval_loss {
+            fields.push(("eval_loss".into(), number(loss)));
+        }
+        if let Some(accuracy) = self.eval_accuracy {
+            fields.push(("eval_accuracy".into(), number(accuracy)));
+        }
+        for (name, &value) in &self.metrics {
+            let key = format!("eval_{name}");
+            if matches!(key.as_str(), "eval_loss" | "eval_accuracy") {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("metric `{name}` would be written as `{key}`, which the record already has"),
+                ));
+            }
+            fields.push((key, number(value)));
+        }
+        fields.push(("examples_per_sec".into(), number(self.examples_per_sec)));
+        fields.push(("seconds".into(), number(self.seconds)));
+        Ok(fields)
+    }
+
+    /// The record as one line of JSON (without the newline), keys in the documented order.
+    pub fn to_json_line(&self) -> io::Result<String> {
+        let mut line = String::from("{");
+        for (i, (key, value)) in self.fields()?.iter().enumerate() {
+            if i > 0 {
+                line.push(',');
+            }
+            line.push_str(&Value::String(key.clone()).to_string());
+            line.push(':');
+            line.push_str(&value.to_string());
+        }
+        line.push('}');
+        Ok(line)
+    }
+}
+
+/// A JSON-lines file of [`EpochRecord`]s.
+#[derive(Debug)]
+pub struct MetricsLog {
+    out: BufWriter<File>,
+}
+
+impl MetricsLog {
+    /// Creates (or truncates) the log at `path`, creating its directory if needed.
+    pub fn create(path: impl AsRef<Path>) -> io::Result<MetricsLog> {
+        Self::open(path.as_ref(), OpenOptions::new().write(true).create(true).truncate(true))
+    }
+
+    /// Opens the log at `path` to add lines after those it has (for a resumed run).
+    pub fn append(path: impl AsRef<Path>) -> io::Result<MetricsLog> {
+        Self::open(path.as_ref(), OpenOptions::new().append(true).create(true))
+    }
+
+    fn open(path: &Path, options: &OpenOptions) -> io::Result<MetricsLog> {
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent)?;
+        }
+        Ok(MetricsLog { out: BufWriter::new(options.open(path)?) })
+    }
+
+    /// Writes `record` as one line and flushes it.
+    pub fn write(&mut self, record: &EpochRecord) -> io::Result<()> {
+        let mut line = record.to_json_line()?;
+        line.push('\n');
+        self.out.write_all(line.as_bytes())?;
+        self.out.flush()
+    }
+}

@@ -1,0 +1,371 @@
+//! The training loop behind `dfc run`: epochs of shuffled batches through the training step,
+//! evaluation after each epoch, metrics lines, checkpoints and resumption.
+//!
+//! Determinism: the initial values come from `seed`, the example order of epoch e from
+//! `shuffle_seed` and e. Checkpoints are written at the end of each epoch (and when `--steps`
+//! stops a run), so a run that is stopped and started again replays from the newest checkpoint
+//! and ends with the same variables as a run that was never stopped.
+
+use crate::checkpoint;
+use crate::data::{self, Dataset};
+use crate::metrics::{EpochRecord, MetricsLog};
+use dfc_interp::{InterpError, Program, Tensor, Variables};
+use dfc_ir::{Module, NodeId, Op, TensorRef};
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[derive(Clone, Debug, Default)]
+pub struct TrainOptions {
+    pub feeds: Vec<(String, PathBuf)>,
+    pub eval_feeds: Vec<(String, PathBuf)>,
+    /// Whole passes over the training data (default 1).
+    pub epochs: Option<u64>,
+    /// Stop after this many steps in all (may end mid-epoch).
+    pub steps: Option<u64>,
+    pub seed: u64,
+    pub shuffle_seed: u64,
+    pub metrics: Option<PathBuf>,
+    pub checkpoint_dir: Option<PathBuf>,
+}
+
+/// What the loop tells the user interface as it goes.
+pub trait Progress {
+    /// Training of an epoch starts: `steps` batches.
+    fn epoch_started(&mut self, epoch: u64, epochs: u64, steps: u64);
+    fn step(&mut self, loss: f64, examples_per_sec: f64);
+    fn epoch_finished(&mut self, record: &EpochRecord);
+    fn resumed(&mut self, step: u64, epoch: u64, path: &std::path::Path);
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("{0}")]
+    Data(#[from] data::DataError),
+    #[error("{0}")]
+    Interp(#[from] InterpError),
+    #[error("checkpoint: {0}")]
+    Checkpoint(String),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("{0}")]
+    Usage(String),
+}
+
+pub struct TrainSummary {
+    pub steps: u64,
+    pub epochs: u64,
+    pub records: Vec<EpochRecord>,
+    pub variables: Variables,
+}
+
+/// The batch size: the leading size shared by every input of the model.
+pub fn batch_size(module: &Module) -> Result<usize, RunError> {
+    let mut sizes = module.inputs.iter().map(|&id| (input_name(module, id), input_type(module, id)));
+    let Some((first_name, first)) = sizes.next() else {
+        return Err(RunError::Usage(format!("model `{}` has no inputs to feed", module.name)));
+    };
+    let Some(&batch) = first.shape.dims().first() else {
+        return Err(RunError::Usage(format!(
+            "input `{first_name}` is a scalar; `dfc run` feeds examples along the leading axis"
+        )));
+    };
+    for (name, ty) in sizes {
+        if ty.shape.dims().first() != Some(&batch) {
+            return Err(RunError::Usage(format!(
+                "inputs `{first_name}` ({first}) and `{name}` ({ty}) do not share a leading batch size; `dfc run` feeds examples along the leading axis"
+            )));
+        }
+    }
+    Ok(batch)
+}
+
+fn input_name(module: &Module, id: NodeId) -> String {
+    module.graph.node(id).name.clone()
+}
+
+fn input_type(module: &Module, id: NodeId) -> dfc_ir::TensorType {
+    match &module.graph.node(id).op {
+        Op::Input { ty } => ty.clone(),
+        _ => unreachable!("module inputs are Input nodes"),
+    }
+}
+
+/// Loads the feeds named on the command line and checks them against the model's inputs.
+pub fn load_feeds(module: &Module, feeds: &[(String, PathBuf)], what: &str) -> Result<Dataset, RunError> {
+    let mut tensors = Vec::new();
+    for (name, path) in feeds {
+        let Some(&id) = module.inputs.iter().find(|&&id| input_name(module, id) == *name) else {
+            let names: Vec<String> = module.inputs.iter().map(|&id| format!("`{}`", input_name(module, id))).collect();
+            return Err(RunError::Usage(format!(
+                "{what} `{name}` names no input of model `{}`; its inputs are {}",
+                module.name,
+                names.join(", ")
+            )));
+        };
+        let tensor = data::load(path)?;
+        let tensor = data::fit(name, tensor, &input_type(module, id))?;
+        tensors.push((name.clone(), tensor));
+    }
+    Ok(Dataset::new(tensors)?)
+}
+
+fn require_inputs(program: &Program, dataset: &Dataset, what: &str) -> Result<(), RunError> {
+    let fed: Vec<&str> = dataset.names().collect();
+    let missing: Vec<String> = program.inputs().into_iter().filter(|i| !fed.contains(&i.as_str())).collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let flags: Vec<String> = missing.iter().map(|m| format!("{what} {m}=FILE")).collect();
+    Err(RunError::Usage(format!("no data for input(s) {}; add {}", missing.join(", "), flags.join(" "))))
+}
+
+pub fn train(module: &Module, options: &TrainOptions, progress: &mut dyn Progress) -> Result<TrainSummary, RunError> {
+    let Some(training) = &module.training else {
+        return Err(RunError::Usage(format!(
+            "model `{}` has no `minimize`, so there is nothing to train; use --fetch NAME to run it",
+            module.name
+        )));
+    };
+    if training.updates.is_empty() {
+        return Err(RunError::Usage("the plan has no update ops; recompile it with this dfc".into()));
+    }
+    let batch = batch_size(module)?;
+    let train_data = load_feeds(module, &options.feeds, "--feed")?;
+    let eval_data = if options.eval_feeds.is_empty() {
+        None
+    } else {
+        Some(load_feeds(module, &options.eval_feeds, "--eval-feed")?)
+    };
+
+    let step_program = Program::new(module, &[training.loss], &training.updates)?;
+    require_inputs(&step_program, &train_data, "--feed")?;
+    let mut eval_fetches = vec![training.loss];
+    eval_fetches.extend(module.metrics.iter().map(|m| m.tensor));
+    let eval_program = Program::new(module, &eval_fetches, &[])?;
+    if let Some(eval) = &eval_data {
+        require_inputs(&eval_program, eval, "--eval-feed")?;
+    }
+    let steps_per_epoch = (train_data.len() / batch) as u64;
+    if steps_per_epoch == 0 {
+        return Err(RunError::Usage(format!(
+            "the training data has {} examples, fewer than one batch of {batch}; compile with a smaller --dim batch",
+            train_data.len()
+        )));
+    }
+
+    let mut variables = dfc_interp::initialize(module, options.seed);
+    let (mut step, mut start_epoch) = (0u64, 0u64);
+    if let Some(dir) = &options.checkpoint_dir {
+        std::fs::create_dir_all(dir)?;
+        if let Some(found) = checkpoint::latest(dir).map_err(|e| RunError::Checkpoint(e.to_string()))? {
+            restore(&mut variables, &found.tensors, &found.path)?;
+            step = found.step;
+            start_epoch = found.epoch;
+            progress.resumed(step, start_epoch, &found.path);
+        }
+    }
+
+    let epochs = options.epochs.unwrap_or(1);
+    let mut metrics_log = options.metrics.as_ref().map(MetricsLog::create).transpose()?;
+    let mut records = Vec::new();
+    'epochs: for epoch in start_epoch..epochs {
+        // A resumed run replays the interrupted epoch from its start.
+        let first_step_of_epoch = epoch * steps_per_epoch;
+        let skip = step.saturating_sub(first_step_of_epoch);
+        let order = data::shuffled_order(train_data.len(), options.shuffle_seed, epoch);
+        progress.epoch_started(epoch + 1, epochs, steps_per_epoch);
+        let started = Instant::now();
+        let (mut loss_sum, mut loss_count, mut trained) = (0.0, 0u64, 0u64);
+        for (i, feeds) in train_data.batches(batch, &order).enumerate() {
+            if (i as u64) < skip {
+                continue;
+            }
+            if options.steps.is_some_and(|limit| step >= limit) {
+                break;
+            }
+            let out = step_program.run(module, &mut variables, &feeds)?;
+            let loss = out[0].scalar_f64();
+            if !loss.is_finite() {
+                return Err(RunError::Usage(format!("the loss became {loss} at step {step}; lower the learning rate")));
+            }
+            step += 1;
+            trained += 1;
+            loss_sum += loss;
+            loss_count += 1;
+            let seconds = started.elapsed().as_secs_f64().max(1e-9);
+            progress.step(loss, (trained * batch as u64) as f64 / seconds);
+        }
+        let finished_epoch = step >= first_step_of_epoch + steps_per_epoch;
+        let seconds = started.elapsed().as_secs_f64();
+        let mut record = EpochRecord {
+            epoch: epoch + 1,
+            step,
+            train_loss: if loss_count > 0 { loss_sum / loss_count as f64 } else { f64::NAN },
+            eval_loss: None,
+            eval_accuracy: None,
+            examples_per_sec: (trained * batch as u64) as f64 / seconds.max(1e-9),
+            seconds,
+            metrics: BTreeMap::new(),
+        };
+        if let Some(eval) = &eval_data {
+            let values = evaluate(module, &eval_program, &mut variables, eval, batch)?;
+            record.eval_loss = Some(values[0]);
+            for (metric, value) in module.metrics.iter().zip(&values[1..]) {
+                if metric.name == "accuracy" {
+                    record.eval_accuracy = Some(*value);
+                } else {
+                    record.metrics.insert(metric.name.clone(), *value);
+                }
+            }
+        }
+        if let Some(log) = &mut metrics_log {
+            log.write(&record)?;
+        }
+        if let Some(dir) = &options.checkpoint_dir {
+            let completed_epochs = if finished_epoch { epoch + 1 } else { epoch };
+            checkpoint::save(dir, step, completed_epochs, variables.iter())
+                .map_err(|e| RunError::Checkpoint(e.to_string()))?;
+        }
+        progress.epoch_finished(&record);
+        records.push(record);
+        if !finished_epoch {
+            break 'epochs;
+        }
+    }
+    Ok(TrainSummary { steps: step, epochs, records, variables })
+}
+
+/// Replaces initial values by a checkpoint's, which must hold every variable with its type.
+fn restore(
+    variables: &mut Variables,
+    saved: &BTreeMap<String, Tensor>,
+    path: &std::path::Path,
+) -> Result<(), RunError> {
+    let names: Vec<String> = variables.iter().map(|(n, _)| n.clone()).collect();
+    for name in names {
+        let current = variables.get(&name).expect("listed").ty();
+        match saved.get(&name) {
+            Some(tensor) if tensor.ty() == current => variables.insert(name, tensor.clone()),
+            Some(tensor) => {
+                return Err(RunError::Checkpoint(format!(
+                    "{} holds `{name}` as {}, but the plan's variable is {current}; was it written for another model?",
+                    path.display(),
+                    tensor.ty()
+                )))
+            }
+            None => {
+                return Err(RunError::Checkpoint(format!(
+                    "{} has no variable `{name}`; was it written for another model?",
+                    path.display()
+                )))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Mean loss and metrics over every full batch of `data`, in order.
+pub fn evaluate(
+    module: &Module,
+    program: &Program,
+    variables: &mut Variables,
+    data: &Dataset,
+    batch: usize,
+) -> Result<Vec<f64>, RunError> {
+    let order: Vec<usize> = (0..data.len()).collect();
+    let mut sums: Vec<f64> = Vec::new();
+    let mut batches = 0usize;
+    for feeds in data.batches(batch, &order) {
+        let out = program.run(module, variables, &feeds)?;
+        if sums.is_empty() {
+            sums = vec![0.0; out.len()];
+        }
+        for (sum, value) in sums.iter_mut().zip(&out) {
+            *sum += value.scalar_f64();
+        }
+        batches += 1;
+    }
+    if batches == 0 {
+        return Err(RunError::Usage(format!(
+            "the evaluation data has {} examples, fewer than one batch of {batch}",
+            data.len()
+        )));
+    }
+    Ok(sums.into_iter().map(|s| s / batches as f64).collect())
+}
+
+/// Runs the model forward on every example of the feeds and returns the named output for all
+/// of them (stacked along the leading axis). The last batch is padded by repeating its last
+/// example, and the padding is dropped from the result, so every example is computed.
+pub fn infer(
+    module: &Module,
+    output: &str,
+    feeds: &[(String, PathBuf)],
+    variables: &mut Variables,
+) -> Result<Tensor, RunError> {
+    let tensor = lookup_output(module, output)?;
+    let batch = batch_size(module)?;
+    let data = load_feeds(module, feeds, "--feed")?;
+    let program = Program::new(module, &[tensor], &[])?;
+    require_inputs(&program, &data, "--feed")?;
+    let n = data.len();
+    if n == 0 {
+        return Err(RunError::Usage("the feeds hold no examples".into()));
+    }
+    let padded: Vec<usize> = (0..n.div_ceil(batch) * batch).map(|i| i.min(n - 1)).collect();
+    let mut parts = Vec::new();
+    for feeds in data.batches(batch, &padded) {
+        let mut out = program.run(module, variables, &feeds)?;
+        parts.push(out.remove(0));
+    }
+    Ok(stack_examples(&parts, n))
+}
+
+/// Batches joined along the leading axis, keeping the first `n` examples.
+fn stack_examples(parts: &[Tensor], n: usize) -> Tensor {
+    use dfc_interp::Data;
+    let first = &parts[0];
+    let per_example = first.shape.dims()[1..].iter().product::<usize>();
+    let mut dims = first.shape.dims().to_vec();
+    dims[0] = n;
+    let keep = n * per_example;
+    macro_rules! join {
+        ($variant:ident) => {
+            Data::$variant(
+                parts
+                    .iter()
+                    .flat_map(|p| match &p.data {
+                        Data::$variant(v) => v.iter().copied(),
+                        _ => unreachable!("one program gives one type"),
+                    })
+                    .take(keep)
+                    .collect(),
+            )
+        };
+    }
+    let data = match first.data {
+        Data::F32(_) => join!(F32),
+        Data::F64(_) => join!(F64),
+        Data::I32(_) => join!(I32),
+        Data::I64(_) => join!(I64),
+        Data::U8(_) => join!(U8),
+        Data::Bool(_) => join!(Bool),
+    };
+    Tensor::new(dims, data)
+}
+
+fn lookup_output(module: &Module, name: &str) -> Result<TensorRef, RunError> {
+    if let Some(o) = module.outputs.iter().chain(&module.metrics).find(|o| o.name == name) {
+        return Ok(o.tensor);
+    }
+    let names: Vec<String> = module.outputs.iter().chain(&module.metrics).map(|o| format!("`{}`", o.name)).collect();
+    Err(RunError::Usage(format!(
+        "model `{}` has no output `{name}`; its outputs are {}",
+        module.name,
+        if names.is_empty() { "none".into() } else { names.join(", ") }
+    )))
+}
+
+/// Feeds for one step, by input name (what `Program::run` takes).
+pub type Feeds = HashMap<String, Tensor>;

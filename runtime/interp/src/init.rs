@@ -1,0 +1,115 @@
+//! Variable initialisation, with Keras's semantics.
+//!
+//! Each variable draws from its own random stream: `ChaCha8Rng` seeded with
+//! `seed ^ fnv1a_64(name)`. A variable's initial value therefore depends only on the seed,
+//! its name, its type and its initialiser — adding, removing or reordering other variables
+//! changes nothing. Values are drawn as f64 and converted to the variable's type with `as`.
+//!
+//! Fans (Keras's `_compute_fans`): rank 0 → (1, 1); rank 1 `[n]` → (n, n); rank 2
+//! `[in, out]` → (in, out); rank ≥ 3 (a convolution filter `[h, w, in, out]`) → with the
+//! receptive field `rf` = the product of all but the last two sizes, (`shape[-2] * rf`,
+//! `shape[-1] * rf`).
+//!
+//! - `zeros`, `ones`, `constant(v)`: every element the same (converted with `as`).
+//! - `uniform(min, max)`: `min + (max - min) * u`, `u` uniform in [0, 1).
+//! - `normal(mean, stddev)`: `mean + stddev * z`, `z` standard normal.
+//! - `truncated_normal(mean, stddev)`: the same, a `z` with `|z| > 2` drawn again (so values
+//!   lie within two standard deviations of the mean).
+//! - `glorot_uniform`: uniform in [-limit, limit), `limit = sqrt(6 / (fan_in + fan_out))`.
+//! - `he_normal`: Keras's `VarianceScaling(scale=2, mode="fan_in",
+//!   distribution="truncated_normal")`: truncated normal with mean 0 and stddev
+//!   `sqrt(2 / fan_in) / 0.87962566103423978`, the divisor being the standard deviation of a
+//!   standard normal truncated to [-2, 2]; so the values' standard deviation is
+//!   `sqrt(2 / fan_in)`.
+//!
+//! Fans below 1 count as 1 (as in Keras), so an empty tensor never divides by zero. The
+//! front end gives non-float variables only `zeros`, `ones` and `constant`; a random
+//! initialiser on one would be drawn as f64 and converted with `as`.
+
+use crate::tensor::Tensor;
+use crate::Variables;
+use dfc_ir::{Initializer, Module, Op, TensorType};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use rand_distr::{Distribution, StandardNormal};
+
+/// The 64-bit FNV-1a hash: a stable hash of a name (the same on every platform and release).
+pub fn fnv1a_64(bytes: &[u8]) -> u64 {
+    const OFFSET_BASIS: u64 = 0xcbf2_9ce4_8422_2325;
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    bytes.iter().fold(OFFSET_BASIS, |hash, &b| (hash ^ u64::from(b)).wrapping_mul(PRIME))
+}
+
+/// The standard deviation of a standard normal truncated to [-2, 2].
+const TRUNCATED_STDDEV: f64 = 0.879_625_661_034_239_8;
+
+/// Fills every `Variable` node of the module's graph (parameters and optimizer slots alike)
+/// from its initialiser, deterministically from `seed` and the variable's name.
+pub fn initialize(module: &Module, seed: u64) -> Variables {
+    let mut variables = Variables::default();
+    for id in module.graph.node_ids() {
+        let node = module.graph.node(id);
+        if let Op::Variable { ty, init, .. } = &node.op {
+            variables.insert(node.name.clone(), initial_value(ty, init, &node.name, seed));
+        }
+    }
+    variables
+}
+
+/// The initial value of the variable `name` of type `ty`, as `initialize` computes it.
+pub fn initial_value(ty: &TensorType, init: &Initializer, name: &str, seed: u64) -> Tensor {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ fnv1a_64(name.as_bytes()));
+    let n = ty.shape.n_elements();
+    let (fan_in, fan_out) = fans(ty.shape.dims());
+    let values: Vec<f64> = match *init {
+        Initializer::Zeros => vec![0.0; n],
+        Initializer::Ones => vec![1.0; n],
+        Initializer::Constant { value } => vec![value; n],
+        Initializer::Uniform { min, max } => (0..n).map(|_| uniform(&mut rng, min, max)).collect(),
+        Initializer::Normal { mean, stddev } => (0..n).map(|_| mean + stddev * standard_normal(&mut rng)).collect(),
+        Initializer::TruncatedNormal { mean, stddev } => {
+            (0..n).map(|_| mean + stddev * truncated_standard_normal(&mut rng)).collect()
+        }
+        Initializer::GlorotUniform => {
+            let limit = (6.0 / (fan_in + fan_out)).sqrt();
+            (0..n).map(|_| uniform(&mut rng, -limit, limit)).collect()
+        }
+        Initializer::HeNormal => {
+            let stddev = (2.0 / fan_in).sqrt() / TRUNCATED_STDDEV;
+            (0..n).map(|_| stddev * truncated_standard_normal(&mut rng)).collect()
+        }
+    };
+    Tensor::from_f64(ty.dtype, ty.shape.clone(), &values)
+}
+
+/// Keras's fans of a weight of shape `dims`, each at least 1.
+pub fn fans(dims: &[usize]) -> (f64, f64) {
+    let (fan_in, fan_out) = match dims {
+        [] => (1, 1),
+        [n] => (*n, *n),
+        [fan_in, fan_out] => (*fan_in, *fan_out),
+        [spatial @ .., fan_in, fan_out] => {
+            let receptive_field: usize = spatial.iter().product();
+            (fan_in * receptive_field, fan_out * receptive_field)
+        }
+    };
+    (fan_in.max(1) as f64, fan_out.max(1) as f64)
+}
+
+fn uniform(rng: &mut ChaCha8Rng, min: f64, max: f64) -> f64 {
+    min + (max - min) * rng.random::<f64>()
+}
+
+fn standard_normal(rng: &mut ChaCha8Rng) -> f64 {
+    StandardNormal.sample(rng)
+}
+
+/// A standard normal value, drawn again while it lies outside [-2, 2].
+fn truncated_standard_normal(rng: &mut ChaCha8Rng) -> f64 {
+    loop {
+        let z = standard_normal(rng);
+        if z.abs() <= 2.0 {
+            return z;
+        }
+    }
+}
