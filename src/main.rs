@@ -97,6 +97,9 @@ struct ModelArgs {
     /// Give a dim a value: --dim batch=256 (repeatable).
     #[arg(long = "dim", value_name = "NAME=VALUE", value_parser = parse_dim)]
     dims: Vec<(String, i64)>,
+    /// Train with this optimizer instead of the model's: --optimizer "adam(lr = 0.001)"
+    #[arg(long, value_name = "OPTIMIZER")]
+    optimizer: Option<String>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -199,8 +202,19 @@ fn io_reason(error: &std::io::Error) -> String {
     }
 }
 
-fn options(model: &ModelArgs) -> dfc_sema::Options {
-    dfc_sema::Options { dims: model.dims.clone() }
+fn options(model: &ModelArgs) -> Result<dfc_sema::Options, Failure> {
+    let optimizer = match &model.optimizer {
+        None => None,
+        Some(text) => match dfc_sema::check_optimizer(text) {
+            Ok(call) => Some(call),
+            Err(diagnostics) => {
+                let source = Source { path: "--optimizer".into(), text: text.clone() };
+                report(&source, &diagnostics, MessageFormat::Human);
+                return Err(Failure(format!("--optimizer `{text}` is not a valid optimizer")));
+            }
+        },
+    };
+    Ok(dfc_sema::Options { dims: model.dims.clone(), optimizer })
 }
 
 /// Prints diagnostics; returns (errors, warnings).
@@ -231,15 +245,16 @@ fn front_end(
     early: Vec<Diagnostic>,
     model: &ModelArgs,
     one: bool,
-) -> (Option<dfc_ir::Module>, Vec<Diagnostic>) {
+) -> Result<(Option<dfc_ir::Module>, Vec<Diagnostic>), Failure> {
     if !early.is_empty() {
-        return (None, early);
+        return Ok((None, early));
     }
-    if one {
-        dfc_sema::compile_source(&source.text, model.model.as_deref(), &options(model))
+    let options = options(model)?;
+    Ok(if one {
+        dfc_sema::compile_source(&source.text, model.model.as_deref(), &options)
     } else {
-        (None, dfc_sema::check_source(&source.text, &options(model)).1)
-    }
+        (None, dfc_sema::check_source(&source.text, &options).1)
+    })
 }
 
 fn check(files: &[PathBuf], model: &ModelArgs, format: MessageFormat) -> Outcome {
@@ -247,7 +262,7 @@ fn check(files: &[PathBuf], model: &ModelArgs, format: MessageFormat) -> Outcome
     for path in files {
         let (source, early) = read_source(path)?;
         // With --model, check that model only (and that it exists).
-        let (_, diagnostics) = front_end(&source, early, model, model.model.is_some());
+        let (_, diagnostics) = front_end(&source, early, model, model.model.is_some())?;
         let (errors, warnings) = report(&source, &diagnostics, format);
         if format == MessageFormat::Human && errors + warnings > 0 {
             let what = if errors > 0 { "could not check" } else { "checked" };
@@ -273,7 +288,7 @@ fn check(files: &[PathBuf], model: &ModelArgs, format: MessageFormat) -> Outcome
 /// Parses, analyses and verifies one model, printing diagnostics; `None` if it has errors.
 fn load_module(path: &Path, model: &ModelArgs) -> Result<Option<(Source, dfc_ir::Module)>, Failure> {
     let (source, early) = read_source(path)?;
-    let (module, diagnostics) = front_end(&source, early, model, true);
+    let (module, diagnostics) = front_end(&source, early, model, true)?;
     let (errors, _) = report(&source, &diagnostics, MessageFormat::Human);
     let Some(module) = module else {
         eprintln!("error: could not compile `{}`: {}", source.path, plural(errors.max(1), "error"));

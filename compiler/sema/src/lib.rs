@@ -26,6 +26,26 @@ use dfc_syntax::ast::{Item, SourceFile};
 pub struct Options {
     /// `--dim NAME=VALUE` overrides, applied to every model analysed.
     pub dims: Vec<(String, i64)>,
+    /// `--optimizer`: replaces the optimizer of every `minimize` (its spans are offsets into
+    /// the option's text, so check it with `check_optimizer` first).
+    pub optimizer: Option<dfc_syntax::ast::Call>,
+}
+
+/// Checks an optimizer given on the command line, as `minimize` would; diagnostics are
+/// positioned in `text`.
+pub fn check_optimizer(text: &str) -> Result<dfc_syntax::ast::Call, Vec<Diagnostic>> {
+    let call = dfc_syntax::parse_call(text)?;
+    // The same checks as in a model, on a model that minimises something trivial.
+    let options = Options::default();
+    let file = dfc_syntax::ast::SourceFile::default();
+    let layers = layers::collect(&file, &mut Vec::new());
+    let mut diagnostics = lower::check_optimizer_call(&call, &layers, &options);
+    diagnostics.retain(|d| d.is_error());
+    if diagnostics.is_empty() {
+        Ok(call)
+    } else {
+        Err(diagnostics)
+    }
 }
 
 /// The result of analysing one model.

@@ -105,23 +105,15 @@ pub struct Lowerer<'a> {
     pub param_names: HashMap<NodeId, Span>,
 }
 
+/// The diagnostics of an optimizer call, checked on its own.
+pub fn check_optimizer_call(call: &ast::Call, layers: &Layers, options: &Options) -> Vec<Diagnostic> {
+    let mut lowerer = Lowerer::new(layers, options);
+    lowerer.optimizer(call);
+    lowerer.diagnostics
+}
+
 pub fn lower_model(model: &ast::Model, layers: &Layers, options: &Options) -> (Module, Vec<Diagnostic>) {
-    let mut lowerer = Lowerer {
-        graph: Graph::new(),
-        diagnostics: Vec::new(),
-        layers,
-        options,
-        scope: Scope::default(),
-        prefix: String::new(),
-        hint: String::new(),
-        device: None,
-        params: Vec::new(),
-        layer_stack: Vec::new(),
-        let_layer_calls: 0,
-        layer_instances: HashSet::new(),
-        known: HashMap::new(),
-        param_names: HashMap::new(),
-    };
+    let mut lowerer = Lowerer::new(layers, options);
     let mut state = BlockState::new(Context::Model);
     lowerer.block(&model.body, &mut state);
     lowerer.warn_unused();
@@ -153,6 +145,25 @@ pub fn lower_model(model: &ast::Model, layers: &Layers, options: &Options) -> (M
 }
 
 impl<'a> Lowerer<'a> {
+    pub fn new(layers: &'a Layers<'a>, options: &'a Options) -> Lowerer<'a> {
+        Lowerer {
+            graph: Graph::new(),
+            diagnostics: Vec::new(),
+            layers,
+            options,
+            scope: Scope::default(),
+            prefix: String::new(),
+            hint: String::new(),
+            device: None,
+            params: Vec::new(),
+            layer_stack: Vec::new(),
+            let_layer_calls: 0,
+            layer_instances: HashSet::new(),
+            known: HashMap::new(),
+            param_names: HashMap::new(),
+        }
+    }
+
     pub fn block(&mut self, stmts: &[Stmt], state: &mut BlockState) {
         for stmt in stmts {
             self.stmt(stmt, state);
@@ -659,7 +670,10 @@ impl<'a> Lowerer<'a> {
         self.hint = "loss".into();
         let value = self.eval(loss);
         let tensor = self.make_tensor(value, loss.span, Some(DType::F32));
-        let optimizer = self.optimizer(optimizer);
+        let optimizer = match &self.options.optimizer {
+            Some(replacement) => self.optimizer(replacement),
+            None => self.optimizer(optimizer),
+        };
         let Some(tensor) = tensor else { return };
         let ty = self.graph.ty(tensor).clone();
         if ty.shape.rank() != 0 || !ty.dtype.is_float() {

@@ -9,4 +9,4 @@ mod dump;
 mod parser;
 
 pub use dump::dump;
-pub use parser::parse;
+pub use parser::{parse, parse_call};

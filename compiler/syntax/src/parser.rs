@@ -55,6 +55,23 @@ pub fn parse(source: &str) -> (SourceFile, Vec<Diagnostic>) {
     (file, builder.diagnostics)
 }
 
+/// Parses one call, such as an optimizer given on the command line. Spans are offsets into
+/// `text`.
+pub fn parse_call(text: &str) -> Result<Call, Vec<Diagnostic>> {
+    pest::set_error_detail(true);
+    match DfcParser::parse(Rule::call_entry, text) {
+        Ok(mut pairs) => {
+            let mut builder = Builder { source: text, diagnostics: Vec::new(), expr_depth: 0 };
+            let call = pairs.next().and_then(|entry| entry.into_inner().next()).map(|pair| builder.call(pair));
+            match call {
+                Some(call) if builder.diagnostics.is_empty() => Ok(call),
+                _ => Err(builder.diagnostics),
+            }
+        }
+        Err(error) => Err(vec![syntax_error(text, 0, &error)]),
+    }
+}
+
 struct Builder<'s> {
     source: &'s str,
     diagnostics: Vec<Diagnostic>,

@@ -48,12 +48,10 @@ impl EpochRecord {
             ("step".into(), self.step.into()),
             ("train_loss".into(), number(self.train_loss)),
         ];
-        if let Some(loss) = self.eval_loss {
-            fields.push(("eval_loss".into(), number(loss)));
-        }
-        if let Some(accuracy) = self.eval_accuracy {
-            fields.push(("eval_accuracy".into(), number(accuracy)));
-        }
+        // Always present, null without evaluation data or an `accuracy` metric, so that every
+        // line has the same keys.
+        fields.push(("eval_loss".into(), self.eval_loss.map_or(Value::Null, number)));
+        fields.push(("eval_accuracy".into(), self.eval_accuracy.map_or(Value::Null, number)));
         for (name, &value) in &self.metrics {
             let key = format!("eval_{name}");
             if matches!(key.as_str(), "eval_loss" | "eval_accuracy") {

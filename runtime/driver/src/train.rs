@@ -167,7 +167,13 @@ pub fn train(module: &Module, options: &TrainOptions, progress: &mut dyn Progres
     }
 
     let epochs = options.epochs.unwrap_or(1);
-    let mut metrics_log = options.metrics.as_ref().map(MetricsLog::create).transpose()?;
+    // A resumed run adds to the metrics of the run it continues.
+    let resumed = step > 0;
+    let mut metrics_log = match &options.metrics {
+        Some(path) if resumed => Some(MetricsLog::append(path)?),
+        Some(path) => Some(MetricsLog::create(path)?),
+        None => None,
+    };
     let mut records = Vec::new();
     'epochs: for epoch in start_epoch..epochs {
         // A resumed run replays the interrupted epoch from its start.

@@ -30,7 +30,7 @@ fn one_flushed_object_per_line() {
         "{\"epoch\":1,\"step\":468,\"train_loss\":0.5,\"eval_loss\":0.25,\"eval_accuracy\":0.875,\
          \"eval_f1\":0.8,\"eval_top5\":0.99,\"examples_per_sec\":1000.0,\"seconds\":2.5}\n"
     );
-    // No evaluation: no eval keys; a diverged loss is null.
+    // No evaluation: the eval keys are null; so is a diverged loss.
     let plain = EpochRecord {
         epoch: 2,
         step: 936,
@@ -43,7 +43,10 @@ fn one_flushed_object_per_line() {
     let text = std::fs::read_to_string(&path).unwrap();
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines.len(), 2);
-    assert_eq!(lines[1], "{\"epoch\":2,\"step\":936,\"train_loss\":null,\"examples_per_sec\":3.0,\"seconds\":1.0}");
+    assert_eq!(
+        lines[1],
+        "{\"epoch\":2,\"step\":936,\"train_loss\":null,\"eval_loss\":null,\"eval_accuracy\":null,\"examples_per_sec\":3.0,\"seconds\":1.0}"
+    );
     for line in lines {
         let value: serde_json::Value = serde_json::from_str(line).unwrap();
         assert!(value.is_object());

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Compiles an example and trains it on Fashion-MNIST (60,000 training images), evaluating on
+# the 10,000 test images after each epoch. Installs Debian's dataset-fashion-mnist if missing.
+#
+#   examples/train_fashion_mnist.sh [softmax_regression|mlp|cnn] [EPOCHS] [OPTIMIZER]
+#
+# The examples keep the peer benchmarks' optimizer (SGD, lr 0.01); for accuracy this script
+# trains with the optimizer below unless one is given.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+model=${1:-mlp}
+case "$model" in
+    softmax_regression) epochs=30; optimizer="sgd(lr = 0.1)" ;;
+    mlp) epochs=15; optimizer="momentum(lr = 0.01, momentum = 0.9)" ;;
+    cnn) epochs=6; optimizer="adam(lr = 0.001)" ;;
+    *) echo "usage: $0 [softmax_regression|mlp|cnn] [EPOCHS] [OPTIMIZER]" >&2; exit 2 ;;
+esac
+epochs=${2:-$epochs}
+optimizer=${3:-$optimizer}
+
+data=/usr/share/datasets/fashion-mnist
+if [ ! -e "$data/train-images-idx3-ubyte.gz" ]; then
+    echo "installing Debian's dataset-fashion-mnist" >&2
+    sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo=sudo
+    $sudo apt-get update -qq
+    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist
+fi
+
+cargo build --release --locked
+dfc=target/release/dfc
+out=target/fashion-mnist
+mkdir -p "$out"
+"$dfc" compile "examples/$model.df" --optimizer "$optimizer" -o "$out/$model.plan"
+"$dfc" run "$out/$model.plan" \
+    --feed images="$data/train-images-idx3-ubyte.gz" --feed labels="$data/train-labels-idx1-ubyte.gz" \
+    --eval-feed images="$data/t10k-images-idx3-ubyte.gz" --eval-feed labels="$data/t10k-labels-idx1-ubyte.gz" \
+    --epochs "$epochs" --metrics "$out/$model.metrics.jsonl" --checkpoint-dir "$out/$model.checkpoints"
+echo "metrics: $out/$model.metrics.jsonl; checkpoints: $out/$model.checkpoints" >&2

@@ -1,0 +1,279 @@
+//! `dfc run` end to end: training on data files, metrics, checkpoints and resumption,
+//! inference with `--fetch`, and the errors for bad feeds. Synthetic data makes these fast;
+//! one test trains on the real Fashion-MNIST files (Debian's dataset-fashion-mnist).
+
+use dfc_interp::Tensor;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = root().join("target").join("run-tests").join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    dir
+}
+
+fn dfc(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_dfc")).args(args).env("NO_COLOR", "1").output().expect("run dfc")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn s(path: &Path) -> &str {
+    path.to_str().expect("utf-8 path")
+}
+
+/// `n` examples of `y = x · w + 0.5` with 13 features, as .npy files in `dir`.
+fn regression_data(dir: &Path, n: usize, seed: u64) -> (PathBuf, PathBuf) {
+    let mut state = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut next = move || {
+        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        ((state >> 33) as f64 / (1u64 << 31) as f64) * 2.0 - 1.0
+    };
+    let w: Vec<f64> = (0..13).map(|i| (i as f64 - 6.0) / 6.0).collect();
+    let x: Vec<f64> = (0..n * 13).map(|_| next()).collect();
+    let y: Vec<f64> = (0..n).map(|i| (0..13).map(|j| x[i * 13 + j] * w[j]).sum::<f64>() + 0.5).collect();
+    let x_path = dir.join("x.npy");
+    let y_path = dir.join("y.npy");
+    dfc_driver::save_npy(&x_path, &Tensor::from_f64(dfc_ir::DType::F32, vec![n, 13], &x)).expect("write x");
+    dfc_driver::save_npy(&y_path, &Tensor::from_f64(dfc_ir::DType::F32, vec![n], &y)).expect("write y");
+    (x_path, y_path)
+}
+
+fn compile(example: &str, dir: &Path, extra: &[&str]) -> PathBuf {
+    let plan = dir.join(format!("{example}.plan"));
+    let source = root().join("examples").join(format!("{example}.df"));
+    let mut args = vec!["compile", s(&source), "-o", s(&plan)];
+    args.extend_from_slice(extra);
+    let output = dfc(&args);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    plan
+}
+
+fn metrics(path: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .expect("metrics written")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("one JSON object per line"))
+        .collect()
+}
+
+#[test]
+fn training_reduces_the_loss_and_writes_metrics() {
+    let dir = scratch("train");
+    let (x, y) = regression_data(&dir, 256, 1);
+    let (eval_x, eval_y) = {
+        let eval_dir = dir.join("eval");
+        std::fs::create_dir_all(&eval_dir).expect("dir");
+        regression_data(&eval_dir, 96, 2)
+    };
+    let plan = compile("linear_regression", &dir, &["--optimizer", "sgd(lr = 0.1)"]);
+    let log = dir.join("metrics.jsonl");
+    let output = dfc(&[
+        "run",
+        s(&plan),
+        "--feed",
+        &format!("x={}", s(&x)),
+        "--feed",
+        &format!("y={}", s(&y)),
+        "--eval-feed",
+        &format!("x={}", s(&eval_x)),
+        "--eval-feed",
+        &format!("y={}", s(&eval_y)),
+        "--epochs",
+        "6",
+        "--metrics",
+        s(&log),
+    ]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let stderr = text(&output.stderr);
+    assert!(stderr.contains("epoch 6: train loss"), "one line per epoch when not on a terminal:\n{stderr}");
+    let records = metrics(&log);
+    assert_eq!(records.len(), 6);
+    for (i, record) in records.iter().enumerate() {
+        for key in ["epoch", "step", "train_loss", "eval_loss", "eval_accuracy", "examples_per_sec"] {
+            assert!(record.get(key).is_some(), "{key} missing in {record}");
+        }
+        assert_eq!(record["epoch"], i as u64 + 1);
+        assert_eq!(record["step"], (i as u64 + 1) * 8, "256 examples in batches of 32");
+    }
+    let first = records[0]["eval_loss"].as_f64().expect("eval loss");
+    let last = records[5]["eval_loss"].as_f64().expect("eval loss");
+    assert!(last < first / 10.0, "the loss should fall: {first} then {last}");
+}
+
+/// A run stopped after 11 steps and started again ends where an uninterrupted run ends.
+#[test]
+fn a_resumed_run_ends_like_an_uninterrupted_one() {
+    let dir = scratch("resume");
+    let (x, y) = regression_data(&dir, 256, 3);
+    let plan = compile("linear_regression", &dir, &["--optimizer", "momentum(lr = 0.05)"]);
+    let feeds = [format!("x={}", s(&x)), format!("y={}", s(&y))];
+    let run = |checkpoints: &Path, extra: &[&str]| {
+        let mut args =
+            vec!["run", s(&plan), "--feed", &feeds[0], "--feed", &feeds[1], "--checkpoint-dir", s(checkpoints)];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--seed", "5", "--shuffle-seed", "9"]);
+        let output = dfc(&args);
+        assert!(output.status.success(), "{}", text(&output.stderr));
+        text(&output.stderr)
+    };
+    let whole = dir.join("whole");
+    run(&whole, &["--epochs", "3"]);
+    let parts = dir.join("parts");
+    run(&parts, &["--epochs", "3", "--steps", "11"]);
+    let resumed = run(&parts, &["--epochs", "3"]);
+    assert!(resumed.contains("resuming from"), "{resumed}");
+
+    let final_whole = dfc_driver::checkpoint::latest(&whole).expect("readable").expect("a checkpoint");
+    let final_parts = dfc_driver::checkpoint::latest(&parts).expect("readable").expect("a checkpoint");
+    assert_eq!(final_whole.step, 24);
+    assert_eq!(final_parts.step, 24);
+    assert_eq!(final_whole.tensors.keys().collect::<Vec<_>>(), final_parts.tensors.keys().collect::<Vec<_>>());
+    assert!(final_whole.tensors.contains_key("w/momentum"), "optimizer slots are checkpointed too");
+    for (name, tensor) in &final_whole.tensors {
+        assert_eq!(tensor, &final_parts.tensors[name], "`{name}` differs after resuming");
+    }
+}
+
+#[test]
+fn fetch_runs_forward_on_every_example() {
+    let dir = scratch("fetch");
+    let (x, y) = regression_data(&dir, 250, 4);
+    let plan = compile("linear_regression", &dir, &["--optimizer", "sgd(lr = 0.1)"]);
+    let checkpoints = dir.join("ckpt");
+    let feeds = [format!("x={}", s(&x)), format!("y={}", s(&y))];
+    let trained = dfc(&[
+        "run",
+        s(&plan),
+        "--feed",
+        &feeds[0],
+        "--feed",
+        &feeds[1],
+        "--epochs",
+        "30",
+        "--checkpoint-dir",
+        s(&checkpoints),
+    ]);
+    assert!(trained.status.success(), "{}", text(&trained.stderr));
+
+    let out = dir.join("prediction.npy");
+    let fetched = dfc(&[
+        "run",
+        s(&plan),
+        "--feed",
+        &feeds[0],
+        "--fetch",
+        "prediction",
+        "-o",
+        s(&out),
+        "--checkpoint-dir",
+        s(&checkpoints),
+    ]);
+    assert!(fetched.status.success(), "{}", text(&fetched.stderr));
+    let prediction = dfc_driver::load(&out).expect("a .npy");
+    assert_eq!(prediction.shape.dims(), [250], "250 examples: 7 full batches and a padded one, trimmed");
+    let expected = dfc_driver::load(&y).expect("y").to_f64_vec();
+    let worst = prediction.to_f64_vec().iter().zip(&expected).map(|(p, e)| (p - e).abs()).fold(0.0, f64::max);
+    assert!(worst < 0.05, "the trained model should predict y closely; worst error {worst}");
+
+    // Without -o, the values are printed.
+    let printed =
+        dfc(&["run", s(&plan), "--feed", &feeds[0], "--fetch", "prediction", "--checkpoint-dir", s(&checkpoints)]);
+    assert!(text(&printed.stdout).starts_with("prediction: f32[250]"), "{}", text(&printed.stdout));
+    // An unknown output names the ones there are.
+    let unknown = dfc(&["run", s(&plan), "--feed", &feeds[0], "--fetch", "nope"]);
+    assert_eq!(unknown.status.code(), Some(1));
+    assert!(
+        text(&unknown.stderr).contains("has no output `nope`; its outputs are `prediction`"),
+        "{}",
+        text(&unknown.stderr)
+    );
+}
+
+#[test]
+fn bad_feeds_are_refused_before_any_step() {
+    let dir = scratch("bad-feeds");
+    let (x, y) = regression_data(&dir, 64, 5);
+    let plan = compile("linear_regression", &dir, &[]);
+    let write = |name: &str, tensor: Tensor| {
+        let path = dir.join(name);
+        dfc_driver::save_npy(&path, &tensor).expect("write");
+        path
+    };
+    let narrow = write("narrow.npy", Tensor::from_f64(dfc_ir::DType::F32, vec![64, 12], &[0.0; 64 * 12]));
+    let doubles = write("doubles.npy", Tensor::from_f64(dfc_ir::DType::F64, vec![64, 13], &[0.5; 64 * 13]));
+    let short = write("short.npy", Tensor::from_f64(dfc_ir::DType::F32, vec![60], &[0.0; 60]));
+    let log = dir.join("metrics.jsonl");
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (
+            vec![format!("x={}", s(&narrow)), format!("y={}", s(&y))],
+            "feed `x`: examples are f32[12] but the model's input `x` takes f32[13]",
+        ),
+        (vec![format!("x={}", s(&doubles)), format!("y={}", s(&y))], "f64"),
+        (vec![format!("x={}", s(&x)), format!("y={}", s(&short))], "60"),
+        (vec![format!("x={}", s(&x))], "no data for input(s) y"),
+        (vec![format!("x={}", s(&x)), format!("y={}", s(&y)), format!("z={}", s(&y))], "`z` names no input"),
+        (vec![format!("x={}", s(&dir.join("missing.npy"))), format!("y={}", s(&y))], "missing.npy"),
+    ];
+    for (feeds, expected) in cases {
+        let mut args = vec!["run".to_string(), s(&plan).to_string(), "--metrics".into(), s(&log).to_string()];
+        for feed in &feeds {
+            args.push("--feed".into());
+            args.push(feed.clone());
+        }
+        let args: Vec<&str> = args.iter().map(|a| a.as_str()).collect();
+        let output = dfc(&args);
+        let stderr = text(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{feeds:?}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+        assert!(
+            stderr.starts_with("error: ") && stderr.contains(expected),
+            "{feeds:?}: expected `{expected}` in {stderr}"
+        );
+        assert!(!log.exists(), "no step ran, so no metrics were written");
+    }
+}
+
+#[test]
+fn fashion_mnist_trains_softmax_regression() {
+    let data = Path::new("/usr/share/datasets/fashion-mnist");
+    if !data.join("train-images-idx3-ubyte.gz").exists() {
+        println!("SKIPPED: Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist; .ci/run does)");
+        return;
+    }
+    let dir = scratch("fashion-mnist");
+    let plan = compile("softmax_regression", &dir, &["--optimizer", "sgd(lr = 0.1)"]);
+    let log = dir.join("metrics.jsonl");
+    let file = |name: &str| data.join(name).display().to_string();
+    let output = dfc(&[
+        "run",
+        s(&plan),
+        "--feed",
+        &format!("images={}", file("train-images-idx3-ubyte.gz")),
+        "--feed",
+        &format!("labels={}", file("train-labels-idx1-ubyte.gz")),
+        "--eval-feed",
+        &format!("images={}", file("t10k-images-idx3-ubyte.gz")),
+        "--eval-feed",
+        &format!("labels={}", file("t10k-labels-idx1-ubyte.gz")),
+        "--epochs",
+        "1",
+        "--metrics",
+        s(&log),
+    ]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let record = &metrics(&log)[0];
+    assert_eq!(record["step"], 600, "60,000 images in batches of 100");
+    let accuracy = record["eval_accuracy"].as_f64().expect("accuracy");
+    assert!(
+        accuracy > 0.78,
+        "one epoch of softmax regression reaches about 0.8 on the 10,000 test images; got {accuracy}"
+    );
+}
