@@ -4,6 +4,7 @@
 //! - `tests/parser/ok/*.df`   → `*.ast`  (normalised AST; no diagnostics allowed)
 //! - `tests/parser/err/*.df`  → `*.diag` (every diagnostic, with line:column)
 //! - `tests/ir/*.df`, `examples/*.df` → `tests/ir/*.ir`, `tests/examples/*.ir` (IR text; verified)
+//! - `tests/passes/*.df` → `*.autodiff.ir`, `*.optimizer.ir`, `*.simplify.ir` (IR after each pass)
 //! - `tests/diagnostics/*.df` carry their expectations inline: a comment line of carets under
 //!   the faulty text, then the code and optionally part of the message (or of its label). Every
 //!   diagnostic needs a marker and every marker a diagnostic:
@@ -153,12 +154,13 @@ fn ir_of_examples() {
     ir_golden("examples", "tests/examples");
 }
 
-/// The IR after the whole pipeline up to `simplify`, verified: `tests/passes/*.df` →
-/// `tests/passes/*.simplify.ir`, and the examples → `tests/passes/examples/*.simplify.ir`.
+/// The IR after each pass, verified: `tests/passes/*.df` → `tests/passes/*.{autodiff,optimizer,
+/// simplify}.ir`, and the examples after the whole pipeline → `tests/passes/examples/*.simplify.ir`.
 #[test]
 fn ir_after_passes() {
     let mut failures = Vec::new();
-    for (dir, expected_dir) in [("tests/passes", "tests/passes"), ("examples", "tests/passes/examples")] {
+    let all: &[&str] = &["autodiff", "optimizer", "simplify"];
+    for (dir, expected_dir, passes) in [("tests/passes", "tests/passes", all), ("examples", "tests/passes/examples", &["simplify"])] {
         for path in df_files(dir) {
             let text = read(&path);
             let (analyses, diagnostics) = dfc_sema::check_source(&text, &dfc_sema::Options::default());
@@ -166,19 +168,22 @@ fn ir_after_passes() {
                 failures.push(format!("{}: does not compile:\n{}", path.display(), plain(&text, &diagnostics)));
                 continue;
             }
-            let mut printed = String::new();
-            for analysis in analyses {
-                let mut module = analysis.module.expect("no errors, so a module");
-                dfc_passes::run_pipeline(&mut module, Some("simplify"));
-                let problems = dfc_ir::verify(&module, dfc_ir::VerifyOptions::default());
-                if !problems.is_empty() {
-                    failures.push(format!("{}: IR fails verification after simplify: {problems:?}", path.display()));
+            let modules: Vec<dfc_ir::Module> = analyses.into_iter().map(|a| a.module.expect("no errors, so a module")).collect();
+            for pass in passes {
+                let mut printed = String::new();
+                for module in &modules {
+                    let mut module = module.clone();
+                    dfc_passes::run_pipeline(&mut module, Some(pass));
+                    let problems = dfc_ir::verify(&module, dfc_ir::VerifyOptions::default());
+                    if !problems.is_empty() {
+                        failures.push(format!("{}: IR fails verification after {pass}: {problems:?}", path.display()));
+                    }
+                    printed += &dfc_ir::print(&module);
                 }
-                printed += &dfc_ir::print(&module);
+                let stem = path.file_stem().expect("file name").to_string_lossy().into_owned();
+                let expected = root().join(expected_dir).join(format!("{stem}.{pass}.ir"));
+                failures.extend(expect_file(&expected, &printed));
             }
-            let stem = path.file_stem().expect("file name").to_string_lossy().into_owned();
-            let expected = root().join(expected_dir).join(format!("{stem}.simplify.ir"));
-            failures.extend(expect_file(&expected, &printed));
         }
     }
     finish(failures);
