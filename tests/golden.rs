@@ -160,7 +160,9 @@ fn ir_of_examples() {
 fn ir_after_passes() {
     let mut failures = Vec::new();
     let all: &[&str] = &["autodiff", "optimizer", "simplify"];
-    for (dir, expected_dir, passes) in [("tests/passes", "tests/passes", all), ("examples", "tests/passes/examples", &["simplify"])] {
+    for (dir, expected_dir, passes) in
+        [("tests/passes", "tests/passes", all), ("examples", "tests/passes/examples", &["simplify"])]
+    {
         for path in df_files(dir) {
             let text = read(&path);
             let (analyses, diagnostics) = dfc_sema::check_source(&text, &dfc_sema::Options::default());
@@ -168,7 +170,8 @@ fn ir_after_passes() {
                 failures.push(format!("{}: does not compile:\n{}", path.display(), plain(&text, &diagnostics)));
                 continue;
             }
-            let modules: Vec<dfc_ir::Module> = analyses.into_iter().map(|a| a.module.expect("no errors, so a module")).collect();
+            let modules: Vec<dfc_ir::Module> =
+                analyses.into_iter().map(|a| a.module.expect("no errors, so a module")).collect();
             for pass in passes {
                 let mut printed = String::new();
                 for module in &modules {

@@ -1,16 +1,10 @@
 //! Tensors as the runtime holds them: a shape and row-major data of one element type.
 
-use dfc_ir::{ConstData, ConstValue, DType, Shape, TensorType};
+use dfc_ir::{ConstValue, DType, Shape, TensorType};
 
-#[derive(Clone, Debug, PartialEq)]
-pub enum Data {
-    F32(Vec<f32>),
-    F64(Vec<f64>),
-    I32(Vec<i32>),
-    I64(Vec<i64>),
-    U8(Vec<u8>),
-    Bool(Vec<bool>),
-}
+/// The element storage is the IR's constant data: a constant and a runtime tensor hold the
+/// same thing.
+pub use dfc_ir::ConstData as Data;
 
 /// The element types a tensor can hold, tying each Rust type to its `DType` and `Data` variant.
 pub trait Element: Copy + PartialEq + PartialOrd + Default + std::fmt::Debug + Send + Sync + 'static {
@@ -103,15 +97,7 @@ impl Tensor {
     }
 
     pub fn from_const(value: &ConstValue) -> Tensor {
-        let data = match &value.data {
-            ConstData::F32(v) => Data::F32(v.clone()),
-            ConstData::F64(v) => Data::F64(v.clone()),
-            ConstData::I32(v) => Data::I32(v.clone()),
-            ConstData::I64(v) => Data::I64(v.clone()),
-            ConstData::U8(v) => Data::U8(v.clone()),
-            ConstData::Bool(v) => Data::Bool(v.clone()),
-        };
-        Tensor::new(value.shape.clone(), data)
+        Tensor::new(value.shape.clone(), value.data.clone())
     }
 
     pub fn dtype(&self) -> DType {
