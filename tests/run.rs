@@ -127,9 +127,13 @@ fn a_resumed_run_ends_like_an_uninterrupted_one() {
     let whole = dir.join("whole");
     run(&whole, &["--epochs", "3"]);
     let parts = dir.join("parts");
-    run(&parts, &["--epochs", "3", "--steps", "11"]);
-    let resumed = run(&parts, &["--epochs", "3"]);
+    let log = dir.join("parts.jsonl");
+    run(&parts, &["--epochs", "3", "--steps", "11", "--metrics", s(&log)]);
+    let resumed = run(&parts, &["--epochs", "3", "--metrics", s(&log)]);
     assert!(resumed.contains("resuming from"), "{resumed}");
+    // The resumed run adds to the metrics: epoch 1, the interrupted epoch 2, then 2 and 3 again.
+    let steps: Vec<u64> = metrics(&log).iter().map(|r| r["step"].as_u64().expect("step")).collect();
+    assert_eq!(steps, [8, 11, 16, 24]);
 
     let final_whole = dfc_driver::checkpoint::latest(&whole).expect("readable").expect("a checkpoint");
     let final_parts = dfc_driver::checkpoint::latest(&parts).expect("readable").expect("a checkpoint");
