@@ -137,7 +137,7 @@ pub fn infer(op: &Op, inputs: &[&TensorType]) -> Result<Vec<TensorType>> {
                 ));
             }
             for (axis, ((&b, &s), &d)) in begin.iter().zip(size).zip(shape.dims()).enumerate() {
-                if b + s > d {
+                if b.checked_add(s).is_none_or(|end| end > d) {
                     return Err(TypeError::new(
                         Code::INVALID_SHAPE,
                         format!("slice {b}..{} of axis {axis} is outside its size {d}", b + s),
@@ -277,8 +277,17 @@ pub fn infer(op: &Op, inputs: &[&TensorType]) -> Result<Vec<TensorType>> {
                     format!("`pad` of {} needs {rank} sizes before and after", inputs[0]),
                 ));
             }
-            let dims = inputs[0].shape.dims().iter().zip(before.iter().zip(after)).map(|(d, (b, a))| d + b + a);
-            TensorType::new(inputs[0].dtype, dims.collect::<Vec<_>>())
+            let dims: Option<Vec<usize>> = inputs[0]
+                .shape
+                .dims()
+                .iter()
+                .zip(before.iter().zip(after))
+                .map(|(d, (b, a))| d.checked_add(*b)?.checked_add(*a))
+                .collect();
+            let Some(dims) = dims else {
+                return Err(TypeError::new(Code::INVALID_SHAPE, format!("`pad` of {} overflows", inputs[0])));
+            };
+            TensorType::new(inputs[0].dtype, dims)
         }
         Op::Conv2dBackpropInput { input_shape, strides, padding } => {
             let x = TensorType::new(inputs[0].dtype, input_shape.clone());
@@ -300,7 +309,7 @@ pub fn infer(op: &Op, inputs: &[&TensorType]) -> Result<Vec<TensorType>> {
         Op::AvgPoolGrad { input_shape, window, strides, padding } => {
             let x = TensorType::new(inputs[0].dtype, input_shape.clone());
             let out = infer(&Op::AvgPool { window: *window, strides: *strides, padding: *padding }, &[&x])?;
-            same_shape(name, &out[0], inputs[0])?;
+            same_shape(name, &out[0], inputs[0]).map_err(|e| TypeError { operand: Some(0), ..e })?;
             x
         }
         Op::ScatterAdd { rows } => {

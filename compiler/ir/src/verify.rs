@@ -150,6 +150,12 @@ pub fn verify_graph(graph: &Graph, options: VerifyOptions) -> Vec<VerifyError> {
             }
         }
 
+        if let Op::Const { value } = &node.op {
+            if value.len() != value.shape.n_elements() {
+                error(id, format!("the constant holds {} values for the shape {}", value.len(), value.shape));
+            }
+        }
+
         if options.require_devices && node.device.is_none() {
             error(id, format!("`{}` has no device", node.name));
         }

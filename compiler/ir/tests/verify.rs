@@ -132,3 +132,21 @@ fn the_text_form_is_independent_of_creation_order_and_removals() {
     };
     assert_eq!(print(&rebuilt), printed);
 }
+
+#[test]
+fn constants_must_hold_as_many_values_as_their_shape() {
+    let (mut module, ..) = small();
+    let bad = ConstValue { shape: Shape(vec![2, 2]), data: ConstData::F32(vec![1.0, 2.0, 3.0]) };
+    let ty = TensorType::new(DType::F32, vec![2, 2]);
+    module.graph.add_with_types(Op::Const { value: bad }, &[], vec![ty], "short", None);
+    assert_eq!(messages(&module, VerifyOptions::default()), ["the constant holds 3 values for the shape [2,2]"]);
+}
+
+#[test]
+fn absurd_attributes_are_type_errors_not_panics() {
+    let x = TensorType::new(DType::F32, vec![4]);
+    let slice = Op::Slice { begin: vec![usize::MAX], size: vec![2] };
+    assert!(infer(&slice, &[&x]).is_err());
+    let pad = Op::Pad { before: vec![usize::MAX], after: vec![1] };
+    assert!(infer(&pad, &[&x]).is_err());
+}
