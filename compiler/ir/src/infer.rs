@@ -140,7 +140,7 @@ pub fn infer(op: &Op, inputs: &[&TensorType]) -> Result<Vec<TensorType>> {
                 if b.checked_add(s).is_none_or(|end| end > d) {
                     return Err(TypeError::new(
                         Code::INVALID_SHAPE,
-                        format!("slice {b}..{} of axis {axis} is outside its size {d}", b + s),
+                        format!("slice of {s} from {b} on axis {axis} is outside its size {d}"),
                     ));
                 }
             }
