@@ -3,8 +3,8 @@
 //!
 //! Determinism: the initial values come from `seed`, the example order of epoch e from
 //! `shuffle_seed` and e. Checkpoints are written at the end of each epoch (and when `--steps`
-//! stops a run), so a run that is stopped and started again replays from the newest checkpoint
-//! and ends with the same variables as a run that was never stopped.
+//! stops a run), so a run that is stopped and started again continues from the newest
+//! checkpoint and ends with the same variables as a run that was never stopped.
 
 use crate::checkpoint;
 use crate::data::{self, Dataset};
@@ -176,7 +176,11 @@ pub fn train(module: &Module, options: &TrainOptions, progress: &mut dyn Progres
     };
     let mut records = Vec::new();
     'epochs: for epoch in start_epoch..epochs {
-        // A resumed run replays the interrupted epoch from its start.
+        if options.steps.is_some_and(|limit| step >= limit) {
+            break;
+        }
+        // A resumed run continues an interrupted epoch: the same order, without the batches
+        // it had already trained on.
         let first_step_of_epoch = epoch * steps_per_epoch;
         let skip = step.saturating_sub(first_step_of_epoch);
         let order = data::shuffled_order(train_data.len(), options.shuffle_seed, epoch);
