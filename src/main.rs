@@ -37,6 +37,21 @@ enum Command {
         #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(dfc_passes::PASSES), default_value = "sema")]
         after: String,
     },
+    /// Draw a model's graph: Graphviz DOT, or SVG through Graphviz's `dot`.
+    Graph {
+        file: PathBuf,
+        #[command(flatten)]
+        model: ModelArgs,
+        /// Draw the graph after this pass.
+        #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(dfc_passes::PASSES), default_value = "sema")]
+        after: String,
+        /// Fold name scopes nested deeper than this into one node each (0: every top-level scope).
+        #[arg(long, value_name = "DEPTH")]
+        collapse: Option<usize>,
+        /// Where to write it: FILE.dot, or FILE.svg (needs Graphviz) [default: DOT on stdout].
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+    },
     /// Compile a model into a plan file.
     Compile {
         file: PathBuf,
@@ -131,6 +146,7 @@ fn main() -> ExitCode {
         Command::Ir { file, model, after } => ir(&file, &model, &after),
         Command::Compile { file, model, output } => compile(&file, &model, output),
         Command::Inspect { plan, json } => inspect(&plan, json),
+        Command::Graph { file, model, after, collapse, output } => graph(&file, &model, &after, collapse, output),
         Command::Run {
             plan,
             feeds,
@@ -316,6 +332,37 @@ fn ir(path: &Path, model: &ModelArgs, after: &str) -> Outcome {
     let Some((_, mut module)) = load_module(path, model)? else { return Ok(ExitCode::FAILURE) };
     dfc_passes::run_pipeline(&mut module, Some(after));
     print!("{}", dfc_ir::print(&module));
+    Ok(ExitCode::SUCCESS)
+}
+
+fn graph(path: &Path, model: &ModelArgs, after: &str, collapse: Option<usize>, output: Option<PathBuf>) -> Outcome {
+    let Some((_, mut module)) = load_module(path, model)? else { return Ok(ExitCode::FAILURE) };
+    dfc_passes::run_pipeline(&mut module, Some(after));
+    let dot = dfc_ir::to_dot(&module, &dfc_ir::DotOptions { collapse_depth: collapse });
+    let Some(output) = output else {
+        print!("{dot}");
+        return Ok(ExitCode::SUCCESS);
+    };
+    let write_error = |e: std::io::Error| Failure(format!("cannot write `{}`: {}", output.display(), io_reason(&e)));
+    if output.extension().is_some_and(|e| e == "svg") {
+        use std::io::Write as _;
+        let mut child = std::process::Command::new("dot")
+            .args(["-Tsvg", "-o"])
+            .arg(&output)
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .map_err(|_| {
+                Failure("cannot run Graphviz's `dot` to draw SVG: install graphviz, or write a .dot file".into())
+            })?;
+        child.stdin.take().expect("piped").write_all(dot.as_bytes()).map_err(write_error)?;
+        let status = child.wait().map_err(write_error)?;
+        if !status.success() {
+            return Err(Failure(format!("Graphviz's `dot` failed ({status}) drawing `{}`", output.display())));
+        }
+    } else {
+        std::fs::write(&output, dot).map_err(write_error)?;
+    }
+    eprintln!("drew model `{}` to `{}`", module.name, output.display());
     Ok(ExitCode::SUCCESS)
 }
 

@@ -332,3 +332,29 @@ fn plan_paths_default_next_to_the_source() {
     assert!(output.status.success(), "{}", text(&output.stderr));
     assert!(Path::new(&plan).exists());
 }
+
+#[test]
+fn graphs_are_drawn_as_dot_and_svg() {
+    let model = root().join("examples/wide_and_deep.df");
+    let model = model.to_str().expect("utf-8");
+    let printed = dfc(&["graph", model, "--collapse", "1"]);
+    assert!(printed.status.success(), "{}", text(&printed.stderr));
+    let dot = text(&printed.stdout);
+    assert!(dot.starts_with("digraph \"wide_and_deep\""), "{dot}");
+    assert!(dot.contains("fillcolor=\"#a6cee3\"") && dot.contains("/job:ps"), "nodes are coloured by device:\n{dot}");
+
+    let file = scratch("wide_and_deep.dot");
+    let written = dfc(&["graph", model, "--collapse", "1", "-o", file.to_str().expect("utf-8")]);
+    assert!(written.status.success(), "{}", text(&written.stderr));
+    assert_eq!(std::fs::read_to_string(&file).expect("written"), dot);
+
+    if Command::new("dot").arg("-V").output().is_err() {
+        println!("SKIPPED: the SVG check needs Graphviz's `dot` (apt-get install graphviz; .ci/run does)");
+        return;
+    }
+    let svg = scratch("wide_and_deep.svg");
+    let drawn = dfc(&["graph", model, "-o", svg.to_str().expect("utf-8")]);
+    assert!(drawn.status.success(), "{}", text(&drawn.stderr));
+    let svg = std::fs::read_to_string(&svg).expect("svg written");
+    assert!(svg.contains("<svg") && svg.contains("user_table"), "not an SVG of the model");
+}

@@ -299,3 +299,27 @@ fn every_op_is_documented() {
         dfc_sema::OPS.iter().map(|(name, _, _)| *name).filter(|n| !docs.contains(&format!("`{n}"))).collect();
     assert!(missing.is_empty(), "docs/language.md does not document {missing:?}");
 }
+
+/// Pictures: `dfc graph`'s DOT for the models with devices, whole and with scopes folded, in
+/// `tests/graph/`.
+#[test]
+fn graph_pictures() {
+    let mut failures = Vec::new();
+    for path in
+        [root().join("tests/ir/devices.df"), root().join("examples/wide_and_deep.df"), root().join("examples/mlp.df")]
+    {
+        let text = read(&path);
+        let (module, diagnostics) = dfc_sema::compile_source(&text, None, &dfc_sema::Options::default());
+        let Some(mut module) = module else {
+            failures.push(format!("{}: {}", path.display(), plain(&text, &diagnostics)));
+            continue;
+        };
+        dfc_passes::run_pipeline(&mut module, None);
+        let stem = path.file_stem().expect("file name").to_string_lossy().into_owned();
+        for (suffix, collapse) in [("dot", None), ("collapsed.dot", Some(1))] {
+            let dot = dfc_ir::to_dot(&module, &dfc_ir::DotOptions { collapse_depth: collapse });
+            failures.extend(expect_file(&root().join("tests/graph").join(format!("{stem}.{suffix}")), &dot));
+        }
+    }
+    finish(failures);
+}

@@ -20,6 +20,7 @@
 //! Architecture Invariant: this crate knows nothing of pest, LLVM, CUDA or gRPC.
 
 mod device;
+mod dot;
 mod graph;
 mod infer;
 mod module;
@@ -29,6 +30,7 @@ mod types;
 mod verify;
 
 pub use device::{DeviceKind, DeviceSpec};
+pub use dot::{to_dot, DotOptions};
 pub use graph::{Edge, Graph, Node, NodeId, TensorRef};
 pub use infer::{broadcast_shapes, infer, TypeError};
 pub use module::{Module, Optimizer, OptimizerKind, Output, Training};
