@@ -82,10 +82,9 @@ pub fn run(module: &dfc_ir::Module, args: &RunArgs) -> Result<(), String> {
             Some(dir) => match dfc_driver::checkpoint::latest(dir).map_err(|e| format!("checkpoint: {e}"))? {
                 Some(found) => {
                     eprintln!("using the variables of {} (step {})", found.path.display(), found.step);
+                    // The checkpoint must match the plan's variables, as when training resumes.
                     let mut variables = dfc_interp::initialize(module, args.train.seed);
-                    for (name, tensor) in found.tensors {
-                        variables.insert(name, tensor);
-                    }
+                    dfc_driver::restore(&mut variables, &found.tensors, &found.path).map_err(|e| e.to_string())?;
                     variables
                 }
                 None => return Err(format!("no checkpoint in {}", dir.display())),

@@ -254,70 +254,36 @@ fn looks_like_a_value(field: &str) -> bool {
         || field.eq_ignore_ascii_case("false")
 }
 
-/// One CSV column's values, parsed straight into the target type.
-enum Column {
-    F32(Vec<f32>),
-    F64(Vec<f64>),
-    I32(Vec<i32>),
-    I64(Vec<i64>),
-    U8(Vec<u8>),
-    Bool(Vec<bool>),
-}
-
-impl Column {
-    fn new(dtype: DType) -> Column {
-        match dtype {
-            DType::F32 => Column::F32(Vec::new()),
-            DType::F64 => Column::F64(Vec::new()),
-            DType::I32 => Column::I32(Vec::new()),
-            DType::I64 => Column::I64(Vec::new()),
-            DType::U8 => Column::U8(Vec::new()),
-            DType::Bool => Column::Bool(Vec::new()),
+/// Parses `field` and appends it to `values`; the error says why it is not a value of the type.
+fn push_field(values: &mut Data, field: &str) -> Result<(), String> {
+    fn int<T: std::str::FromStr>(field: &str, name: &str) -> Result<T, String> {
+        field.parse::<T>().map_err(|_| match field.parse::<f64>() {
+            Ok(_) => format!("`{field}` is not a valid {name} (an integer in range is needed)"),
+            Err(_) => not_a_number(field),
+        })
+    }
+    fn not_a_number(field: &str) -> String {
+        if field.is_empty() {
+            "empty field where a number is needed".to_string()
+        } else {
+            format!("`{field}` is not a number")
         }
     }
-
-    /// Parses and appends `field`; the error says why it is not a value of the type.
-    fn push(&mut self, field: &str) -> Result<(), String> {
-        fn int<T: std::str::FromStr>(field: &str, name: &str) -> Result<T, String> {
-            field.parse::<T>().map_err(|_| match field.parse::<f64>() {
-                Ok(_) => format!("`{field}` is not a valid {name} (an integer in range is needed)"),
-                Err(_) => not_a_number(field),
-            })
-        }
-        fn not_a_number(field: &str) -> String {
-            if field.is_empty() {
-                "empty field where a number is needed".to_string()
-            } else {
-                format!("`{field}` is not a number")
-            }
-        }
-        match self {
-            Column::F32(v) => v.push(field.parse().map_err(|_| not_a_number(field))?),
-            Column::F64(v) => v.push(field.parse().map_err(|_| not_a_number(field))?),
-            Column::I32(v) => v.push(int(field, "i32")?),
-            Column::I64(v) => v.push(int(field, "i64")?),
-            Column::U8(v) => v.push(int(field, "u8")?),
-            Column::Bool(v) => v.push(match field {
-                "0" => false,
-                "1" => true,
-                _ if field.eq_ignore_ascii_case("false") => false,
-                _ if field.eq_ignore_ascii_case("true") => true,
-                _ => return Err(format!("`{field}` is not a bool (0, 1, true or false)")),
-            }),
-        }
-        Ok(())
+    match values {
+        Data::F32(v) => v.push(field.parse().map_err(|_| not_a_number(field))?),
+        Data::F64(v) => v.push(field.parse().map_err(|_| not_a_number(field))?),
+        Data::I32(v) => v.push(int(field, "i32")?),
+        Data::I64(v) => v.push(int(field, "i64")?),
+        Data::U8(v) => v.push(int(field, "u8")?),
+        Data::Bool(v) => v.push(match field {
+            "0" => false,
+            "1" => true,
+            _ if field.eq_ignore_ascii_case("false") => false,
+            _ if field.eq_ignore_ascii_case("true") => true,
+            _ => return Err(format!("`{field}` is not a bool (0, 1, true or false)")),
+        }),
     }
-
-    fn into_data(self) -> Data {
-        match self {
-            Column::F32(v) => Data::F32(v),
-            Column::F64(v) => Data::F64(v),
-            Column::I32(v) => Data::I32(v),
-            Column::I64(v) => Data::I64(v),
-            Column::U8(v) => Data::U8(v),
-            Column::Bool(v) => Data::Bool(v),
-        }
-    }
+    Ok(())
 }
 
 fn parse_csv(path: &Path, bytes: &[u8], delimiter: u8, dtype: DType) -> Result<Tensor, DataError> {
@@ -327,7 +293,8 @@ fn parse_csv(path: &Path, bytes: &[u8], delimiter: u8, dtype: DType) -> Result<T
         .delimiter(delimiter)
         .trim(csv::Trim::All)
         .from_reader(bytes);
-    let mut values = Column::new(dtype);
+    // Parsed straight into the target type.
+    let mut values = Tensor::zeros(&TensorType::new(dtype, vec![0])).data;
     let mut first: Option<(u64, usize)> = None; // line and field count of the first row
     let mut rows = 0usize;
     let mut record = csv::StringRecord::new();
@@ -361,7 +328,7 @@ fn parse_csv(path: &Path, bytes: &[u8], delimiter: u8, dtype: DType) -> Result<T
             Some(_) => {}
         }
         for (i, field) in record.iter().enumerate() {
-            values.push(field).map_err(|message| DataError::At {
+            push_field(&mut values, field).map_err(|message| DataError::At {
                 path: path.to_path_buf(),
                 row: line,
                 column: i + 1,
@@ -377,7 +344,7 @@ fn parse_csv(path: &Path, bytes: &[u8], delimiter: u8, dtype: DType) -> Result<T
         return Err(DataError::format(path, "CSV file has a header but no data rows"));
     }
     let shape = if columns == 1 { vec![rows] } else { vec![rows, columns] };
-    Ok(Tensor::new(shape, values.into_data()))
+    Ok(Tensor::new(shape, values))
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -17,4 +17,4 @@ pub use checkpoint::{Checkpoint, CheckpointError};
 pub use data::{fit, load, load_csv, load_idx, load_npy, shuffled_order, DataError, Dataset};
 pub use metrics::{EpochRecord, MetricsLog};
 pub use npy::{save_npy, to_npy_bytes};
-pub use train::{infer, train, Progress, RunError, TrainOptions, TrainSummary};
+pub use train::{infer, restore, train, Progress, RunError, TrainOptions, TrainSummary};

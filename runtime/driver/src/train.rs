@@ -11,7 +11,7 @@ use crate::data::{self, Dataset};
 use crate::metrics::{EpochRecord, MetricsLog};
 use dfc_interp::{InterpError, Program, Tensor, Variables};
 use dfc_ir::{Module, NodeId, Op, TensorRef};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -247,7 +247,7 @@ pub fn train(module: &Module, options: &TrainOptions, progress: &mut dyn Progres
 }
 
 /// Replaces initial values by a checkpoint's, which must hold every variable with its type.
-fn restore(
+pub fn restore(
     variables: &mut Variables,
     saved: &BTreeMap<String, Tensor>,
     path: &std::path::Path,
@@ -329,40 +329,18 @@ pub fn infer(
         let mut out = program.run(module, variables, &feeds)?;
         parts.push(out.remove(0));
     }
-    Ok(stack_examples(&parts, n))
+    stack_examples(&parts, n)
 }
 
-/// Batches joined along the leading axis, keeping the first `n` examples.
-fn stack_examples(parts: &[Tensor], n: usize) -> Tensor {
-    use dfc_interp::Data;
-    let first = &parts[0];
-    let per_example = first.shape.dims()[1..].iter().product::<usize>();
-    let mut dims = first.shape.dims().to_vec();
-    dims[0] = n;
-    let keep = n * per_example;
-    macro_rules! join {
-        ($variant:ident) => {
-            Data::$variant(
-                parts
-                    .iter()
-                    .flat_map(|p| match &p.data {
-                        Data::$variant(v) => v.iter().copied(),
-                        _ => unreachable!("one program gives one type"),
-                    })
-                    .take(keep)
-                    .collect(),
-            )
-        };
-    }
-    let data = match first.data {
-        Data::F32(_) => join!(F32),
-        Data::F64(_) => join!(F64),
-        Data::I32(_) => join!(I32),
-        Data::I64(_) => join!(I64),
-        Data::U8(_) => join!(U8),
-        Data::Bool(_) => join!(Bool),
-    };
-    Tensor::new(dims, data)
+/// Batches joined along the leading axis, keeping the first `n` examples: the interpreter's
+/// own `concat` and `slice`.
+fn stack_examples(parts: &[Tensor], n: usize) -> Result<Tensor, RunError> {
+    let operands: Vec<&Tensor> = parts.iter().collect();
+    let joined = dfc_interp::eval(&Op::Concat { axis: 0 }, &operands)?;
+    let mut size = joined.shape.dims().to_vec();
+    size[0] = n;
+    let begin = vec![0; size.len()];
+    Ok(dfc_interp::eval(&Op::Slice { begin, size }, &[&joined])?)
 }
 
 fn lookup_output(module: &Module, name: &str) -> Result<TensorRef, RunError> {
@@ -376,6 +354,3 @@ fn lookup_output(module: &Module, name: &str) -> Result<TensorRef, RunError> {
         if names.is_empty() { "none".into() } else { names.join(", ") }
     )))
 }
-
-/// Feeds for one step, by input name (what `Program::run` takes).
-pub type Feeds = HashMap<String, Tensor>;
