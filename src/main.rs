@@ -33,8 +33,10 @@ enum Command {
         file: PathBuf,
         #[command(flatten)]
         model: ModelArgs,
+        #[command(flatten)]
+        distribute: DistributeArgs,
         /// Show the IR after this pass (sema: as analysed, before any pass).
-        #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(dfc_passes::PASSES), default_value = "sema")]
+        #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(dfc_compile::STAGES), default_value = "sema")]
         after: String,
     },
     /// Draw a model's graph: Graphviz DOT, or SVG through Graphviz's `dot`.
@@ -42,8 +44,11 @@ enum Command {
         file: PathBuf,
         #[command(flatten)]
         model: ModelArgs,
-        /// Draw the graph after this pass.
-        #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(dfc_passes::PASSES), default_value = "sema")]
+        #[command(flatten)]
+        distribute: DistributeArgs,
+        /// Draw the graph after this pass [default: partition, nodes coloured by the device
+        /// placement chose].
+        #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(dfc_compile::STAGES), default_value = "partition")]
         after: String,
         /// Fold name scopes nested deeper than this into one node each (0: every top-level scope).
         #[arg(long, value_name = "DEPTH")]
@@ -57,9 +62,15 @@ enum Command {
         file: PathBuf,
         #[command(flatten)]
         model: ModelArgs,
+        #[command(flatten)]
+        distribute: DistributeArgs,
         /// Where to write the plan [default: the source name with extension .plan].
         #[arg(short, long)]
         output: Option<PathBuf>,
+        /// Print the cost model's prediction per device: variable bytes, FLOPs, bytes sent and
+        /// received per step, predicted step time and its critical path.
+        #[arg(long)]
+        report: bool,
     },
     /// Train a plan on data files, or run it forward with --fetch.
     Run {
@@ -117,6 +128,44 @@ struct ModelArgs {
     optimizer: Option<String>,
 }
 
+/// Where the model runs and how it is spread over the devices.
+#[derive(clap::Args)]
+struct DistributeArgs {
+    /// Run on N CPU devices of this machine (one task of job `localhost`).
+    #[arg(long, value_name = "N", conflicts_with = "cluster", value_parser = clap::value_parser!(u32).range(1..=4096))]
+    devices: Option<u32>,
+    /// The cluster, in TF_CONFIG's JSON shape: {"cluster": {"worker": [...], "ps": [...]}}.
+    #[arg(long, value_name = "FILE")]
+    cluster: Option<PathBuf>,
+    /// How to spread the model: single, model, mirrored, ps or central-storage.
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(dfc_compile::Strategy::NAMES), default_value = "single")]
+    strategy: String,
+    /// With --strategy ps: combine the workers' gradients into one update per step (the
+    /// default is asynchronous: each worker applies its own).
+    #[arg(long)]
+    sync: bool,
+    /// How variables are spread over their devices.
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(dfc_passes::VariablePlacement::NAMES), default_value = "round-robin")]
+    placement: String,
+    /// Shard every variable of at least twice this size over the ps tasks (fixed-size
+    /// partitioning), in shards of at least this size.
+    #[arg(long, value_name = "BYTES")]
+    partition_min_bytes: Option<u64>,
+    /// Set aside device requests the cluster or the strategy cannot satisfy (with a warning)
+    /// instead of failing.
+    #[arg(long)]
+    soft_placement: bool,
+    /// Cost model: floating-point operations per second of one device.
+    #[arg(long, value_name = "RATE")]
+    device_flops: Option<f64>,
+    /// Cost model: bytes per second between devices of one task.
+    #[arg(long, value_name = "RATE")]
+    local_bandwidth: Option<f64>,
+    /// Cost model: bytes per second between tasks.
+    #[arg(long, value_name = "RATE")]
+    remote_bandwidth: Option<f64>,
+}
+
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum MessageFormat {
     Human,
@@ -143,10 +192,14 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Check { files, model, message_format } => check(&files, &model, message_format),
-        Command::Ir { file, model, after } => ir(&file, &model, &after),
-        Command::Compile { file, model, output } => compile(&file, &model, output),
+        Command::Ir { file, model, distribute, after } => ir(&file, &model, &distribute, &after),
+        Command::Compile { file, model, distribute, output, report } => {
+            compile(&file, &model, &distribute, output, report)
+        }
         Command::Inspect { plan, json } => inspect(&plan, json),
-        Command::Graph { file, model, after, collapse, output } => graph(&file, &model, &after, collapse, output),
+        Command::Graph { file, model, distribute, after, collapse, output } => {
+            graph(&file, &model, &distribute, &after, collapse, output)
+        }
         Command::Run {
             plan,
             feeds,
@@ -301,43 +354,111 @@ fn check(files: &[PathBuf], model: &ModelArgs, format: MessageFormat) -> Outcome
     Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
 }
 
-/// Parses, analyses and verifies one model, printing diagnostics; `None` if it has errors.
-fn load_module(path: &Path, model: &ModelArgs) -> Result<Option<(Source, dfc_ir::Module)>, Failure> {
-    let (source, early) = read_source(path)?;
-    let (module, diagnostics) = front_end(&source, early, model, true)?;
-    let (errors, _) = report(&source, &diagnostics, MessageFormat::Human);
-    let Some(module) = module else {
-        eprintln!("error: could not compile `{}`: {}", source.path, plural(errors.max(1), "error"));
-        return Ok(None);
-    };
-    let problems = dfc_ir::verify(&module, dfc_ir::VerifyOptions::default());
-    if !problems.is_empty() {
-        let mut notes = std::collections::HashMap::new();
-        for problem in &problems {
-            if let Some(node) = problem.node {
-                notes.entry(node).or_insert_with(Vec::new).push(problem.message.clone());
-            }
+fn compile_options(model: &ModelArgs, args: &DistributeArgs) -> Result<dfc_compile::CompileOptions, Failure> {
+    let cluster = match (&args.cluster, args.devices) {
+        (Some(path), _) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| Failure(format!("cannot read `{}`: {}", path.display(), io_reason(&e))))?;
+            dfc_ir::Cluster::from_json(&text).map_err(|e| Failure(format!("cluster `{}`: {e}", path.display())))?
         }
-        eprint!("{}", dfc_ir::print_annotated(&module, &notes));
-        return Err(Failure(format!(
-            "internal compiler error: the IR of `{}` failed verification ({}); please report it",
-            source.path,
-            plural(problems.len(), "problem")
-        )));
+        (None, devices) => dfc_ir::Cluster::local(devices.unwrap_or(1) as usize, dfc_ir::DeviceKind::Cpu),
+    };
+    if args.sync && args.strategy != "ps" {
+        return Err(Failure(
+            "--sync applies to --strategy ps only (mirrored and central storage are always synchronous)".into(),
+        ));
     }
-    Ok(Some((source, module)))
+    let mut cost_model = dfc_passes::CostModel::default();
+    let positive = |value: Option<f64>, flag: &str| -> Result<Option<f64>, Failure> {
+        match value {
+            Some(v) if !(v.is_finite() && v > 0.0) => {
+                Err(Failure(format!("{flag} must be a positive number, not {v}")))
+            }
+            other => Ok(other),
+        }
+    };
+    if let Some(v) = positive(args.device_flops, "--device-flops")? {
+        cost_model.flops_per_second = v;
+    }
+    if let Some(v) = positive(args.local_bandwidth, "--local-bandwidth")? {
+        cost_model.local_bytes_per_second = v;
+    }
+    if let Some(v) = positive(args.remote_bandwidth, "--remote-bandwidth")? {
+        cost_model.remote_bytes_per_second = v;
+    }
+    Ok(dfc_compile::CompileOptions {
+        sema: options(model)?,
+        model: model.model.clone(),
+        cluster,
+        strategy: dfc_compile::Strategy::from_name(&args.strategy, args.sync).expect("clap checks the name"),
+        placement: dfc_passes::VariablePlacement::from_name(&args.placement).expect("clap checks the name"),
+        partition_min_bytes: args.partition_min_bytes,
+        soft_placement: args.soft_placement,
+        cost_model,
+    })
 }
 
-fn ir(path: &Path, model: &ModelArgs, after: &str) -> Outcome {
-    let Some((_, mut module)) = load_module(path, model)? else { return Ok(ExitCode::FAILURE) };
-    dfc_passes::run_pipeline(&mut module, Some(after));
-    print!("{}", dfc_ir::print(&module));
-    Ok(ExitCode::SUCCESS)
+/// Reads a source file and prints what a compile error says; `None` after an error.
+fn report_compile_error(source: &Source, error: dfc_compile::CompileError) -> Outcome {
+    match error {
+        dfc_compile::CompileError::Diagnostics(diagnostics) => {
+            let (errors, _) = report(source, &diagnostics, MessageFormat::Human);
+            eprintln!("error: could not compile `{}`: {}", source.path, plural(errors.max(1), "error"));
+            Ok(ExitCode::FAILURE)
+        }
+        dfc_compile::CompileError::Usage(message) => Err(Failure(message)),
+    }
 }
 
-fn graph(path: &Path, model: &ModelArgs, after: &str, collapse: Option<usize>, output: Option<PathBuf>) -> Outcome {
-    let Some((_, mut module)) = load_module(path, model)? else { return Ok(ExitCode::FAILURE) };
-    dfc_passes::run_pipeline(&mut module, Some(after));
+/// The source text, or the diagnostic of a file that is not UTF-8 (printed).
+fn read_checked(path: &Path) -> Result<Result<Source, ExitCode>, Failure> {
+    let (source, early) = read_source(path)?;
+    if early.is_empty() {
+        return Ok(Ok(source));
+    }
+    let (errors, _) = report(&source, &early, MessageFormat::Human);
+    eprintln!("error: could not compile `{}`: {}", source.path, plural(errors.max(1), "error"));
+    Ok(Err(ExitCode::FAILURE))
+}
+
+fn ir(path: &Path, model: &ModelArgs, distribute: &DistributeArgs, after: &str) -> Outcome {
+    let source = match read_checked(path)? {
+        Ok(source) => source,
+        Err(code) => return Ok(code),
+    };
+    let options = compile_options(model, distribute)?;
+    match dfc_compile::module_after(&source.text, after, &options) {
+        Ok((module, warnings)) => {
+            report(&source, &warnings, MessageFormat::Human);
+            print!("{}", dfc_ir::print(&module));
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(error) => report_compile_error(&source, error),
+    }
+}
+
+fn graph(
+    path: &Path,
+    model: &ModelArgs,
+    distribute: &DistributeArgs,
+    after: &str,
+    collapse: Option<usize>,
+    output: Option<PathBuf>,
+) -> Outcome {
+    let source = match read_checked(path)? {
+        Ok(source) => source,
+        Err(code) => return Ok(code),
+    };
+    let options = compile_options(model, distribute)?;
+    let module = match dfc_compile::module_after(&source.text, after, &options) {
+        Ok((module, warnings)) => {
+            report(&source, &warnings, MessageFormat::Human);
+            module
+        }
+        Err(error) => return report_compile_error(&source, error),
+    };
+    // A big graph folds its scopes unless told otherwise, so that it stays readable.
+    let collapse = collapse.or((module.graph.len() > 2000).then_some(1));
     let dot = dfc_ir::to_dot(&module, &dfc_ir::DotOptions { collapse_depth: collapse });
     let Some(output) = output else {
         print!("{dot}");
@@ -366,15 +487,42 @@ fn graph(path: &Path, model: &ModelArgs, after: &str, collapse: Option<usize>, o
     Ok(ExitCode::SUCCESS)
 }
 
-fn compile(path: &Path, model: &ModelArgs, output: Option<PathBuf>) -> Outcome {
-    let Some((source, mut module)) = load_module(path, model)? else { return Ok(ExitCode::FAILURE) };
-    dfc_passes::run_pipeline(&mut module, None);
-    let output = output.unwrap_or_else(|| path.with_extension("plan"));
+fn compile(
+    path: &Path,
+    model: &ModelArgs,
+    distribute: &DistributeArgs,
+    output: Option<PathBuf>,
+    show_report: bool,
+) -> Outcome {
+    let source = match read_checked(path)? {
+        Ok(source) => source,
+        Err(code) => return Ok(code),
+    };
+    let options = compile_options(model, distribute)?;
     let name = path.file_name().map_or_else(|| source.path.clone(), |n| n.to_string_lossy().into_owned());
-    let plan = dfc_plan::Plan::single_device(module, &name, &source.text);
+    let compiled = match dfc_compile::compile(&source.text, &name, &options) {
+        Ok(compiled) => compiled,
+        Err(error) => return report_compile_error(&source, error),
+    };
+    report(&source, &compiled.warnings, MessageFormat::Human);
+    let plan = compiled.plan;
+    let output = output.unwrap_or_else(|| path.with_extension("plan"));
     dfc_plan::write(&output, &plan)
         .map_err(|e| Failure(format!("cannot write `{}`: {}", output.display(), io_reason(&e))))?;
-    eprintln!("compiled `{}` (model `{}`) to `{}`", source.path, plan.model, output.display());
+    if show_report {
+        if let Some(report) = &plan.report {
+            print!("{report}");
+        }
+    }
+    let devices = plan.partitions.len();
+    eprintln!(
+        "compiled `{}` (model `{}`, {} on {}) to `{}`",
+        source.path,
+        plan.model,
+        plan.strategy.name,
+        plural(devices, "device"),
+        output.display()
+    );
     Ok(ExitCode::SUCCESS)
 }
 
@@ -386,14 +534,7 @@ fn read_plan(path: &Path) -> Result<dfc_plan::Plan, Failure> {
 
 fn run_plan(path: &Path, args: &run::RunArgs) -> Outcome {
     let plan = read_plan(path)?;
-    let [partition] = plan.partitions.as_slice() else {
-        return Err(Failure(format!(
-            "`{}` has {} partitions; this dfc runs single-device plans",
-            path.display(),
-            plan.partitions.len()
-        )));
-    };
-    run::run(&partition.module, args).map_err(Failure)?;
+    run::run(&plan, args).map_err(Failure)?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -75,17 +75,17 @@ pub struct RunArgs {
     pub output: Option<PathBuf>,
 }
 
-/// Trains, or with `--fetch` runs forward; returns the lines to print, or the error.
-pub fn run(module: &dfc_ir::Module, args: &RunArgs) -> Result<(), String> {
+/// Trains, or with `--fetch` runs forward, any plan (one partition or many); prints what a
+/// person reads, or returns the error.
+pub fn run(plan: &dfc_plan::Plan, args: &RunArgs) -> Result<(), String> {
     if let Some(name) = &args.fetch {
-        let mut variables = match &args.train.checkpoint_dir {
+        let mut session = dfc_driver::Session::new(plan, args.train.seed).map_err(|e| e.to_string())?;
+        match &args.train.checkpoint_dir {
             Some(dir) => match dfc_driver::checkpoint::latest(dir).map_err(|e| format!("checkpoint: {e}"))? {
                 Some(found) => {
                     eprintln!("using the variables of {} (step {})", found.path.display(), found.step);
                     // The checkpoint must match the plan's variables, as when training resumes.
-                    let mut variables = dfc_interp::initialize(module, args.train.seed);
-                    dfc_driver::restore(&mut variables, &found.tensors, &found.path).map_err(|e| e.to_string())?;
-                    variables
+                    session.restore(&found.tensors, &found.path).map_err(|e| e.to_string())?;
                 }
                 None => return Err(format!("no checkpoint in {}", dir.display())),
             },
@@ -94,10 +94,9 @@ pub fn run(module: &dfc_ir::Module, args: &RunArgs) -> Result<(), String> {
                     "note: no --checkpoint-dir, so the variables have their initial values (seed {})",
                     args.train.seed
                 );
-                dfc_interp::initialize(module, args.train.seed)
             }
-        };
-        let result = dfc_driver::infer(module, name, &args.train.feeds, &mut variables).map_err(|e| e.to_string())?;
+        }
+        let result = dfc_driver::infer(&mut session, name, &args.train.feeds).map_err(|e| e.to_string())?;
         match &args.output {
             Some(path) => {
                 dfc_driver::save_npy(path, &result).map_err(|e| format!("cannot write `{}`: {e}", path.display()))?;
@@ -109,7 +108,7 @@ pub fn run(module: &dfc_ir::Module, args: &RunArgs) -> Result<(), String> {
     }
     let mut reporter = Reporter::new();
     let started = std::time::Instant::now();
-    let summary = dfc_driver::train(module, &args.train, &mut reporter).map_err(|e| e.to_string())?;
+    let summary = dfc_driver::train(plan, &args.train, &mut reporter).map_err(|e| e.to_string())?;
     eprintln!("trained {} steps in {:.1} s", summary.steps, started.elapsed().as_secs_f64());
     Ok(())
 }

@@ -323,3 +323,32 @@ fn graph_pictures() {
     }
     finish(failures);
 }
+
+/// Partitioned IR: `dfc ir FILE --after partition ARGS`, with the ARGS of the file's first line
+/// (`// dfc-args: ...`), compared with `tests/partitions/NAME.ir`. The partitions print as one
+/// graph whose every node shows its device, with the Send/Recv pairs between them.
+#[test]
+fn partitioned_ir() {
+    let dir = root().join("tests/partitions");
+    let mut failures = Vec::new();
+    for path in df_files("tests/partitions") {
+        let text = read(&path);
+        let Some(args) = text.lines().next().and_then(|l| l.strip_prefix("// dfc-args:")) else {
+            failures.push(format!("{}: the first line must be `// dfc-args: ...`", path.display()));
+            continue;
+        };
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_dfc"))
+            .current_dir(&dir)
+            .args(["ir", path.file_name().unwrap().to_str().unwrap(), "--after", "partition"])
+            .args(args.split_whitespace())
+            .output()
+            .expect("dfc runs");
+        if !output.status.success() {
+            failures.push(format!("{}: dfc failed:\n{}", path.display(), String::from_utf8_lossy(&output.stderr)));
+            continue;
+        }
+        let ir = String::from_utf8(output.stdout).expect("utf-8");
+        failures.extend(expect_file(&path.with_extension("ir"), &ir));
+    }
+    finish(failures);
+}

@@ -146,6 +146,62 @@ fn a_resumed_run_ends_like_an_uninterrupted_one() {
     }
 }
 
+/// Any plan runs: placed on two devices, a model trains bit-identically to its single-device
+/// plan; mirrored over two replicas, it trains to the same variables but for rounding, and
+/// its checkpoints hold the same names (no replica copies); `--fetch` works on both.
+#[test]
+fn partitioned_plans_train_like_the_single_device_plan() {
+    let dir = scratch("partitions");
+    let (x, y) = regression_data(&dir, 256, 6);
+    let feeds = [format!("x={}", s(&x)), format!("y={}", s(&y))];
+    let train = |strategy: &str| {
+        let plan_dir = dir.join(strategy);
+        std::fs::create_dir_all(&plan_dir).expect("dir");
+        let extra: &[&str] = match strategy {
+            "single" => &["--optimizer", "momentum(lr = 0.05)"],
+            _ => &["--optimizer", "momentum(lr = 0.05)", "--devices", "2", "--strategy", strategy],
+        };
+        let plan = compile("linear_regression", &plan_dir, extra);
+        let checkpoints = plan_dir.join("ckpt");
+        let output = dfc(&[
+            "run",
+            s(&plan),
+            "--feed",
+            &feeds[0],
+            "--feed",
+            &feeds[1],
+            "--epochs",
+            "2",
+            "--seed",
+            "3",
+            "--checkpoint-dir",
+            s(&checkpoints),
+        ]);
+        assert!(output.status.success(), "{strategy}: {}", text(&output.stderr));
+        let fetched =
+            dfc(&["run", s(&plan), "--feed", &feeds[0], "--fetch", "prediction", "--checkpoint-dir", s(&checkpoints)]);
+        assert!(fetched.status.success(), "{strategy}: {}", text(&fetched.stderr));
+        assert!(text(&fetched.stdout).starts_with("prediction: f32[256]"), "{}", text(&fetched.stdout));
+        let plan = dfc_plan::decode(&std::fs::read(&plan).expect("plan")).expect("decodes");
+        let last = dfc_driver::checkpoint::latest(&checkpoints).expect("readable").expect("a checkpoint");
+        (plan.partitions.len(), last)
+    };
+    let (partitions, single) = train("single");
+    assert_eq!(partitions, 1);
+    let (partitions, model) = train("model");
+    assert_eq!(partitions, 2);
+    assert_eq!(model.step, single.step);
+    assert_eq!(model.tensors, single.tensors, "model parallelism changes no arithmetic");
+    let (partitions, mirrored) = train("mirrored");
+    assert_eq!(partitions, 2);
+    assert_eq!(mirrored.tensors.keys().collect::<Vec<_>>(), single.tensors.keys().collect::<Vec<_>>());
+    for (name, tensor) in &single.tensors {
+        let (a, b) = (tensor.to_f64_vec(), mirrored.tensors[name].to_f64_vec());
+        let worst = a.iter().zip(&b).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+        assert!(worst < 1e-4, "`{name}` differs by {worst} between one device and two replicas");
+    }
+}
+
 #[test]
 fn fetch_runs_forward_on_every_example() {
     let dir = scratch("fetch");

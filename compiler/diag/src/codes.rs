@@ -71,8 +71,13 @@ codes! {
     BAD_LOSS = "E0505", "the minimized value is not a floating-point scalar";
     DUPLICATE_MINIMIZE = "E0506", "a model has more than one `minimize`";
     BAD_OUTPUT = "E0507", "an output is malformed or named twice";
+    // Placement
+    NO_SUCH_DEVICE = "E0601", "a requested device is not in the cluster";
+    PLACEMENT_CONFLICT = "E0602", "placement requirements contradict each other";
+    BATCH_SPLIT = "E0603", "the batch cannot be split over the replicas";
     // Warnings
     UNUSED = "W0001", "a definition is never used";
     NOTHING_TO_RUN = "W0002", "a model has neither outputs nor a `minimize`";
     NOT_TRAINED = "W0003", "a trainable param does not affect the loss";
+    SOFT_PLACEMENT = "W0004", "a device request is set aside (soft placement)";
 }

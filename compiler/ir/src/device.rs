@@ -62,6 +62,39 @@ impl DeviceSpec {
     pub fn is_empty(&self) -> bool {
         *self == DeviceSpec::default()
     }
+
+    /// Whether the (fully specified) device `device` satisfies this possibly partial spec:
+    /// every part given here is the same there. A replica other than 0 is never a cluster
+    /// device's.
+    pub fn allows(&self, device: &DeviceSpec) -> bool {
+        fn fits<T: PartialEq>(want: &Option<T>, have: &Option<T>) -> bool {
+            want.is_none() || want == have
+        }
+        fits(&self.job, &device.job)
+            && self.replica.unwrap_or(0) == device.replica.unwrap_or(0)
+            && fits(&self.task, &device.task)
+            && fits(&self.kind, &device.kind)
+            && fits(&self.index, &device.index)
+    }
+
+    /// Two partial specs that some device could satisfy together, merged; `None` if they
+    /// contradict each other.
+    pub fn merge(&self, other: &DeviceSpec) -> Option<DeviceSpec> {
+        fn pick<T: PartialEq + Clone>(a: &Option<T>, b: &Option<T>) -> Result<Option<T>, ()> {
+            match (a, b) {
+                (Some(x), Some(y)) if x != y => Err(()),
+                (Some(x), _) | (None, Some(x)) => Ok(Some(x.clone())),
+                (None, None) => Ok(None),
+            }
+        }
+        Some(DeviceSpec {
+            job: pick(&self.job, &other.job).ok()?,
+            replica: pick(&self.replica, &other.replica).ok()?,
+            task: pick(&self.task, &other.task).ok()?,
+            kind: pick(&self.kind, &other.kind).ok()?,
+            index: pick(&self.index, &other.index).ok()?,
+        })
+    }
 }
 
 fn is_name(name: &str) -> bool {

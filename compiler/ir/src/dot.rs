@@ -1,9 +1,11 @@
 //! The graph as Graphviz DOT, for `dfc graph`: nodes filled by device (the one placement chose,
-//! else the one the source asked for), name scopes drawn as nested boxes, control edges dashed.
+//! else the one the source asked for), name scopes drawn as nested boxes, control edges dashed,
+//! transfers between devices (Send → Recv) bold red with their size, all-reduces as octagons.
 //! Scopes deeper than `collapse_depth` fold into one node each, so a large graph stays readable.
 
 use crate::graph::{NodeId, TensorRef};
 use crate::module::Module;
+use crate::op::Op;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write;
 
@@ -21,7 +23,8 @@ const PALETTE: &[&str] =
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 enum Box_ {
     Node(NodeId),
-    Scope(String),
+    /// A folded scope's nodes on one device.
+    Scope(String, Option<String>),
 }
 
 pub fn to_dot(module: &Module, options: &DotOptions) -> String {
@@ -29,18 +32,24 @@ pub fn to_dot(module: &Module, options: &DotOptions) -> String {
     let order: Vec<NodeId> = graph.topo_order().unwrap_or_else(|_| graph.node_ids().collect());
     let number: HashMap<NodeId, usize> = order.iter().enumerate().map(|(i, id)| (*id, i)).collect();
 
-    // Which drawn box each node belongs to; a scope that would fold one node shows the node.
+    let device_of = |id: NodeId| -> Option<String> {
+        let node = graph.node(id);
+        Some(node.device.as_ref().or(node.requested_device.as_ref())?.to_string())
+    };
+
+    // Which drawn box each node belongs to: a folded scope splits by device, so every box has
+    // one colour; a scope that would fold one node shows the node.
     let mut members: BTreeMap<Box_, Vec<NodeId>> = BTreeMap::new();
     for &id in &order {
         let scopes = scopes(&graph.node(id).name);
         let drawn = match options.collapse_depth {
-            Some(depth) if scopes.len() > depth => Box_::Scope(scopes[depth].clone()),
+            Some(depth) if scopes.len() > depth => Box_::Scope(scopes[depth].clone(), device_of(id)),
             _ => Box_::Node(id),
         };
         members.entry(drawn).or_default().push(id);
     }
     let singletons: Vec<Box_> =
-        members.iter().filter(|(b, n)| matches!(b, Box_::Scope(_)) && n.len() == 1).map(|(b, _)| b.clone()).collect();
+        members.iter().filter(|(b, n)| matches!(b, Box_::Scope(..)) && n.len() == 1).map(|(b, _)| b.clone()).collect();
     for scope in singletons {
         let nodes = members.remove(&scope).expect("listed");
         members.insert(Box_::Node(nodes[0]), nodes);
@@ -50,10 +59,6 @@ pub fn to_dot(module: &Module, options: &DotOptions) -> String {
     let box_of = |id: NodeId| -> Box_ { assigned[&id].clone() };
 
     // Devices in order of first appearance, each with its colour.
-    let device_of = |id: NodeId| -> Option<String> {
-        let node = graph.node(id);
-        Some(node.device.as_ref().or(node.requested_device.as_ref())?.to_string())
-    };
     let mut colours: BTreeMap<String, &str> = BTreeMap::new();
     for &id in &order {
         if let Some(device) = device_of(id) {
@@ -82,17 +87,22 @@ pub fn to_dot(module: &Module, options: &DotOptions) -> String {
                 };
                 (format!("n{}", number[id]), label, enclosing, device_of(*id))
             }
-            Box_::Scope(scope) => {
+            Box_::Scope(scope, device) => {
                 let label = format!("{}/…\\n{} nodes", scope.rsplit('/').next().unwrap_or(scope), nodes.len());
                 let parent = scope.rsplit_once('/').map(|(p, _)| p.to_string());
-                // A folded scope takes a device when all its nodes share one.
-                let devices: BTreeSet<Option<String>> = nodes.iter().map(|&n| device_of(n)).collect();
-                let device = if devices.len() == 1 { devices.into_iter().next().flatten() } else { None };
-                (format!("s{}", number[&first]), label, parent, device)
+                (format!("s{}", number[&first]), label, parent, device.clone())
             }
         };
         let fill = device.as_ref().map_or("white", |d| colours[d]);
-        let shape = if matches!(drawn, Box_::Scope(_)) { "box3d" } else { "box" };
+        let shape = match drawn {
+            Box_::Scope(..) => "box3d",
+            Box_::Node(id) => match graph.node(*id).op {
+                Op::Send { .. } => "rarrow",
+                Op::Recv { .. } => "larrow",
+                Op::AllReduce { .. } => "octagon",
+                _ => "box",
+            },
+        };
         let tooltip = device.unwrap_or_else(|| "no device".into());
         lines.insert(
             drawn.clone(),
@@ -108,7 +118,7 @@ pub fn to_dot(module: &Module, options: &DotOptions) -> String {
     let id_of = |drawn: &Box_| -> String {
         match drawn {
             Box_::Node(id) => format!("n{}", number[id]),
-            Box_::Scope(_) => format!("s{}", number[&members[drawn][0]]),
+            Box_::Scope(..) => format!("s{}", number[&members[drawn][0]]),
         }
     };
 
@@ -135,6 +145,30 @@ pub fn to_dot(module: &Module, options: &DotOptions) -> String {
         let style = if control { " [style=dashed]" } else { "" };
         let _ = writeln!(out, "  \"{from}\" -> \"{to}\"{style};");
     }
+    // Transfers: each Send to the Recv of its key.
+    let sends: HashMap<&str, NodeId> = order
+        .iter()
+        .filter_map(|&id| match &graph.node(id).op {
+            Op::Send { key, .. } => Some((key.as_str(), id)),
+            _ => None,
+        })
+        .collect();
+    let mut transfers: BTreeMap<(String, String), u64> = BTreeMap::new();
+    for &id in &order {
+        let Op::Recv { key, ty, .. } = &graph.node(id).op else { continue };
+        let Some(&send) = sends.get(key.as_str()) else { continue };
+        let (from, to) = (box_of(send), box_of(id));
+        if from != to {
+            *transfers.entry((id_of(&from), id_of(&to))).or_default() += ty.size_in_bytes() as u64;
+        }
+    }
+    for ((from, to), bytes) in transfers {
+        let _ = writeln!(
+            out,
+            "  \"{from}\" -> \"{to}\" [color=\"#d62728\", penwidth=2, label=\"{}\"];",
+            human_bytes(bytes)
+        );
+    }
     if !colours.is_empty() {
         let _ = writeln!(out, "  subgraph cluster_legend {{\n    label=\"devices\"; style=dashed;");
         for (i, (device, colour)) in colours.iter().enumerate() {
@@ -148,6 +182,14 @@ pub fn to_dot(module: &Module, options: &DotOptions) -> String {
     }
     out.push_str("}\n");
     out
+}
+
+fn human_bytes(bytes: u64) -> String {
+    match bytes {
+        b if b >= 1 << 20 => format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64),
+        b if b >= 1 << 10 => format!("{:.1} KiB", b as f64 / 1024.0),
+        b => format!("{b} B"),
+    }
 }
 
 /// `h1/w/read` → `["h1", "h1/w"]`: the scopes enclosing a node, outermost first.

@@ -51,6 +51,9 @@ pub struct Node {
     pub requested_device: Option<DeviceSpec>,
     /// The device placement chose. `None` until placement runs.
     pub device: Option<DeviceSpec>,
+    /// A node this one must be placed with (TensorFlow's colocation): an optimizer's slot
+    /// with its variable, a shard's gather with the shard.
+    pub colocate_with: Option<NodeId>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -67,6 +70,9 @@ pub enum Edge {
 pub struct Graph {
     graph: StableGraph<Node, Edge>,
     spans: BTreeMap<NodeId, Span>,
+    /// Where a node's device request was written (the `@device` or `device` block), when the
+    /// source wrote one: placement diagnostics point there.
+    request_spans: BTreeMap<NodeId, Span>,
     #[serde(skip)]
     names: HashSet<String>,
     /// The next suffix to try per base name, so that naming n nodes alike is linear, not
@@ -99,7 +105,7 @@ impl Graph {
     ) -> NodeId {
         let name = self.unique_name(name);
         self.names.insert(name.clone());
-        let node = Node { op, name, outputs, requested_device: None, device: None };
+        let node = Node { op, name, outputs, requested_device: None, device: None, colocate_with: None };
         let id = NodeId::from_petgraph(self.graph.add_node(node));
         for (i, input) in inputs.iter().enumerate() {
             self.graph.add_edge(
@@ -163,6 +169,33 @@ impl Graph {
         moved.len()
     }
 
+    /// Makes operand `input` of `id` read `tensor` instead (the caller keeps types equal and
+    /// the graph acyclic).
+    pub fn set_input(&mut self, id: NodeId, input: u32, tensor: TensorRef) {
+        let old: Vec<_> = self
+            .graph
+            .edges_directed(id.to_petgraph(), Direction::Incoming)
+            .filter(|e| matches!(*e.weight(), Edge::Data { input: i, .. } if i == input))
+            .map(|e| e.id())
+            .collect();
+        for edge in old {
+            self.graph.remove_edge(edge);
+        }
+        self.graph.add_edge(tensor.node.to_petgraph(), id.to_petgraph(), Edge::Data { output: tensor.port, input });
+    }
+
+    /// Removes the control edges from `before` to `after`.
+    pub fn remove_control_edge(&mut self, before: NodeId, after: NodeId) {
+        while let Some(edge) = self
+            .graph
+            .edges_connecting(before.to_petgraph(), after.to_petgraph())
+            .find(|e| *e.weight() == Edge::Control)
+            .map(|e| e.id())
+        {
+            self.graph.remove_edge(edge);
+        }
+    }
+
     /// Removes every data edge into `id`, keeping its control inputs: for replacing a node's op
     /// in place by one without operands (a folded constant).
     pub fn clear_inputs(&mut self, id: NodeId) {
@@ -179,6 +212,7 @@ impl Graph {
 
     pub fn remove(&mut self, id: NodeId) -> Option<Node> {
         self.spans.remove(&id);
+        self.request_spans.remove(&id);
         let node = self.graph.remove_node(id.to_petgraph())?;
         self.names.remove(&node.name);
         Some(node)
@@ -261,6 +295,20 @@ impl Graph {
 
     pub fn set_span(&mut self, id: NodeId, span: Span) {
         self.spans.insert(id, span);
+    }
+
+    /// Where the source asked for `id`'s device, if it did.
+    pub fn request_span(&self, id: NodeId) -> Option<Span> {
+        self.request_spans.get(&id).copied()
+    }
+
+    /// Sets `id`'s requested device and where it was asked for.
+    pub fn request(&mut self, id: NodeId, device: Option<DeviceSpec>, at: Option<Span>) {
+        self.node_mut(id).requested_device = device;
+        match at {
+            Some(span) => self.request_spans.insert(id, span),
+            None => self.request_spans.remove(&id),
+        };
     }
 
     /// `roots` and every node they depend on, through data and control edges.

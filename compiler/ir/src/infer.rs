@@ -46,7 +46,12 @@ pub fn infer(op: &Op, inputs: &[&TensorType]) -> Result<Vec<TensorType>> {
     }
     let name = op.name();
     let ty = match op {
-        Op::Input { ty } | Op::Variable { ty, .. } => ty.clone(),
+        Op::Send { .. } => return Ok(Vec::new()),
+        Op::Input { ty } | Op::Variable { ty, .. } | Op::Recv { ty, .. } => ty.clone(),
+        Op::AllReduce { .. } => {
+            numeric(name, inputs[0], 0)?;
+            inputs[0].clone()
+        }
         Op::Const { value } => value.ty(),
         Op::Read | Op::Identity | Op::StopGradient => inputs[0].clone(),
         Op::Assign | Op::AssignAdd | Op::AssignSub => {

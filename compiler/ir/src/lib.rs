@@ -19,6 +19,7 @@
 //!
 //! Architecture Invariant: this crate knows nothing of pest, LLVM, CUDA or gRPC.
 
+mod cluster;
 mod device;
 mod dot;
 mod graph;
@@ -29,12 +30,15 @@ mod print;
 mod types;
 mod verify;
 
+pub use cluster::{Cluster, Job, Task};
 pub use device::{DeviceKind, DeviceSpec};
 pub use dot::{to_dot, DotOptions};
 pub use graph::{Edge, Graph, Node, NodeId, TensorRef};
 pub use infer::{broadcast_shapes, infer, TypeError};
 pub use module::{Module, Optimizer, OptimizerKind, Output, Training};
-pub use op::{BinaryOp, CompareOp, ConstData, ConstValue, Initializer, Op, Padding, ReduceKind, UnaryOp};
+pub use op::{
+    BinaryOp, CompareOp, ConstData, ConstValue, Initializer, Op, Padding, ReduceKind, UnaryOp, VariableOrigin,
+};
 pub use print::{print, print_annotated};
 pub use types::{DType, Shape, TensorType};
-pub use verify::{verify, verify_graph, VerifyError, VerifyOptions};
+pub use verify::{verify, verify_graph, verify_partitions, VerifyError, VerifyOptions};

@@ -1,6 +1,7 @@
 //! The closed set of IR operations. Attributes that determine an op's result type live in the
 //! op itself, so that `infer` is a pure function of the op and its operand types.
 
+use crate::device::DeviceSpec;
 use crate::types::{DType, Shape, TensorType};
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -21,7 +22,12 @@ pub enum Op {
         ty: TensorType,
         init: Initializer,
         trainable: bool,
+        /// Shards requested in the source (`@partitioned(n)`); the shard pass splits the
+        /// variable and leaves 1.
         partitions: u32,
+        /// Set on the shards of a partitioned variable and on replicas' copies: where the
+        /// initial value comes from and what a checkpoint holds.
+        origin: Option<Box<VariableOrigin>>,
     },
     Read,
     /// `variable = value`, `+=`, `-=`; yields the new value.
@@ -142,6 +148,44 @@ pub enum Op {
     ScatterAdd {
         rows: usize,
     },
+
+    // The ops below join the partitions of a placed graph; the language does not name them.
+    /// Hands its operand to the device `to` under `key`: one Send per tensor and destination
+    /// device. It has no output and runs as a target.
+    Send {
+        key: String,
+        to: DeviceSpec,
+    },
+    /// The tensor that the `Send` with the same `key` on device `from` sends.
+    Recv {
+        key: String,
+        from: DeviceSpec,
+        ty: TensorType,
+    },
+    /// The sum of its operand over the `group_size` replicas whose `AllReduce` has the same
+    /// `key`; this one is replica `replica`. Every replica gets the same value: the operands
+    /// summed in replica order.
+    AllReduce {
+        key: String,
+        group_size: u32,
+        replica: u32,
+    },
+}
+
+/// A variable that stands for (part of) another: a shard of a partitioned variable, or a
+/// replica's copy of a mirrored one.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VariableOrigin {
+    /// The source model's variable whose initial value this one starts from (its seed is
+    /// this name's).
+    pub name: String,
+    /// That variable's full shape.
+    pub shape: Shape,
+    /// The first row (along axis 0) this variable holds; 0 for a whole copy.
+    pub offset: usize,
+    /// A replica's copy of the variable named here: it holds the same value as that one at
+    /// every step, so checkpoints keep that one only.
+    pub mirror_of: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -471,13 +515,16 @@ impl Op {
             Op::MaxPoolGrad { .. } => "max_pool_grad",
             Op::AvgPoolGrad { .. } => "avg_pool_grad",
             Op::ScatterAdd { .. } => "scatter_add",
+            Op::Send { .. } => "send",
+            Op::Recv { .. } => "recv",
+            Op::AllReduce { .. } => "all_reduce",
         }
     }
 
     /// The number of data operands, or `None` for variadic ops (`concat`).
     pub fn arity(&self) -> Option<usize> {
         Some(match self {
-            Op::Input { .. } | Op::Const { .. } | Op::Variable { .. } => 0,
+            Op::Input { .. } | Op::Const { .. } | Op::Variable { .. } | Op::Recv { .. } => 0,
             Op::Read
             | Op::Identity
             | Op::StopGradient
@@ -495,7 +542,9 @@ impl Op {
             | Op::ArgMax { .. }
             | Op::BroadcastTo { .. }
             | Op::Pad { .. }
-            | Op::AvgPoolGrad { .. } => 1,
+            | Op::AvgPoolGrad { .. }
+            | Op::Send { .. }
+            | Op::AllReduce { .. } => 1,
             Op::Assign
             | Op::AssignAdd
             | Op::AssignSub
@@ -517,7 +566,16 @@ impl Op {
 
     /// Ops with effects beyond their outputs: they may not be removed or reordered freely.
     pub fn is_stateful(&self) -> bool {
-        matches!(self, Op::Variable { .. } | Op::Assign | Op::AssignAdd | Op::AssignSub)
+        matches!(
+            self,
+            Op::Variable { .. }
+                | Op::Assign
+                | Op::AssignAdd
+                | Op::AssignSub
+                | Op::Send { .. }
+                | Op::Recv { .. }
+                | Op::AllReduce { .. }
+        )
     }
 
     /// Attributes in the text form, `name=value`, in a fixed order.
@@ -528,7 +586,7 @@ impl Op {
         }
         match self {
             Op::Const { value } => vec![("value", value.to_string())],
-            Op::Variable { init, trainable, partitions, .. } => {
+            Op::Variable { init, trainable, partitions, origin, .. } => {
                 let mut attrs = vec![("init", init.to_string())];
                 if !trainable {
                     attrs.push(("trainable", "false".into()));
@@ -536,8 +594,21 @@ impl Op {
                 if *partitions > 1 {
                     attrs.push(("partitions", partitions.to_string()));
                 }
+                if let Some(origin) = origin {
+                    attrs.push(("origin", format!("{}{}@{}", origin.name, origin.shape, origin.offset)));
+                    if let Some(of) = &origin.mirror_of {
+                        attrs.push(("mirror_of", of.clone()));
+                    }
+                }
                 attrs
             }
+            Op::Send { key, to } => vec![("key", format!("{key:?}")), ("to", format!("\"{to}\""))],
+            Op::Recv { key, from, .. } => vec![("key", format!("{key:?}")), ("from", format!("\"{from}\""))],
+            Op::AllReduce { key, group_size, replica } => vec![
+                ("key", format!("{key:?}")),
+                ("group_size", group_size.to_string()),
+                ("replica", replica.to_string()),
+            ],
             Op::MatMul { transpose_a, transpose_b } => {
                 let mut attrs = Vec::new();
                 if *transpose_a {

@@ -48,8 +48,12 @@ pub fn print_annotated(module: &Module, notes: &HashMap<NodeId, Vec<String>>) ->
     for id in &order {
         let node = graph.node(*id);
         let mut attrs: Vec<String> = node.op.attributes().into_iter().map(|(k, v)| format!("{k}={v}")).collect();
-        if let Some(device) = &node.requested_device {
+        // Once placed, the device says it all.
+        if let (Some(device), None) = (&node.requested_device, &node.device) {
             attrs.push(format!("requested_device=\"{device}\""));
+        }
+        if let Some(with) = node.colocate_with {
+            attrs.push(format!("colocate_with={}", operand(&with.into())));
         }
         let _ = write!(out, "  %{} = {}", number[id], node.op.name());
         if !attrs.is_empty() {
@@ -60,7 +64,9 @@ pub fn print_annotated(module: &Module, notes: &HashMap<NodeId, Vec<String>>) ->
             let _ = write!(out, " {}", operands.join(", "));
         }
         let types: Vec<String> = node.outputs.iter().map(|t| t.to_string()).collect();
-        let _ = write!(out, " : {}", types.join(", "));
+        if !types.is_empty() {
+            let _ = write!(out, " : {}", types.join(", "));
+        }
         for before in graph.control_inputs(*id) {
             let _ = write!(out, " ^{}", operand(&before.into()));
         }

@@ -162,3 +162,73 @@ pub fn verify_graph(graph: &Graph, options: VerifyOptions) -> Vec<VerifyError> {
     }
     errors
 }
+
+/// The invariants of a partitioned plan: every node of a partition is on its device; every
+/// Send has exactly one Recv with its key, on the device it names, of its tensor's type, and
+/// the other way round; keys are unique; each all-reduce group has one member per replica
+/// index, all of one type. Partitions share no nodes, so a tensor of another partition can
+/// only be reached through these pairs.
+pub fn verify_partitions(parts: &[(&crate::DeviceSpec, &Module)]) -> Vec<VerifyError> {
+    use crate::DeviceSpec;
+    let mut errors = Vec::new();
+    let mut sends: HashMap<&str, (&DeviceSpec, &DeviceSpec, &TensorType)> = HashMap::new();
+    let mut recvs: HashMap<&str, (&DeviceSpec, &DeviceSpec, &TensorType)> = HashMap::new();
+    let mut groups: HashMap<&str, Vec<(u32, u32, &TensorType)>> = HashMap::new();
+    let mut error = |message: String| errors.push(VerifyError { node: None, message });
+    for (device, module) in parts {
+        let graph = &module.graph;
+        for id in graph.node_ids() {
+            let node = graph.node(id);
+            if node.device.as_ref() != Some(*device) {
+                error(format!("`{}` is in the partition of {device} but placed on {:?}", node.name, node.device));
+            }
+            match &node.op {
+                Op::Send { key, to } => {
+                    let Some(operand) = graph.inputs(id).first().copied() else { continue };
+                    if sends.insert(key, (device, to, graph.ty(operand))).is_some() {
+                        error(format!("two Sends have the key `{key}`"));
+                    }
+                    if to == *device {
+                        error(format!("`{}` sends to its own device", node.name));
+                    }
+                }
+                Op::Recv { key, from, ty } if recvs.insert(key, (from, device, ty)).is_some() => {
+                    error(format!("two Recvs have the key `{key}`"));
+                }
+                Op::AllReduce { key, group_size, replica } => {
+                    groups.entry(key).or_default().push((*replica, *group_size, &node.outputs[0]));
+                }
+                _ => {}
+            }
+        }
+    }
+    for (key, (from, to, ty)) in &sends {
+        match recvs.get(key) {
+            None => error(format!("the Send `{key}` has no Recv")),
+            Some((rfrom, rto, rty)) => {
+                if rfrom != from || rto != to {
+                    error(format!("the Recv of `{key}` expects {rfrom} → {rto}, but the Send goes {from} → {to}"));
+                }
+                if rty != ty {
+                    error(format!("the Recv of `{key}` expects {rty}, but the Send sends {ty}"));
+                }
+            }
+        }
+    }
+    for key in recvs.keys() {
+        if !sends.contains_key(key) {
+            error(format!("the Recv `{key}` has no Send"));
+        }
+    }
+    for (key, members) in &groups {
+        let size = members[0].1;
+        let mut replicas: Vec<u32> = members.iter().map(|m| m.0).collect();
+        replicas.sort();
+        if replicas != (0..size).collect::<Vec<_>>() || members.iter().any(|m| m.1 != size || m.2 != members[0].2) {
+            error(format!(
+                "the all-reduce `{key}` does not have one member of one type for each of its {size} replicas"
+            ));
+        }
+    }
+    errors
+}

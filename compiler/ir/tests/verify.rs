@@ -10,7 +10,7 @@ fn f32(dims: &[usize]) -> TensorType {
 fn small() -> (Module, NodeId, NodeId, NodeId) {
     let mut graph = Graph::new();
     let x = graph.add(Op::Input { ty: f32(&[2, 3]) }, &[], "x", None).unwrap();
-    let var = Op::Variable { ty: f32(&[3, 4]), init: Initializer::Zeros, trainable: true, partitions: 1 };
+    let var = Op::Variable { ty: f32(&[3, 4]), init: Initializer::Zeros, trainable: true, partitions: 1, origin: None };
     let w = graph.add(var, &[], "w", None).unwrap();
     let read = graph.add(Op::Read, &[w.into()], "w/read", None).unwrap();
     let y =
@@ -116,7 +116,7 @@ fn the_text_form_is_independent_of_creation_order_and_removals() {
     let mut graph = Graph::new();
     let junk = graph.add(Op::Input { ty: f32(&[1]) }, &[], "junk", None).unwrap();
     let x = graph.add(Op::Input { ty: f32(&[2, 3]) }, &[], "x", None).unwrap();
-    let var = Op::Variable { ty: f32(&[3, 4]), init: Initializer::Zeros, trainable: true, partitions: 1 };
+    let var = Op::Variable { ty: f32(&[3, 4]), init: Initializer::Zeros, trainable: true, partitions: 1, origin: None };
     let w = graph.add(var, &[], "w", None).unwrap();
     let read = graph.add(Op::Read, &[w.into()], "w/read", None).unwrap();
     let y =

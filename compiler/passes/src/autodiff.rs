@@ -476,7 +476,11 @@ impl Builder<'_> {
             | Op::Conv2dBackpropInput { .. }
             | Op::Conv2dBackpropFilter { .. }
             | Op::MaxPoolGrad { .. }
-            | Op::AvgPoolGrad { .. } => {}
+            | Op::AvgPoolGrad { .. }
+            // Partitioning runs after autodiff.
+            | Op::Send { .. }
+            | Op::Recv { .. }
+            | Op::AllReduce { .. } => {}
         }
         for (i, grad) in grads {
             self.contribute(inputs[i], grad, relevant);

@@ -5,13 +5,23 @@
 //! fetches and targets needs, for running.
 
 mod autodiff;
+pub mod cost;
 mod optimizer;
+mod partition;
+mod place;
 mod prune;
+mod replicate;
+mod shard;
 mod simplify;
 
 pub use autodiff::autodiff;
+pub use cost::{CostModel, CostReport, DeviceCost};
 pub use optimizer::apply_optimizer;
+pub use partition::{partition, Partitioned};
+pub use place::{balance, place, PlaceOptions, Placed, VariablePlacement};
 pub use prune::{prune, PruneError};
+pub use replicate::{replicate, ReplicateOptions, Replication};
+pub use shard::{shard_rows, shard_variables, ShardOptions};
 pub use simplify::simplify;
 
 use dfc_ir::Module;

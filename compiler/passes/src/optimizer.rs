@@ -156,8 +156,7 @@ impl Updater<'_> {
             .graph
             .add(op, inputs, &name, span)
             .unwrap_or_else(|e| panic!("optimizer built an ill-typed `{name}`: {}", e.message));
-        self.graph.node_mut(id).requested_device =
-            self.variable.and_then(|v| self.graph.node(v).requested_device.clone());
+        self.follow_variable(id);
         id.into()
     }
 
@@ -180,12 +179,20 @@ impl Updater<'_> {
     /// A non-trainable variable for the optimizer's state, beside its variable.
     fn slot(&mut self, name: &str, dtype: DType, shape: &dfc_ir::Shape, init: Initializer) -> NodeId {
         let ty = dfc_ir::TensorType::new(dtype, shape.clone());
-        let op = Op::Variable { ty, init, trainable: false, partitions: 1 };
+        let op = Op::Variable { ty, init, trainable: false, partitions: 1, origin: None };
         let span = self.variable.and_then(|v| self.graph.span(v));
         let id = self.graph.add(op, &[], name, span).expect("variables type");
-        self.graph.node_mut(id).requested_device =
-            self.variable.and_then(|v| self.graph.node(v).requested_device.clone());
+        self.follow_variable(id);
+        self.graph.node_mut(id).colocate_with = self.variable;
         id
+    }
+
+    /// The variable's device request, for a node of its update.
+    fn follow_variable(&mut self, id: NodeId) {
+        if let Some(v) = self.variable {
+            let (device, at) = (self.graph.node(v).requested_device.clone(), self.graph.request_span(v));
+            self.graph.request(id, device, at);
+        }
     }
 
     /// `slot = decay * slot + (1 - decay) * g` (of `g²` when `squared`); yields the new value.

@@ -33,7 +33,7 @@ fn input(module: &mut Module, name: &str) -> NodeId {
 }
 
 fn variable(module: &mut Module, name: &str) -> NodeId {
-    let op = Op::Variable { ty: ty(), init: Initializer::Zeros, trainable: true, partitions: 1 };
+    let op = Op::Variable { ty: ty(), init: Initializer::Zeros, trainable: true, partitions: 1, origin: None };
     let id = module.graph.add(op, &[], name, None).unwrap();
     module.params.push(id);
     id

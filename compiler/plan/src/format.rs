@@ -20,7 +20,7 @@ use thiserror::Error;
 pub const MAGIC: [u8; 8] = *b"DFCPLAN\0";
 /// Bump on any change to the header or to the serialized types (postcard is not
 /// self-describing: adding a field changes the format).
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 pub const HEADER_LEN: usize = 24;
 
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
@@ -106,7 +106,12 @@ fn check_refs(plan: &Plan) -> Result<(), String> {
     for (i, partition) in plan.partitions.iter().enumerate() {
         let module: &Module = &partition.module;
         let graph = &module.graph;
-        let tensors = module.outputs.iter().map(|o| o.tensor).chain(module.training.iter().map(|t| t.loss));
+        let tensors = module
+            .outputs
+            .iter()
+            .chain(&module.metrics)
+            .map(|o| o.tensor)
+            .chain(module.training.iter().map(|t| t.loss));
         let nodes = module.inputs.iter().chain(&module.params).map(|&id| id.into());
         for tensor in tensors.chain(nodes) {
             let ok = graph.contains(tensor.node) && (tensor.port as usize) < graph.node(tensor.node).outputs.len();

@@ -12,7 +12,8 @@ mod summary;
 pub use format::{decode, encode, write, PlanError, FORMAT_VERSION, HEADER_LEN, MAGIC};
 pub use summary::{summary, DeviceSummary, ParamSummary, Summary, TensorSummary, TrainingSummary};
 
-use dfc_ir::{DeviceKind, DeviceSpec, Initializer, Module, Op, Optimizer, TensorRef, TensorType};
+pub use dfc_ir::{Cluster, Job, Task};
+use dfc_ir::{DeviceKind, DeviceSpec, Initializer, Module, NodeId, Op, Optimizer, TensorRef, TensorType};
 use serde::{Deserialize, Serialize};
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -27,33 +28,45 @@ pub struct Plan {
     pub model: String,
     pub dims: Vec<(String, usize)>,
     pub cluster: Cluster,
-    /// One per device. Each holds a self-contained module whose own `inputs`, `params`,
-    /// `outputs` and `training` refer to its graph.
+    /// How the model was spread over the cluster.
+    pub strategy: StrategySpec,
+    /// One per device that runs anything. Each holds a module whose every node is on that
+    /// device; partitions meet only through Send/Recv pairs (same key) and all-reduces. The
+    /// modules list their own inputs, params, outputs and metrics; `training` is `None` in
+    /// them: the plan's `training` names the loss and the updates across partitions.
     pub partitions: Vec<Partition>,
     pub inputs: Vec<IoSpec>,
     pub outputs: Vec<IoSpec>,
+    pub metrics: Vec<IoSpec>,
+    /// The model's parameters as the source declares them (a partitioned one once, with its
+    /// shards' devices).
     pub params: Vec<ParamSpec>,
     pub training: Option<TrainingSpec>,
+    /// The cost model's prediction for one training step, per device.
+    pub report: Option<CostReport>,
 }
 
-/// The machines a plan runs on, in TensorFlow's terms: jobs of tasks, each task with devices.
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
-pub struct Cluster {
-    pub jobs: Vec<Job>,
-}
-
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct Job {
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StrategySpec {
+    /// `single`, `model`, `mirrored`, `ps` or `central-storage`.
     pub name: String,
-    pub tasks: Vec<Task>,
+    /// Copies of the model's compute that each take a slice of the batch (1 without data
+    /// parallelism).
+    pub replicas: u32,
+    /// Parameter server only: whether the workers' gradients are combined into one update.
+    pub sync: bool,
+    /// How variables were spread: `round-robin`, `greedy`, `greedy-sorted`.
+    pub placement: String,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct Task {
-    pub devices: Vec<DeviceSpec>,
+impl Default for StrategySpec {
+    fn default() -> StrategySpec {
+        StrategySpec { name: "single".into(), replicas: 1, sync: true, placement: "round-robin".into() }
+    }
 }
 
-/// The part of the model one device runs; every node of `module.graph` has `device` set.
+/// The part of the model one device runs; every node of `module.graph` has `device` set to
+/// `device`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Partition {
     pub device: DeviceSpec,
@@ -78,6 +91,8 @@ pub struct ParamSpec {
     pub requested_device: Option<String>,
     /// Size of the variable's buffer.
     pub bytes: u64,
+    /// Where its shards (or, mirrored, its copies) live, in order.
+    pub devices: Vec<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -85,81 +100,116 @@ pub struct TrainingSpec {
     /// The named output that is the loss, or else the loss node's name (`name:port` for a port
     /// other than 0).
     pub loss: String,
+    /// The node that computes the loss (output 0), in whichever partition holds it.
+    pub loss_node: String,
     pub optimizer: Optimizer,
+    /// The nodes a training step runs for their effect (the updates), by name, across all
+    /// partitions.
+    pub updates: Vec<String>,
 }
 
+pub use dfc_passes::{CostReport, DeviceCost};
+
 impl Plan {
+    /// A plan of the placed `combined` module (every node has a device; cross-device edges
+    /// already go through Send/Recv) split into `partitions`. The interface (inputs, outputs,
+    /// params, training) is read from `combined`.
+    pub fn build(
+        combined: &Module,
+        partitions: Vec<Partition>,
+        cluster: Cluster,
+        strategy: StrategySpec,
+        source_name: &str,
+        source_text: &str,
+    ) -> Plan {
+        let graph = &combined.graph;
+        let io = |id: NodeId| {
+            let node = graph.node(id);
+            let ty = match &node.op {
+                Op::Input { ty } => ty.clone(),
+                _ => node.outputs[0].clone(),
+            };
+            IoSpec { name: node.name.clone(), ty }
+        };
+        let named = |outputs: &[dfc_ir::Output]| {
+            outputs.iter().map(|o| IoSpec { name: o.name.clone(), ty: graph.ty(o.tensor).clone() }).collect()
+        };
+        let training = combined.training.as_ref().map(|t| TrainingSpec {
+            loss: tensor_name(combined, t.loss),
+            loss_node: graph.node(t.loss.node).name.clone(),
+            optimizer: t.optimizer.clone(),
+            updates: t.updates.iter().map(|&u| graph.node(u).name.clone()).collect(),
+        });
+        Plan {
+            dfc_version: env!("CARGO_PKG_VERSION").into(),
+            source_name: source_name.into(),
+            source_hash: source_hash(source_text),
+            model: combined.name.clone(),
+            dims: combined.dims.clone(),
+            cluster,
+            strategy,
+            inputs: combined.inputs.iter().map(|&id| io(id)).collect(),
+            outputs: named(&combined.outputs),
+            metrics: named(&combined.metrics),
+            params: param_specs(combined),
+            training,
+            partitions,
+            report: None,
+        }
+    }
+
     /// A plan that runs the whole of `module` on the local CPU. `module` must have passed
     /// `dfc_ir::verify`: its `inputs` and `params` name `Input` and `Variable` nodes.
     pub fn single_device(module: Module, source_name: &str, source_text: &str) -> Plan {
-        let device = DeviceSpec {
-            job: Some("localhost".into()),
-            replica: None,
-            task: Some(0),
-            kind: Some(DeviceKind::Cpu),
-            index: Some(0),
-        };
+        let cluster = Cluster::local(1, DeviceKind::Cpu);
+        let device = cluster.devices()[0].clone();
         let mut module = module;
         let ids: Vec<_> = module.graph.node_ids().collect();
         for id in ids {
             module.graph.node_mut(id).device = Some(device.clone());
         }
-
-        let graph = &module.graph;
-        let inputs = module
-            .inputs
-            .iter()
-            .map(|&id| {
-                let node = graph.node(id);
-                let ty = match &node.op {
-                    Op::Input { ty } => ty.clone(),
-                    _ => graph.ty(id.into()).clone(),
-                };
-                IoSpec { name: node.name.clone(), ty }
-            })
-            .collect();
-        let outputs =
-            module.outputs.iter().map(|o| IoSpec { name: o.name.clone(), ty: graph.ty(o.tensor).clone() }).collect();
-        let params = module
-            .params
-            .iter()
-            .map(|&id| {
-                let node = graph.node(id);
-                let Op::Variable { ty, init, trainable, partitions } = &node.op else {
-                    panic!("module.params lists `{}`, which is not a variable", node.name);
-                };
-                ParamSpec {
-                    name: node.name.clone(),
-                    ty: ty.clone(),
-                    init: init.clone(),
-                    trainable: *trainable,
-                    partitions: *partitions,
-                    requested_device: node.requested_device.as_ref().map(|d| d.to_string()),
-                    bytes: tensor_bytes(ty),
-                }
-            })
-            .collect();
-        let training = module
-            .training
-            .as_ref()
-            .map(|t| TrainingSpec { loss: tensor_name(&module, t.loss), optimizer: t.optimizer.clone() });
-
-        Plan {
-            dfc_version: env!("CARGO_PKG_VERSION").into(),
-            source_name: source_name.into(),
-            source_hash: source_hash(source_text),
-            model: module.name.clone(),
-            dims: module.dims.clone(),
-            cluster: Cluster {
-                jobs: vec![Job { name: "localhost".into(), tasks: vec![Task { devices: vec![device.clone()] }] }],
-            },
-            inputs,
-            outputs,
-            params,
-            training,
-            partitions: vec![Partition { device, module }],
-        }
+        let mut local = module.clone();
+        local.training = None;
+        let partitions = vec![Partition { device, module: local }];
+        Plan::build(&module, partitions, cluster, StrategySpec::default(), source_name, source_text)
     }
+}
+
+/// The source's parameters: shards of one partitioned variable and replicas' copies count
+/// once, under the source's name, with the devices of their parts.
+fn param_specs(module: &Module) -> Vec<ParamSpec> {
+    let graph = &module.graph;
+    let mut specs: Vec<ParamSpec> = Vec::new();
+    for &id in &module.params {
+        let node = graph.node(id);
+        let Op::Variable { ty, init, trainable, partitions, origin } = &node.op else {
+            panic!("module.params lists `{}`, which is not a variable", node.name);
+        };
+        let (name, full) = match origin {
+            Some(o) => (o.name.clone(), TensorType::new(ty.dtype, o.shape.clone())),
+            None => (node.name.clone(), ty.clone()),
+        };
+        let device = node.device.as_ref().map(|d| d.to_string());
+        if let Some(spec) = specs.iter_mut().find(|s| s.name == name) {
+            spec.devices.extend(device);
+            if origin.as_ref().is_some_and(|o| o.mirror_of.is_none()) {
+                spec.partitions += 1;
+            }
+            continue;
+        }
+        let is_shard = origin.as_ref().is_some_and(|o| o.mirror_of.is_none() && o.shape != ty.shape);
+        specs.push(ParamSpec {
+            name,
+            bytes: tensor_bytes(&full),
+            ty: full,
+            init: init.clone(),
+            trainable: *trainable,
+            partitions: if is_shard { 1 } else { *partitions },
+            requested_device: node.requested_device.as_ref().map(|d| d.to_string()),
+            devices: device.into_iter().collect(),
+        });
+    }
+    specs
 }
 
 /// The name a user knows a tensor by: a named output if one is that tensor, else its node.

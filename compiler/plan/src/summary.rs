@@ -1,8 +1,10 @@
 //! What `dfc inspect` shows: a plan reduced to plain strings and numbers, for `--json` (serde)
 //! and for people (`Display`).
 
-use crate::{tensor_bytes, Plan, FORMAT_VERSION};
+use crate::{Plan, StrategySpec, FORMAT_VERSION};
 use dfc_ir::{Op, TensorType};
+use dfc_passes::cost::{human_bytes as bytes, tensor_bytes};
+use dfc_passes::CostReport;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
@@ -16,12 +18,17 @@ pub struct Summary {
     pub source_hash: String,
     pub model: String,
     pub dims: Vec<(String, usize)>,
+    /// How the model is spread over the cluster.
+    pub strategy: StrategySpec,
     pub devices: Vec<DeviceSummary>,
     pub inputs: Vec<TensorSummary>,
     pub outputs: Vec<TensorSummary>,
+    pub metrics: Vec<TensorSummary>,
     pub params: Vec<ParamSummary>,
     pub training: Option<TrainingSummary>,
     pub total_param_bytes: u64,
+    /// The cost model's prediction for one step, if the plan holds one.
+    pub report: Option<CostReport>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -51,6 +58,8 @@ pub struct ParamSummary {
     pub trainable: bool,
     pub partitions: u32,
     pub requested_device: Option<String>,
+    /// Where its shards (or, mirrored, its copies) live, in order.
+    pub devices: Vec<String>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -95,6 +104,7 @@ pub fn summary(plan: &Plan) -> Summary {
             trainable: p.trainable,
             partitions: p.partitions,
             requested_device: p.requested_device.clone(),
+            devices: p.devices.clone(),
         })
         .collect();
     Summary {
@@ -104,36 +114,24 @@ pub fn summary(plan: &Plan) -> Summary {
         source_hash: format!("{:016x}", plan.source_hash),
         model: plan.model.clone(),
         dims: plan.dims.clone(),
+        strategy: plan.strategy.clone(),
         devices,
         inputs: plan.inputs.iter().map(|io| tensor(&io.name, &io.ty)).collect(),
         outputs: plan.outputs.iter().map(|io| tensor(&io.name, &io.ty)).collect(),
+        metrics: plan.metrics.iter().map(|io| tensor(&io.name, &io.ty)).collect(),
         total_param_bytes: params.iter().fold(0u64, |sum, p| sum.saturating_add(p.bytes)),
         params,
         training: plan
             .training
             .as_ref()
             .map(|t| TrainingSummary { loss: t.loss.clone(), optimizer: t.optimizer.to_string() }),
+        report: plan.report.clone(),
     }
 }
 
 /// `[4,3]`, as `dfc_ir::Shape` prints it.
 fn shape(dims: &[usize]) -> String {
     dfc_ir::Shape(dims.to_vec()).to_string()
-}
-
-/// `512 B`, `1.5 KiB`, `3.0 MiB`: exact below a KiB, one decimal above.
-fn bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
-    if n < 1024 {
-        return format!("{n} B");
-    }
-    let mut value = n as f64 / 1024.0;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    format!("{value:.1} {}", UNITS[unit])
 }
 
 fn plural(n: usize, one: &str, many: &str) -> String {
@@ -176,6 +174,7 @@ impl fmt::Display for Summary {
             let dims: Vec<String> = self.dims.iter().map(|(n, v)| format!("{n}={v}")).collect();
             writeln!(f, "dims: {}", dims.join(", "))?;
         }
+        writeln!(f, "strategy: {}", strategy(&self.strategy, self.devices.len()))?;
 
         let tensors = |list: &[TensorSummary]| -> Vec<Vec<String>> {
             list.iter().map(|t| vec![t.name.clone(), format!("{}{}", t.dtype, shape(&t.shape))]).collect()
@@ -196,15 +195,24 @@ impl fmt::Display for Summary {
                     init.push_str(&format!(", {} shards", p.partitions));
                 }
                 if let Some(device) = &p.requested_device {
-                    init.push_str(&format!(", on {device}"));
+                    init.push_str(&format!(", requested {device}"));
                 }
-                vec![p.name.clone(), format!("{}{}", p.dtype, shape(&p.shape)), bytes(p.bytes), init]
+                let mut row = vec![p.name.clone(), format!("{}{}", p.dtype, shape(&p.shape)), bytes(p.bytes), init];
+                // With one device, where every param lives goes without saying.
+                if self.devices.len() > 1 && !p.devices.is_empty() {
+                    row.push(format!("on {}", list(&p.devices, 3)));
+                }
+                row
             })
             .collect();
         table(f, &params, &[false, false, true])?;
 
         writeln!(f, "outputs")?;
         table(f, &tensors(&self.outputs), &[])?;
+        if !self.metrics.is_empty() {
+            writeln!(f, "metrics")?;
+            table(f, &tensors(&self.metrics), &[])?;
+        }
 
         match &self.training {
             Some(t) => writeln!(f, "training: minimize {} with {}", t.loss, t.optimizer)?,
@@ -226,6 +234,132 @@ impl fmt::Display for Summary {
                 ]
             })
             .collect();
-        table(f, &devices, &[false, true, true, true])
+        table(f, &devices, &[false, true, true, true])?;
+
+        if let Some(report) = &self.report {
+            write!(f, "{report}")?;
+        }
+        Ok(())
+    }
+}
+
+/// `mirrored, 4 replicas, variables round-robin`; `single`.
+fn strategy(s: &StrategySpec, n_devices: usize) -> String {
+    let mut text = s.name.clone();
+    if s.replicas > 1 {
+        text.push_str(&format!(", {} replicas", s.replicas));
+    }
+    if s.name == "ps" {
+        text.push_str(if s.sync { ", synchronous updates" } else { ", asynchronous updates" });
+    }
+    if n_devices > 1 {
+        text.push_str(&format!(", variables {}", s.placement));
+    }
+    text
+}
+
+/// `a, b, c`, or past `shown` items `a, b, c and 5 more`.
+fn list(items: &[String], shown: usize) -> String {
+    if items.len() <= shown {
+        return items.join(", ");
+    }
+    format!("{} and {} more", items[..shown].join(", "), items.len() - shown)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{IoSpec, Partition};
+    use dfc_ir::{DType, DeviceSpec, Graph, Initializer, Module, Output};
+    use dfc_passes::CostModel;
+
+    /// `y = x @ w` on one CPU.
+    fn plan() -> Plan {
+        let mut g = Graph::new();
+        let x = g.add(Op::Input { ty: TensorType::new(DType::F32, vec![4, 3]) }, &[], "x", None).unwrap();
+        let variable = Op::Variable {
+            ty: TensorType::new(DType::F32, vec![3, 2]),
+            init: Initializer::GlorotUniform,
+            trainable: true,
+            partitions: 1,
+            origin: None,
+        };
+        let w = g.add(variable, &[], "w", None).unwrap();
+        let w_read = g.add(Op::Read, &[w.into()], "w/read", None).unwrap();
+        let y = g.add(Op::MatMul { transpose_a: false, transpose_b: false }, &[x.into(), w_read.into()], "y", None);
+        let module = Module {
+            name: "mlp".into(),
+            graph: g,
+            inputs: vec![x],
+            params: vec![w],
+            outputs: vec![Output { name: "y".into(), tensor: y.unwrap().into() }],
+            ..Module::default()
+        };
+        Plan::single_device(module, "mlp.df", "model mlp { }")
+    }
+
+    /// The same model mirrored on two CPUs of one task, with a metric and a cost report.
+    fn mirrored() -> Plan {
+        let mut plan = plan();
+        let second = DeviceSpec::parse("/job:localhost/task:0/cpu:1").unwrap();
+        let mut module = plan.partitions[0].module.clone();
+        let ids: Vec<_> = module.graph.node_ids().collect();
+        for id in ids {
+            module.graph.node_mut(id).device = Some(second.clone());
+        }
+        plan.partitions.push(Partition { device: second.clone(), module });
+        plan.strategy =
+            StrategySpec { name: "mirrored".into(), replicas: 2, sync: true, placement: "round-robin".into() };
+        plan.params[0].devices.push(second.to_string());
+        plan.metrics.push(IoSpec { name: "accuracy".into(), ty: TensorType::scalar(DType::F32) });
+        let modules: Vec<&Module> = plan.partitions.iter().map(|p| &p.module).collect();
+        plan.report = Some(dfc_passes::cost::estimate(&modules, &CostModel::default()));
+        plan
+    }
+
+    fn has_line(text: &str, line: &str) {
+        assert!(text.lines().any(|l| l == line), "no line `{line}` in:\n{text}");
+    }
+
+    #[test]
+    fn one_device_shows_no_placement() {
+        let summary = summary(&plan());
+        assert_eq!(summary.strategy, StrategySpec::default());
+        assert_eq!(summary.params[0].devices, ["/job:localhost/task:0/cpu:0"]);
+        assert!(summary.report.is_none() && summary.metrics.is_empty());
+        let text = summary.to_string();
+        has_line(&text, "strategy: single");
+        has_line(&text, "  w  f32[3,2]  24 B  glorot_uniform");
+        assert!(!text.contains("metrics") && !text.contains("cost of one step"), "{text}");
+    }
+
+    #[test]
+    fn several_devices_show_the_strategy_placement_metrics_and_report() {
+        let plan = mirrored();
+        let summary = summary(&plan);
+        assert_eq!(summary.strategy.replicas, 2);
+        assert_eq!(summary.metrics[0].name, "accuracy");
+        assert_eq!(summary.params[0].devices.len(), 2);
+        assert_eq!(summary.report.as_ref(), plan.report.as_ref());
+        let text = summary.to_string();
+        has_line(&text, "strategy: mirrored, 2 replicas, variables round-robin");
+        has_line(&text, "metrics");
+        has_line(&text, "  accuracy  f32[]");
+        has_line(
+            &text,
+            "  w  f32[3,2]  24 B  glorot_uniform  on /job:localhost/task:0/cpu:0, /job:localhost/task:0/cpu:1",
+        );
+        has_line(
+            &text,
+            "  /job:localhost/task:0/cpu:1  4 nodes  1 variable  24 B  (input 1, matmul 1, read 1, variable 1)",
+        );
+        assert!(text.contains(&plan.report.as_ref().unwrap().to_string()), "{text}");
+    }
+
+    #[test]
+    fn long_device_lists_are_cut_short() {
+        let items: Vec<String> = (0..5).map(|i| format!("d{i}")).collect();
+        assert_eq!(list(&items, 3), "d0, d1, d2 and 2 more");
+        assert_eq!(list(&items[..3], 3), "d0, d1, d2");
     }
 }

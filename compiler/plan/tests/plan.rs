@@ -12,6 +12,7 @@ fn module() -> Module {
         init: Initializer::GlorotUniform,
         trainable: true,
         partitions: 1,
+        origin: None,
     };
     let w = g.add(variable, &[], "w", None).unwrap();
     let w_read = g.add(Op::Read, &[w.into()], "w/read", None).unwrap();
@@ -104,7 +105,7 @@ fn header_errors_say_what_is_wrong() {
     let bytes = encode(&plan());
     let mut newer = bytes.clone();
     newer[8..12].copy_from_slice(&(FORMAT_VERSION + 1).to_le_bytes());
-    assert_eq!(decode(&newer).unwrap_err(), PlanError::NewerVersion { found: 2 });
+    assert_eq!(decode(&newer).unwrap_err(), PlanError::NewerVersion { found: FORMAT_VERSION + 1 });
     assert!(decode(&newer).unwrap_err().to_string().contains("use a newer dfc"));
 
     let mut older = bytes.clone();
@@ -161,7 +162,10 @@ fn summary_shows_the_model() {
     assert_eq!(summary.devices[0].n_variables, 1);
     assert_eq!(summary.devices[0].ops["matmul"], 1);
     let text = summary.to_string();
-    assert!(text.starts_with(&format!("model mlp from mlp.df (dfc {}, plan format 1)\n", env!("CARGO_PKG_VERSION"))));
+    assert!(text.starts_with(&format!(
+        "model mlp from mlp.df (dfc {}, plan format {FORMAT_VERSION})\n",
+        env!("CARGO_PKG_VERSION")
+    )));
     for line in [
         "dims: batch=4",
         "  x  f32[4,3]",

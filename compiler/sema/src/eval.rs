@@ -158,7 +158,7 @@ impl Lowerer<'_> {
         };
         match self.graph.add(op, &inputs, &name, Some(span)) {
             Ok(id) => {
-                self.graph.node_mut(id).requested_device = self.device.clone();
+                self.request(id);
                 let ty = self.graph.node(id).outputs[0].clone();
                 if !self.check_size(&ty, span) {
                     return Val::Error;
@@ -223,7 +223,7 @@ impl Lowerer<'_> {
             format!("{}{}/const", self.prefix, self.hint)
         };
         let id = self.graph.add(Op::Const { value }, &[], &name, Some(span)).expect("constants always type");
-        self.graph.node_mut(id).requested_device = self.device.clone();
+        self.request(id);
         id.into()
     }
 

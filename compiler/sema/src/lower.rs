@@ -90,8 +90,10 @@ pub struct Lowerer<'a> {
     pub prefix: String,
     /// The name nodes are created under (the `let` being lowered).
     pub hint: String,
-    /// The device requested by enclosing `device` blocks and attributes.
+    /// The device requested by enclosing `device` blocks and attributes, and where the
+    /// innermost of them is written.
     pub device: Option<DeviceSpec>,
+    pub device_span: Option<Span>,
     pub params: Vec<NodeId>,
     /// Layers being instantiated, innermost last, to refuse recursion.
     pub layer_stack: Vec<String>,
@@ -155,6 +157,7 @@ impl<'a> Lowerer<'a> {
             prefix: String::new(),
             hint: String::new(),
             device: None,
+            device_span: None,
             params: Vec::new(),
             layer_stack: Vec::new(),
             let_layer_calls: 0,
@@ -200,9 +203,10 @@ impl<'a> Lowerer<'a> {
             return;
         }
         let attrs = self.attributes(stmt);
-        let saved_device = self.device.clone();
-        if let Some(device) = &attrs.device {
+        let saved_device = (self.device.clone(), self.device_span);
+        if let Some((device, at)) = &attrs.device {
             self.device = Some(merge_device(self.device.as_ref(), device));
+            self.device_span = Some(*at);
         }
         match &stmt.kind {
             StmtKind::Dim { name, value } => self.dim(name, value.as_ref(), state),
@@ -211,7 +215,7 @@ impl<'a> Lowerer<'a> {
                     self.hint = name.name.clone();
                     let id =
                         self.graph.add(Op::Input { ty }, &[], &name.name, Some(stmt.span)).expect("inputs always type");
-                    self.graph.node_mut(id).requested_device = self.device.clone();
+                    self.request(id);
                     state.inputs.push(id);
                     self.define(name, Val::Tensor(id.into()), BindingKind::Input);
                 } else {
@@ -231,6 +235,7 @@ impl<'a> Lowerer<'a> {
             StmtKind::Device { spec, body } => match DeviceSpec::parse(&spec.value) {
                 Ok(device) => {
                     self.device = Some(merge_device(self.device.as_ref(), &device));
+                    self.device_span = Some(spec.span);
                     self.block(body, state);
                 }
                 Err(message) => {
@@ -262,7 +267,12 @@ impl<'a> Lowerer<'a> {
                 }
             }
         }
-        self.device = saved_device;
+        (self.device, self.device_span) = saved_device;
+    }
+
+    /// Gives a new node the device its enclosing blocks and attributes request.
+    pub fn request(&mut self, id: NodeId) {
+        self.graph.request(id, self.device.clone(), self.device.as_ref().and(self.device_span));
     }
 
     // ---- names ------------------------------------------------------------------------------
@@ -459,12 +469,12 @@ impl<'a> Lowerer<'a> {
             self.check_initializer_dtype(&init, resolved.dtype, expr.span);
         }
         let full_name = format!("{}{}", self.prefix, name.name);
-        let op = Op::Variable { ty: resolved, init, trainable, partitions };
+        let op = Op::Variable { ty: resolved, init, trainable, partitions, origin: None };
         let variable = self.graph.add(op, &[], &full_name, Some(span)).expect("variables always type");
         let read =
             self.graph.add(Op::Read, &[variable.into()], &format!("{full_name}/read"), Some(span)).expect("reads type");
         for id in [variable, read] {
-            self.graph.node_mut(id).requested_device = self.device.clone();
+            self.request(id);
         }
         self.params.push(variable);
         self.param_names.insert(variable, name.span);
@@ -758,7 +768,7 @@ impl<'a> Lowerer<'a> {
                 let Some(arg) = bound[0] else { return };
                 match &arg.value.kind {
                     ExprKind::Str(text) => match DeviceSpec::parse(text) {
-                        Ok(spec) => out.device = Some(spec),
+                        Ok(spec) => out.device = Some((spec, attr.span)),
                         Err(message) => self.bad_device(arg.value.span, &message),
                     },
                     _ => {
@@ -1071,7 +1081,7 @@ fn declares_results(stmt: &Stmt) -> bool {
 
 #[derive(Default)]
 pub struct Attributes {
-    pub device: Option<DeviceSpec>,
+    pub device: Option<(DeviceSpec, Span)>,
     pub partitioned: Option<(i64, Span)>,
     pub trainable: Option<bool>,
 }

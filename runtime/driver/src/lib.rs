@@ -5,16 +5,22 @@
 //! - [`npy`]: `.npy` reading and writing ([`save_npy`] backs `dfc run --fetch NAME -o out.npy`).
 //! - [`checkpoint`]: atomic safetensors checkpoints of the variables, the last few kept.
 //! - [`metrics`]: the JSON-lines log of one record per epoch.
-//! - [`train`]: the loop: epochs, evaluation, checkpoints and resumption, and `--fetch`.
+//! - [`session`]: runs any plan, one partition or many, in one process (a thread per
+//!   partition); holds the variables and builds programs from names.
+//! - [`train`](mod@train): the loop: epochs, evaluation, checkpoints and resumption, and `--fetch`.
 
 pub mod checkpoint;
 pub mod data;
 pub mod metrics;
 pub mod npy;
+pub mod session;
 pub mod train;
 
 pub use checkpoint::{Checkpoint, CheckpointError};
 pub use data::{fit, load, load_csv, load_idx, load_npy, shuffled_order, DataError, Dataset};
 pub use metrics::{EpochRecord, MetricsLog};
 pub use npy::{save_npy, to_npy_bytes};
-pub use train::{infer, restore, train, Progress, RunError, TrainOptions, TrainSummary};
+pub use session::{Session, SessionProgram};
+pub use train::{
+    batch_size, evaluate, infer, load_feeds, restore, train, Progress, RunError, TrainOptions, TrainSummary,
+};

@@ -9,8 +9,10 @@
 use crate::checkpoint;
 use crate::data::{self, Dataset};
 use crate::metrics::{EpochRecord, MetricsLog};
-use dfc_interp::{InterpError, Program, Tensor, Variables};
-use dfc_ir::{Module, NodeId, Op, TensorRef};
+use crate::session::{Session, SessionProgram};
+use dfc_interp::{InterpError, Tensor, Variables};
+use dfc_ir::Op;
+use dfc_plan::Plan;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -50,20 +52,24 @@ pub enum RunError {
     Io(#[from] std::io::Error),
     #[error("{0}")]
     Usage(String),
+    /// A plan whose partitions do not fit together.
+    #[error("{0}")]
+    Plan(String),
 }
 
 pub struct TrainSummary {
     pub steps: u64,
     pub epochs: u64,
     pub records: Vec<EpochRecord>,
+    /// The logical variables at the end (what a checkpoint holds).
     pub variables: Variables,
 }
 
 /// The batch size: the leading size shared by every input of the model.
-pub fn batch_size(module: &Module) -> Result<usize, RunError> {
-    let mut sizes = module.inputs.iter().map(|&id| (input_name(module, id), input_type(module, id)));
+pub fn batch_size(plan: &Plan) -> Result<usize, RunError> {
+    let mut sizes = plan.inputs.iter().map(|input| (input.name.clone(), input.ty.clone()));
     let Some((first_name, first)) = sizes.next() else {
-        return Err(RunError::Usage(format!("model `{}` has no inputs to feed", module.name)));
+        return Err(RunError::Usage(format!("model `{}` has no inputs to feed", plan.model)));
     };
     let Some(&batch) = first.shape.dims().first() else {
         return Err(RunError::Usage(format!(
@@ -80,37 +86,26 @@ pub fn batch_size(module: &Module) -> Result<usize, RunError> {
     Ok(batch)
 }
 
-fn input_name(module: &Module, id: NodeId) -> String {
-    module.graph.node(id).name.clone()
-}
-
-fn input_type(module: &Module, id: NodeId) -> dfc_ir::TensorType {
-    match &module.graph.node(id).op {
-        Op::Input { ty } => ty.clone(),
-        _ => unreachable!("module inputs are Input nodes"),
-    }
-}
-
 /// Loads the feeds named on the command line and checks them against the model's inputs.
-pub fn load_feeds(module: &Module, feeds: &[(String, PathBuf)], what: &str) -> Result<Dataset, RunError> {
+pub fn load_feeds(plan: &Plan, feeds: &[(String, PathBuf)], what: &str) -> Result<Dataset, RunError> {
     let mut tensors = Vec::new();
     for (name, path) in feeds {
-        let Some(&id) = module.inputs.iter().find(|&&id| input_name(module, id) == *name) else {
-            let names: Vec<String> = module.inputs.iter().map(|&id| format!("`{}`", input_name(module, id))).collect();
+        let Some(input) = plan.inputs.iter().find(|input| input.name == *name) else {
+            let names: Vec<String> = plan.inputs.iter().map(|input| format!("`{}`", input.name)).collect();
             return Err(RunError::Usage(format!(
                 "{what} `{name}` names no input of model `{}`; its inputs are {}",
-                module.name,
+                plan.model,
                 names.join(", ")
             )));
         };
         let tensor = data::load(path)?;
-        let tensor = data::fit(name, tensor, &input_type(module, id))?;
+        let tensor = data::fit(name, tensor, &input.ty)?;
         tensors.push((name.clone(), tensor));
     }
     Ok(Dataset::new(tensors)?)
 }
 
-fn require_inputs(program: &Program, dataset: &Dataset, what: &str) -> Result<(), RunError> {
+fn require_inputs(program: &SessionProgram, dataset: &Dataset, what: &str) -> Result<(), RunError> {
     let fed: Vec<&str> = dataset.names().collect();
     let missing: Vec<String> = program.inputs().into_iter().filter(|i| !fed.contains(&i.as_str())).collect();
     if missing.is_empty() {
@@ -120,29 +115,30 @@ fn require_inputs(program: &Program, dataset: &Dataset, what: &str) -> Result<()
     Err(RunError::Usage(format!("no data for input(s) {}; add {}", missing.join(", "), flags.join(" "))))
 }
 
-pub fn train(module: &Module, options: &TrainOptions, progress: &mut dyn Progress) -> Result<TrainSummary, RunError> {
-    let Some(training) = &module.training else {
+/// Trains the plan (any number of partitions) as `options` say, from its initial values or
+/// the newest checkpoint.
+pub fn train(plan: &Plan, options: &TrainOptions, progress: &mut dyn Progress) -> Result<TrainSummary, RunError> {
+    let Some(training) = &plan.training else {
         return Err(RunError::Usage(format!(
             "model `{}` has no `minimize`, so there is nothing to train; use --fetch NAME to run it",
-            module.name
+            plan.model
         )));
     };
     if training.updates.is_empty() {
         return Err(RunError::Usage("the plan has no update ops; recompile it with this dfc".into()));
     }
-    let batch = batch_size(module)?;
-    let train_data = load_feeds(module, &options.feeds, "--feed")?;
-    let eval_data = if options.eval_feeds.is_empty() {
-        None
-    } else {
-        Some(load_feeds(module, &options.eval_feeds, "--eval-feed")?)
-    };
+    let batch = batch_size(plan)?;
+    let train_data = load_feeds(plan, &options.feeds, "--feed")?;
+    let eval_data =
+        if options.eval_feeds.is_empty() { None } else { Some(load_feeds(plan, &options.eval_feeds, "--eval-feed")?) };
 
-    let step_program = Program::new(module, &[training.loss], &training.updates)?;
+    let mut session = Session::new(plan, options.seed)?;
+    let updates: Vec<&str> = training.updates.iter().map(String::as_str).collect();
+    let step_program = session.program(&[&training.loss_node], &updates)?;
     require_inputs(&step_program, &train_data, "--feed")?;
-    let mut eval_fetches = vec![training.loss];
-    eval_fetches.extend(module.metrics.iter().map(|m| m.tensor));
-    let eval_program = Program::new(module, &eval_fetches, &[])?;
+    let mut eval_fetches = vec![training.loss_node.as_str()];
+    eval_fetches.extend(plan.metrics.iter().map(|m| m.name.as_str()));
+    let eval_program = session.program(&eval_fetches, &[])?;
     if let Some(eval) = &eval_data {
         require_inputs(&eval_program, eval, "--eval-feed")?;
     }
@@ -154,12 +150,11 @@ pub fn train(module: &Module, options: &TrainOptions, progress: &mut dyn Progres
         )));
     }
 
-    let mut variables = dfc_interp::initialize(module, options.seed);
     let (mut step, mut start_epoch) = (0u64, 0u64);
     if let Some(dir) = &options.checkpoint_dir {
         std::fs::create_dir_all(dir)?;
         if let Some(found) = checkpoint::latest(dir).map_err(|e| RunError::Checkpoint(e.to_string()))? {
-            restore(&mut variables, &found.tensors, &found.path)?;
+            session.restore(&found.tensors, &found.path)?;
             step = found.step;
             start_epoch = found.epoch;
             progress.resumed(step, start_epoch, &found.path);
@@ -194,7 +189,7 @@ pub fn train(module: &Module, options: &TrainOptions, progress: &mut dyn Progres
             if options.steps.is_some_and(|limit| step >= limit) {
                 break;
             }
-            let out = step_program.run(module, &mut variables, &feeds)?;
+            let out = session.run(&step_program, &feeds)?;
             let loss = out[0].scalar_f64();
             if !loss.is_finite() {
                 return Err(RunError::Usage(format!("the loss became {loss} at step {step}; lower the learning rate")));
@@ -219,9 +214,9 @@ pub fn train(module: &Module, options: &TrainOptions, progress: &mut dyn Progres
             metrics: BTreeMap::new(),
         };
         if let Some(eval) = &eval_data {
-            let values = evaluate(module, &eval_program, &mut variables, eval, batch)?;
+            let values = evaluate(&mut session, &eval_program, eval, batch)?;
             record.eval_loss = Some(values[0]);
-            for (metric, value) in module.metrics.iter().zip(&values[1..]) {
+            for (metric, value) in plan.metrics.iter().zip(&values[1..]) {
                 if metric.name == "accuracy" {
                     record.eval_accuracy = Some(*value);
                 } else {
@@ -234,7 +229,7 @@ pub fn train(module: &Module, options: &TrainOptions, progress: &mut dyn Progres
         }
         if let Some(dir) = &options.checkpoint_dir {
             let completed_epochs = if finished_epoch { epoch + 1 } else { epoch };
-            checkpoint::save(dir, step, completed_epochs, variables.iter())
+            checkpoint::save(dir, step, completed_epochs, session.variables().iter())
                 .map_err(|e| RunError::Checkpoint(e.to_string()))?;
         }
         progress.epoch_finished(&record);
@@ -243,43 +238,23 @@ pub fn train(module: &Module, options: &TrainOptions, progress: &mut dyn Progres
             break 'epochs;
         }
     }
-    Ok(TrainSummary { steps: step, epochs, records, variables })
+    Ok(TrainSummary { steps: step, epochs, records, variables: session.variables() })
 }
 
-/// Replaces initial values by a checkpoint's, which must hold every variable with its type.
+/// Replaces initial values by a checkpoint's, which must hold every logical variable with
+/// its type (see [`Session::restore`]).
 pub fn restore(
-    variables: &mut Variables,
+    session: &mut Session<'_>,
     saved: &BTreeMap<String, Tensor>,
     path: &std::path::Path,
 ) -> Result<(), RunError> {
-    let names: Vec<String> = variables.iter().map(|(n, _)| n.clone()).collect();
-    for name in names {
-        let current = variables.get(&name).expect("listed").ty();
-        match saved.get(&name) {
-            Some(tensor) if tensor.ty() == current => variables.insert(name, tensor.clone()),
-            Some(tensor) => {
-                return Err(RunError::Checkpoint(format!(
-                    "{} holds `{name}` as {}, but the plan's variable is {current}; was it written for another model?",
-                    path.display(),
-                    tensor.ty()
-                )))
-            }
-            None => {
-                return Err(RunError::Checkpoint(format!(
-                    "{} has no variable `{name}`; was it written for another model?",
-                    path.display()
-                )))
-            }
-        }
-    }
-    Ok(())
+    session.restore(saved, path)
 }
 
 /// Mean loss and metrics over every full batch of `data`, in order.
 pub fn evaluate(
-    module: &Module,
-    program: &Program,
-    variables: &mut Variables,
+    session: &mut Session<'_>,
+    program: &SessionProgram,
     data: &Dataset,
     batch: usize,
 ) -> Result<Vec<f64>, RunError> {
@@ -287,7 +262,7 @@ pub fn evaluate(
     let mut sums: Vec<f64> = Vec::new();
     let mut batches = 0usize;
     for feeds in data.batches(batch, &order) {
-        let out = program.run(module, variables, &feeds)?;
+        let out = session.run(program, &feeds)?;
         if sums.is_empty() {
             sums = vec![0.0; out.len()];
         }
@@ -308,16 +283,12 @@ pub fn evaluate(
 /// Runs the model forward on every example of the feeds and returns the named output for all
 /// of them (stacked along the leading axis). The last batch is padded by repeating its last
 /// example, and the padding is dropped from the result, so every example is computed.
-pub fn infer(
-    module: &Module,
-    output: &str,
-    feeds: &[(String, PathBuf)],
-    variables: &mut Variables,
-) -> Result<Tensor, RunError> {
-    let tensor = lookup_output(module, output)?;
-    let batch = batch_size(module)?;
-    let data = load_feeds(module, feeds, "--feed")?;
-    let program = Program::new(module, &[tensor], &[])?;
+pub fn infer(session: &mut Session<'_>, output: &str, feeds: &[(String, PathBuf)]) -> Result<Tensor, RunError> {
+    let plan = session.plan();
+    lookup_output(plan, output)?;
+    let batch = batch_size(plan)?;
+    let data = load_feeds(plan, feeds, "--feed")?;
+    let program = session.program(&[output], &[])?;
     require_inputs(&program, &data, "--feed")?;
     let n = data.len();
     if n == 0 {
@@ -326,7 +297,7 @@ pub fn infer(
     let padded: Vec<usize> = (0..n.div_ceil(batch) * batch).map(|i| i.min(n - 1)).collect();
     let mut parts = Vec::new();
     for feeds in data.batches(batch, &padded) {
-        let mut out = program.run(module, variables, &feeds)?;
+        let mut out = session.run(&program, &feeds)?;
         parts.push(out.remove(0));
     }
     stack_examples(&parts, n)
@@ -343,14 +314,15 @@ fn stack_examples(parts: &[Tensor], n: usize) -> Result<Tensor, RunError> {
     Ok(dfc_interp::eval(&Op::Slice { begin, size }, &[&joined])?)
 }
 
-fn lookup_output(module: &Module, name: &str) -> Result<TensorRef, RunError> {
-    if let Some(o) = module.outputs.iter().chain(&module.metrics).find(|o| o.name == name) {
-        return Ok(o.tensor);
+/// Checks that `name` is a named output or metric of the plan.
+fn lookup_output(plan: &Plan, name: &str) -> Result<(), RunError> {
+    if plan.outputs.iter().chain(&plan.metrics).any(|o| o.name == name) {
+        return Ok(());
     }
-    let names: Vec<String> = module.outputs.iter().chain(&module.metrics).map(|o| format!("`{}`", o.name)).collect();
+    let names: Vec<String> = plan.outputs.iter().chain(&plan.metrics).map(|o| format!("`{}`", o.name)).collect();
     Err(RunError::Usage(format!(
         "model `{}` has no output `{name}`; its outputs are {}",
-        module.name,
+        plan.model,
         if names.is_empty() { "none".into() } else { names.join(", ") }
     )))
 }

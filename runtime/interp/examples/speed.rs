@@ -81,12 +81,19 @@ fn mlp_step() {
                 init: Initializer::GlorotUniform,
                 trainable: true,
                 partitions: 1,
+                origin: None,
             },
             &[],
             &format!("w{l}"),
         );
         let b = add(
-            Op::Variable { ty: f32_ty(&[sizes[l + 1]]), init: Initializer::Zeros, trainable: true, partitions: 1 },
+            Op::Variable {
+                ty: f32_ty(&[sizes[l + 1]]),
+                init: Initializer::Zeros,
+                trainable: true,
+                partitions: 1,
+                origin: None,
+            },
             &[],
             &format!("b{l}"),
         );

@@ -25,13 +25,20 @@
 //! Fans below 1 count as 1 (as in Keras), so an empty tensor never divides by zero. The
 //! front end gives non-float variables only `zeros`, `ones` and `constant`; a random
 //! initialiser on one would be drawn as f64 and converted with `as`.
+//!
+//! A variable with an `origin` (a shard of a partitioned variable, or a replica's copy) starts
+//! from the value that the source variable `origin.name` of the full shape `origin.shape`
+//! would get — drawn with that name's seed and that shape's fans — cut to rows
+//! `offset .. offset + rows` of axis 0. So a sharded or mirrored model starts bit-identical to
+//! the model it came from.
 
 use crate::tensor::Tensor;
-use crate::Variables;
-use dfc_ir::{Initializer, Module, Op, TensorType};
+use crate::{InterpError, Variables};
+use dfc_ir::{Initializer, Module, Op, TensorType, VariableOrigin};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, StandardNormal};
+use std::collections::HashMap;
 
 /// The 64-bit FNV-1a hash: a stable hash of a name (the same on every platform and release).
 pub fn fnv1a_64(bytes: &[u8]) -> u64 {
@@ -44,16 +51,75 @@ pub fn fnv1a_64(bytes: &[u8]) -> u64 {
 const TRUNCATED_STDDEV: f64 = 0.879_625_661_034_239_8;
 
 /// Fills every `Variable` node of the module's graph (parameters and optimizer slots alike)
-/// from its initialiser, deterministically from `seed` and the variable's name.
+/// from its initialiser, deterministically from `seed` and the variable's name (or its
+/// origin's: see the module documentation).
+///
+/// Panics on a variable whose origin does not contain it (a plan that `try_initialize`
+/// rejects).
 pub fn initialize(module: &Module, seed: u64) -> Variables {
+    try_initialize(module, seed).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// [`initialize`], with an error for a variable whose origin does not contain it (its rows
+/// fall outside the origin's shape, or the other axes differ), as a decoded plan may have.
+pub fn try_initialize(module: &Module, seed: u64) -> Result<Variables, InterpError> {
     let mut variables = Variables::default();
+    // Full values of the origins, each drawn once.
+    let mut origins: HashMap<&str, Tensor> = HashMap::new();
     for id in module.graph.node_ids() {
         let node = module.graph.node(id);
-        if let Op::Variable { ty, init, .. } = &node.op {
-            variables.insert(node.name.clone(), initial_value(ty, init, &node.name, seed));
-        }
+        let Op::Variable { ty, init, origin, .. } = &node.op else { continue };
+        let value = match origin.as_deref() {
+            None => initial_value(ty, init, &node.name, seed),
+            Some(origin) => {
+                let malformed = |message: String| InterpError::Malformed { node: node.name.clone(), message };
+                let rows = origin_rows(ty, origin).map_err(malformed)?;
+                let full = origins.entry(origin.name.as_str()).or_insert_with(|| {
+                    initial_value(&TensorType::new(ty.dtype, origin.shape.clone()), init, &origin.name, seed)
+                });
+                if full.dtype() != ty.dtype || full.shape != origin.shape {
+                    return Err(malformed(format!(
+                        "it is a part of `{}` as {}, but another part says {}",
+                        origin.name,
+                        TensorType::new(ty.dtype, origin.shape.clone()),
+                        full.ty()
+                    )));
+                }
+                match rows {
+                    None => full.clone(),
+                    Some(slice) => crate::eval(&slice, &[full]).map_err(|e| malformed(e.to_string()))?,
+                }
+            }
+        };
+        variables.insert(node.name.clone(), value);
     }
-    variables
+    Ok(variables)
+}
+
+/// The slice of its origin a variable of type `ty` holds: `None` for the whole of it, else
+/// the `slice` op that cuts it out.
+fn origin_rows(ty: &TensorType, origin: &VariableOrigin) -> Result<Option<Op>, String> {
+    let (dims, full) = (ty.shape.dims(), origin.shape.dims());
+    if dims == full && origin.offset == 0 {
+        return Ok(None);
+    }
+    let fits = !dims.is_empty()
+        && dims.len() == full.len()
+        && dims[1..] == full[1..]
+        && origin.offset.checked_add(dims[0]).is_some_and(|end| end <= full[0]);
+    if !fits {
+        return Err(format!(
+            "its origin `{}` of shape {} has no rows {}..{} of shape {}",
+            origin.name,
+            origin.shape,
+            origin.offset,
+            origin.offset.saturating_add(dims.first().copied().unwrap_or(0)),
+            ty.shape
+        ));
+    }
+    let mut begin = vec![0; dims.len()];
+    begin[0] = origin.offset;
+    Ok(Some(Op::Slice { begin, size: dims.to_vec() }))
 }
 
 /// The initial value of the variable `name` of type `ty`, as `initialize` computes it.

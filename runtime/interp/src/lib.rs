@@ -6,6 +6,11 @@
 //! - [`Program::new`] selects and checks the nodes that some fetches and targets need;
 //!   [`Program::run`] runs them on feeds and variables (see [`Program`] for the semantics of
 //!   a run: order, variables, atomicity).
+//! - The partitions of a plan run side by side, one thread each: [`schedule`] orders their
+//!   nodes so that they cannot deadlock, [`Program::with_order`] builds each one's program in
+//!   that order, and [`Program::run_with`] / [`Program::run_staged`] run it, exchanging
+//!   tensors (`Send`/`Recv`, `AllReduce`) through a [`Rendezvous`] shared by the step
+//!   ([`InProcessRendezvous`] for threads of one process).
 //! - [`eval`] computes one stateless op on tensors, for tests and constant folding.
 //!
 //! # Semantics of the ops
@@ -37,11 +42,13 @@ mod init;
 mod kernels;
 mod layout;
 mod program;
+mod rendezvous;
 mod scalar;
 mod tensor;
 
-pub use init::{fans, fnv1a_64, initial_value, initialize};
-pub use program::Program;
+pub use init::{fans, fnv1a_64, initial_value, initialize, try_initialize};
+pub use program::{schedule, Program, StagedRun};
+pub use rendezvous::{InProcessRendezvous, Rendezvous};
 pub use tensor::{Data, Element, Tensor};
 
 use dfc_ir::{Op, TensorType};
@@ -115,6 +122,21 @@ pub enum InterpError {
     Stateful { op: String },
     #[error("the program does not fit this module (node `{node}`); run it on the module it was built from")]
     ModuleMismatch { node: String },
+    /// A `Send`, `Recv` or `AllReduce` in a program run without a rendezvous (`Program::run`
+    /// instead of `Program::run_with`).
+    #[error("`{node}` exchanges tensors with other partitions; run the program with a rendezvous")]
+    NoRendezvous { node: String },
+    /// The step was given up because another partition failed (see that partition's error).
+    #[error("aborted: {reason}")]
+    Aborted { reason: String },
+    /// A wait for another partition that did not end: a plan whose partitions cannot meet.
+    #[error("waited {after:?} for `{key}` from another partition; the plan's partitions do not meet")]
+    RendezvousTimeout { key: String, after: std::time::Duration },
+    /// Partitions that use one key inconsistently (sent twice, reduced with different sizes).
+    #[error("rendezvous `{key}`: {message}")]
+    RendezvousConflict { key: String, message: String },
+    #[error("`{node}` received {found} under `{key}`, but its type is {expected}")]
+    RecvType { node: String, key: String, expected: TensorType, found: TensorType },
     /// A bug in the interpreter (or in `infer`): a kernel computed a type other than the node's.
     #[error("internal error: `{node}` computed {found}, but its type is {expected}")]
     WrongOutput { node: String, expected: TensorType, found: TensorType },
@@ -134,7 +156,7 @@ impl scalar::Fault {
 /// Computes one stateless op on `operands`, checking their types with `dfc_ir::infer` first
 /// and the result against the type it gives. Errors name the op.
 pub fn eval(op: &Op, operands: &[&Tensor]) -> Result<Tensor, InterpError> {
-    if matches!(op, Op::Input { .. } | Op::Variable { .. } | Op::Read | Op::Assign | Op::AssignAdd | Op::AssignSub) {
+    if op.is_stateful() || matches!(op, Op::Input { .. } | Op::Read) {
         return Err(InterpError::Stateful { op: op.name().to_string() });
     }
     let name = op.name();

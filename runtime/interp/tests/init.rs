@@ -10,7 +10,7 @@ fn ty(dtype: DType, dims: &[usize]) -> TensorType {
 fn module(variables: &[(&str, TensorType, Initializer)]) -> Module {
     let mut graph = Graph::new();
     for (name, ty, init) in variables {
-        let op = Op::Variable { ty: ty.clone(), init: init.clone(), trainable: true, partitions: 1 };
+        let op = Op::Variable { ty: ty.clone(), init: init.clone(), trainable: true, partitions: 1, origin: None };
         graph.add(op, &[], name, None).unwrap();
     }
     Module { graph, ..Module::default() }

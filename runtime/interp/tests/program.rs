@@ -8,7 +8,7 @@ use dfc_ir::{BinaryOp, ConstValue, DType, Graph, Initializer, Module, NodeId, Op
 use std::collections::HashMap;
 
 fn variable(dtype: DType, dims: &[usize], init: Initializer) -> Op {
-    Op::Variable { ty: TensorType::new(dtype, dims.to_vec()), init, trainable: true, partitions: 1 }
+    Op::Variable { ty: TensorType::new(dtype, dims.to_vec()), init, trainable: true, partitions: 1, origin: None }
 }
 
 fn constant(dims: &[usize], values: &[f64]) -> Op {

@@ -78,7 +78,15 @@ pub(crate) fn compute(op: &Op, operands: &[&Tensor]) -> Result<Tensor, Fault> {
     let x = || operands[0];
     let dims = |i: usize| operands[i].shape.dims();
     Ok(match op {
-        Op::Input { .. } | Op::Variable { .. } | Op::Read | Op::Assign | Op::AssignAdd | Op::AssignSub => {
+        Op::Input { .. }
+        | Op::Variable { .. }
+        | Op::Read
+        | Op::Assign
+        | Op::AssignAdd
+        | Op::AssignSub
+        | Op::Send { .. }
+        | Op::Recv { .. }
+        | Op::AllReduce { .. } => {
             unreachable!("`{}` is run by the program, not a kernel", op.name())
         }
         Op::Const { value } => Tensor::from_const(value),

@@ -1,0 +1,388 @@
+//! The compile pipeline, from source text to a plan for a cluster and a strategy: what
+//! `dfc compile`, `dfc ir`, `dfc graph` and the tests share.
+//!
+//! ```text
+//! sema → shard → autodiff → optimizer → simplify ─┬────────────────────────────┬→ place → partition → plan
+//!                                                 └ replicate (data parallel) ─┘
+//! ```
+//!
+//! Data parallelism recompiles the source for the per-replica batch (the batch dim divided by
+//! the number of replicas), so that every shape in a replica is its own, then `replicate`
+//! joins the copies. The batch dim is the dim that sizes every input's first axis.
+
+use dfc_diag::{Code, Diagnostic, Span};
+use dfc_ir::{Cluster, DeviceKind, DeviceSpec, Module};
+use dfc_passes::{CostModel, ReplicateOptions, Replication, ShardOptions, VariablePlacement};
+use dfc_plan::{Partition, Plan, StrategySpec};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Strategy {
+    /// No replication: annotated nodes where they ask, the rest on the default device.
+    Single,
+    /// Model parallelism: compute spread over the devices by the cost model.
+    Model,
+    /// One replica per device, variables mirrored, gradients all-reduced.
+    Mirrored,
+    /// Variables on the ps tasks, one replica per worker task.
+    ParameterServer { sync: bool },
+    /// Variables on the local CPU, one replica per local device.
+    CentralStorage,
+}
+
+impl Strategy {
+    pub const NAMES: [&'static str; 5] = ["single", "model", "mirrored", "ps", "central-storage"];
+
+    pub fn from_name(name: &str, sync: bool) -> Option<Strategy> {
+        Some(match name {
+            "single" => Strategy::Single,
+            "model" => Strategy::Model,
+            "mirrored" => Strategy::Mirrored,
+            "ps" => Strategy::ParameterServer { sync },
+            "central-storage" => Strategy::CentralStorage,
+            _ => return None,
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Strategy::Single => "single",
+            Strategy::Model => "model",
+            Strategy::Mirrored => "mirrored",
+            Strategy::ParameterServer { .. } => "ps",
+            Strategy::CentralStorage => "central-storage",
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct CompileOptions {
+    pub sema: dfc_sema::Options,
+    /// Which model of the file (needed when it defines several).
+    pub model: Option<String>,
+    pub cluster: Cluster,
+    pub strategy: Strategy,
+    pub placement: VariablePlacement,
+    /// `--partition-min-bytes`: shard large variables over the variable devices.
+    pub partition_min_bytes: Option<u64>,
+    /// Requests the cluster or strategy cannot satisfy become warnings.
+    pub soft_placement: bool,
+    pub cost_model: CostModel,
+}
+
+impl Default for CompileOptions {
+    fn default() -> CompileOptions {
+        CompileOptions {
+            sema: dfc_sema::Options::default(),
+            model: None,
+            cluster: Cluster::local(1, DeviceKind::Cpu),
+            strategy: Strategy::Single,
+            placement: VariablePlacement::RoundRobin,
+            partition_min_bytes: None,
+            soft_placement: false,
+            cost_model: CostModel::default(),
+        }
+    }
+}
+
+#[derive(Debug)]
+pub enum CompileError {
+    /// Problems in the source, located.
+    Diagnostics(Vec<Diagnostic>),
+    /// A problem with the options (cluster, strategy), in one line.
+    Usage(String),
+}
+
+/// A compiled model: the plan, the whole placed graph with its Send/Recv pairs (for pictures
+/// and `dfc ir --after partition`), and the warnings met on the way.
+pub struct Compiled {
+    pub plan: Plan,
+    pub combined: Module,
+    pub warnings: Vec<Diagnostic>,
+}
+
+/// The passes of `--after`, in pipeline order.
+pub const STAGES: &[&str] = &["sema", "shard", "autodiff", "optimizer", "simplify", "replicate", "place", "partition"];
+
+/// Analyses `source` and runs the passes before data parallelism; a module with no errors.
+pub fn front(source: &str, options: &CompileOptions) -> Result<(Module, Vec<Diagnostic>), CompileError> {
+    let (module, diagnostics) = dfc_sema::compile_source(source, options.model.as_deref(), &options.sema);
+    match module {
+        Some(module) if !diagnostics.iter().any(|d| d.is_error()) => Ok((module, diagnostics)),
+        _ => Err(CompileError::Diagnostics(diagnostics)),
+    }
+}
+
+/// The module after `stage` (one of `STAGES`): for `dfc ir` and `dfc graph`.
+pub fn module_after(
+    source: &str,
+    stage: &str,
+    options: &CompileOptions,
+) -> Result<(Module, Vec<Diagnostic>), CompileError> {
+    let position = STAGES.iter().position(|s| *s == stage).unwrap_or(STAGES.len() - 1);
+    if position <= STAGES.iter().position(|s| *s == "simplify").expect("listed") {
+        let (mut module, warnings) = front(source, options)?;
+        local_passes(&mut module, Some(stage), &shard_options(options));
+        return Ok((module, warnings));
+    }
+    let compiled = compile(source, "", options)?;
+    Ok((compiled.combined, compiled.warnings))
+}
+
+fn shard_options(options: &CompileOptions) -> ShardOptions {
+    let ps = options.cluster.job("ps").map_or(1, |j| j.tasks.len());
+    ShardOptions { min_shard_bytes: options.partition_min_bytes, max_shards: ps.max(1) as u32 }
+}
+
+/// shard → autodiff → optimizer → simplify, up to `last`; verified after each in debug builds.
+fn local_passes(module: &mut Module, last: Option<&str>, shard: &ShardOptions) {
+    if last == Some("sema") {
+        return;
+    }
+    dfc_passes::shard_variables(module, shard);
+    verify_after(module, "shard");
+    if last != Some("shard") {
+        dfc_passes::run_pipeline(module, last);
+    }
+}
+
+fn verify_after(module: &Module, pass: &str) {
+    if cfg!(debug_assertions) {
+        let problems = dfc_ir::verify(module, dfc_ir::VerifyOptions::default());
+        assert!(problems.is_empty(), "the IR is broken after `{pass}`: {problems:?}");
+    }
+}
+
+/// Compiles `source` into a plan for `options.cluster` under `options.strategy`.
+pub fn compile(source: &str, source_name: &str, options: &CompileOptions) -> Result<Compiled, CompileError> {
+    let (mut full, mut warnings) = front(source, options)?;
+    let shard = shard_options(options);
+    local_passes(&mut full, None, &shard);
+
+    let cluster = &options.cluster;
+    let devices: Vec<DeviceSpec> = cluster.devices().into_iter().cloned().collect();
+    let layout = Layout::new(cluster, options.strategy)?;
+
+    let module = match layout.replication {
+        None => full,
+        Some(replication) => {
+            if full.training.is_none() {
+                return Err(CompileError::Usage(format!(
+                    "the {} strategy replicates training, but model `{}` has no `minimize`",
+                    options.strategy.name(),
+                    full.name
+                )));
+            }
+            let per_replica = per_replica_module(source, &full, layout.replicas.len(), options, &shard)?;
+            let replicate = ReplicateOptions {
+                replication,
+                devices: &layout.replicas,
+                variable_device: layout.variable_home.as_ref(),
+                soft: options.soft_placement,
+            };
+            let (module, found) =
+                dfc_passes::replicate(&per_replica, &full, &replicate).map_err(CompileError::Diagnostics)?;
+            warnings.extend(found);
+            verify_after(&module, "replicate");
+            module
+        }
+    };
+
+    let index = |d: &DeviceSpec| devices.iter().position(|x| x == d).expect("layout devices are the cluster's");
+    let place = dfc_passes::PlaceOptions {
+        cluster,
+        variable_devices: layout.variable_devices.iter().map(index).collect(),
+        default_device: index(&layout.default_device),
+        policy: options.placement,
+        cost_model: (options.strategy == Strategy::Model).then_some(&options.cost_model),
+        soft: options.soft_placement,
+    };
+    let (placed, found) = dfc_passes::place(module, &place).map_err(CompileError::Diagnostics)?;
+    warnings.extend(found);
+    if cfg!(debug_assertions) {
+        let problems = dfc_ir::verify(&placed.module, dfc_ir::VerifyOptions { require_devices: true });
+        assert!(problems.is_empty(), "the IR is broken after `place`: {problems:?}");
+    }
+
+    let partitioned = dfc_passes::partition(placed, &devices);
+    let parts: Vec<(&DeviceSpec, &Module)> = partitioned.parts.iter().map(|(d, m)| (d, m)).collect();
+    let problems = dfc_ir::verify_partitions(&parts);
+    assert!(problems.is_empty(), "the partitions are broken: {problems:?}");
+    let report = dfc_passes::cost::estimate(&parts.iter().map(|(_, m)| *m).collect::<Vec<_>>(), &options.cost_model);
+
+    let strategy = StrategySpec {
+        name: options.strategy.name().into(),
+        replicas: layout.replicas.len().max(1) as u32,
+        sync: !matches!(options.strategy, Strategy::ParameterServer { sync: false }),
+        placement: options.placement.name().into(),
+    };
+    let partitions = partitioned.parts.into_iter().map(|(device, module)| Partition { device, module }).collect();
+    let mut plan = Plan::build(&partitioned.combined, partitions, cluster.clone(), strategy, source_name, source);
+    plan.report = Some(report);
+    Ok(Compiled { plan, combined: partitioned.combined, warnings })
+}
+
+/// Which devices a strategy uses for what.
+struct Layout {
+    replication: Option<Replication>,
+    /// One device per replica (empty without replication).
+    replicas: Vec<DeviceSpec>,
+    /// Where unrequested variables may go.
+    variable_devices: Vec<DeviceSpec>,
+    /// Central storage: where every variable goes.
+    variable_home: Option<DeviceSpec>,
+    default_device: DeviceSpec,
+}
+
+impl Layout {
+    fn new(cluster: &Cluster, strategy: Strategy) -> Result<Layout, CompileError> {
+        let all: Vec<DeviceSpec> = cluster.devices().into_iter().cloned().collect();
+        // Compute runs on the chief and the workers (or whatever jobs there are besides ps).
+        let compute_jobs: Vec<&dfc_ir::Job> = cluster.jobs.iter().filter(|j| j.name != "ps").collect();
+        let ps: Vec<DeviceSpec> = cluster
+            .job("ps")
+            .map(|j| j.tasks.iter().flat_map(|t| t.devices.iter().cloned()).collect())
+            .unwrap_or_default();
+        let prefer_gpus = |devices: Vec<DeviceSpec>| -> Vec<DeviceSpec> {
+            let gpus: Vec<DeviceSpec> = devices.iter().filter(|d| d.kind == Some(DeviceKind::Gpu)).cloned().collect();
+            if gpus.is_empty() {
+                devices
+            } else {
+                gpus
+            }
+        };
+        let default_device = compute_jobs
+            .first()
+            .and_then(|j| j.tasks.first())
+            .map(|t| prefer_gpus(t.devices.clone())[0].clone())
+            .unwrap_or_else(|| all[0].clone());
+        let layout = |replication, replicas, variable_devices, variable_home| Layout {
+            replication,
+            replicas,
+            variable_devices,
+            variable_home,
+            default_device: default_device.clone(),
+        };
+        Ok(match strategy {
+            Strategy::Single => {
+                let vars = if ps.is_empty() { vec![default_device.clone()] } else { ps };
+                layout(None, Vec::new(), vars, None)
+            }
+            Strategy::Model => layout(None, Vec::new(), all.clone(), None),
+            Strategy::Mirrored => {
+                let devices: Vec<DeviceSpec> =
+                    compute_jobs.iter().flat_map(|j| &j.tasks).flat_map(|t| t.devices.iter().cloned()).collect();
+                layout(Some(Replication::Mirrored), prefer_gpus(devices), Vec::new(), None)
+            }
+            Strategy::ParameterServer { sync } => {
+                if ps.is_empty() {
+                    return Err(CompileError::Usage(
+                        "the ps strategy needs a cluster with a `ps` job: give --cluster FILE with \"ps\" and \"worker\" jobs"
+                            .into(),
+                    ));
+                }
+                let workers: Vec<DeviceSpec> = compute_jobs
+                    .iter()
+                    .flat_map(|j| &j.tasks)
+                    .map(|t| prefer_gpus(t.devices.clone())[0].clone())
+                    .collect();
+                if workers.is_empty() {
+                    return Err(CompileError::Usage(
+                        "the ps strategy needs worker tasks besides the ps tasks: add a \"worker\" job to the cluster"
+                            .into(),
+                    ));
+                }
+                layout(Some(Replication::Shared { sync }), workers, ps, None)
+            }
+            Strategy::CentralStorage => {
+                let task = compute_jobs
+                    .first()
+                    .and_then(|j| j.tasks.first())
+                    .ok_or_else(|| CompileError::Usage("central storage needs a task besides the ps tasks".into()))?;
+                let home =
+                    task.devices.iter().find(|d| d.kind == Some(DeviceKind::Cpu)).unwrap_or(&task.devices[0]).clone();
+                layout(
+                    Some(Replication::Shared { sync: true }),
+                    prefer_gpus(task.devices.clone()),
+                    vec![home.clone()],
+                    Some(home),
+                )
+            }
+        })
+    }
+}
+
+/// The training module for one replica's share of the batch: the source recompiled with the
+/// batch dim divided by `replicas`.
+fn per_replica_module(
+    source: &str,
+    full: &Module,
+    replicas: usize,
+    options: &CompileOptions,
+    shard: &ShardOptions,
+) -> Result<Module, CompileError> {
+    let graph = &full.graph;
+    let leading: Vec<(String, Option<usize>, Span)> = full
+        .inputs
+        .iter()
+        .map(|&i| {
+            let node = graph.node(i);
+            (node.name.clone(), node.outputs[0].shape.dims().first().copied(), graph.span(i).unwrap_or(Span::new(0, 0)))
+        })
+        .collect();
+    let Some((first_name, Some(batch), first_span)) = leading.first().cloned() else {
+        return Err(CompileError::Usage(format!(
+            "data parallelism splits the inputs along their first axis, but model `{}` has {}",
+            full.name,
+            if leading.is_empty() { "no inputs".to_string() } else { format!("a scalar input `{}`", leading[0].0) }
+        )));
+    };
+    if let Some((name, dims, span)) = leading.iter().find(|(_, d, _)| *d != Some(batch)) {
+        return Err(CompileError::Diagnostics(vec![Diagnostic::error(
+            Code::BATCH_SPLIT,
+            *span,
+            format!(
+                "data parallelism splits every input along its first axis, but `{name}` has {} where `{first_name}` has {batch}",
+                dims.map_or("no axis".to_string(), |d| format!("{d} rows"))
+            ),
+        )
+        .with_secondary(first_span, format!("{batch} rows here"))
+        .with_help("give every input the batch as its first dimension, or use --strategy single or model")]));
+    }
+    if batch % replicas != 0 {
+        return Err(CompileError::Diagnostics(vec![Diagnostic::error(
+            Code::BATCH_SPLIT,
+            first_span,
+            format!("the batch of {batch} examples does not split evenly over {replicas} replicas"),
+        )
+        .with_label(format!("{batch} rows"))
+        .with_help(format!(
+            "compile with a batch that is a multiple of {replicas}, e.g. --dim {}={}",
+            full.dims.iter().find(|(_, v)| *v == batch).map_or("batch", |(n, _)| n.as_str()),
+            batch.div_ceil(replicas) * replicas
+        ))]));
+    }
+    let share = batch / replicas;
+    // The batch dim: a dim of that value whose change resizes every input.
+    for (dim, value) in &full.dims {
+        if *value != batch {
+            continue;
+        }
+        let mut sema = options.sema.clone();
+        sema.dims.retain(|(n, _)| n != dim);
+        sema.dims.push((dim.clone(), share as i64));
+        let per = CompileOptions { sema, ..options.clone() };
+        let Ok((mut module, _)) = front(source, &per) else { continue };
+        let resized =
+            module.inputs.iter().all(|&i| module.graph.node(i).outputs[0].shape.dims().first() == Some(&share));
+        if resized {
+            local_passes(&mut module, None, shard);
+            return Ok(module);
+        }
+    }
+    Err(CompileError::Diagnostics(vec![Diagnostic::error(
+        Code::BATCH_SPLIT,
+        first_span,
+        format!("data parallelism needs a `dim` that sizes the first axis of every input; none of the model's dims is {batch} for all of them"),
+    )
+    .with_help("declare the batch as a dim (`dim batch = 128`) and use it as every input's first dimension")]))
+}

@@ -1,0 +1,770 @@
+//! The cost model: FLOPs and bytes of every op, device compute rates and link bandwidths, and a
+//! simulation of one step of a partitioned graph that predicts its time, per-device load and
+//! critical path. Placement (`model` strategy) and `dfc compile --report` both use it.
+//!
+//! The simulation (`estimate`) is a list schedule, the way a dataflow executor runs a graph:
+//!
+//! - Every device runs its partition's compute nodes one at a time. A node is ready when all its
+//!   inputs, data and control, are done; when the device is free it starts the ready node that
+//!   comes first in the partition's topological order (`Graph::topo_order`). A node takes
+//!   `node_flops / flops_per_second`.
+//! - Communication does not occupy a device (it is the transport's work, as TensorFlow's Send,
+//!   Recv and collectives are asynchronous kernels): a `Send` is done as soon as its operand is;
+//!   its `Recv` (same key) is done `transfer_seconds` later. An `AllReduce` is done on every
+//!   member when the last member's operand is ready plus the time of a ring all-reduce,
+//!   `2(n−1)/n · bytes / bandwidth`, plus `2(n−1)` latencies when the members span tasks (its
+//!   additions overlap the transfers; it takes at least their compute time).
+//! - The critical path is found by walking back from the node that finishes last through
+//!   whatever decided each node's start: the input that arrived last or, where the node waited
+//!   for its device, the node the device ran before it.
+//!
+//! Nothing here panics on a malformed plan: a `Recv` without its `Send` counts as arriving at
+//! the start, an all-reduce with missing members reduces over those present, and nodes behind a
+//! cycle are never started (they count in the load, not in the times).
+
+use dfc_ir::{BinaryOp, DeviceSpec, Graph, Module, NodeId, Op, TensorType, UnaryOp};
+use serde::{Deserialize, Serialize};
+use std::cmp::{Ordering, Reverse};
+use std::collections::{BinaryHeap, HashMap};
+use std::fmt;
+
+/// The rates the model assumes; every one can be overridden on the command line.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CostModel {
+    /// Floating-point operations per second of one device.
+    pub flops_per_second: f64,
+    /// Bandwidth between two devices of one task (same process), bytes per second.
+    pub local_bytes_per_second: f64,
+    /// Bandwidth between tasks (the network), bytes per second.
+    pub remote_bytes_per_second: f64,
+    /// Fixed cost of one transfer between tasks, in seconds.
+    pub remote_latency_seconds: f64,
+}
+
+/// Rates of a commodity CPU cluster, the machines dfc's runtime targets:
+///
+/// - 50 GFLOP/s per device: a few cores with AVX2 FMA peak at 30–100 GFLOP/s each in f32;
+///   real kernels (matmul well, elementwise ops far less) reach a fraction of that, so a
+///   device (one task's CPU thread pool) sustains tens of GFLOP/s.
+/// - 10 GB/s within a task: a copy between devices of one process is a large `memcpy`, bound
+///   by memory bandwidth (reading and writing); one thread copies at about 10 GB/s.
+/// - 1.25 GB/s between tasks: 10 Gigabit Ethernet, the usual link between servers.
+/// - 50 µs per transfer between tasks: one gRPC message over a data-centre network (kernel,
+///   serialisation and switch latency), the order TensorFlow's distributed runtime sees.
+impl Default for CostModel {
+    fn default() -> CostModel {
+        CostModel {
+            flops_per_second: 50e9,
+            local_bytes_per_second: 10e9,
+            remote_bytes_per_second: 1.25e9,
+            remote_latency_seconds: 50e-6,
+        }
+    }
+}
+
+/// The cost model's view of one training step (see `docs/architecture.md`, "cost model").
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct CostReport {
+    pub devices: Vec<DeviceCost>,
+    /// Predicted time of one step, in seconds.
+    pub step_seconds: f64,
+    /// The chain of nodes that decides the step time, first to last, as `device: node`; a run
+    /// of nodes on one device is one entry, `device: first … last (N ops)`.
+    pub critical_path: Vec<String>,
+    /// The rates the prediction assumed.
+    pub model: Option<CostModel>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct DeviceCost {
+    pub device: String,
+    pub variable_bytes: u64,
+    /// Floating-point operations of one step, all-reduce additions included.
+    pub flops: f64,
+    /// Bytes this device's Sends hand over, plus its share of all-reduce traffic.
+    pub bytes_sent: u64,
+    /// Bytes its Recvs take in, plus its share of all-reduce traffic.
+    pub bytes_received: u64,
+    /// Busy time on this device in one step, in seconds (compute only: the nodes that occupy
+    /// the device, i.e. all but Send, Recv and AllReduce).
+    pub compute_seconds: f64,
+    /// When this device finishes its part of the step, in seconds from the step's start.
+    pub finish_seconds: f64,
+}
+
+/// FLOPs of a transcendental function (exp, log, sqrt, rsqrt, sigmoid, tanh, pow) per element:
+/// a few multiply-adds of a polynomial approximation.
+const TRANSCENDENTAL_FLOPS: f64 = 4.0;
+
+/// FLOPs per element of softmax, log-softmax and the cross entropies: max, subtract, exp,
+/// sum and divide (or log).
+const SOFTMAX_FLOPS: f64 = 5.0;
+
+/// The floating-point operations node `id` performs in one step, from its op and its operand
+/// and output types. Ops that only move data (reshape, gather, concat, ...) cost 0: their time
+/// is negligible beside arithmetic in this model.
+pub fn node_flops(graph: &Graph, id: NodeId) -> f64 {
+    let node = graph.node(id);
+    let inputs = graph.inputs(id);
+    let operand = |i: usize| -> Option<&TensorType> {
+        let tensor = inputs.get(i)?;
+        graph.node(tensor.node).outputs.get(tensor.port as usize)
+    };
+    let operand_elements = |i: usize| operand(i).map_or(0.0, elements);
+    let output_elements = node.outputs.first().map_or(0.0, elements);
+    // Kh · Kw · Cin of an HWIO filter: the multiply-adds per output element of a convolution.
+    let taps = |dims: &[usize]| -> f64 {
+        if dims.len() == 4 {
+            dims[..3].iter().map(|&d| d as f64).product()
+        } else {
+            0.0
+        }
+    };
+    let window_size = |window: &[usize; 2]| window[0] as f64 * window[1] as f64;
+    match &node.op {
+        // Sources, state and plain copies.
+        Op::Input { .. }
+        | Op::Const { .. }
+        | Op::Variable { .. }
+        | Op::Read
+        | Op::Assign
+        | Op::Identity
+        | Op::StopGradient => 0.0,
+        Op::AssignAdd | Op::AssignSub => output_elements,
+        Op::Unary(unary) => {
+            let per_element = match unary {
+                UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Relu => 1.0,
+                UnaryOp::Exp | UnaryOp::Log | UnaryOp::Sqrt | UnaryOp::Rsqrt | UnaryOp::Sigmoid | UnaryOp::Tanh => {
+                    TRANSCENDENTAL_FLOPS
+                }
+            };
+            per_element * output_elements
+        }
+        Op::Binary(binary) => {
+            let per_element = match binary {
+                BinaryOp::Add
+                | BinaryOp::Sub
+                | BinaryOp::Mul
+                | BinaryOp::Div
+                | BinaryOp::Maximum
+                | BinaryOp::Minimum => 1.0,
+                // exp(y · log x).
+                BinaryOp::Pow => TRANSCENDENTAL_FLOPS,
+            };
+            per_element * output_elements
+        }
+        Op::Compare(_) | Op::Select | Op::Cast { .. } => output_elements,
+        Op::MatMul { transpose_a, .. } => {
+            // The output holds batch · M · N elements, each a dot product of length K.
+            let k = operand(0)
+                .and_then(|a| {
+                    let dims = a.shape.dims();
+                    let axis = if *transpose_a { dims.len().checked_sub(2) } else { dims.len().checked_sub(1) };
+                    axis.map(|axis| dims[axis] as f64)
+                })
+                .unwrap_or(0.0);
+            2.0 * output_elements * k
+        }
+        // Data movement only.
+        Op::Reshape { .. }
+        | Op::Transpose { .. }
+        | Op::Concat { .. }
+        | Op::Slice { .. }
+        | Op::OneHot { .. }
+        | Op::Gather
+        | Op::BroadcastTo { .. }
+        | Op::Pad { .. } => 0.0,
+        Op::Reduce { .. } | Op::ArgMax { .. } => operand_elements(0),
+        Op::Softmax { .. } | Op::LogSoftmax { .. } | Op::SoftmaxCrossEntropy | Op::SigmoidCrossEntropy => {
+            SOFTMAX_FLOPS * operand_elements(0)
+        }
+        // 2 · N·Ho·Wo·Cout · Kh·Kw·Cin, and the same for both gradients.
+        Op::Conv2d { .. } => 2.0 * output_elements * operand(1).map_or(0.0, |f| taps(f.shape.dims())),
+        Op::Conv2dBackpropInput { .. } => 2.0 * operand_elements(1) * operand(0).map_or(0.0, |f| taps(f.shape.dims())),
+        Op::Conv2dBackpropFilter { filter_shape, .. } => 2.0 * operand_elements(1) * taps(filter_shape.dims()),
+        Op::MaxPool { window, .. } | Op::AvgPool { window, .. } => window_size(window) * output_elements,
+        // Per pooled element, its window: (input, grad_out) and (grad_out).
+        Op::MaxPoolGrad { window, .. } => window_size(window) * operand_elements(1),
+        Op::AvgPoolGrad { window, .. } => window_size(window) * operand_elements(0),
+        // One addition per update element.
+        Op::ScatterAdd { .. } => operand_elements(1),
+        Op::Send { .. } | Op::Recv { .. } => 0.0,
+        // The additions of the reduction.
+        Op::AllReduce { .. } => operand_elements(0),
+    }
+}
+
+fn elements(ty: &TensorType) -> f64 {
+    ty.shape.dims().iter().map(|&d| d as f64).product()
+}
+
+/// Bytes of a tensor's buffer, saturating at `u64::MAX` for absurd shapes.
+pub fn tensor_bytes(ty: &TensorType) -> u64 {
+    ty.shape.dims().iter().fold(ty.dtype.size_in_bytes() as u64, |acc, &d| acc.saturating_mul(d as u64))
+}
+
+/// Whether two devices are in the same task (job and task equal): they share a process.
+fn same_task(a: &DeviceSpec, b: &DeviceSpec) -> bool {
+    a.job == b.job && a.task == b.task
+}
+
+/// Time to move `bytes` from device `from` to device `to`: nothing on one device, the local
+/// bandwidth within a task, the remote bandwidth plus the latency between tasks.
+pub fn transfer_seconds(bytes: u64, from: &DeviceSpec, to: &DeviceSpec, model: &CostModel) -> f64 {
+    if from == to {
+        0.0
+    } else if same_task(from, to) {
+        seconds(bytes as f64, model.local_bytes_per_second)
+    } else {
+        seconds(bytes as f64, model.remote_bytes_per_second) + model.remote_latency_seconds.max(0.0)
+    }
+}
+
+/// `amount / rate`, without NaN: nothing takes no time, and a rate that is not positive takes
+/// forever.
+fn seconds(amount: f64, rate: f64) -> f64 {
+    if amount.is_nan() || amount <= 0.0 {
+        0.0
+    } else if rate > 0.0 {
+        amount / rate
+    } else {
+        f64::INFINITY
+    }
+}
+
+/// `2(n−1)/n · bytes`: what each member of a ring all-reduce of `n` sends (and receives).
+fn ring_bytes(bytes: u64, n: u32) -> u64 {
+    if n <= 1 {
+        return 0;
+    }
+    let n = n as u128;
+    u64::try_from(2 * (n - 1) * bytes as u128 / n).unwrap_or(u64::MAX)
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    /// Occupies its device while it runs.
+    Compute,
+    Send,
+    Recv,
+    AllReduce,
+}
+
+/// One node of the simulation.
+struct SimNode {
+    partition: u32,
+    id: NodeId,
+    /// Position in its partition's topological order: the device runs the first ready one.
+    priority: u32,
+    kind: Kind,
+    /// Compute time; for an all-reduce, the time of its additions.
+    seconds: f64,
+}
+
+struct Group {
+    members: Vec<u32>,
+    /// The largest `group_size` its members claim.
+    size: u32,
+    bytes: u64,
+    ready: usize,
+    latest: f64,
+    latest_member: u32,
+}
+
+/// A time in the event queue, ordered totally (times are never NaN here).
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Time(f64);
+
+impl Eq for Time {}
+
+impl PartialOrd for Time {
+    fn partial_cmp(&self, other: &Time) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Time {
+    fn cmp(&self, other: &Time) -> Ordering {
+        self.0.total_cmp(&other.0)
+    }
+}
+
+/// Event classes at one instant: every finish (and what it makes ready) first, then devices
+/// pick their next node, so that a device chooses among everything ready at that instant.
+const FINISH: u8 = 0;
+const DISPATCH: u8 = 1;
+
+const NONE: u32 = u32::MAX;
+
+/// Simulates one step of `partitions` (one module per device, joined by Send/Recv pairs and
+/// all-reduces) under `model`: per-device load and finish time, the step time and the critical
+/// path. Linear in the graph size apart from the event queue's logarithm.
+pub fn estimate(partitions: &[&Module], model: &CostModel) -> CostReport {
+    let unknown = DeviceSpec::default();
+    let specs: Vec<Option<&DeviceSpec>> =
+        partitions.iter().map(|m| m.graph.node_ids().find_map(|id| m.graph.node(id).device.as_ref())).collect();
+    let spec = |p: u32| specs[p as usize].unwrap_or(&unknown);
+    let names: Vec<String> = specs
+        .iter()
+        .enumerate()
+        .map(|(i, s)| match s {
+            Some(s) => s.to_string(),
+            None => format!("partition {i}"),
+        })
+        .collect();
+
+    // Number the nodes of all partitions, each partition in topological order.
+    let mut nodes: Vec<SimNode> = Vec::new();
+    let mut global: Vec<Vec<u32>> = Vec::with_capacity(partitions.len());
+    let mut devices: Vec<DeviceCost> =
+        names.iter().map(|name| DeviceCost { device: name.clone(), ..DeviceCost::default() }).collect();
+    for (p, module) in partitions.iter().enumerate() {
+        let graph = &module.graph;
+        // A cyclic partition (never in a verified plan) keeps creation order; the nodes on the
+        // cycle never become ready.
+        let order = graph.topo_order().unwrap_or_else(|_| graph.node_ids().collect());
+        let slots = graph.node_ids().map(|id| id.index() + 1).max().unwrap_or(0);
+        let mut map = vec![NONE; slots];
+        let device = &mut devices[p];
+        for (priority, &id) in order.iter().enumerate() {
+            let node = graph.node(id);
+            let flops = node_flops(graph, id);
+            device.flops += flops;
+            let kind = match &node.op {
+                Op::Send { .. } => {
+                    let bytes = graph.inputs(id).first().map_or(0, |t| tensor_bytes(graph.ty(*t)));
+                    device.bytes_sent = device.bytes_sent.saturating_add(bytes);
+                    Kind::Send
+                }
+                Op::Recv { ty, .. } => {
+                    device.bytes_received = device.bytes_received.saturating_add(tensor_bytes(ty));
+                    Kind::Recv
+                }
+                Op::AllReduce { group_size, .. } => {
+                    let bytes = ring_bytes(node.outputs.first().map_or(0, tensor_bytes), *group_size);
+                    device.bytes_sent = device.bytes_sent.saturating_add(bytes);
+                    device.bytes_received = device.bytes_received.saturating_add(bytes);
+                    Kind::AllReduce
+                }
+                Op::Variable { ty, .. } => {
+                    device.variable_bytes = device.variable_bytes.saturating_add(tensor_bytes(ty));
+                    Kind::Compute
+                }
+                _ => Kind::Compute,
+            };
+            let seconds = seconds(flops, model.flops_per_second);
+            if kind == Kind::Compute {
+                device.compute_seconds += seconds;
+            }
+            map[id.index()] = nodes.len() as u32;
+            nodes.push(SimNode { partition: p as u32, id, priority: priority as u32, kind, seconds });
+        }
+        global.push(map);
+    }
+    let n = nodes.len();
+
+    // Dependencies: data and control edges within partitions, each predecessor once.
+    let mut successors: Vec<Vec<u32>> = vec![Vec::new(); n];
+    let mut pending = vec![0u32; n];
+    let mut before: Vec<NodeId> = Vec::new();
+    for (g, node) in nodes.iter().enumerate() {
+        let graph = &partitions[node.partition as usize].graph;
+        before.clear();
+        before.extend(graph.data_edges_into(node.id).into_iter().map(|(_, t)| t.node));
+        before.extend(graph.control_inputs(node.id));
+        before.sort_unstable();
+        before.dedup();
+        for pred in &before {
+            let pg = global[node.partition as usize].get(pred.index()).copied().unwrap_or(NONE);
+            if pg != NONE {
+                successors[pg as usize].push(g as u32);
+                pending[g] += 1;
+            }
+        }
+    }
+
+    // Each Recv waits for its Send (same key; the one between the same two devices if several
+    // share a key). Sends are indexed by key once.
+    let op_of = |node: &SimNode| &partitions[node.partition as usize].graph.node(node.id).op;
+    let mut sends: HashMap<&str, Vec<u32>> = HashMap::new();
+    let mut groups: Vec<Group> = Vec::new();
+    let mut group_index: HashMap<&str, usize> = HashMap::new();
+    let mut group_of = vec![NONE; n];
+    for (g, node) in nodes.iter().enumerate() {
+        match op_of(node) {
+            Op::Send { key, .. } => sends.entry(key.as_str()).or_default().push(g as u32),
+            Op::AllReduce { key, group_size, .. } => {
+                let graph = &partitions[node.partition as usize].graph;
+                let bytes = graph.node(node.id).outputs.first().map_or(0, tensor_bytes);
+                let index = *group_index.entry(key.as_str()).or_insert_with(|| {
+                    groups.push(Group {
+                        members: Vec::new(),
+                        size: 0,
+                        bytes: 0,
+                        ready: 0,
+                        latest: f64::NEG_INFINITY,
+                        latest_member: NONE,
+                    });
+                    groups.len() - 1
+                });
+                let group = &mut groups[index];
+                group.members.push(g as u32);
+                group.size = group.size.max(*group_size);
+                group.bytes = group.bytes.max(bytes);
+                group_of[g] = index as u32;
+            }
+            _ => {}
+        }
+    }
+    let mut transfer = vec![0.0f64; n];
+    let mut recv_source = vec![NONE; n];
+    for (g, node) in nodes.iter().enumerate() {
+        let Op::Recv { key, from, ty } = op_of(node) else { continue };
+        let Some(candidates) = sends.get(key.as_str()) else { continue };
+        let receiver = specs[node.partition as usize];
+        let to_of = |s: u32| match op_of(&nodes[s as usize]) {
+            Op::Send { to, .. } => Some(to),
+            _ => None,
+        };
+        let between = |s: &&u32| {
+            let sender = specs[nodes[**s as usize].partition as usize];
+            receiver.is_none_or(|d| Some(d) == to_of(**s)) && sender.is_none_or(|d| d == from)
+        };
+        let Some(&s) = candidates.iter().find(between).or(candidates.first()) else { continue };
+        // The partitions' devices, or where those are unknown, what the pair says.
+        let there = specs[nodes[s as usize].partition as usize].unwrap_or(from);
+        let here = receiver.or(to_of(s)).unwrap_or(&unknown);
+        transfer[g] = transfer_seconds(tensor_bytes(ty), there, here, model);
+        recv_source[g] = s;
+        successors[s as usize].push(g as u32);
+        pending[g] += 1;
+    }
+
+    // The ring all-reduce time of each group, from its members' devices.
+    let ring_seconds: Vec<f64> = groups
+        .iter()
+        .map(|group| {
+            let Some(&first) = group.members.first() else { return 0.0 };
+            let first = spec(nodes[first as usize].partition);
+            let remote = group.members.iter().any(|&m| !same_task(spec(nodes[m as usize].partition), first));
+            if group.size <= 1 {
+                return 0.0;
+            }
+            let bytes = ring_bytes(group.bytes, group.size);
+            let steps = 2.0 * (group.size - 1) as f64;
+            if remote {
+                seconds(bytes as f64, model.remote_bytes_per_second) + steps * model.remote_latency_seconds.max(0.0)
+            } else {
+                seconds(bytes as f64, model.local_bytes_per_second)
+            }
+        })
+        .collect();
+
+    let mut sim = Simulation {
+        nodes: &nodes,
+        ready: vec![f64::NEG_INFINITY; n],
+        cause: vec![NONE; n],
+        finish: vec![f64::NAN; n],
+        finish_order: vec![0; n],
+        finished: 0,
+        events: BinaryHeap::new(),
+        seq: 0,
+        queues: (0..partitions.len()).map(|_| BinaryHeap::new()).collect(),
+        running: vec![false; partitions.len()],
+        dispatch_pending: vec![false; partitions.len()],
+        last_run: vec![NONE; partitions.len()],
+        groups,
+        group_of,
+        ring_seconds,
+    };
+    for (g, &waiting) in pending.iter().enumerate() {
+        if waiting == 0 {
+            sim.ready[g] = 0.0;
+            sim.make_ready(g as u32, 0.0);
+        }
+    }
+    while let Some(Reverse((Time(now), class, _, what))) = sim.events.pop() {
+        if class == DISPATCH {
+            sim.dispatch(what, now);
+            continue;
+        }
+        let g = what as usize;
+        sim.finish[g] = now;
+        sim.finished += 1;
+        sim.finish_order[g] = sim.finished;
+        let node = &nodes[g];
+        if node.kind == Kind::Compute {
+            let p = node.partition as usize;
+            sim.running[p] = false;
+            sim.last_run[p] = what;
+            sim.request_dispatch(node.partition, now);
+        }
+        for &s in &successors[g] {
+            let arrival = if recv_source[s as usize] == what { now + transfer[s as usize] } else { now };
+            if arrival >= sim.ready[s as usize] {
+                sim.ready[s as usize] = arrival;
+                sim.cause[s as usize] = what;
+            }
+            pending[s as usize] -= 1;
+            if pending[s as usize] == 0 {
+                sim.make_ready(s, sim.ready[s as usize]);
+            }
+        }
+    }
+
+    // Per-device finish, the step time, and the critical path back from the last node.
+    let mut last: Option<u32> = None;
+    for (g, node) in nodes.iter().enumerate() {
+        let finish = sim.finish[g];
+        if finish.is_nan() {
+            continue;
+        }
+        let device = &mut devices[node.partition as usize];
+        device.finish_seconds = device.finish_seconds.max(finish);
+        let later = match last {
+            None => true,
+            Some(l) => (finish, sim.finish_order[g]) > (sim.finish[l as usize], sim.finish_order[l as usize]),
+        };
+        if later {
+            last = Some(g as u32);
+        }
+    }
+    let step_seconds = devices.iter().map(|d| d.finish_seconds).fold(0.0, f64::max);
+    let mut path = Vec::new();
+    let mut at = last.unwrap_or(NONE);
+    while at != NONE && path.len() <= n {
+        path.push(at);
+        at = sim.cause[at as usize];
+    }
+    path.reverse();
+    let name = |g: u32| {
+        let node = &nodes[g as usize];
+        partitions[node.partition as usize].graph.node(node.id).name.as_str()
+    };
+    let mut critical_path = Vec::new();
+    for run in path.chunk_by(|a, b| nodes[*a as usize].partition == nodes[*b as usize].partition) {
+        let device = &names[nodes[run[0] as usize].partition as usize];
+        critical_path.push(match run {
+            [one] => format!("{device}: {}", name(*one)),
+            [first, .., last] => format!("{device}: {} … {} ({} ops)", name(*first), name(*last), run.len()),
+            [] => unreachable!("chunks are never empty"),
+        });
+    }
+
+    CostReport { devices, step_seconds, critical_path, model: Some(model.clone()) }
+}
+
+/// The state of `estimate`'s event-driven simulation.
+struct Simulation<'a> {
+    nodes: &'a [SimNode],
+    /// When each node's last input arrived.
+    ready: Vec<f64>,
+    /// What decided each node's start: its last input, or the node its device ran before it.
+    cause: Vec<u32>,
+    /// NaN until the node is done.
+    finish: Vec<f64>,
+    /// The order nodes finished in, to break ties between equal times.
+    finish_order: Vec<u64>,
+    finished: u64,
+    events: BinaryHeap<Reverse<(Time, u8, u64, u32)>>,
+    seq: u64,
+    /// Per device, the ready compute nodes by topological position.
+    queues: Vec<BinaryHeap<Reverse<(u32, u32)>>>,
+    running: Vec<bool>,
+    dispatch_pending: Vec<bool>,
+    last_run: Vec<u32>,
+    groups: Vec<Group>,
+    group_of: Vec<u32>,
+    ring_seconds: Vec<f64>,
+}
+
+impl Simulation<'_> {
+    fn push(&mut self, time: f64, class: u8, what: u32) {
+        self.seq += 1;
+        self.events.push(Reverse((Time(time), class, self.seq, what)));
+    }
+
+    fn request_dispatch(&mut self, partition: u32, now: f64) {
+        let p = partition as usize;
+        if !self.running[p] && !self.dispatch_pending[p] && !self.queues[p].is_empty() {
+            self.dispatch_pending[p] = true;
+            self.push(now, DISPATCH, partition);
+        }
+    }
+
+    /// Node `g`'s inputs are all done; the last arrived at `ready` (which is no earlier than
+    /// the event being processed).
+    fn make_ready(&mut self, g: u32, ready: f64) {
+        let node = &self.nodes[g as usize];
+        match node.kind {
+            Kind::Compute => {
+                self.queues[node.partition as usize].push(Reverse((node.priority, g)));
+                self.request_dispatch(node.partition, ready);
+            }
+            Kind::Send | Kind::Recv => self.push(ready, FINISH, g),
+            Kind::AllReduce => {
+                let index = self.group_of[g as usize] as usize;
+                let group = &mut self.groups[index];
+                group.ready += 1;
+                if ready >= group.latest {
+                    group.latest = ready;
+                    group.latest_member = g;
+                }
+                if group.ready < group.members.len() {
+                    return;
+                }
+                let (latest, latest_member) = (group.latest, group.latest_member);
+                let members = std::mem::take(&mut group.members);
+                let additions = members.iter().map(|&m| self.nodes[m as usize].seconds).fold(0.0, f64::max);
+                let done = latest + self.ring_seconds[index].max(additions);
+                for &m in &members {
+                    if m != latest_member {
+                        self.cause[m as usize] = latest_member;
+                    }
+                }
+                for &m in &members {
+                    self.push(done, FINISH, m);
+                }
+            }
+        }
+    }
+
+    /// Device `partition` is free at `now`: it starts its first ready node.
+    fn dispatch(&mut self, partition: u32, now: f64) {
+        let p = partition as usize;
+        self.dispatch_pending[p] = false;
+        if self.running[p] {
+            return;
+        }
+        let Some(Reverse((_, g))) = self.queues[p].pop() else { return };
+        // It waited for the device: what the device ran before decided its start.
+        if self.ready[g as usize] < now && self.last_run[p] != NONE {
+            self.cause[g as usize] = self.last_run[p];
+        }
+        self.running[p] = true;
+        self.push(now + self.nodes[g as usize].seconds, FINISH, g);
+    }
+}
+
+/// `512 B`, `1.5 KiB`, `3.0 MiB`: exact below a KiB, one decimal above.
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 6] = ["KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    if n < 1024 {
+        return format!("{n} B");
+    }
+    let mut value = n as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.1} {}", UNITS[unit])
+}
+
+/// `12.345 ms`, `50 µs`, `1.5 s`, `0.96 ns`: three decimals at most, trailing zeros dropped.
+fn human_seconds(s: f64) -> String {
+    if !s.is_finite() {
+        return "unbounded".into();
+    }
+    if s == 0.0 {
+        "0 s".into()
+    } else if s < 1e-6 {
+        format!("{} ns", compact(s * 1e9))
+    } else if s < 1e-3 {
+        format!("{} µs", compact(s * 1e6))
+    } else if s < 1.0 {
+        format!("{} ms", compact(s * 1e3))
+    } else {
+        format!("{} s", compact(s))
+    }
+}
+
+/// `1.25 GB/s`, `10 GB/s`, `800 MB/s` (decimal units, as links are sold).
+fn human_rate(bytes_per_second: f64) -> String {
+    let (value, unit) = if bytes_per_second >= 1e9 {
+        (bytes_per_second / 1e9, "GB/s")
+    } else if bytes_per_second >= 1e6 {
+        (bytes_per_second / 1e6, "MB/s")
+    } else if bytes_per_second >= 1e3 {
+        (bytes_per_second / 1e3, "kB/s")
+    } else {
+        (bytes_per_second, "B/s")
+    };
+    format!("{} {unit}", compact(value))
+}
+
+/// At most three decimals, without trailing zeros: `50`, `1.25`, `0.001`.
+fn compact(x: f64) -> String {
+    let text = format!("{x:.3}");
+    if text.contains('.') {
+        text.trim_end_matches('0').trim_end_matches('.').to_string()
+    } else {
+        text
+    }
+}
+
+/// One step's cost per device, as `dfc compile --report` and `dfc inspect` print it:
+///
+/// ```text
+/// cost of one step (predicted)
+///   device                    variables  GFLOP  sent     received  compute ms  finish ms
+///   /job:worker/task:0/cpu:0   12.5 MiB  1.234  1.0 MiB       0 B      24.680     25.101
+/// predicted step time: 25.101 ms
+/// critical path
+///   /job:worker/task:0/cpu:0: x … y/send (12 ops)
+/// assumed: 50 GFLOP/s per device, 10 GB/s within a task, 1.25 GB/s and 50 µs latency between tasks
+/// ```
+impl fmt::Display for CostReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "cost of one step (predicted)")?;
+        let mut rows: Vec<Vec<String>> =
+            vec![["device", "variables", "GFLOP", "sent", "received", "compute ms", "finish ms"]
+                .iter()
+                .map(|s| s.to_string())
+                .collect()];
+        for d in &self.devices {
+            rows.push(vec![
+                d.device.clone(),
+                human_bytes(d.variable_bytes),
+                format!("{:.3}", d.flops / 1e9),
+                human_bytes(d.bytes_sent),
+                human_bytes(d.bytes_received),
+                format!("{:.3}", d.compute_seconds * 1e3),
+                format!("{:.3}", d.finish_seconds * 1e3),
+            ]);
+        }
+        let columns = rows[0].len();
+        let widths: Vec<usize> =
+            (0..columns).map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0)).collect();
+        for row in &rows {
+            let mut line = String::new();
+            for (c, cell) in row.iter().enumerate() {
+                line.push_str("  ");
+                if c == 0 {
+                    line.push_str(&format!("{cell:<w$}", w = widths[c]));
+                } else {
+                    line.push_str(&format!("{cell:>w$}", w = widths[c]));
+                }
+            }
+            writeln!(f, "{}", line.trim_end())?;
+        }
+        writeln!(f, "predicted step time: {}", human_seconds(self.step_seconds))?;
+        if !self.critical_path.is_empty() {
+            writeln!(f, "critical path")?;
+            for entry in &self.critical_path {
+                writeln!(f, "  {entry}")?;
+            }
+        }
+        if let Some(m) = &self.model {
+            writeln!(
+                f,
+                "assumed: {} GFLOP/s per device, {} within a task, {} and {} latency between tasks",
+                compact(m.flops_per_second / 1e9),
+                human_rate(m.local_bytes_per_second),
+                human_rate(m.remote_bytes_per_second),
+                human_seconds(m.remote_latency_seconds),
+            )?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,173 @@
+//! Partitioning (TensorFlow's graph_partition.cc): a placed graph becomes one subgraph per
+//! device.
+//!
+//! - Every data edge between devices goes through a Send on the producer's device and a Recv
+//!   on the consumer's, with a rendezvous key naming both devices and the tensor. There is one
+//!   pair per (tensor, destination device), however many consumers the tensor has there.
+//! - A control edge between devices is carried by a dummy tensor: a scalar constant that runs
+//!   after the source, sent to the destination, whose Recv runs before the target. One per
+//!   (source node, destination device).
+//! - A constant used on another device is copied there instead of sent.
+//! - The Send/Recv nodes are added to the whole graph first, so names stay unique across all
+//!   partitions and spans point at the producer's line; then each device's nodes are copied
+//!   into a module of their own with that device's inputs, params, outputs and metrics.
+//!
+//! `dfc_ir::verify_partitions` checks the result: every Send has its Recv and no partition
+//! reads another's tensor.
+
+use crate::place::Placed;
+use dfc_ir::{ConstValue, DType, DeviceSpec, Graph, Module, NodeId, Op, Output, TensorRef};
+use std::collections::{BTreeMap, HashMap};
+
+pub struct Partitioned {
+    /// The whole graph with the Send/Recv pairs in it: what pictures and reports show.
+    pub combined: Module,
+    /// One module per device that runs anything, in the order of `devices`.
+    pub parts: Vec<(DeviceSpec, Module)>,
+}
+
+/// Splits `placed` by device; `devices` gives the order of the partitions.
+pub fn partition(placed: Placed, devices: &[DeviceSpec]) -> Partitioned {
+    let mut module = placed.module;
+    insert_transfers(&mut module.graph);
+    let parts = devices
+        .iter()
+        .filter_map(|d| {
+            let part = extract(&module, d);
+            (!part.graph.is_empty()).then(|| (d.clone(), part))
+        })
+        .collect();
+    Partitioned { combined: module, parts }
+}
+
+/// The short form of a device for names: `worker_1_cpu_0`.
+fn short(device: &DeviceSpec) -> String {
+    device.to_string().trim_start_matches('/').replace("job:", "").replace("task:", "").replace(['/', ':'], "_")
+}
+
+fn device_of(graph: &Graph, id: NodeId) -> DeviceSpec {
+    graph.node(id).device.clone().unwrap_or_else(|| panic!("`{}` is not placed", graph.node(id).name))
+}
+
+fn insert_transfers(graph: &mut Graph) {
+    let ids: Vec<NodeId> = graph.node_ids().collect();
+    // (tensor, destination) -> the Recv there.
+    let mut received: HashMap<(TensorRef, DeviceSpec), NodeId> = HashMap::new();
+    for &consumer in &ids {
+        let here = device_of(graph, consumer);
+        for (input, source) in graph.data_edges_into(consumer) {
+            let there = device_of(graph, source.node);
+            if there == here {
+                continue;
+            }
+            let recv = match received.get(&(source, here.clone())) {
+                Some(&recv) => recv,
+                None => {
+                    // A constant is cheaper to copy than to send.
+                    let standalone = matches!(graph.node(source.node).op, Op::Const { .. })
+                        && graph.control_inputs(source.node).is_empty();
+                    let recv = if standalone {
+                        let node = graph.node(source.node).clone();
+                        let name = format!("{}/on_{}", node.name, short(&here));
+                        let copy = graph.add_with_types(node.op, &[], node.outputs, &name, graph.span(source.node));
+                        graph.node_mut(copy).device = Some(here.clone());
+                        copy
+                    } else {
+                        transfer(graph, source, &there, &here)
+                    };
+                    received.insert((source, here.clone()), recv);
+                    recv
+                }
+            };
+            graph.set_input(consumer, input, recv.into());
+        }
+    }
+    // Control edges: one dummy tensor per (source node, destination device).
+    let mut signalled: HashMap<(NodeId, DeviceSpec), NodeId> = HashMap::new();
+    for &after in &ids {
+        let here = device_of(graph, after);
+        for before in graph.control_inputs(after) {
+            let there = device_of(graph, before);
+            if there == here {
+                continue;
+            }
+            let recv = match signalled.get(&(before, here.clone())) {
+                Some(&recv) => recv,
+                None => {
+                    let name = format!("{}/done", graph.node(before).name);
+                    let span = graph.span(before);
+                    let dummy = graph
+                        .add(Op::Const { value: ConstValue::scalar(DType::F32, 0.0) }, &[], &name, span)
+                        .expect("typed");
+                    graph.node_mut(dummy).device = Some(there.clone());
+                    graph.add_control_edge(before, dummy);
+                    let recv = transfer(graph, dummy.into(), &there, &here);
+                    signalled.insert((before, here.clone()), recv);
+                    recv
+                }
+            };
+            graph.remove_control_edge(before, after);
+            graph.add_control_edge(recv, after);
+        }
+    }
+}
+
+/// A Send of `tensor` on `from` and its Recv on `to`; returns the Recv.
+fn transfer(graph: &mut Graph, tensor: TensorRef, from: &DeviceSpec, to: &DeviceSpec) -> NodeId {
+    let name = graph.node(tensor.node).name.clone();
+    let shown = if tensor.port == 0 { name.clone() } else { format!("{name}:{}", tensor.port) };
+    let key = format!("{from};{shown};{to}");
+    let span = graph.span(tensor.node);
+    let ty = graph.ty(tensor).clone();
+    let send = graph
+        .add(Op::Send { key: key.clone(), to: to.clone() }, &[tensor], &format!("{name}/send_to_{}", short(to)), span)
+        .expect("sends type");
+    graph.node_mut(send).device = Some(from.clone());
+    let recv = graph
+        .add(Op::Recv { key, from: from.clone(), ty }, &[], &format!("{name}/recv_on_{}", short(to)), span)
+        .expect("recvs type");
+    graph.node_mut(recv).device = Some(to.clone());
+    recv
+}
+
+/// The nodes of `device`, copied into a module of their own.
+fn extract(module: &Module, device: &DeviceSpec) -> Module {
+    let graph = &module.graph;
+    let mine: Vec<NodeId> = graph.node_ids().filter(|&id| graph.node(id).device.as_ref() == Some(device)).collect();
+    let mut part = Module { name: module.name.clone(), dims: module.dims.clone(), ..Module::default() };
+    let mut map: BTreeMap<NodeId, NodeId> = BTreeMap::new();
+    for &id in &mine {
+        let node = graph.node(id);
+        let copy = part.graph.add_with_types(node.op.clone(), &[], node.outputs.clone(), &node.name, graph.span(id));
+        let n = part.graph.node_mut(copy);
+        n.requested_device = node.requested_device.clone();
+        n.device = node.device.clone();
+        map.insert(id, copy);
+    }
+    for &id in &mine {
+        for (input, source) in graph.data_edges_into(id) {
+            let source = TensorRef { node: map[&source.node], port: source.port };
+            part.graph.set_input(map[&id], input, source);
+        }
+        for before in graph.control_inputs(id) {
+            part.graph.add_control_edge(map[&before], map[&id]);
+        }
+        if let Some(with) = graph.node(id).colocate_with {
+            part.graph.node_mut(map[&id]).colocate_with = map.get(&with).copied();
+        }
+    }
+    let local = |ids: &[NodeId]| ids.iter().filter_map(|id| map.get(id).copied()).collect::<Vec<_>>();
+    part.inputs = local(&module.inputs);
+    part.params = local(&module.params);
+    let outputs = |list: &[Output]| {
+        list.iter()
+            .filter_map(|o| {
+                map.get(&o.tensor.node)
+                    .map(|&n| Output { name: o.name.clone(), tensor: TensorRef { node: n, port: o.tensor.port } })
+            })
+            .collect::<Vec<_>>()
+    };
+    part.outputs = outputs(&module.outputs);
+    part.metrics = outputs(&module.metrics);
+    part
+}

@@ -1,0 +1,493 @@
+//! Data parallelism: one copy of the model's compute per replica device, each on its slice of
+//! the batch, with the replicas' gradients combined before the update.
+//!
+//! The input is the training module compiled for the per-replica batch (the batch divided by
+//! the number of replicas; the caller recompiles the source for it, so every shape, reshape
+//! and mean is the replica's own) and the full-batch module, for the types the user sees.
+//!
+//! - Inputs keep their full-batch type and name; replica r computes on rows
+//!   `r·b .. (r+1)·b`, sliced where the input lives.
+//! - `Mirrored`: every replica has its own copy of every variable (replica 0's keeps the
+//!   variable's name; the others are `replica_<r>/<name>`, mirrors of it, with the same
+//!   initial value). Each gradient is summed over the replicas by an all-reduce and divided by
+//!   their number, and every replica applies the same update to its copy.
+//! - `Shared { sync: true }` (parameter server, central storage): one copy of the variables
+//!   and the optimizer; each gradient is the mean of the replicas' gradients, computed beside
+//!   its variable, and applied once.
+//! - `Shared { sync: false }` (asynchronous parameter server): each replica applies its own
+//!   gradient to the shared variables with its own copy of the optimizer's update, without
+//!   waiting to combine them.
+//! - The loss and scalar metrics are the mean of the replicas' (exact when they are means over
+//!   the batch); batch-sized outputs are the replicas' joined along axis 0.
+//!
+//! The mean of the replicas' gradients is the full batch's gradient when the loss is a mean
+//! over the batch's examples (plus terms that do not depend on the batch), as every example is.
+//!
+//! Replica r's nodes are named `replica_<r>/...` and requested on its device; a source
+//! request that the replica's device does not satisfy is a diagnostic at its line.
+
+use dfc_diag::{Code, Diagnostic, Span};
+use dfc_ir::{
+    BinaryOp, ConstValue, DeviceSpec, Graph, Module, NodeId, Op, Output, TensorRef, Training, VariableOrigin,
+};
+use std::collections::{BTreeSet, HashMap};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Replication {
+    Mirrored,
+    Shared { sync: bool },
+}
+
+pub struct ReplicateOptions<'a> {
+    pub replication: Replication,
+    /// One device per replica.
+    pub devices: &'a [DeviceSpec],
+    /// Where the shared variables must live (central storage), if anywhere in particular.
+    pub variable_device: Option<&'a DeviceSpec>,
+    /// Requests that contradict the strategy are warnings and set aside, not errors.
+    pub soft: bool,
+}
+
+/// The replicated module, or diagnostics when source requests contradict the strategy.
+pub fn replicate(
+    per_replica: &Module,
+    full: &Module,
+    options: &ReplicateOptions,
+) -> Result<(Module, Vec<Diagnostic>), Vec<Diagnostic>> {
+    let mut builder = Builder::new(per_replica, options);
+    builder.build(full);
+    let errors = builder.diagnostics.iter().any(|d| d.is_error());
+    if errors {
+        Err(builder.diagnostics)
+    } else {
+        Ok((builder.out, builder.diagnostics))
+    }
+}
+
+struct Builder<'a> {
+    src: &'a Module,
+    options: &'a ReplicateOptions<'a>,
+    out: Module,
+    /// Per replica: source node → its copy. Shared nodes are in `shared`.
+    copies: Vec<HashMap<NodeId, NodeId>>,
+    shared: HashMap<NodeId, NodeId>,
+    /// The optimizer's nodes (run after the gradients, for the updates only).
+    update_region: BTreeSet<NodeId>,
+    gradients: HashMap<TensorRef, NodeId>,
+    /// The combined gradient of each variable, per replica (`None`: the shared one).
+    combined: HashMap<(Option<usize>, NodeId), TensorRef>,
+    diagnostics: Vec<Diagnostic>,
+    /// Requests already reported (by where they are written), so that the R copies of the
+    /// nodes of one device block give one report.
+    reported: BTreeSet<(u32, u32, String)>,
+}
+
+impl<'a> Builder<'a> {
+    fn new(src: &'a Module, options: &'a ReplicateOptions<'a>) -> Builder<'a> {
+        let graph = &src.graph;
+        let training = src.training.as_ref().expect("replication needs a training module");
+        let mut roots: Vec<NodeId> = training.gradients.iter().map(|(_, g)| g.node).collect();
+        roots.push(training.loss.node);
+        roots.extend(src.outputs.iter().chain(&src.metrics).map(|o| o.tensor.node));
+        let compute = graph.ancestors(&roots);
+        let update_region = graph.ancestors(&training.updates).into_iter().filter(|id| !compute.contains(id)).collect();
+        let gradients = training.gradients.iter().map(|(v, g)| (*g, *v)).collect();
+        Builder {
+            src,
+            options,
+            out: Module { name: src.name.clone(), ..Module::default() },
+            copies: vec![HashMap::new(); options.devices.len()],
+            shared: HashMap::new(),
+            update_region,
+            gradients,
+            combined: HashMap::new(),
+            diagnostics: Vec::new(),
+            reported: BTreeSet::new(),
+        }
+    }
+
+    fn replicas(&self) -> usize {
+        self.options.devices.len()
+    }
+
+    fn mirrored(&self) -> bool {
+        self.options.replication == Replication::Mirrored
+    }
+
+    /// Whether a source node has one copy for all replicas.
+    fn is_shared(&self, id: NodeId) -> bool {
+        match self.options.replication {
+            Replication::Mirrored => false,
+            Replication::Shared { sync } => {
+                let op = &self.src.graph.node(id).op;
+                matches!(op, Op::Variable { .. })
+                    || (matches!(op, Op::Read) && !self.update_region.contains(&id))
+                    || (sync && self.update_region.contains(&id))
+            }
+        }
+    }
+
+    fn build(&mut self, full: &Module) {
+        let src = self.src;
+        let graph = &src.graph;
+        self.out.dims = full.dims.clone();
+        let order = graph.topo_order().expect("verified modules are acyclic");
+
+        // Full-batch inputs, sliced per replica where they live.
+        for &input in &src.inputs {
+            let node = graph.node(input);
+            let full_id = full.inputs.iter().copied().find(|&i| full.graph.node(i).name == node.name);
+            let full_ty = full_id.map_or_else(|| node.outputs[0].clone(), |i| full.graph.node(i).outputs[0].clone());
+            let id = self.out.graph.add(Op::Input { ty: full_ty }, &[], &node.name, graph.span(input)).expect("typed");
+            let home = self.request(input, 0);
+            self.out.graph.node_mut(id).requested_device = home.clone();
+            self.out.inputs.push(id);
+            let rows = node.outputs[0].shape.dims().first().copied().unwrap_or(1);
+            for r in 0..self.replicas() {
+                let mut begin = vec![0; node.outputs[0].shape.rank()];
+                if let Some(first) = begin.first_mut() {
+                    *first = r * rows;
+                }
+                let slice = Op::Slice { begin, size: node.outputs[0].shape.dims().to_vec() };
+                let name = format!("replica_{r}/{}", node.name);
+                let s = self.out.graph.add(slice, &[id.into()], &name, graph.span(input)).expect("slices type");
+                self.out.graph.node_mut(s).requested_device = home.clone();
+                self.copies[r].insert(input, s);
+            }
+        }
+
+        for &id in &order {
+            if matches!(graph.node(id).op, Op::Input { .. }) {
+                continue;
+            }
+            if self.is_shared(id) {
+                let copy = self.copy(id, None);
+                self.shared.insert(id, copy);
+            } else {
+                for r in 0..self.replicas() {
+                    let copy = self.copy(id, Some(r));
+                    self.copies[r].insert(id, copy);
+                }
+            }
+        }
+        self.control_edges(&order);
+        self.interface(full);
+    }
+
+    /// The copy of `id` for replica `r` (`None`: the shared copy), with its data operands.
+    fn copy(&mut self, id: NodeId, replica: Option<usize>) -> NodeId {
+        let graph = &self.src.graph;
+        let node = graph.node(id);
+        let span = graph.span(id);
+        let mut inputs = Vec::new();
+        for operand in graph.inputs(id) {
+            let mapped = self.operand(id, operand, replica);
+            inputs.push(mapped);
+        }
+        let mut op = node.op.clone();
+        let is_variable = matches!(op, Op::Variable { .. });
+        let name = match replica {
+            Some(r) if !(is_variable && r == 0) => format!("replica_{r}/{}", node.name),
+            _ => node.name.clone(),
+        };
+        if let (Op::Variable { ty, origin, .. }, Some(r)) = (&mut op, replica) {
+            if r > 0 {
+                let base = origin.as_deref().cloned().unwrap_or(VariableOrigin {
+                    name: node.name.clone(),
+                    shape: ty.shape.clone(),
+                    offset: 0,
+                    mirror_of: None,
+                });
+                *origin = Some(Box::new(VariableOrigin { mirror_of: Some(node.name.clone()), ..base }));
+            }
+        }
+        let outputs = node.outputs.clone();
+        let copy = self.out.graph.add_with_types(op, &inputs, outputs, &name, span);
+        // Asynchronous updates are per replica but live with the shared variables.
+        let async_update =
+            self.options.replication == (Replication::Shared { sync: false }) && self.update_region.contains(&id);
+        // A node that must live with a shared one (a shard's lookup) is not the replica's.
+        let with_shared = node.colocate_with.is_some_and(|w| self.is_shared(w));
+        let device = match replica {
+            Some(_) if async_update || with_shared => node.requested_device.clone(),
+            Some(r) => self.request(id, r),
+            None if is_variable => self.shared_variable_request(id),
+            None => node.requested_device.clone(),
+        };
+        let at = graph.request_span(id).filter(|_| device == node.requested_device);
+        self.out.graph.request(copy, device, at);
+        if let Some(with) = node.colocate_with {
+            let target = match replica {
+                Some(r) if !self.is_shared(with) => self.copies[r].get(&with).copied(),
+                _ => self.shared.get(&with).copied(),
+            };
+            self.out.graph.node_mut(copy).colocate_with = target;
+        }
+        copy
+    }
+
+    /// What operand `operand` of `user` becomes in the copy for `replica`.
+    fn operand(&mut self, user: NodeId, operand: TensorRef, replica: Option<usize>) -> TensorRef {
+        let in_update = self.update_region.contains(&user);
+        if in_update {
+            if let Some(&variable) = self.gradients.get(&operand) {
+                let key = (
+                    if self.mirrored() || self.options.replication == (Replication::Shared { sync: false }) {
+                        replica
+                    } else {
+                        None
+                    },
+                    variable,
+                );
+                if let Some(&done) = self.combined.get(&key) {
+                    return done;
+                }
+                let combined = self.combined_gradient(operand, variable, replica);
+                self.combined.insert(key, combined);
+                return combined;
+            }
+        }
+        let port = operand.port;
+        let node = if self.is_shared(operand.node) {
+            self.shared[&operand.node]
+        } else {
+            match replica {
+                Some(r) => self.copies[r][&operand.node],
+                // A shared node uses a replicated one: a constant is copied; anything else
+                // is taken from replica 0.
+                None => match &self.src.graph.node(operand.node).op {
+                    Op::Const { .. } => self.shared_constant(operand.node),
+                    _ => self.copies[0][&operand.node],
+                },
+            }
+        };
+        TensorRef { node, port }
+    }
+
+    fn shared_constant(&mut self, id: NodeId) -> NodeId {
+        if let Some(&copy) = self.shared.get(&id) {
+            return copy;
+        }
+        let copy = self.copy(id, None);
+        self.shared.insert(id, copy);
+        copy
+    }
+
+    /// The gradient the update of `variable` uses: the all-reduced mean (mirrored), the mean
+    /// computed beside the variable (shared, sync), or the replica's own (async).
+    fn combined_gradient(&mut self, gradient: TensorRef, variable: NodeId, replica: Option<usize>) -> TensorRef {
+        let n = self.replicas();
+        let name = self.src.graph.node(variable).name.clone();
+        let span = self.src.graph.span(variable);
+        let ty = self.src.graph.ty(gradient).clone();
+        let scale = Op::Const { value: ConstValue::scalar(ty.dtype, 1.0 / n as f64) };
+        let replica_gradient =
+            |b: &Self, r: usize| TensorRef { node: b.copies[r][&gradient.node], port: gradient.port };
+        match (self.options.replication, replica) {
+            (Replication::Mirrored, Some(r)) => {
+                let key = format!("gradients/{name}");
+                let local = replica_gradient(self, r);
+                let g = &mut self.out.graph;
+                let summed = g
+                    .add(
+                        Op::AllReduce { key, group_size: n as u32, replica: r as u32 },
+                        &[local],
+                        &format!("replica_{r}/{name}/all_reduce"),
+                        span,
+                    )
+                    .expect("all-reduce types");
+                let device = Some(self.options.devices[r].clone());
+                g.node_mut(summed).requested_device = device.clone();
+                let k = g.add(scale, &[], &format!("replica_{r}/{name}/replicas"), span).expect("typed");
+                let mean = g
+                    .add(
+                        Op::Binary(BinaryOp::Mul),
+                        &[summed.into(), k.into()],
+                        &format!("replica_{r}/{name}/mean_gradient"),
+                        span,
+                    )
+                    .expect("typed");
+                for id in [k, mean] {
+                    g.node_mut(id).requested_device = device.clone();
+                }
+                mean.into()
+            }
+            (Replication::Shared { sync: false }, Some(r)) => replica_gradient(self, r),
+            _ => {
+                let parts: Vec<TensorRef> = (0..n).map(|r| replica_gradient(self, r)).collect();
+                let colocate = self.shared.get(&variable).copied();
+                let g = &mut self.out.graph;
+                let mut sum = parts[0];
+                for (r, part) in parts.iter().enumerate().skip(1) {
+                    let id = g
+                        .add(Op::Binary(BinaryOp::Add), &[sum, *part], &format!("{name}/gradient_sum_{r}"), span)
+                        .expect("typed");
+                    g.node_mut(id).colocate_with = colocate;
+                    sum = id.into();
+                }
+                let k = g.add(scale, &[], &format!("{name}/replicas"), span).expect("typed");
+                let mean = g
+                    .add(Op::Binary(BinaryOp::Mul), &[sum, k.into()], &format!("{name}/mean_gradient"), span)
+                    .expect("typed");
+                for id in [k, mean] {
+                    g.node_mut(id).colocate_with = colocate;
+                }
+                mean.into()
+            }
+        }
+    }
+
+    /// The device replica `r`'s copy of `id` is requested on: the replica's device, checked
+    /// against what the source asked for.
+    fn request(&mut self, id: NodeId, r: usize) -> Option<DeviceSpec> {
+        let device = &self.options.devices[r];
+        let node = self.src.graph.node(id);
+        if let Some(asked) = &node.requested_device {
+            let span = self.src.graph.request_span(id).or(self.src.graph.span(id)).unwrap_or(Span::new(0, 0));
+            if !asked.allows(device) && self.reported.insert((span.start, span.end, asked.to_string())) {
+                let message = format!(
+                    "this asks for {asked}, but data parallelism runs replica {r} of `{}` on {device}",
+                    node.name
+                );
+                let d = if self.options.soft {
+                    Diagnostic::warning(Code::SOFT_PLACEMENT, span, format!("{message}; the request is set aside"))
+                } else {
+                    Diagnostic::error(Code::PLACEMENT_CONFLICT, span, message)
+                        .with_help("drop the device request, choose a strategy that honours it (--strategy ps or single), or compile with --soft-placement")
+                };
+                self.diagnostics.push(d.with_label("requested here"));
+            }
+        }
+        Some(device.clone())
+    }
+
+    fn shared_variable_request(&mut self, id: NodeId) -> Option<DeviceSpec> {
+        let node = self.src.graph.node(id);
+        let Some(home) = self.options.variable_device else { return node.requested_device.clone() };
+        if let Some(asked) = &node.requested_device {
+            let span = self.src.graph.request_span(id).or(self.src.graph.span(id)).unwrap_or(Span::new(0, 0));
+            if !asked.allows(home) && self.reported.insert((span.start, span.end, asked.to_string())) {
+                let message =
+                    format!("`{}` asks for {asked}, but central storage keeps variables on {home}", node.name);
+                let d = if self.options.soft {
+                    Diagnostic::warning(Code::SOFT_PLACEMENT, span, format!("{message}; the request is set aside"))
+                } else {
+                    Diagnostic::error(Code::PLACEMENT_CONFLICT, span, message)
+                        .with_help("drop the device request, or compile with --soft-placement")
+                };
+                self.diagnostics.push(d.with_label("requested here"));
+            }
+        }
+        Some(home.clone())
+    }
+
+    fn control_edges(&mut self, order: &[NodeId]) {
+        let graph = &self.src.graph;
+        for &after in order {
+            for before in graph.control_inputs(after) {
+                let pairs: Vec<(NodeId, NodeId)> = match (self.is_shared(before), self.is_shared(after)) {
+                    (true, true) => vec![(self.shared[&before], self.shared[&after])],
+                    (true, false) => self.copies.iter().map(|c| (self.shared[&before], c[&after])).collect(),
+                    (false, true) => self.copies.iter().map(|c| (c[&before], self.shared[&after])).collect(),
+                    (false, false) => self.copies.iter().map(|c| (c[&before], c[&after])).collect(),
+                };
+                for (b, a) in pairs {
+                    self.out.graph.add_control_edge(b, a);
+                }
+            }
+        }
+    }
+
+    /// Loss, outputs, metrics, params and updates of the replicated module.
+    fn interface(&mut self, full: &Module) {
+        let src = self.src;
+        let training = src.training.as_ref().expect("checked");
+        let loss = self.combine(training.loss, &src.graph.node(training.loss.node).name.clone(), None);
+        let mut outputs = Vec::new();
+        for o in &src.outputs {
+            let full_ty = full.outputs.iter().find(|f| f.name == o.name).map(|f| full.graph.ty(f.tensor).clone());
+            outputs.push(Output { name: o.name.clone(), tensor: self.combine(o.tensor, &o.name, full_ty) });
+        }
+        let mut metrics = Vec::new();
+        for m in &src.metrics {
+            let full_ty = full.metrics.iter().find(|f| f.name == m.name).map(|f| full.graph.ty(f.tensor).clone());
+            metrics.push(Output { name: m.name.clone(), tensor: self.combine(m.tensor, &m.name, full_ty) });
+        }
+        let mut params = Vec::new();
+        for &p in &src.params {
+            if self.is_shared(p) {
+                params.push(self.shared[&p]);
+            } else {
+                params.extend(self.copies.iter().map(|c| c[&p]));
+            }
+        }
+        let mut updates = Vec::new();
+        for &u in &training.updates {
+            if self.is_shared(u) {
+                updates.push(self.shared[&u]);
+            } else {
+                updates.extend(self.copies.iter().map(|c| c[&u]));
+            }
+        }
+        let gradients = training
+            .gradients
+            .iter()
+            .filter_map(|(v, _)| {
+                let var = if self.is_shared(*v) { self.shared[v] } else { self.copies[0][v] };
+                let mean = self.combined.get(&(None, *v)).or_else(|| self.combined.get(&(Some(0), *v)))?;
+                Some((var, *mean))
+            })
+            .collect();
+        self.out.outputs = outputs;
+        self.out.metrics = metrics;
+        self.out.params = params;
+        self.out.training = Some(Training { loss, optimizer: training.optimizer.clone(), gradients, updates });
+    }
+
+    /// One tensor from the replicas' copies of `tensor`: joined along axis 0 if the full
+    /// model's is the replicas' stacked, else their mean (floats) or replica 0's.
+    fn combine(&mut self, tensor: TensorRef, name: &str, full_ty: Option<dfc_ir::TensorType>) -> TensorRef {
+        let parts: Vec<TensorRef> = (0..self.replicas())
+            .map(|r| {
+                let node =
+                    if self.is_shared(tensor.node) { self.shared[&tensor.node] } else { self.copies[r][&tensor.node] };
+                TensorRef { node, port: tensor.port }
+            })
+            .collect();
+        if self.is_shared(tensor.node) {
+            return parts[0];
+        }
+        let ty = self.src.graph.ty(tensor).clone();
+        let span = self.src.graph.span(tensor.node);
+        let n = parts.len();
+        let g: &mut Graph = &mut self.out.graph;
+        let stacked = full_ty.as_ref().is_some_and(|f| {
+            f.shape.rank() == ty.shape.rank()
+                && f.shape.rank() > 0
+                && f.shape.dims()[0] == ty.shape.dims()[0] * n
+                && f.shape.dims()[1..] == ty.shape.dims()[1..]
+        });
+        if stacked {
+            return g.add(Op::Concat { axis: 0 }, &parts, name, span).expect("replicas stack").into();
+        }
+        if !ty.dtype.is_float() {
+            return parts[0];
+        }
+        let mut sum = parts[0];
+        for (r, part) in parts.iter().enumerate().skip(1) {
+            sum = g
+                .add(Op::Binary(BinaryOp::Add), &[sum, *part], &format!("{name}/replica_sum_{r}"), span)
+                .expect("typed")
+                .into();
+        }
+        let k = g
+            .add(
+                Op::Const { value: ConstValue::scalar(ty.dtype, 1.0 / n as f64) },
+                &[],
+                &format!("{name}/replicas"),
+                span,
+            )
+            .expect("typed");
+        g.add(Op::Binary(BinaryOp::Mul), &[sum, k.into()], name, span).expect("typed").into()
+    }
+}

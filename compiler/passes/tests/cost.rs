@@ -1,0 +1,440 @@
+//! The cost model on hand-built partitions: FLOPs of single ops against hand-computed values,
+//! and step simulations whose times follow from the rates by hand.
+
+use dfc_ir::{
+    DType, DeviceSpec, Initializer, Module, NodeId, Op, Padding, ReduceKind, Shape, TensorRef, TensorType, UnaryOp,
+};
+use dfc_passes::cost::{estimate, node_flops, tensor_bytes, transfer_seconds};
+use dfc_passes::{CostModel, CostReport};
+
+fn f32(dims: &[usize]) -> TensorType {
+    TensorType::new(DType::F32, dims.to_vec())
+}
+
+fn device(text: &str) -> DeviceSpec {
+    DeviceSpec::parse(text).unwrap()
+}
+
+const A: &str = "/job:worker/task:0/cpu:0";
+const B: &str = "/job:worker/task:1/cpu:0";
+/// In the same task as `A`.
+const A1: &str = "/job:worker/task:0/cpu:1";
+
+/// A partition on `on`: whatever `build` adds, every node then placed on `on`.
+fn partition(on: &str, build: impl FnOnce(&mut Module)) -> Module {
+    let mut module = Module { name: "m".into(), ..Module::default() };
+    build(&mut module);
+    let ids: Vec<NodeId> = module.graph.node_ids().collect();
+    for id in ids {
+        module.graph.node_mut(id).device = Some(device(on));
+    }
+    module
+}
+
+fn add(module: &mut Module, op: Op, inputs: &[TensorRef], name: &str) -> TensorRef {
+    module.graph.add(op, inputs, name, None).unwrap().into()
+}
+
+fn input(module: &mut Module, ty: TensorType, name: &str) -> TensorRef {
+    let id = module.graph.add(Op::Input { ty }, &[], name, None).unwrap();
+    module.inputs.push(id);
+    id.into()
+}
+
+/// A variable and its read.
+fn weight(module: &mut Module, ty: TensorType, name: &str) -> TensorRef {
+    let op = Op::Variable { ty, init: Initializer::Zeros, trainable: true, partitions: 1, origin: None };
+    let id = module.graph.add(op, &[], name, None).unwrap();
+    module.params.push(id);
+    add(module, Op::Read, &[id.into()], &format!("{name}/read"))
+}
+
+fn matmul(module: &mut Module, a: TensorRef, b: TensorRef, name: &str) -> TensorRef {
+    add(module, Op::MatMul { transpose_a: false, transpose_b: false }, &[a, b], name)
+}
+
+fn send(module: &mut Module, x: TensorRef, key: &str, to: &str) {
+    add(module, Op::Send { key: key.into(), to: device(to) }, &[x], &format!("{key}/send"));
+}
+
+fn recv(module: &mut Module, key: &str, from: &str, ty: TensorType) -> TensorRef {
+    add(module, Op::Recv { key: key.into(), from: device(from), ty }, &[], &format!("{key}/recv"))
+}
+
+/// The FLOPs of the one node named `name`.
+fn flops_of(module: &Module, name: &str) -> f64 {
+    let id = module.graph.node_ids().find(|&id| module.graph.node(id).name == name).expect("node exists");
+    node_flops(&module.graph, id)
+}
+
+fn close(actual: f64, expected: f64) -> bool {
+    (actual - expected).abs() <= 1e-12 * expected.abs().max(1e-9)
+}
+
+fn assert_close(actual: f64, expected: f64, what: &str) {
+    assert!(close(actual, expected), "{what}: {actual} ≠ {expected}");
+}
+
+fn cost_of<'r>(report: &'r CostReport, on: &str) -> &'r dfc_passes::DeviceCost {
+    report.devices.iter().find(|d| d.device == on).unwrap_or_else(|| panic!("no {on} in {report:?}"))
+}
+
+#[test]
+fn matmul_flops_count_two_per_multiply_add() {
+    let mut m = Module::default();
+    let a = input(&mut m, f32(&[64, 128]), "a");
+    let b = input(&mut m, f32(&[128, 256]), "b");
+    matmul(&mut m, a, b, "plain");
+    // Transposes move K: a^T is [64, 128] from [128, 64], b^T is [128, 256] from [256, 128].
+    let at = input(&mut m, f32(&[128, 64]), "at");
+    let bt = input(&mut m, f32(&[256, 128]), "bt");
+    add(&mut m, Op::MatMul { transpose_a: true, transpose_b: true }, &[at, bt], "transposed");
+    // Batch axes broadcast: [4, 2, 3] @ [3, 5] is four [2, 3] @ [3, 5].
+    let x = input(&mut m, f32(&[4, 2, 3]), "x");
+    let y = input(&mut m, f32(&[3, 5]), "y");
+    matmul(&mut m, x, y, "batched");
+    let p = input(&mut m, f32(&[1, 2, 3]), "p");
+    let q = input(&mut m, f32(&[6, 3, 5]), "q");
+    matmul(&mut m, p, q, "broadcast_batch");
+
+    assert_eq!(flops_of(&m, "plain"), 2.0 * 64.0 * 128.0 * 256.0);
+    assert_eq!(flops_of(&m, "transposed"), 2.0 * 64.0 * 128.0 * 256.0);
+    assert_eq!(flops_of(&m, "batched"), 2.0 * 4.0 * 2.0 * 5.0 * 3.0);
+    assert_eq!(flops_of(&m, "broadcast_batch"), 2.0 * 6.0 * 2.0 * 5.0 * 3.0);
+}
+
+#[test]
+fn convolution_flops_and_their_gradients_agree() {
+    let mut m = Module::default();
+    let x = input(&mut m, f32(&[64, 28, 28, 3]), "x");
+    let filter = input(&mut m, f32(&[3, 3, 3, 32]), "filter");
+    let y = add(&mut m, Op::Conv2d { strides: [1, 1], padding: Padding::Valid }, &[x, filter], "conv");
+    assert_eq!(m.graph.ty(y), &f32(&[64, 26, 26, 32]));
+    let dy = input(&mut m, f32(&[64, 26, 26, 32]), "dy");
+    let input_shape = Shape(vec![64, 28, 28, 3]);
+    let backprop_input = Op::Conv2dBackpropInput { input_shape, strides: [1, 1], padding: Padding::Valid };
+    add(&mut m, backprop_input, &[filter, dy], "conv/grad_input");
+    let filter_shape = Shape(vec![3, 3, 3, 32]);
+    let backprop_filter = Op::Conv2dBackpropFilter { filter_shape, strides: [1, 1], padding: Padding::Valid };
+    add(&mut m, backprop_filter, &[x, dy], "conv/grad_filter");
+    let pooled = add(&mut m, Op::MaxPool { window: [2, 2], strides: [2, 2], padding: Padding::Valid }, &[y], "pool");
+    assert_eq!(m.graph.ty(pooled), &f32(&[64, 13, 13, 32]));
+
+    // 2 · N·Ho·Wo · Kh·Kw·Cin·Cout.
+    let conv = 2.0 * 64.0 * 26.0 * 26.0 * 3.0 * 3.0 * 3.0 * 32.0;
+    assert_eq!(flops_of(&m, "conv"), conv);
+    assert_eq!(flops_of(&m, "conv/grad_input"), conv);
+    assert_eq!(flops_of(&m, "conv/grad_filter"), conv);
+    assert_eq!(flops_of(&m, "pool"), 4.0 * 64.0 * 13.0 * 13.0 * 32.0);
+}
+
+#[test]
+fn elementwise_reductions_and_data_movement() {
+    let mut m = Module::default();
+    let x = input(&mut m, f32(&[10, 20]), "x");
+    add(&mut m, Op::Unary(UnaryOp::Relu), &[x], "relu");
+    add(&mut m, Op::Unary(UnaryOp::Exp), &[x], "exp");
+    add(&mut m, Op::Binary(dfc_ir::BinaryOp::Add), &[x, x], "add");
+    add(&mut m, Op::Reduce { kind: ReduceKind::Sum, axes: vec![1], keep_dims: false }, &[x], "sum");
+    add(&mut m, Op::Softmax { axis: 1 }, &[x], "softmax");
+    add(&mut m, Op::Reshape { shape: Shape(vec![200]) }, &[x], "reshape");
+    add(&mut m, Op::Transpose { perm: vec![1, 0] }, &[x], "transpose");
+    add(&mut m, Op::AllReduce { key: "x".into(), group_size: 2, replica: 0 }, &[x], "all_reduce");
+    let w = weight(&mut m, f32(&[10, 20]), "w");
+    let var = m.params[0];
+
+    assert_eq!(flops_of(&m, "relu"), 200.0);
+    assert_eq!(flops_of(&m, "exp"), 4.0 * 200.0);
+    assert_eq!(flops_of(&m, "add"), 200.0);
+    assert_eq!(flops_of(&m, "sum"), 200.0);
+    assert_eq!(flops_of(&m, "softmax"), 5.0 * 200.0);
+    assert_eq!(flops_of(&m, "reshape"), 0.0);
+    assert_eq!(flops_of(&m, "transpose"), 0.0);
+    assert_eq!(flops_of(&m, "all_reduce"), 200.0);
+    assert_eq!(node_flops(&m.graph, w.node), 0.0);
+    assert_eq!(node_flops(&m.graph, var), 0.0);
+    assert_eq!(node_flops(&m.graph, x.node), 0.0);
+}
+
+#[test]
+fn bytes_saturate_and_transfers_depend_on_where() {
+    assert_eq!(tensor_bytes(&f32(&[64, 256])), 64 * 256 * 4);
+    assert_eq!(tensor_bytes(&TensorType::scalar(DType::F64)), 8);
+    assert_eq!(tensor_bytes(&f32(&[usize::MAX, usize::MAX])), u64::MAX);
+
+    let model = CostModel::default();
+    assert_eq!(transfer_seconds(1 << 20, &device(A), &device(A), &model), 0.0);
+    assert_close(transfer_seconds(1 << 20, &device(A), &device(A1), &model), (1 << 20) as f64 / 10e9, "local");
+    assert_close(
+        transfer_seconds(1 << 20, &device(A), &device(B), &model),
+        (1 << 20) as f64 / 1.25e9 + 50e-6,
+        "remote",
+    );
+}
+
+/// `x @ w1` on `first`, sent to `second`, which computes `y @ w2`.
+fn chain(first: &str, second: &str) -> (Module, Module) {
+    let a = partition(first, |m| {
+        let x = input(m, f32(&[64, 128]), "x");
+        let w1 = weight(m, f32(&[128, 256]), "w1");
+        let y = matmul(m, x, w1, "y");
+        send(m, y, "y", second);
+    });
+    let b = partition(second, |m| {
+        let y = recv(m, "y", first, f32(&[64, 256]));
+        let w2 = weight(m, f32(&[256, 10]), "w2");
+        matmul(m, y, w2, "z");
+    });
+    (a, b)
+}
+
+#[test]
+fn a_chain_over_two_tasks_adds_compute_transfer_and_compute() {
+    let model = CostModel::default();
+    let (a, b) = chain(A, B);
+    let report = estimate(&[&a, &b], &model);
+
+    let compute_a = 2.0 * 64.0 * 128.0 * 256.0 / model.flops_per_second;
+    let compute_b = 2.0 * 64.0 * 256.0 * 10.0 / model.flops_per_second;
+    let bytes = 64 * 256 * 4;
+    let transfer = bytes as f64 / model.remote_bytes_per_second + model.remote_latency_seconds;
+    assert_close(report.step_seconds, compute_a + transfer + compute_b, "step");
+
+    let (da, db) = (cost_of(&report, A), cost_of(&report, B));
+    assert_eq!((da.bytes_sent, da.bytes_received), (bytes, 0));
+    assert_eq!((db.bytes_sent, db.bytes_received), (0, bytes));
+    assert_eq!(da.variable_bytes, 128 * 256 * 4);
+    assert_eq!(db.variable_bytes, 256 * 10 * 4);
+    assert_eq!(da.flops, 2.0 * 64.0 * 128.0 * 256.0);
+    assert_close(da.compute_seconds, compute_a, "compute on A");
+    assert_close(da.finish_seconds, compute_a, "A finishes when it has sent");
+    assert_close(db.finish_seconds, report.step_seconds, "B finishes last");
+
+    // The path runs from A's matmul through the transfer to B's.
+    assert_eq!(report.critical_path.len(), 2, "{:?}", report.critical_path);
+    assert!(report.critical_path[0].starts_with(&format!("{A}: ")), "{:?}", report.critical_path);
+    assert!(report.critical_path[0].ends_with(" … y/send (4 ops)"), "{:?}", report.critical_path);
+    assert_eq!(report.critical_path[1], format!("{B}: y/recv … z (2 ops)"));
+    assert_eq!(report.model.as_ref(), Some(&model));
+
+    // Within one task the transfer takes the local bandwidth and no latency.
+    let (a, b) = chain(A, A1);
+    let report = estimate(&[&a, &b], &model);
+    let local = bytes as f64 / model.local_bytes_per_second;
+    assert_close(report.step_seconds, compute_a + local + compute_b, "step within a task");
+}
+
+#[test]
+fn independent_work_on_two_devices_overlaps() {
+    let model = CostModel::default();
+    let work = |on: &str, n: usize| {
+        partition(on, |m| {
+            let x = input(m, f32(&[n, n]), "x");
+            let w = weight(m, f32(&[n, n]), "w");
+            matmul(m, x, w, "y");
+        })
+    };
+    let (a, b) = (work(A, 256), work(B, 128));
+    let report = estimate(&[&a, &b], &model);
+    let compute_a = 2.0 * 256f64.powi(3) / model.flops_per_second;
+    let compute_b = 2.0 * 128f64.powi(3) / model.flops_per_second;
+    assert_close(report.step_seconds, compute_a.max(compute_b), "step");
+    assert_close(cost_of(&report, A).finish_seconds, compute_a, "A");
+    assert_close(cost_of(&report, B).finish_seconds, compute_b, "B");
+    // Inputs ready at the same time tie; the path takes the one that finished last.
+    assert_eq!(report.critical_path, vec![format!("{A}: w … y (3 ops)")]);
+}
+
+#[test]
+fn one_device_runs_one_node_at_a_time() {
+    let model = CostModel::default();
+    let a = partition(A, |m| {
+        let x = input(m, f32(&[128, 128]), "x");
+        let w = weight(m, f32(&[128, 128]), "w");
+        matmul(m, x, w, "y1");
+        matmul(m, x, w, "y2");
+    });
+    let report = estimate(&[&a], &model);
+    assert_close(report.step_seconds, 2.0 * 2.0 * 128f64.powi(3) / model.flops_per_second, "step");
+    // y2 waited for the device, not for its inputs: the path goes through y1 (w, w/read, y1,
+    // y2).
+    assert_eq!(report.critical_path, vec![format!("{A}: w … y2 (4 ops)")]);
+}
+
+#[test]
+fn an_all_reduce_costs_the_ring_formula() {
+    let model = CostModel::default();
+    let n = 1000;
+    let replica = |on: &str, r: u32, work: bool| {
+        partition(on, |m| {
+            let mut g = input(m, f32(&[n]), "g");
+            if work {
+                g = add(m, Op::Unary(UnaryOp::Exp), &[g], "exp");
+            }
+            add(m, Op::AllReduce { key: "g".into(), group_size: 2, replica: r }, &[g], "g/all_reduce");
+        })
+    };
+    let bytes = (n * 4) as u64;
+    // Each member sends and receives 2(n−1)/n of the tensor; across tasks every one of the
+    // 2(n−1) steps pays the latency.
+    let ring = bytes as f64 / model.remote_bytes_per_second + 2.0 * model.remote_latency_seconds;
+
+    let (a, b) = (replica(A, 0, false), replica(B, 1, false));
+    let report = estimate(&[&a, &b], &model);
+    assert_close(report.step_seconds, ring, "step");
+    for d in &report.devices {
+        assert_eq!((d.bytes_sent, d.bytes_received), (bytes, bytes), "{}", d.device);
+        assert_close(d.finish_seconds, ring, &d.device);
+    }
+
+    // The reduction starts when the slower member's operand is ready, and the path says so.
+    let (a, b) = (replica(A, 0, true), replica(B, 1, false));
+    let report = estimate(&[&a, &b], &model);
+    let exp = 4.0 * n as f64 / model.flops_per_second;
+    assert_close(report.step_seconds, exp + ring, "step after work on A");
+    assert!(report.critical_path[0].starts_with(&format!("{A}: g … ")), "{:?}", report.critical_path);
+
+    // Within a task: the local bandwidth, no latency.
+    let (a, b) = (replica(A, 0, false), replica(A1, 1, false));
+    let report = estimate(&[&a, &b], &model);
+    assert_close(report.step_seconds, bytes as f64 / model.local_bytes_per_second, "local step");
+}
+
+#[test]
+fn a_round_trip_does_not_stall_on_an_early_recv() {
+    // A sends x @ w forward to B and gets the result back; its Recv is a source node, so it
+    // comes first in A's topological order. A device that waited for it in order would
+    // never send.
+    let model = CostModel::default();
+    let a = partition(A, |m| {
+        let back = recv(m, "back", B, f32(&[32, 32]));
+        let x = input(m, f32(&[32, 32]), "x");
+        let w = weight(m, f32(&[32, 32]), "w");
+        let y = matmul(m, x, w, "y");
+        send(m, y, "forth", B);
+        add(m, Op::Unary(UnaryOp::Tanh), &[back], "out");
+    });
+    let b = partition(B, |m| {
+        let y = recv(m, "forth", A, f32(&[32, 32]));
+        let z = add(m, Op::Unary(UnaryOp::Relu), &[y], "z");
+        send(m, z, "back", A);
+    });
+    let report = estimate(&[&a, &b], &model);
+    let rate = model.flops_per_second;
+    let transfer = (32 * 32 * 4) as f64 / model.remote_bytes_per_second + model.remote_latency_seconds;
+    let expected = 2.0 * 32f64.powi(3) / rate + transfer + 1024.0 / rate + transfer + 4.0 * 1024.0 / rate;
+    assert_close(report.step_seconds, expected, "step");
+    assert_eq!(report.critical_path.len(), 3, "{:?}", report.critical_path);
+    assert!(report.critical_path[2].starts_with(&format!("{A}: back/recv … out")), "{:?}", report.critical_path);
+}
+
+#[test]
+fn broken_pairings_do_not_hang_or_panic() {
+    let model = CostModel::default();
+    // A Recv whose Send is missing arrives at the start.
+    let lonely = partition(B, |m| {
+        let y = recv(m, "nobody", A, f32(&[4]));
+        add(m, Op::Unary(UnaryOp::Relu), &[y], "z");
+    });
+    let report = estimate(&[&lonely], &model);
+    assert_close(report.step_seconds, 4.0 / model.flops_per_second, "step");
+
+    // A cycle through two pairs: nothing on it ever runs, the rest does.
+    let a = partition(A, |m| {
+        let x = recv(m, "ab", B, f32(&[4]));
+        send(m, x, "ba", B);
+        input(m, f32(&[4]), "free");
+    });
+    let b = partition(B, |m| {
+        let x = recv(m, "ba", A, f32(&[4]));
+        send(m, x, "ab", A);
+    });
+    let report = estimate(&[&a, &b], &model);
+    assert_eq!(report.devices.len(), 2);
+    assert_eq!(report.step_seconds, 0.0);
+
+    let empty = estimate(&[], &model);
+    assert!(empty.devices.is_empty() && empty.critical_path.is_empty());
+    assert_eq!(empty.step_seconds, 0.0);
+}
+
+#[test]
+fn ten_thousand_nodes_over_64_partitions() {
+    let model = CostModel::default();
+    let parts = 64;
+    let name = |p: usize| format!("/job:worker/task:{}/cpu:{}", p / 8, p % 8);
+    let partitions: Vec<Module> = (0..parts)
+        .map(|p| {
+            partition(&name(p), |m| {
+                // Receive the previous partition's activation, run a chain of layers, send it
+                // on; every partition then joins an all-reduce of its result.
+                let mut h = if p == 0 {
+                    input(m, f32(&[16, 16]), "x")
+                } else {
+                    recv(m, &format!("h{p}"), &name(p - 1), f32(&[16, 16]))
+                };
+                for layer in 0..40 {
+                    let w = weight(m, f32(&[16, 16]), &format!("w{layer}"));
+                    h = matmul(m, h, w, &format!("layer{layer}"));
+                    h = add(m, Op::Unary(UnaryOp::Tanh), &[h], &format!("act{layer}"));
+                }
+                if p + 1 < parts {
+                    send(m, h, &format!("h{}", p + 1), &name(p + 1));
+                }
+                let sum = Op::AllReduce { key: "h".into(), group_size: parts as u32, replica: p as u32 };
+                add(m, sum, &[h], "sum");
+            })
+        })
+        .collect();
+    let refs: Vec<&Module> = partitions.iter().collect();
+    let total: usize = partitions.iter().map(|m| m.graph.len()).sum();
+    assert!(total >= 10_000, "{total} nodes");
+
+    let started = std::time::Instant::now();
+    let report = estimate(&refs, &model);
+    eprintln!("estimate of {total} nodes over {parts} partitions: {:?}", started.elapsed());
+
+    assert_eq!(report.devices.len(), parts);
+    for p in 0..parts {
+        let cost = cost_of(&report, &name(p));
+        assert!(cost.finish_seconds > 0.0, "{}", cost.device);
+    }
+    assert!(report.step_seconds > 0.0);
+    // The activation's trip through all partitions, then the all-reduce that waits for the
+    // last, decide the step.
+    assert!(report.critical_path.len() >= parts, "{:?}", report.critical_path);
+    for (p, entry) in report.critical_path.iter().take(parts).enumerate() {
+        assert!(entry.starts_with(&format!("{}: ", name(p))), "{p}: {:?}", report.critical_path);
+    }
+    let shown = report.to_string();
+    assert!(shown.contains(&name(63)) && shown.contains("predicted step time: "), "{shown}");
+}
+
+#[test]
+fn the_report_prints_a_table_the_step_the_path_and_the_rates() {
+    let (a, b) = chain(A, B);
+    let report = estimate(&[&a, &b], &CostModel::default());
+    let text = report.to_string();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines[0], "cost of one step (predicted)");
+    assert!(lines[1].split_whitespace().eq([
+        "device",
+        "variables",
+        "GFLOP",
+        "sent",
+        "received",
+        "compute",
+        "ms",
+        "finish",
+        "ms"
+    ]));
+    let row: Vec<&str> = lines[2].split_whitespace().collect();
+    assert_eq!(row[..9], [A, "128.0", "KiB", "0.004", "64.0", "KiB", "0", "B", "0.084"], "{text}");
+    assert!(lines.iter().any(|l| l.starts_with("predicted step time: ") && l.ends_with(" µs")), "{text}");
+    assert!(lines.contains(&"critical path"), "{text}");
+    assert!(lines.contains(&format!("  {B}: y/recv … z (2 ops)").as_str()), "{text}");
+    assert_eq!(
+        *lines.last().unwrap(),
+        "assumed: 50 GFLOP/s per device, 10 GB/s within a task, 1.25 GB/s and 50 µs latency between tasks"
+    );
+}

@@ -1,0 +1,376 @@
+//! `Session`: runs any plan — one partition or many — in one process, one thread per partition.
+//!
+//! A session holds the variables of every partition and builds [`SessionProgram`]s from names:
+//! what to fetch (named outputs and metrics, or node names) and what to run for its effect
+//! (node names, such as the plan's updates). Each name belongs to one partition; a program
+//! then closes over what crosses partitions — the `Send` of every key a needed `Recv` waits
+//! for, every replica of a needed all-reduce — until nothing more is needed, and partitions
+//! that need nothing sit the program out. Running it runs one `dfc_interp::Program` per
+//! partition, each on its own thread with its own variables, meeting through a fresh
+//! `InProcessRendezvous` per run. The nodes run in the orders of one `dfc_interp::schedule`
+//! of all the partitions, so they cannot wait for each other in a circle.
+//!
+//! A run is atomic across partitions: the variables are written only if every partition
+//! succeeds. A partition that fails aborts the rendezvous, so the others stop waiting, and
+//! the run reports the failure itself (not the others' "aborted").
+//!
+//! Checkpoints hold the logical variables: every variable that is not a replica's copy
+//! (`origin.mirror_of`), under its node name (a shard keeps its shard's name). Restoring sets
+//! those and copies each mirror's value from the variable it mirrors, so a checkpoint does
+//! not depend on how many replicas a mirrored plan has.
+
+use crate::train::RunError;
+use dfc_interp::{InProcessRendezvous, InterpError, Program, Rendezvous, StagedRun, Tensor, Variables};
+use dfc_ir::{NodeId, Op, TensorRef};
+use dfc_plan::Plan;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+/// The variables of a plan's partitions, and the programs that run over them.
+pub struct Session<'p> {
+    plan: &'p Plan,
+    /// One per partition.
+    variables: Vec<Variables>,
+    /// Every node, by its (plan-wide unique) name.
+    nodes: HashMap<&'p str, (usize, NodeId)>,
+    /// Named outputs and metrics of the partitions' modules.
+    outputs: HashMap<&'p str, (usize, TensorRef)>,
+    sends: HashMap<&'p str, (usize, NodeId)>,
+    reductions: HashMap<&'p str, Vec<(usize, NodeId)>>,
+    /// `dfc_interp::schedule` of all the partitions.
+    orders: Vec<Vec<NodeId>>,
+    /// The variables a checkpoint holds: `(partition, name)`.
+    logical: Vec<(usize, &'p str)>,
+    /// Replicas' copies: `(partition, name, partition of the original, its name)`.
+    mirrors: Vec<(usize, &'p str, usize, &'p str)>,
+}
+
+/// What one run of a session computes: a `Program` for each partition that takes part.
+#[derive(Clone, Debug)]
+pub struct SessionProgram {
+    parts: Vec<Part>,
+    /// Where each fetch comes from: `(index in parts, index in that part's fetches)`.
+    fetches: Vec<(usize, usize)>,
+    inputs: Vec<String>,
+}
+
+#[derive(Clone, Debug)]
+struct Part {
+    partition: usize,
+    program: Program,
+}
+
+impl SessionProgram {
+    /// The `Input` nodes the program needs, in the plan's declaration order.
+    pub fn inputs(&self) -> Vec<String> {
+        self.inputs.clone()
+    }
+
+    /// The partitions (indices into `plan.partitions`) that take part, in order.
+    pub fn partitions(&self) -> Vec<usize> {
+        self.parts.iter().map(|p| p.partition).collect()
+    }
+}
+
+fn malformed(message: String) -> RunError {
+    RunError::Plan(format!("the plan is malformed: {message}"))
+}
+
+impl<'p> Session<'p> {
+    /// A session over `plan` with every variable at its initial value for `seed`
+    /// (`dfc_interp::initialize` of each partition). Checks that the partitions fit together:
+    /// unique node names, one `Send` per key and one for every `Recv`, complete all-reduce
+    /// groups, mirrors of existing variables of their own type.
+    pub fn new(plan: &'p Plan, seed: u64) -> Result<Session<'p>, RunError> {
+        let mut nodes: HashMap<&str, (usize, NodeId)> = HashMap::new();
+        let mut outputs: HashMap<&str, (usize, TensorRef)> = HashMap::new();
+        let mut sends: HashMap<&str, (usize, NodeId)> = HashMap::new();
+        let mut recvs: Vec<(&str, &str)> = Vec::new();
+        let mut reductions: HashMap<&str, Vec<(usize, NodeId)>> = HashMap::new();
+        let mut logical = Vec::new();
+        let mut copies = Vec::new();
+        for (p, partition) in plan.partitions.iter().enumerate() {
+            let graph = &partition.module.graph;
+            for id in graph.node_ids() {
+                let node = graph.node(id);
+                if nodes.insert(node.name.as_str(), (p, id)).is_some() {
+                    return Err(malformed(format!("two partitions have a node `{}`", node.name)));
+                }
+                match &node.op {
+                    Op::Send { key, .. } => {
+                        let previous = sends.insert(key.as_str(), (p, id));
+                        if previous.is_some() {
+                            return Err(malformed(format!("two `send`s have the key `{key}`")));
+                        }
+                    }
+                    Op::Recv { key, .. } => recvs.push((node.name.as_str(), key.as_str())),
+                    Op::AllReduce { key, .. } => reductions.entry(key.as_str()).or_default().push((p, id)),
+                    Op::Variable { origin, .. } => match origin.as_ref().and_then(|o| o.mirror_of.as_deref()) {
+                        None => logical.push((p, node.name.as_str())),
+                        Some(of) => copies.push((p, node.name.as_str(), of)),
+                    },
+                    _ => {}
+                }
+            }
+            for output in partition.module.outputs.iter().chain(&partition.module.metrics) {
+                if !graph.contains(output.tensor.node) || graph.node(output.tensor.node).outputs.is_empty() {
+                    return Err(malformed(format!("output `{}` names no node", output.name)));
+                }
+                outputs.insert(output.name.as_str(), (p, output.tensor));
+            }
+        }
+        for (name, key) in &recvs {
+            if !sends.contains_key(key) {
+                return Err(malformed(format!("`{name}` receives `{key}`, which no partition sends")));
+            }
+        }
+        for (key, members) in &reductions {
+            let mut replicas: Vec<(u32, u32)> = members
+                .iter()
+                .map(|&(p, id)| match plan.partitions[p].module.graph.node(id).op {
+                    Op::AllReduce { group_size, replica, .. } => (replica, group_size),
+                    _ => unreachable!("only all-reduces are listed"),
+                })
+                .collect();
+            replicas.sort();
+            let complete =
+                replicas.iter().enumerate().all(|(i, &(r, n))| r as usize == i && n as usize == members.len());
+            if !complete {
+                return Err(malformed(format!(
+                    "the all-reduce `{key}` has replicas {:?} of groups of {:?}",
+                    replicas.iter().map(|r| r.0).collect::<Vec<_>>(),
+                    replicas.iter().map(|r| r.1).collect::<BTreeSet<_>>()
+                )));
+            }
+        }
+        let mut variables = Vec::with_capacity(plan.partitions.len());
+        for partition in &plan.partitions {
+            variables.push(dfc_interp::try_initialize(&partition.module, seed)?);
+        }
+        let mut mirrors = Vec::new();
+        for (p, name, of) in copies {
+            let original = logical.iter().find(|(_, n)| *n == of).copied();
+            let Some((q, of)) = original else {
+                return Err(malformed(format!("`{name}` mirrors `{of}`, which is not a variable of the plan")));
+            };
+            let (ty, original_ty) = (variables[p].get(name).map(Tensor::ty), variables[q].get(of).map(Tensor::ty));
+            if ty != original_ty {
+                return Err(malformed(format!("`{name}` mirrors `{of}` but has another type")));
+            }
+            mirrors.push((p, name, q, of));
+        }
+        let modules: Vec<&dfc_ir::Module> = plan.partitions.iter().map(|p| &p.module).collect();
+        let orders = dfc_interp::schedule(&modules)?;
+        let mut session = Session { plan, variables, nodes, outputs, sends, reductions, orders, logical, mirrors };
+        // Copies start as their originals do; make sure of it.
+        session.copy_mirrors();
+        Ok(session)
+    }
+
+    pub fn plan(&self) -> &'p Plan {
+        self.plan
+    }
+
+    /// The program that fetches `fetches` (named outputs or metrics of the partitions, else
+    /// node names; output 0) and runs the nodes named in `targets` for their effect.
+    pub fn program(&self, fetches: &[&str], targets: &[&str]) -> Result<SessionProgram, RunError> {
+        let n = self.plan.partitions.len();
+        let mut roots: Vec<BTreeSet<NodeId>> = vec![BTreeSet::new(); n];
+        let mut part_fetches: Vec<Vec<TensorRef>> = vec![Vec::new(); n];
+        let mut fetch_at: Vec<(usize, usize)> = Vec::with_capacity(fetches.len());
+        for name in fetches {
+            let (p, tensor) = match self.outputs.get(name) {
+                Some(&found) => found,
+                None => match self.nodes.get(name) {
+                    Some(&(p, id)) if !self.node(p, id).outputs.is_empty() => (p, TensorRef::from(id)),
+                    Some(_) => return Err(RunError::Usage(format!("`{name}` has no output to fetch"))),
+                    None => return Err(self.unknown(name)),
+                },
+            };
+            roots[p].insert(tensor.node);
+            fetch_at.push((p, part_fetches[p].len()));
+            part_fetches[p].push(tensor);
+        }
+        for name in targets {
+            let &(p, id) = self.nodes.get(name).ok_or_else(|| self.unknown(name))?;
+            roots[p].insert(id);
+        }
+
+        // What crosses partitions, to a fixed point: the Send of every key a needed Recv
+        // waits for, and every replica of a needed all-reduce.
+        loop {
+            let mut more: Vec<(usize, NodeId)> = Vec::new();
+            for (p, partition_roots) in roots.iter().enumerate() {
+                if partition_roots.is_empty() {
+                    continue;
+                }
+                let graph = &self.plan.partitions[p].module.graph;
+                for id in graph.ancestors(&partition_roots.iter().copied().collect::<Vec<_>>()) {
+                    match &graph.node(id).op {
+                        Op::Recv { key, .. } => more.push(self.sends[key.as_str()]),
+                        Op::AllReduce { key, .. } => more.extend(&self.reductions[key.as_str()]),
+                        _ => {}
+                    }
+                }
+            }
+            let mut grew = false;
+            for (p, id) in more {
+                grew |= roots[p].insert(id);
+            }
+            if !grew {
+                break;
+            }
+        }
+
+        let mut parts = Vec::new();
+        let mut part_index = vec![usize::MAX; n];
+        for (p, partition_roots) in roots.iter().enumerate() {
+            if partition_roots.is_empty() {
+                continue;
+            }
+            let targets: Vec<NodeId> = partition_roots.iter().copied().collect();
+            let module = &self.plan.partitions[p].module;
+            let program = Program::with_order(module, &part_fetches[p], &targets, &self.orders[p])?;
+            part_index[p] = parts.len();
+            parts.push(Part { partition: p, program });
+        }
+        let fetches = fetch_at.into_iter().map(|(p, i)| (part_index[p], i)).collect();
+        let mut inputs: Vec<String> = parts.iter().flat_map(|part| part.program.inputs()).collect();
+        let declared = |name: &String| self.plan.inputs.iter().position(|i| i.name == *name).unwrap_or(usize::MAX);
+        inputs.sort_by_key(|name| declared(name)); // stable: undeclared ones keep partition order
+        inputs.dedup();
+        Ok(SessionProgram { parts, fetches, inputs })
+    }
+
+    fn node(&self, p: usize, id: NodeId) -> &dfc_ir::Node {
+        self.plan.partitions[p].module.graph.node(id)
+    }
+
+    fn unknown(&self, name: &str) -> RunError {
+        RunError::Usage(format!("plan of model `{}` has no output or node `{name}`", self.plan.model))
+    }
+
+    /// Runs `program` (built by this session) once on `feeds` (by input name; each goes to the
+    /// partition that has the input) and returns the fetched values, in order. The variables
+    /// change only if every partition succeeds.
+    pub fn run(&mut self, program: &SessionProgram, feeds: &HashMap<String, Tensor>) -> Result<Vec<Tensor>, RunError> {
+        let rendezvous = InProcessRendezvous::new();
+        let plan = self.plan;
+        let variables = &self.variables;
+        let run_part = |part: &Part| -> Result<StagedRun, InterpError> {
+            let module = &plan.partitions[part.partition].module;
+            part.program.run_staged(module, &variables[part.partition], feeds, &rendezvous)
+        };
+        let run_aborting = |part: &Part| {
+            // A panic must not leave the other partitions waiting.
+            let _guard = AbortOnPanic(&rendezvous);
+            let result = run_part(part);
+            if let Err(error) = &result {
+                let device = &plan.partitions[part.partition].device;
+                rendezvous.abort(&format!("partition {device} failed: {error}"));
+            }
+            result
+        };
+        let results: Vec<Result<StagedRun, InterpError>> = match program.parts.as_slice() {
+            [] => Vec::new(),
+            [part] => vec![run_part(part)],
+            // The first partition runs on this thread, each other one on its own.
+            [first, rest @ ..] => std::thread::scope(|scope| {
+                let run_aborting = &run_aborting;
+                let handles: Vec<_> = rest.iter().map(|part| scope.spawn(move || run_aborting(part))).collect();
+                let mut results = vec![run_aborting(first)];
+                for handle in handles {
+                    results.push(handle.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)));
+                }
+                results
+            }),
+        };
+        let mut staged = Vec::with_capacity(results.len());
+        let mut aborted = None;
+        for result in results {
+            match result {
+                Ok(run) => staged.push(run),
+                Err(error @ InterpError::Aborted { .. }) => aborted = aborted.or(Some(error)),
+                Err(error) => return Err(error.into()),
+            }
+        }
+        if let Some(error) = aborted {
+            return Err(error.into());
+        }
+        let fetched: Vec<Vec<Tensor>> = staged
+            .into_iter()
+            .zip(&program.parts)
+            .map(|(run, part)| run.commit(&mut self.variables[part.partition]))
+            .collect();
+        Ok(program.fetches.iter().map(|&(part, i)| fetched[part][i].clone()).collect())
+    }
+
+    /// The logical variables, what a checkpoint holds: every variable that is not a replica's
+    /// copy, by node name.
+    pub fn variables(&self) -> Variables {
+        let mut logical = Variables::new();
+        for &(p, name) in &self.logical {
+            let value = self.variables[p].get(name).expect("every variable is initialised");
+            logical.insert(name.to_string(), value.clone());
+        }
+        logical
+    }
+
+    /// Every variable of every partition, replicas' copies included.
+    pub fn all_variables(&self) -> Variables {
+        let mut all = Variables::new();
+        for variables in &self.variables {
+            for (name, value) in variables.iter() {
+                all.insert(name.clone(), value.clone());
+            }
+        }
+        all
+    }
+
+    /// Sets the logical variables from `saved` (a checkpoint read from `path`), which must
+    /// hold every one with its type, and each replica's copy from the variable it mirrors.
+    pub fn restore(&mut self, saved: &BTreeMap<String, Tensor>, path: &std::path::Path) -> Result<(), RunError> {
+        // Check everything before changing anything.
+        for &(p, name) in &self.logical {
+            let current = self.variables[p].get(name).expect("every variable is initialised").ty();
+            match saved.get(name) {
+                Some(tensor) if tensor.ty() == current => {}
+                Some(tensor) => {
+                    return Err(RunError::Checkpoint(format!(
+                    "{} holds `{name}` as {}, but the plan's variable is {current}; was it written for another model?",
+                    path.display(),
+                    tensor.ty()
+                )))
+                }
+                None => {
+                    return Err(RunError::Checkpoint(format!(
+                        "{} has no variable `{name}`; was it written for another model?",
+                        path.display()
+                    )))
+                }
+            }
+        }
+        for &(p, name) in &self.logical {
+            self.variables[p].insert(name.to_string(), saved[name].clone());
+        }
+        self.copy_mirrors();
+        Ok(())
+    }
+
+    fn copy_mirrors(&mut self) {
+        for &(p, name, q, of) in &self.mirrors {
+            let value = self.variables[q].get(of).expect("mirrors are checked").clone();
+            self.variables[p].insert(name.to_string(), value);
+        }
+    }
+}
+
+/// Aborts the rendezvous if the thread unwinds.
+struct AbortOnPanic<'a>(&'a InProcessRendezvous);
+
+impl Drop for AbortOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.abort("a partition panicked");
+        }
+    }
+}

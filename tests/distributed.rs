@@ -1,0 +1,186 @@
+//! Differential tests of the strategies: every example, trained for a few steps on the same
+//! data from the same initial values, ends with the same losses and parameters whether it runs
+//! on one device, mirrored on 2 and 4, on parameter servers (synchronous), in central storage,
+//! or spread by the cost model. Data-parallel runs sum in another order, so they agree within
+//! float tolerance; model parallelism runs the same arithmetic and agrees exactly.
+
+use dfc_compile::{compile, CompileOptions, Strategy};
+use dfc_driver::Session;
+use dfc_interp::Tensor;
+use dfc_ir::{Cluster, DType, DeviceKind};
+use dfc_plan::Plan;
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+
+const STEPS: usize = 3;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Smaller dims than the examples' own where they are large, every batch divisible by 4.
+fn dims(example: &str) -> Vec<(String, i64)> {
+    let pairs: &[(&str, i64)] = match example {
+        "cnn" => &[("batch", 8)],
+        "mlp" => &[("batch", 16)],
+        "softmax_regression" => &[("batch", 20)],
+        "wide_and_deep" => &[("batch", 16), ("users", 200)],
+        _ => &[],
+    };
+    pairs.iter().map(|(n, v)| (n.to_string(), *v)).collect()
+}
+
+fn ps_cluster(workers: usize) -> Cluster {
+    let workers: Vec<String> = (0..workers).map(|i| format!("\"localhost:{}\"", 3000 + i)).collect();
+    Cluster::from_json(&format!(
+        "{{\"cluster\": {{\"worker\": [{}], \"ps\": [\"localhost:2000\", \"localhost:2001\"]}}}}",
+        workers.join(", ")
+    ))
+    .expect("a valid cluster")
+}
+
+fn plan(example: &str, cluster: Cluster, strategy: Strategy) -> Plan {
+    let path = root().join("examples").join(format!("{example}.df"));
+    let source = std::fs::read_to_string(&path).expect("example");
+    let options = CompileOptions {
+        sema: dfc_sema::Options { dims: dims(example), optimizer: None },
+        cluster,
+        strategy,
+        // wide_and_deep asks for ps and worker jobs that some of these clusters lack.
+        soft_placement: true,
+        ..CompileOptions::default()
+    };
+    match compile(&source, &format!("{example}.df"), &options) {
+        Ok(compiled) => compiled.plan,
+        Err(e) => panic!("{example} ({}): does not compile: {e:?}", strategy.name()),
+    }
+}
+
+/// Random batches for the plan's inputs: small non-negative integers (labels, ids), bytes,
+/// floats in [-1, 1).
+fn batches(plan: &Plan) -> Vec<HashMap<String, Tensor>> {
+    let mut rng = fastrand::Rng::with_seed(42);
+    (0..STEPS)
+        .map(|_| {
+            plan.inputs
+                .iter()
+                .map(|input| {
+                    let n = input.ty.shape.n_elements();
+                    let dims = input.ty.shape.dims().to_vec();
+                    let tensor = match input.ty.dtype {
+                        DType::I32 => Tensor::from_vec(dims, (0..n).map(|_| rng.i32(0..10)).collect::<Vec<i32>>()),
+                        DType::U8 => Tensor::from_vec(dims, (0..n).map(|_| rng.u8(..)).collect::<Vec<u8>>()),
+                        DType::F32 => {
+                            Tensor::from_vec(dims, (0..n).map(|_| rng.f32() * 2.0 - 1.0).collect::<Vec<f32>>())
+                        }
+                        other => panic!("no test data for {other} inputs"),
+                    };
+                    (input.name.clone(), tensor)
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// The loss of each step, and the parameters after the last.
+fn train(plan: &Plan, data: &[HashMap<String, Tensor>]) -> (Vec<f64>, BTreeMap<String, Vec<f64>>) {
+    let training = plan.training.as_ref().expect("examples train");
+    let mut session = Session::new(plan, 0).expect("the plan loads");
+    let updates: Vec<&str> = training.updates.iter().map(String::as_str).collect();
+    let step = session.program(&[training.loss_node.as_str()], &updates).expect("a training step");
+    let losses = data.iter().map(|feeds| session.run(&step, feeds).expect("a step runs")[0].scalar_f64()).collect();
+    let variables = session.variables().iter().map(|(name, t)| (name.clone(), t.to_f64_vec())).collect();
+    (losses, variables)
+}
+
+fn close(a: f64, b: f64, tolerance: f64) -> bool {
+    (a - b).abs() <= tolerance * (1.0 + a.abs().max(b.abs()))
+}
+
+fn assert_same(
+    what: &str,
+    reference: &(Vec<f64>, BTreeMap<String, Vec<f64>>),
+    other: &(Vec<f64>, BTreeMap<String, Vec<f64>>),
+    tolerance: f64,
+) {
+    for (step, (a, b)) in reference.0.iter().zip(&other.0).enumerate() {
+        assert!(close(*a, *b, tolerance), "{what}: the loss of step {step} is {b}, single-device gives {a}");
+    }
+    let names = |m: &BTreeMap<String, Vec<f64>>| m.keys().cloned().collect::<Vec<_>>();
+    assert_eq!(names(&reference.1), names(&other.1), "{what}: other variables");
+    for (name, values) in &reference.1 {
+        let theirs = &other.1[name];
+        let worst = values.iter().zip(theirs).map(|(a, b)| (a - b).abs() / (1.0 + a.abs())).fold(0.0, f64::max);
+        assert!(worst <= tolerance, "{what}: `{name}` differs from single-device by up to {worst:e}");
+    }
+}
+
+fn check(example: &str) {
+    let single = plan(example, Cluster::local(1, DeviceKind::Cpu), Strategy::Single);
+    let data = batches(&single);
+    let reference = train(&single, &data);
+    assert!(reference.0.iter().all(|l| l.is_finite()), "{example}: losses {:?}", reference.0);
+
+    let cases = [
+        ("mirrored on 2 devices", Cluster::local(2, DeviceKind::Cpu), Strategy::Mirrored, 2),
+        ("mirrored on 4 devices", Cluster::local(4, DeviceKind::Cpu), Strategy::Mirrored, 4),
+        ("ps --sync, 2 workers and 2 ps", ps_cluster(2), Strategy::ParameterServer { sync: true }, 2),
+        ("ps --sync, 4 workers and 2 ps", ps_cluster(4), Strategy::ParameterServer { sync: true }, 4),
+        ("central storage on 2 devices", Cluster::local(2, DeviceKind::Cpu), Strategy::CentralStorage, 2),
+    ];
+    for (what, cluster, strategy, replicas) in cases {
+        let plan = plan(example, cluster, strategy);
+        assert_eq!(plan.strategy.replicas, replicas, "{example}, {what}");
+        assert!(plan.partitions.len() > 1, "{example}, {what}: one partition");
+        assert_same(&format!("{example}, {what}"), &reference, &train(&plan, &data), 1e-4);
+    }
+
+    // Model parallelism moves tensors, not arithmetic: the same numbers exactly.
+    let model = plan(example, Cluster::local(3, DeviceKind::Cpu), Strategy::Model);
+    assert_same(&format!("{example}, model parallel on 3 devices"), &reference, &train(&model, &data), 0.0);
+}
+
+#[test]
+fn linear_regression() {
+    check("linear_regression");
+}
+
+#[test]
+fn ridge_regression() {
+    check("ridge_regression");
+}
+
+#[test]
+fn softmax_regression() {
+    check("softmax_regression");
+}
+
+#[test]
+fn mlp() {
+    check("mlp");
+}
+
+#[test]
+fn cnn() {
+    check("cnn");
+}
+
+#[test]
+fn wide_and_deep() {
+    check("wide_and_deep");
+}
+
+/// Asynchronous parameter servers apply each worker's gradient as it comes: not the
+/// single-device numbers, but training still goes downhill.
+#[test]
+fn asynchronous_parameter_servers_train() {
+    let async_plan = plan("linear_regression", ps_cluster(2), Strategy::ParameterServer { sync: false });
+    assert!(!async_plan.strategy.sync);
+    let data: Vec<HashMap<String, Tensor>> = batches(&async_plan).into_iter().cycle().take(30).collect();
+    let (losses, _) = train(&async_plan, &data);
+    assert!(losses.iter().all(|l| l.is_finite()));
+    assert!(
+        losses[27..].iter().sum::<f64>() < losses[..3].iter().sum::<f64>(),
+        "async training does not learn: {losses:?}"
+    );
+}
