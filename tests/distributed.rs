@@ -40,15 +40,18 @@ fn ps_cluster(workers: usize) -> Cluster {
 }
 
 fn plan(example: &str, cluster: Cluster, strategy: Strategy) -> Plan {
+    plan_with(example, CompileOptions { cluster, strategy, ..CompileOptions::default() })
+}
+
+fn plan_with(example: &str, options: CompileOptions) -> Plan {
+    let strategy = options.strategy;
     let path = root().join("examples").join(format!("{example}.df"));
     let source = std::fs::read_to_string(&path).expect("example");
     let options = CompileOptions {
         sema: dfc_sema::Options { dims: dims(example), optimizer: None },
-        cluster,
-        strategy,
         // wide_and_deep asks for ps and worker jobs that some of these clusters lack.
         soft_placement: true,
-        ..CompileOptions::default()
+        ..options
     };
     match compile(&source, &format!("{example}.df"), &options) {
         Ok(compiled) => compiled.plan,
@@ -183,4 +186,36 @@ fn asynchronous_parameter_servers_train() {
         losses[27..].iter().sum::<f64>() < losses[..3].iter().sum::<f64>(),
         "async training does not learn: {losses:?}"
     );
+}
+
+/// `--partition-min-bytes`: large variables are sharded over the parameter servers (at most one
+/// shard per ps task), start from the slices of the unsharded value, and train the same.
+#[test]
+fn variables_above_a_size_are_partitioned_over_the_parameter_servers() {
+    let single = plan("mlp", Cluster::local(1, DeviceKind::Cpu), Strategy::Single);
+    let sharded = plan_with(
+        "mlp",
+        CompileOptions {
+            cluster: ps_cluster(2),
+            strategy: Strategy::ParameterServer { sync: true },
+            partition_min_bytes: Some(100_000),
+            ..CompileOptions::default()
+        },
+    );
+    let spec = |name: &str| sharded.params.iter().find(|p| p.name == name).expect("a param");
+    let w1 = spec("h1/w"); // 784 x 256 floats: 802,816 bytes
+    assert_eq!(w1.partitions, 2);
+    assert_eq!(w1.devices, ["/job:ps/task:0/cpu:0", "/job:ps/task:1/cpu:0"]);
+    assert_eq!(spec("h1/b").partitions, 1, "a small variable stays whole");
+    let data = batches(&single);
+    let reference = train(&single, &data);
+    let (losses, variables) = train(&sharded, &data);
+    for (step, (a, b)) in reference.0.iter().zip(&losses).enumerate() {
+        assert!(close(*a, *b, 1e-4), "step {step}: {b} vs {a}");
+    }
+    // The shards, joined, are the single-device variable.
+    let joined: Vec<f64> = ["h1/w/part_0", "h1/w/part_1"].iter().flat_map(|n| variables[*n].clone()).collect();
+    let whole = &reference.1["h1/w"];
+    assert_eq!(joined.len(), whole.len());
+    assert!(joined.iter().zip(whole).all(|(a, b)| close(*a, *b, 1e-4)));
 }

@@ -196,11 +196,19 @@ impl Placer<'_> {
         let mut device_of: BTreeMap<NodeId, usize> = BTreeMap::new(); // by group root
 
         // 3. Variables.
-        let variable_groups: Vec<NodeId> = members
+        // In creation order: the order of the model's params (a partitioned variable's shards
+        // stand where it stood), then other variables by id.
+        let declared: HashMap<NodeId, usize> = self.module.params.iter().enumerate().map(|(i, &p)| (p, i)).collect();
+        let mut variable_groups: Vec<(usize, NodeId, NodeId)> = members
             .iter()
-            .filter(|(_, list)| list.iter().any(|&m| matches!(graph.node(m).op, Op::Variable { .. })))
-            .map(|(root, _)| *root)
+            .filter_map(|(root, list)| {
+                let variables = list.iter().filter(|&&m| matches!(graph.node(m).op, Op::Variable { .. }));
+                let first = variables.map(|&m| (declared.get(&m).copied().unwrap_or(usize::MAX), m)).min()?;
+                Some((first.0, first.1, *root))
+            })
             .collect();
+        variable_groups.sort();
+        let variable_groups: Vec<NodeId> = variable_groups.into_iter().map(|(_, _, root)| root).collect();
         let mut sizes = Vec::new();
         let mut candidates = Vec::new();
         for root in &variable_groups {

@@ -88,6 +88,14 @@ fn random_module(rng: &mut fastrand::Rng, cluster: &Cluster) -> Module {
         }
         values.push(id.into());
     }
+    // Control edges between compute nodes, earlier to later (creation order is topological):
+    // across devices they must travel as dummy tensors.
+    for _ in 0..rng.usize(0..=4) {
+        let (a, b) = (rng.usize(..values.len()), rng.usize(..values.len()));
+        if a < b && values[a].node != values[b].node {
+            g.add_control_edge(values[a].node, values[b].node);
+        }
+    }
     for (i, &(v, rows)) in variables.iter().enumerate() {
         if rng.bool() {
             let value = values[rng.usize(..values.len())];
@@ -125,6 +133,7 @@ fn options<'a>(rng: &mut fastrand::Rng, cluster: &'a Cluster) -> PlaceOptions<'a
 #[test]
 fn random_graphs_are_placed_and_partitioned_soundly() {
     let cost = dfc_passes::CostModel::default();
+    let mut carried = 0;
     for seed in 0..300u64 {
         let mut rng = fastrand::Rng::with_seed(seed);
         let cluster = random_cluster(&mut rng);
@@ -167,6 +176,8 @@ fn random_graphs_are_placed_and_partitioned_soundly() {
             }
         }
 
+        let placed_devices: HashMap<NodeId, Option<DeviceSpec>> =
+            graph.node_ids().map(|id| (id, graph.node(id).device.clone())).collect();
         let order: Vec<DeviceSpec> = devices.iter().map(|d| (*d).clone()).collect();
         let partitioned = dfc_passes::partition(placed, &order);
         let combined = &partitioned.combined.graph;
@@ -192,9 +203,15 @@ fn random_graphs_are_placed_and_partitioned_soundly() {
             let problems = dfc_ir::verify(part, dfc_ir::VerifyOptions { require_devices: true });
             assert!(problems.is_empty(), "seed {seed}: a partition is malformed: {problems:?}");
         }
+        let crossing = module.graph.node_ids().flat_map(|id| {
+            let placed = &placed_devices;
+            module.graph.control_inputs(id).into_iter().map(move |c| placed[&c] != placed[&id])
+        });
+        carried += crossing.filter(|&x| x).count();
         let nodes: usize = partitioned.parts.iter().map(|(_, m)| m.graph.len()).sum();
         assert_eq!(nodes, combined.len(), "seed {seed}: partitions must hold every node once");
     }
+    assert!(carried > 20, "the random graphs should cross devices with control edges ({carried})");
 }
 
 fn max_load(sizes: &[u64], chosen: &[usize], m: usize) -> u64 {
