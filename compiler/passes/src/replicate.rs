@@ -340,45 +340,39 @@ impl<'a> Builder<'a> {
     /// The device replica `r`'s copy of `id` is requested on: the replica's device, checked
     /// against what the source asked for.
     fn request(&mut self, id: NodeId, r: usize) -> Option<DeviceSpec> {
-        let device = &self.options.devices[r];
-        let node = self.src.graph.node(id);
-        if let Some(asked) = &node.requested_device {
-            let span = self.src.graph.request_span(id).or(self.src.graph.span(id)).unwrap_or(Span::new(0, 0));
-            if !asked.allows(device) && self.reported.insert((span.start, span.end, asked.to_string())) {
-                let message = format!(
-                    "this asks for {asked}, but data parallelism runs replica {r} of `{}` on {device}",
-                    node.name
-                );
-                let d = if self.options.soft {
-                    Diagnostic::warning(Code::SOFT_PLACEMENT, span, format!("{message}; the request is set aside"))
-                } else {
-                    Diagnostic::error(Code::PLACEMENT_CONFLICT, span, message)
-                        .with_help("drop the device request, choose a strategy that honours it (--strategy ps or single), or compile with --soft-placement")
-                };
-                self.diagnostics.push(d.with_label("requested here"));
-            }
-        }
-        Some(device.clone())
+        let device = self.options.devices[r].clone();
+        let name = &self.src.graph.node(id).name;
+        let why = format!("data parallelism runs replica {r} of `{name}` on {device}");
+        let help = "drop the device request, choose a strategy that honours it (--strategy ps or single), or compile with --soft-placement";
+        self.check_request(id, &device, why, help);
+        Some(device)
     }
 
     fn shared_variable_request(&mut self, id: NodeId) -> Option<DeviceSpec> {
-        let node = self.src.graph.node(id);
-        let Some(home) = self.options.variable_device else { return node.requested_device.clone() };
-        if let Some(asked) = &node.requested_device {
-            let span = self.src.graph.request_span(id).or(self.src.graph.span(id)).unwrap_or(Span::new(0, 0));
-            if !asked.allows(home) && self.reported.insert((span.start, span.end, asked.to_string())) {
-                let message =
-                    format!("`{}` asks for {asked}, but central storage keeps variables on {home}", node.name);
-                let d = if self.options.soft {
-                    Diagnostic::warning(Code::SOFT_PLACEMENT, span, format!("{message}; the request is set aside"))
-                } else {
-                    Diagnostic::error(Code::PLACEMENT_CONFLICT, span, message)
-                        .with_help("drop the device request, or compile with --soft-placement")
-                };
-                self.diagnostics.push(d.with_label("requested here"));
-            }
+        let Some(home) = self.options.variable_device.cloned() else {
+            return self.src.graph.node(id).requested_device.clone();
+        };
+        let why = format!("central storage keeps `{}` on {home}", self.src.graph.node(id).name);
+        self.check_request(id, &home, why, "drop the device request, or compile with --soft-placement");
+        Some(home)
+    }
+
+    /// Reports, once per request written in the source, that `id` asks for a device other than
+    /// the strategy's `device` (an error, or a warning under soft placement).
+    fn check_request(&mut self, id: NodeId, device: &DeviceSpec, why: String, help: &str) {
+        let graph = &self.src.graph;
+        let Some(asked) = &graph.node(id).requested_device else { return };
+        let span = graph.request_span(id).or(graph.span(id)).unwrap_or(Span::new(0, 0));
+        if asked.allows(device) || !self.reported.insert((span.start, span.end, asked.to_string())) {
+            return;
         }
-        Some(home.clone())
+        let message = format!("this asks for {asked}, but {why}");
+        let diagnostic = if self.options.soft {
+            Diagnostic::warning(Code::SOFT_PLACEMENT, span, format!("{message}; the request is set aside"))
+        } else {
+            Diagnostic::error(Code::PLACEMENT_CONFLICT, span, message).with_help(help)
+        };
+        self.diagnostics.push(diagnostic.with_label("requested here"));
     }
 
     fn control_edges(&mut self, order: &[NodeId]) {
