@@ -398,7 +398,7 @@ fn compile_options(model: &ModelArgs, args: &DistributeArgs) -> Result<dfc_compi
     })
 }
 
-/// Reads a source file and prints what a compile error says; `None` after an error.
+/// Prints what a compile error says: located diagnostics, or one line for a bad option.
 fn report_compile_error(source: &Source, error: dfc_compile::CompileError) -> Outcome {
     match error {
         dfc_compile::CompileError::Diagnostics(diagnostics) => {

@@ -32,7 +32,7 @@ mod verify;
 
 pub use cluster::{Cluster, Job, Task};
 pub use device::{DeviceKind, DeviceSpec};
-pub use dot::{to_dot, DotOptions};
+pub use dot::{human_bytes, to_dot, DotOptions};
 pub use graph::{Edge, Graph, Node, NodeId, TensorRef};
 pub use infer::{broadcast_shapes, infer, TypeError};
 pub use module::{Module, Optimizer, OptimizerKind, Output, Training};

@@ -172,7 +172,7 @@ pub fn verify_partitions(parts: &[(&crate::DeviceSpec, &Module)]) -> Vec<VerifyE
     use crate::DeviceSpec;
     let mut errors = Vec::new();
     let mut sends: HashMap<&str, (&DeviceSpec, &DeviceSpec, &TensorType)> = HashMap::new();
-    let mut recvs: HashMap<&str, (&DeviceSpec, &DeviceSpec, &TensorType)> = HashMap::new();
+    let mut recvs: HashMap<&str, (&DeviceSpec, &DeviceSpec, &TensorType, &str)> = HashMap::new();
     let mut groups: HashMap<&str, Vec<(u32, u32, &TensorType)>> = HashMap::new();
     let mut error = |message: String| errors.push(VerifyError { node: None, message });
     for (device, module) in parts {
@@ -192,7 +192,7 @@ pub fn verify_partitions(parts: &[(&crate::DeviceSpec, &Module)]) -> Vec<VerifyE
                         error(format!("`{}` sends to its own device", node.name));
                     }
                 }
-                Op::Recv { key, from, ty } if recvs.insert(key, (from, device, ty)).is_some() => {
+                Op::Recv { key, from, ty } if recvs.insert(key, (from, device, ty, &node.name)).is_some() => {
                     error(format!("two Recvs have the key `{key}`"));
                 }
                 Op::AllReduce { key, group_size, replica } => {
@@ -205,7 +205,7 @@ pub fn verify_partitions(parts: &[(&crate::DeviceSpec, &Module)]) -> Vec<VerifyE
     for (key, (from, to, ty)) in &sends {
         match recvs.get(key) {
             None => error(format!("the Send `{key}` has no Recv")),
-            Some((rfrom, rto, rty)) => {
+            Some((rfrom, rto, rty, _)) => {
                 if rfrom != from || rto != to {
                     error(format!("the Recv of `{key}` expects {rfrom} → {rto}, but the Send goes {from} → {to}"));
                 }
@@ -215,9 +215,9 @@ pub fn verify_partitions(parts: &[(&crate::DeviceSpec, &Module)]) -> Vec<VerifyE
             }
         }
     }
-    for key in recvs.keys() {
+    for (key, (.., name)) in &recvs {
         if !sends.contains_key(key) {
-            error(format!("the Recv `{key}` has no Send"));
+            error(format!("`{name}` receives `{key}`, which no partition sends"));
         }
     }
     for (key, members) in &groups {

@@ -646,20 +646,7 @@ impl Simulation<'_> {
     }
 }
 
-/// `512 B`, `1.5 KiB`, `3.0 MiB`: exact below a KiB, one decimal above.
-pub fn human_bytes(n: u64) -> String {
-    const UNITS: [&str; 6] = ["KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
-    if n < 1024 {
-        return format!("{n} B");
-    }
-    let mut value = n as f64 / 1024.0;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    format!("{value:.1} {}", UNITS[unit])
-}
+pub use dfc_ir::human_bytes;
 
 /// `12.345 ms`, `50 µs`, `1.5 s`, `0.96 ns`: three decimals at most, trailing zeros dropped.
 fn human_seconds(s: f64) -> String {

@@ -110,10 +110,6 @@ impl<'a> Builder<'a> {
         self.options.devices.len()
     }
 
-    fn mirrored(&self) -> bool {
-        self.options.replication == Replication::Mirrored
-    }
-
     /// Whether a source node has one copy for all replicas.
     fn is_shared(&self, id: NodeId) -> bool {
         match self.options.replication {
@@ -231,14 +227,9 @@ impl<'a> Builder<'a> {
         let in_update = self.update_region.contains(&user);
         if in_update {
             if let Some(&variable) = self.gradients.get(&operand) {
-                let key = (
-                    if self.mirrored() || self.options.replication == (Replication::Shared { sync: false }) {
-                        replica
-                    } else {
-                        None
-                    },
-                    variable,
-                );
+                // One combined gradient per replica, except for synchronous shared variables.
+                let per_replica = self.options.replication != (Replication::Shared { sync: true });
+                let key = (replica.filter(|_| per_replica), variable);
                 if let Some(&done) = self.combined.get(&key) {
                     return done;
                 }

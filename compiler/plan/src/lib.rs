@@ -14,6 +14,7 @@ pub use summary::{summary, DeviceSummary, ParamSummary, Summary, TensorSummary, 
 
 pub use dfc_ir::{Cluster, Job, Task};
 use dfc_ir::{DeviceKind, DeviceSpec, Initializer, Module, NodeId, Op, Optimizer, TensorRef, TensorType};
+use dfc_passes::cost::tensor_bytes;
 use serde::{Deserialize, Serialize};
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -222,12 +223,6 @@ fn tensor_name(module: &Module, tensor: TensorRef) -> String {
         0 => name.clone(),
         port => format!("{name}:{port}"),
     }
-}
-
-/// Bytes of a tensor's buffer, saturating: a decoded plan may hold absurd shapes, and sizes
-/// are only shown, so they must not overflow (a panic in debug builds).
-pub(crate) fn tensor_bytes(ty: &TensorType) -> u64 {
-    ty.shape.dims().iter().fold(ty.dtype.size_in_bytes() as u64, |acc, &d| acc.saturating_mul(d as u64))
 }
 
 /// FNV-1a, 64 bit: a stable fingerprint of the source text (not a security measure; it only

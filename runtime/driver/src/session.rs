@@ -21,7 +21,7 @@
 
 use crate::train::RunError;
 use dfc_interp::{InProcessRendezvous, InterpError, Program, Rendezvous, StagedRun, Tensor, Variables};
-use dfc_ir::{NodeId, Op, TensorRef};
+use dfc_ir::{DeviceSpec, Module, NodeId, Op, TensorRef};
 use dfc_plan::Plan;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -78,13 +78,12 @@ fn malformed(message: String) -> RunError {
 impl<'p> Session<'p> {
     /// A session over `plan` with every variable at its initial value for `seed`
     /// (`dfc_interp::initialize` of each partition). Checks that the partitions fit together:
-    /// unique node names, one `Send` per key and one for every `Recv`, complete all-reduce
-    /// groups, mirrors of existing variables of their own type.
+    /// unique node names, `dfc_ir::verify_partitions` (Send/Recv pairs, devices, all-reduce
+    /// groups), mirrors of existing variables of their own type.
     pub fn new(plan: &'p Plan, seed: u64) -> Result<Session<'p>, RunError> {
         let mut nodes: HashMap<&str, (usize, NodeId)> = HashMap::new();
         let mut outputs: HashMap<&str, (usize, TensorRef)> = HashMap::new();
         let mut sends: HashMap<&str, (usize, NodeId)> = HashMap::new();
-        let mut recvs: Vec<(&str, &str)> = Vec::new();
         let mut reductions: HashMap<&str, Vec<(usize, NodeId)>> = HashMap::new();
         let mut logical = Vec::new();
         let mut copies = Vec::new();
@@ -97,12 +96,8 @@ impl<'p> Session<'p> {
                 }
                 match &node.op {
                     Op::Send { key, .. } => {
-                        let previous = sends.insert(key.as_str(), (p, id));
-                        if previous.is_some() {
-                            return Err(malformed(format!("two `send`s have the key `{key}`")));
-                        }
+                        sends.insert(key.as_str(), (p, id));
                     }
-                    Op::Recv { key, .. } => recvs.push((node.name.as_str(), key.as_str())),
                     Op::AllReduce { key, .. } => reductions.entry(key.as_str()).or_default().push((p, id)),
                     Op::Variable { origin, .. } => match origin.as_ref().and_then(|o| o.mirror_of.as_deref()) {
                         None => logical.push((p, node.name.as_str())),
@@ -118,29 +113,10 @@ impl<'p> Session<'p> {
                 outputs.insert(output.name.as_str(), (p, output.tensor));
             }
         }
-        for (name, key) in &recvs {
-            if !sends.contains_key(key) {
-                return Err(malformed(format!("`{name}` receives `{key}`, which no partition sends")));
-            }
-        }
-        for (key, members) in &reductions {
-            let mut replicas: Vec<(u32, u32)> = members
-                .iter()
-                .map(|&(p, id)| match plan.partitions[p].module.graph.node(id).op {
-                    Op::AllReduce { group_size, replica, .. } => (replica, group_size),
-                    _ => unreachable!("only all-reduces are listed"),
-                })
-                .collect();
-            replicas.sort();
-            let complete =
-                replicas.iter().enumerate().all(|(i, &(r, n))| r as usize == i && n as usize == members.len());
-            if !complete {
-                return Err(malformed(format!(
-                    "the all-reduce `{key}` has replicas {:?} of groups of {:?}",
-                    replicas.iter().map(|r| r.0).collect::<Vec<_>>(),
-                    replicas.iter().map(|r| r.1).collect::<BTreeSet<_>>()
-                )));
-            }
+        // Send/Recv pairs, keys, devices and all-reduce groups: the IR's own check.
+        let parts: Vec<(&DeviceSpec, &Module)> = plan.partitions.iter().map(|p| (&p.device, &p.module)).collect();
+        if let Some(problem) = dfc_ir::verify_partitions(&parts).into_iter().next() {
+            return Err(malformed(problem.message));
         }
         let mut variables = Vec::with_capacity(plan.partitions.len());
         for partition in &plan.partitions {
