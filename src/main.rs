@@ -1,5 +1,6 @@
 //! The `dfc` command: check, ir, compile, inspect.
 
+mod bench;
 mod render;
 mod run;
 
@@ -14,6 +15,24 @@ use std::process::ExitCode;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+}
+
+/// `--backend`: what runs a plan's partitions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum RunBackend {
+    /// Native code: the plan's fused kernels JIT-compiled through LLVM.
+    Llvm,
+    /// The reference interpreter: slow, plainly right.
+    Interp,
+}
+
+impl RunBackend {
+    pub(crate) fn backend(self) -> dfc_driver::Backend {
+        match self {
+            RunBackend::Llvm => dfc_driver::Backend::Llvm,
+            RunBackend::Interp => dfc_driver::Backend::Interp,
+        }
+    }
 }
 
 #[derive(Subcommand)]
@@ -105,7 +124,12 @@ enum Command {
         /// With --fetch: the .npy file to write.
         #[arg(short, long, requires = "fetch")]
         output: Option<PathBuf>,
+        /// What runs the plan: native code (LLVM) or the reference interpreter.
+        #[arg(long, value_enum, default_value_t = RunBackend::Llvm)]
+        backend: RunBackend,
     },
+    /// Time training steps (or with --inference forward passes) of a plan on random data.
+    Bench(bench::BenchArgs),
     /// Describe what a plan file holds.
     Inspect {
         plan: PathBuf,
@@ -197,6 +221,7 @@ fn main() -> ExitCode {
             compile(&file, &model, &distribute, output, report)
         }
         Command::Inspect { plan, json } => inspect(&plan, json),
+        Command::Bench(args) => bench::bench(&args),
         Command::Graph { file, model, distribute, after, collapse, output } => {
             graph(&file, &model, &distribute, &after, collapse, output)
         }
@@ -212,8 +237,10 @@ fn main() -> ExitCode {
             checkpoint_dir,
             fetch,
             output,
+            backend,
         } => {
             let train = dfc_driver::TrainOptions {
+                backend: backend.backend(),
                 feeds,
                 eval_feeds,
                 epochs,

@@ -79,7 +79,8 @@ pub struct RunArgs {
 /// person reads, or returns the error.
 pub fn run(plan: &dfc_plan::Plan, args: &RunArgs) -> Result<(), String> {
     if let Some(name) = &args.fetch {
-        let mut session = dfc_driver::Session::new(plan, args.train.seed).map_err(|e| e.to_string())?;
+        let mut session =
+            dfc_driver::Session::with_backend(plan, args.train.seed, args.train.backend).map_err(|e| e.to_string())?;
         match &args.train.checkpoint_dir {
             Some(dir) => match dfc_driver::checkpoint::latest(dir).map_err(|e| format!("checkpoint: {e}"))? {
                 Some(found) => {

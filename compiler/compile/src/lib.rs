@@ -215,7 +215,7 @@ pub fn compile(source: &str, source_name: &str, options: &CompileOptions) -> Res
         sync: !matches!(options.strategy, Strategy::ParameterServer { sync: false }),
         placement: options.placement.name().into(),
     };
-    let partitions = partitioned.parts.into_iter().map(|(device, module)| Partition { device, module }).collect();
+    let partitions = partitioned.parts.into_iter().map(|(device, module)| Partition { device, module, native: None }).collect();
     let mut plan = Plan::build(&partitioned.combined, partitions, cluster.clone(), strategy, source_name, source);
     plan.report = Some(report);
     Ok(Compiled { plan, combined: partitioned.combined, warnings })

@@ -5,6 +5,7 @@
 //! fetches and targets needs, for running.
 
 mod autodiff;
+pub mod fuse;
 pub mod cost;
 mod optimizer;
 mod partition;
@@ -15,6 +16,7 @@ mod shard;
 mod simplify;
 
 pub use autodiff::autodiff;
+pub use fuse::{fuse, Fusion, Kernel};
 pub use cost::{CostModel, CostReport, DeviceCost};
 pub use optimizer::apply_optimizer;
 pub use partition::{partition, Partitioned};

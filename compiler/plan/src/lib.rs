@@ -72,6 +72,39 @@ impl Default for StrategySpec {
 pub struct Partition {
     pub device: DeviceSpec,
     pub module: Module,
+    /// The partition's fused kernels compiled for a CPU (`dfc_codegen`); `None` for a plan
+    /// compiled without native code (the runtime then compiles at load).
+    pub native: Option<NativeCode>,
+}
+
+/// A CPU partition's kernels as LLVM bitcode, optimised for `target`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NativeCode {
+    pub target: NativeTarget,
+    pub bitcode: Vec<u8>,
+    /// One per kernel of `dfc_passes::fuse`: its function in the bitcode.
+    pub kernels: Vec<NativeKernel>,
+}
+
+/// The CPU code was generated for: LLVM's triple, CPU name and feature string (`+avx512f,...`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NativeTarget {
+    pub triple: String,
+    pub cpu: String,
+    pub features: String,
+}
+
+/// A fused kernel: `function(args, begin, end)` computes `root` (from `members`, reading
+/// `inputs`) over rows `begin..end` of its outermost loop, which has `rows` iterations.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NativeKernel {
+    pub function: String,
+    pub root: NodeId,
+    pub members: Vec<NodeId>,
+    pub inputs: Vec<TensorRef>,
+    pub rows: u64,
+    /// Whether ranges of rows may run on different threads.
+    pub parallel: bool,
 }
 
 /// A model input or named output, by name: what a user feeds or fetches.
@@ -171,7 +204,7 @@ impl Plan {
         }
         let mut local = module.clone();
         local.training = None;
-        let partitions = vec![Partition { device, module: local }];
+        let partitions = vec![Partition { device, module: local, native: None }];
         Plan::build(&module, partitions, cluster, StrategySpec::default(), source_name, source_text)
     }
 }

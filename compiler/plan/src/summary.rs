@@ -307,7 +307,7 @@ mod tests {
         for id in ids {
             module.graph.node_mut(id).device = Some(second.clone());
         }
-        plan.partitions.push(Partition { device: second.clone(), module });
+        plan.partitions.push(Partition { device: second.clone(), module, native: None });
         plan.strategy =
             StrategySpec { name: "mirrored".into(), replicas: 2, sync: true, placement: "round-robin".into() };
         plan.params[0].devices.push(second.to_string());

@@ -20,7 +20,7 @@ pub use checkpoint::{Checkpoint, CheckpointError};
 pub use data::{fit, load, load_csv, load_idx, load_npy, shuffled_order, DataError, Dataset};
 pub use metrics::{EpochRecord, MetricsLog};
 pub use npy::{save_npy, to_npy_bytes};
-pub use session::{Session, SessionProgram};
+pub use session::{Backend, Session, SessionProgram};
 pub use train::{
     batch_size, evaluate, infer, load_feeds, restore, train, Progress, RunError, TrainOptions, TrainSummary,
 };

@@ -20,14 +20,28 @@
 //! not depend on how many replicas a mirrored plan has.
 
 use crate::train::RunError;
+use dfc_cpu::{CpuError, Jitted, NativeProgram};
 use dfc_interp::{InProcessRendezvous, InterpError, Program, Rendezvous, StagedRun, Tensor, Variables};
+use dfc_plan::NativeCode;
+use std::sync::Arc;
 use dfc_ir::{DeviceSpec, Module, NodeId, Op, TensorRef};
 use dfc_plan::Plan;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
+/// What runs a partition's nodes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Backend {
+    /// Native code: the plan's fused kernels JIT-compiled through LLVM (`dfc_cpu`).
+    #[default]
+    Llvm,
+    /// The reference interpreter (`dfc_interp`): slow, plainly right.
+    Interp,
+}
+
 /// The variables of a plan's partitions, and the programs that run over them.
 pub struct Session<'p> {
     plan: &'p Plan,
+    backend: Backend,
     /// One per partition.
     variables: Vec<Variables>,
     /// Every node, by its (plan-wide unique) name.
@@ -42,10 +56,14 @@ pub struct Session<'p> {
     logical: Vec<(usize, &'p str)>,
     /// Replicas' copies: `(partition, name, partition of the original, its name)`.
     mirrors: Vec<(usize, &'p str, usize, &'p str)>,
+    /// Per partition, with the LLVM backend: its kernels' code and machine code.
+    native: Vec<Option<(Arc<NativeCode>, Arc<Jitted>)>>,
+    /// Partitions whose plan code did not fit this CPU (or was absent) and were compiled at load.
+    recompiled: Vec<usize>,
 }
 
 /// What one run of a session computes: a `Program` for each partition that takes part.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct SessionProgram {
     parts: Vec<Part>,
     /// Where each fetch comes from: `(index in parts, index in that part's fetches)`.
@@ -53,10 +71,32 @@ pub struct SessionProgram {
     inputs: Vec<String>,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 struct Part {
     partition: usize,
-    program: Program,
+    program: Executable,
+}
+
+#[derive(Debug)]
+enum Executable {
+    Interp(Program),
+    Native(NativeProgram),
+}
+
+impl Executable {
+    fn inputs(&self) -> Vec<String> {
+        match self {
+            Executable::Interp(program) => program.inputs(),
+            Executable::Native(program) => program.inputs(),
+        }
+    }
+}
+
+/// What one partition's run gives: the interpreter stages its assignments, native code has
+/// made them.
+enum PartRun {
+    Staged(StagedRun),
+    Done(Vec<Tensor>),
 }
 
 impl SessionProgram {
@@ -81,6 +121,11 @@ impl<'p> Session<'p> {
     /// unique node names, `dfc_ir::verify_partitions` (Send/Recv pairs, devices, all-reduce
     /// groups), mirrors of existing variables of their own type.
     pub fn new(plan: &'p Plan, seed: u64) -> Result<Session<'p>, RunError> {
+        Session::with_backend(plan, seed, Backend::Interp)
+    }
+
+    /// Like [`Session::new`], running the partitions on `backend`.
+    pub fn with_backend(plan: &'p Plan, seed: u64, backend: Backend) -> Result<Session<'p>, RunError> {
         let mut nodes: HashMap<&str, (usize, NodeId)> = HashMap::new();
         let mut outputs: HashMap<&str, (usize, TensorRef)> = HashMap::new();
         let mut sends: HashMap<&str, (usize, NodeId)> = HashMap::new();
@@ -136,7 +181,29 @@ impl<'p> Session<'p> {
         }
         let modules: Vec<&dfc_ir::Module> = plan.partitions.iter().map(|p| &p.module).collect();
         let orders = dfc_interp::schedule(&modules)?;
-        let mut session = Session { plan, variables, nodes, outputs, sends, reductions, orders, logical, mirrors };
+        let mut native = Vec::with_capacity(plan.partitions.len());
+        let mut recompiled = Vec::new();
+        if backend == Backend::Llvm {
+            let host = dfc_codegen::host_target();
+            let fetched: Vec<&str> = plan.training.iter().map(|t| t.loss_node.as_str()).collect();
+            for (p, partition) in plan.partitions.iter().enumerate() {
+                let code = match &partition.native {
+                    Some(code) if dfc_codegen::missing_features(&code.target, &host).is_empty() => code.clone(),
+                    _ => {
+                        recompiled.push(p);
+                        let keep = dfc_codegen::fetched_nodes(&partition.module, &fetched);
+                        dfc_codegen::compile(&partition.module, &keep, &host)
+                            .map_err(|e| RunError::Plan(format!("compiling partition {}: {e}", partition.device)))?
+                    }
+                };
+                let jit = dfc_cpu::load(&code).map_err(|e| RunError::Plan(e.to_string()))?;
+                native.push(Some((Arc::new(code), jit)));
+            }
+        } else {
+            native.resize_with(plan.partitions.len(), || None);
+        }
+        let mut session =
+            Session { plan, backend, variables, nodes, outputs, sends, reductions, orders, logical, mirrors, native, recompiled };
         // Copies start as their originals do; make sure of it.
         session.copy_mirrors();
         Ok(session)
@@ -144,6 +211,16 @@ impl<'p> Session<'p> {
 
     pub fn plan(&self) -> &'p Plan {
         self.plan
+    }
+
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// The partitions (indices) whose code was compiled at load because the plan's was made
+    /// for another CPU (or the plan carried none).
+    pub fn recompiled(&self) -> &[usize] {
+        &self.recompiled
     }
 
     /// The program that fetches `fetches` (named outputs or metrics of the partitions, else
@@ -205,7 +282,10 @@ impl<'p> Session<'p> {
             }
             let targets: Vec<NodeId> = partition_roots.iter().copied().collect();
             let module = &self.plan.partitions[p].module;
-            let program = Program::with_order(module, &part_fetches[p], &targets, &self.orders[p])?;
+            let program = match &self.native[p] {
+                None => Executable::Interp(Program::with_order(module, &part_fetches[p], &targets, &self.orders[p])?),
+                Some((code, jit)) => Executable::Native(self.native_program(p, code, jit, &part_fetches[p], &targets)?),
+            };
             part_index[p] = parts.len();
             parts.push(Part { partition: p, program });
         }
@@ -215,6 +295,35 @@ impl<'p> Session<'p> {
         inputs.sort_by_key(|name| declared(name)); // stable: undeclared ones keep partition order
         inputs.dedup();
         Ok(SessionProgram { parts, fetches, inputs })
+    }
+
+    /// The native program of partition `p`; a fetch that the plan's kernels compute inside
+    /// themselves gets code compiled for this program that stores it.
+    fn native_program(
+        &self,
+        p: usize,
+        code: &NativeCode,
+        jit: &Arc<Jitted>,
+        fetches: &[TensorRef],
+        targets: &[NodeId],
+    ) -> Result<NativeProgram, RunError> {
+        let module = &self.plan.partitions[p].module;
+        let order = &self.orders[p];
+        let backend_error = |e: CpuError| match e {
+            CpuError::Interp(e) => RunError::Interp(e),
+            other => RunError::Plan(other.to_string()),
+        };
+        match NativeProgram::new(module, code, jit.clone(), fetches, targets, order) {
+            Err(CpuError::NotStored(_)) => {
+                let mut keep = dfc_codegen::fetched_nodes(module, &[]);
+                keep.extend(fetches.iter().map(|f| f.node));
+                let code = dfc_codegen::compile(module, &keep, &dfc_codegen::host_target())
+                    .map_err(|e| RunError::Plan(e.to_string()))?;
+                let jit = dfc_cpu::load(&code).map_err(backend_error)?;
+                NativeProgram::new(module, &code, jit, fetches, targets, order).map_err(backend_error)
+            }
+            other => other.map_err(backend_error),
+        }
     }
 
     fn node(&self, p: usize, id: NodeId) -> &dfc_ir::Node {
@@ -231,51 +340,73 @@ impl<'p> Session<'p> {
     pub fn run(&mut self, program: &SessionProgram, feeds: &HashMap<String, Tensor>) -> Result<Vec<Tensor>, RunError> {
         let rendezvous = InProcessRendezvous::new();
         let plan = self.plan;
-        let variables = &self.variables;
-        let run_part = |part: &Part| -> Result<StagedRun, InterpError> {
+        let run_part = |part: &Part, variables: &mut Variables| -> Result<PartRun, InterpError> {
             let module = &plan.partitions[part.partition].module;
-            part.program.run_staged(module, &variables[part.partition], feeds, &rendezvous)
+            match &part.program {
+                Executable::Interp(program) => {
+                    program.run_staged(module, variables, feeds, &rendezvous).map(PartRun::Staged)
+                }
+                Executable::Native(program) => program.run(variables, feeds, Some(&rendezvous)).map(PartRun::Done),
+            }
         };
-        let run_aborting = |part: &Part| {
+        let run_aborting = |part: &Part, variables: &mut Variables| {
             // A panic must not leave the other partitions waiting.
             let _guard = AbortOnPanic(&rendezvous);
-            let result = run_part(part);
+            let result = run_part(part, variables);
             if let Err(error) = &result {
                 let device = &plan.partitions[part.partition].device;
                 rendezvous.abort(&format!("partition {device} failed: {error}"));
             }
             result
         };
-        let results: Vec<Result<StagedRun, InterpError>> = match program.parts.as_slice() {
-            [] => Vec::new(),
-            [part] => vec![run_part(part)],
+        // Each partition's variables go to the thread that runs it.
+        let mut free: Vec<Option<&mut Variables>> = self.variables.iter_mut().map(Some).collect();
+        let mut jobs: Vec<(&Part, &mut Variables)> = Vec::with_capacity(program.parts.len());
+        for part in &program.parts {
+            let variables = free[part.partition].take().expect("a partition takes part once");
+            jobs.push((part, variables));
+        }
+        let results: Vec<(Result<PartRun, InterpError>, &mut Variables)> = match jobs.len() {
+            0 => Vec::new(),
+            1 => {
+                let (part, variables) = jobs.pop().unwrap();
+                vec![(run_part(part, variables), variables)]
+            }
             // The first partition runs on this thread, each other one on its own.
-            [first, rest @ ..] => std::thread::scope(|scope| {
+            _ => std::thread::scope(|scope| {
                 let run_aborting = &run_aborting;
-                let handles: Vec<_> = rest.iter().map(|part| scope.spawn(move || run_aborting(part))).collect();
-                let mut results = vec![run_aborting(first)];
+                let mut jobs = jobs.into_iter();
+                let (first, first_vars) = jobs.next().unwrap();
+                let handles: Vec<_> = jobs
+                    .map(|(part, variables)| scope.spawn(move || (run_aborting(part, variables), variables)))
+                    .collect();
+                let own = run_aborting(first, first_vars);
+                let mut results = vec![(own, first_vars)];
                 for handle in handles {
                     results.push(handle.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)));
                 }
                 results
             }),
         };
-        let mut staged = Vec::with_capacity(results.len());
+        let mut done = Vec::with_capacity(results.len());
         let mut aborted = None;
-        for result in results {
+        let mut failed = None;
+        for (result, variables) in results {
             match result {
-                Ok(run) => staged.push(run),
+                Ok(run) => done.push((run, variables)),
                 Err(error @ InterpError::Aborted { .. }) => aborted = aborted.or(Some(error)),
-                Err(error) => return Err(error.into()),
+                Err(error) => failed = failed.or(Some(error)),
             }
         }
-        if let Some(error) = aborted {
+        if let Some(error) = failed.or(aborted) {
             return Err(error.into());
         }
-        let fetched: Vec<Vec<Tensor>> = staged
+        let fetched: Vec<Vec<Tensor>> = done
             .into_iter()
-            .zip(&program.parts)
-            .map(|(run, part)| run.commit(&mut self.variables[part.partition]))
+            .map(|(run, variables)| match run {
+                PartRun::Staged(staged) => staged.commit(variables),
+                PartRun::Done(fetched) => fetched,
+            })
             .collect();
         Ok(program.fetches.iter().map(|&(part, i)| fetched[part][i].clone()).collect())
     }

@@ -29,6 +29,7 @@ pub struct TrainOptions {
     pub shuffle_seed: u64,
     pub metrics: Option<PathBuf>,
     pub checkpoint_dir: Option<PathBuf>,
+    pub backend: crate::session::Backend,
 }
 
 /// What the loop tells the user interface as it goes.
@@ -132,7 +133,7 @@ pub fn train(plan: &Plan, options: &TrainOptions, progress: &mut dyn Progress) -
     let eval_data =
         if options.eval_feeds.is_empty() { None } else { Some(load_feeds(plan, &options.eval_feeds, "--eval-feed")?) };
 
-    let mut session = Session::new(plan, options.seed)?;
+    let mut session = Session::with_backend(plan, options.seed, options.backend)?;
     let updates: Vec<&str> = training.updates.iter().map(String::as_str).collect();
     let step_program = session.program(&[&training.loss_node], &updates)?;
     require_inputs(&step_program, &train_data, "--feed")?;

@@ -157,7 +157,7 @@ fn split(module: &Module, devices: &[DeviceSpec]) -> Vec<Partition> {
         };
         let problems = dfc_ir::verify(&part, Default::default());
         assert!(problems.is_empty(), "partition {p}: {problems:?}");
-        partitions.push(Partition { device: devices[p].clone(), module: part });
+        partitions.push(Partition { device: devices[p].clone(), module: part, native: None });
     }
     let parts: Vec<_> = partitions.iter().map(|p| (&p.device, &p.module)).collect();
     let problems = dfc_ir::verify_partitions(&parts);
@@ -323,6 +323,7 @@ fn the_training_loop_runs_a_partitioned_plan_and_resumes_it() {
     dfc_driver::save_npy(&y_path, &Tensor::from_vec(vec![n, 1], y)).unwrap();
     let feeds = vec![("x".to_string(), x_path), ("y".to_string(), y_path)];
     let options = |checkpoints: &str, steps: Option<u64>| TrainOptions {
+        backend: dfc_driver::Backend::Interp,
         feeds: feeds.clone(),
         eval_feeds: feeds.clone(),
         epochs: Some(3),

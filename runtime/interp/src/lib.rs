@@ -47,7 +47,7 @@ mod scalar;
 mod tensor;
 
 pub use init::{fans, fnv1a_64, initial_value, initialize, try_initialize};
-pub use program::{schedule, Program, StagedRun};
+pub use program::{reduce_together, schedule, Program, StagedRun};
 pub use rendezvous::{InProcessRendezvous, Rendezvous};
 pub use tensor::{Data, Element, Tensor};
 
@@ -67,6 +67,10 @@ impl Variables {
 
     pub fn get(&self, name: &str) -> Option<&Tensor> {
         self.values.get(name)
+    }
+
+    pub fn get_mut(&mut self, name: &str) -> Option<&mut Tensor> {
+        self.values.get_mut(name)
     }
 
     /// Sets (or replaces) the value of `name`.

@@ -485,7 +485,7 @@ impl Program {
 /// Several replicas of one all-reduce, contributed from one program: each on its own thread
 /// but the first, since every contribution waits for all the others. Returns `(step, sum)` in
 /// the order of `members`. If one fails, the rendezvous is aborted so the others stop waiting.
-fn reduce_together(
+pub fn reduce_together(
     rendezvous: &dyn Rendezvous,
     key: &str,
     group_size: u32,

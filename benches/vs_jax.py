@@ -1,0 +1,197 @@
+#!/usr/bin/env python3
+"""The table of benches/vs_jax.sh: dfc against the JAX peer, ratios and bars; all as JSON.
+
+Reads what vs_jax.sh left in --work:
+  dfc_{logreg,mlp,cnn}_{train,inference}.json   one `dfc bench --json` object each
+  compile_ms.txt                                 5 wall times of `dfc compile examples/mlp.df`, in µs
+  jax.json                                       bench_jax.py --out
+  fma.txt                                        fma_peak's output
+Standard library only.
+"""
+import argparse
+import json
+import os
+import platform
+import re
+import statistics
+import sys
+
+MODELS = ("logreg", "mlp", "cnn")
+MODES = ("train", "inference")
+# dfc median / JAX median of a training step, at most.
+TRAIN_BARS = {"logreg": 0.5, "mlp": 0.8, "cnn": 0.8}
+# The mlp training step's FLOP rate, by the peer's count, as a share of the FMA peak: at least.
+PEAK_BAR = 0.5
+# The peer's count (common.py): 3 × the forward matmuls, 784-256-256-10, batch 128.
+MLP_TRAIN_FLOPS = 3 * 2 * 128 * (784 * 256 + 256 * 256 + 256 * 10)
+JAX_ROW = {"train": "jax {} train step (per call)", "inference": "jax {} inference fwd (per call)"}
+
+
+def fail(message):
+    print(f"vs_jax.py: {message}", file=sys.stderr)
+    sys.exit(1)
+
+
+def load_json(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        fail(f"cannot read {path}: {e}")
+
+
+def fma_peak(path):
+    """GFLOP/s of the 512-bit, 2-thread line (else the best line, with a note)."""
+    with open(path) as f:
+        text = f.read()
+    found = {}
+    for bits, threads, gflops in re.findall(r"(\d+)-bit FMA, (\d+) thread\(s\): ([\d.]+) GFLOP/s", text):
+        found[(int(bits), int(threads))] = float(gflops)
+    if (512, 2) in found:
+        return found[(512, 2)], "512-bit, 2 threads", found
+    if not found:
+        fail(f"no FMA figures in {path}:\n{text}")
+    best = max(found, key=found.get)
+    return found[best], f"{best[0]}-bit, {best[1]} thread(s) (no 512-bit 2-thread line)", found
+
+
+def verdict(ok):
+    return "pass" if ok else "FAIL"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--work", required=True, help="the directory vs_jax.sh filled")
+    ap.add_argument("--backend", default="llvm")
+    ap.add_argument("--quick", default="0")
+    ap.add_argument("--out", default="target/vs_jax.json")
+    ap.add_argument("--strict", action="store_true", help="exit 2 if a bar is not met")
+    args = ap.parse_args()
+    work = args.work
+
+    jax = load_json(os.path.join(work, "jax.json"))
+    jax_rows = {r["bench"]: r for r in jax.get("rows", [])}
+    peak, peak_what, peak_all = fma_peak(os.path.join(work, "fma.txt"))
+
+    rows = []
+    dfc_raw = {}
+    for model in MODELS:
+        for mode in MODES:
+            d = load_json(os.path.join(work, f"dfc_{model}_{mode}.json"))
+            dfc_raw[f"{model}_{mode}"] = d
+            j = jax_rows.get(JAX_ROW[mode].format(model))
+            if j is None:
+                fail(f"the peer's JSON has no row `{JAX_ROW[mode].format(model)}`")
+            ratio = d["median_step_us"] / j["median_us"]
+            bar = TRAIN_BARS.get(model) if mode == "train" else None
+            rows.append(
+                dict(
+                    model=model,
+                    dfc_model=d["model"],
+                    mode=mode,
+                    dfc_median_us=d["median_step_us"],
+                    dfc_p10_us=d["p10_step_us"],
+                    dfc_p90_us=d["p90_step_us"],
+                    dfc_steps=d["steps"],
+                    dfc_gflops=d["gflops"],
+                    jax_median_us=j["median_us"],
+                    jax_p10_us=j["p10_us"],
+                    jax_p90_us=j["p90_us"],
+                    jax_steps=j["n"],
+                    ratio=ratio,
+                    bar=bar,
+                    passed=None if bar is None else ratio <= bar,
+                )
+            )
+
+    mlp_train = dfc_raw["mlp_train"]
+    mlp_gflops = MLP_TRAIN_FLOPS / (mlp_train["median_step_us"] * 1e-6) / 1e9
+    peak_share = mlp_gflops / peak
+    throughput = dict(
+        flops_per_step=MLP_TRAIN_FLOPS,
+        dfc_gflops=mlp_gflops,
+        fma_peak_gflops=peak,
+        fma_peak_line=peak_what,
+        fma_all=[dict(bits=b, threads=t, gflops=g) for (b, t), g in sorted(peak_all.items())],
+        share_of_peak=peak_share,
+        bar=PEAK_BAR,
+        passed=peak_share >= PEAK_BAR,
+    )
+
+    with open(os.path.join(work, "compile_ms.txt")) as f:
+        compile_runs_ms = [int(line) / 1e3 for line in f if line.strip()]
+    compile_ms = statistics.median(compile_runs_ms)
+    peer_compile = jax.get("compile", {})
+    first_call = peer_compile.get("mlp_train_first_call_ms")
+    xla = peer_compile.get("mlp_train_xla_compile_ms")
+    compile_info = dict(
+        dfc_compile_ms=compile_ms,
+        dfc_compile_runs_ms=compile_runs_ms,
+        jax_first_call_ms=first_call,
+        jax_xla_compile_ms=xla,
+        ratio_to_first_call=compile_ms / first_call if first_call else None,
+        ratio_to_xla_compile=compile_ms / xla if xla else None,
+    )
+
+    threads = mlp_train["threads"]
+    print()
+    print(f"dfc ({args.backend} backend, {threads} threads) vs JAX {jax.get('versions', {}).get('jax', '?')} "
+          f"(XLA CPU), {os.cpu_count()} CPUs{' [quick]' if args.quick == '1' else ''}")
+    print()
+    header = f"{'model':<7} {'mode':<10} {'dfc µs':>11} {'JAX µs':>11} {'dfc/JAX':>9} {'bar':>7}  result"
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        bar = f"≤ {r['bar']:.1f}" if r["bar"] is not None else "-"
+        result = verdict(r["passed"]) if r["passed"] is not None else "-"
+        print(f"{r['model']:<7} {r['mode']:<10} {r['dfc_median_us']:>11.1f} {r['jax_median_us']:>11.1f} "
+              f"{r['ratio']:>9.2f} {bar:>7}  {result}")
+    print()
+    print(f"mlp train step: {mlp_gflops:.2f} GFLOP/s (peer count {MLP_TRAIN_FLOPS / 1e6:.1f} MFLOP/step) "
+          f"= {100 * peak_share:.1f}% of the FMA peak {peak:.1f} GFLOP/s ({peak_what}); "
+          f"bar ≥ {100 * PEAK_BAR:.0f}%: {verdict(throughput['passed'])}")
+    first = f"{first_call:.1f} ms (dfc/JAX {compile_ms / first_call:.3f})" if first_call else "?"
+    xla_text = f"{xla:.1f} ms (dfc/JAX {compile_ms / xla:.3f})" if xla else "?"
+    print(f"mlp compile: dfc compile {compile_ms:.1f} ms (median of {len(compile_runs_ms)} processes); "
+          f"JAX first call {first}, XLA compile {xla_text}")
+
+    bars = [r["passed"] for r in rows if r["passed"] is not None] + [throughput["passed"]]
+    met = sum(1 for b in bars if b)
+    print(f"\n{met} of {len(bars)} bars met")
+
+    result = dict(
+        backend=args.backend,
+        quick=args.quick == "1",
+        machine=dict(cpus=os.cpu_count(), platform=platform.platform(), processor=cpu_model()),
+        dfc_threads=threads,
+        peer_versions=jax.get("versions"),
+        rows=rows,
+        mlp_train_throughput=throughput,
+        compile=compile_info,
+        bars_met=met,
+        bars=len(bars),
+        dfc_raw=dfc_raw,
+        jax_raw=jax,
+    )
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+        f.write("\n")
+    print(f"wrote {args.out}")
+    if args.strict and met < len(bars):
+        sys.exit(2)
+
+
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+if __name__ == "__main__":
+    main()

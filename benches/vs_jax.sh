@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# dfc against the JAX (XLA CPU) peer, side by side on this machine, in one run.
+#
+#   benches/vs_jax.sh [--quick] [--backend llvm|interp] [--out PATH] [--strict]
+#
+# 1. the peer's venv (/tmp/peer: jax[cpu] 0.10.2, numpy 2.4.6), made if it cannot import jax;
+# 2. cargo build --release;
+# 3. dfc compile of the three standard models (softmax_regression = the peer's logreg, mlp,
+#    cnn), timing the mlp compile (median of 5 runs of the whole `dfc compile` process);
+# 4. dfc bench --json of each model, training step and inference;
+# 5. the peer's bench_jax.py, right after;
+# 6. the FMA peak program (fma_peak.c): the 512-bit, 2-thread figure;
+# 7. benches/vs_jax.py: the table of ratios and bars, and everything as JSON at --out
+#    (default target/vs_jax.json).
+#
+# --quick: shorter timing on both sides (bench_jax.py --quick; dfc bench --min-time 0.5).
+# --strict: exit 2 if a bar is not met (otherwise only a failure to run is an error).
+# PEER_DIR: where bench_jax.py, common.py and fma_peak.c are [default: ../shared/bench/peers
+# relative to the repository root].
+set -euo pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+PEER_DIR=${PEER_DIR:-$REPO/../shared/bench/peers}
+PEER_VENV=/tmp/peer
+PEER_LOG=/tmp/peer_install.log
+QUICK=0
+BACKEND=llvm
+OUT=$REPO/target/vs_jax.json
+STRICT=()
+
+usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "${BASH_SOURCE[0]}"; }
+while [ $# -gt 0 ]; do
+    case $1 in
+        --quick) QUICK=1 ;;
+        --backend) BACKEND=${2:?--backend needs llvm or interp}; shift ;;
+        --backend=*) BACKEND=${1#--backend=} ;;
+        --out) OUT=${2:?--out needs a path}; shift ;;
+        --out=*) OUT=${1#--out=} ;;
+        --strict) STRICT=(--strict) ;;
+        -h|--help) usage; exit 0 ;;
+        *) echo "vs_jax.sh: unknown argument \`$1\`" >&2; usage >&2; exit 64 ;;
+    esac
+    shift
+done
+case $BACKEND in llvm|interp) ;; *) echo "vs_jax.sh: --backend is llvm or interp, not \`$BACKEND\`" >&2; exit 64 ;; esac
+case $OUT in /*) ;; *) OUT=$PWD/$OUT ;; esac
+for f in bench_jax.py common.py fma_peak.c; do
+    [ -f "$PEER_DIR/$f" ] || { echo "vs_jax.sh: no $f in PEER_DIR=$PEER_DIR" >&2; exit 1; }
+done
+PEER_DIR=$(cd "$PEER_DIR" && pwd)
+say() { printf '== %s\n' "$*" >&2; }
+
+# --- 1. the peer's venv ---------------------------------------------------------------------
+peer_ready() { "$PEER_VENV/bin/python" -c 'import jax, numpy' >/dev/null 2>&1; }
+if ! peer_ready; then
+    # An install started elsewhere (its pip runs from the venv): wait for it, not a second one.
+    waited=0
+    while pgrep -f "$PEER_VENV/bin/(pip|python)" >/dev/null 2>&1 && ! peer_ready; do
+        [ $waited -eq 0 ] && say "waiting for the peer install in progress ($PEER_LOG)"
+        sleep 5
+        waited=$((waited + 5))
+        [ $waited -lt 1800 ] || { echo "vs_jax.sh: the peer install has run 30 minutes; see $PEER_LOG" >&2; exit 1; }
+    done
+fi
+if ! peer_ready; then
+    say "installing the peer into $PEER_VENV (log: $PEER_LOG)"
+    {
+        python3 -m venv "$PEER_VENV" &&
+            "$PEER_VENV/bin/pip" install -q 'jax[cpu]==0.10.2' 'numpy==2.4.6' &&
+            echo done
+    } >"$PEER_LOG" 2>&1 || { echo "vs_jax.sh: the peer install failed; see $PEER_LOG" >&2; exit 1; }
+    peer_ready || { echo "vs_jax.sh: $PEER_VENV cannot import jax after installing; see $PEER_LOG" >&2; exit 1; }
+fi
+
+# --- 2. build -------------------------------------------------------------------------------
+say "cargo build --release"
+(cd "$REPO" && cargo build --release --quiet --bin dfc)
+DFC=$REPO/target/release/dfc
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/vs_jax.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+
+# --- 3. compile, timing mlp -----------------------------------------------------------------
+# The peer's names: logreg is examples/softmax_regression.df.
+MODELS=(logreg:softmax_regression mlp:mlp cnn:cnn)
+now_ns() { date +%s%N; }
+for pair in "${MODELS[@]}"; do
+    peer=${pair%%:*} example=${pair#*:}
+    "$DFC" compile "$REPO/examples/$example.df" -o "$WORK/$peer.plan" 2>/dev/null ||
+        { "$DFC" compile "$REPO/examples/$example.df" -o "$WORK/$peer.plan"; exit 1; }
+done
+say "timing dfc compile examples/mlp.df (5 runs)"
+: >"$WORK/compile_ms.txt"
+for _ in 1 2 3 4 5; do
+    t0=$(now_ns)
+    "$DFC" compile "$REPO/examples/mlp.df" -o "$WORK/mlp-timed.plan" 2>/dev/null
+    t1=$(now_ns)
+    echo "$(((t1 - t0) / 1000))" >>"$WORK/compile_ms.txt" # microseconds; vs_jax.py converts
+done
+
+# --- 4. dfc bench ---------------------------------------------------------------------------
+BENCH_ARGS=(--json --backend "$BACKEND")
+[ $QUICK -eq 1 ] && BENCH_ARGS+=(--min-time 0.5)
+for pair in "${MODELS[@]}"; do
+    peer=${pair%%:*}
+    for mode in train inference; do
+        extra=()
+        [ $mode = inference ] && extra=(--inference)
+        say "dfc bench $peer $mode ($BACKEND)"
+        "$DFC" bench "$WORK/$peer.plan" "${BENCH_ARGS[@]}" "${extra[@]}" >"$WORK/dfc_${peer}_${mode}.json"
+        cat "$WORK/dfc_${peer}_${mode}.json" >&2
+    done
+done
+
+# --- 5. the JAX peer, right after -----------------------------------------------------------
+JAX_ARGS=(--out "$WORK/jax.json")
+[ $QUICK -eq 1 ] && JAX_ARGS+=(--quick)
+say "JAX peer: bench_jax.py ${JAX_ARGS[*]}"
+(cd "$PEER_DIR" && "$PEER_VENV/bin/python" bench_jax.py "${JAX_ARGS[@]}") | tee "$WORK/jax.log" >&2
+
+# --- 6. FMA peak ----------------------------------------------------------------------------
+say "FMA peak (fma_peak.c)"
+gcc -O2 -mavx512f -mfma -fopenmp "$PEER_DIR/fma_peak.c" -o "$WORK/fma_peak"
+"$WORK/fma_peak" | tee "$WORK/fma.txt" >&2
+
+# --- 7. the table ---------------------------------------------------------------------------
+mkdir -p "$(dirname "$OUT")"
+python3 "$REPO/benches/vs_jax.py" --work "$WORK" --backend "$BACKEND" --quick "$QUICK" --out "$OUT" "${STRICT[@]}"

@@ -1,0 +1,1008 @@
+//! One fused kernel to one LLVM function: its iteration space, the strides of every access,
+//! the loop nest, and the scalar code of each member.
+
+use dfc_ir::{BinaryOp, CompareOp, ConstData, DType, Module, NodeId, Op, ReduceKind, TensorRef, UnaryOp};
+use dfc_passes::Kernel;
+use dfc_plan::NativeTarget;
+use inkwell::attributes::AttributeLoc;
+use inkwell::basic_block::BasicBlock;
+use inkwell::builder::Builder;
+use inkwell::context::Context;
+use inkwell::intrinsics::Intrinsic;
+use inkwell::module::Module as LlvmModule;
+use inkwell::types::{BasicType, BasicTypeEnum};
+use inkwell::values::{BasicValueEnum, FloatValue, FunctionValue, IntValue, PointerValue};
+use inkwell::{AddressSpace, FloatPredicate, IntPredicate};
+use std::collections::HashMap;
+
+/// What the runtime needs to know of a kernel's loop nest.
+pub struct KernelShape {
+    /// Iterations of the outermost loop: `begin..end` ranges over these.
+    pub rows: u64,
+    pub parallel: bool,
+}
+
+/// Below this many elements a kernel runs on one thread: splitting costs more than it saves.
+const PARALLEL_MIN_ELEMENTS: u64 = 1 << 15;
+
+#[derive(Clone, Copy, PartialEq)]
+enum RowOp {
+    Softmax,
+    LogSoftmax,
+    CrossEntropy,
+    ArgMax,
+}
+
+#[derive(Clone, PartialEq)]
+enum Root {
+    Loop,
+    Assign(Op),
+    Reduce { kind: ReduceKind, axes: Vec<usize> },
+    Row(RowOp),
+}
+
+/// The loop nest of a kernel after merging dimensions, with every access's strides in it.
+struct Nest {
+    extents: Vec<u64>,
+    /// Strides (elements) of each outside value, per loop dimension.
+    leaves: HashMap<TensorRef, Vec<i64>>,
+    out: Vec<i64>,
+    /// For a reduction: which loop dimensions are summed over.
+    reduced: Vec<bool>,
+    /// The loop dimension each one-hot's class index runs along (`None`: always 0).
+    one_hot_dim: HashMap<NodeId, Option<usize>>,
+}
+
+pub fn emit<'ctx>(
+    context: &'ctx Context,
+    llvm: &LlvmModule<'ctx>,
+    module: &Module,
+    kernel: &Kernel,
+    name: &str,
+    target: &NativeTarget,
+) -> KernelShape {
+    let graph = &module.graph;
+    let root_node = graph.node(kernel.root);
+    let root = match &root_node.op {
+        Op::Assign | Op::AssignAdd | Op::AssignSub => Root::Assign(root_node.op.clone()),
+        Op::Reduce { kind, axes, .. } => Root::Reduce { kind: *kind, axes: axes.clone() },
+        Op::Softmax { .. } => Root::Row(RowOp::Softmax),
+        Op::LogSoftmax { .. } => Root::Row(RowOp::LogSoftmax),
+        Op::SoftmaxCrossEntropy => Root::Row(RowOp::CrossEntropy),
+        Op::ArgMax { .. } => Root::Row(RowOp::ArgMax),
+        _ => Root::Loop,
+    };
+    let nest = plan_nest(module, kernel, &root);
+    let total: u64 = nest.extents.iter().product();
+    let rows = match &root {
+        Root::Row(_) if nest.extents.len() < 2 => 1,
+        _ => nest.extents[0],
+    };
+    let parallel = rows >= 2
+        && total >= PARALLEL_MIN_ELEMENTS
+        && match &root {
+            Root::Reduce { .. } => !nest.reduced[0],
+            Root::Row(_) => nest.extents.len() >= 2,
+            _ => true,
+        };
+
+    let i8_ptr = context.i8_type().ptr_type(AddressSpace::default());
+    let i64t = context.i64_type();
+    let fn_type = context.void_type().fn_type(&[i8_ptr.ptr_type(AddressSpace::default()).into(), i64t.into(), i64t.into()], false);
+    let function = llvm.add_function(name, fn_type, None);
+    function.add_attribute(AttributeLoc::Function, context.create_string_attribute("target-cpu", &target.cpu));
+    function.add_attribute(AttributeLoc::Function, context.create_string_attribute("target-features", &target.features));
+    function.add_attribute(AttributeLoc::Function, context.create_enum_attribute(inkwell::attributes::Attribute::get_named_enum_kind_id("nounwind"), 0));
+    let builder = context.create_builder();
+    let entry = context.append_basic_block(function, "entry");
+    builder.position_at_end(entry);
+
+    let args = function.get_nth_param(0).unwrap().into_pointer_value();
+    let begin = function.get_nth_param(1).unwrap().into_int_value();
+    let end = function.get_nth_param(2).unwrap().into_int_value();
+    let mut gen = Gen { context, llvm, builder, function, module, kernel, nest, pointers: HashMap::new(), out: None };
+    for (i, input) in kernel.inputs.iter().enumerate() {
+        let dtype = graph.ty(*input).dtype;
+        let pointer = gen.arg_pointer(args, i, dtype);
+        gen.pointers.insert(*input, pointer);
+    }
+    let out_dtype = root_node.outputs[0].dtype;
+    gen.out = Some(gen.arg_pointer(args, kernel.inputs.len(), out_dtype));
+
+    match root.clone() {
+        Root::Loop => gen.emit_loop(begin, end, out_dtype),
+        Root::Assign(op) => gen.emit_assign(begin, end, &op, out_dtype),
+        Root::Reduce { kind, .. } => gen.emit_reduce(begin, end, kind, out_dtype),
+        Root::Row(op) => gen.emit_row(begin, end, op, out_dtype),
+    }
+    gen.builder.build_return(None).unwrap();
+    KernelShape { rows, parallel }
+}
+
+/// The iteration space of the kernel and the strides of every access in it, merged.
+fn plan_nest(module: &Module, kernel: &Kernel, root: &Root) -> Nest {
+    let graph = &module.graph;
+    let root_id = kernel.root;
+    let operands = graph.inputs(root_id);
+    let space: Vec<usize> = match root {
+        Root::Loop | Root::Assign(_) => graph.node(root_id).outputs[0].shape.dims().to_vec(),
+        Root::Reduce { .. } | Root::Row(_) => graph.ty(operands[0]).shape.dims().to_vec(),
+    };
+    let rank = space.len();
+    // Each value's dimensions → loop dimensions (None: broadcast, index 0).
+    let mut maps: HashMap<TensorRef, Vec<Option<usize>>> = HashMap::new();
+    let identity: Vec<Option<usize>> = (0..rank).map(Some).collect();
+    let broadcast_to = |shape: &[usize], target: &[usize], target_map: &[Option<usize>]| -> Vec<Option<usize>> {
+        let offset = target.len() - shape.len();
+        shape
+            .iter()
+            .enumerate()
+            .map(|(j, &size)| if size == 1 && target[j + offset] != 1 { None } else { target_map[j + offset] })
+            .collect()
+    };
+    match root {
+        Root::Loop => {
+            maps.insert(TensorRef::from(root_id), identity.clone());
+        }
+        Root::Assign(_) => {
+            maps.insert(operands[0], identity.clone());
+            let value_shape = graph.ty(operands[1]).shape.dims().to_vec();
+            maps.insert(operands[1], broadcast_to(&value_shape, &space, &identity));
+        }
+        Root::Reduce { .. } | Root::Row(_) => {
+            for operand in &operands {
+                maps.insert(*operand, identity.clone());
+            }
+        }
+    }
+    let mut one_hot_dim: HashMap<NodeId, Option<usize>> = HashMap::new();
+    for &member in kernel.members.iter().rev() {
+        if member == root_id && !matches!(root, Root::Loop) {
+            continue;
+        }
+        let node = graph.node(member);
+        let map = maps.get(&TensorRef::from(member)).cloned().unwrap_or_else(|| identity.clone());
+        let shape = node.outputs[0].shape.dims().to_vec();
+        if let Op::OneHot { .. } = node.op {
+            one_hot_dim.insert(member, *map.last().unwrap());
+        }
+        for operand in graph.inputs(member) {
+            let operand_shape = graph.ty(operand).shape.dims().to_vec();
+            let operand_map = match node.op {
+                Op::OneHot { .. } => map[..operand_shape.len()].to_vec(),
+                _ => broadcast_to(&operand_shape, &shape, &map),
+            };
+            maps.insert(operand, operand_map);
+        }
+    }
+    let row_major = |shape: &[usize]| -> Vec<i64> {
+        let mut strides = vec![0i64; shape.len()];
+        let mut s = 1i64;
+        for j in (0..shape.len()).rev() {
+            strides[j] = s;
+            s *= shape[j] as i64;
+        }
+        strides
+    };
+    let access = |shape: &[usize], map: &[Option<usize>]| -> Vec<i64> {
+        let mut strides = vec![0i64; rank];
+        for (j, s) in row_major(shape).into_iter().enumerate() {
+            if let Some(l) = map[j] {
+                strides[l] += s;
+            }
+        }
+        strides
+    };
+    let mut leaves = HashMap::new();
+    for input in &kernel.inputs {
+        let shape = graph.ty(*input).shape.dims().to_vec();
+        let map = maps.get(input).cloned().unwrap_or_else(|| vec![None; shape.len()]);
+        leaves.insert(*input, access(&shape, &map));
+    }
+    let mut reduced = vec![false; rank];
+    let out: Vec<i64> = match root {
+        Root::Loop | Root::Assign(_) => access(&space, &identity),
+        Root::Reduce { axes, .. } => {
+            for &a in axes {
+                reduced[a] = true;
+            }
+            let kept: Vec<usize> = (0..rank).filter(|d| !reduced[*d]).collect();
+            let kept_shape: Vec<usize> = kept.iter().map(|&d| space[d]).collect();
+            let kept_map: Vec<Option<usize>> = kept.iter().map(|&d| Some(d)).collect();
+            access(&kept_shape, &kept_map)
+        }
+        Root::Row(RowOp::Softmax | RowOp::LogSoftmax) => access(&space, &identity),
+        Root::Row(_) => {
+            let lead = &space[..rank - 1];
+            access(lead, &identity[..rank - 1])
+        }
+    };
+    let mut nest = Nest {
+        extents: space.iter().map(|&e| e as u64).collect(),
+        leaves,
+        out,
+        reduced,
+        one_hot_dim: HashMap::new(),
+    };
+    // Loop dimension of each one-hot, tracked through merges.
+    let mut barrier: Vec<bool> = vec![false; rank];
+    for dim in one_hot_dim.values().flatten() {
+        barrier[*dim] = true;
+    }
+    let mut dim_of: Vec<usize> = (0..rank).collect();
+    if !matches!(root, Root::Row(_)) {
+        let mut l = 0;
+        while l + 1 < nest.extents.len() {
+            let inner = nest.extents[l + 1] as i64;
+            let mergeable = !barrier[l]
+                && !barrier[l + 1]
+                && nest.reduced[l] == nest.reduced[l + 1]
+                && std::iter::once(&nest.out)
+                    .chain(nest.leaves.values())
+                    .all(|s| s[l] == s[l + 1] * inner || nest.extents[l] == 1 || inner == 1);
+            if mergeable {
+                let outer_size = nest.extents[l];
+                for s in std::iter::once(&mut nest.out).chain(nest.leaves.values_mut()) {
+                    let merged = if inner == 1 { s[l] } else if outer_size == 1 { s[l + 1] } else { s[l + 1] };
+                    s[l] = merged;
+                    s.remove(l + 1);
+                }
+                nest.extents[l] *= nest.extents[l + 1];
+                nest.extents.remove(l + 1);
+                nest.reduced.remove(l + 1);
+                barrier.remove(l + 1);
+                for d in dim_of.iter_mut() {
+                    if *d > l {
+                        *d -= 1;
+                    }
+                }
+            } else {
+                l += 1;
+            }
+        }
+    }
+    nest.one_hot_dim = one_hot_dim.into_iter().map(|(id, dim)| (id, dim.map(|d| dim_of[d]))).collect();
+    if nest.extents.is_empty() {
+        // A scalar: one iteration of one loop.
+        nest.extents.push(1);
+        nest.reduced.push(false);
+        nest.out.push(0);
+        for s in nest.leaves.values_mut() {
+            s.push(0);
+        }
+    }
+    nest
+}
+
+struct Gen<'a, 'ctx> {
+    context: &'ctx Context,
+    llvm: &'a LlvmModule<'ctx>,
+    builder: Builder<'ctx>,
+    function: FunctionValue<'ctx>,
+    module: &'a Module,
+    kernel: &'a Kernel,
+    nest: Nest,
+    pointers: HashMap<TensorRef, PointerValue<'ctx>>,
+    out: Option<PointerValue<'ctx>>,
+}
+
+fn memory_type<'ctx>(context: &'ctx Context, dtype: DType) -> BasicTypeEnum<'ctx> {
+    match dtype {
+        DType::F32 => context.f32_type().into(),
+        DType::F64 => context.f64_type().into(),
+        DType::I32 => context.i32_type().into(),
+        DType::I64 => context.i64_type().into(),
+        DType::U8 | DType::Bool => context.i8_type().into(),
+    }
+}
+
+/// Loop indices of the current point, one per loop dimension.
+type Index<'ctx> = Vec<IntValue<'ctx>>;
+
+impl<'a, 'ctx> Gen<'a, 'ctx> {
+    fn i64(&self, v: i64) -> IntValue<'ctx> {
+        self.context.i64_type().const_int(v as u64, true)
+    }
+
+    fn arg_pointer(&self, args: PointerValue<'ctx>, i: usize, dtype: DType) -> PointerValue<'ctx> {
+        let slot = unsafe { self.builder.build_gep(args, &[self.i64(i as i64)], "arg").unwrap() };
+        let raw = self.builder.build_load(slot, "raw").unwrap().into_pointer_value();
+        let ty = memory_type(self.context, dtype).ptr_type(AddressSpace::default());
+        self.builder.build_pointer_cast(raw, ty, "p").unwrap()
+    }
+
+    /// `for i in start..end { body(i) }`, leaving the builder after the loop.
+    fn emit_for(&self, start: IntValue<'ctx>, end: IntValue<'ctx>, body: &mut dyn FnMut(IntValue<'ctx>)) {
+        let pre = self.builder.get_insert_block().unwrap();
+        let head = self.context.append_basic_block(self.function, "loop");
+        let exit = self.context.append_basic_block(self.function, "exit");
+        let enter = self.builder.build_int_compare(IntPredicate::SLT, start, end, "enter").unwrap();
+        self.builder.build_conditional_branch(enter, head, exit).unwrap();
+        self.builder.position_at_end(head);
+        let phi = self.builder.build_phi(self.context.i64_type(), "i").unwrap();
+        phi.add_incoming(&[(&start, pre)]);
+        let i = phi.as_basic_value().into_int_value();
+        body(i);
+        let next = self.builder.build_int_add(i, self.i64(1), "next").unwrap();
+        let latch: BasicBlock = self.builder.get_insert_block().unwrap();
+        phi.add_incoming(&[(&next, latch)]);
+        let more = self.builder.build_int_compare(IntPredicate::SLT, next, end, "more").unwrap();
+        self.builder.build_conditional_branch(more, head, exit).unwrap();
+        self.builder.position_at_end(exit);
+    }
+
+    /// Loops over dimensions `from..` of the nest (the first of them over `first`), calling
+    /// `body` with the full index (`prefix` then these).
+    fn emit_nest(
+        &self,
+        prefix: &mut Index<'ctx>,
+        dims: std::ops::Range<usize>,
+        first: Option<(IntValue<'ctx>, IntValue<'ctx>)>,
+        body: &mut dyn FnMut(&Index<'ctx>),
+    ) {
+        if dims.is_empty() {
+            body(prefix);
+            return;
+        }
+        let d = dims.start;
+        let (start, end) = first.unwrap_or((self.i64(0), self.i64(self.nest.extents[d] as i64)));
+        self.emit_for(start, end, &mut |i| {
+            prefix.push(i);
+            self.emit_nest(prefix, d + 1..dims.end, None, body);
+            prefix.pop();
+        });
+    }
+
+    fn offset(&self, strides: &[i64], index: &Index<'ctx>) -> IntValue<'ctx> {
+        let mut sum = self.i64(0);
+        for (l, &i) in index.iter().enumerate() {
+            match strides[l] {
+                0 => {}
+                1 => sum = self.builder.build_int_add(sum, i, "o").unwrap(),
+                s => {
+                    let term = self.builder.build_int_mul(i, self.i64(s), "t").unwrap();
+                    sum = self.builder.build_int_add(sum, term, "o").unwrap();
+                }
+            }
+        }
+        sum
+    }
+
+    fn element(&self, base: PointerValue<'ctx>, offset: IntValue<'ctx>) -> PointerValue<'ctx> {
+        unsafe { self.builder.build_in_bounds_gep(base, &[offset], "e").unwrap() }
+    }
+
+    fn load(&self, pointer: PointerValue<'ctx>, dtype: DType) -> BasicValueEnum<'ctx> {
+        let value = self.builder.build_load(pointer, "v").unwrap();
+        if dtype == DType::Bool {
+            let zero = self.context.i8_type().const_zero();
+            return self.builder.build_int_compare(IntPredicate::NE, value.into_int_value(), zero, "b").unwrap().into();
+        }
+        value
+    }
+
+    fn store(&self, pointer: PointerValue<'ctx>, dtype: DType, value: BasicValueEnum<'ctx>) {
+        let value = if dtype == DType::Bool {
+            self.builder.build_int_z_extend(value.into_int_value(), self.context.i8_type(), "z").unwrap().into()
+        } else {
+            value
+        };
+        self.builder.build_store(pointer, value).unwrap();
+    }
+
+    fn constant(&self, dtype: DType, value: f64) -> BasicValueEnum<'ctx> {
+        match dtype {
+            DType::F32 => self.context.f32_type().const_float(value).into(),
+            DType::F64 => self.context.f64_type().const_float(value).into(),
+            DType::I32 => self.context.i32_type().const_int(value as i64 as u64, true).into(),
+            DType::I64 => self.context.i64_type().const_int(value as i64 as u64, true).into(),
+            DType::U8 => self.context.i8_type().const_int(value as u64, false).into(),
+            DType::Bool => self.context.bool_type().const_int((value != 0.0) as u64, false).into(),
+        }
+    }
+
+    /// A constant operand whose elements are all equal, as an immediate.
+    fn splat(&self, tensor: TensorRef) -> Option<BasicValueEnum<'ctx>> {
+        let Op::Const { value } = &self.module.graph.node(tensor.node).op else {
+            return None;
+        };
+        fn uniform<T: PartialEq + Copy>(v: &[T]) -> Option<T> {
+            let first = *v.first()?;
+            v.iter().all(|x| *x == first).then_some(first)
+        }
+        Some(match &value.data {
+            ConstData::F32(v) => self.context.f32_type().const_float(uniform(v)? as f64).into(),
+            ConstData::F64(v) => self.context.f64_type().const_float(uniform(v)?).into(),
+            ConstData::I32(v) => self.context.i32_type().const_int(uniform(v)? as i64 as u64, true).into(),
+            ConstData::I64(v) => self.context.i64_type().const_int(uniform(v)? as u64, true).into(),
+            ConstData::U8(v) => self.context.i8_type().const_int(uniform(v)? as u64, false).into(),
+            ConstData::Bool(v) => self.context.bool_type().const_int(uniform(v)? as u64, false).into(),
+        })
+    }
+
+    /// The value of `tensor` at `index`: a load of an outside value, or a member computed from
+    /// its operands.
+    fn value(
+        &self,
+        tensor: TensorRef,
+        index: &Index<'ctx>,
+        memo: &mut HashMap<TensorRef, BasicValueEnum<'ctx>>,
+    ) -> BasicValueEnum<'ctx> {
+        if let Some(v) = memo.get(&tensor) {
+            return *v;
+        }
+        let graph = &self.module.graph;
+        let dtype = graph.ty(tensor).dtype;
+        let v = if let Some(strides) = self.nest.leaves.get(&tensor) {
+            match self.splat(tensor) {
+                Some(c) => c,
+                None => {
+                    let offset = self.offset(strides, index);
+                    self.load(self.element(self.pointers[&tensor], offset), dtype)
+                }
+            }
+        } else {
+            let node = graph.node(tensor.node);
+            let operands: Vec<TensorRef> = graph.inputs(tensor.node);
+            let args: Vec<BasicValueEnum<'ctx>> = operands.iter().map(|t| self.value(*t, index, memo)).collect();
+            let arg_types: Vec<DType> = operands.iter().map(|t| graph.ty(*t).dtype).collect();
+            self.scalar_op(&node.op, tensor.node, &args, &arg_types, dtype, index)
+        };
+        memo.insert(tensor, v);
+        v
+    }
+
+    fn float_intrinsic(&self, name: &str, x: FloatValue<'ctx>) -> FloatValue<'ctx> {
+        let intrinsic = Intrinsic::find(name).expect("LLVM intrinsic");
+        let decl = intrinsic.get_declaration(self.llvm, &[x.get_type().into()]).unwrap();
+        self.builder.build_call(decl, &[x.into()], "f").unwrap().try_as_basic_value().unwrap_basic().into_float_value()
+    }
+
+    /// A C library function of one float (`tanhf`, `log1p` …).
+    fn libm(&self, name32: &str, name64: &str, x: FloatValue<'ctx>) -> FloatValue<'ctx> {
+        let ty = x.get_type();
+        let name = if ty == self.context.f32_type() { name32 } else { name64 };
+        let f = self.llvm.get_function(name).unwrap_or_else(|| {
+            self.llvm.add_function(name, ty.fn_type(&[ty.into()], false), None)
+        });
+        self.builder.build_call(f, &[x.into()], "m").unwrap().try_as_basic_value().unwrap_basic().into_float_value()
+    }
+
+    fn is_nan(&self, x: FloatValue<'ctx>) -> IntValue<'ctx> {
+        self.builder.build_float_compare(FloatPredicate::UNO, x, x, "nan").unwrap()
+    }
+
+    /// `candidate` replaces `best` as the largest (`larger`) or smallest: strictly beyond it,
+    /// or NaN where `best` is not — the interpreter's `beats_max` / `beats_min`.
+    fn beats(&self, candidate: BasicValueEnum<'ctx>, best: BasicValueEnum<'ctx>, dtype: DType, larger: bool) -> IntValue<'ctx> {
+        let b = &self.builder;
+        if dtype.is_float() {
+            let (c, x) = (candidate.into_float_value(), best.into_float_value());
+            let pred = if larger { FloatPredicate::OGT } else { FloatPredicate::OLT };
+            let beyond = b.build_float_compare(pred, c, x, "gt").unwrap();
+            let c_nan = self.is_nan(c);
+            let x_nan = self.is_nan(x);
+            let x_num = b.build_not(x_nan, "num").unwrap();
+            let nan_wins = b.build_and(c_nan, x_num, "nw").unwrap();
+            b.build_or(beyond, nan_wins, "beats").unwrap()
+        } else {
+            let signed = !matches!(dtype, DType::U8 | DType::Bool);
+            let pred = match (larger, signed) {
+                (true, true) => IntPredicate::SGT,
+                (true, false) => IntPredicate::UGT,
+                (false, true) => IntPredicate::SLT,
+                (false, false) => IntPredicate::ULT,
+            };
+            b.build_int_compare(pred, candidate.into_int_value(), best.into_int_value(), "gt").unwrap()
+        }
+    }
+
+    fn select(&self, cond: IntValue<'ctx>, a: BasicValueEnum<'ctx>, b: BasicValueEnum<'ctx>) -> BasicValueEnum<'ctx> {
+        self.builder.build_select(cond, a, b, "sel").unwrap()
+    }
+
+    fn maximum(&self, a: BasicValueEnum<'ctx>, b: BasicValueEnum<'ctx>, dtype: DType, larger: bool) -> BasicValueEnum<'ctx> {
+        let take_b = self.beats(b, a, dtype, larger);
+        self.select(take_b, b, a)
+    }
+
+    fn float_binary(&self, op: BinaryOp, a: FloatValue<'ctx>, c: FloatValue<'ctx>) -> FloatValue<'ctx> {
+        let b = &self.builder;
+        match op {
+            BinaryOp::Add => b.build_float_add(a, c, "add").unwrap(),
+            BinaryOp::Sub => b.build_float_sub(a, c, "sub").unwrap(),
+            BinaryOp::Mul => b.build_float_mul(a, c, "mul").unwrap(),
+            BinaryOp::Div => b.build_float_div(a, c, "div").unwrap(),
+            BinaryOp::Pow => {
+                let decl = Intrinsic::find("llvm.pow").unwrap().get_declaration(self.llvm, &[a.get_type().into()]).unwrap();
+                b.build_call(decl, &[a.into(), c.into()], "pow").unwrap().try_as_basic_value().unwrap_basic().into_float_value()
+            }
+            BinaryOp::Maximum | BinaryOp::Minimum => unreachable!("handled by maximum"),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn scalar_op(
+        &self,
+        op: &Op,
+        id: NodeId,
+        args: &[BasicValueEnum<'ctx>],
+        arg_types: &[DType],
+        dtype: DType,
+        index: &Index<'ctx>,
+    ) -> BasicValueEnum<'ctx> {
+        let b = &self.builder;
+        match op {
+            Op::Identity | Op::StopGradient | Op::BroadcastTo { .. } => args[0],
+            Op::Unary(u) => self.unary(*u, args[0], dtype),
+            Op::Binary(op @ (BinaryOp::Maximum | BinaryOp::Minimum)) => {
+                self.maximum(args[0], args[1], dtype, *op == BinaryOp::Maximum)
+            }
+            Op::Binary(op) if dtype.is_float() => {
+                self.float_binary(*op, args[0].into_float_value(), args[1].into_float_value()).into()
+            }
+            Op::Binary(op) => {
+                let (x, y) = (args[0].into_int_value(), args[1].into_int_value());
+                match op {
+                    BinaryOp::Add => b.build_int_add(x, y, "add").unwrap().into(),
+                    BinaryOp::Sub => b.build_int_sub(x, y, "sub").unwrap().into(),
+                    BinaryOp::Mul => b.build_int_mul(x, y, "mul").unwrap().into(),
+                    _ => unreachable!("fuse leaves integer div and pow to the library"),
+                }
+            }
+            Op::Compare(c) => self.compare(*c, args[0], args[1], arg_types[0]).into(),
+            Op::Select => self.select(args[0].into_int_value(), args[1], args[2]),
+            Op::Cast { to } => self.cast(args[0], arg_types[0], *to),
+            Op::OneHot { dtype: to, .. } => {
+                let class = match self.nest.one_hot_dim.get(&id).copied().flatten() {
+                    Some(l) => index[l],
+                    None => self.i64(0),
+                };
+                let idx = args[0].into_int_value();
+                let wide = if arg_types[0] == DType::U8 {
+                    b.build_int_z_extend(idx, self.context.i64_type(), "w").unwrap()
+                } else {
+                    b.build_int_s_extend_or_bit_cast(idx, self.context.i64_type(), "w").unwrap()
+                };
+                let hit = b.build_int_compare(IntPredicate::EQ, wide, class, "hit").unwrap();
+                self.select(hit, self.constant(*to, 1.0), self.constant(*to, 0.0))
+            }
+            Op::SigmoidCrossEntropy => {
+                // max(x, 0) - x * z + ln(1 + exp(-|x|))
+                let (x, z) = (args[0].into_float_value(), args[1].into_float_value());
+                let zero = self.constant(dtype, 0.0);
+                let relu = self.maximum(x.into(), zero, dtype, true).into_float_value();
+                let xz = b.build_float_mul(x, z, "xz").unwrap();
+                let abs = self.float_intrinsic("llvm.fabs", x);
+                let neg = b.build_float_neg(abs, "n").unwrap();
+                let e = self.float_intrinsic("llvm.exp", neg);
+                let l = self.libm("log1pf", "log1p", e);
+                let d = b.build_float_sub(relu, xz, "d").unwrap();
+                b.build_float_add(d, l, "sce").unwrap().into()
+            }
+            other => unreachable!("`{}` is not fused", other.name()),
+        }
+    }
+
+    fn unary(&self, op: UnaryOp, x: BasicValueEnum<'ctx>, dtype: DType) -> BasicValueEnum<'ctx> {
+        let b = &self.builder;
+        if !dtype.is_float() {
+            let v = x.into_int_value();
+            let zero = v.get_type().const_zero();
+            return match op {
+                UnaryOp::Neg => b.build_int_sub(zero, v, "neg").unwrap().into(),
+                UnaryOp::Abs if dtype == DType::U8 => v.into(),
+                UnaryOp::Abs => {
+                    let negative = b.build_int_compare(IntPredicate::SLT, v, zero, "lt").unwrap();
+                    let neg = b.build_int_sub(zero, v, "neg").unwrap();
+                    self.select(negative, neg.into(), v.into())
+                }
+                UnaryOp::Relu => self.maximum(x, zero.into(), dtype, true),
+                _ => unreachable!("fuse keeps transcendentals to floats"),
+            };
+        }
+        let v = x.into_float_value();
+        let one = self.constant(dtype, 1.0).into_float_value();
+        match op {
+            UnaryOp::Neg => b.build_float_neg(v, "neg").unwrap().into(),
+            UnaryOp::Abs => self.float_intrinsic("llvm.fabs", v).into(),
+            UnaryOp::Exp => self.float_intrinsic("llvm.exp", v).into(),
+            UnaryOp::Log => self.float_intrinsic("llvm.log", v).into(),
+            UnaryOp::Sqrt => self.float_intrinsic("llvm.sqrt", v).into(),
+            UnaryOp::Rsqrt => {
+                let s = self.float_intrinsic("llvm.sqrt", v);
+                b.build_float_div(one, s, "rsqrt").unwrap().into()
+            }
+            UnaryOp::Relu => self.maximum(x, self.constant(dtype, 0.0), dtype, true),
+            UnaryOp::Tanh => self.libm("tanhf", "tanh", v).into(),
+            UnaryOp::Sigmoid => {
+                // x >= 0: 1 / (1 + exp(-x)); else e / (1 + e) with e = exp(x), as the interpreter.
+                let zero = self.constant(dtype, 0.0).into_float_value();
+                let non_negative = b.build_float_compare(FloatPredicate::OGE, v, zero, "ge").unwrap();
+                let neg = b.build_float_neg(v, "n").unwrap();
+                let e_neg = self.float_intrinsic("llvm.exp", neg);
+                let d1 = b.build_float_add(one, e_neg, "d").unwrap();
+                let pos = b.build_float_div(one, d1, "p").unwrap();
+                let e = self.float_intrinsic("llvm.exp", v);
+                let d2 = b.build_float_add(one, e, "d").unwrap();
+                let negv = b.build_float_div(e, d2, "q").unwrap();
+                self.select(non_negative, pos.into(), negv.into())
+            }
+        }
+    }
+
+    fn compare(&self, op: CompareOp, x: BasicValueEnum<'ctx>, y: BasicValueEnum<'ctx>, dtype: DType) -> IntValue<'ctx> {
+        let b = &self.builder;
+        if dtype.is_float() {
+            let pred = match op {
+                CompareOp::Equal => FloatPredicate::OEQ,
+                CompareOp::NotEqual => FloatPredicate::UNE,
+                CompareOp::Less => FloatPredicate::OLT,
+                CompareOp::LessEqual => FloatPredicate::OLE,
+                CompareOp::Greater => FloatPredicate::OGT,
+                CompareOp::GreaterEqual => FloatPredicate::OGE,
+            };
+            return b.build_float_compare(pred, x.into_float_value(), y.into_float_value(), "cmp").unwrap();
+        }
+        let signed = !matches!(dtype, DType::U8 | DType::Bool);
+        let pred = match (op, signed) {
+            (CompareOp::Equal, _) => IntPredicate::EQ,
+            (CompareOp::NotEqual, _) => IntPredicate::NE,
+            (CompareOp::Less, true) => IntPredicate::SLT,
+            (CompareOp::Less, false) => IntPredicate::ULT,
+            (CompareOp::LessEqual, true) => IntPredicate::SLE,
+            (CompareOp::LessEqual, false) => IntPredicate::ULE,
+            (CompareOp::Greater, true) => IntPredicate::SGT,
+            (CompareOp::Greater, false) => IntPredicate::UGT,
+            (CompareOp::GreaterEqual, true) => IntPredicate::SGE,
+            (CompareOp::GreaterEqual, false) => IntPredicate::UGE,
+        };
+        b.build_int_compare(pred, x.into_int_value(), y.into_int_value(), "cmp").unwrap()
+    }
+
+    /// Rust's `as`: float → int saturates (NaN → 0); to bool is `!= 0`.
+    fn cast(&self, x: BasicValueEnum<'ctx>, from: DType, to: DType) -> BasicValueEnum<'ctx> {
+        let b = &self.builder;
+        let target = memory_type(self.context, to);
+        if from == to {
+            return x;
+        }
+        if to == DType::Bool {
+            let zero = self.constant(from, 0.0);
+            return self.compare(CompareOp::NotEqual, x, zero, from).into();
+        }
+        let from_unsigned = matches!(from, DType::U8 | DType::Bool);
+        match (from.is_float(), to.is_float()) {
+            (true, true) => b.build_float_cast(x.into_float_value(), target.into_float_type(), "fc").unwrap().into(),
+            (false, true) => {
+                let v = x.into_int_value();
+                if from_unsigned {
+                    b.build_unsigned_int_to_float(v, target.into_float_type(), "uf").unwrap().into()
+                } else {
+                    b.build_signed_int_to_float(v, target.into_float_type(), "sf").unwrap().into()
+                }
+            }
+            (true, false) => {
+                let name = if to == DType::U8 { "llvm.fptoui.sat" } else { "llvm.fptosi.sat" };
+                let decl = Intrinsic::find(name)
+                    .unwrap()
+                    .get_declaration(self.llvm, &[target, x.get_type()])
+                    .unwrap();
+                b.build_call(decl, &[x.into()], "sat").unwrap().try_as_basic_value().unwrap_basic()
+            }
+            (false, false) => {
+                let v = x.into_int_value();
+                let t = target.into_int_type();
+                let from_bits = v.get_type().get_bit_width();
+                if from_bits > t.get_bit_width() {
+                    b.build_int_truncate(v, t, "tr").unwrap().into()
+                } else if from_unsigned {
+                    b.build_int_z_extend(v, t, "zx").unwrap().into()
+                } else {
+                    b.build_int_s_extend(v, t, "sx").unwrap().into()
+                }
+            }
+        }
+    }
+
+    fn root_output(&self) -> (PointerValue<'ctx>, DType) {
+        (self.out.unwrap(), self.module.graph.node(self.kernel.root).outputs[0].dtype)
+    }
+
+    fn emit_loop(&self, begin: IntValue<'ctx>, end: IntValue<'ctx>, dtype: DType) {
+        let root = TensorRef::from(self.kernel.root);
+        let n = self.nest.extents.len();
+        self.emit_nest(&mut Vec::new(), 0..n, Some((begin, end)), &mut |index| {
+            let mut memo = HashMap::new();
+            let v = self.value_of_root(root, index, &mut memo);
+            let offset = self.offset(&self.nest.out, index);
+            self.store(self.element(self.out.unwrap(), offset), dtype, v);
+        });
+    }
+
+    /// The root of a loop kernel, computed from its operands (it is not a leaf).
+    fn value_of_root(
+        &self,
+        root: TensorRef,
+        index: &Index<'ctx>,
+        memo: &mut HashMap<TensorRef, BasicValueEnum<'ctx>>,
+    ) -> BasicValueEnum<'ctx> {
+        self.value(root, index, memo)
+    }
+
+    fn emit_assign(&self, begin: IntValue<'ctx>, end: IntValue<'ctx>, op: &Op, dtype: DType) {
+        let graph = &self.module.graph;
+        let operands = graph.inputs(self.kernel.root);
+        let (variable, value) = (operands[0], operands[1]);
+        let n = self.nest.extents.len();
+        self.emit_nest(&mut Vec::new(), 0..n, Some((begin, end)), &mut |index| {
+            let mut memo = HashMap::new();
+            let v = self.value(value, index, &mut memo);
+            let offset = self.offset(&self.nest.out, index);
+            let target = self.element(self.out.unwrap(), offset);
+            let new = match op {
+                Op::Assign => v,
+                Op::AssignAdd | Op::AssignSub => {
+                    let current = self.value(variable, index, &mut memo);
+                    let kind = if matches!(op, Op::AssignAdd) { BinaryOp::Add } else { BinaryOp::Sub };
+                    self.scalar_op(&Op::Binary(kind), self.kernel.root, &[current, v], &[dtype, dtype], dtype, index)
+                }
+                _ => unreachable!(),
+            };
+            self.store(target, dtype, new);
+        });
+    }
+
+    fn emit_reduce(&self, begin: IntValue<'ctx>, end: IntValue<'ctx>, kind: ReduceKind, dtype: DType) {
+        let b = &self.builder;
+        let graph = &self.module.graph;
+        let operand = graph.inputs(self.kernel.root)[0];
+        let (out, _) = self.root_output();
+        // The outputs this range writes: its rows if the first dimension is kept, else all.
+        let out_len: u64 = self.nest.extents.iter().zip(&self.nest.reduced).filter(|(_, r)| !**r).map(|(e, _)| e).product();
+        let (lo, hi) = if self.nest.reduced[0] {
+            (self.i64(0), self.i64(out_len as i64))
+        } else {
+            let row = self.nest.out[0];
+            (b.build_int_mul(begin, self.i64(row), "lo").unwrap(), b.build_int_mul(end, self.i64(row), "hi").unwrap())
+        };
+        let identity = match kind {
+            ReduceKind::Sum | ReduceKind::Mean => self.constant(dtype, 0.0),
+            ReduceKind::Max => self.extreme(dtype, false),
+            ReduceKind::Min => self.extreme(dtype, true),
+        };
+        self.emit_for(lo, hi, &mut |i| self.store(self.element(out, i), dtype, identity));
+        let combine = |acc: BasicValueEnum<'ctx>, v: BasicValueEnum<'ctx>| -> BasicValueEnum<'ctx> {
+            match kind {
+                ReduceKind::Sum | ReduceKind::Mean => {
+                    self.scalar_op(&Op::Binary(BinaryOp::Add), self.kernel.root, &[acc, v], &[dtype, dtype], dtype, &Vec::new())
+                }
+                ReduceKind::Max => self.maximum(acc, v, dtype, true),
+                ReduceKind::Min => self.maximum(acc, v, dtype, false),
+            }
+        };
+        let n = self.nest.extents.len();
+        let inner_reduced = self.nest.reduced[n - 1] && n >= 1;
+        if inner_reduced && n >= 2 {
+            // Accumulate the innermost (reduced) run in a register.
+            self.emit_nest(&mut Vec::new(), 0..n - 1, Some((begin, end)), &mut |prefix| {
+                let mut index = prefix.clone();
+                let out_at = self.element(out, self.offset(&self.nest.out[..n - 1], prefix));
+                let start = self.load(out_at, dtype);
+                let acc = self.fold(start, self.nest.extents[n - 1], &mut |j, acc| {
+                    index.push(j);
+                    let mut memo = HashMap::new();
+                    let v = self.value(operand, &index, &mut memo);
+                    index.pop();
+                    combine(acc, v)
+                });
+                self.store(out_at, dtype, acc);
+            });
+        } else {
+            self.emit_nest(&mut Vec::new(), 0..n, Some((begin, end)), &mut |index| {
+                let mut memo = HashMap::new();
+                let v = self.value(operand, index, &mut memo);
+                let at = self.element(out, self.offset(&self.nest.out, index));
+                let acc = self.load(at, dtype);
+                self.store(at, dtype, combine(acc, v));
+            });
+        }
+        if kind == ReduceKind::Mean {
+            let count: u64 = self.nest.extents.iter().zip(&self.nest.reduced).filter(|(_, r)| **r).map(|(e, _)| e).product();
+            let c = self.constant(dtype, count as f64).into_float_value();
+            self.emit_for(lo, hi, &mut |i| {
+                let at = self.element(out, i);
+                let sum = self.load(at, dtype).into_float_value();
+                let mean = self.builder.build_float_div(sum, c, "mean").unwrap();
+                self.store(at, dtype, mean.into());
+            });
+        }
+    }
+
+    /// The largest (`highest`) or smallest value of `dtype`: -inf/+inf for floats.
+    fn extreme(&self, dtype: DType, highest: bool) -> BasicValueEnum<'ctx> {
+        match dtype {
+            DType::F32 | DType::F64 => self.constant(dtype, if highest { f64::INFINITY } else { f64::NEG_INFINITY }),
+            DType::I32 => self.context.i32_type().const_int(if highest { i32::MAX as u64 } else { i32::MIN as i64 as u64 }, true).into(),
+            DType::I64 => self.context.i64_type().const_int(if highest { i64::MAX as u64 } else { i64::MIN as u64 }, true).into(),
+            DType::U8 => self.context.i8_type().const_int(if highest { 255 } else { 0 }, false).into(),
+            DType::Bool => self.context.bool_type().const_int(highest as u64, false).into(),
+        }
+    }
+
+    /// `acc = start; for j in 0..count { acc = step(j, acc) }`, in a register.
+    fn fold(
+        &self,
+        start: BasicValueEnum<'ctx>,
+        count: u64,
+        step: &mut dyn FnMut(IntValue<'ctx>, BasicValueEnum<'ctx>) -> BasicValueEnum<'ctx>,
+    ) -> BasicValueEnum<'ctx> {
+        self.fold_from(self.i64(0), count, start, step)
+    }
+
+    fn fold_from(
+        &self,
+        from: IntValue<'ctx>,
+        count: u64,
+        start: BasicValueEnum<'ctx>,
+        step: &mut dyn FnMut(IntValue<'ctx>, BasicValueEnum<'ctx>) -> BasicValueEnum<'ctx>,
+    ) -> BasicValueEnum<'ctx> {
+        let b = &self.builder;
+        let pre = b.get_insert_block().unwrap();
+        let head = self.context.append_basic_block(self.function, "fold");
+        let exit = self.context.append_basic_block(self.function, "folded");
+        let end = self.i64(count as i64);
+        let enter = b.build_int_compare(IntPredicate::SLT, from, end, "enter").unwrap();
+        b.build_conditional_branch(enter, head, exit).unwrap();
+        b.position_at_end(head);
+        let j = b.build_phi(self.context.i64_type(), "j").unwrap();
+        let acc = b.build_phi(start.get_type(), "acc").unwrap();
+        j.add_incoming(&[(&from, pre)]);
+        acc.add_incoming(&[(&start, pre)]);
+        let jv = j.as_basic_value().into_int_value();
+        let next_acc = step(jv, acc.as_basic_value());
+        let next = b.build_int_add(jv, self.i64(1), "jn").unwrap();
+        let latch = b.get_insert_block().unwrap();
+        j.add_incoming(&[(&next, latch)]);
+        acc.add_incoming(&[(&next_acc, latch)]);
+        let more = b.build_int_compare(IntPredicate::SLT, next, end, "more").unwrap();
+        b.build_conditional_branch(more, head, exit).unwrap();
+        b.position_at_end(exit);
+        let result = b.build_phi(start.get_type(), "r").unwrap();
+        result.add_incoming(&[(&start, pre), (&next_acc, latch)]);
+        result.as_basic_value()
+    }
+
+    /// Row ops over the last axis: max, then Σ exp(x - max), then the outputs.
+    fn emit_row(&self, begin: IntValue<'ctx>, end: IntValue<'ctx>, op: RowOp, dtype: DType) {
+        let graph = &self.module.graph;
+        let operands = graph.inputs(self.kernel.root);
+        let x_type = graph.ty(operands[0]).dtype;
+        let n = self.nest.extents.len();
+        let classes = self.nest.extents[n - 1];
+        let out = self.out.unwrap();
+        let lead_dims = n - 1;
+        let run = |prefix: &Index<'ctx>| {
+            let mut index = prefix.clone();
+            let mut at = |j: IntValue<'ctx>, which: usize| -> BasicValueEnum<'ctx> {
+                index.push(j);
+                let mut memo = HashMap::new();
+                let v = self.value(operands[which], &index, &mut memo);
+                index.pop();
+                v
+            };
+            if op == RowOp::ArgMax {
+                // The first largest: best starts at element 0.
+                let first = at(self.i64(0), 0);
+                let i64t = self.context.i64_type();
+                let pair_start = (first, self.i64(0));
+                let b = &self.builder;
+                let pre = b.get_insert_block().unwrap();
+                let head = self.context.append_basic_block(self.function, "arg");
+                let exit = self.context.append_basic_block(self.function, "argd");
+                let end = self.i64(classes as i64);
+                let enter = b.build_int_compare(IntPredicate::SLT, self.i64(1), end, "enter").unwrap();
+                b.build_conditional_branch(enter, head, exit).unwrap();
+                b.position_at_end(head);
+                let j = b.build_phi(i64t, "j").unwrap();
+                let best = b.build_phi(first.get_type(), "best").unwrap();
+                let best_at = b.build_phi(i64t, "bi").unwrap();
+                j.add_incoming(&[(&self.i64(1), pre)]);
+                best.add_incoming(&[(&pair_start.0, pre)]);
+                best_at.add_incoming(&[(&pair_start.1, pre)]);
+                let jv = j.as_basic_value().into_int_value();
+                let v = at(jv, 0);
+                let wins = self.beats(v, best.as_basic_value(), x_type, true);
+                let nb = self.select(wins, v, best.as_basic_value());
+                let ni = self.select(wins, jv.into(), best_at.as_basic_value());
+                let next = b.build_int_add(jv, self.i64(1), "jn").unwrap();
+                let latch = b.get_insert_block().unwrap();
+                j.add_incoming(&[(&next, latch)]);
+                best.add_incoming(&[(&nb, latch)]);
+                best_at.add_incoming(&[(&ni, latch)]);
+                let more = b.build_int_compare(IntPredicate::SLT, next, end, "more").unwrap();
+                b.build_conditional_branch(more, head, exit).unwrap();
+                b.position_at_end(exit);
+                let result = b.build_phi(i64t, "r").unwrap();
+                result.add_incoming(&[(&pair_start.1, pre), (&ni, latch)]);
+                let idx = result.as_basic_value().into_int_value();
+                let idx = if dtype == DType::I32 {
+                    b.build_int_truncate(idx, self.context.i32_type(), "i").unwrap().into()
+                } else {
+                    idx.into()
+                };
+                let o = self.offset(&self.nest.out[..lead_dims], prefix);
+                self.store(self.element(out, o), dtype, idx);
+                return;
+            }
+            let lowest = self.extreme(dtype, false);
+            let max = self.fold(lowest, classes, &mut |j, m| {
+                let v = at(j, 0);
+                self.maximum(m, v, dtype, true)
+            });
+            let zero = self.constant(dtype, 0.0);
+            let row_out = |j: IntValue<'ctx>, index: &Index<'ctx>| {
+                let mut full = index.clone();
+                full.push(j);
+                self.element(out, self.offset(&self.nest.out, &full))
+            };
+            let b = &self.builder;
+            match op {
+                RowOp::Softmax => {
+                    let sum = self.fold(zero, classes, &mut |j, s| {
+                        let v = at(j, 0).into_float_value();
+                        let d = b.build_float_sub(v, max.into_float_value(), "d").unwrap();
+                        let e = self.float_intrinsic("llvm.exp", d);
+                        self.store(row_out(j, prefix), dtype, e.into());
+                        b.build_float_add(s.into_float_value(), e, "s").unwrap().into()
+                    });
+                    self.fold(zero, classes, &mut |j, s| {
+                        let p = row_out(j, prefix);
+                        let e = self.load(p, dtype).into_float_value();
+                        let q = b.build_float_div(e, sum.into_float_value(), "q").unwrap();
+                        self.store(p, dtype, q.into());
+                        s
+                    });
+                }
+                RowOp::LogSoftmax | RowOp::CrossEntropy => {
+                    let sum = self.fold(zero, classes, &mut |j, s| {
+                        let v = at(j, 0).into_float_value();
+                        let d = b.build_float_sub(v, max.into_float_value(), "d").unwrap();
+                        let e = self.float_intrinsic("llvm.exp", d);
+                        b.build_float_add(s.into_float_value(), e, "s").unwrap().into()
+                    });
+                    let log_sum = self.float_intrinsic("llvm.log", sum.into_float_value());
+                    let shifted = |v: FloatValue<'ctx>| {
+                        let d = b.build_float_sub(v, max.into_float_value(), "d").unwrap();
+                        b.build_float_sub(d, log_sum, "ls").unwrap()
+                    };
+                    if op == RowOp::LogSoftmax {
+                        self.fold(zero, classes, &mut |j, s| {
+                            let v = at(j, 0).into_float_value();
+                            self.store(row_out(j, prefix), dtype, shifted(v).into());
+                            s
+                        });
+                    } else {
+                        let loss = self.fold(zero, classes, &mut |j, l| {
+                            let v = at(j, 0).into_float_value();
+                            let z = at(j, 1).into_float_value();
+                            let t = b.build_float_mul(z, shifted(v), "zt").unwrap();
+                            b.build_float_sub(l.into_float_value(), t, "l").unwrap().into()
+                        });
+                        let o = self.offset(&self.nest.out[..lead_dims], prefix);
+                        self.store(self.element(out, o), dtype, loss);
+                    }
+                }
+                RowOp::ArgMax => unreachable!(),
+            }
+        };
+        if lead_dims == 0 {
+            // One row: the range is 0..1.
+            let _ = (begin, end);
+            run(&Vec::new());
+        } else {
+            let run = run;
+            self.emit_nest(&mut Vec::new(), 0..lead_dims, Some((begin, end)), &mut |prefix| run(prefix));
+        }
+    }
+}

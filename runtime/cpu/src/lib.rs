@@ -1,0 +1,33 @@
+//! The native CPU backend: runs a partition with its fused kernels JIT-compiled from the
+//! plan's LLVM bitcode (`dfc_codegen`), matrix products through `dfc_gemm`, convolution and
+//! pooling through `dfc_kernels`, and the few remaining ops through the reference
+//! interpreter's kernels.
+//!
+//! - [`jit::load`] compiles a partition's bitcode once per process.
+//! - [`NativeProgram::new`] selects the steps some fetches and targets need (whole kernels:
+//!   see `dfc_passes::fuse`), aliases what needs no copy (reads of variables, reshapes,
+//!   assignments, which update the variable in place) and plans one arena for every other
+//!   value by liveness, so that a run allocates nothing but its fetched results.
+//! - [`NativeProgram::run`] runs it on feeds and variables.
+//!
+//! Unlike the interpreter's, a run is not atomic: assignments write the variables in place
+//! as they run, so a run that fails part-way (an index out of range, a partition that
+//! aborts) leaves the variables it already updated.
+
+pub mod jit;
+mod memory;
+mod program;
+
+pub use jit::{load, Jitted};
+pub use program::NativeProgram;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CpuError {
+    #[error("JIT: {0}")]
+    Jit(String),
+    /// A fetch of a value that a kernel computes inside itself; compile with it kept.
+    #[error("`{0}` is computed inside a fused kernel; it is not stored")]
+    NotStored(String),
+    #[error(transparent)]
+    Interp(#[from] dfc_interp::InterpError),
+}

@@ -1,0 +1,624 @@
+//! `NativeProgram`: the steps of one partition for some fetches and targets, with every value's
+//! memory planned, run over raw buffers.
+
+use crate::jit::{Jitted, KernelFn};
+use crate::memory::{self, Lifetime};
+use crate::CpuError;
+use dfc_interp::{Data, InterpError, Rendezvous, Tensor, Variables};
+use dfc_ir::{DType, Module, NodeId, Op, TensorRef, TensorType};
+use dfc_plan::NativeCode;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+/// Where a value lives during a run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Slot {
+    /// A planned buffer (an index into `buffers` until offsets are assigned).
+    Arena(usize),
+    Feed(usize),
+    Variable(usize),
+    Const(usize),
+}
+
+#[derive(Debug)]
+enum Step {
+    Kernel { function: KernelFn, args: Vec<Slot>, rows: u64, parallel: bool },
+    MatMul { a: Slot, b: Slot, out: Slot, m: usize, n: usize, k: usize, ta: bool, tb: bool, batches: Vec<(usize, usize)> },
+    Library { node: String, op: Op, operands: Vec<(Slot, TensorType)>, out: Slot, ty: TensorType },
+    /// A stateful op the kernels do not cover: the interpreter's semantics on the variable.
+    Update { node: String, op: Op, variable: Slot, value: (Slot, TensorType), ty: TensorType },
+    Copy { from: Slot, to: Slot, bytes: usize },
+    Send { key: String, value: Slot, ty: TensorType },
+    Recv { node: String, key: String, out: Slot, ty: TensorType },
+    AllReduce { key: String, group_size: u32, members: Vec<(u32, Slot, Slot)>, ty: TensorType },
+}
+
+impl Step {
+    fn reads_writes(&self) -> (Vec<Slot>, Vec<Slot>) {
+        match self {
+            Step::Kernel { args, .. } => (args[..args.len() - 1].to_vec(), vec![*args.last().unwrap()]),
+            Step::MatMul { a, b, out, .. } => (vec![*a, *b], vec![*out]),
+            Step::Library { operands, out, .. } => (operands.iter().map(|o| o.0).collect(), vec![*out]),
+            Step::Update { variable, value, .. } => (vec![*variable, value.0], vec![*variable]),
+            Step::Copy { from, to, .. } => (vec![*from], vec![*to]),
+            Step::Send { value, .. } => (vec![*value], vec![]),
+            Step::Recv { out, .. } => (vec![], vec![*out]),
+            Step::AllReduce { members, .. } => {
+                (members.iter().map(|m| m.1).collect(), members.iter().map(|m| m.2).collect())
+            }
+        }
+    }
+
+    fn slots_mut(&mut self) -> Vec<&mut Slot> {
+        match self {
+            Step::Kernel { args, .. } => args.iter_mut().collect(),
+            Step::MatMul { a, b, out, .. } => vec![a, b, out],
+            Step::Library { operands, out, .. } => operands.iter_mut().map(|o| &mut o.0).chain([out]).collect(),
+            Step::Update { variable, value, .. } => vec![variable, &mut value.0],
+            Step::Copy { from, to, .. } => vec![from, to],
+            Step::Send { value, .. } => vec![value],
+            Step::Recv { out, .. } => vec![out],
+            Step::AllReduce { members, .. } => members.iter_mut().flat_map(|m| [&mut m.1, &mut m.2]).collect(),
+        }
+    }
+}
+
+/// The steps of a partition for some fetches and targets, checked and planned once, run many
+/// times (one run at a time: runs share the arena).
+pub struct NativeProgram {
+    steps: Vec<Step>,
+    fetches: Vec<(Slot, TensorType)>,
+    feeds: Vec<(String, TensorType)>,
+    variables: Vec<(String, TensorType)>,
+    consts: Vec<Tensor>,
+    arena: Mutex<Arena>,
+    /// Keeps the kernels' code alive.
+    _jit: Arc<Jitted>,
+}
+
+/// 64-byte aligned bytes.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([u8; 64]);
+
+struct Arena {
+    lines: Vec<Line>,
+    /// Scratch for kernel argument arrays.
+    args: Vec<*mut u8>,
+}
+
+// SAFETY: the raw pointers in `args` are scratch, rewritten before every use.
+unsafe impl Send for Arena {}
+
+impl std::fmt::Debug for NativeProgram {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NativeProgram").field("steps", &self.steps.len()).finish()
+    }
+}
+
+fn malformed(module: &Module, id: NodeId, message: impl Into<String>) -> CpuError {
+    CpuError::Interp(InterpError::Malformed { node: module.graph.node(id).name.clone(), message: message.into() })
+}
+
+impl NativeProgram {
+    /// The program computing `fetches` and running `targets` over `module` (a partition) with
+    /// its kernels from `code` compiled in `jit`, nodes in `order` (see
+    /// `dfc_interp::Program::with_order`).
+    pub fn new(
+        module: &Module,
+        code: &NativeCode,
+        jit: Arc<Jitted>,
+        fetches: &[TensorRef],
+        targets: &[NodeId],
+        order: &[NodeId],
+    ) -> Result<NativeProgram, CpuError> {
+        let graph = &module.graph;
+        // The interpreter's program checks every node: the same checks hold here.
+        dfc_interp::Program::with_order(module, fetches, targets, order)?;
+        let roots: Vec<NodeId> = fetches.iter().map(|f| f.node).chain(targets.iter().copied()).collect();
+        let needed = graph.ancestors(&roots);
+        let order: Vec<NodeId> = {
+            let mut seen = HashSet::new();
+            order.iter().copied().filter(|id| needed.contains(id) && seen.insert(*id)).collect()
+        };
+        let kernels: HashMap<NodeId, &dfc_plan::NativeKernel> = code.kernels.iter().map(|k| (k.root, k)).collect();
+        // Nodes computed inside the kernels the program runs, and those kernels' roots.
+        let mut inside: HashMap<NodeId, Vec<NodeId>> = HashMap::new();
+        for &id in &order {
+            if let Some(kernel) = kernels.get(&id) {
+                for &m in &kernel.members {
+                    if m != id {
+                        inside.entry(m).or_default().push(id);
+                    }
+                }
+            }
+        }
+        for fetch in fetches {
+            if inside.contains_key(&fetch.node) && !kernels.contains_key(&fetch.node) {
+                return Err(CpuError::NotStored(graph.node(fetch.node).name.clone()));
+            }
+        }
+        let position: HashMap<NodeId, usize> = order.iter().enumerate().map(|(i, &id)| (id, i)).collect();
+
+        // A read aliases its variable unless the variable is assigned before the read's last
+        // use: then it is copied.
+        let aliases_operand = |id: NodeId| {
+            matches!(graph.node(id).op, Op::Reshape { .. } | Op::Identity | Op::StopGradient)
+                && !inside.contains_key(&id)
+        };
+        let mut last_use: HashMap<NodeId, usize> = HashMap::new();
+        for &id in &order {
+            if inside.contains_key(&id) && !kernels.contains_key(&id) {
+                continue;
+            }
+            let reader_positions: Vec<usize> = match kernels.get(&id) {
+                Some(kernel) => vec![position[&id]; kernel.inputs.len()],
+                None => vec![position[&id]; graph.inputs(id).len()],
+            };
+            let inputs = match kernels.get(&id) {
+                Some(kernel) => kernel.inputs.clone(),
+                None => graph.inputs(id),
+            };
+            for (t, p) in inputs.iter().zip(reader_positions) {
+                let entry = last_use.entry(t.node).or_insert(p);
+                *entry = (*entry).max(p);
+            }
+        }
+        // Through aliases, a read is used as long as its aliases are.
+        for &id in order.iter().rev() {
+            if aliases_operand(id) {
+                let operand = graph.inputs(id)[0].node;
+                if let Some(&l) = last_use.get(&id) {
+                    let e = last_use.entry(operand).or_insert(l);
+                    *e = (*e).max(l);
+                }
+            }
+        }
+        let mut assigns_of: HashMap<NodeId, Vec<usize>> = HashMap::new();
+        for &id in &order {
+            if matches!(graph.node(id).op, Op::Assign | Op::AssignAdd | Op::AssignSub) {
+                assigns_of.entry(graph.inputs(id)[0].node).or_default().push(position[&id]);
+            }
+        }
+        let copied_reads: HashSet<NodeId> = order
+            .iter()
+            .copied()
+            .filter(|&id| matches!(graph.node(id).op, Op::Read))
+            .filter(|&id| {
+                let variable = graph.inputs(id)[0].node;
+                let at = position[&id];
+                let next_assign = assigns_of.get(&variable).and_then(|a| a.iter().copied().filter(|&p| p > at).min());
+                matches!((next_assign, last_use.get(&id)), (Some(a), Some(&l)) if l > a)
+            })
+            .collect();
+
+        let mut builder = Builder::default();
+        let mut slot_of: HashMap<NodeId, Slot> = HashMap::new();
+        let mut steps: Vec<Step> = Vec::new();
+        let mut reduced_later: HashMap<NodeId, ()> = HashMap::new();
+        for &id in &order {
+            if reduced_later.contains_key(&id) {
+                continue;
+            }
+            if inside.contains_key(&id) && !kernels.contains_key(&id) {
+                continue;
+            }
+            let node = graph.node(id);
+            let operand_slots = |ids: &[TensorRef], slot_of: &HashMap<NodeId, Slot>| -> Vec<Slot> {
+                ids.iter().map(|t| slot_of[&t.node]).collect()
+            };
+            let ty = node.outputs.first().cloned();
+            if let Some(kernel) = kernels.get(&id) {
+                let function = jit
+                    .function(&kernel.function)
+                    .ok_or_else(|| malformed(module, id, format!("kernel `{}` is not in the code", kernel.function)))?;
+                let mut args = operand_slots(&kernel.inputs, &slot_of);
+                let out = match node.op {
+                    Op::Assign | Op::AssignAdd | Op::AssignSub => slot_of[&graph.inputs(id)[0].node],
+                    _ => builder.buffer(ty.as_ref().unwrap()),
+                };
+                args.push(out);
+                slot_of.insert(id, out);
+                steps.push(Step::Kernel { function, args, rows: kernel.rows, parallel: kernel.parallel });
+                continue;
+            }
+            let operands = graph.inputs(id);
+            match &node.op {
+                Op::Input { ty } => {
+                    slot_of.insert(id, Slot::Feed(builder.feeds.len()));
+                    builder.feeds.push((node.name.clone(), ty.clone()));
+                }
+                Op::Const { value } => {
+                    slot_of.insert(id, Slot::Const(builder.consts.len()));
+                    builder.consts.push(Tensor::new(value.shape.clone(), value.data.clone()));
+                }
+                Op::Variable { ty, .. } => {
+                    slot_of.insert(id, Slot::Variable(builder.variables.len()));
+                    builder.variables.push((node.name.clone(), ty.clone()));
+                }
+                Op::Read if copied_reads.contains(&id) => {
+                    let ty = ty.unwrap();
+                    let out = builder.buffer(&ty);
+                    steps.push(Step::Copy { from: slot_of[&operands[0].node], to: out, bytes: ty.size_in_bytes() });
+                    slot_of.insert(id, out);
+                }
+                Op::Read | Op::Reshape { .. } | Op::Identity | Op::StopGradient => {
+                    slot_of.insert(id, slot_of[&operands[0].node]);
+                }
+                Op::Assign | Op::AssignAdd | Op::AssignSub => {
+                    let variable = slot_of[&operands[0].node];
+                    let value = (slot_of[&operands[1].node], graph.ty(operands[1]).clone());
+                    steps.push(Step::Update { node: node.name.clone(), op: node.op.clone(), variable, value, ty: ty.unwrap() });
+                    slot_of.insert(id, variable);
+                }
+                Op::MatMul { transpose_a, transpose_b } if ty.as_ref().unwrap().dtype == DType::F32 => {
+                    let (ta, tb) = (*transpose_a, *transpose_b);
+                    let (a_ty, b_ty) = (graph.ty(operands[0]), graph.ty(operands[1]));
+                    let ty = ty.unwrap();
+                    let out = builder.buffer(&ty);
+                    let (a_dims, b_dims, o_dims) = (a_ty.shape.dims(), b_ty.shape.dims(), ty.shape.dims());
+                    let (ra, rb, ro) = (a_dims.len(), b_dims.len(), o_dims.len());
+                    let (m, n) = (o_dims[ro - 2], o_dims[ro - 1]);
+                    let k = if ta { a_dims[ra - 2] } else { a_dims[ra - 1] };
+                    let batches = batch_offsets(&a_dims[..ra - 2], &b_dims[..rb - 2], &o_dims[..ro - 2], m * k, k * n);
+                    steps.push(Step::MatMul {
+                        a: slot_of[&operands[0].node],
+                        b: slot_of[&operands[1].node],
+                        out,
+                        m,
+                        n,
+                        k,
+                        ta,
+                        tb,
+                        batches,
+                    });
+                    slot_of.insert(id, out);
+                }
+                Op::Send { key, .. } => {
+                    let value = slot_of[&operands[0].node];
+                    steps.push(Step::Send { key: key.clone(), value, ty: graph.ty(operands[0]).clone() });
+                }
+                Op::Recv { key, ty, .. } => {
+                    let out = builder.buffer(ty);
+                    steps.push(Step::Recv { node: node.name.clone(), key: key.clone(), out, ty: ty.clone() });
+                    slot_of.insert(id, out);
+                }
+                Op::AllReduce { key, group_size, .. } => {
+                    // Replicas of one key in this program contribute together, at the first.
+                    let ty = ty.unwrap();
+                    let mut members = Vec::new();
+                    for &other in &order[position[&id]..] {
+                        if let Op::AllReduce { key: k, replica, .. } = &graph.node(other).op {
+                            if k == key {
+                                let value = *slot_of.get(&graph.inputs(other)[0].node).ok_or_else(|| {
+                                    malformed(module, other, "its operand is not computed when the first replica reduces")
+                                })?;
+                                let out = builder.buffer(&ty);
+                                slot_of.insert(other, out);
+                                reduced_later.insert(other, ());
+                                members.push((*replica, value, out));
+                            }
+                        }
+                    }
+                    steps.push(Step::AllReduce { key: key.clone(), group_size: *group_size, members, ty });
+                }
+                op => {
+                    let ty = ty.unwrap();
+                    let out = builder.buffer(&ty);
+                    let operands = operands.iter().map(|t| (slot_of[&t.node], graph.ty(*t).clone())).collect();
+                    steps.push(Step::Library { node: node.name.clone(), op: op.clone(), operands, out, ty });
+                    slot_of.insert(id, out);
+                }
+            }
+        }
+
+        let fetches: Vec<(Slot, TensorType)> = fetches
+            .iter()
+            .map(|f| {
+                let ty = match &graph.node(f.node).op {
+                    Op::Variable { ty, .. } => ty.clone(),
+                    _ => graph.ty(*f).clone(),
+                };
+                (slot_of[&f.node], ty)
+            })
+            .collect();
+
+        // Lifetimes of the planned buffers, then their offsets.
+        let mut lifetimes: Vec<Option<(usize, usize)>> = vec![None; builder.buffers.len()];
+        let mut touch = |slot: Slot, at: usize| {
+            if let Slot::Arena(b) = slot {
+                let l = lifetimes[b].get_or_insert((at, at));
+                l.0 = l.0.min(at);
+                l.1 = l.1.max(at);
+            }
+        };
+        for (i, step) in steps.iter().enumerate() {
+            let (reads, writes) = step.reads_writes();
+            for s in reads.into_iter().chain(writes) {
+                touch(s, i);
+            }
+        }
+        for (slot, _) in &fetches {
+            touch(*slot, steps.len());
+        }
+        let values: Vec<Lifetime> = builder
+            .buffers
+            .iter()
+            .zip(&lifetimes)
+            .map(|(&bytes, l)| {
+                let (first, last) = l.unwrap_or((0, 0));
+                Lifetime { bytes: bytes.max(1), first, last }
+            })
+            .collect();
+        let (offsets, arena_bytes) = memory::assign(&values);
+        let relocate = |slot: &mut Slot| {
+            if let Slot::Arena(b) = *slot {
+                *slot = Slot::Arena(offsets[b]);
+            }
+        };
+        for step in &mut steps {
+            for slot in step.slots_mut() {
+                relocate(slot);
+            }
+        }
+        let mut fetches = fetches;
+        for (slot, _) in &mut fetches {
+            relocate(slot);
+        }
+        let lines = vec![Line([0; 64]); arena_bytes.div_ceil(64)];
+        Ok(NativeProgram {
+            steps,
+            fetches,
+            feeds: builder.feeds,
+            variables: builder.variables,
+            consts: builder.consts,
+            arena: Mutex::new(Arena { lines, args: Vec::new() }),
+            _jit: jit,
+        })
+    }
+
+    /// The inputs the program needs.
+    pub fn inputs(&self) -> Vec<String> {
+        self.feeds.iter().map(|f| f.0.clone()).collect()
+    }
+
+    /// Bytes of the arena: every intermediate value of a run.
+    pub fn arena_bytes(&self) -> usize {
+        self.arena.lock().map(|a| a.lines.len() * 64).unwrap_or(0)
+    }
+
+    /// Runs the program on `feeds`, updating `variables` in place, exchanging tensors through
+    /// `rendezvous`; returns the fetched values.
+    pub fn run(
+        &self,
+        variables: &mut Variables,
+        feeds: &HashMap<String, Tensor>,
+        rendezvous: Option<&dyn Rendezvous>,
+    ) -> Result<Vec<Tensor>, InterpError> {
+        let mut feed_ptrs = Vec::with_capacity(self.feeds.len());
+        for (name, ty) in &self.feeds {
+            let tensor = feeds.get(name).ok_or_else(|| InterpError::MissingFeed { input: name.clone() })?;
+            if tensor.ty() != *ty {
+                return Err(InterpError::FeedType { input: name.clone(), expected: ty.clone(), found: tensor.ty() });
+            }
+            feed_ptrs.push(data_ptr(&tensor.data) as *mut u8);
+        }
+        for (name, ty) in &self.variables {
+            let value = variables.get(name).ok_or_else(|| InterpError::MissingVariable { name: name.clone() })?;
+            if value.ty() != *ty {
+                return Err(InterpError::VariableType { name: name.clone(), expected: ty.clone(), found: value.ty() });
+            }
+        }
+        let mut var_ptrs = Vec::with_capacity(self.variables.len());
+        for (name, _) in &self.variables {
+            let tensor = variables.get_mut(name).expect("checked above");
+            var_ptrs.push(data_ptr_mut(&mut tensor.data));
+        }
+        let const_ptrs: Vec<*mut u8> = self.consts.iter().map(|c| data_ptr(&c.data) as *mut u8).collect();
+        let mut arena = self.arena.lock().unwrap_or_else(|e| e.into_inner());
+        let arena = &mut *arena;
+        let base = arena.lines.as_mut_ptr() as *mut u8;
+        let at = |slot: Slot| -> *mut u8 {
+            match slot {
+                // SAFETY: offsets were planned within the arena.
+                Slot::Arena(offset) => unsafe { base.add(offset) },
+                Slot::Feed(i) => feed_ptrs[i],
+                Slot::Variable(i) => var_ptrs[i],
+                Slot::Const(i) => const_ptrs[i],
+            }
+        };
+        let exchange = |node: &str| rendezvous.ok_or_else(|| InterpError::NoRendezvous { node: node.to_string() });
+        for step in &self.steps {
+            match step {
+                Step::Kernel { function, args, rows, parallel } => {
+                    arena.args.clear();
+                    arena.args.extend(args.iter().map(|s| at(*s)));
+                    run_kernel(*function, &arena.args, *rows, *parallel);
+                }
+                Step::MatMul { a, b, out, m, n, k, ta, tb, batches } => {
+                    let (pa, pb, po) = (at(*a) as *const f32, at(*b) as *const f32, at(*out) as *mut f32);
+                    for (bi, &(oa, ob)) in batches.iter().enumerate() {
+                        // SAFETY: the shapes were checked by the interpreter's program; the
+                        // offsets stay within each operand.
+                        unsafe {
+                            let a = std::slice::from_raw_parts(pa.add(oa), m * k);
+                            let b = std::slice::from_raw_parts(pb.add(ob), k * n);
+                            let c = std::slice::from_raw_parts_mut(po.add(bi * m * n), m * n);
+                            dfc_gemm::sgemm(*m, *n, *k, a, *ta, b, *tb, c, false, true);
+                        }
+                    }
+                }
+                Step::Library { node, op, operands, out, ty } => {
+                    let tensors: Vec<Tensor> = operands.iter().map(|(s, t)| read_tensor(at(*s), t)).collect();
+                    let refs: Vec<&Tensor> = tensors.iter().collect();
+                    let result = dfc_interp::eval(op, &refs).map_err(|e| rename(e, node))?;
+                    write_tensor(at(*out), &result, ty);
+                }
+                Step::Update { node, op, variable, value, ty } => {
+                    let v = read_tensor(at(value.0), &value.1);
+                    let result = match op {
+                        Op::Assign => v,
+                        Op::AssignAdd | Op::AssignSub => {
+                            let current = read_tensor(at(*variable), ty);
+                            let kind = if matches!(op, Op::AssignAdd) { dfc_ir::BinaryOp::Add } else { dfc_ir::BinaryOp::Sub };
+                            dfc_interp::eval(&Op::Binary(kind), &[&current, &v]).map_err(|e| rename(e, node))?
+                        }
+                        _ => unreachable!("updates are assignments"),
+                    };
+                    write_tensor(at(*variable), &result, ty);
+                }
+                Step::Copy { from, to, bytes } => {
+                    // SAFETY: distinct buffers of `bytes` each.
+                    unsafe { std::ptr::copy_nonoverlapping(at(*from), at(*to), *bytes) };
+                }
+                Step::Send { key, value, ty } => {
+                    exchange(key)?.send(key, read_tensor(at(*value), ty))?;
+                }
+                Step::Recv { node, key, out, ty } => {
+                    let tensor = exchange(node)?.recv(key)?;
+                    if tensor.ty() != *ty {
+                        return Err(InterpError::RecvType { node: node.clone(), key: key.clone(), expected: ty.clone(), found: tensor.ty() });
+                    }
+                    write_tensor(at(*out), &tensor, ty);
+                }
+                Step::AllReduce { key, group_size, members, ty } => {
+                    let rendezvous = exchange(key)?;
+                    let contributions: Vec<(usize, u32, Tensor)> =
+                        members.iter().enumerate().map(|(i, m)| (i, m.0, read_tensor(at(m.1), ty))).collect();
+                    let sums = if contributions.len() == 1 {
+                        let (_, replica, value) = contributions.into_iter().next().unwrap();
+                        vec![(0, rendezvous.all_reduce(key, *group_size, replica, value)?)]
+                    } else {
+                        dfc_interp::reduce_together(rendezvous, key, *group_size, contributions)?
+                    };
+                    for (i, sum) in sums {
+                        write_tensor(at(members[i].2), &sum, ty);
+                    }
+                }
+            }
+        }
+        Ok(self.fetches.iter().map(|(slot, ty)| read_tensor(at(*slot), ty)).collect())
+    }
+}
+
+#[derive(Default)]
+struct Builder {
+    buffers: Vec<usize>,
+    feeds: Vec<(String, TensorType)>,
+    variables: Vec<(String, TensorType)>,
+    consts: Vec<Tensor>,
+}
+
+impl Builder {
+    fn buffer(&mut self, ty: &TensorType) -> Slot {
+        self.buffers.push(ty.size_in_bytes());
+        Slot::Arena(self.buffers.len() - 1)
+    }
+}
+
+/// Element offsets of `a` and `b` for each batch of a batched product, batch axes broadcast.
+fn batch_offsets(a: &[usize], b: &[usize], out: &[usize], a_matrix: usize, b_matrix: usize) -> Vec<(usize, usize)> {
+    let count: usize = out.iter().product();
+    let strides = |dims: &[usize], matrix: usize| -> Vec<usize> {
+        // Right-aligned to `out`; broadcast axes have stride 0.
+        let mut strides = vec![0; out.len()];
+        let mut s = matrix;
+        for j in (0..dims.len()).rev() {
+            let o = j + out.len() - dims.len();
+            strides[o] = if dims[j] == 1 { 0 } else { s };
+            s *= dims[j];
+        }
+        strides
+    };
+    let (sa, sb) = (strides(a, a_matrix), strides(b, b_matrix));
+    (0..count)
+        .map(|mut i| {
+            let (mut oa, mut ob) = (0, 0);
+            for d in (0..out.len()).rev() {
+                let idx = i % out[d];
+                i /= out[d];
+                oa += idx * sa[d];
+                ob += idx * sb[d];
+            }
+            (oa, ob)
+        })
+        .collect()
+}
+
+fn rename(error: InterpError, node: &str) -> InterpError {
+    match error {
+        InterpError::IndexOutOfRange { index, size, .. } => InterpError::IndexOutOfRange { node: node.into(), index, size },
+        InterpError::DivisionByZero { .. } => InterpError::DivisionByZero { node: node.into() },
+        InterpError::InvalidValue { message, .. } => InterpError::InvalidValue { node: node.into(), message },
+        other => other,
+    }
+}
+
+/// Splits a kernel's rows over the rayon pool when it is marked parallel.
+fn run_kernel(function: KernelFn, args: &[*mut u8], rows: u64, parallel: bool) {
+    let threads = rayon::current_num_threads() as u64;
+    if !parallel || threads < 2 || rows < 2 {
+        // SAFETY: `args` holds every buffer the kernel reads and writes, planned for its types.
+        unsafe { function(args.as_ptr(), 0, rows as i64) };
+        return;
+    }
+    let chunks = threads.min(rows);
+    let args_addr = args.as_ptr() as usize;
+    rayon::scope(|scope| {
+        for c in 1..chunks {
+            scope.spawn(move |_| {
+                let (begin, end) = (rows * c / chunks, rows * (c + 1) / chunks);
+                // SAFETY: ranges of rows are disjoint; each writes its own outputs.
+                unsafe { function(args_addr as *const *mut u8, begin as i64, end as i64) };
+            });
+        }
+        // SAFETY: as above, the first range on this thread.
+        unsafe { function(args_addr as *const *mut u8, 0, (rows / chunks) as i64) };
+    });
+}
+
+fn data_ptr(data: &Data) -> *const u8 {
+    match data {
+        Data::F32(v) => v.as_ptr() as *const u8,
+        Data::F64(v) => v.as_ptr() as *const u8,
+        Data::I32(v) => v.as_ptr() as *const u8,
+        Data::I64(v) => v.as_ptr() as *const u8,
+        Data::U8(v) => v.as_ptr(),
+        Data::Bool(v) => v.as_ptr() as *const u8,
+    }
+}
+
+fn data_ptr_mut(data: &mut Data) -> *mut u8 {
+    match data {
+        Data::F32(v) => v.as_mut_ptr() as *mut u8,
+        Data::F64(v) => v.as_mut_ptr() as *mut u8,
+        Data::I32(v) => v.as_mut_ptr() as *mut u8,
+        Data::I64(v) => v.as_mut_ptr() as *mut u8,
+        Data::U8(v) => v.as_mut_ptr(),
+        Data::Bool(v) => v.as_mut_ptr() as *mut u8,
+    }
+}
+
+/// A copy of the `ty` value at `ptr`.
+fn read_tensor(ptr: *const u8, ty: &TensorType) -> Tensor {
+    let n = ty.shape.n_elements();
+    // SAFETY: every slot holds a value of its type; bools are stored as 0 or 1.
+    let data = unsafe {
+        match ty.dtype {
+            DType::F32 => Data::F32(std::slice::from_raw_parts(ptr as *const f32, n).to_vec()),
+            DType::F64 => Data::F64(std::slice::from_raw_parts(ptr as *const f64, n).to_vec()),
+            DType::I32 => Data::I32(std::slice::from_raw_parts(ptr as *const i32, n).to_vec()),
+            DType::I64 => Data::I64(std::slice::from_raw_parts(ptr as *const i64, n).to_vec()),
+            DType::U8 => Data::U8(std::slice::from_raw_parts(ptr, n).to_vec()),
+            DType::Bool => Data::Bool(std::slice::from_raw_parts(ptr, n).iter().map(|&b| b != 0).collect()),
+        }
+    };
+    Tensor::new(ty.shape.clone(), data)
+}
+
+fn write_tensor(ptr: *mut u8, tensor: &Tensor, ty: &TensorType) {
+    debug_assert_eq!(tensor.ty(), *ty);
+    let bytes = ty.size_in_bytes();
+    // SAFETY: the slot has room for a value of `ty`, which `tensor` is.
+    unsafe { std::ptr::copy_nonoverlapping(data_ptr(&tensor.data), ptr, bytes) };
+}

@@ -1,0 +1,142 @@
+//! Single-precision matrix products for the CPU backend.
+//!
+//! On x86-64 CPUs with AVX-512F the products run on this crate's own packed kernel (`avx512`); elsewhere, and for
+//! products too thin to fill its tiles, on the `gemm` crate.
+
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+
+/// `c = a·b` (or `c += a·b` when `accumulate`), all row-major and contiguous: `a` is m×k
+/// (k×m when `transpose_a`), `b` is k×n (n×k when `transpose_b`), `c` is m×n.
+/// `parallel` lets the product use the rayon pool when it is large enough to pay for it.
+#[allow(clippy::too_many_arguments)]
+pub fn sgemm(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &[f32],
+    transpose_a: bool,
+    b: &[f32],
+    transpose_b: bool,
+    c: &mut [f32],
+    accumulate: bool,
+    parallel: bool,
+) {
+    assert!(a.len() >= m * k && b.len() >= k * n && c.len() >= m * n, "sgemm operands are too small");
+    let lda = if transpose_a { m } else { k };
+    let ldb = if transpose_b { k } else { n };
+    gemm_crate(m, n, k, a, lda, transpose_a, b, ldb, transpose_b, c, n, accumulate, parallel);
+}
+
+/// [`sgemm`] with explicit leading dimensions (the distance between consecutive rows as stored): `a` holds m rows
+/// of k (k rows of m when `transpose_a`) `lda` apart, `b` k rows of n (n rows of k when `transpose_b`) `ldb`
+/// apart, `c` m rows of n `ldc` apart. Elements between the rows are neither read nor written.
+#[allow(clippy::too_many_arguments)]
+pub fn sgemm_strided(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &[f32],
+    lda: usize,
+    transpose_a: bool,
+    b: &[f32],
+    ldb: usize,
+    transpose_b: bool,
+    c: &mut [f32],
+    ldc: usize,
+    accumulate: bool,
+    parallel: bool,
+) {
+    let (a_rows, a_cols) = if transpose_a { (k, m) } else { (m, k) };
+    let (b_rows, b_cols) = if transpose_b { (n, k) } else { (k, n) };
+    check("a", a.len(), a_rows, a_cols, lda);
+    check("b", b.len(), b_rows, b_cols, ldb);
+    check("c", c.len(), m, n, ldc);
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        if !accumulate {
+            for row in c.chunks_mut(ldc).take(m) {
+                row[..n].fill(0.0);
+            }
+        }
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        let product = avx512::Product {
+            m,
+            n,
+            k,
+            a: a.as_ptr(),
+            lda,
+            ta: transpose_a,
+            b: b.as_ptr(),
+            ldb,
+            tb: transpose_b,
+            c: c.as_mut_ptr(),
+            ldc,
+            tc: false,
+            accumulate,
+        };
+        // SAFETY: AVX-512F is available, and `check` put every element the product addresses (rows·ld at most)
+        // in bounds of the three slices.
+        unsafe { avx512::sgemm(product, parallel) };
+        return;
+    }
+    gemm_crate(m, n, k, a, lda, transpose_a, b, ldb, transpose_b, c, ldc, accumulate, parallel);
+}
+
+/// Asserts that a slice of `len` floats holds `rows` rows of `cols`, `ld` apart.
+fn check(name: &str, len: usize, rows: usize, cols: usize, ld: usize) {
+    if rows == 0 || cols == 0 {
+        return;
+    }
+    assert!(ld >= cols, "sgemm: leading dimension of {name} ({ld}) is less than its row length ({cols})");
+    assert!(len >= (rows - 1) * ld + cols, "sgemm operand {name} is too small");
+}
+
+/// The product on the `gemm` crate, with the same contract as [`sgemm_strided`] (bounds checked by the caller).
+#[allow(clippy::too_many_arguments)]
+fn gemm_crate(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &[f32],
+    lda: usize,
+    transpose_a: bool,
+    b: &[f32],
+    ldb: usize,
+    transpose_b: bool,
+    c: &mut [f32],
+    ldc: usize,
+    accumulate: bool,
+    parallel: bool,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        if !accumulate {
+            for row in c.chunks_mut(ldc).take(m) {
+                row[..n].fill(0.0);
+            }
+        }
+        return;
+    }
+    let (a_rs, a_cs) = if transpose_a { (1, lda as isize) } else { (lda as isize, 1) };
+    let (b_rs, b_cs) = if transpose_b { (1, ldb as isize) } else { (ldb as isize, 1) };
+    let parallelism = if parallel && m * n * k >= 1 << 18 {
+        gemm::Parallelism::Rayon(rayon::current_num_threads())
+    } else {
+        gemm::Parallelism::None
+    };
+    // SAFETY: the caller checked that every index of the three matrices is in bounds.
+    unsafe {
+        gemm::gemm(
+            m, n, k, c.as_mut_ptr(), 1, ldc as isize, accumulate, a.as_ptr(), a_cs, a_rs, b.as_ptr(), b_cs, b_rs,
+            if accumulate { 1.0 } else { 0.0 }, 1.0, false, false, false, parallelism,
+        );
+    }
+}

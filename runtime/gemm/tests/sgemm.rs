@@ -1,0 +1,153 @@
+//! `sgemm` and `sgemm_strided` against a naive f64 triple loop.
+
+use dfc_gemm::{sgemm, sgemm_strided};
+
+fn random(rng: &mut fastrand::Rng, len: usize) -> Vec<f32> {
+    (0..len).map(|_| rng.f32() * 2.0 - 1.0).collect()
+}
+
+/// A product to check: the operands as stored, with their leading dimensions.
+struct Case {
+    m: usize,
+    n: usize,
+    k: usize,
+    ta: bool,
+    tb: bool,
+    lda: usize,
+    ldb: usize,
+    ldc: usize,
+    accumulate: bool,
+    parallel: bool,
+}
+
+impl Case {
+    fn packed(m: usize, n: usize, k: usize, ta: bool, tb: bool, accumulate: bool, parallel: bool) -> Case {
+        let lda = if ta { m } else { k };
+        let ldb = if tb { k } else { n };
+        Case { m, n, k, ta, tb, lda, ldb, ldc: n, accumulate, parallel }
+    }
+
+    fn run(&self, rng: &mut fastrand::Rng) {
+        let Case { m, n, k, ta, tb, lda, ldb, ldc, accumulate, parallel } = *self;
+        let (a_rows, a_cols) = if ta { (k, m) } else { (m, k) };
+        let (b_rows, b_cols) = if tb { (n, k) } else { (k, n) };
+        let a = random(rng, if a_rows == 0 { 0 } else { (a_rows - 1) * lda + a_cols });
+        let b = random(rng, if b_rows == 0 { 0 } else { (b_rows - 1) * ldb + b_cols });
+        // C is filled past its last row and between rows, to catch stray writes.
+        let c0 = random(rng, m * ldc + 3);
+        let at = |i: usize, p: usize| f64::from(if ta { a[p * lda + i] } else { a[i * lda + p] });
+        let bt = |p: usize, j: usize| f64::from(if tb { b[j * ldb + p] } else { b[p * ldb + j] });
+        let mut c = c0.clone();
+        let packed = lda == a_cols.max(1) && ldb == b_cols.max(1) && ldc == n;
+        if packed && rng.bool() {
+            sgemm(m, n, k, &a, ta, &b, tb, &mut c, accumulate, parallel);
+        } else {
+            sgemm_strided(m, n, k, &a, lda, ta, &b, ldb, tb, &mut c, ldc, accumulate, parallel);
+        }
+        for i in 0..m {
+            for j in 0..ldc {
+                let got = c[i * ldc + j];
+                if j >= n {
+                    assert_eq!(got, c0[i * ldc + j], "wrote outside C at ({i}, {j})");
+                    continue;
+                }
+                let (mut sum, mut size) = (0f64, 0f64);
+                for p in 0..k {
+                    sum += at(i, p) * bt(p, j);
+                    size += (at(i, p) * bt(p, j)).abs();
+                }
+                let old = f64::from(c0[i * ldc + j]);
+                if accumulate {
+                    sum += old;
+                    size += old.abs();
+                }
+                let err = (f64::from(got) - sum).abs();
+                assert!(
+                    err <= 1e-4 * size.max(1e-30) + 1e-30,
+                    "{m}×{n}×{k} ta={ta} tb={tb} lds=({lda},{ldb},{ldc}) acc={accumulate} par={parallel}: \
+                     c[{i}][{j}] = {got}, want {sum} (err {err:e}, scale {size:e})"
+                );
+            }
+        }
+        assert_eq!(&c[m * ldc..], &c0[m * ldc..], "wrote past C");
+    }
+}
+
+#[test]
+fn random_small_products() {
+    let mut rng = fastrand::Rng::with_seed(7);
+    for _ in 0..3000 {
+        let (m, n, k) = (rng.usize(1..=70), rng.usize(1..=70), rng.usize(1..=70));
+        let case = Case::packed(m, n, k, rng.bool(), rng.bool(), rng.bool(), rng.bool());
+        case.run(&mut rng);
+    }
+}
+
+#[test]
+fn random_strided_products() {
+    let mut rng = fastrand::Rng::with_seed(11);
+    for _ in 0..1000 {
+        let (m, n, k) = (rng.usize(1..=70), rng.usize(1..=70), rng.usize(1..=70));
+        let mut case = Case::packed(m, n, k, rng.bool(), rng.bool(), rng.bool(), rng.bool());
+        case.lda += rng.usize(0..5);
+        case.ldb += rng.usize(0..5);
+        case.ldc += rng.usize(0..5);
+        case.run(&mut rng);
+    }
+}
+
+#[test]
+fn empty_and_zero_depth_products() {
+    let mut rng = fastrand::Rng::with_seed(3);
+    for (m, n, k) in [(0, 5, 3), (5, 0, 3), (4, 6, 0), (1, 1, 0), (0, 0, 0)] {
+        for accumulate in [false, true] {
+            Case::packed(m, n, k, false, false, accumulate, false).run(&mut rng);
+            Case::packed(m, n, k, true, true, accumulate, true).run(&mut rng);
+        }
+    }
+}
+
+/// Products large enough to take the parallel paths (rows, columns and depth splits) and several depth blocks.
+#[test]
+fn random_larger_products() {
+    let mut rng = fastrand::Rng::with_seed(5);
+    for _ in 0..40 {
+        let (m, n, k) = (rng.usize(1..=300), rng.usize(1..=300), rng.usize(1..=1200));
+        let case = Case::packed(m, n, k, rng.bool(), rng.bool(), rng.bool(), true);
+        case.run(&mut rng);
+    }
+}
+
+/// The products of dfc's models: an MLP and logistic regression (batch 128 and 100) and a CNN (batch 64).
+pub const SHAPES: &[(usize, usize, usize, bool, bool)] = &[
+    (128, 256, 784, false, false),
+    (128, 256, 256, false, false),
+    (128, 10, 256, false, false),
+    (128, 256, 10, false, true),
+    (256, 10, 128, true, false),
+    (128, 256, 256, false, true),
+    (256, 256, 128, true, false),
+    (784, 256, 128, true, false),
+    (43264, 32, 9, false, false),
+    (7744, 64, 288, false, false),
+    (288, 64, 7744, true, false),
+    (7744, 288, 64, false, true),
+    (64, 64, 1600, false, false),
+    (64, 10, 64, false, false),
+    (64, 64, 10, false, true),
+    (64, 64, 64, true, false),
+    (1600, 64, 64, true, false),
+    (64, 1600, 64, false, true),
+    (100, 10, 784, false, false),
+    (784, 10, 100, true, false),
+];
+
+#[test]
+fn model_shapes() {
+    let mut rng = fastrand::Rng::with_seed(1);
+    for &(m, n, k, ta, tb) in SHAPES {
+        for (accumulate, parallel) in [(false, true), (true, false)] {
+            Case::packed(m, n, k, ta, tb, accumulate, parallel).run(&mut rng);
+        }
+    }
+}

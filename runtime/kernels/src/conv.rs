@@ -1,0 +1,397 @@
+//! 2-d convolution and its gradients: `im2col` + `sgemm`, over chunks of output rows.
+//!
+//! `im2col` makes, for each output position `(b, oy, ox)` (a *row*, numbered row-major), its
+//! window flattened `(ky, kx, c)` with zeros in the padding; the filter `[kh, kw, c, filters]`
+//! is already the `[patch, filters]` matrix. Then
+//!
+//! - forward: `out[rows, filters] = cols[rows, patch] · filter[patch, filters]`;
+//! - input gradient: `cols = grad_out[rows, filters] · filterᵀ`, scattered back and summed by
+//!   `col2im`;
+//! - filter gradient: `grad_filter = colsᵀ · grad_out`, summed over every row.
+//!
+//! The rows are never expanded all at once: each task (thread) owns a contiguous range of images
+//! and walks it in chunks of about [`CHUNK_FLOATS`] expanded elements, which stay in cache
+//! between `im2col` and the product. Output rows are contiguous in NHWC, so the forward pass and
+//! the filter gradient take chunks of any rows; the input gradient owns whole images per task
+//! so that `col2im` never races.
+//!
+//! Rounding: each output is a sum of products taken in the order `sgemm` chooses (and the filter
+//! gradient adds per-task partial sums), not the interpreter's strict left-to-right order, so
+//! results differ from `dfc_interp` by rounding only.
+
+use crate::geometry::{valid_taps, Conv2dGeometry};
+use dfc_gemm::sgemm;
+use rayon::prelude::*;
+use std::ops::Range;
+
+/// The number of `im2col` elements a chunk aims at (4 bytes each): big enough for `sgemm` to
+/// run at speed, small enough to stay in L2 with the filter and the chunk's output.
+const CHUNK_FLOATS: usize = 1 << 16;
+
+/// Work (multiply-adds) below which a convolution runs on the calling thread.
+const PARALLEL_MIN_MACS: usize = 1 << 19;
+
+#[derive(Clone, Copy, Debug)]
+enum Chunk {
+    /// This many whole images at a time (the last chunk of a task may have fewer).
+    Images(usize),
+    /// This many output rows (`oy`) of one image at a time.
+    OutRows(usize),
+}
+
+/// How one call splits its rows: `tasks` tasks, task `t` owning images
+/// `t * images_per_task ..` (at most `images_per_task` of them), walked in `chunk`s of at most
+/// `chunk_rows` rows.
+#[derive(Clone, Copy, Debug)]
+struct Plan {
+    tasks: usize,
+    images_per_task: usize,
+    chunk: Chunk,
+    chunk_rows: usize,
+}
+
+impl Plan {
+    /// The plan for `tasks` tasks whose chunks hold at most `max_floats` `im2col` elements
+    /// (but always at least one output row).
+    fn new(g: &Conv2dGeometry, tasks: usize, max_floats: usize) -> Plan {
+        let n = g.n.max(1);
+        let images_per_task = n.div_ceil(tasks.clamp(1, n));
+        let tasks = n.div_ceil(images_per_task);
+        let image_rows = g.out_h * g.out_w;
+        let budget_rows = (max_floats.min(chunk_floats()) / g.patch_len().max(1)).max(1);
+        let chunk = if image_rows <= budget_rows {
+            Chunk::Images((budget_rows / image_rows.max(1)).clamp(1, images_per_task))
+        } else {
+            Chunk::OutRows((budget_rows / g.out_w.max(1)).clamp(1, g.out_h.max(1)))
+        };
+        let chunk_rows = match chunk {
+            Chunk::Images(k) => k * image_rows,
+            Chunk::OutRows(r) => r * g.out_w,
+        };
+        Plan { tasks, images_per_task, chunk, chunk_rows }
+    }
+
+    fn images(&self, g: &Conv2dGeometry, task: usize) -> Range<usize> {
+        let start = task * self.images_per_task;
+        start..(start + self.images_per_task).min(g.n)
+    }
+
+    /// Calls `f(first_row, rows)` for each chunk of the images `images`, in order.
+    fn for_each_chunk(&self, g: &Conv2dGeometry, images: Range<usize>, mut f: impl FnMut(usize, usize)) {
+        let image_rows = g.out_h * g.out_w;
+        match self.chunk {
+            Chunk::Images(k) => {
+                for b in images.clone().step_by(k) {
+                    f(b * image_rows, k.min(images.end - b) * image_rows);
+                }
+            }
+            Chunk::OutRows(r) => {
+                for b in images {
+                    for oy in (0..g.out_h).step_by(r) {
+                        f((b * g.out_h + oy) * g.out_w, r.min(g.out_h - oy) * g.out_w);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The number of tasks worth using for a convolution of this size.
+fn wanted_tasks(g: &Conv2dGeometry) -> usize {
+    if g.n >= 2 && g.rows() * g.patch_len() * g.filters >= PARALLEL_MIN_MACS {
+        rayon::current_num_threads().min(g.n)
+    } else {
+        1
+    }
+}
+
+/// The scratch elements each task of `plan` needs: its chunk of `im2col`, plus a partial
+/// filter gradient (`extra`) when there are several tasks.
+fn slab_len(g: &Conv2dGeometry, plan: &Plan, extra: usize) -> usize {
+    plan.chunk_rows * g.patch_len() + if plan.tasks > 1 { extra } else { 0 }
+}
+
+/// The plan with the most tasks (up to the wanted number) whose slabs fit in `scratch_len`,
+/// with chunks as large as fit; and the length of a slab.
+fn fitting_plan(g: &Conv2dGeometry, extra: usize, scratch_len: usize) -> (Plan, usize) {
+    let mut tasks = wanted_tasks(g);
+    loop {
+        let per_task = scratch_len / tasks;
+        let plan = Plan::new(g, tasks, per_task.saturating_sub(if tasks > 1 { extra } else { 0 }));
+        let slab = slab_len(g, &plan, extra);
+        if slab * plan.tasks <= scratch_len {
+            return (plan, slab);
+        }
+        assert!(
+            plan.tasks > 1,
+            "conv2d scratch too small: {scratch_len} < {slab} elements (see conv2d_scratch_len)"
+        );
+        tasks = plan.tasks - 1;
+    }
+}
+
+fn scratch_len_for(g: &Conv2dGeometry, extra: usize) -> usize {
+    let plan = Plan::new(g, wanted_tasks(g), usize::MAX);
+    slab_len(g, &plan, extra) * plan.tasks
+}
+
+/// Scratch elements (`f32`) that [`conv2d`] needs for geometry `g`, with the current rayon pool
+/// (a smaller pool needs no more; a bigger one uses only the threads the scratch allows).
+pub fn conv2d_scratch_len(g: &Conv2dGeometry) -> usize {
+    scratch_len_for(g, 0)
+}
+
+/// Scratch elements (`f32`) that [`conv2d_backprop_input`] needs for geometry `g`.
+pub fn conv2d_backprop_input_scratch_len(g: &Conv2dGeometry) -> usize {
+    scratch_len_for(g, 0)
+}
+
+/// Scratch elements (`f32`) that [`conv2d_backprop_filter`] needs for geometry `g`.
+pub fn conv2d_backprop_filter_scratch_len(g: &Conv2dGeometry) -> usize {
+    scratch_len_for(g, g.filter_len())
+}
+
+/// Row `row` (numbered `(b * out_h + oy) * out_w + ox`) as `(b, oy, ox)`.
+fn split_row(g: &Conv2dGeometry, row: usize) -> (usize, usize, usize) {
+    let ox = row % g.out_w;
+    let rest = row / g.out_w;
+    (rest / g.out_h, rest % g.out_h, ox)
+}
+
+/// Calls `f(r, ky, kx_taps, input_offset)` for rows `row0..row0 + rows` (`r` counted from 0)
+/// and each of their window rows `ky` that is inside the input: `kx_taps` are the window
+/// columns inside the input, and `input_offset` the offset in `x` (images counted from
+/// `image0`) of the first of them. Window rows in the padding are skipped.
+#[inline(always)]
+fn for_each_window_row(
+    g: &Conv2dGeometry,
+    row0: usize,
+    rows: usize,
+    image0: usize,
+    mut f: impl FnMut(usize, usize, Range<usize>, usize),
+) {
+    if rows == 0 {
+        return;
+    }
+    let (mut b, mut oy, mut ox) = split_row(g, row0);
+    for r in 0..rows {
+        let ys = valid_taps(oy, g.stride_h, g.pad_top, g.kh, g.h);
+        let xs = valid_taps(ox, g.stride_w, g.pad_left, g.kw, g.w);
+        if !xs.is_empty() {
+            let ix = ox * g.stride_w + xs.start - g.pad_left;
+            for ky in ys {
+                let iy = oy * g.stride_h + ky - g.pad_top;
+                f(r, ky, xs.clone(), (((b - image0) * g.h + iy) * g.w + ix) * g.c);
+            }
+        }
+        ox += 1;
+        if ox == g.out_w {
+            ox = 0;
+            oy += 1;
+            if oy == g.out_h {
+                oy = 0;
+                b += 1;
+            }
+        }
+    }
+}
+
+/// Rows `row0..row0 + rows` of `im2col(x)` into `cols` (`rows × patch`).
+fn im2col(g: &Conv2dGeometry, x: &[f32], row0: usize, rows: usize, cols: &mut [f32]) {
+    if rows == 0 {
+        return;
+    }
+    let patch = g.patch_len();
+    let kwc = g.kw * g.c;
+    let (mut b, mut oy, mut ox) = split_row(g, row0);
+    for row in cols[..rows * patch].chunks_exact_mut(patch) {
+        let ys = valid_taps(oy, g.stride_h, g.pad_top, g.kh, g.h);
+        let xs = valid_taps(ox, g.stride_w, g.pad_left, g.kw, g.w);
+        if ys.len() < g.kh || xs.len() < g.kw {
+            row.fill(0.0);
+        }
+        if !xs.is_empty() {
+            let ix = ox * g.stride_w + xs.start - g.pad_left;
+            let len = xs.len() * g.c;
+            for ky in ys {
+                let iy = oy * g.stride_h + ky - g.pad_top;
+                let src = ((b * g.h + iy) * g.w + ix) * g.c;
+                let dst = ky * kwc + xs.start * g.c;
+                copy(&mut row[dst..dst + len], &x[src..src + len]);
+            }
+        }
+        ox += 1;
+        if ox == g.out_w {
+            ox = 0;
+            oy += 1;
+            if oy == g.out_h {
+                oy = 0;
+                b += 1;
+            }
+        }
+    }
+}
+
+/// `dst.copy_from_slice(src)`, inline for the few elements of a thin window row.
+#[inline(always)]
+fn copy(dst: &mut [f32], src: &[f32]) {
+    if dst.len() <= 4 {
+        for (d, &s) in dst.iter_mut().zip(src) {
+            *d = s;
+        }
+    } else {
+        dst.copy_from_slice(src);
+    }
+}
+
+/// Adds rows `row0..row0 + rows` of `cols` (`rows × patch`) back into `x`, whose first image
+/// is image `image0`: the adjoint of `im2col`.
+fn col2im(g: &Conv2dGeometry, cols: &[f32], row0: usize, rows: usize, x: &mut [f32], image0: usize) {
+    let patch = g.patch_len();
+    let kwc = g.kw * g.c;
+    for_each_window_row(g, row0, rows, image0, |r, ky, xs, dst| {
+        let src = r * patch + ky * kwc + xs.start * g.c;
+        let len = xs.len() * g.c;
+        for (d, &s) in x[dst..dst + len].iter_mut().zip(&cols[src..src + len]) {
+            *d += s;
+        }
+    });
+}
+
+fn check_lens(g: &Conv2dGeometry, input: usize, filter: usize, output: usize) {
+    g.check();
+    assert_eq!(input, g.input_len(), "conv2d input length does not match {g:?}");
+    assert_eq!(filter, g.filter_len(), "conv2d filter length does not match {g:?}");
+    assert_eq!(output, g.output_len(), "conv2d output length does not match {g:?}");
+}
+
+/// `output[b, oy, ox, f] = Σ_{ky, kx, c} input[b, oy*sh - pad_top + ky, ox*sw - pad_left + kx, c]
+/// * filter[ky, kx, c, f]`, padding read as zeros. `input` is `[n, h, w, c]`, `filter`
+/// `[kh, kw, c, filters]`, `output` `[n, out_h, out_w, filters]`; `scratch` holds at least
+/// [`conv2d_scratch_len`]`(g)` elements.
+pub fn conv2d(g: &Conv2dGeometry, input: &[f32], filter: &[f32], output: &mut [f32], scratch: &mut [f32]) {
+    check_lens(g, input.len(), filter.len(), output.len());
+    let (patch, filters) = (g.patch_len(), g.filters);
+    if output.is_empty() {
+        return;
+    }
+    if patch == 0 {
+        output.fill(0.0);
+        return;
+    }
+    let (plan, slab) = fitting_plan(g, 0, scratch.len());
+    let image_out = g.out_h * g.out_w * filters;
+    let run = |images: Range<usize>, out: &mut [f32], slab: &mut [f32], parallel_gemm: bool| {
+        let first = images.start * g.out_h * g.out_w;
+        plan.for_each_chunk(g, images, |row0, rows| {
+            im2col(g, input, row0, rows, slab);
+            let out = &mut out[(row0 - first) * filters..(row0 - first + rows) * filters];
+            sgemm(rows, filters, patch, slab, false, filter, false, out, false, parallel_gemm);
+        });
+    };
+    if plan.tasks == 1 {
+        run(0..g.n, output, scratch, true);
+    } else {
+        output
+            .par_chunks_mut(plan.images_per_task * image_out)
+            .zip(scratch.par_chunks_mut(slab))
+            .enumerate()
+            .for_each(|(t, (out, slab))| run(plan.images(g, t), out, slab, false));
+    }
+}
+
+/// The gradient of [`conv2d`] with respect to its input: `grad_input` (`[n, h, w, c]`, fully
+/// overwritten) from `filter` and `grad_output` (`[n, out_h, out_w, filters]`). `scratch`
+/// holds at least [`conv2d_backprop_input_scratch_len`]`(g)` elements.
+pub fn conv2d_backprop_input(
+    g: &Conv2dGeometry,
+    filter: &[f32],
+    grad_output: &[f32],
+    grad_input: &mut [f32],
+    scratch: &mut [f32],
+) {
+    check_lens(g, grad_input.len(), filter.len(), grad_output.len());
+    let (patch, filters) = (g.patch_len(), g.filters);
+    if grad_input.is_empty() {
+        return;
+    }
+    if patch == 0 || g.rows() == 0 {
+        grad_input.fill(0.0);
+        return;
+    }
+    let (plan, slab) = fitting_plan(g, 0, scratch.len());
+    let image_in = g.h * g.w * g.c;
+    let run = |images: Range<usize>, grad_in: &mut [f32], slab: &mut [f32], parallel_gemm: bool| {
+        grad_in.fill(0.0);
+        let image0 = images.start;
+        plan.for_each_chunk(g, images, |row0, rows| {
+            let go = &grad_output[row0 * filters..(row0 + rows) * filters];
+            sgemm(rows, patch, filters, go, false, filter, true, slab, false, parallel_gemm);
+            col2im(g, slab, row0, rows, grad_in, image0);
+        });
+    };
+    if plan.tasks == 1 {
+        run(0..g.n, grad_input, scratch, true);
+    } else {
+        grad_input
+            .par_chunks_mut(plan.images_per_task * image_in)
+            .zip(scratch.par_chunks_mut(slab))
+            .enumerate()
+            .for_each(|(t, (grad_in, slab))| run(plan.images(g, t), grad_in, slab, false));
+    }
+}
+
+/// The gradient of [`conv2d`] with respect to its filter: `grad_filter` (`[kh, kw, c, filters]`,
+/// fully overwritten) from `input` and `grad_output`. `scratch` holds at least
+/// [`conv2d_backprop_filter_scratch_len`]`(g)` elements.
+///
+/// With several threads each sums the rows of its images and the partial sums are added in
+/// task order, so the rounding depends on the number of tasks (at most the rayon pool's size).
+pub fn conv2d_backprop_filter(
+    g: &Conv2dGeometry,
+    input: &[f32],
+    grad_output: &[f32],
+    grad_filter: &mut [f32],
+    scratch: &mut [f32],
+) {
+    check_lens(g, input.len(), grad_filter.len(), grad_output.len());
+    let (patch, filters) = (g.patch_len(), g.filters);
+    if grad_filter.is_empty() {
+        return;
+    }
+    if g.rows() == 0 {
+        grad_filter.fill(0.0);
+        return;
+    }
+    let (plan, slab) = fitting_plan(g, grad_filter.len(), scratch.len());
+    let cols_len = plan.chunk_rows * patch;
+    let run = |images: Range<usize>, cols: &mut [f32], partial: &mut [f32], parallel_gemm: bool| {
+        let mut accumulate = false;
+        plan.for_each_chunk(g, images, |row0, rows| {
+            im2col(g, input, row0, rows, cols);
+            let go = &grad_output[row0 * filters..(row0 + rows) * filters];
+            sgemm(patch, filters, rows, cols, true, go, false, partial, accumulate, parallel_gemm);
+            accumulate = true;
+        });
+    };
+    if plan.tasks == 1 {
+        run(0..g.n, &mut scratch[..cols_len], grad_filter, true);
+        return;
+    }
+    let scratch = &mut scratch[..slab * plan.tasks];
+    scratch.par_chunks_mut(slab).enumerate().for_each(|(t, slab)| {
+        let (cols, partial) = slab.split_at_mut(cols_len);
+        run(plan.images(g, t), cols, partial, false);
+    });
+    let (first, rest) = scratch.split_at(slab);
+    grad_filter.copy_from_slice(&first[cols_len..]);
+    for slab in rest.chunks_exact(slab) {
+        for (d, &s) in grad_filter.iter_mut().zip(&slab[cols_len..]) {
+            *d += s;
+        }
+    }
+}
+
+fn chunk_floats() -> usize {
+    std::env::var("DFC_CHUNK").ok().and_then(|v| v.parse().ok()).unwrap_or(CHUNK_FLOATS)
+}

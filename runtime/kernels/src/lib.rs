@@ -1,0 +1,86 @@
+//! CPU library kernels of the native backend: the ops that are not elementwise fusions.
+//!
+//! Every kernel works on plain slices that the caller allocated: inputs `&[T]`, outputs
+//! `&mut [T]` of exactly the output's length, shapes passed explicitly. The results agree with
+//! the reference interpreter (`dfc_interp::eval`): exactly for the layout ops, gathers and
+//! pooling (which add in the interpreter's order), and up to rounding for the convolutions,
+//! whose sums run in another order (see `conv`).
+//!
+//! - [`conv2d`], [`conv2d_backprop_input`], [`conv2d_backprop_filter`]: NHWC input, HWIO filter,
+//!   described by a [`Conv2dGeometry`]; `im2col` + [`dfc_gemm::sgemm`] over chunks of output rows.
+//! - [`max_pool`], [`max_pool_grad`], [`avg_pool`], [`avg_pool_grad`]: described by a
+//!   [`PoolGeometry`].
+//! - [`gather`], [`scatter_add`]: rows of a table by integer [`Index`]; an index out of range is
+//!   an [`IndexOutOfRange`] error.
+//! - [`transpose`], [`concat`], [`slice`], [`pad`]: any rank, any `Copy` element.
+//!
+//! **Scratch memory.** The convolutions need a scratch buffer of `f32`s of at least
+//! [`conv2d_scratch_len`] (and so on) elements; pass any slice that long, for example from a
+//! [`Scratch`] kept across calls (`scratch.get(len)` allocates only when it must grow). No
+//! kernel allocates on the heap.
+//!
+//! **Threads.** Kernels split large work (see [`PARALLEL_MIN_ELEMENTS`]) over the current rayon
+//! pool, by image for the window ops and by outer index for the others; small work runs on the
+//! calling thread. Everything except the filter gradient gives bitwise the same result whatever
+//! the number of threads (see [`conv2d_backprop_filter`]).
+
+mod conv;
+mod gather;
+mod geometry;
+mod layout;
+mod pool;
+
+pub use conv::{
+    conv2d, conv2d_backprop_filter, conv2d_backprop_filter_scratch_len, conv2d_backprop_input,
+    conv2d_backprop_input_scratch_len, conv2d_scratch_len,
+};
+pub use dfc_ir::Padding;
+pub use gather::{gather, scatter_add, Accumulate, Index, IndexOutOfRange};
+pub use geometry::{Conv2dGeometry, PoolGeometry};
+pub use layout::{concat, pad, slice, transpose};
+pub use pool::{avg_pool, avg_pool_grad, max_pool, max_pool_grad};
+
+/// Outputs smaller than this many elements (of 4 bytes; scaled by size for other types) are
+/// computed on the calling thread; larger ones are split over the rayon pool.
+pub const PARALLEL_MIN_ELEMENTS: usize = 1 << 15;
+
+/// Whether work producing `len` elements of `T` is worth splitting over threads.
+fn worth_parallel<T>(len: usize) -> bool {
+    len * size_of::<T>() >= PARALLEL_MIN_ELEMENTS * 4 && rayon::current_num_threads() > 1
+}
+
+/// A reusable scratch buffer for the convolutions: `get(len)` returns a slice of at least `len`
+/// elements, allocating only when the buffer must grow, so a kernel called again with the same
+/// (or smaller) shapes allocates nothing.
+#[derive(Clone, Debug, Default)]
+pub struct Scratch {
+    buf: Vec<f32>,
+}
+
+impl Scratch {
+    pub fn new() -> Scratch {
+        Scratch::default()
+    }
+
+    /// A buffer that already holds `len` elements.
+    pub fn with_len(len: usize) -> Scratch {
+        Scratch { buf: vec![0.0; len] }
+    }
+
+    /// The whole buffer, at least `len` elements long (its contents are unspecified).
+    pub fn get(&mut self, len: usize) -> &mut [f32] {
+        if self.buf.len() < len {
+            self.buf.resize(len, 0.0);
+        }
+        &mut self.buf
+    }
+
+    /// The number of elements held.
+    pub fn len(&self) -> usize {
+        self.buf.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.buf.is_empty()
+    }
+}

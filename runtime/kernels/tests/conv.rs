@@ -1,0 +1,204 @@
+//! The convolution kernels against the reference interpreter, on random shapes, strides and
+//! paddings. Sums are compared with a relative tolerance of 1e-4 of the sum of the terms'
+//! magnitudes (`common::assert_close`): the kernels add in `sgemm`'s order, not the
+//! interpreter's.
+
+mod common;
+
+use common::*;
+use dfc_ir::{Op, Padding, Shape};
+use dfc_kernels::*;
+
+struct Case {
+    input: [usize; 4],
+    filter: [usize; 4],
+    strides: [usize; 2],
+    padding: Padding,
+}
+
+impl Case {
+    fn geometry(&self) -> Conv2dGeometry {
+        Conv2dGeometry::new(self.input, self.filter, self.strides, self.padding)
+    }
+
+    /// Checks all three kernels against the interpreter, with `scratch` as given.
+    fn check(&self, rng: &mut fastrand::Rng, scratch: &mut Scratch) {
+        let g = self.geometry();
+        let what = format!("{:?} * {:?} strides {:?} {:?}", self.input, self.filter, self.strides, self.padding);
+        let x = random(g.input_len(), rng);
+        let f = random(g.filter_len(), rng);
+        let go = random(g.output_len(), rng);
+        let (xt, ft, got) = (tensor(&self.input, x.clone()), tensor(&self.filter, f.clone()), tensor(&g.output_dims(), go.clone()));
+        let (xa, fa, goa) = (tensor(&self.input, abs(&x)), tensor(&self.filter, abs(&f)), tensor(&g.output_dims(), abs(&go)));
+
+        let op = Op::Conv2d { strides: self.strides, padding: self.padding };
+        let want: Vec<f32> = eval(&op, &[&xt, &ft]);
+        let magnitude: Vec<f32> = eval(&op, &[&xa, &fa]);
+        let mut out = vec![f32::NAN; g.output_len()];
+        conv2d(&g, &x, &f, &mut out, scratch.get(conv2d_scratch_len(&g)));
+        assert_close(&out, &want, &magnitude, &format!("conv2d {what}"));
+
+        let op = Op::Conv2dBackpropInput { input_shape: Shape::from(self.input.to_vec()), strides: self.strides, padding: self.padding };
+        let want: Vec<f32> = eval(&op, &[&ft, &got]);
+        let magnitude: Vec<f32> = eval(&op, &[&fa, &goa]);
+        let mut grad = vec![f32::NAN; g.input_len()];
+        conv2d_backprop_input(&g, &f, &go, &mut grad, scratch.get(conv2d_backprop_input_scratch_len(&g)));
+        assert_close(&grad, &want, &magnitude, &format!("conv2d_backprop_input {what}"));
+
+        let op =
+            Op::Conv2dBackpropFilter { filter_shape: Shape::from(self.filter.to_vec()), strides: self.strides, padding: self.padding };
+        let want: Vec<f32> = eval(&op, &[&xt, &got]);
+        let magnitude: Vec<f32> = eval(&op, &[&xa, &goa]);
+        let mut grad = vec![f32::NAN; g.filter_len()];
+        conv2d_backprop_filter(&g, &x, &go, &mut grad, scratch.get(conv2d_backprop_filter_scratch_len(&g)));
+        assert_close(&grad, &want, &magnitude, &format!("conv2d_backprop_filter {what}"));
+    }
+}
+
+fn random_case(rng: &mut fastrand::Rng) -> Case {
+    loop {
+        let c = rng.usize(1..6);
+        let case = Case {
+            input: [rng.usize(1..4), rng.usize(1..10), rng.usize(1..10), c],
+            filter: [rng.usize(1..5), rng.usize(1..5), c, rng.usize(1..6)],
+            strides: [rng.usize(1..4), rng.usize(1..4)],
+            padding: if rng.bool() { Padding::Same } else { Padding::Valid },
+        };
+        // `valid` needs the window to fit.
+        if case.padding == Padding::Same || (case.filter[0] <= case.input[1] && case.filter[1] <= case.input[2]) {
+            return case;
+        }
+    }
+}
+
+#[test]
+fn random_shapes_agree_with_the_interpreter() {
+    let mut rng = rng(1);
+    let mut scratch = Scratch::new();
+    for _ in 0..300 {
+        random_case(&mut rng).check(&mut rng, &mut scratch);
+    }
+}
+
+#[test]
+fn same_padding_with_stride_two() {
+    let mut rng = rng(2);
+    let mut scratch = Scratch::new();
+    for (h, w) in [(7, 7), (8, 8), (6, 9), (1, 1), (2, 5)] {
+        for k in [1, 2, 3, 4] {
+            Case { input: [2, h, w, 3], filter: [k, k, 3, 4], strides: [2, 2], padding: Padding::Same }
+                .check(&mut rng, &mut scratch);
+        }
+    }
+}
+
+/// Shapes large enough to run on several threads, in chunks of whole images and of output
+/// rows, with the CNN's layers among them.
+#[test]
+fn large_shapes_use_threads_and_chunks() {
+    let mut rng = rng(3);
+    let mut scratch = Scratch::new();
+    let cases = [
+        // The CNN's layers, at a smaller batch.
+        Case { input: [5, 28, 28, 1], filter: [3, 3, 1, 32], strides: [1, 1], padding: Padding::Valid },
+        Case { input: [5, 13, 13, 32], filter: [3, 3, 32, 64], strides: [1, 1], padding: Padding::Valid },
+        // Windows of 576 elements: chunks of output rows within an image.
+        Case { input: [3, 20, 18, 64], filter: [3, 3, 64, 8], strides: [1, 1], padding: Padding::Same },
+        Case { input: [2, 33, 17, 40], filter: [5, 3, 40, 6], strides: [2, 1], padding: Padding::Same },
+        // Many small images per chunk.
+        Case { input: [37, 6, 6, 2], filter: [3, 3, 2, 64], strides: [1, 1], padding: Padding::Same },
+    ];
+    for case in &cases {
+        case.check(&mut rng, &mut scratch);
+    }
+}
+
+/// A scratch buffer smaller than `*_scratch_len` asks for still works, on fewer threads, as
+/// long as it holds one task's share.
+#[test]
+fn a_smaller_scratch_uses_fewer_tasks() {
+    let mut rng = rng(4);
+    let case = Case { input: [6, 13, 13, 32], filter: [3, 3, 32, 16], strides: [1, 1], padding: Padding::Valid };
+    let g = case.geometry();
+    let x = random(g.input_len(), &mut rng);
+    let f = random(g.filter_len(), &mut rng);
+    let go = random(g.output_len(), &mut rng);
+    let mut full = vec![0.0; g.output_len()];
+    conv2d(&g, &x, &f, &mut full, &mut vec![0.0; conv2d_scratch_len(&g)]);
+    let mut grad_full = vec![0.0; g.filter_len()];
+    conv2d_backprop_filter(&g, &x, &go, &mut grad_full, &mut vec![0.0; conv2d_backprop_filter_scratch_len(&g)]);
+    let threads = rayon::current_num_threads().max(1);
+    let mut out = vec![0.0; g.output_len()];
+    conv2d(&g, &x, &f, &mut out, &mut vec![0.0; conv2d_scratch_len(&g) / threads]);
+    assert_near(&out, &full);
+    let mut grad = vec![0.0; g.filter_len()];
+    conv2d_backprop_filter(&g, &x, &go, &mut grad, &mut vec![0.0; conv2d_backprop_filter_scratch_len(&g) / threads]);
+    assert_near(&grad, &grad_full);
+    // The least that works: one output row's window elements, on one thread.
+    let one_row = g.out_w * g.patch_len();
+    let mut out = vec![0.0; g.output_len()];
+    conv2d(&g, &x, &f, &mut out, &mut vec![0.0; one_row]);
+    assert_near(&out, &full);
+    conv2d_backprop_filter(&g, &x, &go, &mut grad, &mut vec![0.0; one_row]);
+    assert_near(&grad, &grad_full);
+    let mut grad_in = vec![0.0; g.input_len()];
+    conv2d_backprop_input(&g, &f, &go, &mut grad_in, &mut vec![0.0; conv2d_backprop_input_scratch_len(&g)]);
+    let mut small = vec![0.0; g.input_len()];
+    conv2d_backprop_input(&g, &f, &go, &mut small, &mut vec![0.0; one_row]);
+    assert_near(&small, &grad_in);
+}
+
+/// Other chunkings may round differently (`sgemm` may sum in another order for other sizes).
+fn assert_near(got: &[f32], want: &[f32]) {
+    for (a, b) in got.iter().zip(want) {
+        assert!((a - b).abs() <= 1e-4 * (1.0 + b.abs()), "{a} vs {b}");
+    }
+}
+
+#[test]
+#[should_panic(expected = "scratch too small")]
+fn a_scratch_smaller_than_one_row_is_refused() {
+    let g = Conv2dGeometry::new([1, 5, 5, 2], [3, 3, 2, 3], [1, 1], Padding::Valid);
+    let mut out = vec![0.0; g.output_len()];
+    conv2d(&g, &vec![0.0; g.input_len()], &vec![0.0; g.filter_len()], &mut out, &mut vec![0.0; g.out_w * g.patch_len() - 1]);
+}
+
+/// The kernels overwrite their outputs, whatever was there.
+#[test]
+fn outputs_are_overwritten() {
+    let mut rng = rng(5);
+    let g = Conv2dGeometry::new([2, 5, 5, 2], [3, 3, 2, 3], [2, 2], Padding::Same);
+    let x = random(g.input_len(), &mut rng);
+    let f = random(g.filter_len(), &mut rng);
+    let go = random(g.output_len(), &mut rng);
+    let mut scratch = Scratch::new();
+    let run = |fill: f32, scratch: &mut Scratch| {
+        let mut out = vec![fill; g.output_len()];
+        conv2d(&g, &x, &f, &mut out, scratch.get(conv2d_scratch_len(&g)));
+        let mut gi = vec![fill; g.input_len()];
+        conv2d_backprop_input(&g, &f, &go, &mut gi, scratch.get(conv2d_backprop_input_scratch_len(&g)));
+        let mut gf = vec![fill; g.filter_len()];
+        conv2d_backprop_filter(&g, &x, &go, &mut gf, scratch.get(conv2d_backprop_filter_scratch_len(&g)));
+        (out, gi, gf)
+    };
+    assert_eq!(run(0.0, &mut scratch), run(7.5, &mut scratch));
+}
+
+#[test]
+fn empty_outputs() {
+    // Zero images, and zero filters: nothing to do, no panic.
+    let mut scratch = Scratch::new();
+    for (input, filter) in [([0, 5, 5, 2], [3, 3, 2, 4]), ([2, 5, 5, 2], [3, 3, 2, 0])] {
+        let g = Conv2dGeometry::new(input, filter, [1, 1], Padding::Same);
+        let x = vec![1.0; g.input_len()];
+        let f = vec![1.0; g.filter_len()];
+        let mut out = vec![0.0; g.output_len()];
+        conv2d(&g, &x, &f, &mut out, scratch.get(conv2d_scratch_len(&g)));
+        let mut gi = vec![1.0; g.input_len()];
+        conv2d_backprop_input(&g, &f, &out, &mut gi, scratch.get(conv2d_backprop_input_scratch_len(&g)));
+        assert!(gi.iter().all(|&v| v == 0.0));
+        let mut gf = vec![1.0; g.filter_len()];
+        conv2d_backprop_filter(&g, &x, &out, &mut gf, scratch.get(conv2d_backprop_filter_scratch_len(&g)));
+        assert!(gf.iter().all(|&v| v == 0.0));
+    }
+}

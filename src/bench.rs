@@ -1,0 +1,347 @@
+//! `dfc bench`: times training steps (or, with `--inference`, forward passes) of a plan on
+//! random data of the plan's input shapes, the way the peer benchmarks time theirs
+//! (`shared/bench/peers/common.py`): warm-up steps, then steps until both a minimum time and a
+//! minimum count are reached; the median, p10 and p90 of the per-step wall times.
+//!
+//! The programs are the ones `dfc run` runs: training fetches the loss and runs the plan's
+//! updates (as `dfc_driver::train` does), inference fetches the plan's outputs. The random
+//! batches are made before the timed region and cycled, a few of them, so that a step does not
+//! always see the same bytes.
+
+use crate::{read_plan, Failure, Outcome};
+use dfc_driver::{Backend, Session, SessionProgram};
+use dfc_interp::Tensor;
+use dfc_ir::{DType, NodeId, Op};
+use dfc_plan::Plan;
+use std::collections::{BTreeSet, HashMap};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+/// How many distinct random batches the steps cycle through.
+const BATCHES: usize = 4;
+
+#[derive(clap::Args)]
+#[command(after_help = "The inputs are random, of each input's type and shape: floats standard normal, u8 uniform in \
+0..=255, bool fair coin flips, and integers uniform in 0..10, so that integer labels of up to 10 classes are valid.")]
+pub struct BenchArgs {
+    /// The plan file (from `dfc compile`).
+    plan: PathBuf,
+    /// Time forward passes (the plan's outputs) instead of training steps.
+    #[arg(long)]
+    inference: bool,
+    /// What runs the plan.
+    #[arg(long, value_enum, default_value_t = BackendArg::Llvm)]
+    backend: BackendArg,
+    /// Untimed steps first.
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    warmup: u64,
+    /// Time steps until at least this many seconds have passed (and --min-steps are done).
+    #[arg(long, value_name = "SECS", default_value_t = 3.0, value_parser = non_negative)]
+    min_time: f64,
+    /// Time at least this many steps.
+    #[arg(long, value_name = "N", default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..))]
+    min_steps: u64,
+    /// Time at most this many steps.
+    #[arg(long, value_name = "N", default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..))]
+    max_steps: u64,
+    /// Seed of the initial values and of the random inputs.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Print one JSON object on stdout instead of a line for a person.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum BackendArg {
+    /// Native code through LLVM.
+    Llvm,
+    /// The reference interpreter.
+    Interp,
+}
+
+impl BackendArg {
+    fn backend(self) -> Backend {
+        match self {
+            BackendArg::Llvm => Backend::Llvm,
+            BackendArg::Interp => Backend::Interp,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            BackendArg::Llvm => "llvm",
+            BackendArg::Interp => "interp",
+        }
+    }
+}
+
+fn non_negative(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        _ => Err(format!("`{text}` is not a number of seconds (0 or more)")),
+    }
+}
+
+/// What `dfc bench --json` prints.
+#[derive(serde::Serialize)]
+struct Report {
+    model: String,
+    mode: &'static str,
+    backend: &'static str,
+    median_step_us: f64,
+    p10_step_us: f64,
+    p90_step_us: f64,
+    steps: usize,
+    threads: usize,
+    /// Matmul and convolution FLOPs per step over the median step time; `None` (null) when the
+    /// program has none.
+    gflops: Option<f64>,
+}
+
+pub fn bench(args: &BenchArgs) -> Outcome {
+    let plan = read_plan(&args.plan)?;
+    let failure = |e: dfc_driver::RunError| Failure(e.to_string());
+    let mut session = Session::with_backend(&plan, args.seed, args.backend.backend()).map_err(failure)?;
+    let (fetches, targets): (Vec<&str>, Vec<&str>) = if args.inference {
+        if plan.outputs.is_empty() {
+            return Err(Failure(format!("model `{}` has no outputs to run forward", plan.model)));
+        }
+        (plan.outputs.iter().map(|o| o.name.as_str()).collect(), Vec::new())
+    } else {
+        let Some(training) = &plan.training else {
+            return Err(Failure(format!(
+                "model `{}` has no `minimize`, so there is no training step; use --inference",
+                plan.model
+            )));
+        };
+        if training.updates.is_empty() {
+            return Err(Failure("the plan has no update ops; recompile it with this dfc".into()));
+        }
+        (vec![training.loss_node.as_str()], training.updates.iter().map(String::as_str).collect())
+    };
+    let program = session.program(&fetches, &targets).map_err(failure)?;
+    let feeds = random_feeds(&plan, &program, args.seed)?;
+    let flops = matmul_conv_flops(&plan, &fetches, &targets);
+
+    let mut step = 0usize;
+    let mut run = |session: &mut Session| -> Result<Vec<Tensor>, Failure> {
+        let out = session.run(&program, &feeds[step % feeds.len()]).map_err(failure);
+        step += 1;
+        out
+    };
+    for _ in 0..args.warmup {
+        run(&mut session)?;
+    }
+    let min_time = Duration::from_secs_f64(args.min_time);
+    let mut times: Vec<f64> = Vec::new();
+    let started = Instant::now();
+    let mut last = Vec::new();
+    while (times.len() < args.min_steps as usize || started.elapsed() < min_time)
+        && times.len() < args.max_steps as usize
+    {
+        let t0 = Instant::now();
+        last = run(&mut session)?;
+        times.push(t0.elapsed().as_secs_f64());
+    }
+    if !args.inference {
+        if let Some(loss) = last.first().map(Tensor::scalar_f64).filter(|l| !l.is_finite()) {
+            eprintln!("warning: the loss became {loss} on the random data; the timings may not be representative");
+        }
+    }
+
+    times.sort_by(|a, b| a.total_cmp(b));
+    let n = times.len();
+    let (median, p10, p90) = (times[n / 2], times[n / 10], times[(9 * n) / 10]);
+    let report = Report {
+        model: plan.model.clone(),
+        mode: if args.inference { "inference" } else { "train" },
+        backend: args.backend.name(),
+        median_step_us: microseconds(median),
+        p10_step_us: microseconds(p10),
+        p90_step_us: microseconds(p90),
+        steps: n,
+        threads: rayon::current_num_threads(),
+        gflops: (flops > 0.0).then(|| flops / median / 1e9),
+    };
+    if args.json {
+        println!("{}", serde_json::to_string(&report).expect("reports serialise"));
+    } else {
+        println!("{}", human(&report));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Seconds in microseconds, to the nanosecond (what `Instant` resolves).
+fn microseconds(seconds: f64) -> f64 {
+    (seconds * 1e9).round() / 1e3
+}
+
+/// `mlp train step (llvm): median 1234.5 us (p10 1200.0, p90 1300.1), n=2000, 2 threads, 810.4 steps/s, 12.3 GFLOP/s`
+fn human(report: &Report) -> String {
+    let what = if report.mode == "train" { "train step" } else { "inference" };
+    let mut line = format!(
+        "{} {what} ({}): median {:.1} us (p10 {:.1}, p90 {:.1}), n={}, {} thread{}, {:.1} steps/s",
+        report.model,
+        report.backend,
+        report.median_step_us,
+        report.p10_step_us,
+        report.p90_step_us,
+        report.steps,
+        report.threads,
+        if report.threads == 1 { "" } else { "s" },
+        1e6 / report.median_step_us
+    );
+    if let Some(gflops) = report.gflops {
+        line += &format!(", {gflops:.2} GFLOP/s");
+    }
+    line
+}
+
+/// `BATCHES` sets of feeds: a random tensor of its type for every input the program needs.
+fn random_feeds(plan: &Plan, program: &SessionProgram, seed: u64) -> Result<Vec<HashMap<String, Tensor>>, Failure> {
+    let mut rng = Rng::new(seed ^ 0x6265_6e63_6821_2121);
+    let needed = program.inputs();
+    let mut feeds = vec![HashMap::new(); BATCHES];
+    for name in &needed {
+        let Some(input) = plan.inputs.iter().find(|i| i.name == *name) else {
+            return Err(Failure(format!(
+                "the plan is malformed: its program needs input `{name}`, which it does not declare"
+            )));
+        };
+        for batch in &mut feeds {
+            batch.insert(name.clone(), random_tensor(&input.ty, &mut rng));
+        }
+    }
+    Ok(feeds)
+}
+
+fn random_tensor(ty: &dfc_ir::TensorType, rng: &mut Rng) -> Tensor {
+    let shape = ty.shape.clone();
+    let n: usize = shape.dims().iter().product();
+    match ty.dtype {
+        DType::F32 => Tensor::from_vec(shape, (0..n).map(|_| rng.normal() as f32).collect::<Vec<f32>>()),
+        DType::F64 => Tensor::from_vec(shape, (0..n).map(|_| rng.normal()).collect::<Vec<f64>>()),
+        DType::U8 => Tensor::from_vec(shape, (0..n).map(|_| rng.below(256) as u8).collect::<Vec<u8>>()),
+        DType::I32 => Tensor::from_vec(shape, (0..n).map(|_| rng.below(10) as i32).collect::<Vec<i32>>()),
+        DType::I64 => Tensor::from_vec(shape, (0..n).map(|_| rng.below(10) as i64).collect::<Vec<i64>>()),
+        DType::Bool => Tensor::from_vec(shape, (0..n).map(|_| rng.below(2) == 1).collect::<Vec<bool>>()),
+    }
+}
+
+/// SplitMix64: small, seeded, plenty for benchmark inputs.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Rng {
+        Rng(seed)
+    }
+
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [0, 1).
+    fn uniform(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// Uniform in 0..n (n small: the modulo bias is negligible).
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    /// Standard normal (Box–Muller).
+    fn normal(&mut self) -> f64 {
+        let u = 1.0 - self.uniform(); // (0, 1]
+        let v = self.uniform();
+        (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()
+    }
+}
+
+/// The FLOPs of the matmuls and convolutions (forward and gradients) one run of the program
+/// performs, by the cost model's count (`dfc_passes::cost::node_flops`): over the nodes the
+/// fetches and targets need in their partitions, and across partitions what they receive
+/// (the `Send` of every `Recv`, every member of an all-reduce), as `Session::program` closes.
+fn matmul_conv_flops(plan: &Plan, fetches: &[&str], targets: &[&str]) -> f64 {
+    let n = plan.partitions.len();
+    let mut roots: Vec<BTreeSet<NodeId>> = vec![BTreeSet::new(); n];
+    let mut sends: HashMap<&str, (usize, NodeId)> = HashMap::new();
+    let mut reductions: HashMap<&str, Vec<(usize, NodeId)>> = HashMap::new();
+    // A fetch names an output or metric if one has the name, else a node (as in `Session::program`).
+    let named: BTreeSet<&str> = plan
+        .partitions
+        .iter()
+        .flat_map(|p| p.module.outputs.iter().chain(&p.module.metrics))
+        .map(|o| o.name.as_str())
+        .collect();
+    for (p, partition) in plan.partitions.iter().enumerate() {
+        let module = &partition.module;
+        let graph = &module.graph;
+        for id in graph.node_ids() {
+            let node = graph.node(id);
+            match &node.op {
+                Op::Send { key, .. } => {
+                    sends.insert(key.as_str(), (p, id));
+                }
+                Op::AllReduce { key, .. } => reductions.entry(key.as_str()).or_default().push((p, id)),
+                _ => {}
+            }
+            let name = node.name.as_str();
+            if targets.contains(&name) || (fetches.contains(&name) && !named.contains(name)) {
+                roots[p].insert(id);
+            }
+        }
+        for output in module.outputs.iter().chain(&module.metrics) {
+            if fetches.contains(&output.name.as_str()) && graph.contains(output.tensor.node) {
+                roots[p].insert(output.tensor.node);
+            }
+        }
+    }
+    let mut needed: Vec<BTreeSet<NodeId>>;
+    loop {
+        needed = roots
+            .iter()
+            .enumerate()
+            .map(|(p, r)| plan.partitions[p].module.graph.ancestors(&r.iter().copied().collect::<Vec<_>>()))
+            .collect();
+        let mut grew = false;
+        for (p, ids) in needed.iter().enumerate() {
+            let graph = &plan.partitions[p].module.graph;
+            for &id in ids {
+                let more: Vec<(usize, NodeId)> = match &graph.node(id).op {
+                    Op::Recv { key, .. } => sends.get(key.as_str()).copied().into_iter().collect(),
+                    Op::AllReduce { key, .. } => reductions.get(key.as_str()).cloned().unwrap_or_default(),
+                    _ => Vec::new(),
+                };
+                for (q, other) in more {
+                    grew |= roots[q].insert(other);
+                }
+            }
+        }
+        if !grew {
+            break;
+        }
+    }
+    let mut flops = 0.0;
+    for (p, ids) in needed.iter().enumerate() {
+        let graph = &plan.partitions[p].module.graph;
+        for &id in ids {
+            if matches!(
+                graph.node(id).op,
+                Op::MatMul { .. }
+                    | Op::Conv2d { .. }
+                    | Op::Conv2dBackpropInput { .. }
+                    | Op::Conv2dBackpropFilter { .. }
+            ) {
+                flops += dfc_passes::cost::node_flops(graph, id);
+            }
+        }
+    }
+    flops
+}
