@@ -422,6 +422,7 @@ fn compile_options(model: &ModelArgs, args: &DistributeArgs) -> Result<dfc_compi
         partition_min_bytes: args.partition_min_bytes,
         soft_placement: args.soft_placement,
         cost_model,
+        native: Some(dfc_codegen::host_target()),
     })
 }
 

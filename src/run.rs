@@ -78,6 +78,9 @@ pub struct RunArgs {
 /// Trains, or with `--fetch` runs forward, any plan (one partition or many); prints what a
 /// person reads, or returns the error.
 pub fn run(plan: &dfc_plan::Plan, args: &RunArgs) -> Result<(), String> {
+    if args.train.backend == dfc_driver::Backend::Llvm {
+        note_foreign_code(plan);
+    }
     if let Some(name) = &args.fetch {
         let mut session =
             dfc_driver::Session::with_backend(plan, args.train.seed, args.train.backend).map_err(|e| e.to_string())?;
@@ -112,6 +115,27 @@ pub fn run(plan: &dfc_plan::Plan, args: &RunArgs) -> Result<(), String> {
     let summary = dfc_driver::train(plan, &args.train, &mut reporter).map_err(|e| e.to_string())?;
     eprintln!("trained {} steps in {:.1} s", summary.steps, started.elapsed().as_secs_f64());
     Ok(())
+}
+
+/// Says which partitions carry code for a CPU this one is not (the session compiles them
+/// again for this one at load).
+pub fn note_foreign_code(plan: &dfc_plan::Plan) {
+    let host = dfc_codegen::host_target();
+    for partition in &plan.partitions {
+        if let Some(code) = &partition.native {
+            let missing = dfc_codegen::missing_features(&code.target, &host);
+            if !missing.is_empty() {
+                eprintln!(
+                    "note: {}'s code was compiled for {} ({}), which this CPU ({}) cannot run: it lacks {}; compiling it for this CPU",
+                    partition.device,
+                    code.target.cpu,
+                    code.target.triple,
+                    host.cpu,
+                    missing.join(", ")
+                );
+            }
+        }
+    }
 }
 
 /// A tensor for a person: its type, then its values (the first rows of a large one).

@@ -143,3 +143,37 @@ fn partitioned_plans_run_natively() {
     check("mlp", Cluster::local(2, DeviceKind::Cpu), Strategy::Mirrored);
     check("softmax_regression", Cluster::local(3, DeviceKind::Cpu), Strategy::Model);
 }
+
+/// A plan carries its kernels compiled for the CPU that compiled it; a CPU without one of
+/// its features compiles them again at load instead of running code it cannot.
+#[test]
+fn code_for_features_the_host_lacks_is_compiled_again_at_load() {
+    let mut plan = plan("softmax_regression", Cluster::local(1, DeviceKind::Cpu), Strategy::Single);
+    let own = Session::with_backend(&plan, 0, Backend::Llvm).expect("loads");
+    assert!(own.recompiled().is_empty(), "the plan's own code fits this CPU");
+    let code = plan.partitions[0].native.as_mut().expect("compile carries native code");
+    assert!(!code.kernels.is_empty() && !code.bitcode.is_empty());
+    code.target.features.push_str(",+dfc-imaginary-feature");
+    let missing = dfc_codegen::missing_features(&code.target, &dfc_codegen::host_target());
+    assert_eq!(missing, ["dfc-imaginary-feature"]);
+    let mut session = Session::with_backend(&plan, 0, Backend::Llvm).expect("compiled again");
+    assert_eq!(session.recompiled(), &[0]);
+    let training = plan.training.as_ref().unwrap();
+    let updates: Vec<&str> = training.updates.iter().map(String::as_str).collect();
+    let step = session.program(&[training.loss_node.as_str()], &updates).unwrap();
+    let loss = session.run(&step, &batches(&plan)[0]).unwrap()[0].scalar_f64();
+    assert!(loss.is_finite());
+}
+
+/// Fetching a value that a kernel computes inside itself compiles code that stores it.
+#[test]
+fn fetching_a_fused_value_stores_it() {
+    let plan = plan("mlp", Cluster::local(1, DeviceKind::Cpu), Strategy::Single);
+    let data = batches(&plan);
+    let fetch = |backend| {
+        let mut session = Session::with_backend(&plan, 0, backend).unwrap();
+        let program = session.program(&["h1/add"], &[]).expect("an inner node can be fetched");
+        session.run(&program, &data[0]).unwrap().remove(0)
+    };
+    assert_close("h1/add", &fetch(Backend::Interp), &fetch(Backend::Llvm));
+}

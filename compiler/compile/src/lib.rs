@@ -67,6 +67,9 @@ pub struct CompileOptions {
     /// Requests the cluster or strategy cannot satisfy become warnings.
     pub soft_placement: bool,
     pub cost_model: CostModel,
+    /// Compile each CPU partition's fused kernels to native code for this CPU (the plan then
+    /// carries it); `None` leaves compiling to the runtime, at load.
+    pub native: Option<dfc_plan::NativeTarget>,
 }
 
 impl Default for CompileOptions {
@@ -80,6 +83,7 @@ impl Default for CompileOptions {
             partition_min_bytes: None,
             soft_placement: false,
             cost_model: CostModel::default(),
+            native: Some(dfc_codegen::host_target()),
         }
     }
 }
@@ -215,8 +219,19 @@ pub fn compile(source: &str, source_name: &str, options: &CompileOptions) -> Res
         sync: !matches!(options.strategy, Strategy::ParameterServer { sync: false }),
         placement: options.placement.name().into(),
     };
-    let partitions = partitioned.parts.into_iter().map(|(device, module)| Partition { device, module, native: None }).collect();
+    let partitions: Vec<Partition> =
+        partitioned.parts.into_iter().map(|(device, module)| Partition { device, module, native: None }).collect();
     let mut plan = Plan::build(&partitioned.combined, partitions, cluster.clone(), strategy, source_name, source);
+    if let Some(target) = &options.native {
+        let fetched: Vec<String> = plan.training.iter().map(|t| t.loss_node.clone()).collect();
+        let fetched: Vec<&str> = fetched.iter().map(String::as_str).collect();
+        for partition in plan.partitions.iter_mut().filter(|p| p.device.kind != Some(DeviceKind::Gpu)) {
+            let keep = dfc_codegen::fetched_nodes(&partition.module, &fetched);
+            let code = dfc_codegen::compile(&partition.module, &keep, target)
+                .map_err(|e| CompileError::Usage(format!("code generation for {}: {e}", partition.device)))?;
+            partition.native = Some(code);
+        }
+    }
     plan.report = Some(report);
     Ok(Compiled { plan, combined: partitioned.combined, warnings })
 }

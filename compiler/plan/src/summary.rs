@@ -39,6 +39,18 @@ pub struct DeviceSummary {
     pub variable_bytes: u64,
     /// Node count per op name (`matmul`, `read`, ...).
     pub ops: BTreeMap<String, usize>,
+    /// The native code the partition carries, if any.
+    pub native: Option<NativeSummary>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct NativeSummary {
+    pub triple: String,
+    pub cpu: String,
+    pub kernels: usize,
+    /// Nodes computed inside the kernels, roots included.
+    pub fused_nodes: usize,
+    pub bitcode_bytes: u64,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -89,7 +101,14 @@ pub fn summary(plan: &Plan) -> Summary {
                     variable_bytes = variable_bytes.saturating_add(tensor_bytes(ty));
                 }
             }
-            DeviceSummary { device: p.device.to_string(), n_nodes: graph.len(), n_variables, variable_bytes, ops }
+            let native = p.native.as_ref().map(|code| NativeSummary {
+                triple: code.target.triple.clone(),
+                cpu: code.target.cpu.clone(),
+                kernels: code.kernels.len(),
+                fused_nodes: code.kernels.iter().map(|k| k.members.len()).sum(),
+                bitcode_bytes: code.bitcode.len() as u64,
+            });
+            DeviceSummary { device: p.device.to_string(), n_nodes: graph.len(), n_variables, variable_bytes, ops, native }
         })
         .collect();
     let params: Vec<ParamSummary> = plan
@@ -235,6 +254,24 @@ impl fmt::Display for Summary {
             })
             .collect();
         table(f, &devices, &[false, true, true, true])?;
+        let native: Vec<Vec<String>> = self
+            .devices
+            .iter()
+            .filter_map(|d| {
+                let n = d.native.as_ref()?;
+                Some(vec![
+                    d.device.clone(),
+                    format!("{} {}", n.triple, n.cpu),
+                    plural(n.kernels, "fused kernel", "fused kernels"),
+                    format!("({} nodes)", n.fused_nodes),
+                    format!("{} of bitcode", bytes(n.bitcode_bytes)),
+                ])
+            })
+            .collect();
+        if !native.is_empty() {
+            writeln!(f, "native code (LLVM)")?;
+            table(f, &native, &[false, false, true, true, true])?;
+        }
 
         if let Some(report) = &self.report {
             write!(f, "{report}")?;

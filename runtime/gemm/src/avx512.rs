@@ -17,6 +17,7 @@
 //! it is computed transposed, `Cᵀ = Bᵀ·Aᵀ`, which packs the same data with the roles swapped and writes the tile
 //! of Cᵀ through an in-register transpose.
 
+use std::arch::asm;
 use std::arch::x86_64::*;
 use std::cell::Cell;
 use std::sync::Mutex;
@@ -523,9 +524,12 @@ static KERNELS: [[Kernel; MR]; 2] = [
 ];
 
 /// `C[R×nr] (+)= A·B` for one tile. A's element (i, q) is `a[i·lda + q]` when `IN_PLACE` (A row-major as stored:
-/// broadcasting from R rows costs a few address computations but saves transposing A into panels), else
-/// `a[q·R + i]` (a packed panel). `b` is a packed panel (`kc·32`, aligned). Element (i, j) of the tile is
-/// `c[i·ldc + j]`, or `c[j·ldc + i]` when `tc`.
+/// broadcasting from R rows saves transposing A into panels), else `a[q·R + i]` (a packed panel). `b` is a packed
+/// panel (`kc·32`, aligned). Element (i, j) of the tile is `c[i·ldc + j]`, or `c[j·ldc + i]` when `tc`.
+///
+/// The k loop is written as one small `asm!` block per row and step (broadcast, two FMAs): left to itself, LLVM
+/// merges a row's consecutive A elements into vector loads and shuffles, and spends an address computation per
+/// row; here each broadcast is one load with a constant displacement and the accumulators stay in registers.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f")]
 unsafe fn kernel<const R: usize, const IN_PLACE: bool>(
@@ -539,10 +543,26 @@ unsafe fn kernel<const R: usize, const IN_PLACE: bool>(
     tc: bool,
     overwrite: bool,
 ) {
-    let mut acc0 = [_mm512_setzero_ps(); R];
-    let mut acc1 = [_mm512_setzero_ps(); R];
-    let (row, step) = if IN_PLACE { (lda, 1) } else { (1, R) };
-    // SAFETY: the panels hold kc steps; the tile's elements are in C (the caller's contract).
+    // Rows past R stay zero and unused (LLVM drops them).
+    let mut acc = [[_mm512_setzero_ps(); 2]; MR];
+    // One row of one step: acc[i] += A(i, step) · (b0, b1), A's element at `[address]`.
+    macro_rules! row {
+        ($i:literal, $address:literal, $($operands:tt)*) => {
+            if $i < R {
+                asm!(
+                    concat!("vbroadcastss {t}, dword ptr [", $address, "]"),
+                    "vfmadd231ps {c0}, {b0}, {t}",
+                    "vfmadd231ps {c1}, {b1}, {t}",
+                    $($operands)*
+                    c0 = inout(zmm_reg) acc[$i][0],
+                    c1 = inout(zmm_reg) acc[$i][1],
+                    t = out(zmm_reg) _,
+                    options(pure, readonly, nostack, preserves_flags),
+                );
+            }
+        };
+    }
+    // SAFETY: A's R rows and the B panel hold kc steps; the tile's elements are in C (the caller's contract).
     unsafe {
         if !tc {
             for i in 0..R {
@@ -550,68 +570,131 @@ unsafe fn kernel<const R: usize, const IN_PLACE: bool>(
                 _mm_prefetch::<_MM_HINT_T0>(c.add(i * ldc + nr - 1).cast());
             }
         }
-        let fma = |a: *const f32, b: *const f32, acc0: &mut [__m512; R], acc1: &mut [__m512; R]| {
-            let b0 = _mm512_load_ps(b);
-            let b1 = _mm512_load_ps(b.add(16));
-            for i in 0..R {
-                let ai = _mm512_set1_ps(*a.add(i * row));
-                acc0[i] = _mm512_fmadd_ps(ai, b0, acc0[i]);
-                acc1[i] = _mm512_fmadd_ps(ai, b1, acc1[i]);
+        let mut b = b;
+        if IN_PLACE {
+            // Rows 3g..3g+3 at base g + 0, lda, 2·lda; bases past the panel are never dereferenced.
+            let ld = lda * 4;
+            let (mut r0, mut r3, mut r6, mut r9) =
+                (a, a.wrapping_add(3 * lda), a.wrapping_add(6 * lda), a.wrapping_add(9 * lda));
+            macro_rules! step {
+                ($u:literal) => {
+                    let b0 = _mm512_load_ps(b.add($u * NR));
+                    let b1 = _mm512_load_ps(b.add($u * NR + 16));
+                    row!(0, "{r} + {d}", r = in(reg) r0, d = const $u * 4, b0 = in(zmm_reg) b0, b1 = in(zmm_reg) b1,);
+                    row!(1, "{r} + {ld} + {d}", r = in(reg) r0, ld = in(reg) ld, d = const $u * 4,
+                        b0 = in(zmm_reg) b0, b1 = in(zmm_reg) b1,);
+                    row!(2, "{r} + {ld}*2 + {d}", r = in(reg) r0, ld = in(reg) ld, d = const $u * 4,
+                        b0 = in(zmm_reg) b0, b1 = in(zmm_reg) b1,);
+                    row!(3, "{r} + {d}", r = in(reg) r3, d = const $u * 4, b0 = in(zmm_reg) b0, b1 = in(zmm_reg) b1,);
+                    row!(4, "{r} + {ld} + {d}", r = in(reg) r3, ld = in(reg) ld, d = const $u * 4,
+                        b0 = in(zmm_reg) b0, b1 = in(zmm_reg) b1,);
+                    row!(5, "{r} + {ld}*2 + {d}", r = in(reg) r3, ld = in(reg) ld, d = const $u * 4,
+                        b0 = in(zmm_reg) b0, b1 = in(zmm_reg) b1,);
+                    row!(6, "{r} + {d}", r = in(reg) r6, d = const $u * 4, b0 = in(zmm_reg) b0, b1 = in(zmm_reg) b1,);
+                    row!(7, "{r} + {ld} + {d}", r = in(reg) r6, ld = in(reg) ld, d = const $u * 4,
+                        b0 = in(zmm_reg) b0, b1 = in(zmm_reg) b1,);
+                    row!(8, "{r} + {ld}*2 + {d}", r = in(reg) r6, ld = in(reg) ld, d = const $u * 4,
+                        b0 = in(zmm_reg) b0, b1 = in(zmm_reg) b1,);
+                    row!(9, "{r} + {d}", r = in(reg) r9, d = const $u * 4, b0 = in(zmm_reg) b0, b1 = in(zmm_reg) b1,);
+                    row!(10, "{r} + {ld} + {d}", r = in(reg) r9, ld = in(reg) ld, d = const $u * 4,
+                        b0 = in(zmm_reg) b0, b1 = in(zmm_reg) b1,);
+                    row!(11, "{r} + {ld}*2 + {d}", r = in(reg) r9, ld = in(reg) ld, d = const $u * 4,
+                        b0 = in(zmm_reg) b0, b1 = in(zmm_reg) b1,);
+                };
             }
-        };
-        // Unrolled by 4: the loop's pointer updates and branch would otherwise take FMA ports' issue slots.
-        let (mut a, mut b) = (a, b);
-        for _ in 0..kc / 4 {
-            for u in 0..4 {
-                fma(a.add(u * step), b.add(u * NR), &mut acc0, &mut acc1);
+            // Unrolled by 4: the loop's pointer updates and branch would otherwise take FMA ports' issue slots.
+            for _ in 0..kc / 4 {
+                step!(0);
+                step!(1);
+                step!(2);
+                step!(3);
+                (r0, r3, r6, r9) = (r0.wrapping_add(4), r3.wrapping_add(4), r6.wrapping_add(4), r9.wrapping_add(4));
+                b = b.add(4 * NR);
             }
-            a = a.add(4 * step);
-            b = b.add(4 * NR);
-        }
-        for _ in 0..kc % 4 {
-            fma(a, b, &mut acc0, &mut acc1);
-            a = a.add(step);
-            b = b.add(NR);
+            for _ in 0..kc % 4 {
+                step!(0);
+                (r0, r3, r6, r9) = (r0.wrapping_add(1), r3.wrapping_add(1), r6.wrapping_add(1), r9.wrapping_add(1));
+                b = b.add(NR);
+            }
+        } else {
+            let mut a = a;
+            macro_rules! step {
+                ($u:literal) => {
+                    let b0 = _mm512_load_ps(b.add($u * NR));
+                    let b1 = _mm512_load_ps(b.add($u * NR + 16));
+                    row!(0, "{a} + {d}", a = in(reg) a, d = const ($u * R) * 4, b0 = in(zmm_reg) b0, b1 = in(zmm_reg) b1,);
+                    row!(1, "{a} + {d}", a = in(reg) a, d = const ($u * R + 1) * 4, b0 = in(zmm_reg) b0,
+                        b1 = in(zmm_reg) b1,);
+                    row!(2, "{a} + {d}", a = in(reg) a, d = const ($u * R + 2) * 4, b0 = in(zmm_reg) b0,
+                        b1 = in(zmm_reg) b1,);
+                    row!(3, "{a} + {d}", a = in(reg) a, d = const ($u * R + 3) * 4, b0 = in(zmm_reg) b0,
+                        b1 = in(zmm_reg) b1,);
+                    row!(4, "{a} + {d}", a = in(reg) a, d = const ($u * R + 4) * 4, b0 = in(zmm_reg) b0,
+                        b1 = in(zmm_reg) b1,);
+                    row!(5, "{a} + {d}", a = in(reg) a, d = const ($u * R + 5) * 4, b0 = in(zmm_reg) b0,
+                        b1 = in(zmm_reg) b1,);
+                    row!(6, "{a} + {d}", a = in(reg) a, d = const ($u * R + 6) * 4, b0 = in(zmm_reg) b0,
+                        b1 = in(zmm_reg) b1,);
+                    row!(7, "{a} + {d}", a = in(reg) a, d = const ($u * R + 7) * 4, b0 = in(zmm_reg) b0,
+                        b1 = in(zmm_reg) b1,);
+                    row!(8, "{a} + {d}", a = in(reg) a, d = const ($u * R + 8) * 4, b0 = in(zmm_reg) b0,
+                        b1 = in(zmm_reg) b1,);
+                    row!(9, "{a} + {d}", a = in(reg) a, d = const ($u * R + 9) * 4, b0 = in(zmm_reg) b0,
+                        b1 = in(zmm_reg) b1,);
+                    row!(10, "{a} + {d}", a = in(reg) a, d = const ($u * R + 10) * 4, b0 = in(zmm_reg) b0,
+                        b1 = in(zmm_reg) b1,);
+                    row!(11, "{a} + {d}", a = in(reg) a, d = const ($u * R + 11) * 4, b0 = in(zmm_reg) b0,
+                        b1 = in(zmm_reg) b1,);
+                };
+            }
+            for _ in 0..kc / 4 {
+                step!(0);
+                step!(1);
+                step!(2);
+                step!(3);
+                a = a.add(4 * R);
+                b = b.add(4 * NR);
+            }
+            for _ in 0..kc % 4 {
+                step!(0);
+                a = a.add(R);
+                b = b.add(NR);
+            }
         }
         if !tc {
             let (m0, m1) = (tail_mask(nr), tail_mask(nr.saturating_sub(16)));
-            for i in 0..R {
+            for (i, [acc0, acc1]) in acc.iter().enumerate().take(R) {
                 let row = c.add(i * ldc);
                 if overwrite {
-                    _mm512_mask_storeu_ps(row, m0, acc0[i]);
-                    _mm512_mask_storeu_ps(row.add(16), m1, acc1[i]);
+                    _mm512_mask_storeu_ps(row, m0, *acc0);
+                    _mm512_mask_storeu_ps(row.add(16), m1, *acc1);
                 } else {
-                    let v0 = _mm512_add_ps(acc0[i], _mm512_maskz_loadu_ps(m0, row));
-                    let v1 = _mm512_add_ps(acc1[i], _mm512_maskz_loadu_ps(m1, row.add(16)));
+                    let v0 = _mm512_add_ps(*acc0, _mm512_maskz_loadu_ps(m0, row));
+                    let v1 = _mm512_add_ps(*acc1, _mm512_maskz_loadu_ps(m1, row.add(16)));
                     _mm512_mask_storeu_ps(row, m0, v0);
                     _mm512_mask_storeu_ps(row.add(16), m1, v1);
                 }
             }
         } else {
-            store_transposed(&acc0, &acc1, c, ldc, nr, overwrite);
+            store_transposed::<R>(&acc, c, ldc, nr, overwrite);
         }
     }
 }
 
-/// Writes an R×32 tile (rows in `acc0`, `acc1`) transposed: column j (< nr) of the tile to `c[j·ldc..+R]`.
+/// Writes the first R rows of a 12×32 tile transposed: column j (< nr) of the tile to `c[j·ldc..+R]`.
 #[inline(never)]
 #[target_feature(enable = "avx512f")]
-unsafe fn store_transposed<const R: usize>(
-    acc0: &[__m512; R],
-    acc1: &[__m512; R],
-    c: *mut f32,
-    ldc: usize,
-    nr: usize,
-    overwrite: bool,
-) {
+unsafe fn store_transposed<const R: usize>(acc: &[[__m512; 2]; MR], c: *mut f32, ldc: usize, nr: usize, overwrite: bool) {
     let mask = tail_mask(R);
-    for (half, acc) in [acc0, acc1].into_iter().enumerate() {
+    for half in 0..2 {
         let cols = nr.saturating_sub(16 * half).min(16);
         if cols == 0 {
             break;
         }
         let mut rows = [_mm512_setzero_ps(); 16];
-        rows[..R].copy_from_slice(acc);
+        for (row, acc) in rows.iter_mut().zip(acc).take(R) {
+            *row = acc[half];
+        }
         let t = transpose16(rows);
         for (j, v) in t.iter().enumerate().take(cols) {
             // SAFETY: column 16·half + j < nr of the tile: R elements at c + (16·half + j)·ldc.

@@ -284,9 +284,13 @@ pub fn conv2d(g: &Conv2dGeometry, input: &[f32], filter: &[f32], output: &mut [f
     let run = |images: Range<usize>, out: &mut [f32], slab: &mut [f32], parallel_gemm: bool| {
         let first = images.start * g.out_h * g.out_w;
         plan.for_each_chunk(g, images, |row0, rows| {
-            im2col(g, input, row0, rows, slab);
             let out = &mut out[(row0 - first) * filters..(row0 - first + rows) * filters];
-            sgemm(rows, filters, patch, slab, false, filter, false, out, false, parallel_gemm);
+            if patch <= thin_max() {
+                thin_conv(g, input, filter, row0, rows, out);
+            } else {
+                im2col(g, input, row0, rows, slab);
+                sgemm(rows, filters, patch, slab, false, filter, false, out, false, parallel_gemm);
+            }
         });
     };
     if plan.tasks == 1 {
@@ -394,4 +398,202 @@ pub fn conv2d_backprop_filter(
 
 fn chunk_floats() -> usize {
     std::env::var("DFC_CHUNK").ok().and_then(|v| v.parse().ok()).unwrap_or(CHUNK_FLOATS)
+}
+
+fn thin_max() -> usize {
+    std::env::var("DFC_THIN").ok().and_then(|v| v.parse().ok()).unwrap_or(THIN_PATCH)
+}
+
+/// Windows up to this long (`kh * kw * c`) go through [`thin_product`] rather than `sgemm`.
+const THIN_PATCH: usize = 32;
+
+/// Rows `row0..row0 + rows` of the forward pass (`out` is `rows × filters`) for a window of
+/// at most [`THIN_PATCH`] elements, where `sgemm` would spend more on packing than on
+/// arithmetic: each output is the sum over the window, in order, of plain products (bitwise
+/// what the interpreter computes), with vectors along the filters. Windows inside the input are
+/// read in place; those that reach into the padding are first copied, with zeros, to the stack.
+/// The widest vectors the processor has are chosen at run time.
+fn thin_conv(g: &Conv2dGeometry, x: &[f32], filter: &[f32], row0: usize, rows: usize, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the processor has AVX-512F.
+            return unsafe { thin_conv_avx512(g, x, filter, row0, rows, out) };
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the processor has AVX2.
+            return unsafe { thin_conv_avx2(g, x, filter, row0, rows, out) };
+        }
+    }
+    thin_conv_impl(g, x, filter, row0, rows, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn thin_conv_avx512(g: &Conv2dGeometry, x: &[f32], filter: &[f32], row0: usize, rows: usize, out: &mut [f32]) {
+    thin_conv_impl(g, x, filter, row0, rows, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn thin_conv_avx2(g: &Conv2dGeometry, x: &[f32], filter: &[f32], row0: usize, rows: usize, out: &mut [f32]) {
+    thin_conv_impl(g, x, filter, row0, rows, out)
+}
+
+/// A window as `segments` runs of `len` elements of `src`, `stride` apart from `base`: the
+/// window's rows in the input, or one run holding a copy.
+#[derive(Clone, Copy)]
+struct Window<'a> {
+    src: &'a [f32],
+    base: usize,
+    len: usize,
+    stride: usize,
+    segments: usize,
+}
+
+#[inline(always)]
+fn thin_conv_impl(g: &Conv2dGeometry, x: &[f32], filter: &[f32], row0: usize, rows: usize, out: &mut [f32]) {
+    let (patch, n, kwc) = (g.patch_len(), g.filters, g.kw * g.c);
+    debug_assert!(patch <= THIN_PATCH);
+    let mut copy_buf = [0.0f32; THIN_PATCH];
+    if rows == 0 {
+        return;
+    }
+    let (mut b, mut oy, mut ox) = split_row(g, row0);
+    let interior_x = |ox: usize| valid_taps(ox, g.stride_w, g.pad_left, g.kw, g.w).len() == g.kw;
+    let mut r = 0;
+    while r < rows {
+        // Four windows side by side inside the input: computed together, sharing filter loads.
+        if r + PIXELS <= rows
+            && ox + PIXELS <= g.out_w
+            && valid_taps(oy, g.stride_h, g.pad_top, g.kh, g.h).len() == g.kh
+            && interior_x(ox)
+            && interior_x(ox + PIXELS - 1)
+        {
+            let (iy, ix) = (oy * g.stride_h - g.pad_top, ox * g.stride_w - g.pad_left);
+            let base = ((b * g.h + iy) * g.w + ix) * g.c;
+            let bases: [usize; PIXELS] = std::array::from_fn(|q| base + q * g.stride_w * g.c);
+            let outs = &mut out[r * n..(r + PIXELS) * n];
+            let mut f = 0;
+            while f + 16 <= n {
+                thin_pixels::<16>(x, bases, kwc, g.w * g.c, g.kh, filter, n, f, outs);
+                f += 16;
+            }
+            while f < n {
+                thin_pixels::<1>(x, bases, kwc, g.w * g.c, g.kh, filter, n, f, outs);
+                f += 1;
+            }
+            r += PIXELS;
+            ox += PIXELS;
+            if ox == g.out_w {
+                ox = 0;
+                oy += 1;
+                if oy == g.out_h {
+                    oy = 0;
+                    b += 1;
+                }
+            }
+            continue;
+        }
+        let out_row = &mut out[r * n..(r + 1) * n];
+        r += 1;
+        let ys = valid_taps(oy, g.stride_h, g.pad_top, g.kh, g.h);
+        let xs = valid_taps(ox, g.stride_w, g.pad_left, g.kw, g.w);
+        let window = if ys.len() == g.kh && xs.len() == g.kw {
+            let (iy, ix) = (oy * g.stride_h - g.pad_top, ox * g.stride_w - g.pad_left);
+            Window { src: x, base: ((b * g.h + iy) * g.w + ix) * g.c, len: kwc, stride: g.w * g.c, segments: g.kh }
+        } else {
+            let buf = &mut copy_buf[..patch];
+            buf.fill(0.0);
+            if !xs.is_empty() {
+                let ix = ox * g.stride_w + xs.start - g.pad_left;
+                let len = xs.len() * g.c;
+                for ky in ys {
+                    let iy = oy * g.stride_h + ky - g.pad_top;
+                    let src = ((b * g.h + iy) * g.w + ix) * g.c;
+                    let dst = ky * kwc + xs.start * g.c;
+                    buf[dst..dst + len].copy_from_slice(&x[src..src + len]);
+                }
+            }
+            Window { src: &copy_buf[..patch], base: 0, len: patch, stride: patch, segments: 1 }
+        };
+        let mut f = 0;
+        while f + 32 <= n {
+            thin_block::<32>(window, filter, n, f, &mut out_row[f..f + 32]);
+            f += 32;
+        }
+        while f + 8 <= n {
+            thin_block::<8>(window, filter, n, f, &mut out_row[f..f + 8]);
+            f += 8;
+        }
+        while f < n {
+            thin_block::<1>(window, filter, n, f, &mut out_row[f..f + 1]);
+            f += 1;
+        }
+        ox += 1;
+        if ox == g.out_w {
+            ox = 0;
+            oy += 1;
+            if oy == g.out_h {
+                oy = 0;
+                b += 1;
+            }
+        }
+    }
+}
+
+/// Output pixels computed together by `thin_conv`.
+const PIXELS: usize = 4;
+
+/// Filters `f..f + L` of `PIXELS` outputs of `thin_conv` (rows of `outs`, `n` apart), whose
+/// windows, inside the input, are `kh` runs of `len` elements, `stride` apart, from `bases`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn thin_pixels<const L: usize>(
+    x: &[f32],
+    bases: [usize; PIXELS],
+    len: usize,
+    stride: usize,
+    kh: usize,
+    filter: &[f32],
+    n: usize,
+    f: usize,
+    outs: &mut [f32],
+) {
+    let mut acc = [[0.0f32; L]; PIXELS];
+    let mut p = 0;
+    for s in 0..kh {
+        let runs: [&[f32]; PIXELS] = std::array::from_fn(|q| &x[bases[q] + s * stride..bases[q] + s * stride + len]);
+        for j in 0..len {
+            let w: &[f32; L] = filter[p * n + f..p * n + f + L].try_into().expect("L filters");
+            for q in 0..PIXELS {
+                let v = runs[q][j];
+                for i in 0..L {
+                    acc[q][i] += v * w[i];
+                }
+            }
+            p += 1;
+        }
+    }
+    for q in 0..PIXELS {
+        outs[q * n + f..q * n + f + L].copy_from_slice(&acc[q]);
+    }
+}
+
+/// Filters `f..f + L` of one output of `thin_conv`.
+#[inline(always)]
+fn thin_block<const L: usize>(window: Window, filter: &[f32], n: usize, f: usize, out: &mut [f32]) {
+    let mut acc = [0.0f32; L];
+    let mut p = 0;
+    for s in 0..window.segments {
+        let start = window.base + s * window.stride;
+        for &v in &window.src[start..start + window.len] {
+            let w: &[f32; L] = filter[p * n + f..p * n + f + L].try_into().expect("L filters");
+            for i in 0..L {
+                acc[i] += v * w[i];
+            }
+            p += 1;
+        }
+    }
+    out.copy_from_slice(&acc);
 }
