@@ -122,17 +122,6 @@ fn main() {
         conv2d_backprop_input(&g1, &f1, &d_y1, &mut d_x, scratch.get(conv2d_backprop_input_scratch_len(&g1)));
         black_box(&d_x);
     });
-    for (c, k) in [(1usize, 3usize), (2, 3), (3, 3), (1, 5), (4, 3)] {
-        let g = Conv2dGeometry::new([64, 32, 32, c], [k, k, c, 32], [1, 1], Padding::Same);
-        let x = random(g.input_len(), &mut rng);
-        let f = random(g.filter_len(), &mut rng);
-        let mut y = vec![0.0; g.output_len()];
-        let name: &'static str = Box::leak(format!("tmp c{c} k{k}").into_boxed_str());
-        time(name, false, &mut || {
-            conv2d(&g, &x, &f, &mut y, scratch.get(conv2d_scratch_len(&g)));
-            black_box(&y);
-        });
-    }
     let mut total = 0.0;
     for (name, ms, in_step) in &rows {
         println!("{name:<52} {ms:>8.3} ms");

@@ -58,7 +58,7 @@ impl Plan {
         let images_per_task = n.div_ceil(tasks.clamp(1, n));
         let tasks = n.div_ceil(images_per_task);
         let image_rows = g.out_h * g.out_w;
-        let budget_rows = (max_floats.min(chunk_floats()) / g.patch_len().max(1)).max(1);
+        let budget_rows = (max_floats.min(CHUNK_FLOATS) / g.patch_len().max(1)).max(1);
         let chunk = if image_rows <= budget_rows {
             Chunk::Images((budget_rows / image_rows.max(1)).clamp(1, images_per_task))
         } else {
@@ -138,7 +138,11 @@ fn scratch_len_for(g: &Conv2dGeometry, extra: usize) -> usize {
 /// Scratch elements (`f32`) that [`conv2d`] needs for geometry `g`, with the current rayon pool
 /// (a smaller pool needs no more; a bigger one uses only the threads the scratch allows).
 pub fn conv2d_scratch_len(g: &Conv2dGeometry) -> usize {
-    scratch_len_for(g, 0)
+    if g.patch_len() <= THIN_PATCH {
+        0
+    } else {
+        scratch_len_for(g, 0)
+    }
 }
 
 /// Scratch elements (`f32`) that [`conv2d_backprop_input`] needs for geometry `g`.
@@ -279,18 +283,27 @@ pub fn conv2d(g: &Conv2dGeometry, input: &[f32], filter: &[f32], output: &mut [f
         output.fill(0.0);
         return;
     }
+    let image_rows = g.out_h * g.out_w;
+    let image_out = image_rows * filters;
+    if patch <= THIN_PATCH {
+        let plan = Plan::new(g, wanted_tasks(g), CHUNK_FLOATS);
+        if plan.tasks == 1 {
+            thin_conv(g, input, filter, 0, g.rows(), output);
+        } else {
+            output.par_chunks_mut(plan.images_per_task * image_out).enumerate().for_each(|(t, out)| {
+                let images = plan.images(g, t);
+                thin_conv(g, input, filter, images.start * image_rows, images.len() * image_rows, out);
+            });
+        }
+        return;
+    }
     let (plan, slab) = fitting_plan(g, 0, scratch.len());
-    let image_out = g.out_h * g.out_w * filters;
     let run = |images: Range<usize>, out: &mut [f32], slab: &mut [f32], parallel_gemm: bool| {
-        let first = images.start * g.out_h * g.out_w;
+        let first = images.start * image_rows;
         plan.for_each_chunk(g, images, |row0, rows| {
             let out = &mut out[(row0 - first) * filters..(row0 - first + rows) * filters];
-            if patch <= thin_max() {
-                thin_conv(g, input, filter, row0, rows, out);
-            } else {
-                im2col(g, input, row0, rows, slab);
-                sgemm(rows, filters, patch, slab, false, filter, false, out, false, parallel_gemm);
-            }
+            im2col(g, input, row0, rows, slab);
+            sgemm(rows, filters, patch, slab, false, filter, false, out, false, parallel_gemm);
         });
     };
     if plan.tasks == 1 {
@@ -394,14 +407,6 @@ pub fn conv2d_backprop_filter(
             *d += s;
         }
     }
-}
-
-fn chunk_floats() -> usize {
-    std::env::var("DFC_CHUNK").ok().and_then(|v| v.parse().ok()).unwrap_or(CHUNK_FLOATS)
-}
-
-fn thin_max() -> usize {
-    std::env::var("DFC_THIN").ok().and_then(|v| v.parse().ok()).unwrap_or(THIN_PATCH)
 }
 
 /// Windows up to this long (`kh * kw * c`) go through [`thin_product`] rather than `sgemm`.

@@ -158,7 +158,7 @@ fn assert_near(got: &[f32], want: &[f32]) {
 #[test]
 #[should_panic(expected = "scratch too small")]
 fn a_scratch_smaller_than_one_row_is_refused() {
-    let g = Conv2dGeometry::new([1, 5, 5, 2], [3, 3, 2, 3], [1, 1], Padding::Valid);
+    let g = Conv2dGeometry::new([1, 5, 5, 8], [3, 3, 8, 3], [1, 1], Padding::Valid);
     let mut out = vec![0.0; g.output_len()];
     conv2d(&g, &vec![0.0; g.input_len()], &vec![0.0; g.filter_len()], &mut out, &mut vec![0.0; g.out_w * g.patch_len() - 1]);
 }
@@ -200,5 +200,28 @@ fn empty_outputs() {
         let mut gf = vec![1.0; g.filter_len()];
         conv2d_backprop_filter(&g, &x, &out, &mut gf, scratch.get(conv2d_backprop_filter_scratch_len(&g)));
         assert!(gf.iter().all(|&v| v == 0.0));
+    }
+}
+
+/// Windows of at most 32 elements are summed in the interpreter's order, without `sgemm`: the
+/// forward pass is then bitwise the interpreter's.
+#[test]
+fn thin_windows_are_exact() {
+    let mut rng = rng(6);
+    for _ in 0..100 {
+        let case = random_case(&mut rng);
+        let g = case.geometry();
+        if g.patch_len() > 32 {
+            continue;
+        }
+        let x = random(g.input_len(), &mut rng);
+        let f = random(g.filter_len(), &mut rng);
+        let want: Vec<f32> = eval(
+            &Op::Conv2d { strides: case.strides, padding: case.padding },
+            &[&tensor(&case.input, x.clone()), &tensor(&case.filter, f.clone())],
+        );
+        let mut out = vec![0.0; g.output_len()];
+        conv2d(&g, &x, &f, &mut out, &mut []);
+        assert_same_f32(&out, &want, "thin conv2d");
     }
 }
