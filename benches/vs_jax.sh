@@ -107,7 +107,7 @@ cpu_jiffies() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 + $9, $2 + $3 + $4 +
 read -r busy0 total0 < <(cpu_jiffies)
 sleep 2
 read -r busy1 total1 < <(cpu_jiffies)
-BUSY=$(awk -v b=$((busy1 - busy0)) -v t=$((total1 - total0)) -v n="$(nproc)" 'BEGIN { printf "%.2f", t > 0 ? n * b / t : 0 }')
+BUSY=$(awk -v b=$((busy1 - busy0)) -v t=$((total1 - total0)) -v n="$(nproc)" 'BEGIN { printf "%.2f\n", (t > 0 ? n * b / t : 0) }')
 say "CPUs busy with other work before timing: $BUSY of $(nproc)"
 echo "$BUSY" >"$WORK/busy_before.txt"
 say "FMA peak (fma_peak.c), before"
