@@ -9,7 +9,8 @@
 //! always see the same bytes.
 
 use crate::{read_plan, Failure, Outcome};
-use dfc_driver::{Backend, Session, SessionProgram};
+use crate::RunBackend;
+use dfc_driver::{Session, SessionProgram};
 use dfc_interp::Tensor;
 use dfc_ir::{DType, NodeId, Op};
 use dfc_plan::Plan;
@@ -31,8 +32,8 @@ pub struct BenchArgs {
     #[arg(long)]
     inference: bool,
     /// What runs the plan.
-    #[arg(long, value_enum, default_value_t = BackendArg::Llvm)]
-    backend: BackendArg,
+    #[arg(long, value_enum, default_value_t = RunBackend::Llvm)]
+    backend: RunBackend,
     /// Untimed steps first.
     #[arg(long, value_name = "N", default_value_t = 10)]
     warmup: u64,
@@ -51,30 +52,6 @@ pub struct BenchArgs {
     /// Print one JSON object on stdout instead of a line for a person.
     #[arg(long)]
     json: bool,
-}
-
-#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum BackendArg {
-    /// Native code through LLVM.
-    Llvm,
-    /// The reference interpreter.
-    Interp,
-}
-
-impl BackendArg {
-    fn backend(self) -> Backend {
-        match self {
-            BackendArg::Llvm => Backend::Llvm,
-            BackendArg::Interp => Backend::Interp,
-        }
-    }
-
-    fn name(self) -> &'static str {
-        match self {
-            BackendArg::Llvm => "llvm",
-            BackendArg::Interp => "interp",
-        }
-    }
 }
 
 fn non_negative(text: &str) -> Result<f64, String> {
@@ -103,6 +80,9 @@ struct Report {
 pub fn bench(args: &BenchArgs) -> Outcome {
     let plan = read_plan(&args.plan)?;
     let failure = |e: dfc_driver::RunError| Failure(e.to_string());
+    if args.backend == RunBackend::Llvm {
+        crate::run::note_foreign_code(&plan);
+    }
     let mut session = Session::with_backend(&plan, args.seed, args.backend.backend()).map_err(failure)?;
     let (fetches, targets): (Vec<&str>, Vec<&str>) = if args.inference {
         if plan.outputs.is_empty() {

@@ -33,6 +33,13 @@ impl RunBackend {
             RunBackend::Interp => dfc_driver::Backend::Interp,
         }
     }
+
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            RunBackend::Llvm => "llvm",
+            RunBackend::Interp => "interp",
+        }
+    }
 }
 
 #[derive(Subcommand)]
