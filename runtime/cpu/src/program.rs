@@ -6,6 +6,7 @@ use crate::memory::{self, Lifetime};
 use crate::CpuError;
 use dfc_interp::{Data, InterpError, Rendezvous, Tensor, Variables};
 use dfc_ir::{DType, Module, NodeId, Op, TensorRef, TensorType};
+use dfc_kernels::{Conv2dGeometry, PoolGeometry};
 use dfc_plan::NativeCode;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -24,6 +25,12 @@ enum Slot {
 enum Step {
     Kernel { function: KernelFn, args: Vec<Slot>, rows: u64, parallel: bool },
     MatMul { a: Slot, b: Slot, out: Slot, m: usize, n: usize, k: usize, ta: bool, tb: bool, batches: Vec<(usize, usize)> },
+    /// A convolution or its gradients (im2col and GEMM): `(a, b)` are `(input, filter)`,
+    /// `(filter, grad_out)` or `(input, grad_out)`.
+    Conv { kind: ConvKind, geometry: Conv2dGeometry, a: Slot, b: Slot, out: Slot, out_len: usize },
+    /// Pooling or its gradients on f32: `operands` are `[input]`, `[input, grad_out]` (max) or
+    /// `[grad_out]` (avg).
+    Pool { kind: PoolKind, geometry: PoolGeometry, operands: Vec<(Slot, usize)>, out: Slot, out_len: usize },
     Library { node: String, op: Op, operands: Vec<(Slot, TensorType)>, out: Slot, ty: TensorType },
     /// A stateful op the kernels do not cover: the interpreter's semantics on the variable.
     Update { node: String, op: Op, variable: Slot, value: (Slot, TensorType), ty: TensorType },
@@ -33,12 +40,29 @@ enum Step {
     AllReduce { key: String, group_size: u32, members: Vec<(u32, Slot, Slot)>, ty: TensorType },
 }
 
+#[derive(Clone, Copy, Debug)]
+enum ConvKind {
+    Forward,
+    BackpropInput,
+    BackpropFilter,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum PoolKind {
+    Max,
+    MaxGrad,
+    Avg,
+    AvgGrad,
+}
+
 impl Step {
     fn reads_writes(&self) -> (Vec<Slot>, Vec<Slot>) {
         match self {
             Step::Kernel { args, .. } => (args[..args.len() - 1].to_vec(), vec![*args.last().unwrap()]),
             Step::MatMul { a, b, out, .. } => (vec![*a, *b], vec![*out]),
             Step::Library { operands, out, .. } => (operands.iter().map(|o| o.0).collect(), vec![*out]),
+            Step::Conv { a, b, out, .. } => (vec![*a, *b], vec![*out]),
+            Step::Pool { operands, out, .. } => (operands.iter().map(|o| o.0).collect(), vec![*out]),
             Step::Update { variable, value, .. } => (vec![*variable, value.0], vec![*variable]),
             Step::Copy { from, to, .. } => (vec![*from], vec![*to]),
             Step::Send { value, .. } => (vec![*value], vec![]),
@@ -54,6 +78,8 @@ impl Step {
             Step::Kernel { args, .. } => args.iter_mut().collect(),
             Step::MatMul { a, b, out, .. } => vec![a, b, out],
             Step::Library { operands, out, .. } => operands.iter_mut().map(|o| &mut o.0).chain([out]).collect(),
+            Step::Conv { a, b, out, .. } => vec![a, b, out],
+            Step::Pool { operands, out, .. } => operands.iter_mut().map(|o| &mut o.0).chain([out]).collect(),
             Step::Update { variable, value, .. } => vec![variable, &mut value.0],
             Step::Copy { from, to, .. } => vec![from, to],
             Step::Send { value, .. } => vec![value],
@@ -83,6 +109,8 @@ struct Line([u8; 64]);
 
 struct Arena {
     lines: Vec<Line>,
+    /// im2col columns of the convolutions, grown on the first run.
+    scratch: dfc_kernels::Scratch,
     /// Scratch for kernel argument arrays.
     args: Vec<*mut u8>,
 }
@@ -274,6 +302,47 @@ impl NativeProgram {
                     });
                     slot_of.insert(id, out);
                 }
+                Op::Conv2d { strides, padding }
+                | Op::Conv2dBackpropInput { strides, padding, .. }
+                | Op::Conv2dBackpropFilter { strides, padding, .. }
+                    if ty.as_ref().unwrap().dtype == DType::F32 =>
+                {
+                    let ty = ty.unwrap();
+                    let (x, y) = (graph.ty(operands[0]).shape.dims(), graph.ty(operands[1]).shape.dims());
+                    let out_dims = ty.shape.dims();
+                    let (kind, input, filter) = match node.op {
+                        Op::Conv2d { .. } => (ConvKind::Forward, x, y),
+                        Op::Conv2dBackpropInput { .. } => (ConvKind::BackpropInput, out_dims, x),
+                        _ => (ConvKind::BackpropFilter, x, out_dims),
+                    };
+                    let geometry = Conv2dGeometry::from_dims(input, filter, *strides, *padding);
+                    let out = builder.buffer(&ty);
+                    let (a, b) = (slot_of[&operands[0].node], slot_of[&operands[1].node]);
+                    steps.push(Step::Conv { kind, geometry, a, b, out, out_len: ty.shape.n_elements() });
+                    slot_of.insert(id, out);
+                }
+                Op::MaxPool { window, strides, padding }
+                | Op::MaxPoolGrad { window, strides, padding }
+                | Op::AvgPool { window, strides, padding }
+                | Op::AvgPoolGrad { window, strides, padding, .. }
+                    if ty.as_ref().unwrap().dtype == DType::F32
+                        && operands.iter().all(|t| graph.ty(*t).dtype == DType::F32) =>
+                {
+                    let ty = ty.unwrap();
+                    let (kind, input_dims) = match &node.op {
+                        Op::MaxPool { .. } => (PoolKind::Max, graph.ty(operands[0]).shape.dims().to_vec()),
+                        Op::MaxPoolGrad { .. } => (PoolKind::MaxGrad, graph.ty(operands[0]).shape.dims().to_vec()),
+                        Op::AvgPool { .. } => (PoolKind::Avg, graph.ty(operands[0]).shape.dims().to_vec()),
+                        Op::AvgPoolGrad { input_shape, .. } => (PoolKind::AvgGrad, input_shape.dims().to_vec()),
+                        _ => unreachable!(),
+                    };
+                    let geometry = PoolGeometry::from_dims(&input_dims, *window, *strides, *padding);
+                    let out = builder.buffer(&ty);
+                    let operands =
+                        operands.iter().map(|t| (slot_of[&t.node], graph.ty(*t).shape.n_elements())).collect();
+                    steps.push(Step::Pool { kind, geometry, operands, out, out_len: ty.shape.n_elements() });
+                    slot_of.insert(id, out);
+                }
                 Op::Send { key, .. } => {
                     let value = slot_of[&operands[0].node];
                     steps.push(Step::Send { key: key.clone(), value, ty: graph.ty(operands[0]).clone() });
@@ -372,7 +441,7 @@ impl NativeProgram {
             feeds: builder.feeds,
             variables: builder.variables,
             consts: builder.consts,
-            arena: Mutex::new(Arena { lines, args: Vec::new() }),
+            arena: Mutex::new(Arena { lines, scratch: dfc_kernels::Scratch::new(), args: Vec::new() }),
             _jit: jit,
         })
     }
@@ -446,6 +515,51 @@ impl NativeProgram {
                             let c = std::slice::from_raw_parts_mut(po.add(bi * m * n), m * n);
                             dfc_gemm::sgemm(*m, *n, *k, a, *ta, b, *tb, c, false, true);
                         }
+                    }
+                }
+                Step::Conv { kind, geometry, a, b, out, out_len } => {
+                    let g = geometry;
+                    let (a_len, b_len) = match kind {
+                        ConvKind::Forward => (g.input_len(), g.filter_len()),
+                        ConvKind::BackpropInput => (g.filter_len(), g.output_len()),
+                        ConvKind::BackpropFilter => (g.input_len(), g.output_len()),
+                    };
+                    // SAFETY: each slot holds a value of the node's (checked) type, whose
+                    // length the geometry gives.
+                    let (x, y, o) = unsafe {
+                        (
+                            std::slice::from_raw_parts(at(*a) as *const f32, a_len),
+                            std::slice::from_raw_parts(at(*b) as *const f32, b_len),
+                            std::slice::from_raw_parts_mut(at(*out) as *mut f32, *out_len),
+                        )
+                    };
+                    match kind {
+                        ConvKind::Forward => {
+                            let scratch = arena.scratch.get(dfc_kernels::conv2d_scratch_len(g));
+                            dfc_kernels::conv2d(g, x, y, o, scratch)
+                        }
+                        ConvKind::BackpropInput => {
+                            let scratch = arena.scratch.get(dfc_kernels::conv2d_backprop_input_scratch_len(g));
+                            dfc_kernels::conv2d_backprop_input(g, x, y, o, scratch)
+                        }
+                        ConvKind::BackpropFilter => {
+                            let scratch = arena.scratch.get(dfc_kernels::conv2d_backprop_filter_scratch_len(g));
+                            dfc_kernels::conv2d_backprop_filter(g, x, y, o, scratch)
+                        }
+                    }
+                }
+                Step::Pool { kind, geometry, operands, out, out_len } => {
+                    // SAFETY: as for convolutions.
+                    let inputs: Vec<&[f32]> = operands
+                        .iter()
+                        .map(|(s, len)| unsafe { std::slice::from_raw_parts(at(*s) as *const f32, *len) })
+                        .collect();
+                    let o = unsafe { std::slice::from_raw_parts_mut(at(*out) as *mut f32, *out_len) };
+                    match kind {
+                        PoolKind::Max => dfc_kernels::max_pool(geometry, inputs[0], o),
+                        PoolKind::MaxGrad => dfc_kernels::max_pool_grad(geometry, inputs[0], inputs[1], o),
+                        PoolKind::Avg => dfc_kernels::avg_pool(geometry, inputs[0], o),
+                        PoolKind::AvgGrad => dfc_kernels::avg_pool_grad(geometry, inputs[0], o),
                     }
                 }
                 Step::Library { node, op, operands, out, ty } => {
