@@ -67,6 +67,11 @@ fn run(plan: &Plan, backend: Backend, data: &[HashMap<String, Tensor>]) -> (Vec<
     forward_names.extend(plan.metrics.iter().map(|m| m.name.as_str()));
     forward_names.push(training.loss_node.as_str());
     let forward = session.program(&forward_names, &[]).expect("a forward pass");
+    if backend == Backend::Llvm && ["mlp", "cnn", "softmax_regression"].contains(&plan.model.as_str()) {
+        // The standard models run every op natively.
+        assert_eq!(step.library_ops(), Vec::<String>::new(), "{}: training step", plan.model);
+        assert_eq!(forward.library_ops(), Vec::<String>::new(), "{}: forward pass", plan.model);
+    }
     let mut seen = Vec::new();
     for feeds in data {
         seen.extend(session.run(&forward, feeds).expect("forward runs"));

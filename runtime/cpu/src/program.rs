@@ -31,6 +31,9 @@ enum Step {
     /// Pooling or its gradients on f32: `operands` are `[input]`, `[input, grad_out]` (max) or
     /// `[grad_out]` (avg).
     Pool { kind: PoolKind, geometry: PoolGeometry, operands: Vec<(Slot, usize)>, out: Slot, out_len: usize },
+    /// Data movement (transpose, concat, slice, pad, gather): copies of elements of
+    /// `element_bytes` each, whatever their type.
+    Layout { node: String, op: Op, element_bytes: usize, operands: Vec<(Slot, TensorType)>, out: Slot, ty: TensorType },
     Library { node: String, op: Op, operands: Vec<(Slot, TensorType)>, out: Slot, ty: TensorType },
     /// A stateful op the kernels do not cover: the interpreter's semantics on the variable.
     Update { node: String, op: Op, variable: Slot, value: (Slot, TensorType), ty: TensorType },
@@ -60,7 +63,9 @@ impl Step {
         match self {
             Step::Kernel { args, .. } => (args[..args.len() - 1].to_vec(), vec![*args.last().unwrap()]),
             Step::MatMul { a, b, out, .. } => (vec![*a, *b], vec![*out]),
-            Step::Library { operands, out, .. } => (operands.iter().map(|o| o.0).collect(), vec![*out]),
+            Step::Library { operands, out, .. } | Step::Layout { operands, out, .. } => {
+                (operands.iter().map(|o| o.0).collect(), vec![*out])
+            }
             Step::Conv { a, b, out, .. } => (vec![*a, *b], vec![*out]),
             Step::Pool { operands, out, .. } => (operands.iter().map(|o| o.0).collect(), vec![*out]),
             Step::Update { variable, value, .. } => (vec![*variable, value.0], vec![*variable]),
@@ -77,7 +82,9 @@ impl Step {
         match self {
             Step::Kernel { args, .. } => args.iter_mut().collect(),
             Step::MatMul { a, b, out, .. } => vec![a, b, out],
-            Step::Library { operands, out, .. } => operands.iter_mut().map(|o| &mut o.0).chain([out]).collect(),
+            Step::Library { operands, out, .. } | Step::Layout { operands, out, .. } => {
+                operands.iter_mut().map(|o| &mut o.0).chain([out]).collect()
+            }
             Step::Conv { a, b, out, .. } => vec![a, b, out],
             Step::Pool { operands, out, .. } => operands.iter_mut().map(|o| &mut o.0).chain([out]).collect(),
             Step::Update { variable, value, .. } => vec![variable, &mut value.0],
@@ -374,8 +381,21 @@ impl NativeProgram {
                 op => {
                     let ty = ty.unwrap();
                     let out = builder.buffer(&ty);
-                    let operands = operands.iter().map(|t| (slot_of[&t.node], graph.ty(*t).clone())).collect();
-                    steps.push(Step::Library { node: node.name.clone(), op: op.clone(), operands, out, ty });
+                    let operands: Vec<(Slot, TensorType)> =
+                        operands.iter().map(|t| (slot_of[&t.node], graph.ty(*t).clone())).collect();
+                    let element_bytes = ty.dtype.size_in_bytes();
+                    let layout = match op {
+                        Op::Transpose { .. } | Op::Concat { .. } | Op::Slice { .. } | Op::Pad { .. } => true,
+                        Op::Gather => matches!(operands[1].1.dtype, DType::I32 | DType::I64),
+                        _ => false,
+                    };
+                    let node = node.name.clone();
+                    let op = op.clone();
+                    steps.push(if layout {
+                        Step::Layout { node, op, element_bytes, operands, out, ty }
+                    } else {
+                        Step::Library { node, op, operands, out, ty }
+                    });
                     slot_of.insert(id, out);
                 }
             }
@@ -444,6 +464,17 @@ impl NativeProgram {
             arena: Mutex::new(Arena { lines, scratch: dfc_kernels::Scratch::new(), args: Vec::new() }),
             _jit: jit,
         })
+    }
+
+    /// The ops that run through the interpreter's kernels (no native step), one per node.
+    pub fn library_ops(&self) -> Vec<String> {
+        self.steps
+            .iter()
+            .filter_map(|s| match s {
+                Step::Library { op, .. } | Step::Update { op, .. } => Some(op.name().to_string()),
+                _ => None,
+            })
+            .collect()
     }
 
     /// The inputs the program needs.
@@ -562,6 +593,15 @@ impl NativeProgram {
                         PoolKind::AvgGrad => dfc_kernels::avg_pool_grad(geometry, inputs[0], o),
                     }
                 }
+                Step::Layout { node, op, element_bytes, operands, out, ty } => {
+                    let inputs: Vec<(*const u8, &TensorType)> = operands.iter().map(|(s, t)| (at(*s) as *const u8, t)).collect();
+                    match element_bytes {
+                        1 => move_elements::<u8>(op, &inputs, at(*out), ty),
+                        4 => move_elements::<u32>(op, &inputs, at(*out), ty),
+                        _ => move_elements::<u64>(op, &inputs, at(*out), ty),
+                    }
+                    .map_err(|e| InterpError::IndexOutOfRange { node: node.clone(), index: e.index, size: e.rows })?;
+                }
                 Step::Library { node, op, operands, out, ty } => {
                     let tensors: Vec<Tensor> = operands.iter().map(|(s, t)| read_tensor(at(*s), t)).collect();
                     let refs: Vec<&Tensor> = tensors.iter().collect();
@@ -657,6 +697,45 @@ fn batch_offsets(a: &[usize], b: &[usize], out: &[usize], a_matrix: usize, b_mat
             (oa, ob)
         })
         .collect()
+}
+
+/// Transpose, concat, slice, pad or gather on elements of `T`'s size.
+fn move_elements<T: Copy + Default + Send + Sync>(
+    op: &Op,
+    inputs: &[(*const u8, &TensorType)],
+    out: *mut u8,
+    ty: &TensorType,
+) -> Result<(), dfc_kernels::IndexOutOfRange> {
+    // SAFETY: every slot holds a value of its (checked) type, of `T`'s size per element.
+    let slice = |(ptr, ty): (*const u8, &TensorType)| unsafe {
+        std::slice::from_raw_parts(ptr as *const T, ty.shape.n_elements())
+    };
+    let output = unsafe { std::slice::from_raw_parts_mut(out as *mut T, ty.shape.n_elements()) };
+    let dims = |i: usize| inputs[i].1.shape.dims();
+    match op {
+        Op::Transpose { perm } => dfc_kernels::transpose(slice(inputs[0]), dims(0), perm, output),
+        Op::Concat { axis } => {
+            let parts: Vec<&[T]> = inputs.iter().map(|&i| slice(i)).collect();
+            dfc_kernels::concat(&parts, ty.shape.dims(), *axis, output)
+        }
+        Op::Slice { begin, size } => dfc_kernels::slice(slice(inputs[0]), dims(0), begin, size, output),
+        Op::Pad { before, after } => dfc_kernels::pad(slice(inputs[0]), dims(0), before, after, output),
+        Op::Gather => {
+            let rows = dims(0).first().copied().unwrap_or(0);
+            let n = inputs[1].1.shape.n_elements();
+            // SAFETY: the indices are i32 or i64, as the step was built for.
+            return match inputs[1].1.dtype {
+                DType::I32 => dfc_kernels::gather(slice(inputs[0]), rows, unsafe {
+                    std::slice::from_raw_parts(inputs[1].0 as *const i32, n)
+                }, output),
+                _ => dfc_kernels::gather(slice(inputs[0]), rows, unsafe {
+                    std::slice::from_raw_parts(inputs[1].0 as *const i64, n)
+                }, output),
+            };
+        }
+        other => unreachable!("`{}` is not a layout step", other.name()),
+    }
+    Ok(())
 }
 
 fn rename(error: InterpError, node: &str) -> InterpError {

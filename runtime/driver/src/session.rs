@@ -105,6 +105,17 @@ impl SessionProgram {
         self.inputs.clone()
     }
 
+    /// The ops of the native programs that run through the interpreter's kernels.
+    pub fn library_ops(&self) -> Vec<String> {
+        self.parts
+            .iter()
+            .flat_map(|p| match &p.program {
+                Executable::Native(program) => program.library_ops(),
+                Executable::Interp(_) => Vec::new(),
+            })
+            .collect()
+    }
+
     /// The partitions (indices into `plan.partitions`) that take part, in order.
     pub fn partitions(&self) -> Vec<usize> {
         self.parts.iter().map(|p| p.partition).collect()

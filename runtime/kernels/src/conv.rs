@@ -15,11 +15,16 @@
 //! the filter gradient take chunks of any rows; the input gradient owns whole images per task
 //! so that `col2im` never races.
 //!
+//! Windows of at most [`THIN_PATCH`] elements (a first layer on one channel) skip all this in
+//! the forward pass: see `thin`.
+//!
 //! Rounding: each output is a sum of products taken in the order `sgemm` chooses (and the filter
 //! gradient adds per-task partial sums), not the interpreter's strict left-to-right order, so
-//! results differ from `dfc_interp` by rounding only.
+//! results differ from `dfc_interp` by rounding only. (The thin forward pass adds in the
+//! interpreter's order, and is bitwise equal.)
 
 use crate::geometry::{valid_taps, Conv2dGeometry};
+use crate::thin::{thin_conv, THIN_PATCH};
 use dfc_gemm::sgemm;
 use rayon::prelude::*;
 use std::ops::Range;
@@ -108,7 +113,18 @@ fn wanted_tasks(g: &Conv2dGeometry) -> usize {
 /// The scratch elements each task of `plan` needs: its chunk of `im2col`, plus a partial
 /// filter gradient (`extra`) when there are several tasks.
 fn slab_len(g: &Conv2dGeometry, plan: &Plan, extra: usize) -> usize {
-    plan.chunk_rows * g.patch_len() + if plan.tasks > 1 { extra } else { 0 }
+    if plan.tasks > 1 {
+        separated(plan.chunk_rows * g.patch_len() + extra)
+    } else {
+        plan.chunk_rows * g.patch_len()
+    }
+}
+
+/// `len` rounded up to whole cache lines, plus one: the stride of the slabs of several tasks,
+/// so that no two tasks ever write to the same cache line (the buffer itself need not be
+/// aligned).
+fn separated(len: usize) -> usize {
+    len.div_ceil(16) * 16 + 16
 }
 
 /// The plan with the most tasks (up to the wanted number) whose slabs fit in `scratch_len`,
@@ -122,10 +138,7 @@ fn fitting_plan(g: &Conv2dGeometry, extra: usize, scratch_len: usize) -> (Plan, 
         if slab * plan.tasks <= scratch_len {
             return (plan, slab);
         }
-        assert!(
-            plan.tasks > 1,
-            "conv2d scratch too small: {scratch_len} < {slab} elements (see conv2d_scratch_len)"
-        );
+        assert!(plan.tasks > 1, "conv2d scratch too small: {scratch_len} < {slab} elements (see conv2d_scratch_len)");
         tasks = plan.tasks - 1;
     }
 }
@@ -155,13 +168,6 @@ pub fn conv2d_backprop_filter_scratch_len(g: &Conv2dGeometry) -> usize {
     scratch_len_for(g, g.filter_len())
 }
 
-/// Row `row` (numbered `(b * out_h + oy) * out_w + ox`) as `(b, oy, ox)`.
-fn split_row(g: &Conv2dGeometry, row: usize) -> (usize, usize, usize) {
-    let ox = row % g.out_w;
-    let rest = row / g.out_w;
-    (rest / g.out_h, rest % g.out_h, ox)
-}
-
 /// Calls `f(r, ky, kx_taps, input_offset)` for rows `row0..row0 + rows` (`r` counted from 0)
 /// and each of their window rows `ky` that is inside the input: `kx_taps` are the window
 /// columns inside the input, and `input_offset` the offset in `x` (images counted from
@@ -177,7 +183,7 @@ fn for_each_window_row(
     if rows == 0 {
         return;
     }
-    let (mut b, mut oy, mut ox) = split_row(g, row0);
+    let (mut b, mut oy, mut ox) = g.split_row(row0);
     for r in 0..rows {
         let ys = valid_taps(oy, g.stride_h, g.pad_top, g.kh, g.h);
         let xs = valid_taps(ox, g.stride_w, g.pad_left, g.kw, g.w);
@@ -207,7 +213,7 @@ fn im2col(g: &Conv2dGeometry, x: &[f32], row0: usize, rows: usize, cols: &mut [f
     }
     let patch = g.patch_len();
     let kwc = g.kw * g.c;
-    let (mut b, mut oy, mut ox) = split_row(g, row0);
+    let (mut b, mut oy, mut ox) = g.split_row(row0);
     for row in cols[..rows * patch].chunks_exact_mut(patch) {
         let ys = valid_taps(oy, g.stride_h, g.pad_top, g.kh, g.h);
         let xs = valid_taps(ox, g.stride_w, g.pad_left, g.kw, g.w);
@@ -400,205 +406,16 @@ pub fn conv2d_backprop_filter(
         let (cols, partial) = slab.split_at_mut(cols_len);
         run(plan.images(g, t), cols, partial, false);
     });
-    let (first, rest) = scratch.split_at(slab);
-    grad_filter.copy_from_slice(&first[cols_len..]);
+    add_partials(scratch, slab, cols_len, grad_filter);
+}
+
+/// `out` = the sum, in order, of the partial sums at `offset` in each `slab` of `slabs`.
+fn add_partials(slabs: &[f32], slab: usize, offset: usize, out: &mut [f32]) {
+    let (first, rest) = slabs.split_at(slab);
+    out.copy_from_slice(&first[offset..offset + out.len()]);
     for slab in rest.chunks_exact(slab) {
-        for (d, &s) in grad_filter.iter_mut().zip(&slab[cols_len..]) {
+        for (d, &s) in out.iter_mut().zip(&slab[offset..]) {
             *d += s;
         }
     }
-}
-
-/// Windows up to this long (`kh * kw * c`) go through [`thin_product`] rather than `sgemm`.
-const THIN_PATCH: usize = 32;
-
-/// Rows `row0..row0 + rows` of the forward pass (`out` is `rows × filters`) for a window of
-/// at most [`THIN_PATCH`] elements, where `sgemm` would spend more on packing than on
-/// arithmetic: each output is the sum over the window, in order, of plain products (bitwise
-/// what the interpreter computes), with vectors along the filters. Windows inside the input are
-/// read in place; those that reach into the padding are first copied, with zeros, to the stack.
-/// The widest vectors the processor has are chosen at run time.
-fn thin_conv(g: &Conv2dGeometry, x: &[f32], filter: &[f32], row0: usize, rows: usize, out: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the processor has AVX-512F.
-            return unsafe { thin_conv_avx512(g, x, filter, row0, rows, out) };
-        }
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the processor has AVX2.
-            return unsafe { thin_conv_avx2(g, x, filter, row0, rows, out) };
-        }
-    }
-    thin_conv_impl(g, x, filter, row0, rows, out)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn thin_conv_avx512(g: &Conv2dGeometry, x: &[f32], filter: &[f32], row0: usize, rows: usize, out: &mut [f32]) {
-    thin_conv_impl(g, x, filter, row0, rows, out)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn thin_conv_avx2(g: &Conv2dGeometry, x: &[f32], filter: &[f32], row0: usize, rows: usize, out: &mut [f32]) {
-    thin_conv_impl(g, x, filter, row0, rows, out)
-}
-
-/// A window as `segments` runs of `len` elements of `src`, `stride` apart from `base`: the
-/// window's rows in the input, or one run holding a copy.
-#[derive(Clone, Copy)]
-struct Window<'a> {
-    src: &'a [f32],
-    base: usize,
-    len: usize,
-    stride: usize,
-    segments: usize,
-}
-
-#[inline(always)]
-fn thin_conv_impl(g: &Conv2dGeometry, x: &[f32], filter: &[f32], row0: usize, rows: usize, out: &mut [f32]) {
-    let (patch, n, kwc) = (g.patch_len(), g.filters, g.kw * g.c);
-    debug_assert!(patch <= THIN_PATCH);
-    let mut copy_buf = [0.0f32; THIN_PATCH];
-    if rows == 0 {
-        return;
-    }
-    let (mut b, mut oy, mut ox) = split_row(g, row0);
-    let interior_x = |ox: usize| valid_taps(ox, g.stride_w, g.pad_left, g.kw, g.w).len() == g.kw;
-    let mut r = 0;
-    while r < rows {
-        // Four windows side by side inside the input: computed together, sharing filter loads.
-        if r + PIXELS <= rows
-            && ox + PIXELS <= g.out_w
-            && valid_taps(oy, g.stride_h, g.pad_top, g.kh, g.h).len() == g.kh
-            && interior_x(ox)
-            && interior_x(ox + PIXELS - 1)
-        {
-            let (iy, ix) = (oy * g.stride_h - g.pad_top, ox * g.stride_w - g.pad_left);
-            let base = ((b * g.h + iy) * g.w + ix) * g.c;
-            let bases: [usize; PIXELS] = std::array::from_fn(|q| base + q * g.stride_w * g.c);
-            let outs = &mut out[r * n..(r + PIXELS) * n];
-            let mut f = 0;
-            while f + 16 <= n {
-                thin_pixels::<16>(x, bases, kwc, g.w * g.c, g.kh, filter, n, f, outs);
-                f += 16;
-            }
-            while f < n {
-                thin_pixels::<1>(x, bases, kwc, g.w * g.c, g.kh, filter, n, f, outs);
-                f += 1;
-            }
-            r += PIXELS;
-            ox += PIXELS;
-            if ox == g.out_w {
-                ox = 0;
-                oy += 1;
-                if oy == g.out_h {
-                    oy = 0;
-                    b += 1;
-                }
-            }
-            continue;
-        }
-        let out_row = &mut out[r * n..(r + 1) * n];
-        r += 1;
-        let ys = valid_taps(oy, g.stride_h, g.pad_top, g.kh, g.h);
-        let xs = valid_taps(ox, g.stride_w, g.pad_left, g.kw, g.w);
-        let window = if ys.len() == g.kh && xs.len() == g.kw {
-            let (iy, ix) = (oy * g.stride_h - g.pad_top, ox * g.stride_w - g.pad_left);
-            Window { src: x, base: ((b * g.h + iy) * g.w + ix) * g.c, len: kwc, stride: g.w * g.c, segments: g.kh }
-        } else {
-            let buf = &mut copy_buf[..patch];
-            buf.fill(0.0);
-            if !xs.is_empty() {
-                let ix = ox * g.stride_w + xs.start - g.pad_left;
-                let len = xs.len() * g.c;
-                for ky in ys {
-                    let iy = oy * g.stride_h + ky - g.pad_top;
-                    let src = ((b * g.h + iy) * g.w + ix) * g.c;
-                    let dst = ky * kwc + xs.start * g.c;
-                    buf[dst..dst + len].copy_from_slice(&x[src..src + len]);
-                }
-            }
-            Window { src: &copy_buf[..patch], base: 0, len: patch, stride: patch, segments: 1 }
-        };
-        let mut f = 0;
-        while f + 32 <= n {
-            thin_block::<32>(window, filter, n, f, &mut out_row[f..f + 32]);
-            f += 32;
-        }
-        while f + 8 <= n {
-            thin_block::<8>(window, filter, n, f, &mut out_row[f..f + 8]);
-            f += 8;
-        }
-        while f < n {
-            thin_block::<1>(window, filter, n, f, &mut out_row[f..f + 1]);
-            f += 1;
-        }
-        ox += 1;
-        if ox == g.out_w {
-            ox = 0;
-            oy += 1;
-            if oy == g.out_h {
-                oy = 0;
-                b += 1;
-            }
-        }
-    }
-}
-
-/// Output pixels computed together by `thin_conv`.
-const PIXELS: usize = 4;
-
-/// Filters `f..f + L` of `PIXELS` outputs of `thin_conv` (rows of `outs`, `n` apart), whose
-/// windows, inside the input, are `kh` runs of `len` elements, `stride` apart, from `bases`.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn thin_pixels<const L: usize>(
-    x: &[f32],
-    bases: [usize; PIXELS],
-    len: usize,
-    stride: usize,
-    kh: usize,
-    filter: &[f32],
-    n: usize,
-    f: usize,
-    outs: &mut [f32],
-) {
-    let mut acc = [[0.0f32; L]; PIXELS];
-    let mut p = 0;
-    for s in 0..kh {
-        let runs: [&[f32]; PIXELS] = std::array::from_fn(|q| &x[bases[q] + s * stride..bases[q] + s * stride + len]);
-        for j in 0..len {
-            let w: &[f32; L] = filter[p * n + f..p * n + f + L].try_into().expect("L filters");
-            for q in 0..PIXELS {
-                let v = runs[q][j];
-                for i in 0..L {
-                    acc[q][i] += v * w[i];
-                }
-            }
-            p += 1;
-        }
-    }
-    for q in 0..PIXELS {
-        outs[q * n + f..q * n + f + L].copy_from_slice(&acc[q]);
-    }
-}
-
-/// Filters `f..f + L` of one output of `thin_conv`.
-#[inline(always)]
-fn thin_block<const L: usize>(window: Window, filter: &[f32], n: usize, f: usize, out: &mut [f32]) {
-    let mut acc = [0.0f32; L];
-    let mut p = 0;
-    for s in 0..window.segments {
-        let start = window.base + s * window.stride;
-        for &v in &window.src[start..start + window.len] {
-            let w: &[f32; L] = filter[p * n + f..p * n + f + L].try_into().expect("L filters");
-            for i in 0..L {
-                acc[i] += v * w[i];
-            }
-            p += 1;
-        }
-    }
-    out.copy_from_slice(&acc);
 }

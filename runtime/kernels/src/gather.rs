@@ -157,10 +157,7 @@ pub fn scatter_add<T: Accumulate, I: Index>(
         // Each task owns a range of output rows and adds, in index order, the updates that
         // land there: the same order of additions per element as one thread.
         let rows_per_task = rows.div_ceil(threads);
-        output
-            .par_chunks_mut(rows_per_task * row_len)
-            .enumerate()
-            .for_each(|(t, out)| scatter(t * rows_per_task, out));
+        output.par_chunks_mut(rows_per_task * row_len).enumerate().for_each(|(t, out)| scatter(t * rows_per_task, out));
     } else {
         scatter(0, output);
     }

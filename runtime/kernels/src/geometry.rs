@@ -127,6 +127,20 @@ impl Conv2dGeometry {
     pub(crate) fn check(&self) {
         assert!(self.kh > 0 && self.kw > 0 && self.stride_h > 0 && self.stride_w > 0, "bad conv2d geometry {self:?}");
     }
+
+    /// Output row `row` (numbered `(b * out_h + oy) * out_w + ox`) as `(b, oy, ox)`.
+    pub(crate) fn split_row(&self, row: usize) -> (usize, usize, usize) {
+        let ox = row % self.out_w;
+        let rest = row / self.out_w;
+        (rest / self.out_h, rest % self.out_h, ox)
+    }
+
+    /// Whether the window of output position `(oy, ox)` lies wholly inside the input.
+    #[inline(always)]
+    pub(crate) fn interior(&self, oy: usize, ox: usize) -> bool {
+        valid_taps(oy, self.stride_h, self.pad_top, self.kh, self.h).len() == self.kh
+            && valid_taps(ox, self.stride_w, self.pad_left, self.kw, self.w).len() == self.kw
+    }
 }
 
 /// A 2-d pooling window over NHWC input `[n, h, w, c]`, output `[n, out_h, out_w, c]`; output

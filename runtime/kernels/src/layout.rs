@@ -100,6 +100,10 @@ fn copy_box<T: Copy>(
         return;
     }
     let b = BoxCopy::new(shape, src_strides, dst_strides);
+    // The last element of the box in each buffer: every index below is at most this.
+    let src_last = src_base + (0..b.rank).map(|a| (b.shape[a] - 1) * b.src[a]).sum::<usize>();
+    let dst_last = dst_base + (0..b.rank).map(|a| (b.shape[a] - 1) * b.dst[a]).sum::<usize>();
+    assert!(src_last < src.len() && dst_last < dst.len(), "layout: box out of bounds");
     if b.rank == 0 {
         dst[dst_base] = src[src_base];
         return;
@@ -126,10 +130,11 @@ fn copy_box<T: Copy>(
                     let a1 = (a0 + TILE).min(na);
                     for d0 in (0..nd).step_by(TILE) {
                         let d1 = (d0 + TILE).min(nd);
-                        for ia in a0..a1 {
-                            let row = &mut dst[di + ia * dst_a + d0..di + ia * dst_a + d1];
-                            for (j, o) in row.iter_mut().enumerate() {
-                                *o = src[si + ia + (d0 + j) * src_d];
+                        for id in d0..d1 {
+                            let col = &src[si + id * src_d + a0..si + id * src_d + a1];
+                            for (j, &v) in col.iter().enumerate() {
+                                // SAFETY: an element of the box, so at most `dst_last`, checked above.
+                                unsafe { *dst.get_unchecked_mut(di + (a0 + j) * dst_a + id) = v };
                             }
                         }
                     }
@@ -196,15 +201,7 @@ pub fn transpose<T: Copy + Send + Sync>(input: &[T], dims: &[usize], perm: &[usi
         let mut shape = [0; MAX_RANK];
         shape[..rank].copy_from_slice(out_dims);
         shape[0] = rows;
-        copy_box(
-            &shape[..rank],
-            input,
-            &src_strides[..rank],
-            first * src_strides[0],
-            block,
-            &out_strides[..rank],
-            0,
-        );
+        copy_box(&shape[..rank], input, &src_strides[..rank], first * src_strides[0], block, &out_strides[..rank], 0);
     });
 }
 
@@ -260,7 +257,15 @@ pub fn slice<T: Copy + Send + Sync>(input: &[T], dims: &[usize], begin: &[usize]
         let mut shape = [0; MAX_RANK];
         shape[..rank].copy_from_slice(size);
         shape[0] = rows;
-        copy_box(&shape[..rank], input, &in_strides[..rank], base + first * in_strides[0], block, &out_strides[..rank], 0);
+        copy_box(
+            &shape[..rank],
+            input,
+            &in_strides[..rank],
+            base + first * in_strides[0],
+            block,
+            &out_strides[..rank],
+            0,
+        );
     });
 }
 

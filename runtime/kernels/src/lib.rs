@@ -12,23 +12,29 @@
 //!   [`PoolGeometry`].
 //! - [`gather`], [`scatter_add`]: rows of a table by integer [`Index`]; an index out of range is
 //!   an [`IndexOutOfRange`] error.
-//! - [`transpose`], [`concat`], [`slice`], [`pad`]: any rank, any `Copy` element.
+//! - [`transpose`], [`concat()`], [`slice()`], [`pad`]: any rank, any `Copy` element.
 //!
 //! **Scratch memory.** The convolutions need a scratch buffer of `f32`s of at least
-//! [`conv2d_scratch_len`] (and so on) elements; pass any slice that long, for example from a
-//! [`Scratch`] kept across calls (`scratch.get(len)` allocates only when it must grow). No
-//! kernel allocates on the heap.
+//! [`conv2d_scratch_len`], [`conv2d_backprop_input_scratch_len`] or
+//! [`conv2d_backprop_filter_scratch_len`] elements (0 for the forward pass of a thin window);
+//! pass any slice that long, for example from a [`Scratch`] kept across calls
+//! (`scratch.get(len)` allocates only when it must grow). A shorter slice still works, on fewer
+//! threads or smaller chunks, down to one output row's windows. No kernel allocates on the heap
+//! (called from outside the rayon pool, rayon itself allocates a queue block every 63 parallel
+//! calls; from inside it, nothing).
 //!
 //! **Threads.** Kernels split large work (see [`PARALLEL_MIN_ELEMENTS`]) over the current rayon
 //! pool, by image for the window ops and by outer index for the others; small work runs on the
-//! calling thread. Everything except the filter gradient gives bitwise the same result whatever
-//! the number of threads (see [`conv2d_backprop_filter`]).
+//! calling thread. Layout ops, gathers, pooling and the thin forward convolution give bitwise
+//! the same result whatever the number of threads; the `sgemm` convolutions may round
+//! differently (the filter gradient adds per-task partial sums, see [`conv2d_backprop_filter`]).
 
 mod conv;
 mod gather;
 mod geometry;
 mod layout;
 mod pool;
+mod thin;
 
 pub use conv::{
     conv2d, conv2d_backprop_filter, conv2d_backprop_filter_scratch_len, conv2d_backprop_input,

@@ -18,18 +18,49 @@ fn beats_max<T: PartialOrd>(candidate: T, best: T) -> bool {
     (candidate > best) | ((candidate != candidate) & (best == best))
 }
 
-/// Calls `f(out_pixel, rows, cols)` for every output pixel of one image (numbered
-/// `oy * out_w + ox`): the input rows and columns its window covers, padding excluded.
-#[inline(always)]
-fn for_each_window(g: &PoolGeometry, mut f: impl FnMut(usize, Range<usize>, Range<usize>)) {
-    for oy in 0..g.out_h {
+/// The windows of one image, in output order: `(out_pixel, rows, cols)`, with the output
+/// pixel numbered `oy * out_w + ox` and the input rows and columns the window covers (padding
+/// excluded). An iterator rather than a callback, so that the loop bodies stay in the
+/// functions compiled for wider vectors.
+struct Windows<'a> {
+    g: &'a PoolGeometry,
+    oy: usize,
+    ox: usize,
+    rows: Range<usize>,
+}
+
+impl Windows<'_> {
+    #[inline(always)]
+    fn rows(g: &PoolGeometry, oy: usize) -> Range<usize> {
         let ys = valid_taps(oy, g.stride_h, g.pad_top, g.kh, g.h);
-        let rows = oy * g.stride_h + ys.start - g.pad_top..oy * g.stride_h + ys.end - g.pad_top;
-        for ox in 0..g.out_w {
-            let xs = valid_taps(ox, g.stride_w, g.pad_left, g.kw, g.w);
-            let cols = ox * g.stride_w + xs.start - g.pad_left..ox * g.stride_w + xs.end - g.pad_left;
-            f(oy * g.out_w + ox, rows.clone(), cols);
+        oy * g.stride_h + ys.start - g.pad_top..oy * g.stride_h + ys.end - g.pad_top
+    }
+}
+
+#[inline(always)]
+fn windows(g: &PoolGeometry) -> Windows<'_> {
+    Windows { g, oy: 0, ox: 0, rows: Windows::rows(g, 0) }
+}
+
+impl Iterator for Windows<'_> {
+    type Item = (usize, Range<usize>, Range<usize>);
+
+    #[inline(always)]
+    fn next(&mut self) -> Option<Self::Item> {
+        let g = self.g;
+        if self.oy >= g.out_h || g.out_w == 0 {
+            return None;
         }
+        let xs = valid_taps(self.ox, g.stride_w, g.pad_left, g.kw, g.w);
+        let cols = self.ox * g.stride_w + xs.start - g.pad_left..self.ox * g.stride_w + xs.end - g.pad_left;
+        let item = (self.oy * g.out_w + self.ox, self.rows.clone(), cols);
+        self.ox += 1;
+        if self.ox == g.out_w {
+            self.ox = 0;
+            self.oy += 1;
+            self.rows = Windows::rows(g, self.oy);
+        }
+        Some(item)
     }
 }
 
@@ -98,7 +129,14 @@ fn window_max<T: Copy + PartialOrd>(
 
 /// `window_max` for one channel `ch`.
 #[inline(always)]
-fn window_max1<T: Copy + PartialOrd>(x: &[T], w: usize, c: usize, ch: usize, rows: Range<usize>, cols: Range<usize>) -> (T, usize) {
+fn window_max1<T: Copy + PartialOrd>(
+    x: &[T],
+    w: usize,
+    c: usize,
+    ch: usize,
+    rows: Range<usize>,
+    cols: Range<usize>,
+) -> (T, usize) {
     let mut arg = rows.start * w + cols.start;
     for iy in rows {
         for ix in cols.clone() {
@@ -111,23 +149,127 @@ fn window_max1<T: Copy + PartialOrd>(x: &[T], w: usize, c: usize, ch: usize, row
     (x[arg * c + ch], arg)
 }
 
+/// `max_pool` of one image, for the widest vectors the processor has.
+fn max_pool_image<T: Copy + PartialOrd>(g: &PoolGeometry, x: &[T], out: &mut [T]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx512f,avx512bw")]
+        unsafe fn avx512<T: Copy + PartialOrd>(g: &PoolGeometry, x: &[T], out: &mut [T]) {
+            max_pool_image_impl(g, x, out)
+        }
+        #[target_feature(enable = "avx2")]
+        unsafe fn avx2<T: Copy + PartialOrd>(g: &PoolGeometry, x: &[T], out: &mut [T]) {
+            max_pool_image_impl(g, x, out)
+        }
+        if std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("avx512bw") {
+            // SAFETY: the processor has the features `avx512` is compiled for.
+            return unsafe { avx512(g, x, out) };
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the processor has AVX2.
+            return unsafe { avx2(g, x, out) };
+        }
+    }
+    max_pool_image_impl(g, x, out)
+}
+
+#[inline(always)]
+fn max_pool_image_impl<T: Copy + PartialOrd>(g: &PoolGeometry, x: &[T], out: &mut [T]) {
+    let c = g.c;
+    let vector = c - c % LANES;
+    for (o, rows, cols) in windows(g) {
+        for c0 in (0..vector).step_by(LANES) {
+            let (best, _) = window_max(x, g.w, c, c0, rows.clone(), cols.clone());
+            out[o * c + c0..o * c + c0 + LANES].copy_from_slice(&best);
+        }
+        for ch in vector..c {
+            out[o * c + ch] = window_max1(x, g.w, c, ch, rows.clone(), cols.clone()).0;
+        }
+    }
+}
+
 /// `output[b, oy, ox, c]`: the largest input element of the window, padding excluded (NaN if
 /// the window holds one). `input` is `[n, h, w, c]`, `output` `[n, out_h, out_w, c]`.
 pub fn max_pool<T: Copy + PartialOrd + Send + Sync>(g: &PoolGeometry, input: &[T], output: &mut [T]) {
     check_lens(g, input.len(), output.len());
     let c = g.c;
+    per_image(output.len(), input, g.h * g.w * c, output, g.out_h * g.out_w * c, |x, out| max_pool_image(g, x, out));
+}
+
+/// `max_pool_grad` of one image, for the widest vectors the processor has.
+fn max_pool_grad_image<T: Copy + PartialOrd>(g: &PoolGeometry, x: &[T], go: &[f32], grad: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx512f,avx512bw")]
+        unsafe fn avx512<T: Copy + PartialOrd>(g: &PoolGeometry, x: &[T], go: &[f32], grad: &mut [f32]) {
+            max_pool_grad_image_impl(g, x, go, grad)
+        }
+        #[target_feature(enable = "avx2")]
+        unsafe fn avx2<T: Copy + PartialOrd>(g: &PoolGeometry, x: &[T], go: &[f32], grad: &mut [f32]) {
+            max_pool_grad_image_impl(g, x, go, grad)
+        }
+        if std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("avx512bw") {
+            // SAFETY: the processor has the features `avx512` is compiled for.
+            return unsafe { avx512(g, x, go, grad) };
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the processor has AVX2.
+            return unsafe { avx2(g, x, go, grad) };
+        }
+    }
+    max_pool_grad_image_impl(g, x, go, grad)
+}
+
+/// Every element of a window gets `(its pixel is the argmax) ? grad : 0`, so that the work
+/// vectorises. Where the windows tile the image exactly (stride = window, no padding, nothing
+/// left over), each element is in one window and is written once; otherwise the image is
+/// zeroed and the windows add, in output order. Adding +0.0 changes no sum (they start at +0.0
+/// and so are never -0.0), and a written `grad + 0.0` is what `0.0 + grad` gives.
+#[inline(always)]
+fn max_pool_grad_image_impl<T: Copy + PartialOrd>(g: &PoolGeometry, x: &[T], go: &[f32], grad: &mut [f32]) {
+    let c = g.c;
     let vector = c - c % LANES;
-    per_image(output.len(), input, g.h * g.w * c, output, g.out_h * g.out_w * c, |x, out| {
-        for_each_window(g, |o, rows, cols| {
-            for c0 in (0..vector).step_by(LANES) {
-                let (best, _) = window_max(x, g.w, c, c0, rows.clone(), cols.clone());
-                out[o * c + c0..o * c + c0 + LANES].copy_from_slice(&best);
+    let tiles = g.stride_h == g.kh
+        && g.stride_w == g.kw
+        && g.pad_top == 0
+        && g.pad_left == 0
+        && g.out_h * g.kh == g.h
+        && g.out_w * g.kw == g.w;
+    if !tiles {
+        grad.fill(0.0);
+    }
+    for (o, rows, cols) in windows(g) {
+        for c0 in (0..vector).step_by(LANES) {
+            let (_, arg) = window_max(x, g.w, c, c0, rows.clone(), cols.clone());
+            let d = lanes(go, o * c + c0);
+            for iy in rows.clone() {
+                for ix in cols.clone() {
+                    let p = iy * g.w + ix;
+                    let dst: &mut [f32; LANES] = (&mut grad[p * c + c0..p * c + c0 + LANES]).try_into().expect("LANES");
+                    if tiles {
+                        for i in 0..LANES {
+                            dst[i] = if arg[i] == p as u32 { d[i] + 0.0 } else { 0.0 };
+                        }
+                    } else {
+                        for i in 0..LANES {
+                            dst[i] += if arg[i] == p as u32 { d[i] } else { 0.0 };
+                        }
+                    }
+                }
             }
-            for ch in vector..c {
-                out[o * c + ch] = window_max1(x, g.w, c, ch, rows.clone(), cols.clone()).0;
+        }
+        for ch in vector..c {
+            let (_, arg) = window_max1(x, g.w, c, ch, rows.clone(), cols.clone());
+            if tiles {
+                for iy in rows.clone() {
+                    for ix in cols.clone() {
+                        grad[(iy * g.w + ix) * c + ch] = 0.0;
+                    }
+                }
             }
-        });
-    });
+            grad[arg * c + ch] += go[o * c + ch];
+        }
+    }
 }
 
 /// The gradient of [`max_pool`]: `grad_input` (`[n, h, w, c]`, fully overwritten) gets each
@@ -142,49 +284,25 @@ pub fn max_pool_grad<T: Copy + PartialOrd + Send + Sync>(
     check_lens(g, input.len(), grad_output.len());
     assert_eq!(grad_input.len(), input.len(), "max_pool_grad: grad_input must be as long as input");
     assert!(g.h * g.w <= u32::MAX as usize, "max_pool_grad: images of more than 2^32 pixels");
-    let c = g.c;
-    let vector = c - c % LANES;
-    let (in_image, out_image) = (g.h * g.w * c, g.out_h * g.out_w * c);
+    let (in_image, out_image) = (g.h * g.w * g.c, g.out_h * g.out_w * g.c);
     if in_image == 0 {
         return;
     }
-    // Every element of the window gets `+= (its pixel is the argmax) ? grad : 0`, so the adds
-    // vectorise. Adding +0.0 changes nothing: the sums start at +0.0 and so are never -0.0.
-    let image = |x: &[T], go: &[f32], grad: &mut [f32]| {
-        grad.fill(0.0);
-        if out_image == 0 {
-            return;
-        }
-        for_each_window(g, |o, rows, cols| {
-            for c0 in (0..vector).step_by(LANES) {
-                let (_, arg) = window_max(x, g.w, c, c0, rows.clone(), cols.clone());
-                let d = lanes(go, o * c + c0);
-                for iy in rows.clone() {
-                    for ix in cols.clone() {
-                        let p = iy * g.w + ix;
-                        let dst = &mut grad[p * c + c0..p * c + c0 + LANES];
-                        for i in 0..LANES {
-                            dst[i] += if arg[i] == p as u32 { d[i] } else { 0.0 };
-                        }
-                    }
-                }
-            }
-            for ch in vector..c {
-                let (_, arg) = window_max1(x, g.w, c, ch, rows.clone(), cols.clone());
-                grad[arg * c + ch] += go[o * c + ch];
-            }
-        });
-    };
+    if out_image == 0 {
+        grad_input.fill(0.0);
+        return;
+    }
     if worth_parallel::<f32>(grad_input.len()) {
         grad_input
             .par_chunks_mut(in_image)
             .zip(input.par_chunks(in_image))
-            .zip(grad_output.par_chunks(out_image.max(1)))
-            .for_each(|((grad, x), go)| image(x, go, grad));
+            .zip(grad_output.par_chunks(out_image))
+            .for_each(|((grad, x), go)| max_pool_grad_image(g, x, go, grad));
     } else {
-        for (b, grad) in grad_input.chunks_mut(in_image).enumerate() {
-            let go = if out_image == 0 { &[][..] } else { &grad_output[b * out_image..(b + 1) * out_image] };
-            image(&input[b * in_image..(b + 1) * in_image], go, grad);
+        for ((grad, x), go) in
+            grad_input.chunks_mut(in_image).zip(input.chunks(in_image)).zip(grad_output.chunks(out_image))
+        {
+            max_pool_grad_image(g, x, go, grad);
         }
     }
 }
@@ -195,7 +313,7 @@ pub fn avg_pool(g: &PoolGeometry, input: &[f32], output: &mut [f32]) {
     check_lens(g, input.len(), output.len());
     let c = g.c;
     per_image(output.len(), input, g.h * g.w * c, output, g.out_h * g.out_w * c, |x, out| {
-        for_each_window(g, |o, rows, cols| {
+        for (o, rows, cols) in windows(g) {
             let dst = &mut out[o * c..(o + 1) * c];
             dst.fill(0.0);
             let count = (rows.len() * cols.len()) as f32;
@@ -210,7 +328,7 @@ pub fn avg_pool(g: &PoolGeometry, input: &[f32], output: &mut [f32]) {
             for d in dst {
                 *d /= count;
             }
-        });
+        }
     });
 }
 
@@ -230,7 +348,7 @@ pub fn avg_pool_grad(g: &PoolGeometry, grad_output: &[f32], grad_input: &mut [f3
     }
     per_image(grad_input.len(), grad_output, out_image, grad_input, in_image, |go, grad| {
         grad.fill(0.0);
-        for_each_window(g, |o, rows, cols| {
+        for (o, rows, cols) in windows(g) {
             let count = (rows.len() * cols.len()) as f32;
             let go = &go[o * c..(o + 1) * c];
             for iy in rows {
@@ -241,6 +359,6 @@ pub fn avg_pool_grad(g: &PoolGeometry, grad_output: &[f32], grad_input: &mut [f3
                     }
                 }
             }
-        });
+        }
     });
 }

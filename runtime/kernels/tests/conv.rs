@@ -28,8 +28,10 @@ impl Case {
         let x = random(g.input_len(), rng);
         let f = random(g.filter_len(), rng);
         let go = random(g.output_len(), rng);
-        let (xt, ft, got) = (tensor(&self.input, x.clone()), tensor(&self.filter, f.clone()), tensor(&g.output_dims(), go.clone()));
-        let (xa, fa, goa) = (tensor(&self.input, abs(&x)), tensor(&self.filter, abs(&f)), tensor(&g.output_dims(), abs(&go)));
+        let (xt, ft, got) =
+            (tensor(&self.input, x.clone()), tensor(&self.filter, f.clone()), tensor(&g.output_dims(), go.clone()));
+        let (xa, fa, goa) =
+            (tensor(&self.input, abs(&x)), tensor(&self.filter, abs(&f)), tensor(&g.output_dims(), abs(&go)));
 
         let op = Op::Conv2d { strides: self.strides, padding: self.padding };
         let want: Vec<f32> = eval(&op, &[&xt, &ft]);
@@ -38,15 +40,22 @@ impl Case {
         conv2d(&g, &x, &f, &mut out, scratch.get(conv2d_scratch_len(&g)));
         assert_close(&out, &want, &magnitude, &format!("conv2d {what}"));
 
-        let op = Op::Conv2dBackpropInput { input_shape: Shape::from(self.input.to_vec()), strides: self.strides, padding: self.padding };
+        let op = Op::Conv2dBackpropInput {
+            input_shape: Shape::from(self.input.to_vec()),
+            strides: self.strides,
+            padding: self.padding,
+        };
         let want: Vec<f32> = eval(&op, &[&ft, &got]);
         let magnitude: Vec<f32> = eval(&op, &[&fa, &goa]);
         let mut grad = vec![f32::NAN; g.input_len()];
         conv2d_backprop_input(&g, &f, &go, &mut grad, scratch.get(conv2d_backprop_input_scratch_len(&g)));
         assert_close(&grad, &want, &magnitude, &format!("conv2d_backprop_input {what}"));
 
-        let op =
-            Op::Conv2dBackpropFilter { filter_shape: Shape::from(self.filter.to_vec()), strides: self.strides, padding: self.padding };
+        let op = Op::Conv2dBackpropFilter {
+            filter_shape: Shape::from(self.filter.to_vec()),
+            strides: self.strides,
+            padding: self.padding,
+        };
         let want: Vec<f32> = eval(&op, &[&xt, &got]);
         let magnitude: Vec<f32> = eval(&op, &[&xa, &goa]);
         let mut grad = vec![f32::NAN; g.filter_len()];
@@ -160,7 +169,13 @@ fn assert_near(got: &[f32], want: &[f32]) {
 fn a_scratch_smaller_than_one_row_is_refused() {
     let g = Conv2dGeometry::new([1, 5, 5, 8], [3, 3, 8, 3], [1, 1], Padding::Valid);
     let mut out = vec![0.0; g.output_len()];
-    conv2d(&g, &vec![0.0; g.input_len()], &vec![0.0; g.filter_len()], &mut out, &mut vec![0.0; g.out_w * g.patch_len() - 1]);
+    conv2d(
+        &g,
+        &vec![0.0; g.input_len()],
+        &vec![0.0; g.filter_len()],
+        &mut out,
+        &mut vec![0.0; g.out_w * g.patch_len() - 1],
+    );
 }
 
 /// The kernels overwrite their outputs, whatever was there.

@@ -17,11 +17,17 @@ struct Case {
 impl Case {
     fn check(&self, x: &[f32], rng: &mut fastrand::Rng) {
         let g = PoolGeometry::new(self.input, self.window, self.strides, self.padding);
+        let go = random(g.output_len(), rng);
+        self.check_with(x, &go);
+    }
+
+    /// Checks the four kernels on input `x` and output gradient `go`.
+    fn check_with(&self, x: &[f32], go: &[f32]) {
+        let g = PoolGeometry::new(self.input, self.window, self.strides, self.padding);
         let what = format!("{:?} window {:?} strides {:?} {:?}", self.input, self.window, self.strides, self.padding);
         let (window, strides, padding) = (self.window, self.strides, self.padding);
         let xt = tensor(&self.input, x.to_vec());
-        let go = random(g.output_len(), rng);
-        let got = tensor(&g.output_dims(), go.clone());
+        let got = tensor(&g.output_dims(), go.to_vec());
 
         let want: Vec<f32> = eval(&Op::MaxPool { window, strides, padding }, &[&xt]);
         let mut out = vec![0.5; g.output_len()];
@@ -30,7 +36,7 @@ impl Case {
 
         let want: Vec<f32> = eval(&Op::MaxPoolGrad { window, strides, padding }, &[&xt, &got]);
         let mut grad = vec![0.5; g.input_len()];
-        max_pool_grad(&g, x, &go, &mut grad);
+        max_pool_grad(&g, x, go, &mut grad);
         assert_same_f32(&grad, &want, &format!("max_pool_grad {what}"));
 
         let want: Vec<f32> = eval(&Op::AvgPool { window, strides, padding }, &[&xt]);
@@ -41,7 +47,7 @@ impl Case {
         let input_shape = Shape::from(self.input.to_vec());
         let want: Vec<f32> = eval(&Op::AvgPoolGrad { input_shape, window, strides, padding }, &[&got]);
         let mut grad = vec![0.5; g.input_len()];
-        avg_pool_grad(&g, &go, &mut grad);
+        avg_pool_grad(&g, go, &mut grad);
         assert_same_f32(&grad, &want, &format!("avg_pool_grad {what}"));
     }
 }
@@ -92,7 +98,26 @@ fn signed_zeros_and_nans() {
     for _ in 0..300 {
         let case = random_case(&mut rng, 35);
         let x: Vec<f32> = (0..len(case.input)).map(|_| values[rng.usize(..values.len())]).collect();
-        case.check(&x, &mut rng);
+        let g = PoolGeometry::new(case.input, case.window, case.strides, case.padding);
+        let go: Vec<f32> = (0..g.output_len()).map(|_| values[rng.usize(..values.len())]).collect();
+        case.check_with(&x, &go);
+    }
+}
+
+/// Windows that tile the image exactly (each element in one window) take another path.
+#[test]
+fn windows_that_tile_the_image() {
+    let mut rng = rng(17);
+    let values = [0.0, -0.0, 1.0, -1.0, f32::NAN];
+    for (h, w, k) in [(4, 4, 2), (6, 9, 3), (26, 26, 2), (3, 3, 3), (5, 5, 1)] {
+        for c in [1, 2, 16, 17, 35, 64] {
+            let case = Case { input: [2, h, w, c], window: [k, k], strides: [k, k], padding: Padding::Valid };
+            let g = PoolGeometry::new(case.input, case.window, case.strides, case.padding);
+            let x = ties(len(case.input), &mut rng);
+            case.check(&x, &mut rng);
+            let go: Vec<f32> = (0..g.output_len()).map(|_| values[rng.usize(..values.len())]).collect();
+            case.check_with(&x, &go);
+        }
     }
 }
 

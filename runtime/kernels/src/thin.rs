@@ -1,0 +1,241 @@
+//! The forward convolution for thin windows (`kh * kw * c` at most [`THIN_PATCH`], like a first
+//! layer on one channel): `sgemm` with so small an inner dimension spends more on packing than
+//! on arithmetic, and `im2col` costs more than the product, so this reads the windows in place
+//! and keeps the sums in vector registers along the filters. (The filter gradient of such
+//! layers has a long inner dimension, the rows, and `sgemm` does it better than a direct loop.)
+//!
+//! Output rows are walked in [`Steps`]: groups of [`PIXELS`] windows side by side, all inside
+//! the input (they share each filter load), or single windows, copied with zeros to the stack
+//! when they reach into the padding.
+//!
+//! Each function is compiled three times and picks, at run time, the copy for the widest
+//! vectors the processor has (AVX-512, AVX2, or the baseline).
+
+use crate::geometry::{valid_taps, Conv2dGeometry};
+
+/// The longest window (`kh * kw * c`) handled here.
+pub(crate) const THIN_PATCH: usize = 32;
+
+/// Output positions computed together.
+const PIXELS: usize = 4;
+
+/// One window as `segments` runs of `len` elements of `src`, `stride` apart from `base`: its
+/// rows in the input, or one run holding a copy.
+#[derive(Clone, Copy)]
+struct Window<'a> {
+    src: &'a [f32],
+    base: usize,
+    len: usize,
+    stride: usize,
+    segments: usize,
+}
+
+/// The window of output position `(b, oy, ox)`: in place when it lies inside the input,
+/// otherwise copied into `buf` with zeros for the padding.
+#[inline(always)]
+fn window<'a>(
+    g: &Conv2dGeometry,
+    x: &'a [f32],
+    (b, oy, ox): (usize, usize, usize),
+    buf: &'a mut [f32; THIN_PATCH],
+) -> Window<'a> {
+    let kwc = g.kw * g.c;
+    if g.interior(oy, ox) {
+        let (iy, ix) = (oy * g.stride_h - g.pad_top, ox * g.stride_w - g.pad_left);
+        return Window { src: x, base: ((b * g.h + iy) * g.w + ix) * g.c, len: kwc, stride: g.w * g.c, segments: g.kh };
+    }
+    let patch = g.patch_len();
+    buf[..patch].fill(0.0);
+    let ys = valid_taps(oy, g.stride_h, g.pad_top, g.kh, g.h);
+    let xs = valid_taps(ox, g.stride_w, g.pad_left, g.kw, g.w);
+    if !xs.is_empty() {
+        let ix = ox * g.stride_w + xs.start - g.pad_left;
+        let len = xs.len() * g.c;
+        for ky in ys {
+            let iy = oy * g.stride_h + ky - g.pad_top;
+            let src = ((b * g.h + iy) * g.w + ix) * g.c;
+            let dst = ky * kwc + xs.start * g.c;
+            buf[dst..dst + len].copy_from_slice(&x[src..src + len]);
+        }
+    }
+    Window { src: &buf[..patch], base: 0, len: patch, stride: patch, segments: 1 }
+}
+
+/// A step of the walk over output rows `row0..row0 + rows`; `r` counts rows from `row0`.
+enum Step {
+    /// Rows `r..r + PIXELS`, side by side in one output row, with windows inside the input
+    /// starting at `bases` (each `kh` runs of `kw * c`, `w * c` apart).
+    Group { r: usize, bases: [usize; PIXELS] },
+    /// Row `r`, at output position `(b, oy, ox)`.
+    Single { r: usize, at: (usize, usize, usize) },
+}
+
+struct Steps<'a> {
+    g: &'a Conv2dGeometry,
+    r: usize,
+    rows: usize,
+    b: usize,
+    oy: usize,
+    ox: usize,
+}
+
+fn steps(g: &Conv2dGeometry, row0: usize, rows: usize) -> Steps<'_> {
+    let (b, oy, ox) = if rows == 0 { (0, 0, 0) } else { g.split_row(row0) };
+    Steps { g, r: 0, rows, b, oy, ox }
+}
+
+impl Iterator for Steps<'_> {
+    type Item = Step;
+
+    #[inline(always)]
+    fn next(&mut self) -> Option<Step> {
+        let g = self.g;
+        if self.r >= self.rows {
+            return None;
+        }
+        let (r, b, oy, ox) = (self.r, self.b, self.oy, self.ox);
+        let group =
+            r + PIXELS <= self.rows && ox + PIXELS <= g.out_w && g.interior(oy, ox) && g.interior(oy, ox + PIXELS - 1);
+        let (step, advance) = if group {
+            let (iy, ix) = (oy * g.stride_h - g.pad_top, ox * g.stride_w - g.pad_left);
+            let base = ((b * g.h + iy) * g.w + ix) * g.c;
+            (Step::Group { r, bases: std::array::from_fn(|q| base + q * g.stride_w * g.c) }, PIXELS)
+        } else {
+            (Step::Single { r, at: (b, oy, ox) }, 1)
+        };
+        self.r += advance;
+        self.ox += advance;
+        if self.ox == g.out_w {
+            self.ox = 0;
+            self.oy += 1;
+            if self.oy == g.out_h {
+                self.oy = 0;
+                self.b += 1;
+            }
+        }
+        Some(step)
+    }
+}
+
+/// Defines `$name`, which calls `$imp` compiled for the widest vectors the processor has.
+macro_rules! widest {
+    ($name:ident => $imp:ident ($($arg:ident: $ty:ty),*)) => {
+        pub(crate) fn $name($($arg: $ty),*) {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f")]
+                unsafe fn avx512($($arg: $ty),*) {
+                    $imp($($arg),*)
+                }
+                #[target_feature(enable = "avx2")]
+                unsafe fn avx2($($arg: $ty),*) {
+                    $imp($($arg),*)
+                }
+                if std::arch::is_x86_feature_detected!("avx512f") {
+                    // SAFETY: the processor has AVX-512F.
+                    return unsafe { avx512($($arg),*) };
+                }
+                if std::arch::is_x86_feature_detected!("avx2") {
+                    // SAFETY: the processor has AVX2.
+                    return unsafe { avx2($($arg),*) };
+                }
+            }
+            $imp($($arg),*)
+        }
+    };
+}
+
+widest!(thin_conv => thin_conv_impl(g: &Conv2dGeometry, x: &[f32], filter: &[f32], row0: usize, rows: usize, out: &mut [f32]));
+
+/// Rows `row0..row0 + rows` of the forward pass (`out` is `rows × filters`): each output the
+/// sum over its window, in order, of plain products, starting from 0 — bitwise what the
+/// interpreter computes.
+#[inline(always)]
+fn thin_conv_impl(g: &Conv2dGeometry, x: &[f32], filter: &[f32], row0: usize, rows: usize, out: &mut [f32]) {
+    debug_assert!(g.patch_len() <= THIN_PATCH);
+    let n = g.filters;
+    let mut buf = [0.0f32; THIN_PATCH];
+    for step in steps(g, row0, rows) {
+        match step {
+            Step::Group { r, bases } => {
+                let outs = &mut out[r * n..(r + PIXELS) * n];
+                let mut f = 0;
+                while f + 16 <= n {
+                    conv_group::<16>(g, x, bases, filter, f, outs);
+                    f += 16;
+                }
+                while f < n {
+                    conv_group::<1>(g, x, bases, filter, f, outs);
+                    f += 1;
+                }
+            }
+            Step::Single { r, at } => {
+                let window = window(g, x, at, &mut buf);
+                let out = &mut out[r * n..(r + 1) * n];
+                let mut f = 0;
+                while f + 32 <= n {
+                    conv_single::<32>(window, filter, n, f, &mut out[f..f + 32]);
+                    f += 32;
+                }
+                while f + 8 <= n {
+                    conv_single::<8>(window, filter, n, f, &mut out[f..f + 8]);
+                    f += 8;
+                }
+                while f < n {
+                    conv_single::<1>(window, filter, n, f, &mut out[f..f + 1]);
+                    f += 1;
+                }
+            }
+        }
+    }
+}
+
+/// Filters `f..f + L` of the `PIXELS` outputs of a group (rows of `outs`, `filters` apart).
+#[inline(always)]
+#[allow(clippy::needless_range_loop)] // `j` walks the `PIXELS` runs in step
+fn conv_group<const L: usize>(
+    g: &Conv2dGeometry,
+    x: &[f32],
+    bases: [usize; PIXELS],
+    filter: &[f32],
+    f: usize,
+    outs: &mut [f32],
+) {
+    let (n, len, stride) = (g.filters, g.kw * g.c, g.w * g.c);
+    let mut acc = [[0.0f32; L]; PIXELS];
+    let mut p = 0;
+    for s in 0..g.kh {
+        let runs: [&[f32]; PIXELS] = std::array::from_fn(|q| &x[bases[q] + s * stride..bases[q] + s * stride + len]);
+        for j in 0..len {
+            let w: &[f32; L] = filter[p * n + f..p * n + f + L].try_into().expect("L filters");
+            for q in 0..PIXELS {
+                let v = runs[q][j];
+                for i in 0..L {
+                    acc[q][i] += v * w[i];
+                }
+            }
+            p += 1;
+        }
+    }
+    for q in 0..PIXELS {
+        outs[q * n + f..q * n + f + L].copy_from_slice(&acc[q]);
+    }
+}
+
+/// Filters `f..f + L` of one output.
+#[inline(always)]
+fn conv_single<const L: usize>(window: Window, filter: &[f32], n: usize, f: usize, out: &mut [f32]) {
+    let mut acc = [0.0f32; L];
+    let mut p = 0;
+    for s in 0..window.segments {
+        let start = window.base + s * window.stride;
+        for &v in &window.src[start..start + window.len] {
+            let w: &[f32; L] = filter[p * n + f..p * n + f + L].try_into().expect("L filters");
+            for i in 0..L {
+                acc[i] += v * w[i];
+            }
+            p += 1;
+        }
+    }
+    out.copy_from_slice(&acc);
+}
