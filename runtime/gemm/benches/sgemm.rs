@@ -69,8 +69,25 @@ impl Operands {
         // SAFETY: the operands are m×k, k×n and m×n, contiguous.
         unsafe {
             gemm::gemm(
-                m, n, k, self.c.as_mut_ptr(), 1, n as isize, false, self.a.as_ptr(), a_cs, a_rs, self.b.as_ptr(),
-                b_cs, b_rs, 0.0, 1.0, false, false, false, parallelism,
+                m,
+                n,
+                k,
+                self.c.as_mut_ptr(),
+                1,
+                n as isize,
+                false,
+                self.a.as_ptr(),
+                a_cs,
+                a_rs,
+                self.b.as_ptr(),
+                b_cs,
+                b_rs,
+                0.0,
+                1.0,
+                false,
+                false,
+                false,
+                parallelism,
             );
         }
         black_box(&mut self.c);
@@ -118,8 +135,7 @@ fn main() {
         let flops = ops.flops();
         let (_, m, n, k, ta, tb) = *shape;
         let dims = format!("{m}×{n}×{k}{}{}", if ta { " ta" } else { "" }, if tb { " tb" } else { "" });
-        let cells: Vec<String> =
-            times.iter().map(|t| format!("{:>9.1} ({:>6.1})", t * 1e6, flops / t / 1e9)).collect();
+        let cells: Vec<String> = times.iter().map(|t| format!("{:>9.1} ({:>6.1})", t * 1e6, flops / t / 1e9)).collect();
         println!("{:<14} {:>17} {:>22} {:>22} {:>22} {:>22}", shape.0, dims, cells[0], cells[1], cells[2], cells[3]);
         if index < MLP {
             mlp_flops += flops;
@@ -133,7 +149,12 @@ fn main() {
             totals.iter().map(|t| format!("{:>9.1} ({:>6.1})", t * 1e6, mlp_flops / t / 1e9)).collect();
         println!(
             "{:<14} {:>17} {:>22} {:>22} {:>22} {:>22}",
-            "MLP sum", format!("{:.1} MFLOP", mlp_flops / 1e6), cells[0], cells[1], cells[2], cells[3]
+            "MLP sum",
+            format!("{:.1} MFLOP", mlp_flops / 1e6),
+            cells[0],
+            cells[1],
+            cells[2],
+            cells[3]
         );
     }
     if filter.is_empty() || "mlp step".contains(filter.as_str()) {
@@ -155,11 +176,15 @@ fn main() {
             median(runs, || step(&mut ops, false, true)),
         ];
         let flops: f64 = ops.iter().map(Operands::flops).sum();
-        let cells: Vec<String> =
-            times.iter().map(|t| format!("{:>9.1} ({:>6.1})", t * 1e6, flops / t / 1e9)).collect();
+        let cells: Vec<String> = times.iter().map(|t| format!("{:>9.1} ({:>6.1})", t * 1e6, flops / t / 1e9)).collect();
         println!(
             "{:<14} {:>17} {:>22} {:>22} {:>22} {:>22}",
-            "MLP step", format!("{:.1} MFLOP", flops / 1e6), cells[0], cells[1], cells[2], cells[3]
+            "MLP step",
+            format!("{:.1} MFLOP", flops / 1e6),
+            cells[0],
+            cells[1],
+            cells[2],
+            cells[3]
         );
     }
 }

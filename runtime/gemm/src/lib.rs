@@ -1,10 +1,13 @@
 //! Single-precision matrix products for the CPU backend.
 //!
-//! On x86-64 CPUs with AVX-512F the products run on this crate's own packed kernel (`avx512`); elsewhere, and for
-//! products too thin to fill its tiles, on the `gemm` crate.
+//! On x86-64 CPUs with AVX-512F (detected at run time) the products run on this crate's own kernels (`avx512`:
+//! packed panels, a 12×32 register-blocked microkernel, chunks shared with rayon's workers through `pool`); on
+//! other CPUs, on the `gemm` crate.
 
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod pool;
 
 /// `c = a·b` (or `c += a·b` when `accumulate`), all row-major and contiguous: `a` is m×k
 /// (k×m when `transpose_a`), `b` is k×n (n×k when `transpose_b`), `c` is m×n.
@@ -25,7 +28,7 @@ pub fn sgemm(
     assert!(a.len() >= m * k && b.len() >= k * n && c.len() >= m * n, "sgemm operands are too small");
     let lda = if transpose_a { m } else { k };
     let ldb = if transpose_b { k } else { n };
-    gemm_crate(m, n, k, a, lda, transpose_a, b, ldb, transpose_b, c, n, accumulate, parallel);
+    sgemm_strided(m, n, k, a, lda, transpose_a, b, ldb, transpose_b, c, n, accumulate, parallel);
 }
 
 /// [`sgemm`] with explicit leading dimensions (the distance between consecutive rows as stored): `a` holds m rows
@@ -79,6 +82,7 @@ pub fn sgemm_strided(
             ldc,
             tc: false,
             accumulate,
+            id: 0,
         };
         // SAFETY: AVX-512F is available, and `check` put every element the product addresses (rows·ld at most)
         // in bounds of the three slices.
@@ -94,7 +98,8 @@ fn check(name: &str, len: usize, rows: usize, cols: usize, ld: usize) {
         return;
     }
     assert!(ld >= cols, "sgemm: leading dimension of {name} ({ld}) is less than its row length ({cols})");
-    assert!(len >= (rows - 1) * ld + cols, "sgemm operand {name} is too small");
+    let needed = (rows - 1).checked_mul(ld).and_then(|n| n.checked_add(cols));
+    assert!(needed.is_some_and(|needed| len >= needed), "sgemm operand {name} is too small");
 }
 
 /// The product on the `gemm` crate, with the same contract as [`sgemm_strided`] (bounds checked by the caller).
@@ -135,8 +140,58 @@ fn gemm_crate(
     // SAFETY: the caller checked that every index of the three matrices is in bounds.
     unsafe {
         gemm::gemm(
-            m, n, k, c.as_mut_ptr(), 1, ldc as isize, accumulate, a.as_ptr(), a_cs, a_rs, b.as_ptr(), b_cs, b_rs,
-            if accumulate { 1.0 } else { 0.0 }, 1.0, false, false, false, parallelism,
+            m,
+            n,
+            k,
+            c.as_mut_ptr(),
+            1,
+            ldc as isize,
+            accumulate,
+            a.as_ptr(),
+            a_cs,
+            a_rs,
+            b.as_ptr(),
+            b_cs,
+            b_rs,
+            if accumulate { 1.0 } else { 0.0 },
+            1.0,
+            false,
+            false,
+            false,
+            parallelism,
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The `gemm` crate path (taken on CPUs without AVX-512) with leading dimensions, against a naive product.
+    #[test]
+    fn fallback_matches_naive() {
+        let mut rng = fastrand::Rng::with_seed(2);
+        for _ in 0..200 {
+            let (m, n, k) = (rng.usize(1..=40), rng.usize(1..=40), rng.usize(0..=40));
+            let (ta, tb, accumulate) = (rng.bool(), rng.bool(), rng.bool());
+            let lda = if ta { m } else { k } + rng.usize(0..3);
+            let ldb = if tb { k } else { n } + rng.usize(0..3);
+            let ldc = n + rng.usize(0..3);
+            let a: Vec<f32> = (0..m.max(k) * lda).map(|_| rng.f32() - 0.5).collect();
+            let b: Vec<f32> = (0..n.max(k) * ldb).map(|_| rng.f32() - 0.5).collect();
+            let c0: Vec<f32> = (0..m * ldc).map(|_| rng.f32() - 0.5).collect();
+            let mut c = c0.clone();
+            super::gemm_crate(m, n, k, &a, lda, ta, &b, ldb, tb, &mut c, ldc, accumulate, rng.bool());
+            for i in 0..m {
+                for j in 0..ldc {
+                    let mut want = if accumulate || j >= n { c0[i * ldc + j] } else { 0.0 };
+                    for p in 0..k {
+                        if j < n {
+                            want += (if ta { a[p * lda + i] } else { a[i * lda + p] })
+                                * (if tb { b[j * ldb + p] } else { b[p * ldb + j] });
+                        }
+                    }
+                    assert!((c[i * ldc + j] - want).abs() <= 1e-4 * (1.0 + want.abs()), "{m}×{n}×{k} ({i}, {j})");
+                }
+            }
+        }
     }
 }

@@ -118,6 +118,43 @@ fn random_larger_products() {
     }
 }
 
+/// Reductions deeper than one block (384) on small and thin products, and thin products (n ≤ 16, computed
+/// transposed when that is cheaper) with every layout.
+#[test]
+fn random_deep_and_thin_products() {
+    let mut rng = fastrand::Rng::with_seed(13);
+    for _ in 0..150 {
+        let (m, n, k) = (rng.usize(1..=40), rng.usize(1..=80), rng.usize(385..=1000));
+        Case::packed(m, n, k, rng.bool(), rng.bool(), rng.bool(), rng.bool()).run(&mut rng);
+        let (m, n, k) = (rng.usize(1..=300), rng.usize(1..=16), rng.usize(1..=300));
+        Case::packed(m, n, k, rng.bool(), rng.bool(), rng.bool(), rng.bool()).run(&mut rng);
+    }
+}
+
+/// Products split into chunks of rows, of columns and of the reduction, on pools of 1, 3 and 4 threads (the
+/// calling thread is then a worker of the pool).
+#[test]
+fn products_on_other_pools() {
+    let mut rng = fastrand::Rng::with_seed(17);
+    let shapes = [
+        (1000, 64, 200, false, false),
+        (300, 100, 64, true, false),
+        (128, 256, 256, false, true),
+        (96, 200, 300, true, true),
+        (32, 32, 6000, false, false),
+        (20, 40, 5000, true, true),
+        (50, 10, 3000, false, false),
+    ];
+    for threads in [1, 3, 4] {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+        pool.install(|| {
+            for &(m, n, k, ta, tb) in &shapes {
+                Case::packed(m, n, k, ta, tb, rng.bool(), true).run(&mut rng);
+            }
+        });
+    }
+}
+
 /// The products of dfc's models: an MLP and logistic regression (batch 128 and 100) and a CNN (batch 64).
 pub const SHAPES: &[(usize, usize, usize, bool, bool)] = &[
     (128, 256, 784, false, false),

@@ -1,0 +1,242 @@
+//! The microkernels: one tile of C, up to 12 rows × 32 columns, in zmm accumulators.
+
+use std::arch::asm;
+use std::arch::x86_64::*;
+
+use super::pack::{tail_mask, transpose16};
+use super::MR;
+
+/// `kernel::<R, IN_PLACE, WIDE>(kc, a, lda, b, ldb, c, ldc, nr, tc, overwrite)`.
+pub(super) type Kernel = unsafe fn(usize, *const f32, usize, *const f32, usize, *mut f32, usize, usize, bool, bool);
+
+/// Instantiates `kernel::<R, IN_PLACE, WIDE>` for R = 1..=12.
+macro_rules! heights {
+    ($in_place:literal, $wide:literal) => {
+        [
+            kernel::<1, $in_place, $wide>,
+            kernel::<2, $in_place, $wide>,
+            kernel::<3, $in_place, $wide>,
+            kernel::<4, $in_place, $wide>,
+            kernel::<5, $in_place, $wide>,
+            kernel::<6, $in_place, $wide>,
+            kernel::<7, $in_place, $wide>,
+            kernel::<8, $in_place, $wide>,
+            kernel::<9, $in_place, $wide>,
+            kernel::<10, $in_place, $wide>,
+            kernel::<11, $in_place, $wide>,
+            kernel::<12, $in_place, $wide>,
+        ]
+    };
+}
+
+/// The microkernels, `KERNELS[wide][in_place][R - 1]`.
+pub(super) static KERNELS: [[[Kernel; MR]; 2]; 2] =
+    [[heights!(false, false), heights!(true, false)], [heights!(false, true), heights!(true, true)]];
+
+/// `C[R×nr] (+)= A·B` for one tile: overwrites the tile when `overwrite`, else adds to it.
+///
+/// - A (R rows × kc steps): element (i, q) at `a[i·lda + q]` when `IN_PLACE` (A as stored, row-major:
+///   broadcasting from R rows spares transposing A into a panel), else at `a[q·R + i]` (a packed panel).
+/// - B (kc steps × nr columns): step q at `b[q·ldb..]`, 32 floats (16 unless `WIDE`), from a packed panel
+///   (ldb = 32) or B as stored.
+/// - C: element (i, j) of the tile at `c[i·ldc + j]`, or `c[j·ldc + i]` when `tc`; only columns `j < nr` (≤ 32,
+///   ≤ 16 unless `WIDE`) are written.
+///
+/// Per step the kernel loads one or two B vectors and, per row, broadcasts one A element into two FMAs: 24 FMAs
+/// against 14 loads at R = 12, so the two FMA ports bound it (~180 of the 210 GFLOP/s peak with operands in L1 or
+/// L2). The k loop is one small `asm!` block per row and step: left to itself, LLVM merges a row's consecutive A
+/// elements into a vector load that it shuffles apart, and computes an address per row; here each broadcast is
+/// one load at a constant displacement and the accumulators stay in registers.
+///
+/// # Safety
+/// AVX-512F; A's R rows, B's steps and the tile's elements addressed as above are in bounds.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f")]
+unsafe fn kernel<const R: usize, const IN_PLACE: bool, const WIDE: bool>(
+    kc: usize,
+    a: *const f32,
+    lda: usize,
+    b: *const f32,
+    ldb: usize,
+    c: *mut f32,
+    ldc: usize,
+    nr: usize,
+    tc: bool,
+    overwrite: bool,
+) {
+    // Rows past R (and the second vector unless WIDE) stay zero and unused: LLVM drops them.
+    let mut acc = [[_mm512_setzero_ps(); 2]; MR];
+    // One row of one step: acc[i] += A(i, step) · (b0, b1), A's element at `[address]`.
+    macro_rules! row {
+        ($i:expr, $address:literal, $b0:ident, $b1:ident, $($operands:tt)*) => {
+            if $i < R {
+                if WIDE {
+                    asm!(
+                        concat!("vbroadcastss {t}, dword ptr [", $address, "]"),
+                        "vfmadd231ps {c0}, {b0}, {t}",
+                        "vfmadd231ps {c1}, {b1}, {t}",
+                        $($operands)*
+                        b0 = in(zmm_reg) $b0,
+                        b1 = in(zmm_reg) $b1,
+                        c0 = inout(zmm_reg) acc[$i][0],
+                        c1 = inout(zmm_reg) acc[$i][1],
+                        t = out(zmm_reg) _,
+                        options(pure, readonly, nostack, preserves_flags),
+                    );
+                } else {
+                    asm!(
+                        concat!("vbroadcastss {t}, dword ptr [", $address, "]"),
+                        "vfmadd231ps {c0}, {b0}, {t}",
+                        $($operands)*
+                        b0 = in(zmm_reg) $b0,
+                        c0 = inout(zmm_reg) acc[$i][0],
+                        t = out(zmm_reg) _,
+                        options(pure, readonly, nostack, preserves_flags),
+                    );
+                }
+            }
+        };
+    }
+    // SAFETY: the caller's contract covers every address below.
+    unsafe {
+        if !tc {
+            for i in 0..R {
+                _mm_prefetch::<_MM_HINT_T0>(c.add(i * ldc).cast());
+                _mm_prefetch::<_MM_HINT_T0>(c.add(i * ldc + nr - 1).cast());
+            }
+        }
+        let mut b = b;
+        // B's two vectors of step u (the second only when WIDE).
+        macro_rules! load_b {
+            ($u:literal) => {{
+                let b0 = _mm512_loadu_ps(b.add($u * ldb));
+                (b0, if WIDE { _mm512_loadu_ps(b.add($u * ldb + 16)) } else { b0 })
+            }};
+        }
+        if IN_PLACE {
+            // Rows 3g, 3g + 1, 3g + 2 at base g + 0, lda, 2·lda (lda in bytes in `ld`); the bases of groups past R
+            // are never dereferenced.
+            let ld = lda * 4;
+            let (mut r0, mut r3, mut r6, mut r9) =
+                (a, a.wrapping_add(3 * lda), a.wrapping_add(6 * lda), a.wrapping_add(9 * lda));
+            macro_rules! group {
+                ($u:literal, $g:literal, $base:ident, $b0:ident, $b1:ident) => {
+                    row!(3 * $g, "{r} + {d}", $b0, $b1, r = in(reg) $base, d = const $u * 4,);
+                    row!(3 * $g + 1, "{r} + {l} + {d}", $b0, $b1,
+                        r = in(reg) $base, l = in(reg) ld, d = const $u * 4,);
+                    row!(3 * $g + 2, "{r} + {l}*2 + {d}", $b0, $b1,
+                        r = in(reg) $base, l = in(reg) ld, d = const $u * 4,);
+                };
+            }
+            macro_rules! step {
+                ($u:literal) => {
+                    let (b0, b1) = load_b!($u);
+                    group!($u, 0, r0, b0, b1);
+                    group!($u, 1, r3, b0, b1);
+                    group!($u, 2, r6, b0, b1);
+                    group!($u, 3, r9, b0, b1);
+                };
+            }
+            // Unrolled by 4: the loop's pointer updates and branch would otherwise take FMA ports' issue slots.
+            for _ in 0..kc / 4 {
+                step!(0);
+                step!(1);
+                step!(2);
+                step!(3);
+                (r0, r3, r6, r9) = (r0.wrapping_add(4), r3.wrapping_add(4), r6.wrapping_add(4), r9.wrapping_add(4));
+                b = b.add(4 * ldb);
+            }
+            for _ in 0..kc % 4 {
+                step!(0);
+                (r0, r3, r6, r9) = (r0.wrapping_add(1), r3.wrapping_add(1), r6.wrapping_add(1), r9.wrapping_add(1));
+                b = b.add(ldb);
+            }
+        } else {
+            let mut a = a;
+            macro_rules! group {
+                ($u:literal, $g:literal, $b0:ident, $b1:ident) => {
+                    row!(3 * $g, "{a} + {d}", $b0, $b1, a = in(reg) a, d = const ($u * R + 3 * $g) * 4,);
+                    row!(3 * $g + 1, "{a} + {d}", $b0, $b1, a = in(reg) a, d = const ($u * R + 3 * $g + 1) * 4,);
+                    row!(3 * $g + 2, "{a} + {d}", $b0, $b1, a = in(reg) a, d = const ($u * R + 3 * $g + 2) * 4,);
+                };
+            }
+            macro_rules! step {
+                ($u:literal) => {
+                    let (b0, b1) = load_b!($u);
+                    group!($u, 0, b0, b1);
+                    group!($u, 1, b0, b1);
+                    group!($u, 2, b0, b1);
+                    group!($u, 3, b0, b1);
+                };
+            }
+            for _ in 0..kc / 4 {
+                step!(0);
+                step!(1);
+                step!(2);
+                step!(3);
+                a = a.add(4 * R);
+                b = b.add(4 * ldb);
+            }
+            for _ in 0..kc % 4 {
+                step!(0);
+                a = a.add(R);
+                b = b.add(ldb);
+            }
+        }
+        if tc {
+            store_transposed::<R>(&acc, c, ldc, nr, overwrite);
+            return;
+        }
+        let (m0, m1) = (tail_mask(nr), tail_mask(nr.saturating_sub(16)));
+        for (i, [acc0, acc1]) in acc.iter().enumerate().take(R) {
+            let row = c.add(i * ldc);
+            if overwrite {
+                _mm512_mask_storeu_ps(row, m0, *acc0);
+                if WIDE {
+                    _mm512_mask_storeu_ps(row.add(16), m1, *acc1);
+                }
+            } else {
+                _mm512_mask_storeu_ps(row, m0, _mm512_add_ps(*acc0, _mm512_maskz_loadu_ps(m0, row)));
+                if WIDE {
+                    _mm512_mask_storeu_ps(
+                        row.add(16),
+                        m1,
+                        _mm512_add_ps(*acc1, _mm512_maskz_loadu_ps(m1, row.add(16))),
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Writes the first R rows of a tile transposed: column j (< nr) of the tile to `c[j·ldc..+R]`, through two 16×16
+/// transposes (a tile of Cᵀ when the product is computed as `Cᵀ = Bᵀ·Aᵀ`).
+#[inline(never)]
+#[target_feature(enable = "avx512f")]
+unsafe fn store_transposed<const R: usize>(
+    acc: &[[__m512; 2]; MR],
+    c: *mut f32,
+    ldc: usize,
+    nr: usize,
+    overwrite: bool,
+) {
+    let mask = tail_mask(R);
+    for half in 0..2 {
+        let cols = nr.saturating_sub(16 * half).min(16);
+        if cols == 0 {
+            break;
+        }
+        let mut rows = [_mm512_setzero_ps(); 16];
+        for (row, acc) in rows.iter_mut().zip(acc).take(R) {
+            *row = acc[half];
+        }
+        for (j, v) in transpose16(rows).iter().enumerate().take(cols) {
+            // SAFETY: column 16·half + j < nr of the tile: R elements at c + (16·half + j)·ldc.
+            unsafe {
+                let dst = c.add((16 * half + j) * ldc);
+                let v = if overwrite { *v } else { _mm512_add_ps(*v, _mm512_maskz_loadu_ps(mask, dst)) };
+                _mm512_mask_storeu_ps(dst, mask, v);
+            }
+        }
+    }
+}

@@ -1,0 +1,464 @@
+//! The AVX-512 single-precision product: packed panels, a 12×32 register-blocked microkernel, shared among
+//! threads in chunks.
+//!
+//! Work of one thread (`block`), sized for the products of dfc's models, whose operands fit in the 2 MiB L2:
+//! - the reduction is cut into equal blocks of at most `KC` = 384 steps, the columns into equal blocks of at most
+//!   `NC` = 512;
+//! - B's kc×nc block is packed in 32-column panels (kc·32 floats, step-major, 64-byte aligned) that stay in L2,
+//!   or, when few row panels of A reuse it, read where it is stored (`Product::b_in_place`);
+//! - A's rows are split in balanced panels of at most 12 (⌈m/12⌉ panels whose heights differ by at most one, so
+//!   no product ends on a nearly empty panel). A row-major A is read in place; a transposed-stored A is packed, a
+//!   group of panels at a time, reading its stored rows in order. Each panel stays in L1 while the microkernel
+//!   walks every B panel of the block.
+//!
+//! The microkernels (`kernel`) hold a 12×32 tile of C in 24 zmm registers; the last columns of C, when 16 or
+//! fewer, go to a one-vector variant. A thin C (n = 10: the logits of a classifier) would waste most of every
+//! panel, so such a product is computed as `Cᵀ = Bᵀ·Aᵀ` when that costs less (`cost`), storing tiles of Cᵀ
+//! through an in-register transpose.
+//!
+//! Threads (`plan`, `parallel_product`) take chunks of rows, of columns or of the reduction (then summed), chosen
+//! by the same cost estimate, through `pool::run_chunks`.
+
+mod kernel;
+mod pack;
+
+use std::arch::x86_64::*;
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use crate::pool;
+use kernel::KERNELS;
+use pack::{pack_a, pack_b, tail_mask};
+
+/// Rows of the microkernel tile.
+const MR: usize = 12;
+/// Columns of the microkernel tile: two zmm vectors.
+const NR: usize = 32;
+/// Depth of a block: an A panel of 12 rows × 384 steps is 18 KiB, well within L1 beside the B panel streaming
+/// through; C is read and written once per block. (256, 512 and 800 measure within noise on our shapes.)
+const KC: usize = 384;
+/// Columns of a packed B block: 384 × 512 floats are 768 KiB, so that the block stays in L2 while A streams past.
+const NC: usize = 512;
+/// Rows of A packed at once when A is stored transposed (read 1 KiB of a stored row at a time).
+const MC: usize = 288;
+/// Most chunks a product is cut into.
+const MAX_CHUNKS: usize = 64;
+
+/// One 64-byte line, the unit of the packing buffers, so that packed B panels are aligned.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([f32; 16]);
+
+/// A growable, 64-byte aligned scratch buffer.
+#[derive(Default)]
+struct Buf(Vec<Line>);
+
+impl Buf {
+    /// The buffer, grown to hold at least `floats`.
+    fn ptr(&mut self, floats: usize) -> *mut f32 {
+        let lines = floats.div_ceil(16);
+        if self.0.len() < lines {
+            self.0 = vec![Line([0.0; 16]); lines];
+        }
+        self.0.as_mut_ptr().cast()
+    }
+
+    fn floats(&self) -> usize {
+        self.0.len() * 16
+    }
+}
+
+/// The packing buffers of a thread: A's panels and a block of B, with the block's identity (call, pc, kc, jc, nc),
+/// so that the chunks of one product a thread runs pack the same block of B once.
+#[derive(Default)]
+struct Packs {
+    a: Buf,
+    b: Buf,
+    b_holds: Option<(u64, usize, usize, usize, usize)>,
+}
+
+thread_local! {
+    /// This thread's packing buffers, reused by every call. Taken out while a block runs, so that a product
+    /// nested on the same thread (none is expected) would only allocate its own.
+    static PACK: Cell<Packs> = Cell::new(Packs::default());
+}
+
+/// Partial sums of reduction chunks, reused across calls.
+static PARTIALS: Mutex<Vec<Buf>> = Mutex::new(Vec::new());
+
+/// Distinguishes calls, for `Packs::b_holds`.
+static CALLS: AtomicU64 = AtomicU64::new(1);
+
+/// A product `C = A·B` (or `C += A·B` when `accumulate`) over raw pointers.
+///
+/// Element (i, p) of A is `a[i·lda + p]`, or `a[p·lda + i]` when `ta`; element (p, j) of B is `b[p·ldb + j]`, or
+/// `b[j·ldb + p]` when `tb`; element (i, j) of C is `c[i·ldc + j]`, or `c[j·ldc + i]` when `tc`.
+#[derive(Clone, Copy)]
+pub(crate) struct Product {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub a: *const f32,
+    pub lda: usize,
+    pub ta: bool,
+    pub b: *const f32,
+    pub ldb: usize,
+    pub tb: bool,
+    pub c: *mut f32,
+    pub ldc: usize,
+    pub tc: bool,
+    pub accumulate: bool,
+    /// Set by `sgemm`.
+    pub id: u64,
+}
+
+// SAFETY: a `Product` is only shared between the threads of one `sgemm` call, which read A and B and write
+// disjoint parts of C (or their own partial sums).
+unsafe impl Send for Product {}
+unsafe impl Sync for Product {}
+
+impl Product {
+    /// Whether the kernels read B where it is stored (but for a last panel narrower than 32 columns) instead of
+    /// packed panels. Packed panels are contiguous and stream from L2 faster than the rows of a row-major B (one
+    /// 128-byte piece every ldb floats): packing pays when more than 12 row panels of A reuse it, not for the
+    /// small products of a small batch (m = 128, or Cᵀ of a thin C), 5 to 10 % faster without.
+    fn b_in_place(&self) -> bool {
+        !self.tb && self.m <= 12 * MR
+    }
+
+    /// The same product computed as `Cᵀ = Bᵀ·Aᵀ`.
+    fn transposed(self) -> Product {
+        Product {
+            m: self.n,
+            n: self.m,
+            a: self.b,
+            lda: self.ldb,
+            ta: !self.tb,
+            b: self.a,
+            ldb: self.lda,
+            tb: !self.ta,
+            tc: !self.tc,
+            ..self
+        }
+    }
+}
+
+/// Fraction of the FMA lanes of the tiles covering `n` columns that do useful work (32-column tiles, the last
+/// one 16 columns wide when that covers it).
+fn lane_use(n: usize) -> f64 {
+    let lanes = match n % NR {
+        0 => n,
+        tail @ 1..=16 => n - tail + 16,
+        tail => n - tail + NR,
+    };
+    n as f64 / lanes as f64
+}
+
+/// Rough time (ns) of packing B: a copy at ~0.1 ns a float (from L2), a transposition at ~0.16, none in place.
+fn pack_b_cost(p: &Product) -> f64 {
+    let per_float = match (p.tb, p.b_in_place()) {
+        (true, _) => 0.16,
+        (false, true) => 0.0,
+        (false, false) => 0.1,
+    };
+    (p.k * p.n) as f64 * per_float
+}
+
+/// Rough single-thread time (ns) of `p` as oriented: the FMAs at ~170 GFLOP/s over the lanes its tiles use, plus
+/// packing B and A (a copy, when stored transposed).
+fn cost(p: &Product) -> f64 {
+    let compute = 2.0 * (p.m * p.n * p.k) as f64 / lane_use(p.n) / 170.0;
+    let pack_a = if p.ta { (p.m * p.k) as f64 * 0.1 } else { 0.0 };
+    compute + pack_b_cost(p) + pack_a
+}
+
+/// Extra time (ns) of a parallel product: handing chunks to a rayon worker (waking it) and waiting at the end.
+const PARALLEL_OVERHEAD: f64 = 20_000.0;
+/// Target time (ns) of a chunk of a parallel product: a worker woken late (20 µs and more on this virtual
+/// machine) still finds a fair share left, and each chunk's start-up stays small.
+const CHUNK_TIME: f64 = 12_000.0;
+
+/// Computes the product, on rayon's pool when `parallel` and the product is large enough to pay for it.
+///
+/// # Safety
+/// The CPU supports AVX-512F, and every element of A, B and C the product addresses is in bounds.
+pub(crate) unsafe fn sgemm(p: Product, parallel: bool) {
+    let mut p = if cost(&p.transposed()) < 0.95 * cost(&p) { p.transposed() } else { p };
+    p.id = CALLS.fetch_add(1, Ordering::Relaxed);
+    let threads = if parallel { rayon::current_num_threads() } else { 1 };
+    match plan(&p, threads) {
+        // SAFETY: the caller's contract.
+        None => unsafe { block(&p, 0, p.m, 0, p.n, 0, p.k, p.c, p.ldc, p.accumulate) },
+        Some((split, chunks)) => parallel_product(&p, split, chunks, threads),
+    }
+}
+
+/// How the threads share a product.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Split {
+    /// Chunks of row panels; every thread packs all of B (once, when it is a single block).
+    Rows,
+    /// Chunks of 32-column panels; every chunk reads all of A (and packs it again when A is stored transposed).
+    Cols,
+    /// Chunks of the reduction, each but the first into a partial C summed at the end.
+    Depth,
+}
+
+/// How `threads` threads should share `p`, and in how many chunks; `None` when one thread is faster. Estimates each
+/// split's time (a thread's share of the work, the packing or reading it repeats, half a chunk of imbalance, the
+/// hand-off) and takes the fastest.
+fn plan(p: &Product, threads: usize) -> Option<(Split, usize)> {
+    if threads <= 1 {
+        return None;
+    }
+    let (m, n, k) = (p.m, p.n, p.k);
+    let single = cost(p);
+    let t = threads as f64;
+    let wanted = ((single / CHUNK_TIME) as usize).clamp(threads, (4 * threads).min(MAX_CHUNKS));
+    let mut best: Option<(f64, Split, usize)> = None;
+    let mut consider = |split: Split, chunks: usize, extra: f64| {
+        if chunks >= 2 {
+            let time = single / t + extra + 0.5 * single / chunks as f64 + PARALLEL_OVERHEAD;
+            if best.is_none_or(|(b, _, _)| time < b) {
+                best = Some((time, split, chunks));
+            }
+        }
+    };
+    // Every row chunk reads all of B again (from L2 if it fits there), and packs it unless its thread already has.
+    // Rows of Cᵀ are columns of C: chunks of fewer than 64 would share most of their cache lines of C.
+    {
+        let chunks = wanted.min(if p.tc { m / 64 } else { m.div_ceil(MR) });
+        let packs_per_thread = if k <= KC && n <= NC { 1.0 } else { chunks as f64 / t };
+        let read_b = (k * n) as f64 * if k * n >= 1 << 18 { 0.1 } else { 0.02 };
+        let extra = pack_b_cost(p) * (packs_per_thread - 1.0 / t) + read_b * (chunks as f64 - 1.0) / t;
+        consider(Split::Rows, chunks, extra);
+    }
+    // Every column chunk reads all of A again, and packs it again when A is stored transposed.
+    let read_a = (m * k) as f64 * if p.ta || m * k >= 1 << 18 { 0.1 } else { 0.02 };
+    let chunks = wanted.min(n.div_ceil(NR));
+    consider(Split::Cols, chunks, read_a * (chunks as f64 - 1.0) / t);
+    let chunks = wanted.min(k / 64);
+    consider(Split::Depth, chunks, chunks.saturating_sub(1) as f64 * (m * n) as f64 * 0.4);
+    best.filter(|&(time, _, _)| time < single).map(|(_, split, chunks)| (split, chunks))
+}
+
+/// Splits `0..len` in `parts` nearly equal ranges, multiples of `unit` except the last.
+fn range(len: usize, unit: usize, parts: usize, t: usize) -> (usize, usize) {
+    let units = len.div_ceil(unit);
+    ((units * t / parts * unit).min(len), (units * (t + 1) / parts * unit).min(len))
+}
+
+#[derive(Clone, Copy)]
+struct SendPtr(*mut f32);
+// SAFETY: each partial buffer is written by one chunk, then read by the calling thread after all are done.
+unsafe impl Send for SendPtr {}
+unsafe impl Sync for SendPtr {}
+
+/// Computes `p` in `chunks` chunks cut along `split`, on this thread and `threads - 1` rayon workers.
+fn parallel_product(p: &Product, split: Split, chunks: usize, threads: usize) {
+    // Partial sums of the reduction chunks past the first, laid out like C with a packed leading dimension.
+    let mut partials = Vec::new();
+    let mut part = [SendPtr(std::ptr::null_mut()); MAX_CHUNKS];
+    let part_ld = if p.tc { p.m } else { p.n };
+    if split == Split::Depth {
+        partials = std::mem::take(&mut *PARTIALS.lock().unwrap_or_else(|e| e.into_inner()));
+        if partials.len() < chunks - 1 {
+            partials.resize_with(chunks - 1, Buf::default);
+        }
+        for (ptr, buf) in part.iter_mut().zip(&mut partials).take(chunks - 1) {
+            *ptr = SendPtr(buf.ptr(p.m * p.n));
+        }
+    }
+    // Row chunks are runs of whole balanced panels.
+    let panels = p.m.div_ceil(MR);
+    let row = |g: usize| g * (p.m / panels) + g.min(p.m % panels);
+    let work = |c: usize| {
+        // SAFETY: chunks write disjoint row or column ranges of C, or (reduction chunks) chunk 0 writes C and chunk
+        // c its own partial buffer of m·n floats; the caller's contract covers A and B.
+        unsafe {
+            match split {
+                Split::Rows => {
+                    let (lo, hi) = (row(panels * c / chunks), row(panels * (c + 1) / chunks));
+                    block(p, lo, hi, 0, p.n, 0, p.k, p.c, p.ldc, p.accumulate)
+                }
+                Split::Cols => {
+                    let (lo, hi) = range(p.n, NR, chunks, c);
+                    block(p, 0, p.m, lo, hi, 0, p.k, p.c, p.ldc, p.accumulate)
+                }
+                Split::Depth => {
+                    let (lo, hi) = range(p.k, 16, chunks, c);
+                    match c {
+                        0 => block(p, 0, p.m, 0, p.n, lo, hi, p.c, p.ldc, p.accumulate),
+                        _ => block(p, 0, p.m, 0, p.n, lo, hi, part[c - 1].0, part_ld, false),
+                    }
+                }
+            }
+        }
+    };
+    pool::run_chunks(chunks, threads - 1, &work);
+    if split == Split::Depth {
+        for ptr in &part[..chunks - 1] {
+            // SAFETY: AVX-512F (the caller's contract); the partial has C's shape, `part_ld` apart.
+            unsafe { add_into(p, ptr.0, part_ld) };
+        }
+        let mut pool = PARTIALS.lock().unwrap_or_else(|e| e.into_inner());
+        if pool.len() < partials.len() {
+            *pool = partials;
+        }
+    }
+}
+
+/// C += partial, the partial laid out like C, `ld` apart.
+#[target_feature(enable = "avx512f")]
+unsafe fn add_into(p: &Product, part: *const f32, ld: usize) {
+    let (rows, len) = if p.tc { (p.n, p.m) } else { (p.m, p.n) };
+    for r in 0..rows {
+        // SAFETY: row r of C holds `len` elements at c + r·ldc, the partial's at part + r·ld.
+        unsafe {
+            let (c, s) = (p.c.add(r * p.ldc), part.add(r * ld));
+            for j in (0..len).step_by(16) {
+                let mask = tail_mask(len - j);
+                let v = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, c.add(j)), _mm512_maskz_loadu_ps(mask, s.add(j)));
+                _mm512_mask_storeu_ps(c.add(j), mask, v);
+            }
+        }
+    }
+}
+
+/// Rows `i0..i1` and columns `j0..j1` of the product over the reduction range `p0..p1`, written to `c` (laid out as
+/// the product's C, `ldc` apart): overwriting it unless `accumulate`.
+///
+/// # Safety
+/// As `sgemm`, and `c` covers the rows and columns.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f")]
+unsafe fn block(
+    p: &Product,
+    i0: usize,
+    i1: usize,
+    j0: usize,
+    j1: usize,
+    p0: usize,
+    p1: usize,
+    c: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+) {
+    if i0 >= i1 || j0 >= j1 {
+        return;
+    }
+    let depth = p1 - p0;
+    if depth == 0 {
+        if !accumulate {
+            for i in i0..i1 {
+                for j in j0..j1 {
+                    // SAFETY: (i, j) is in the block.
+                    unsafe { *c.add(if p.tc { j * ldc + i } else { i * ldc + j }) = 0.0 };
+                }
+            }
+        }
+        return;
+    }
+    let mut packs = PACK.take();
+    // Equal blocks of the reduction, no deeper than KC; equal blocks of whole panels, no wider than NC.
+    let k_blocks = depth.div_ceil(KC);
+    let kc_max = depth.div_ceil(k_blocks);
+    let n_panels = (j1 - j0).div_ceil(NR);
+    let n_blocks = n_panels.div_ceil(NC / NR);
+    let nc_max = n_panels.div_ceil(n_blocks) * NR;
+    // Balanced row panels: ⌈rows/12⌉ of them, heights differing by at most one.
+    let rows = i1 - i0;
+    let panels = rows.div_ceil(MR);
+    let (base, extra) = (rows / panels, rows % panels);
+    // A stored transposed is packed a group of panels at a time, each panel with 16 floats of slack for the
+    // full-width stores of `pack_a`.
+    let group = if p.ta { panels.min(MC / MR) } else { panels };
+    let a_stride = MR * kc_max + 16;
+    let a_pack = packs.a.ptr(if p.ta { group * a_stride } else { 0 });
+    if packs.b.floats() < kc_max * nc_max {
+        packs.b_holds = None;
+    }
+    let b_pack = packs.b.ptr(kc_max * nc_max);
+    let wide = &KERNELS[1][usize::from(!p.ta)];
+    let narrow = &KERNELS[0][usize::from(!p.ta)];
+    for nb in 0..n_blocks {
+        let jc = j0 + n_panels * nb / n_blocks * NR;
+        let nc = (j0 + n_panels * (nb + 1) / n_blocks * NR).min(j1) - jc;
+        // Columns jc..jc+in_place are read from B as stored, the rest from packed panels.
+        let in_place = if p.b_in_place() { nc - nc % NR } else { 0 };
+        for kb in 0..k_blocks {
+            let pc = p0 + depth * kb / k_blocks;
+            let kc = p0 + depth * (kb + 1) / k_blocks - pc;
+            let overwrite = kb == 0 && !accumulate;
+            if in_place < nc && packs.b_holds != Some((p.id, pc, kc, jc, nc)) {
+                // SAFETY: the packed block holds ⌈nc/32⌉ panels of kc·32 floats ≤ kc_max·nc_max.
+                unsafe { pack_b(p, pc, kc, jc + in_place, nc - in_place, b_pack.add(in_place * kc)) };
+                packs.b_holds = Some((p.id, pc, kc, jc, nc));
+            }
+            for g0 in (0..panels).step_by(group) {
+                let g1 = (g0 + group).min(panels);
+                if p.ta {
+                    // SAFETY: panels g0..g1 of at most 12 rows and kc ≤ kc_max steps fit a_stride each.
+                    unsafe { pack_a(p, pc, kc, i0, (base, extra), (g0, g1), a_pack, a_stride) };
+                }
+                for g in g0..g1 {
+                    let (i, mr) = (i0 + g * base + g.min(extra), base + usize::from(g < extra));
+                    // SAFETY: the kernels read mr rows × kc steps of A (packed, or in place from row i, step pc)
+                    // and kc steps of a B panel (in place from step pc, column jc + jr, or packed), and write rows
+                    // i..i+mr, columns jc+jr..jc+jr+nr of the block.
+                    unsafe {
+                        let (a, lda) = if p.ta {
+                            (a_pack.add((g - g0) * a_stride).cast_const(), mr)
+                        } else {
+                            (p.a.add(i * p.lda + pc), p.lda)
+                        };
+                        for jr in (0..nc).step_by(NR) {
+                            let nr = (nc - jr).min(NR);
+                            let kernel = if nr > 16 { wide[mr - 1] } else { narrow[mr - 1] };
+                            let (b, ldb) = if jr < in_place {
+                                (p.b.add(pc * p.ldb + jc + jr), p.ldb)
+                            } else {
+                                (b_pack.add(jr * kc).cast_const(), NR)
+                            };
+                            let tile = if p.tc { c.add((jc + jr) * ldc + i) } else { c.add(i * ldc + jc + jr) };
+                            kernel(kc, a, lda, b, ldb, tile, ldc, nr, p.tc, overwrite);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    PACK.set(packs);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn product(m: usize, n: usize, k: usize, ta: bool, tb: bool) -> Product {
+        let (a, b, c) = (std::ptr::null(), std::ptr::null(), std::ptr::null_mut());
+        let (lda, ldb) = (if ta { m } else { k }, if tb { k } else { n });
+        Product { m, n, k, a, lda, ta, b, ldb, tb, c, ldc: n, tc: false, accumulate: false, id: 0 }
+    }
+
+    /// The orientation and the split of the shapes the parallel tests in tests/sgemm.rs rely on to cover each.
+    #[test]
+    fn plans() {
+        let oriented = |p: Product| if cost(&p.transposed()) < 0.95 * cost(&p) { p.transposed() } else { p };
+        for (m, n, k, ta, tb, tc, threads, want) in [
+            (128, 256, 256, false, false, false, 1, None),
+            (128, 10, 256, false, false, false, 2, None),
+            (256, 10, 128, true, false, true, 2, None),
+            (784, 256, 128, true, false, false, 2, Some(Split::Rows)),
+            (128, 256, 256, false, true, false, 2, Some(Split::Cols)),
+            (32, 32, 6000, false, false, false, 2, Some(Split::Depth)),
+            (288, 64, 7744, true, false, true, 2, Some(Split::Depth)),
+            (1600, 64, 64, true, false, true, 2, Some(Split::Cols)),
+        ] {
+            let p = oriented(product(m, n, k, ta, tb));
+            assert_eq!(p.tc, tc, "{m}×{n}×{k}");
+            assert_eq!(plan(&p, threads).map(|(split, _)| split), want, "{m}×{n}×{k}");
+        }
+    }
+}
