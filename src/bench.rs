@@ -8,8 +8,8 @@
 //! batches are made before the timed region and cycled, a few of them, so that a step does not
 //! always see the same bytes.
 
-use crate::{read_plan, Failure, Outcome};
 use crate::RunBackend;
+use crate::{read_plan, Failure, Outcome};
 use dfc_driver::{Session, SessionProgram};
 use dfc_interp::Tensor;
 use dfc_ir::{DType, NodeId, Op};

@@ -46,7 +46,9 @@ fn batches(plan: &Plan) -> Vec<HashMap<String, Tensor>> {
                     let tensor = match input.ty.dtype {
                         DType::I32 => Tensor::from_vec(dims, (0..n).map(|_| rng.i32(0..10)).collect::<Vec<i32>>()),
                         DType::U8 => Tensor::from_vec(dims, (0..n).map(|_| rng.u8(..)).collect::<Vec<u8>>()),
-                        DType::F32 => Tensor::from_vec(dims, (0..n).map(|_| rng.f32() * 2.0 - 1.0).collect::<Vec<f32>>()),
+                        DType::F32 => {
+                            Tensor::from_vec(dims, (0..n).map(|_| rng.f32() * 2.0 - 1.0).collect::<Vec<f32>>())
+                        }
                         other => panic!("no test data for {other} inputs"),
                     };
                     (input.name.clone(), tensor)

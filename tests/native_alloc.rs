@@ -41,8 +41,13 @@ fn a_native_step_allocates_no_tensor_memory_after_the_first() {
             .map(|i| {
                 let n = i.ty.shape.n_elements();
                 let t = match i.ty.dtype {
-                    dfc_ir::DType::U8 => Tensor::from_vec(i.ty.shape.dims().to_vec(), (0..n).map(|k| k as u8).collect::<Vec<u8>>()),
-                    _ => Tensor::from_vec(i.ty.shape.dims().to_vec(), (0..n).map(|k| (k % 10) as i32).collect::<Vec<i32>>()),
+                    dfc_ir::DType::U8 => {
+                        Tensor::from_vec(i.ty.shape.dims().to_vec(), (0..n).map(|k| k as u8).collect::<Vec<u8>>())
+                    }
+                    _ => Tensor::from_vec(
+                        i.ty.shape.dims().to_vec(),
+                        (0..n).map(|k| (k % 10) as i32).collect::<Vec<i32>>(),
+                    ),
                 };
                 (i.name.clone(), t)
             })

@@ -90,11 +90,17 @@ pub fn emit<'ctx>(
 
     let i8_ptr = context.i8_type().ptr_type(AddressSpace::default());
     let i64t = context.i64_type();
-    let fn_type = context.void_type().fn_type(&[i8_ptr.ptr_type(AddressSpace::default()).into(), i64t.into(), i64t.into()], false);
+    let fn_type = context
+        .void_type()
+        .fn_type(&[i8_ptr.ptr_type(AddressSpace::default()).into(), i64t.into(), i64t.into()], false);
     let function = llvm.add_function(name, fn_type, None);
     function.add_attribute(AttributeLoc::Function, context.create_string_attribute("target-cpu", &target.cpu));
-    function.add_attribute(AttributeLoc::Function, context.create_string_attribute("target-features", &target.features));
-    function.add_attribute(AttributeLoc::Function, context.create_enum_attribute(inkwell::attributes::Attribute::get_named_enum_kind_id("nounwind"), 0));
+    function
+        .add_attribute(AttributeLoc::Function, context.create_string_attribute("target-features", &target.features));
+    function.add_attribute(
+        AttributeLoc::Function,
+        context.create_enum_attribute(inkwell::attributes::Attribute::get_named_enum_kind_id("nounwind"), 0),
+    );
     let builder = context.create_builder();
     let entry = context.append_basic_block(function, "entry");
     builder.position_at_end(entry);
@@ -219,13 +225,8 @@ fn plan_nest(module: &Module, kernel: &Kernel, root: &Root) -> Nest {
             access(lead, &identity[..rank - 1])
         }
     };
-    let mut nest = Nest {
-        extents: space.iter().map(|&e| e as u64).collect(),
-        leaves,
-        out,
-        reduced,
-        one_hot_dim: HashMap::new(),
-    };
+    let mut nest =
+        Nest { extents: space.iter().map(|&e| e as u64).collect(), leaves, out, reduced, one_hot_dim: HashMap::new() };
     // Loop dimension of each one-hot, tracked through merges.
     let mut barrier: Vec<bool> = vec![false; rank];
     for dim in one_hot_dim.values().flatten() {
@@ -243,11 +244,12 @@ fn plan_nest(module: &Module, kernel: &Kernel, root: &Root) -> Nest {
                     .chain(nest.leaves.values())
                     .all(|s| s[l] == s[l + 1] * inner || nest.extents[l] == 1 || inner == 1);
             if mergeable {
-                let outer_size = nest.extents[l];
+                // A size-1 inner dimension leaves the outer's stride; otherwise the inner's is the merged one.
                 for s in std::iter::once(&mut nest.out).chain(nest.leaves.values_mut()) {
-                    let merged = if inner == 1 { s[l] } else if outer_size == 1 { s[l + 1] } else { s[l + 1] };
-                    s[l] = merged;
-                    s.remove(l + 1);
+                    let inner_stride = s.remove(l + 1);
+                    if inner != 1 {
+                        s[l] = inner_stride;
+                    }
                 }
                 nest.extents[l] *= nest.extents[l + 1];
                 nest.extents.remove(l + 1);
@@ -464,9 +466,10 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
     fn libm(&self, name32: &str, name64: &str, x: FloatValue<'ctx>) -> FloatValue<'ctx> {
         let ty = x.get_type();
         let name = if ty == self.context.f32_type() { name32 } else { name64 };
-        let f = self.llvm.get_function(name).unwrap_or_else(|| {
-            self.llvm.add_function(name, ty.fn_type(&[ty.into()], false), None)
-        });
+        let f = self
+            .llvm
+            .get_function(name)
+            .unwrap_or_else(|| self.llvm.add_function(name, ty.fn_type(&[ty.into()], false), None));
         self.builder.build_call(f, &[x.into()], "m").unwrap().try_as_basic_value().unwrap_basic().into_float_value()
     }
 
@@ -476,7 +479,13 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
 
     /// `candidate` replaces `best` as the largest (`larger`) or smallest: strictly beyond it,
     /// or NaN where `best` is not — the interpreter's `beats_max` / `beats_min`.
-    fn beats(&self, candidate: BasicValueEnum<'ctx>, best: BasicValueEnum<'ctx>, dtype: DType, larger: bool) -> IntValue<'ctx> {
+    fn beats(
+        &self,
+        candidate: BasicValueEnum<'ctx>,
+        best: BasicValueEnum<'ctx>,
+        dtype: DType,
+        larger: bool,
+    ) -> IntValue<'ctx> {
         let b = &self.builder;
         if dtype.is_float() {
             let (c, x) = (candidate.into_float_value(), best.into_float_value());
@@ -503,7 +512,13 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
         self.builder.build_select(cond, a, b, "sel").unwrap()
     }
 
-    fn maximum(&self, a: BasicValueEnum<'ctx>, b: BasicValueEnum<'ctx>, dtype: DType, larger: bool) -> BasicValueEnum<'ctx> {
+    fn maximum(
+        &self,
+        a: BasicValueEnum<'ctx>,
+        b: BasicValueEnum<'ctx>,
+        dtype: DType,
+        larger: bool,
+    ) -> BasicValueEnum<'ctx> {
         let take_b = self.beats(b, a, dtype, larger);
         self.select(take_b, b, a)
     }
@@ -516,8 +531,13 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
             BinaryOp::Mul => b.build_float_mul(a, c, "mul").unwrap(),
             BinaryOp::Div => b.build_float_div(a, c, "div").unwrap(),
             BinaryOp::Pow => {
-                let decl = Intrinsic::find("llvm.pow").unwrap().get_declaration(self.llvm, &[a.get_type().into()]).unwrap();
-                b.build_call(decl, &[a.into(), c.into()], "pow").unwrap().try_as_basic_value().unwrap_basic().into_float_value()
+                let decl =
+                    Intrinsic::find("llvm.pow").unwrap().get_declaration(self.llvm, &[a.get_type().into()]).unwrap();
+                b.build_call(decl, &[a.into(), c.into()], "pow")
+                    .unwrap()
+                    .try_as_basic_value()
+                    .unwrap_basic()
+                    .into_float_value()
             }
             BinaryOp::Maximum | BinaryOp::Minimum => unreachable!("handled by maximum"),
         }
@@ -686,10 +706,7 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
             }
             (true, false) => {
                 let name = if to == DType::U8 { "llvm.fptoui.sat" } else { "llvm.fptosi.sat" };
-                let decl = Intrinsic::find(name)
-                    .unwrap()
-                    .get_declaration(self.llvm, &[target, x.get_type()])
-                    .unwrap();
+                let decl = Intrinsic::find(name).unwrap().get_declaration(self.llvm, &[target, x.get_type()]).unwrap();
                 b.build_call(decl, &[x.into()], "sat").unwrap().try_as_basic_value().unwrap_basic()
             }
             (false, false) => {
@@ -707,29 +724,15 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
         }
     }
 
-    fn root_output(&self) -> (PointerValue<'ctx>, DType) {
-        (self.out.unwrap(), self.module.graph.node(self.kernel.root).outputs[0].dtype)
-    }
-
     fn emit_loop(&self, begin: IntValue<'ctx>, end: IntValue<'ctx>, dtype: DType) {
         let root = TensorRef::from(self.kernel.root);
         let n = self.nest.extents.len();
         self.emit_nest(&mut Vec::new(), 0..n, Some((begin, end)), &mut |index| {
             let mut memo = HashMap::new();
-            let v = self.value_of_root(root, index, &mut memo);
+            let v = self.value(root, index, &mut memo);
             let offset = self.offset(&self.nest.out, index);
             self.store(self.element(self.out.unwrap(), offset), dtype, v);
         });
-    }
-
-    /// The root of a loop kernel, computed from its operands (it is not a leaf).
-    fn value_of_root(
-        &self,
-        root: TensorRef,
-        index: &Index<'ctx>,
-        memo: &mut HashMap<TensorRef, BasicValueEnum<'ctx>>,
-    ) -> BasicValueEnum<'ctx> {
-        self.value(root, index, memo)
     }
 
     fn emit_assign(&self, begin: IntValue<'ctx>, end: IntValue<'ctx>, op: &Op, dtype: DType) {
@@ -759,9 +762,10 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
         let b = &self.builder;
         let graph = &self.module.graph;
         let operand = graph.inputs(self.kernel.root)[0];
-        let (out, _) = self.root_output();
+        let out = self.out.unwrap();
         // The outputs this range writes: its rows if the first dimension is kept, else all.
-        let out_len: u64 = self.nest.extents.iter().zip(&self.nest.reduced).filter(|(_, r)| !**r).map(|(e, _)| e).product();
+        let out_len: u64 =
+            self.nest.extents.iter().zip(&self.nest.reduced).filter(|(_, r)| !**r).map(|(e, _)| e).product();
         let (lo, hi) = if self.nest.reduced[0] {
             (self.i64(0), self.i64(out_len as i64))
         } else {
@@ -776,9 +780,14 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
         self.emit_for(lo, hi, &mut |i| self.store(self.element(out, i), dtype, identity));
         let combine = |acc: BasicValueEnum<'ctx>, v: BasicValueEnum<'ctx>| -> BasicValueEnum<'ctx> {
             match kind {
-                ReduceKind::Sum | ReduceKind::Mean => {
-                    self.scalar_op(&Op::Binary(BinaryOp::Add), self.kernel.root, &[acc, v], &[dtype, dtype], dtype, &Vec::new())
-                }
+                ReduceKind::Sum | ReduceKind::Mean => self.scalar_op(
+                    &Op::Binary(BinaryOp::Add),
+                    self.kernel.root,
+                    &[acc, v],
+                    &[dtype, dtype],
+                    dtype,
+                    &Vec::new(),
+                ),
                 ReduceKind::Max => self.maximum(acc, v, dtype, true),
                 ReduceKind::Min => self.maximum(acc, v, dtype, false),
             }
@@ -810,7 +819,8 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
             });
         }
         if kind == ReduceKind::Mean {
-            let count: u64 = self.nest.extents.iter().zip(&self.nest.reduced).filter(|(_, r)| **r).map(|(e, _)| e).product();
+            let count: u64 =
+                self.nest.extents.iter().zip(&self.nest.reduced).filter(|(_, r)| **r).map(|(e, _)| e).product();
             let c = self.constant(dtype, count as f64).into_float_value();
             self.emit_for(lo, hi, &mut |i| {
                 let at = self.element(out, i);
@@ -825,8 +835,14 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
     fn extreme(&self, dtype: DType, highest: bool) -> BasicValueEnum<'ctx> {
         match dtype {
             DType::F32 | DType::F64 => self.constant(dtype, if highest { f64::INFINITY } else { f64::NEG_INFINITY }),
-            DType::I32 => self.context.i32_type().const_int(if highest { i32::MAX as u64 } else { i32::MIN as i64 as u64 }, true).into(),
-            DType::I64 => self.context.i64_type().const_int(if highest { i64::MAX as u64 } else { i64::MIN as u64 }, true).into(),
+            DType::I32 => self
+                .context
+                .i32_type()
+                .const_int(if highest { i32::MAX as u64 } else { i32::MIN as i64 as u64 }, true)
+                .into(),
+            DType::I64 => {
+                self.context.i64_type().const_int(if highest { i64::MAX as u64 } else { i64::MIN as u64 }, true).into()
+            }
             DType::U8 => self.context.i8_type().const_int(if highest { 255 } else { 0 }, false).into(),
             DType::Bool => self.context.bool_type().const_int(highest as u64, false).into(),
         }
@@ -839,16 +855,7 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
         count: u64,
         step: &mut dyn FnMut(IntValue<'ctx>, BasicValueEnum<'ctx>) -> BasicValueEnum<'ctx>,
     ) -> BasicValueEnum<'ctx> {
-        self.fold_from(self.i64(0), count, start, step)
-    }
-
-    fn fold_from(
-        &self,
-        from: IntValue<'ctx>,
-        count: u64,
-        start: BasicValueEnum<'ctx>,
-        step: &mut dyn FnMut(IntValue<'ctx>, BasicValueEnum<'ctx>) -> BasicValueEnum<'ctx>,
-    ) -> BasicValueEnum<'ctx> {
+        let from = self.i64(0);
         let b = &self.builder;
         let pre = b.get_insert_block().unwrap();
         let head = self.context.append_basic_block(self.function, "fold");
@@ -999,11 +1006,9 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
             }
         };
         if lead_dims == 0 {
-            // One row: the range is 0..1.
-            let _ = (begin, end);
+            // One row: the range is always 0..1.
             run(&Vec::new());
         } else {
-            let run = run;
             self.emit_nest(&mut Vec::new(), 0..lead_dims, Some((begin, end)), &mut |prefix| run(prefix));
         }
     }

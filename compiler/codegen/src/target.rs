@@ -22,8 +22,7 @@ pub fn missing_features(target: &NativeTarget, host: &NativeTarget) -> Vec<Strin
     if target.triple != host.triple {
         missing.push(format!("triple {}", target.triple));
     }
-    let has: std::collections::HashSet<&str> =
-        host.features.split(',').filter_map(|f| f.strip_prefix('+')).collect();
+    let has: std::collections::HashSet<&str> = host.features.split(',').filter_map(|f| f.strip_prefix('+')).collect();
     for feature in target.features.split(',').filter_map(|f| f.strip_prefix('+')) {
         if !has.contains(feature) {
             missing.push(feature.to_string());

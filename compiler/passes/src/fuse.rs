@@ -85,10 +85,9 @@ pub fn is_reduction_root(module: &Module, id: NodeId) -> bool {
         Op::ArgMax { axis, .. } => {
             last_axis(*axis) && operands.first().is_some_and(|t| supported_dtype(graph.ty(*t).dtype))
         }
-        Op::Assign | Op::AssignAdd | Op::AssignSub => {
-            supported_dtype(node.outputs[0].dtype) && node.outputs[0].dtype != DType::Bool
-                || matches!(node.op, Op::Assign)
-        }
+        // A plain assignment copies any element type; `+=` and `-=` need arithmetic.
+        Op::Assign => supported_dtype(node.outputs[0].dtype),
+        Op::AssignAdd | Op::AssignSub => supported_dtype(node.outputs[0].dtype) && node.outputs[0].dtype != DType::Bool,
         _ => false,
     }
 }
@@ -97,7 +96,9 @@ pub fn is_reduction_root(module: &Module, id: NodeId) -> bool {
 fn is_cheap(module: &Module, id: NodeId) -> bool {
     match &module.graph.node(id).op {
         Op::Unary(op) => matches!(op, UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Relu),
-        Op::Binary(op) => matches!(op, BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Maximum | BinaryOp::Minimum),
+        Op::Binary(op) => {
+            matches!(op, BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Maximum | BinaryOp::Minimum)
+        }
         Op::Compare(_) | Op::Select | Op::Cast { .. } | Op::BroadcastTo { .. } | Op::OneHot { .. } => true,
         Op::Identity | Op::StopGradient => true,
         _ => false,

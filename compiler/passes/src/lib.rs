@@ -5,8 +5,8 @@
 //! fetches and targets needs, for running.
 
 mod autodiff;
-pub mod fuse;
 pub mod cost;
+pub mod fuse;
 mod optimizer;
 mod partition;
 mod place;
@@ -16,8 +16,8 @@ mod shard;
 mod simplify;
 
 pub use autodiff::autodiff;
-pub use fuse::{fuse, Fusion, Kernel};
 pub use cost::{CostModel, CostReport, DeviceCost};
+pub use fuse::{fuse, Fusion, Kernel};
 pub use optimizer::apply_optimizer;
 pub use partition::{partition, Partitioned};
 pub use place::{balance, place, PlaceOptions, Placed, VariablePlacement};

@@ -108,7 +108,14 @@ pub fn summary(plan: &Plan) -> Summary {
                 fused_nodes: code.kernels.iter().map(|k| k.members.len()).sum(),
                 bitcode_bytes: code.bitcode.len() as u64,
             });
-            DeviceSummary { device: p.device.to_string(), n_nodes: graph.len(), n_variables, variable_bytes, ops, native }
+            DeviceSummary {
+                device: p.device.to_string(),
+                n_nodes: graph.len(),
+                n_variables,
+                variable_bytes,
+                ops,
+                native,
+            }
         })
         .collect();
     let params: Vec<ParamSummary> = plan

@@ -47,9 +47,8 @@ fn compile(native: &NativeCode) -> Result<Jitted, CpuError> {
     let buffer = MemoryBuffer::create_from_memory_range_copy(&native.bitcode, "plan");
     let module = Module::parse_bitcode_from_buffer(&buffer, context)
         .map_err(|e| CpuError::Jit(format!("the plan's bitcode does not load: {e}")))?;
-    let engine = module
-        .create_jit_execution_engine(OptimizationLevel::Aggressive)
-        .map_err(|e| CpuError::Jit(e.to_string()))?;
+    let engine =
+        module.create_jit_execution_engine(OptimizationLevel::Aggressive).map_err(|e| CpuError::Jit(e.to_string()))?;
     let mut functions = HashMap::new();
     for kernel in &native.kernels {
         let address = engine

@@ -67,7 +67,8 @@ mod tests {
                 assert!(offsets[i] % ALIGN == 0 && offsets[i] + values[i].bytes <= size);
                 for j in 0..i {
                     let live_together = values[i].first <= values[j].last && values[j].first <= values[i].last;
-                    let apart = offsets[i] + values[i].bytes <= offsets[j] || offsets[j] + values[j].bytes <= offsets[i];
+                    let apart =
+                        offsets[i] + values[i].bytes <= offsets[j] || offsets[j] + values[j].bytes <= offsets[i];
                     assert!(!live_together || apart, "{i} and {j} overlap");
                 }
             }

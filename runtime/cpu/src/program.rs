@@ -23,24 +23,89 @@ enum Slot {
 
 #[derive(Debug)]
 enum Step {
-    Kernel { function: KernelFn, args: Vec<Slot>, rows: u64, parallel: bool },
-    MatMul { a: Slot, b: Slot, out: Slot, m: usize, n: usize, k: usize, ta: bool, tb: bool, batches: Vec<(usize, usize)> },
+    Kernel {
+        function: KernelFn,
+        args: Vec<Slot>,
+        rows: u64,
+        parallel: bool,
+    },
+    MatMul {
+        a: Slot,
+        b: Slot,
+        out: Slot,
+        m: usize,
+        n: usize,
+        k: usize,
+        ta: bool,
+        tb: bool,
+        batches: Vec<(usize, usize)>,
+    },
     /// A convolution or its gradients (im2col and GEMM): `(a, b)` are `(input, filter)`,
     /// `(filter, grad_out)` or `(input, grad_out)`.
-    Conv { kind: ConvKind, geometry: Conv2dGeometry, a: Slot, b: Slot, out: Slot, out_len: usize },
+    Conv {
+        kind: ConvKind,
+        geometry: Conv2dGeometry,
+        a: Slot,
+        b: Slot,
+        out: Slot,
+        out_len: usize,
+    },
     /// Pooling or its gradients on f32: `operands` are `[input]`, `[input, grad_out]` (max) or
     /// `[grad_out]` (avg).
-    Pool { kind: PoolKind, geometry: PoolGeometry, operands: Vec<(Slot, usize)>, out: Slot, out_len: usize },
+    Pool {
+        kind: PoolKind,
+        geometry: PoolGeometry,
+        operands: Vec<(Slot, usize)>,
+        out: Slot,
+        out_len: usize,
+    },
     /// Data movement (transpose, concat, slice, pad, gather): copies of elements of
     /// `element_bytes` each, whatever their type.
-    Layout { node: String, op: Op, element_bytes: usize, operands: Vec<(Slot, TensorType)>, out: Slot, ty: TensorType },
-    Library { node: String, op: Op, operands: Vec<(Slot, TensorType)>, out: Slot, ty: TensorType },
+    Layout {
+        node: String,
+        op: Op,
+        element_bytes: usize,
+        operands: Vec<(Slot, TensorType)>,
+        out: Slot,
+        ty: TensorType,
+    },
+    Library {
+        node: String,
+        op: Op,
+        operands: Vec<(Slot, TensorType)>,
+        out: Slot,
+        ty: TensorType,
+    },
     /// A stateful op the kernels do not cover: the interpreter's semantics on the variable.
-    Update { node: String, op: Op, variable: Slot, value: (Slot, TensorType), ty: TensorType },
-    Copy { from: Slot, to: Slot, bytes: usize },
-    Send { key: String, value: Slot, ty: TensorType },
-    Recv { node: String, key: String, out: Slot, ty: TensorType },
-    AllReduce { key: String, group_size: u32, members: Vec<(u32, Slot, Slot)>, ty: TensorType },
+    Update {
+        node: String,
+        op: Op,
+        variable: Slot,
+        value: (Slot, TensorType),
+        ty: TensorType,
+    },
+    Copy {
+        from: Slot,
+        to: Slot,
+        bytes: usize,
+    },
+    Send {
+        key: String,
+        value: Slot,
+        ty: TensorType,
+    },
+    Recv {
+        node: String,
+        key: String,
+        out: Slot,
+        ty: TensorType,
+    },
+    AllReduce {
+        key: String,
+        group_size: u32,
+        members: Vec<(u32, Slot, Slot)>,
+        ty: TensorType,
+    },
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -168,8 +233,9 @@ impl NativeProgram {
                 }
             }
         }
+        let computed_inside = |id: NodeId| inside.contains_key(&id) && !kernels.contains_key(&id);
         for fetch in fetches {
-            if inside.contains_key(&fetch.node) && !kernels.contains_key(&fetch.node) {
+            if computed_inside(fetch.node) {
                 return Err(CpuError::NotStored(graph.node(fetch.node).name.clone()));
             }
         }
@@ -178,25 +244,21 @@ impl NativeProgram {
         // A read aliases its variable unless the variable is assigned before the read's last
         // use: then it is copied.
         let aliases_operand = |id: NodeId| {
-            matches!(graph.node(id).op, Op::Reshape { .. } | Op::Identity | Op::StopGradient)
-                && !inside.contains_key(&id)
+            matches!(graph.node(id).op, Op::Reshape { .. } | Op::Identity | Op::StopGradient) && !computed_inside(id)
         };
         let mut last_use: HashMap<NodeId, usize> = HashMap::new();
         for &id in &order {
-            if inside.contains_key(&id) && !kernels.contains_key(&id) {
+            if computed_inside(id) {
                 continue;
             }
-            let reader_positions: Vec<usize> = match kernels.get(&id) {
-                Some(kernel) => vec![position[&id]; kernel.inputs.len()],
-                None => vec![position[&id]; graph.inputs(id).len()],
-            };
             let inputs = match kernels.get(&id) {
                 Some(kernel) => kernel.inputs.clone(),
                 None => graph.inputs(id),
             };
-            for (t, p) in inputs.iter().zip(reader_positions) {
-                let entry = last_use.entry(t.node).or_insert(p);
-                *entry = (*entry).max(p);
+            let at = position[&id];
+            for t in inputs {
+                let entry = last_use.entry(t.node).or_insert(at);
+                *entry = (*entry).max(at);
             }
         }
         // Through aliases, a read is used as long as its aliases are.
@@ -230,12 +292,10 @@ impl NativeProgram {
         let mut builder = Builder::default();
         let mut slot_of: HashMap<NodeId, Slot> = HashMap::new();
         let mut steps: Vec<Step> = Vec::new();
-        let mut reduced_later: HashMap<NodeId, ()> = HashMap::new();
+        // Replicas of an all-reduce that an earlier one of this program contributes.
+        let mut reduced_later: HashSet<NodeId> = HashSet::new();
         for &id in &order {
-            if reduced_later.contains_key(&id) {
-                continue;
-            }
-            if inside.contains_key(&id) && !kernels.contains_key(&id) {
+            if reduced_later.contains(&id) || computed_inside(id) {
                 continue;
             }
             let node = graph.node(id);
@@ -283,7 +343,13 @@ impl NativeProgram {
                 Op::Assign | Op::AssignAdd | Op::AssignSub => {
                     let variable = slot_of[&operands[0].node];
                     let value = (slot_of[&operands[1].node], graph.ty(operands[1]).clone());
-                    steps.push(Step::Update { node: node.name.clone(), op: node.op.clone(), variable, value, ty: ty.unwrap() });
+                    steps.push(Step::Update {
+                        node: node.name.clone(),
+                        op: node.op.clone(),
+                        variable,
+                        value,
+                        ty: ty.unwrap(),
+                    });
                     slot_of.insert(id, variable);
                 }
                 Op::MatMul { transpose_a, transpose_b } if ty.as_ref().unwrap().dtype == DType::F32 => {
@@ -367,11 +433,15 @@ impl NativeProgram {
                         if let Op::AllReduce { key: k, replica, .. } = &graph.node(other).op {
                             if k == key {
                                 let value = *slot_of.get(&graph.inputs(other)[0].node).ok_or_else(|| {
-                                    malformed(module, other, "its operand is not computed when the first replica reduces")
+                                    malformed(
+                                        module,
+                                        other,
+                                        "its operand is not computed when the first replica reduces",
+                                    )
                                 })?;
                                 let out = builder.buffer(&ty);
                                 slot_of.insert(other, out);
-                                reduced_later.insert(other, ());
+                                reduced_later.insert(other);
                                 members.push((*replica, value, out));
                             }
                         }
@@ -581,26 +651,31 @@ impl NativeProgram {
                 }
                 Step::Pool { kind, geometry, operands, out, out_len } => {
                     // SAFETY: as for convolutions.
-                    let inputs: Vec<&[f32]> = operands
-                        .iter()
-                        .map(|(s, len)| unsafe { std::slice::from_raw_parts(at(*s) as *const f32, *len) })
-                        .collect();
+                    let input = |i: usize| {
+                        let (slot, len) = operands[i];
+                        unsafe { std::slice::from_raw_parts(at(slot) as *const f32, len) }
+                    };
                     let o = unsafe { std::slice::from_raw_parts_mut(at(*out) as *mut f32, *out_len) };
                     match kind {
-                        PoolKind::Max => dfc_kernels::max_pool(geometry, inputs[0], o),
-                        PoolKind::MaxGrad => dfc_kernels::max_pool_grad(geometry, inputs[0], inputs[1], o),
-                        PoolKind::Avg => dfc_kernels::avg_pool(geometry, inputs[0], o),
-                        PoolKind::AvgGrad => dfc_kernels::avg_pool_grad(geometry, inputs[0], o),
+                        PoolKind::Max => dfc_kernels::max_pool(geometry, input(0), o),
+                        PoolKind::MaxGrad => dfc_kernels::max_pool_grad(geometry, input(0), input(1), o),
+                        PoolKind::Avg => dfc_kernels::avg_pool(geometry, input(0), o),
+                        PoolKind::AvgGrad => dfc_kernels::avg_pool_grad(geometry, input(0), o),
                     }
                 }
                 Step::Layout { node, op, element_bytes, operands, out, ty } => {
-                    let inputs: Vec<(*const u8, &TensorType)> = operands.iter().map(|(s, t)| (at(*s) as *const u8, t)).collect();
+                    let inputs: Vec<(*const u8, &TensorType)> =
+                        operands.iter().map(|(s, t)| (at(*s) as *const u8, t)).collect();
                     match element_bytes {
                         1 => move_elements::<u8>(op, &inputs, at(*out), ty),
                         4 => move_elements::<u32>(op, &inputs, at(*out), ty),
                         _ => move_elements::<u64>(op, &inputs, at(*out), ty),
                     }
-                    .map_err(|e| InterpError::IndexOutOfRange { node: node.clone(), index: e.index, size: e.rows })?;
+                    .map_err(|e| InterpError::IndexOutOfRange {
+                        node: node.clone(),
+                        index: e.index,
+                        size: e.rows,
+                    })?;
                 }
                 Step::Library { node, op, operands, out, ty } => {
                     let tensors: Vec<Tensor> = operands.iter().map(|(s, t)| read_tensor(at(*s), t)).collect();
@@ -614,7 +689,8 @@ impl NativeProgram {
                         Op::Assign => v,
                         Op::AssignAdd | Op::AssignSub => {
                             let current = read_tensor(at(*variable), ty);
-                            let kind = if matches!(op, Op::AssignAdd) { dfc_ir::BinaryOp::Add } else { dfc_ir::BinaryOp::Sub };
+                            let kind =
+                                if matches!(op, Op::AssignAdd) { dfc_ir::BinaryOp::Add } else { dfc_ir::BinaryOp::Sub };
                             dfc_interp::eval(&Op::Binary(kind), &[&current, &v]).map_err(|e| rename(e, node))?
                         }
                         _ => unreachable!("updates are assignments"),
@@ -631,7 +707,12 @@ impl NativeProgram {
                 Step::Recv { node, key, out, ty } => {
                     let tensor = exchange(node)?.recv(key)?;
                     if tensor.ty() != *ty {
-                        return Err(InterpError::RecvType { node: node.clone(), key: key.clone(), expected: ty.clone(), found: tensor.ty() });
+                        return Err(InterpError::RecvType {
+                            node: node.clone(),
+                            key: key.clone(),
+                            expected: ty.clone(),
+                            found: tensor.ty(),
+                        });
                     }
                     write_tensor(at(*out), &tensor, ty);
                 }
@@ -725,12 +806,18 @@ fn move_elements<T: Copy + Default + Send + Sync>(
             let n = inputs[1].1.shape.n_elements();
             // SAFETY: the indices are i32 or i64, as the step was built for.
             return match inputs[1].1.dtype {
-                DType::I32 => dfc_kernels::gather(slice(inputs[0]), rows, unsafe {
-                    std::slice::from_raw_parts(inputs[1].0 as *const i32, n)
-                }, output),
-                _ => dfc_kernels::gather(slice(inputs[0]), rows, unsafe {
-                    std::slice::from_raw_parts(inputs[1].0 as *const i64, n)
-                }, output),
+                DType::I32 => dfc_kernels::gather(
+                    slice(inputs[0]),
+                    rows,
+                    unsafe { std::slice::from_raw_parts(inputs[1].0 as *const i32, n) },
+                    output,
+                ),
+                _ => dfc_kernels::gather(
+                    slice(inputs[0]),
+                    rows,
+                    unsafe { std::slice::from_raw_parts(inputs[1].0 as *const i64, n) },
+                    output,
+                ),
             };
         }
         other => unreachable!("`{}` is not a layout step", other.name()),
@@ -740,7 +827,9 @@ fn move_elements<T: Copy + Default + Send + Sync>(
 
 fn rename(error: InterpError, node: &str) -> InterpError {
     match error {
-        InterpError::IndexOutOfRange { index, size, .. } => InterpError::IndexOutOfRange { node: node.into(), index, size },
+        InterpError::IndexOutOfRange { index, size, .. } => {
+            InterpError::IndexOutOfRange { node: node.into(), index, size }
+        }
         InterpError::DivisionByZero { .. } => InterpError::DivisionByZero { node: node.into() },
         InterpError::InvalidValue { message, .. } => InterpError::InvalidValue { node: node.into(), message },
         other => other,

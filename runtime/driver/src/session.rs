@@ -22,11 +22,12 @@
 use crate::train::RunError;
 use dfc_cpu::{CpuError, Jitted, NativeProgram};
 use dfc_interp::{InProcessRendezvous, InterpError, Program, Rendezvous, StagedRun, Tensor, Variables};
-use dfc_plan::NativeCode;
-use std::sync::Arc;
 use dfc_ir::{DeviceSpec, Module, NodeId, Op, TensorRef};
+use dfc_plan::NativeCode;
 use dfc_plan::Plan;
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
 /// What runs a partition's nodes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -57,7 +58,7 @@ pub struct Session<'p> {
     /// Replicas' copies: `(partition, name, partition of the original, its name)`.
     mirrors: Vec<(usize, &'p str, usize, &'p str)>,
     /// Per partition, with the LLVM backend: its kernels' code and machine code.
-    native: Vec<Option<(Arc<NativeCode>, Arc<Jitted>)>>,
+    native: Vec<Option<(Cow<'p, NativeCode>, Arc<Jitted>)>>,
     /// Partitions whose plan code did not fit this CPU (or was absent) and were compiled at load.
     recompiled: Vec<usize>,
 }
@@ -199,22 +200,37 @@ impl<'p> Session<'p> {
             let fetched: Vec<&str> = plan.training.iter().map(|t| t.loss_node.as_str()).collect();
             for (p, partition) in plan.partitions.iter().enumerate() {
                 let code = match &partition.native {
-                    Some(code) if dfc_codegen::missing_features(&code.target, &host).is_empty() => code.clone(),
+                    Some(code) if dfc_codegen::missing_features(&code.target, &host).is_empty() => Cow::Borrowed(code),
                     _ => {
                         recompiled.push(p);
                         let keep = dfc_codegen::fetched_nodes(&partition.module, &fetched);
-                        dfc_codegen::compile(&partition.module, &keep, &host)
-                            .map_err(|e| RunError::Plan(format!("compiling partition {}: {e}", partition.device)))?
+                        Cow::Owned(
+                            dfc_codegen::compile(&partition.module, &keep, &host).map_err(|e| {
+                                RunError::Plan(format!("compiling partition {}: {e}", partition.device))
+                            })?,
+                        )
                     }
                 };
                 let jit = dfc_cpu::load(&code).map_err(|e| RunError::Plan(e.to_string()))?;
-                native.push(Some((Arc::new(code), jit)));
+                native.push(Some((code, jit)));
             }
         } else {
             native.resize_with(plan.partitions.len(), || None);
         }
-        let mut session =
-            Session { plan, backend, variables, nodes, outputs, sends, reductions, orders, logical, mirrors, native, recompiled };
+        let mut session = Session {
+            plan,
+            backend,
+            variables,
+            nodes,
+            outputs,
+            sends,
+            reductions,
+            orders,
+            logical,
+            mirrors,
+            native,
+            recompiled,
+        };
         // Copies start as their originals do; make sure of it.
         session.copy_mirrors();
         Ok(session)
@@ -295,7 +311,9 @@ impl<'p> Session<'p> {
             let module = &self.plan.partitions[p].module;
             let program = match &self.native[p] {
                 None => Executable::Interp(Program::with_order(module, &part_fetches[p], &targets, &self.orders[p])?),
-                Some((code, jit)) => Executable::Native(self.native_program(p, code, jit, &part_fetches[p], &targets)?),
+                Some((code, jit)) => {
+                    Executable::Native(self.native_program(p, code, jit, &part_fetches[p], &targets)?)
+                }
             };
             part_index[p] = parts.len();
             parts.push(Part { partition: p, program });
