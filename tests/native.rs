@@ -19,6 +19,10 @@ const F32_TOLERANCE: f64 = 1e-5;
 fn plan(example: &str, cluster: Cluster, strategy: Strategy) -> Plan {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples").join(format!("{example}.df"));
     let source = std::fs::read_to_string(&path).expect("example");
+    plan_of(&source, example, cluster, strategy)
+}
+
+fn plan_of(source: &str, example: &str, cluster: Cluster, strategy: Strategy) -> Plan {
     let dims: Vec<(String, i64)> = match example {
         "cnn" => vec![("batch".into(), 8)],
         "wide_and_deep" => vec![("users".into(), 200)],
@@ -31,7 +35,7 @@ fn plan(example: &str, cluster: Cluster, strategy: Strategy) -> Plan {
         soft_placement: true,
         ..CompileOptions::default()
     };
-    compile(&source, &format!("{example}.df"), &options).unwrap_or_else(|e| panic!("{example}: {e:?}")).plan
+    compile(source, &format!("{example}.df"), &options).unwrap_or_else(|e| panic!("{example}: {e:?}")).plan
 }
 
 fn batches(plan: &Plan) -> Vec<HashMap<String, Tensor>> {
@@ -98,7 +102,11 @@ fn assert_close(what: &str, reference: &Tensor, native: &Tensor) {
 }
 
 fn check(example: &str, cluster: Cluster, strategy: Strategy) {
-    let plan = plan(example, cluster, strategy);
+    check_plan(example, &plan(example, cluster, strategy));
+}
+
+fn check_plan(example: &str, plan: &Plan) {
+    let plan = plan.clone();
     let data = batches(&plan);
     let (ref_seen, ref_vars) = run(&plan, Backend::Interp, &data);
     let (seen, vars) = run(&plan, Backend::Llvm, &data);
@@ -183,4 +191,53 @@ fn fetching_a_fused_value_stores_it() {
         session.run(&program, &data[0]).unwrap().remove(0)
     };
     assert_close("h1/add", &fetch(Backend::Interp), &fetch(Backend::Llvm));
+}
+
+/// The training step's update of what is stored in variable `name`s, by folded update node.
+fn folded_updates(plan: &Plan) -> Vec<String> {
+    let training = plan.training.as_ref().unwrap();
+    let updates: Vec<&str> = training.updates.iter().map(String::as_str).collect();
+    let session = Session::with_backend(plan, 0, Backend::Llvm).unwrap();
+    session.program(&[training.loss_node.as_str()], &updates).unwrap().folded_updates()
+}
+
+/// SGD's update of a dense layer's weights, `w -= lr·(xᵀg)`, runs as one GEMM into `w`: the gradient is never
+/// stored (the values are checked against the interpreter by `mlp` and `cnn`).
+#[test]
+fn sgd_updates_of_dense_weights_are_folded_into_their_products() {
+    let mlp = plan("mlp", Cluster::local(1, DeviceKind::Cpu), Strategy::Single);
+    let want = ["h1/w/update/assign_sub", "h2/w/update/assign_sub", "logits/w/update/assign_sub"];
+    let mut folded = folded_updates(&mlp);
+    folded.sort();
+    assert_eq!(folded, want);
+    // Convolution filters' gradients are not products; the CNN's dense layers are.
+    let cnn = plan("cnn", Cluster::local(1, DeviceKind::Cpu), Strategy::Single);
+    let folded = folded_updates(&cnn);
+    assert_eq!(folded.len(), 2, "{folded:?}");
+    assert!(folded.iter().all(|u| !u.starts_with("conv")), "{folded:?}");
+    // Adam's update is not a product.
+    let source = std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/mlp.df")).unwrap();
+    let adam = source.replace("sgd(lr = 0.01)", "adam(lr = 0.001)");
+    assert!(folded_updates(&plan_of(&adam, "mlp", Cluster::local(1, DeviceKind::Cpu), Strategy::Single)).is_empty());
+}
+
+/// An update whose product reads the variable it updates (here through `stop_gradient`: the gradient of `w` is
+/// `stop_gradient(w)ᵀ·g`, 400×400, two blocks of the reduction) is not folded, and runs as the interpreter does.
+/// On one thread, so that a product overwriting what it still reads would not hide in a race.
+#[test]
+fn an_update_whose_product_reads_its_variable_is_not_folded() {
+    let source = "
+        model self_product {
+            input x: f32[400, 400]
+            param w: f32[400, 400] = glorot_uniform
+            let y = stop_gradient(w) @ w
+            let loss = mean(y * x)
+            output y
+            minimize loss with sgd(lr = 20000.0)
+        }";
+    let plan = plan_of(source, "self_product", Cluster::local(1, DeviceKind::Cpu), Strategy::Single);
+    assert!(folded_updates(&plan).is_empty());
+    // One thread: a product's blocks run in order, not in a race that may read `w` before it is written.
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+    pool.install(|| check_plan("self_product", &plan));
 }

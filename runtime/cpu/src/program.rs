@@ -39,6 +39,8 @@ enum Step {
         ta: bool,
         tb: bool,
         batches: Vec<(usize, usize)>,
+        /// `Some(α)`: the product is folded into an update of the variable at `out`, `out += α·a·b`.
+        update: Option<f32>,
     },
     /// A convolution or its gradients (im2col and GEMM): `(a, b)` are `(input, filter)`,
     /// `(filter, grad_out)` or `(input, grad_out)`.
@@ -165,6 +167,8 @@ impl Step {
 /// times (one run at a time: runs share the arena).
 pub struct NativeProgram {
     steps: Vec<Step>,
+    /// The updates run as one GEMM into their variable (`folded_update`), by node name.
+    folded_updates: Vec<String>,
     fetches: Vec<(Slot, TensorType)>,
     feeds: Vec<(String, TensorType)>,
     variables: Vec<(String, TensorType)>,
@@ -233,7 +237,16 @@ impl NativeProgram {
                 }
             }
         }
-        let computed_inside = |id: NodeId| inside.contains_key(&id) && !kernels.contains_key(&id);
+        // Updates whose value is a scaled product, run as one GEMM into the variable; the product is not stored.
+        let fetched: HashSet<NodeId> = fetches.iter().map(|f| f.node).collect();
+        let folded: HashMap<NodeId, (NodeId, f32)> = order
+            .iter()
+            .filter_map(|id| kernels.get(id))
+            .filter_map(|kernel| folded_update(module, kernel, &needed, &fetched).map(|f| (kernel.root, f)))
+            .collect();
+        let folded_products: HashSet<NodeId> = folded.values().map(|f| f.0).collect();
+        let computed_inside =
+            |id: NodeId| (inside.contains_key(&id) && !kernels.contains_key(&id)) || folded_products.contains(&id);
         for fetch in fetches {
             if computed_inside(fetch.node) {
                 return Err(CpuError::NotStored(graph.node(fetch.node).name.clone()));
@@ -251,9 +264,10 @@ impl NativeProgram {
             if computed_inside(id) {
                 continue;
             }
-            let inputs = match kernels.get(&id) {
-                Some(kernel) => kernel.inputs.clone(),
-                None => graph.inputs(id),
+            let inputs = match (folded.get(&id), kernels.get(&id)) {
+                (Some(&(product, _)), _) => [graph.inputs(id)[0]].into_iter().chain(graph.inputs(product)).collect(),
+                (None, Some(kernel)) => kernel.inputs.clone(),
+                (None, None) => graph.inputs(id),
             };
             let at = position[&id];
             for t in inputs {
@@ -303,6 +317,12 @@ impl NativeProgram {
                 ids.iter().map(|t| slot_of[&t.node]).collect()
             };
             let ty = node.outputs.first().cloned();
+            if let Some(&(product, alpha)) = folded.get(&id) {
+                let out = slot_of[&graph.inputs(id)[0].node];
+                steps.push(product_step(module, product, &slot_of, out, Some(alpha)));
+                slot_of.insert(id, out);
+                continue;
+            }
             if let Some(kernel) = kernels.get(&id) {
                 let function = jit
                     .function(&kernel.function)
@@ -352,27 +372,9 @@ impl NativeProgram {
                     });
                     slot_of.insert(id, variable);
                 }
-                Op::MatMul { transpose_a, transpose_b } if ty.as_ref().unwrap().dtype == DType::F32 => {
-                    let (ta, tb) = (*transpose_a, *transpose_b);
-                    let (a_ty, b_ty) = (graph.ty(operands[0]), graph.ty(operands[1]));
-                    let ty = ty.unwrap();
-                    let out = builder.buffer(&ty);
-                    let (a_dims, b_dims, o_dims) = (a_ty.shape.dims(), b_ty.shape.dims(), ty.shape.dims());
-                    let (ra, rb, ro) = (a_dims.len(), b_dims.len(), o_dims.len());
-                    let (m, n) = (o_dims[ro - 2], o_dims[ro - 1]);
-                    let k = if ta { a_dims[ra - 2] } else { a_dims[ra - 1] };
-                    let batches = batch_offsets(&a_dims[..ra - 2], &b_dims[..rb - 2], &o_dims[..ro - 2], m * k, k * n);
-                    steps.push(Step::MatMul {
-                        a: slot_of[&operands[0].node],
-                        b: slot_of[&operands[1].node],
-                        out,
-                        m,
-                        n,
-                        k,
-                        ta,
-                        tb,
-                        batches,
-                    });
+                Op::MatMul { .. } if ty.as_ref().unwrap().dtype == DType::F32 => {
+                    let out = builder.buffer(ty.as_ref().unwrap());
+                    steps.push(product_step(module, id, &slot_of, out, None));
                     slot_of.insert(id, out);
                 }
                 Op::Conv2d { strides, padding }
@@ -525,8 +527,10 @@ impl NativeProgram {
             relocate(slot);
         }
         let lines = vec![Line([0; 64]); arena_bytes.div_ceil(64)];
+        let folded_updates = order.iter().filter(|id| folded.contains_key(id)).map(|&id| graph.node(id).name.clone());
         Ok(NativeProgram {
             steps,
+            folded_updates: folded_updates.collect(),
             fetches,
             feeds: builder.feeds,
             variables: builder.variables,
@@ -545,6 +549,11 @@ impl NativeProgram {
                 _ => None,
             })
             .collect()
+    }
+
+    /// The updates whose value, a scaled product, is computed by one GEMM into the variable, by node name.
+    pub fn folded_updates(&self) -> Vec<String> {
+        self.folded_updates.clone()
     }
 
     /// The inputs the program needs.
@@ -598,6 +607,8 @@ impl NativeProgram {
             }
         };
         let exchange = |node: &str| rendezvous.ok_or_else(|| InterpError::NoRendezvous { node: node.to_string() });
+        // The products of a run start without waking rayon's workers (see `dfc_gemm::hold`).
+        let _hold = dfc_gemm::hold();
         for step in &self.steps {
             match step {
                 Step::Kernel { function, args, rows, parallel } => {
@@ -605,7 +616,7 @@ impl NativeProgram {
                     arena.args.extend(args.iter().map(|s| at(*s)));
                     run_kernel(*function, &arena.args, *rows, *parallel);
                 }
-                Step::MatMul { a, b, out, m, n, k, ta, tb, batches } => {
+                Step::MatMul { a, b, out, m, n, k, ta, tb, batches, update } => {
                     let (pa, pb, po) = (at(*a) as *const f32, at(*b) as *const f32, at(*out) as *mut f32);
                     for (bi, &(oa, ob)) in batches.iter().enumerate() {
                         // SAFETY: the shapes were checked by the interpreter's program; the
@@ -614,7 +625,10 @@ impl NativeProgram {
                             let a = std::slice::from_raw_parts(pa.add(oa), m * k);
                             let b = std::slice::from_raw_parts(pb.add(ob), k * n);
                             let c = std::slice::from_raw_parts_mut(po.add(bi * m * n), m * n);
-                            dfc_gemm::sgemm(*m, *n, *k, a, *ta, b, *tb, c, false, true);
+                            match update {
+                                Some(alpha) => dfc_gemm::sgemm_update(*m, *n, *k, *alpha, a, *ta, b, *tb, c, true),
+                                None => dfc_gemm::sgemm(*m, *n, *k, a, *ta, b, *tb, c, false, true),
+                            }
                         }
                     }
                 }
@@ -751,6 +765,76 @@ impl Builder {
     }
 }
 
+/// The step of the f32 product `id` into `out`, or with `update`, added to `out` scaled by α.
+fn product_step(module: &Module, id: NodeId, slot_of: &HashMap<NodeId, Slot>, out: Slot, update: Option<f32>) -> Step {
+    let graph = &module.graph;
+    let Op::MatMul { transpose_a: ta, transpose_b: tb } = graph.node(id).op else {
+        unreachable!("a product step is built for a matmul")
+    };
+    let operands = graph.inputs(id);
+    let (a_dims, b_dims) = (graph.ty(operands[0]).shape.dims(), graph.ty(operands[1]).shape.dims());
+    let o_dims = graph.node(id).outputs[0].shape.dims();
+    let (ra, rb, ro) = (a_dims.len(), b_dims.len(), o_dims.len());
+    let (m, n) = (o_dims[ro - 2], o_dims[ro - 1]);
+    let k = if ta { a_dims[ra - 2] } else { a_dims[ra - 1] };
+    let batches = batch_offsets(&a_dims[..ra - 2], &b_dims[..rb - 2], &o_dims[..ro - 2], m * k, k * n);
+    let (a, b) = (slot_of[&operands[0].node], slot_of[&operands[1].node]);
+    Step::MatMul { a, b, out, m, n, k, ta, tb, batches, update }
+}
+
+/// The product and α when the assignment kernel `kernel` computes `v -= c·(a·b)` or `v += c·(a·b)` (c a scalar
+/// constant, or absent) of an f32 matrix product that nothing else needs, which reads nothing stored in `v`: run as
+/// `v += α·a·b`, one GEMM that writes `v` once and stores no gradient (SGD's update of a dense layer's weights).
+fn folded_update(
+    module: &Module,
+    kernel: &dfc_plan::NativeKernel,
+    needed: &std::collections::BTreeSet<NodeId>,
+    fetched: &HashSet<NodeId>,
+) -> Option<(NodeId, f32)> {
+    let graph = &module.graph;
+    let root = kernel.root;
+    let sign = match graph.node(root).op {
+        Op::AssignSub => -1.0,
+        Op::AssignAdd => 1.0,
+        _ => return None,
+    };
+    let [variable, value] = graph.inputs(root)[..] else { return None };
+    let only_user = |id: NodeId, user: NodeId| {
+        !fetched.contains(&id) && graph.users(id).into_iter().filter(|u| needed.contains(u)).eq([user])
+    };
+    let scalar_const = |t: TensorRef| match &graph.node(t.node).op {
+        Op::Const { value } if value.shape.n_elements() == 1 => match &value.data {
+            Data::F32(v) => Some(v[0]),
+            _ => None,
+        },
+        _ => None,
+    };
+    let is_product = |t: TensorRef| matches!(graph.node(t.node).op, Op::MatMul { .. });
+    let (product, scale) = match graph.node(value.node).op {
+        Op::MatMul { .. } if kernel.members == [root] => (value.node, 1.0),
+        Op::Binary(dfc_ir::BinaryOp::Mul) if kernel.members == [value.node, root] && only_user(value.node, root) => {
+            match graph.inputs(value.node)[..] {
+                [c, p] | [p, c] if is_product(p) && scalar_const(c).is_some() => (p.node, scalar_const(c)?),
+                _ => return None,
+            }
+        }
+        _ => return None,
+    };
+    let ty = &graph.node(product).outputs[0];
+    let stored = |t: TensorRef| {
+        let mut id = t.node;
+        while matches!(graph.node(id).op, Op::Read | Op::Reshape { .. } | Op::Identity | Op::StopGradient) {
+            id = graph.inputs(id)[0].node;
+        }
+        id == variable.node
+    };
+    let fits = ty.dtype == DType::F32 && ty.shape.rank() == 2 && *ty == *graph.ty(variable);
+    let operands = graph.inputs(product);
+    let plain = operands.iter().all(|t| graph.ty(*t).shape.rank() == 2 && !stored(*t));
+    let user = if product == value.node { root } else { value.node };
+    (fits && plain && only_user(product, user)).then_some((product, sign * scale))
+}
+
 /// Element offsets of `a` and `b` for each batch of a batched product, batch axes broadcast.
 fn batch_offsets(a: &[usize], b: &[usize], out: &[usize], a_matrix: usize, b_matrix: usize) -> Vec<(usize, usize)> {
     let count: usize = out.iter().product();
@@ -846,16 +930,10 @@ fn run_kernel(function: KernelFn, args: &[*mut u8], rows: u64, parallel: bool) {
     }
     let chunks = threads.min(rows);
     let args_addr = args.as_ptr() as usize;
-    rayon::scope(|scope| {
-        for c in 1..chunks {
-            scope.spawn(move |_| {
-                let (begin, end) = (rows * c / chunks, rows * (c + 1) / chunks);
-                // SAFETY: ranges of rows are disjoint; each writes its own outputs.
-                unsafe { function(args_addr as *const *mut u8, begin as i64, end as i64) };
-            });
-        }
-        // SAFETY: as above, the first range on this thread.
-        unsafe { function(args_addr as *const *mut u8, 0, (rows / chunks) as i64) };
+    dfc_gemm::run_chunks(chunks as usize, threads as usize - 1, &|c| {
+        let (begin, end) = (rows * c as u64 / chunks, rows * (c as u64 + 1) / chunks);
+        // SAFETY: ranges of rows are disjoint; each writes its own outputs.
+        unsafe { function(args_addr as *const *mut u8, begin as i64, end as i64) };
     });
 }
 

@@ -117,6 +117,17 @@ impl SessionProgram {
             .collect()
     }
 
+    /// The updates of the native programs that run as one matrix product into their variable.
+    pub fn folded_updates(&self) -> Vec<String> {
+        self.parts
+            .iter()
+            .flat_map(|p| match &p.program {
+                Executable::Native(program) => program.folded_updates(),
+                Executable::Interp(_) => Vec::new(),
+            })
+            .collect()
+    }
+
     /// The partitions (indices into `plan.partitions`) that take part, in order.
     pub fn partitions(&self) -> Vec<usize> {
         self.parts.iter().map(|p| p.partition).collect()

@@ -6,8 +6,9 @@
 
 #[cfg(target_arch = "x86_64")]
 mod avx512;
-#[cfg(target_arch = "x86_64")]
 mod pool;
+
+pub use pool::{hold, run_chunks, Hold};
 
 /// `c = a·b` (or `c += a·b` when `accumulate`), all row-major and contiguous: `a` is m×k
 /// (k×m when `transpose_a`), `b` is k×n (n×k when `transpose_b`), `c` is m×n.
@@ -31,6 +32,27 @@ pub fn sgemm(
     sgemm_strided(m, n, k, a, lda, transpose_a, b, ldb, transpose_b, c, n, accumulate, parallel);
 }
 
+/// `c += alpha·a·b`, laid out as in [`sgemm`]: a product folded into the update of its destination (a
+/// gradient step `w -= lr·xᵀg` reads and writes `w` once, and no gradient is stored).
+#[allow(clippy::too_many_arguments)]
+pub fn sgemm_update(
+    m: usize,
+    n: usize,
+    k: usize,
+    alpha: f32,
+    a: &[f32],
+    transpose_a: bool,
+    b: &[f32],
+    transpose_b: bool,
+    c: &mut [f32],
+    parallel: bool,
+) {
+    assert!(a.len() >= m * k && b.len() >= k * n && c.len() >= m * n, "sgemm operands are too small");
+    let lda = if transpose_a { m } else { k };
+    let ldb = if transpose_b { k } else { n };
+    product(m, n, k, alpha, a, lda, transpose_a, b, ldb, transpose_b, c, n, true, parallel);
+}
+
 /// [`sgemm`] with explicit leading dimensions (the distance between consecutive rows as stored): `a` holds m rows
 /// of k (k rows of m when `transpose_a`) `lda` apart, `b` k rows of n (n rows of k when `transpose_b`) `ldb`
 /// apart, `c` m rows of n `ldc` apart. Elements between the rows are neither read nor written.
@@ -39,6 +61,27 @@ pub fn sgemm_strided(
     m: usize,
     n: usize,
     k: usize,
+    a: &[f32],
+    lda: usize,
+    transpose_a: bool,
+    b: &[f32],
+    ldb: usize,
+    transpose_b: bool,
+    c: &mut [f32],
+    ldc: usize,
+    accumulate: bool,
+    parallel: bool,
+) {
+    product(m, n, k, 1.0, a, lda, transpose_a, b, ldb, transpose_b, c, ldc, accumulate, parallel);
+}
+
+/// `c = alpha·a·b`, or `c += alpha·a·b` when `accumulate`, with leading dimensions.
+#[allow(clippy::too_many_arguments)]
+fn product(
+    m: usize,
+    n: usize,
+    k: usize,
+    alpha: f32,
     a: &[f32],
     lda: usize,
     transpose_a: bool,
@@ -82,6 +125,7 @@ pub fn sgemm_strided(
             ldc,
             tc: false,
             accumulate,
+            alpha,
             id: 0,
         };
         // SAFETY: AVX-512F is available, and `check` put every element the product addresses (rows·ld at most)
@@ -89,7 +133,7 @@ pub fn sgemm_strided(
         unsafe { avx512::sgemm(product, parallel) };
         return;
     }
-    gemm_crate(m, n, k, a, lda, transpose_a, b, ldb, transpose_b, c, ldc, accumulate, parallel);
+    gemm_crate(m, n, k, alpha, a, lda, transpose_a, b, ldb, transpose_b, c, ldc, accumulate, parallel);
 }
 
 /// Asserts that a slice of `len` floats holds `rows` rows of `cols`, `ld` apart.
@@ -102,12 +146,13 @@ fn check(name: &str, len: usize, rows: usize, cols: usize, ld: usize) {
     assert!(needed.is_some_and(|needed| len >= needed), "sgemm operand {name} is too small");
 }
 
-/// The product on the `gemm` crate, with the same contract as [`sgemm_strided`] (bounds checked by the caller).
+/// The product on the `gemm` crate, with the same contract as [`product`] (bounds checked by the caller).
 #[allow(clippy::too_many_arguments)]
 fn gemm_crate(
     m: usize,
     n: usize,
     k: usize,
+    alpha: f32,
     a: &[f32],
     lda: usize,
     transpose_a: bool,
@@ -154,7 +199,7 @@ fn gemm_crate(
             b_cs,
             b_rs,
             if accumulate { 1.0 } else { 0.0 },
-            1.0,
+            alpha,
             false,
             false,
             false,
@@ -172,6 +217,7 @@ mod tests {
         for _ in 0..200 {
             let (m, n, k) = (rng.usize(1..=40), rng.usize(1..=40), rng.usize(0..=40));
             let (ta, tb, accumulate) = (rng.bool(), rng.bool(), rng.bool());
+            let alpha = if rng.bool() { 1.0 } else { rng.f32() * 4.0 - 2.0 };
             let lda = if ta { m } else { k } + rng.usize(0..3);
             let ldb = if tb { k } else { n } + rng.usize(0..3);
             let ldc = n + rng.usize(0..3);
@@ -179,16 +225,18 @@ mod tests {
             let b: Vec<f32> = (0..n.max(k) * ldb).map(|_| rng.f32() - 0.5).collect();
             let c0: Vec<f32> = (0..m * ldc).map(|_| rng.f32() - 0.5).collect();
             let mut c = c0.clone();
-            super::gemm_crate(m, n, k, &a, lda, ta, &b, ldb, tb, &mut c, ldc, accumulate, rng.bool());
+            super::gemm_crate(m, n, k, alpha, &a, lda, ta, &b, ldb, tb, &mut c, ldc, accumulate, rng.bool());
             for i in 0..m {
                 for j in 0..ldc {
-                    let mut want = if accumulate || j >= n { c0[i * ldc + j] } else { 0.0 };
+                    let mut sum = 0.0;
                     for p in 0..k {
                         if j < n {
-                            want += (if ta { a[p * lda + i] } else { a[i * lda + p] })
+                            sum += (if ta { a[p * lda + i] } else { a[i * lda + p] })
                                 * (if tb { b[j * ldb + p] } else { b[p * ldb + j] });
                         }
                     }
+                    let old = if accumulate || j >= n { c0[i * ldc + j] } else { 0.0 };
+                    let want = old + if j < n { alpha * sum } else { 0.0 };
                     assert!((c[i * ldc + j] - want).abs() <= 1e-4 * (1.0 + want.abs()), "{m}×{n}×{k} ({i}, {j})");
                 }
             }

@@ -1,6 +1,6 @@
 //! `sgemm` and `sgemm_strided` against a naive f64 triple loop.
 
-use dfc_gemm::{sgemm, sgemm_strided};
+use dfc_gemm::{sgemm, sgemm_strided, sgemm_update};
 
 fn random(rng: &mut fastrand::Rng, len: usize) -> Vec<f32> {
     (0..len).map(|_| rng.f32() * 2.0 - 1.0).collect()
@@ -18,17 +18,19 @@ struct Case {
     ldc: usize,
     accumulate: bool,
     parallel: bool,
+    /// Not 1: the product is run by `sgemm_update` (packed operands, accumulating).
+    alpha: f32,
 }
 
 impl Case {
     fn packed(m: usize, n: usize, k: usize, ta: bool, tb: bool, accumulate: bool, parallel: bool) -> Case {
         let lda = if ta { m } else { k };
         let ldb = if tb { k } else { n };
-        Case { m, n, k, ta, tb, lda, ldb, ldc: n, accumulate, parallel }
+        Case { m, n, k, ta, tb, lda, ldb, ldc: n, accumulate, parallel, alpha: 1.0 }
     }
 
     fn run(&self, rng: &mut fastrand::Rng) {
-        let Case { m, n, k, ta, tb, lda, ldb, ldc, accumulate, parallel } = *self;
+        let Case { m, n, k, ta, tb, lda, ldb, ldc, accumulate, parallel, alpha } = *self;
         let (a_rows, a_cols) = if ta { (k, m) } else { (m, k) };
         let (b_rows, b_cols) = if tb { (n, k) } else { (k, n) };
         let a = random(rng, if a_rows == 0 { 0 } else { (a_rows - 1) * lda + a_cols });
@@ -39,7 +41,10 @@ impl Case {
         let bt = |p: usize, j: usize| f64::from(if tb { b[j * ldb + p] } else { b[p * ldb + j] });
         let mut c = c0.clone();
         let packed = lda == a_cols.max(1) && ldb == b_cols.max(1) && ldc == n;
-        if packed && rng.bool() {
+        if alpha != 1.0 {
+            assert!(packed && accumulate, "sgemm_update takes packed operands and accumulates");
+            sgemm_update(m, n, k, alpha, &a, ta, &b, tb, &mut c, parallel);
+        } else if packed && rng.bool() {
             sgemm(m, n, k, &a, ta, &b, tb, &mut c, accumulate, parallel);
         } else {
             sgemm_strided(m, n, k, &a, lda, ta, &b, ldb, tb, &mut c, ldc, accumulate, parallel);
@@ -53,8 +58,8 @@ impl Case {
                 }
                 let (mut sum, mut size) = (0f64, 0f64);
                 for p in 0..k {
-                    sum += at(i, p) * bt(p, j);
-                    size += (at(i, p) * bt(p, j)).abs();
+                    sum += f64::from(alpha) * at(i, p) * bt(p, j);
+                    size += (f64::from(alpha) * at(i, p) * bt(p, j)).abs();
                 }
                 let old = f64::from(c0[i * ldc + j]);
                 if accumulate {
@@ -64,7 +69,7 @@ impl Case {
                 let err = (f64::from(got) - sum).abs();
                 assert!(
                     err <= 1e-4 * size.max(1e-30) + 1e-30,
-                    "{m}×{n}×{k} ta={ta} tb={tb} lds=({lda},{ldb},{ldc}) acc={accumulate} par={parallel}: \
+                    "{m}×{n}×{k} ta={ta} tb={tb} lds=({lda},{ldb},{ldc}) acc={accumulate} par={parallel} alpha={alpha}: \
                      c[{i}][{j}] = {got}, want {sum} (err {err:e}, scale {size:e})"
                 );
             }
@@ -92,6 +97,28 @@ fn random_strided_products() {
         case.lda += rng.usize(0..5);
         case.ldb += rng.usize(0..5);
         case.ldc += rng.usize(0..5);
+        case.run(&mut rng);
+    }
+}
+
+/// `c += α·a·b` (a product folded into an update), small and large enough for every parallel split.
+#[test]
+fn random_updates() {
+    let mut rng = fastrand::Rng::with_seed(19);
+    for i in 0..600 {
+        let (m, n, k) = if i % 20 == 0 {
+            (rng.usize(1..=800), rng.usize(1..=300), rng.usize(1..=800))
+        } else {
+            (rng.usize(1..=70), rng.usize(1..=70), rng.usize(1..=70))
+        };
+        let mut case = Case::packed(m, n, k, rng.bool(), rng.bool(), true, rng.bool());
+        case.alpha = if rng.bool() { -0.01 } else { rng.f32() * 4.0 - 2.0 };
+        case.run(&mut rng);
+    }
+    // Each split of the MLP's weight gradients, as the update of the weights.
+    for (m, n, k) in [(784, 256, 128), (256, 256, 128), (256, 10, 128), (32, 32, 6000)] {
+        let mut case = Case::packed(m, n, k, true, false, true, true);
+        case.alpha = -0.01;
         case.run(&mut rng);
     }
 }
@@ -187,4 +214,34 @@ fn model_shapes() {
             Case::packed(m, n, k, ta, tb, accumulate, parallel).run(&mut rng);
         }
     }
+}
+
+/// Products while runs hold the pool (`dfc_gemm::hold`): the workers that helped stay spinning for the next
+/// product, other rayon jobs still run meanwhile, and runs holding it side by side on several threads each finish.
+#[test]
+fn products_while_the_pool_is_held() {
+    use rayon::prelude::*;
+    let mut rng = fastrand::Rng::with_seed(23);
+    {
+        let _hold = dfc_gemm::hold();
+        for _ in 0..60 {
+            let (m, n, k) = (rng.usize(100..=300), rng.usize(100..=300), rng.usize(100..=400));
+            Case::packed(m, n, k, rng.bool(), rng.bool(), rng.bool(), true).run(&mut rng);
+            // A rayon job from this thread while a worker spins: the spinner runs it.
+            let sum: u64 = (0..10_000u64).into_par_iter().sum();
+            assert_eq!(sum, 49_995_000);
+        }
+    }
+    std::thread::scope(|scope| {
+        for seed in 0..3 {
+            scope.spawn(move || {
+                let mut rng = fastrand::Rng::with_seed(100 + seed);
+                let _hold = dfc_gemm::hold();
+                for _ in 0..20 {
+                    let (m, n, k) = (rng.usize(100..=300), rng.usize(100..=300), rng.usize(100..=400));
+                    Case::packed(m, n, k, rng.bool(), rng.bool(), rng.bool(), true).run(&mut rng);
+                }
+            });
+        }
+    });
 }

@@ -6,8 +6,9 @@ use std::arch::x86_64::*;
 use super::pack::{tail_mask, transpose16};
 use super::MR;
 
-/// `kernel::<R, IN_PLACE, WIDE>(kc, a, lda, b, ldb, c, ldc, nr, tc, overwrite)`.
-pub(super) type Kernel = unsafe fn(usize, *const f32, usize, *const f32, usize, *mut f32, usize, usize, bool, bool);
+/// `kernel::<R, IN_PLACE, WIDE>(kc, a, lda, b, ldb, c, ldc, nr, tc, overwrite, alpha)`.
+pub(super) type Kernel =
+    unsafe fn(usize, *const f32, usize, *const f32, usize, *mut f32, usize, usize, bool, bool, f32);
 
 /// Instantiates `kernel::<R, IN_PLACE, WIDE>` for R = 1..=12.
 macro_rules! heights {
@@ -33,7 +34,7 @@ macro_rules! heights {
 pub(super) static KERNELS: [[[Kernel; MR]; 2]; 2] =
     [[heights!(false, false), heights!(true, false)], [heights!(false, true), heights!(true, true)]];
 
-/// `C[R×nr] (+)= A·B` for one tile: overwrites the tile when `overwrite`, else adds to it.
+/// `C[R×nr] (+)= α·A·B` for one tile: overwrites the tile when `overwrite`, else adds to it.
 ///
 /// - A (R rows × kc steps): element (i, q) at `a[i·lda + q]` when `IN_PLACE` (A as stored, row-major:
 ///   broadcasting from R rows spares transposing A into a panel), else at `a[q·R + i]` (a packed panel).
@@ -63,6 +64,7 @@ unsafe fn kernel<const R: usize, const IN_PLACE: bool, const WIDE: bool>(
     nr: usize,
     tc: bool,
     overwrite: bool,
+    alpha: f32,
 ) {
     // Rows past R (and the second vector unless WIDE) stay zero and unused: LLVM drops them.
     let mut acc = [[_mm512_setzero_ps(); 2]; MR];
@@ -181,6 +183,12 @@ unsafe fn kernel<const R: usize, const IN_PLACE: bool, const WIDE: bool>(
                 step!(0);
                 a = a.add(R);
                 b = b.add(ldb);
+            }
+        }
+        if alpha != 1.0 {
+            let alpha = _mm512_set1_ps(alpha);
+            for row in acc.iter_mut().take(R) {
+                *row = [_mm512_mul_ps(row[0], alpha), _mm512_mul_ps(row[1], alpha)];
             }
         }
         if tc {
