@@ -8,12 +8,14 @@
 //!   see `dfc_passes::fuse`), aliases what needs no copy (reads of variables, reshapes,
 //!   assignments, which update the variable in place) and plans one arena for every other
 //!   value by liveness, so that a run allocates nothing but its fetched results.
-//! - [`NativeProgram::run`] runs it on feeds and variables.
+//! - [`NativeProgram::run`] runs it on feeds and variables, with subnormal floats flushed to zero
+//!   (`denormals`), as TensorFlow does.
 //!
 //! Unlike the interpreter's, a run is not atomic: assignments write the variables in place
 //! as they run, so a run that fails part-way (an index out of range, a partition that
 //! aborts) leaves the variables it already updated.
 
+mod denormals;
 pub mod jit;
 mod memory;
 mod program;

@@ -609,6 +609,7 @@ impl NativeProgram {
         let exchange = |node: &str| rendezvous.ok_or_else(|| InterpError::NoRendezvous { node: node.to_string() });
         // The products of a run start without waking rayon's workers (see `dfc_gemm::hold`).
         let _hold = dfc_gemm::hold();
+        let _flush = crate::denormals::FlushDenormals::new();
         for step in &self.steps {
             match step {
                 Step::Kernel { function, args, rows, parallel } => {
