@@ -134,6 +134,19 @@ enum Command {
         /// What runs the plan: native code (LLVM) or the reference interpreter.
         #[arg(long, value_enum, default_value_t = RunBackend::Llvm)]
         backend: RunBackend,
+        #[command(flatten)]
+        remote: run::RemoteArgs,
+    },
+    /// Serve as a worker of distributed runs: run the partitions a driver (`dfc run
+    /// --cluster/--spawn`) registers, exchanging tensors with the other workers.
+    Worker {
+        /// Where to listen (host:port; port 0 picks a free one). Binds loopback unless told
+        /// otherwise: anyone who can reach the port and holds the token can run code here.
+        #[arg(long, default_value = "127.0.0.1:0")]
+        listen: String,
+        /// A file whose first line is the shared token [default: the DFC_TOKEN variable].
+        #[arg(long)]
+        token_file: Option<PathBuf>,
     },
     /// Time training steps (or with --inference forward passes) of a plan on random data.
     Bench(bench::BenchArgs),
@@ -245,6 +258,7 @@ fn main() -> ExitCode {
             fetch,
             output,
             backend,
+            remote,
         } => {
             let train = dfc_driver::TrainOptions {
                 backend: backend.backend(),
@@ -257,8 +271,9 @@ fn main() -> ExitCode {
                 metrics,
                 checkpoint_dir,
             };
-            run_plan(&plan, &run::RunArgs { train, fetch, output })
+            run_plan(&plan, &run::RunArgs { train, fetch, output, remote })
         }
+        Command::Worker { listen, token_file } => run::worker(&listen, token_file.as_deref()).map_err(Failure),
     };
     match result {
         Ok(code) => code,

@@ -73,6 +73,26 @@ pub struct RunArgs {
     pub train: TrainOptions,
     pub fetch: Option<String>,
     pub output: Option<PathBuf>,
+    pub remote: RemoteArgs,
+}
+
+/// Where the partitions run: in this process (the default), or on workers.
+#[derive(clap::Args, Default)]
+pub struct RemoteArgs {
+    /// Run on the workers of this cluster (TF_CONFIG's JSON shape: {"cluster": {"worker":
+    /// ["host:port", ...], "ps": [...]}}), one per task of the plan; each runs `dfc worker`.
+    #[arg(long, value_name = "FILE", conflicts_with = "spawn")]
+    pub cluster: Option<PathBuf>,
+    /// Start N worker processes on loopback and run on them (one machine, several processes).
+    #[arg(long, value_name = "N")]
+    pub spawn: Option<usize>,
+    /// A file whose first line is the workers' shared token [default: the DFC_TOKEN variable;
+    /// with --spawn, a fresh random one].
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
+    /// How long a worker waits for another within a step before the step fails (seconds).
+    #[arg(long, default_value_t = 30.0, value_name = "SECONDS")]
+    pub wait: f64,
 }
 
 /// Trains, or with `--fetch` runs forward, any plan (one partition or many); prints what a
@@ -81,39 +101,48 @@ pub fn run(plan: &dfc_plan::Plan, args: &RunArgs) -> Result<(), String> {
     if args.train.backend == dfc_driver::Backend::Llvm {
         note_foreign_code(plan);
     }
+    if args.remote.cluster.is_some() || args.remote.spawn.is_some() {
+        return run_remote(plan, args);
+    }
     if let Some(name) = &args.fetch {
         let mut session =
             dfc_driver::Session::with_backend(plan, args.train.seed, args.train.backend).map_err(|e| e.to_string())?;
-        match &args.train.checkpoint_dir {
-            Some(dir) => match dfc_driver::checkpoint::latest(dir).map_err(|e| format!("checkpoint: {e}"))? {
-                Some(found) => {
-                    eprintln!("using the variables of {} (step {})", found.path.display(), found.step);
-                    // The checkpoint must match the plan's variables, as when training resumes.
-                    session.restore(&found.tensors, &found.path).map_err(|e| e.to_string())?;
-                }
-                None => return Err(format!("no checkpoint in {}", dir.display())),
-            },
-            None => {
-                eprintln!(
-                    "note: no --checkpoint-dir, so the variables have their initial values (seed {})",
-                    args.train.seed
-                );
-            }
-        }
+        restore_for_fetch(&mut session, &args.train)?;
         let result = dfc_driver::infer(&mut session, name, &args.train.feeds).map_err(|e| e.to_string())?;
-        match &args.output {
-            Some(path) => {
-                dfc_driver::save_npy(path, &result).map_err(|e| format!("cannot write `{}`: {e}", path.display()))?;
-                eprintln!("wrote `{name}` ({}) to {}", result.ty(), path.display());
-            }
-            None => print_tensor(name, &result),
-        }
-        return Ok(());
+        return save_or_print(name, &result, args.output.as_deref());
     }
     let mut reporter = Reporter::new();
     let started = std::time::Instant::now();
     let summary = dfc_driver::train(plan, &args.train, &mut reporter).map_err(|e| e.to_string())?;
     eprintln!("trained {} steps in {:.1} s", summary.steps, started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// With --checkpoint-dir, the newest checkpoint's variables (which must match the plan's).
+fn restore_for_fetch<R: dfc_driver::Runner>(session: &mut R, train: &TrainOptions) -> Result<(), String> {
+    match &train.checkpoint_dir {
+        Some(dir) => match dfc_driver::checkpoint::latest(dir).map_err(|e| format!("checkpoint: {e}"))? {
+            Some(found) => {
+                eprintln!("using the variables of {} (step {})", found.path.display(), found.step);
+                session.restore(&found.tensors, &found.path).map_err(|e| e.to_string())
+            }
+            None => Err(format!("no checkpoint in {}", dir.display())),
+        },
+        None => {
+            eprintln!("note: no --checkpoint-dir, so the variables have their initial values (seed {})", train.seed);
+            Ok(())
+        }
+    }
+}
+
+fn save_or_print(name: &str, result: &dfc_interp::Tensor, output: Option<&Path>) -> Result<(), String> {
+    match output {
+        Some(path) => {
+            dfc_driver::save_npy(path, result).map_err(|e| format!("cannot write `{}`: {e}", path.display()))?;
+            eprintln!("wrote `{name}` ({}) to {}", result.ty(), path.display());
+        }
+        None => print_tensor(name, result),
+    }
     Ok(())
 }
 
@@ -152,4 +181,94 @@ fn print_tensor(name: &str, tensor: &dfc_interp::Tensor) {
     if rows > ROWS {
         println!("  ... {} more rows (use -o FILE.npy to save them all)", rows - ROWS);
     }
+}
+
+/// `dfc worker`: serves until a driver shuts it down. Prints `dfc worker listening on ADDR`
+/// (the bound address) on its first line of output.
+pub fn worker(listen: &str, token_file: Option<&Path>) -> Result<std::process::ExitCode, String> {
+    let token = dfc_rpc::auth::load_token(token_file)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| e.to_string())?;
+    runtime.block_on(async {
+        let listener =
+            tokio::net::TcpListener::bind(listen).await.map_err(|e| format!("cannot listen on {listen}: {e}"))?;
+        let address = listener.local_addr().map_err(|e| e.to_string())?;
+        println!("dfc worker listening on {address}");
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+        dfc_rpc::serve(listener, token).await
+    })?;
+    Ok(std::process::ExitCode::SUCCESS)
+}
+
+/// Trains (or with --fetch runs) the plan on remote workers: those of --cluster, or --spawn N
+/// local ones.
+fn run_remote(plan: &dfc_plan::Plan, args: &RunArgs) -> Result<(), String> {
+    let remote = &args.remote;
+    let mut _spawned = None;
+    let (token, addresses, assignment) = match (&remote.cluster, remote.spawn) {
+        (_, Some(n)) => {
+            let token = match &remote.token_file {
+                Some(_) => dfc_rpc::auth::load_token(remote.token_file.as_deref())?,
+                None => dfc_rpc::auth::random_token(),
+            };
+            let assignment = dfc_rpc::assign(plan, n)?;
+            let exe = std::env::current_exe().map_err(|e| format!("cannot find the dfc executable: {e}"))?;
+            let workers = dfc_rpc::LocalWorkers::spawn(&exe, n, &token)?;
+            let addresses = workers.addresses.clone();
+            _spawned = Some(workers);
+            (token, addresses, assignment)
+        }
+        (Some(file), None) => {
+            let token = dfc_rpc::auth::load_token(remote.token_file.as_deref())?;
+            let text = std::fs::read_to_string(file).map_err(|e| format!("cannot read `{}`: {e}", file.display()))?;
+            let cluster = dfc_ir::Cluster::from_json(&text).map_err(|e| format!("{}: {e}", file.display()))?;
+            let tasks = cluster.jobs.iter().map(|j| j.tasks.len()).sum::<usize>();
+            let assignment = dfc_rpc::assign(plan, tasks)?;
+            let mut addresses = Vec::new();
+            for name in &assignment.names {
+                // `/job:NAME/task:I`
+                let address = name
+                    .strip_prefix("/job:")
+                    .and_then(|rest| rest.split_once("/task:"))
+                    .and_then(|(job, task)| {
+                        let task: usize = task.parse().ok()?;
+                        cluster.jobs.iter().find(|j| j.name == job)?.tasks.get(task)?.address.clone()
+                    })
+                    .ok_or_else(|| format!("the cluster file has no address for the plan's task {name}"))?;
+                addresses.push(address);
+            }
+            (token, addresses, assignment)
+        }
+        (None, None) => unreachable!("called for remote runs"),
+    };
+    let wait = std::time::Duration::from_secs_f64(remote.wait.max(0.001));
+    let mut session = dfc_rpc::RemoteSession::connect(
+        plan,
+        &addresses,
+        &assignment,
+        &token,
+        args.train.seed,
+        args.train.backend,
+        wait,
+    )
+    .map_err(|e| e.to_string())?;
+    for (name, address) in assignment.names.iter().zip(&addresses) {
+        let count = assignment.partition_worker.iter().filter(|&&w| assignment.names[w] == *name).count();
+        eprintln!("worker {name} at {address}: {count} partition(s)");
+    }
+    let result = if let Some(name) = &args.fetch {
+        restore_for_fetch(&mut session, &args.train)?;
+        let result = dfc_driver::infer(&mut session, name, &args.train.feeds).map_err(|e| e.to_string())?;
+        save_or_print(name, &result, args.output.as_deref())
+    } else {
+        let mut reporter = Reporter::new();
+        let started = std::time::Instant::now();
+        let summary = dfc_driver::train_with(&mut session, &args.train, &mut reporter).map_err(|e| e.to_string())?;
+        eprintln!("trained {} steps in {:.1} s", summary.steps, started.elapsed().as_secs_f64());
+        Ok(())
+    };
+    if _spawned.is_some() {
+        session.shutdown();
+    }
+    result
 }

@@ -7,12 +7,14 @@
 //! - [`metrics`]: the JSON-lines log of one record per epoch.
 //! - [`session`]: runs any plan, one partition or many, in one process (a thread per
 //!   partition); holds the variables and builds programs from names.
+//! - [`runner`]: what the loop needs of whatever runs a plan (a session, or remote workers).
 //! - [`train`](mod@train): the loop: epochs, evaluation, checkpoints and resumption, and `--fetch`.
 
 pub mod checkpoint;
 pub mod data;
 pub mod metrics;
 pub mod npy;
+pub mod runner;
 pub mod session;
 pub mod train;
 
@@ -20,7 +22,8 @@ pub use checkpoint::{Checkpoint, CheckpointError};
 pub use data::{fit, load, load_csv, load_idx, load_npy, shuffled_order, DataError, Dataset};
 pub use metrics::{EpochRecord, MetricsLog};
 pub use npy::{save_npy, to_npy_bytes};
+pub use runner::Runner;
 pub use session::{Backend, Session, SessionProgram};
 pub use train::{
-    batch_size, evaluate, infer, load_feeds, restore, train, Progress, RunError, TrainOptions, TrainSummary,
+    batch_size, evaluate, infer, load_feeds, restore, train, train_with, Progress, RunError, TrainOptions, TrainSummary,
 };

@@ -61,14 +61,17 @@ pub struct Session<'p> {
     native: Vec<Option<(Cow<'p, NativeCode>, Arc<Jitted>)>>,
     /// Partitions whose plan code did not fit this CPU (or was absent) and were compiled at load.
     recompiled: Vec<usize>,
+    /// The partitions this session runs (all, but on a worker of a distributed run).
+    hosted: Vec<bool>,
 }
 
 /// What one run of a session computes: a `Program` for each partition that takes part.
 #[derive(Debug)]
 pub struct SessionProgram {
     parts: Vec<Part>,
-    /// Where each fetch comes from: `(index in parts, index in that part's fetches)`.
-    fetches: Vec<(usize, usize)>,
+    /// Where each fetch comes from: `(index in parts, index in that part's fetches)`; `None`
+    /// for a fetch of a partition the session does not host.
+    fetches: Vec<Option<(usize, usize)>>,
     inputs: Vec<String>,
 }
 
@@ -128,6 +131,11 @@ impl SessionProgram {
             .collect()
     }
 
+    /// The indices of the fetches that this session's partitions compute.
+    pub fn hosted_fetches(&self) -> Vec<usize> {
+        self.fetches.iter().enumerate().filter(|(_, f)| f.is_some()).map(|(i, _)| i).collect()
+    }
+
     /// The partitions (indices into `plan.partitions`) that take part, in order.
     pub fn partitions(&self) -> Vec<usize> {
         self.parts.iter().map(|p| p.partition).collect()
@@ -149,6 +157,19 @@ impl<'p> Session<'p> {
 
     /// Like [`Session::new`], running the partitions on `backend`.
     pub fn with_backend(plan: &'p Plan, seed: u64, backend: Backend) -> Result<Session<'p>, RunError> {
+        let all: Vec<usize> = (0..plan.partitions.len()).collect();
+        Session::hosting(plan, seed, backend, &all)
+    }
+
+    /// A session that runs only the partitions `hosted` (a worker's share of a distributed
+    /// run); the others' parts of a program run elsewhere, meeting this one's through the
+    /// rendezvous given to [`Session::run_with`]. Every variable is initialised, hosted or not,
+    /// so that a checkpoint restores as it does in one process.
+    pub fn hosting(plan: &'p Plan, seed: u64, backend: Backend, hosted: &[usize]) -> Result<Session<'p>, RunError> {
+        if let Some(&p) = hosted.iter().find(|&&p| p >= plan.partitions.len()) {
+            return Err(malformed(format!("there is no partition {p}")));
+        }
+        let hosted: Vec<bool> = (0..plan.partitions.len()).map(|p| hosted.contains(&p)).collect();
         let mut nodes: HashMap<&str, (usize, NodeId)> = HashMap::new();
         let mut outputs: HashMap<&str, (usize, TensorRef)> = HashMap::new();
         let mut sends: HashMap<&str, (usize, NodeId)> = HashMap::new();
@@ -210,6 +231,10 @@ impl<'p> Session<'p> {
             let host = dfc_codegen::host_target();
             let fetched: Vec<&str> = plan.training.iter().map(|t| t.loss_node.as_str()).collect();
             for (p, partition) in plan.partitions.iter().enumerate() {
+                if !hosted[p] {
+                    native.push(None);
+                    continue;
+                }
                 let code = match &partition.native {
                     Some(code) if dfc_codegen::missing_features(&code.target, &host).is_empty() => Cow::Borrowed(code),
                     _ => {
@@ -241,6 +266,7 @@ impl<'p> Session<'p> {
             mirrors,
             native,
             recompiled,
+            hosted,
         };
         // Copies start as their originals do; make sure of it.
         session.copy_mirrors();
@@ -315,12 +341,13 @@ impl<'p> Session<'p> {
         let mut parts = Vec::new();
         let mut part_index = vec![usize::MAX; n];
         for (p, partition_roots) in roots.iter().enumerate() {
-            if partition_roots.is_empty() {
+            if partition_roots.is_empty() || !self.hosted[p] {
                 continue;
             }
             let targets: Vec<NodeId> = partition_roots.iter().copied().collect();
             let module = &self.plan.partitions[p].module;
             let program = match &self.native[p] {
+                None if self.backend == Backend::Llvm => unreachable!("hosted partitions have native code"),
                 None => Executable::Interp(Program::with_order(module, &part_fetches[p], &targets, &self.orders[p])?),
                 Some((code, jit)) => {
                     Executable::Native(self.native_program(p, code, jit, &part_fetches[p], &targets)?)
@@ -329,7 +356,8 @@ impl<'p> Session<'p> {
             part_index[p] = parts.len();
             parts.push(Part { partition: p, program });
         }
-        let fetches = fetch_at.into_iter().map(|(p, i)| (part_index[p], i)).collect();
+        let fetches =
+            fetch_at.into_iter().map(|(p, i)| (part_index[p] != usize::MAX).then(|| (part_index[p], i))).collect();
         let mut inputs: Vec<String> = parts.iter().flat_map(|part| part.program.inputs()).collect();
         let declared = |name: &String| self.plan.inputs.iter().position(|i| i.name == *name).unwrap_or(usize::MAX);
         inputs.sort_by_key(|name| declared(name)); // stable: undeclared ones keep partition order
@@ -379,19 +407,38 @@ impl<'p> Session<'p> {
     /// change only if every partition succeeds.
     pub fn run(&mut self, program: &SessionProgram, feeds: &HashMap<String, Tensor>) -> Result<Vec<Tensor>, RunError> {
         let rendezvous = InProcessRendezvous::new();
+        let fetched = self.run_with(program, feeds, &rendezvous)?;
+        fetched
+            .into_iter()
+            .map(|f| {
+                f.ok_or_else(|| RunError::Usage("a fetch belongs to a partition this session does not host".into()))
+            })
+            .collect()
+    }
+
+    /// Runs the hosted parts of `program` once, exchanging tensors through `rendezvous` (with
+    /// the parts that run elsewhere too); returns the fetched values of the hosted partitions
+    /// (`None` for the others). The hosted partitions' variables change only if all of them
+    /// succeed.
+    pub fn run_with(
+        &mut self,
+        program: &SessionProgram,
+        feeds: &HashMap<String, Tensor>,
+        rendezvous: &dyn Rendezvous,
+    ) -> Result<Vec<Option<Tensor>>, RunError> {
         let plan = self.plan;
         let run_part = |part: &Part, variables: &mut Variables| -> Result<PartRun, InterpError> {
             let module = &plan.partitions[part.partition].module;
             match &part.program {
                 Executable::Interp(program) => {
-                    program.run_staged(module, variables, feeds, &rendezvous).map(PartRun::Staged)
+                    program.run_staged(module, variables, feeds, rendezvous).map(PartRun::Staged)
                 }
-                Executable::Native(program) => program.run(variables, feeds, Some(&rendezvous)).map(PartRun::Done),
+                Executable::Native(program) => program.run(variables, feeds, Some(rendezvous)).map(PartRun::Done),
             }
         };
         let run_aborting = |part: &Part, variables: &mut Variables| {
             // A panic must not leave the other partitions waiting.
-            let _guard = AbortOnPanic(&rendezvous);
+            let _guard = AbortOnPanic(rendezvous);
             let result = run_part(part, variables);
             if let Err(error) = &result {
                 let device = &plan.partitions[part.partition].device;
@@ -448,7 +495,17 @@ impl<'p> Session<'p> {
                 PartRun::Done(fetched) => fetched,
             })
             .collect();
-        Ok(program.fetches.iter().map(|&(part, i)| fetched[part][i].clone()).collect())
+        Ok(program.fetches.iter().map(|f| f.map(|(part, i)| fetched[part][i].clone())).collect())
+    }
+
+    /// The logical variables of the hosted partitions.
+    pub fn hosted_variables(&self) -> Variables {
+        let mut logical = Variables::new();
+        for &(p, name) in self.logical.iter().filter(|(p, _)| self.hosted[*p]) {
+            let value = self.variables[p].get(name).expect("every variable is initialised");
+            logical.insert(name.to_string(), value.clone());
+        }
+        logical
     }
 
     /// The logical variables, what a checkpoint holds: every variable that is not a replica's
@@ -512,7 +569,7 @@ impl<'p> Session<'p> {
 }
 
 /// Aborts the rendezvous if the thread unwinds.
-struct AbortOnPanic<'a>(&'a InProcessRendezvous);
+struct AbortOnPanic<'a>(&'a dyn Rendezvous);
 
 impl Drop for AbortOnPanic<'_> {
     fn drop(&mut self) {

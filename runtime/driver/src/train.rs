@@ -9,7 +9,8 @@
 use crate::checkpoint;
 use crate::data::{self, Dataset};
 use crate::metrics::{EpochRecord, MetricsLog};
-use crate::session::{Session, SessionProgram};
+use crate::runner::Runner;
+use crate::session::Session;
 use dfc_interp::{InterpError, Tensor, Variables};
 use dfc_ir::Op;
 use dfc_plan::Plan;
@@ -106,9 +107,9 @@ pub fn load_feeds(plan: &Plan, feeds: &[(String, PathBuf)], what: &str) -> Resul
     Ok(Dataset::new(tensors)?)
 }
 
-fn require_inputs(program: &SessionProgram, dataset: &Dataset, what: &str) -> Result<(), RunError> {
+fn require_inputs(inputs: Vec<String>, dataset: &Dataset, what: &str) -> Result<(), RunError> {
     let fed: Vec<&str> = dataset.names().collect();
-    let missing: Vec<String> = program.inputs().into_iter().filter(|i| !fed.contains(&i.as_str())).collect();
+    let missing: Vec<String> = inputs.into_iter().filter(|i| !fed.contains(&i.as_str())).collect();
     if missing.is_empty() {
         return Ok(());
     }
@@ -116,9 +117,22 @@ fn require_inputs(program: &SessionProgram, dataset: &Dataset, what: &str) -> Re
     Err(RunError::Usage(format!("no data for input(s) {}; add {}", missing.join(", "), flags.join(" "))))
 }
 
-/// Trains the plan (any number of partitions) as `options` say, from its initial values or
-/// the newest checkpoint.
+/// Trains the plan (any number of partitions) in this process as `options` say, from its
+/// initial values or the newest checkpoint.
 pub fn train(plan: &Plan, options: &TrainOptions, progress: &mut dyn Progress) -> Result<TrainSummary, RunError> {
+    let mut session = Session::with_backend(plan, options.seed, options.backend)?;
+    train_with(&mut session, options, progress)
+}
+
+/// Trains what `runner` runs (its own plan) as `options` say (`seed` and `backend` are the
+/// runner's business), from its initial values or the newest checkpoint.
+pub fn train_with<R: Runner>(
+    runner: &mut R,
+    options: &TrainOptions,
+    progress: &mut dyn Progress,
+) -> Result<TrainSummary, RunError> {
+    let plan = runner.plan().clone();
+    let plan = &plan;
     let Some(training) = &plan.training else {
         return Err(RunError::Usage(format!(
             "model `{}` has no `minimize`, so there is nothing to train; use --fetch NAME to run it",
@@ -133,15 +147,15 @@ pub fn train(plan: &Plan, options: &TrainOptions, progress: &mut dyn Progress) -
     let eval_data =
         if options.eval_feeds.is_empty() { None } else { Some(load_feeds(plan, &options.eval_feeds, "--eval-feed")?) };
 
-    let mut session = Session::with_backend(plan, options.seed, options.backend)?;
+    let session = runner;
     let updates: Vec<&str> = training.updates.iter().map(String::as_str).collect();
     let step_program = session.program(&[&training.loss_node], &updates)?;
-    require_inputs(&step_program, &train_data, "--feed")?;
+    require_inputs(session.inputs(&step_program), &train_data, "--feed")?;
     let mut eval_fetches = vec![training.loss_node.as_str()];
     eval_fetches.extend(plan.metrics.iter().map(|m| m.name.as_str()));
     let eval_program = session.program(&eval_fetches, &[])?;
     if let Some(eval) = &eval_data {
-        require_inputs(&eval_program, eval, "--eval-feed")?;
+        require_inputs(session.inputs(&eval_program), eval, "--eval-feed")?;
     }
     let steps_per_epoch = (train_data.len() / batch) as u64;
     if steps_per_epoch == 0 {
@@ -215,7 +229,7 @@ pub fn train(plan: &Plan, options: &TrainOptions, progress: &mut dyn Progress) -
             metrics: BTreeMap::new(),
         };
         if let Some(eval) = &eval_data {
-            let values = evaluate(&mut session, &eval_program, eval, batch)?;
+            let values = evaluate(session, &eval_program, eval, batch)?;
             record.eval_loss = Some(values[0]);
             for (metric, value) in plan.metrics.iter().zip(&values[1..]) {
                 if metric.name == "accuracy" {
@@ -230,7 +244,7 @@ pub fn train(plan: &Plan, options: &TrainOptions, progress: &mut dyn Progress) -
         }
         if let Some(dir) = &options.checkpoint_dir {
             let completed_epochs = if finished_epoch { epoch + 1 } else { epoch };
-            checkpoint::save(dir, step, completed_epochs, session.variables().iter())
+            checkpoint::save(dir, step, completed_epochs, session.variables()?.iter())
                 .map_err(|e| RunError::Checkpoint(e.to_string()))?;
         }
         progress.epoch_finished(&record);
@@ -239,13 +253,13 @@ pub fn train(plan: &Plan, options: &TrainOptions, progress: &mut dyn Progress) -
             break 'epochs;
         }
     }
-    Ok(TrainSummary { steps: step, epochs, records, variables: session.variables() })
+    Ok(TrainSummary { steps: step, epochs, records, variables: session.variables()? })
 }
 
 /// Replaces initial values by a checkpoint's, which must hold every logical variable with
 /// its type (see [`Session::restore`]).
-pub fn restore(
-    session: &mut Session<'_>,
+pub fn restore<R: Runner>(
+    session: &mut R,
     saved: &BTreeMap<String, Tensor>,
     path: &std::path::Path,
 ) -> Result<(), RunError> {
@@ -253,9 +267,9 @@ pub fn restore(
 }
 
 /// Mean loss and metrics over every full batch of `data`, in order.
-pub fn evaluate(
-    session: &mut Session<'_>,
-    program: &SessionProgram,
+pub fn evaluate<R: Runner>(
+    session: &mut R,
+    program: &R::Program,
     data: &Dataset,
     batch: usize,
 ) -> Result<Vec<f64>, RunError> {
@@ -284,13 +298,14 @@ pub fn evaluate(
 /// Runs the model forward on every example of the feeds and returns the named output for all
 /// of them (stacked along the leading axis). The last batch is padded by repeating its last
 /// example, and the padding is dropped from the result, so every example is computed.
-pub fn infer(session: &mut Session<'_>, output: &str, feeds: &[(String, PathBuf)]) -> Result<Tensor, RunError> {
-    let plan = session.plan();
+pub fn infer<R: Runner>(session: &mut R, output: &str, feeds: &[(String, PathBuf)]) -> Result<Tensor, RunError> {
+    let plan = session.plan().clone();
+    let plan = &plan;
     lookup_output(plan, output)?;
     let batch = batch_size(plan)?;
     let data = load_feeds(plan, feeds, "--feed")?;
     let program = session.program(&[output], &[])?;
-    require_inputs(&program, &data, "--feed")?;
+    require_inputs(session.inputs(&program), &data, "--feed")?;
     let n = data.len();
     if n == 0 {
         return Err(RunError::Usage("the feeds hold no examples".into()));

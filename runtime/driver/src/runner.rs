@@ -1,0 +1,60 @@
+//! `Runner`: what the training loop needs of whatever runs a plan — a [`Session`] in this
+//! process, or a driver of remote workers (`dfc_rpc`).
+
+use crate::session::{Session, SessionProgram};
+use crate::train::RunError;
+use dfc_interp::{Tensor, Variables};
+use dfc_plan::Plan;
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+pub trait Runner {
+    /// A program built once and run many times.
+    type Program;
+
+    fn plan(&self) -> &Plan;
+
+    /// The program that fetches `fetches` (named outputs or metrics, else node names) and runs
+    /// the nodes named in `targets` for their effect.
+    fn program(&mut self, fetches: &[&str], targets: &[&str]) -> Result<Self::Program, RunError>;
+
+    /// The inputs `program` needs.
+    fn inputs(&self, program: &Self::Program) -> Vec<String>;
+
+    /// One run of `program` on `feeds`: the fetched values, in order.
+    fn run(&mut self, program: &Self::Program, feeds: &HashMap<String, Tensor>) -> Result<Vec<Tensor>, RunError>;
+
+    /// The logical variables (what a checkpoint holds).
+    fn variables(&mut self) -> Result<Variables, RunError>;
+
+    /// Sets the logical variables from a checkpoint read from `path`.
+    fn restore(&mut self, saved: &BTreeMap<String, Tensor>, path: &Path) -> Result<(), RunError>;
+}
+
+impl<'p> Runner for Session<'p> {
+    type Program = SessionProgram;
+
+    fn plan(&self) -> &Plan {
+        Session::plan(self)
+    }
+
+    fn program(&mut self, fetches: &[&str], targets: &[&str]) -> Result<SessionProgram, RunError> {
+        Session::program(self, fetches, targets)
+    }
+
+    fn inputs(&self, program: &SessionProgram) -> Vec<String> {
+        program.inputs()
+    }
+
+    fn run(&mut self, program: &SessionProgram, feeds: &HashMap<String, Tensor>) -> Result<Vec<Tensor>, RunError> {
+        Session::run(self, program, feeds)
+    }
+
+    fn variables(&mut self) -> Result<Variables, RunError> {
+        Ok(Session::variables(self))
+    }
+
+    fn restore(&mut self, saved: &BTreeMap<String, Tensor>, path: &Path) -> Result<(), RunError> {
+        Session::restore(self, saved, path)
+    }
+}

@@ -1,0 +1,92 @@
+//! The shared token. TensorFlow's gRPC server accepts anyone and runs whatever graph it is
+//! sent; a dfc worker answers only calls that carry the token it was started with
+//! (`authorization: Bearer TOKEN`), compared in constant time, and runs only plans that such a
+//! call registered.
+
+use subtle::ConstantTimeEq;
+use tonic::metadata::MetadataValue;
+use tonic::{Request, Status};
+
+/// The environment variable that holds the token when no `--token-file` is given.
+pub const TOKEN_VARIABLE: &str = "DFC_TOKEN";
+
+/// The token from `file` (its first line, trimmed) or else from `DFC_TOKEN`.
+pub fn load_token(file: Option<&std::path::Path>) -> Result<String, String> {
+    let token = match file {
+        Some(path) => std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read the token file `{}`: {e}", path.display()))?
+            .lines()
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_string(),
+        None => std::env::var(TOKEN_VARIABLE).map_err(|_| {
+            format!("no token: give --token-file FILE or set {TOKEN_VARIABLE} (workers refuse calls without one)")
+        })?,
+    };
+    if token.len() < 16 {
+        return Err(
+            "the token is shorter than 16 characters; use a long random one (e.g. `openssl rand -hex 32`)".into()
+        );
+    }
+    if !token.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err("the token must be printable ASCII without spaces".into());
+    }
+    Ok(token)
+}
+
+/// A fresh random token (for the workers `dfc run --spawn` starts).
+pub fn random_token() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    // Four SipHash keys drawn by the standard library from the OS's randomness.
+    (0..4)
+        .map(|i| {
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_u64(i);
+            format!("{:016x}", h.finish())
+        })
+        .collect()
+}
+
+/// Checks each incoming call's token (a tonic interceptor).
+#[derive(Clone)]
+pub struct CheckToken {
+    expected: std::sync::Arc<Vec<u8>>,
+}
+
+impl CheckToken {
+    pub fn new(token: &str) -> CheckToken {
+        CheckToken { expected: std::sync::Arc::new(format!("Bearer {token}").into_bytes()) }
+    }
+}
+
+impl tonic::service::Interceptor for CheckToken {
+    fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
+        let given = request.metadata().get("authorization").map(|v| v.as_bytes()).unwrap_or(b"");
+        // `ct_eq` on slices of different lengths is false without looking at the bytes.
+        if bool::from(given.ct_eq(self.expected.as_slice())) {
+            Ok(request)
+        } else {
+            Err(Status::unauthenticated("missing or wrong token"))
+        }
+    }
+}
+
+/// Adds the token to each outgoing call (a tonic interceptor).
+#[derive(Clone)]
+pub struct AddToken {
+    value: MetadataValue<tonic::metadata::Ascii>,
+}
+
+impl AddToken {
+    pub fn new(token: &str) -> AddToken {
+        AddToken { value: format!("Bearer {token}").parse().expect("tokens are printable ASCII") }
+    }
+}
+
+impl tonic::service::Interceptor for AddToken {
+    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
+        request.metadata_mut().insert("authorization", self.value.clone());
+        Ok(request)
+    }
+}

@@ -1,0 +1,423 @@
+//! The driver of remote workers: `RemoteSession` runs a plan's partitions on `dfc worker`
+//! processes, as a [`Runner`] for the training loop; `assign` decides which worker runs which
+//! partition; `LocalWorkers` starts worker processes on loopback (`dfc run --spawn N`).
+//!
+//! Faults: every call has a deadline; a worker that fails, dies or does not answer in time is
+//! reported by its task name, the step is aborted on the others, and the error ends the run.
+
+use crate::auth::AddToken;
+use crate::proto::worker_client::WorkerClient;
+use crate::proto::*;
+use crate::rendezvous::Client;
+use crate::{plan_sha256, tensor, MAX_MESSAGE_BYTES};
+use dfc_driver::{Backend, RunError, Runner};
+use dfc_interp::{Tensor, Variables};
+use dfc_plan::Plan;
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::time::Duration;
+
+/// Which worker runs each partition, and the workers' task names.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Assignment {
+    /// The worker (rank) of each partition.
+    pub partition_worker: Vec<usize>,
+    /// Each worker's name for messages: its job and task (`/job:worker/task:1`).
+    pub names: Vec<String>,
+}
+
+/// Spreads `plan`'s partitions over `workers` workers: one worker per task of the plan when the
+/// plan has that many tasks; when it has one task, its devices in `workers` contiguous groups.
+pub fn assign(plan: &Plan, workers: usize) -> Result<Assignment, String> {
+    let task_of = |p: &dfc_plan::Partition| (p.device.job.clone().unwrap_or_default(), p.device.task.unwrap_or(0));
+    let mut tasks: Vec<(String, u32)> = plan.partitions.iter().map(task_of).collect();
+    tasks.sort();
+    tasks.dedup();
+    // Tasks in the cluster's order (chief, worker, ps, ...), then task index.
+    let job_rank = |job: &str| plan.cluster.jobs.iter().position(|j| j.name == job).unwrap_or(usize::MAX);
+    tasks.sort_by_key(|(job, task)| (job_rank(job), *task));
+    if workers == 0 {
+        return Err("a distributed run needs at least one worker".into());
+    }
+    if tasks.len() == workers {
+        let partition_worker = plan
+            .partitions
+            .iter()
+            .map(|p| tasks.iter().position(|t| *t == task_of(p)).expect("every task is listed"))
+            .collect();
+        let names = tasks.iter().map(|(job, task)| format!("/job:{job}/task:{task}")).collect();
+        return Ok(Assignment { partition_worker, names });
+    }
+    if tasks.len() == 1 && plan.partitions.len() >= workers {
+        let n = plan.partitions.len();
+        let partition_worker = (0..n).map(|p| p * workers / n).collect();
+        let names = (0..workers).map(|w| format!("worker {w} (of {} devices of one task)", n)).collect();
+        return Ok(Assignment { partition_worker, names });
+    }
+    Err(format!(
+        "the plan has {} task(s) and {} partition(s); it cannot be spread over {workers} worker(s): compile it for a cluster of {workers} tasks, or with --devices {workers} or more",
+        tasks.len(),
+        plan.partitions.len()
+    ))
+}
+
+/// How long a call may take beyond the waits inside a step.
+const CALL_MARGIN: Duration = Duration::from_secs(10);
+
+/// A plan's partitions running on remote workers.
+pub struct RemoteSession {
+    plan: Plan,
+    sha256: prost::bytes::Bytes,
+    clients: Vec<Client>,
+    addresses: Vec<String>,
+    names: Vec<String>,
+    runtime: tokio::runtime::Runtime,
+    next_program: u64,
+    next_step: u64,
+    wait: Duration,
+}
+
+/// A program prepared on every worker.
+pub struct RemoteProgram {
+    id: u64,
+    fetches: usize,
+    /// `(rank, inputs it needs, fetch indices it returns)` of each worker that takes part.
+    parts: Vec<(usize, Vec<String>, Vec<usize>)>,
+}
+
+fn status_error(name: &str, address: &str, status: &tonic::Status) -> RunError {
+    let what = match status.code() {
+        tonic::Code::Unavailable => "cannot be reached (is it running?)",
+        tonic::Code::DeadlineExceeded => "did not answer in time",
+        tonic::Code::Unauthenticated => "refused the token",
+        tonic::Code::Unknown if status.message().contains("transport") => "lost its connection (did its process die?)",
+        _ => "failed",
+    };
+    RunError::Plan(format!("worker {name} at {address} {what}: {}", status.message()))
+}
+
+impl RemoteSession {
+    /// Connects to the workers at `addresses` (by rank), registers `plan` with each (its
+    /// partitions spread by `assignment`) and initialises the variables from `seed`.
+    pub fn connect(
+        plan: &Plan,
+        addresses: &[String],
+        assignment: &Assignment,
+        token: &str,
+        seed: u64,
+        backend: Backend,
+        wait: Duration,
+    ) -> Result<RemoteSession, RunError> {
+        let runtime =
+            tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().map_err(RunError::Io)?;
+        let bytes = prost::bytes::Bytes::from(dfc_plan::encode(plan));
+        let sha256 = plan_sha256(&bytes);
+        let mut clients = Vec::new();
+        for address in addresses {
+            let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
+                .map_err(|e| RunError::Usage(format!("worker address `{address}`: {e}")))?
+                .connect_timeout(Duration::from_secs(10));
+            let channel = runtime.block_on(endpoint.connect()).map_err(|e| {
+                RunError::Plan(format!("cannot connect to worker at {address}: {e} (is `dfc worker` running there?)"))
+            })?;
+            clients.push(
+                WorkerClient::with_interceptor(channel, AddToken::new(token))
+                    .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                    .max_encoding_message_size(MAX_MESSAGE_BYTES),
+            );
+        }
+        let session = RemoteSession {
+            plan: plan.clone(),
+            sha256,
+            clients,
+            addresses: addresses.to_vec(),
+            names: assignment.names.clone(),
+            runtime,
+            next_program: 0,
+            next_step: 0,
+            wait,
+        };
+        let addresses: Vec<String> = addresses.to_vec();
+        let requests: Vec<RegisterRequest> = (0..addresses.len())
+            .map(|rank| RegisterRequest {
+                plan: bytes.clone(),
+                plan_sha256: session.sha256.clone(),
+                rank: rank as u32,
+                workers: addresses.clone(),
+                names: assignment.names.clone(),
+                partition_worker: assignment.partition_worker.iter().map(|&w| w as u32).collect(),
+                seed,
+                backend: match backend {
+                    Backend::Llvm => "llvm".into(),
+                    Backend::Interp => "interp".into(),
+                },
+                wait_ms: wait.as_millis() as u64,
+            })
+            .collect();
+        session.on_all(requests, Duration::from_secs(120), |mut c, r| async move { c.register(r).await })?;
+        Ok(session)
+    }
+
+    /// Calls every worker (rank i gets `requests[i]`) at once; the replies by rank, or the first
+    /// failure (a worker's own failure before one that only reports the step aborted).
+    fn on_all<Q, A, F, Fut>(&self, requests: Vec<Q>, timeout: Duration, call: F) -> Result<Vec<A>, RunError>
+    where
+        Q: Send + 'static,
+        A: Send + 'static,
+        F: Fn(Client, tonic::Request<Q>) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<A>, tonic::Status>> + Send + 'static,
+    {
+        self.on_some(requests.into_iter().enumerate().collect(), timeout, None, call)
+            .map(|replies| replies.into_iter().map(|(_, a)| a).collect())
+    }
+
+    /// Calls some workers at once, `requests` by rank; the replies by rank, or the failure that
+    /// caused the others: a worker that cannot be reached or did not answer in time before one
+    /// that failed, before one that only reports the step aborted. When `step` is given, the
+    /// first failure aborts that step on every worker, so that none waits for the failed one.
+    fn on_some<Q, A, F, Fut>(
+        &self,
+        requests: Vec<(usize, Q)>,
+        timeout: Duration,
+        step: Option<u64>,
+        call: F,
+    ) -> Result<Vec<(usize, A)>, RunError>
+    where
+        Q: Send + 'static,
+        A: Send + 'static,
+        F: Fn(Client, tonic::Request<Q>) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<A>, tonic::Status>> + Send + 'static,
+    {
+        let _entered = self.runtime.enter();
+        let mut calls = tokio::task::JoinSet::new();
+        for (rank, q) in requests {
+            let mut request = tonic::Request::new(q);
+            request.set_timeout(timeout);
+            let call = call(self.clients[rank].clone(), request);
+            calls.spawn(async move { (rank, call.await) });
+        }
+        let mut replies = Vec::new();
+        let mut failure: Option<(u8, RunError)> = None;
+        self.runtime.block_on(async {
+            while let Some(joined) = calls.join_next().await {
+                let (rank, result) = match joined {
+                    Ok(done) => done,
+                    Err(e) => {
+                        failure = failure.take().or(Some((1, RunError::Plan(format!("a call panicked: {e}")))));
+                        continue;
+                    }
+                };
+                match result {
+                    Ok(reply) => replies.push((rank, reply.into_inner())),
+                    Err(status) => {
+                        let rank_of_failure = match status.code() {
+                            tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Unknown => 0,
+                            tonic::Code::Aborted if status.message().contains("aborted:") => 2,
+                            _ => 1,
+                        };
+                        if let (Some(step), None) = (step, &failure) {
+                            let reason = format!("worker {} failed", self.names[rank]);
+                            for client in &self.clients {
+                                let mut client = client.clone();
+                                let abort =
+                                    AbortRequest { plan_sha256: self.sha256.clone(), step, reason: reason.clone() };
+                                tokio::spawn(async move {
+                                    let mut request = tonic::Request::new(abort);
+                                    request.set_timeout(Duration::from_secs(5));
+                                    let _ = client.abort(request).await;
+                                });
+                            }
+                        }
+                        let error = status_error(&self.names[rank], self.address(rank), &status);
+                        if failure.as_ref().is_none_or(|(r, _)| rank_of_failure < *r) {
+                            failure = Some((rank_of_failure, error));
+                        }
+                    }
+                }
+            }
+        });
+        match failure {
+            Some((_, error)) => Err(error),
+            None => {
+                replies.sort_by_key(|(rank, _)| *rank);
+                Ok(replies)
+            }
+        }
+    }
+
+    fn address(&self, rank: usize) -> &str {
+        &self.addresses[rank]
+    }
+
+    /// Asks every worker to stop.
+    pub fn shutdown(&self) {
+        let requests = vec![ShutdownRequest {}; self.clients.len()];
+        let _ = self.on_all(requests, Duration::from_secs(5), |mut c, r| async move { c.shutdown(r).await });
+    }
+}
+
+impl Runner for RemoteSession {
+    type Program = RemoteProgram;
+
+    fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    fn program(&mut self, fetches: &[&str], targets: &[&str]) -> Result<RemoteProgram, RunError> {
+        let id = self.next_program;
+        self.next_program += 1;
+        let request = PrepareRequest {
+            plan_sha256: self.sha256.clone(),
+            program: id,
+            fetches: fetches.iter().map(|f| f.to_string()).collect(),
+            targets: targets.iter().map(|t| t.to_string()).collect(),
+        };
+        let replies =
+            self.on_all(vec![request; self.clients.len()], Duration::from_secs(120), |mut c, r| async move {
+                c.prepare(r).await
+            })?;
+        let mut provided = vec![false; fetches.len()];
+        let mut parts = Vec::new();
+        for (rank, reply) in replies.into_iter().enumerate() {
+            if !reply.takes_part {
+                continue;
+            }
+            let provides: Vec<usize> = reply.provides.iter().map(|&i| i as usize).collect();
+            for &i in &provides {
+                if i >= fetches.len() || std::mem::replace(&mut provided[i], true) {
+                    return Err(RunError::Plan(format!(
+                        "worker {} returns fetch {i} twice or out of range",
+                        self.names[rank]
+                    )));
+                }
+            }
+            parts.push((rank, reply.inputs, provides));
+        }
+        if let Some(i) = provided.iter().position(|p| !p) {
+            return Err(RunError::Plan(format!("no worker computes `{}`", fetches[i])));
+        }
+        Ok(RemoteProgram { id, fetches: fetches.len(), parts })
+    }
+
+    fn inputs(&self, program: &RemoteProgram) -> Vec<String> {
+        let mut inputs: Vec<String> = program.parts.iter().flat_map(|p| p.1.clone()).collect();
+        let declared = |name: &String| self.plan.inputs.iter().position(|i| i.name == *name).unwrap_or(usize::MAX);
+        inputs.sort_by_key(declared);
+        inputs.dedup();
+        inputs
+    }
+
+    fn run(&mut self, program: &RemoteProgram, feeds: &HashMap<String, Tensor>) -> Result<Vec<Tensor>, RunError> {
+        let step = self.next_step;
+        self.next_step += 1;
+        let mut requests = Vec::new();
+        for (rank, inputs, _) in &program.parts {
+            let mut sent = Vec::new();
+            for name in inputs {
+                let tensor = feeds.get(name).ok_or_else(|| RunError::Usage(format!("no feed for input `{name}`")))?;
+                sent.push(NamedTensor { name: name.clone(), tensor: Some(tensor::to_proto(tensor)) });
+            }
+            let request = RunRequest { plan_sha256: self.sha256.clone(), program: program.id, step, feeds: sent };
+            requests.push((*rank, request));
+        }
+        let timeout = self.wait + CALL_MARGIN;
+        let replies = self.on_some(requests, timeout, Some(step), |mut c, r| async move { c.run(r).await })?;
+        let mut fetched: Vec<Option<Tensor>> = vec![None; program.fetches];
+        for (rank, reply) in replies {
+            let part = program.parts.iter().find(|p| p.0 == rank).expect("a reply from a part");
+            if reply.fetched.len() != part.2.len() {
+                return Err(RunError::Plan(format!(
+                    "worker {} returned {} values, not {}",
+                    self.names[rank],
+                    reply.fetched.len(),
+                    part.2.len()
+                )));
+            }
+            for (&i, value) in part.2.iter().zip(&reply.fetched) {
+                fetched[i] = Some(
+                    tensor::from_proto(value)
+                        .map_err(|e| RunError::Plan(format!("worker {}: {e}", self.names[rank])))?,
+                );
+            }
+        }
+        Ok(fetched.into_iter().map(|f| f.expect("every fetch is provided")).collect())
+    }
+
+    fn variables(&mut self) -> Result<Variables, RunError> {
+        let request = VariablesRequest { plan_sha256: self.sha256.clone() };
+        let replies =
+            self.on_all(vec![request; self.clients.len()], Duration::from_secs(120), |mut c, r| async move {
+                c.get_variables(r).await
+            })?;
+        let mut variables = Variables::new();
+        for reply in replies {
+            for v in reply.variables {
+                let tensor = v
+                    .tensor
+                    .as_ref()
+                    .ok_or_else(|| RunError::Plan(format!("variable `{}` came without a value", v.name)))?;
+                variables.insert(v.name, tensor::from_proto(tensor).map_err(RunError::Plan)?);
+            }
+        }
+        Ok(variables)
+    }
+
+    fn restore(&mut self, saved: &BTreeMap<String, Tensor>, _path: &Path) -> Result<(), RunError> {
+        let variables: Vec<NamedTensor> = saved
+            .iter()
+            .map(|(name, t)| NamedTensor { name: name.clone(), tensor: Some(tensor::to_proto(t)) })
+            .collect();
+        let request = RestoreRequest { plan_sha256: self.sha256.clone(), variables };
+        self.on_all(vec![request; self.clients.len()], Duration::from_secs(120), |mut c, r| async move {
+            c.restore(r).await
+        })?;
+        Ok(())
+    }
+}
+
+/// Worker processes started on loopback by this process (`dfc run --spawn N`); they are
+/// killed when this is dropped.
+pub struct LocalWorkers {
+    children: Vec<std::process::Child>,
+    pub addresses: Vec<String>,
+}
+
+impl LocalWorkers {
+    /// Starts `n` `dfc worker --listen 127.0.0.1:0` processes of the executable `dfc` with
+    /// `token` in their environment, and reads the address each one bound.
+    pub fn spawn(dfc: &Path, n: usize, token: &str) -> Result<LocalWorkers, String> {
+        use std::io::BufRead;
+        let mut workers = LocalWorkers { children: Vec::new(), addresses: Vec::new() };
+        for i in 0..n {
+            let mut child = std::process::Command::new(dfc)
+                .args(["worker", "--listen", "127.0.0.1:0"])
+                .env(crate::auth::TOKEN_VARIABLE, token)
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .map_err(|e| format!("cannot start worker {i} ({}): {e}", dfc.display()))?;
+            let stdout = child.stdout.take().expect("piped");
+            workers.children.push(child);
+            let mut line = String::new();
+            std::io::BufReader::new(stdout)
+                .read_line(&mut line)
+                .map_err(|e| format!("worker {i} said nothing: {e}"))?;
+            let address = line
+                .trim()
+                .rsplit(' ')
+                .next()
+                .filter(|a| a.contains(':'))
+                .ok_or_else(|| format!("worker {i} did not say where it listens (it said `{}`)", line.trim()))?;
+            workers.addresses.push(address.to_string());
+        }
+        Ok(workers)
+    }
+}
+
+impl Drop for LocalWorkers {
+    fn drop(&mut self) {
+        for child in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}

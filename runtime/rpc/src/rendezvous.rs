@@ -1,0 +1,279 @@
+//! `NetRendezvous`: the rendezvous of one step on one worker, when the partitions of a plan run
+//! on several workers.
+//!
+//! - Send: a key whose Recv runs on this worker is kept here; any other is pushed to the
+//!   receiver's worker (`Push`, in chunks of `CHUNK_BYTES`), where it waits for its Recv.
+//! - All-reduce: the replicas on this worker contribute here and are summed in replica order;
+//!   then, when the group spans several workers, the last local replica to arrive runs a ring
+//!   over them — reduce-scatter, then all-gather, each in n − 1 steps of one segment to the next
+//!   worker — so that each link carries 2(n − 1)/n of the tensor. Each segment's sum is made by
+//!   one worker and passed on, so every worker ends with the same bits.
+//! - Abort: from a failing partition here, or from another worker (`Abort`); every wait ends.
+
+use crate::auth::AddToken;
+use crate::proto::worker_client::WorkerClient;
+use crate::proto::{self, TensorChunk};
+use crate::{tensor, CHUNK_BYTES};
+use dfc_interp::{InterpError, Rendezvous, Tensor};
+use dfc_ir::{BinaryOp, Op, TensorType};
+use std::collections::HashMap;
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Channel;
+
+pub type Client = WorkerClient<InterceptedService<Channel, AddToken>>;
+
+/// Where each key of a plan goes, from one worker's point of view.
+#[derive(Debug, Default)]
+pub struct Routes {
+    /// This worker's rank.
+    pub rank: usize,
+    /// The rank whose partition receives each Send key.
+    pub receiver: HashMap<String, usize>,
+    /// Per all-reduce key: the ranks that hold replicas (ascending) and how many replicas this
+    /// worker holds.
+    pub reductions: HashMap<String, (Vec<usize>, usize)>,
+}
+
+/// Connections to the other workers of a run.
+pub struct Peers {
+    pub clients: Vec<Client>,
+    pub names: Vec<String>,
+    pub plan_sha256: prost::bytes::Bytes,
+    pub runtime: tokio::runtime::Handle,
+}
+
+impl Peers {
+    /// Pushes `value` under `key` for step `step` to worker `rank`, in chunks; waits until it is
+    /// delivered (not until it is received).
+    pub fn push(&self, rank: usize, step: u64, key: &str, value: &Tensor, timeout: Duration) -> Result<(), String> {
+        let bytes = prost::bytes::Bytes::from(value.to_le_bytes());
+        let dims: Vec<u64> = value.shape.dims().iter().map(|&d| d as u64).collect();
+        let dtype = tensor::dtype_code(value.dtype());
+        let chunks: Vec<TensorChunk> = (0..bytes.len().div_ceil(CHUNK_BYTES).max(1))
+            .map(|c| {
+                let (lo, hi) = (c * CHUNK_BYTES, ((c + 1) * CHUNK_BYTES).min(bytes.len()));
+                TensorChunk {
+                    plan_sha256: self.plan_sha256.clone(),
+                    step,
+                    key: key.to_string(),
+                    dtype,
+                    dims: if c == 0 { dims.clone() } else { Vec::new() },
+                    offset: lo as u64,
+                    // A view of the one buffer: no copy per chunk.
+                    data: bytes.slice(lo..hi),
+                }
+            })
+            .collect();
+        let mut client = self.clients[rank].clone();
+        let mut request = tonic::Request::new(tokio_stream::iter(chunks));
+        request.set_timeout(timeout);
+        self.runtime
+            .block_on(client.push(request))
+            .map(|_| ())
+            .map_err(|status| format!("sending `{key}` to {}: {}", self.names[rank], status.message()))
+    }
+
+    /// Tells every other worker that step `step` is given up (best effort, not waited for).
+    pub fn abort_others(&self, rank: usize, step: u64, reason: &str) {
+        for (r, client) in self.clients.iter().enumerate() {
+            if r == rank {
+                continue;
+            }
+            let mut client = client.clone();
+            let request =
+                proto::AbortRequest { plan_sha256: self.plan_sha256.clone(), step, reason: reason.to_string() };
+            self.runtime.spawn(async move {
+                let mut request = tonic::Request::new(request);
+                request.set_timeout(Duration::from_secs(5));
+                let _ = client.abort(request).await;
+            });
+        }
+    }
+}
+
+#[derive(Default)]
+struct State {
+    /// Tensors sent to this worker (locally or pushed), by key.
+    received: HashMap<String, Tensor>,
+    aborted: Option<String>,
+    reductions: HashMap<String, LocalReduction>,
+}
+
+#[derive(Default)]
+struct LocalReduction {
+    contributions: Vec<(u32, Tensor)>,
+    sum: Option<Result<Tensor, String>>,
+}
+
+pub struct NetRendezvous {
+    step: u64,
+    routes: std::sync::Arc<Routes>,
+    peers: std::sync::Arc<Peers>,
+    state: Mutex<State>,
+    changed: Condvar,
+    wait: Duration,
+}
+
+impl NetRendezvous {
+    pub fn new(
+        step: u64,
+        routes: std::sync::Arc<Routes>,
+        peers: std::sync::Arc<Peers>,
+        wait: Duration,
+    ) -> NetRendezvous {
+        NetRendezvous { step, routes, peers, state: Mutex::new(State::default()), changed: Condvar::new(), wait }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A tensor pushed by another worker (or sent by a partition here).
+    pub fn deliver(&self, key: &str, value: Tensor) -> Result<(), String> {
+        let mut state = self.lock();
+        if state.received.contains_key(key) {
+            return Err(format!("`{key}` was sent twice in step {}", self.step));
+        }
+        state.received.insert(key.to_string(), value);
+        drop(state);
+        self.changed.notify_all();
+        Ok(())
+    }
+
+    fn wait_for<T>(&self, key: &str, mut ready: impl FnMut(&mut State) -> Option<T>) -> Result<T, InterpError> {
+        let deadline = Instant::now() + self.wait;
+        let mut state = self.lock();
+        loop {
+            if let Some(reason) = &state.aborted {
+                return Err(InterpError::Aborted { reason: reason.clone() });
+            }
+            if let Some(value) = ready(&mut state) {
+                return Ok(value);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(InterpError::RendezvousTimeout { key: key.to_string(), after: self.wait });
+            }
+            state = self.changed.wait_timeout(state, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
+        }
+    }
+
+    fn fail(&self, reason: String) -> InterpError {
+        self.abort(&reason);
+        InterpError::Aborted { reason }
+    }
+
+    /// The ring over `ranks` (this worker among them) of `value`, this worker's sum.
+    fn ring(&self, key: &str, ranks: &[usize], value: Tensor) -> Result<Tensor, InterpError> {
+        let n = ranks.len();
+        let me = ranks.iter().position(|&r| r == self.routes.rank).expect("a worker in its group");
+        let next = ranks[(me + 1) % n];
+        let ty = value.ty();
+        let size = ty.dtype.size_in_bytes();
+        let bytes = value.to_le_bytes();
+        let len = ty.shape.n_elements();
+        let bound = |i: usize| len * i / n;
+        let segment_type = |i: usize| TensorType::new(ty.dtype, vec![bound(i + 1) - bound(i)]);
+        let mut segments: Vec<Tensor> = (0..n)
+            .map(|i| {
+                Tensor::from_le_bytes(&segment_type(i), &bytes[bound(i) * size..bound(i + 1) * size])
+                    .expect("a segment of a valid tensor")
+            })
+            .collect();
+        let exchange = |phase: &str, s: usize, send: &Tensor| -> Result<Tensor, InterpError> {
+            let wire_key = format!("{key}#{phase}{s}");
+            self.peers.push(next, self.step, &wire_key, send, self.wait).map_err(|e| self.fail(e))?;
+            self.wait_for(&wire_key, |state| state.received.remove(&wire_key))
+        };
+        // Reduce-scatter: after step s, this worker holds the sum of s + 2 workers' shares of
+        // segment (me − s − 1); at the end, all of segment me + 1.
+        for s in 0..n - 1 {
+            let (send, recv) = ((me + n - s) % n, (me + n - s - 1) % n);
+            let got = exchange("rs", s, &segments[send])?;
+            let sum = dfc_interp::eval(&Op::Binary(BinaryOp::Add), &[&segments[recv], &got])
+                .map_err(|e| self.fail(format!("all-reduce `{key}`: {e}")))?;
+            segments[recv] = sum;
+        }
+        // All-gather: each complete segment goes round.
+        for s in 0..n - 1 {
+            let (send, recv) = ((me + 1 + n - s) % n, (me + n - s) % n);
+            segments[recv] = exchange("ag", s, &segments[send])?;
+        }
+        let mut joined = Vec::with_capacity(bytes.len());
+        for segment in &segments {
+            joined.extend_from_slice(&segment.to_le_bytes());
+        }
+        Ok(Tensor::from_le_bytes(&ty, &joined).expect("segments of the tensor's type"))
+    }
+}
+
+impl Rendezvous for NetRendezvous {
+    fn send(&self, key: &str, value: Tensor) -> Result<(), InterpError> {
+        if let Some(reason) = &self.lock().aborted {
+            return Err(InterpError::Aborted { reason: reason.clone() });
+        }
+        match self.routes.receiver.get(key) {
+            Some(&rank) if rank != self.routes.rank => {
+                self.peers.push(rank, self.step, key, &value, self.wait).map_err(|e| self.fail(e))
+            }
+            Some(_) => self
+                .deliver(key, value)
+                .map_err(|message| InterpError::RendezvousConflict { key: key.to_string(), message }),
+            None => Err(InterpError::RendezvousConflict {
+                key: key.to_string(),
+                message: "no partition of the plan receives it".into(),
+            }),
+        }
+    }
+
+    fn recv(&self, key: &str) -> Result<Tensor, InterpError> {
+        self.wait_for(key, |state| state.received.get(key).cloned())
+    }
+
+    fn all_reduce(&self, key: &str, _group_size: u32, replica: u32, value: Tensor) -> Result<Tensor, InterpError> {
+        let Some((ranks, local)) = self.routes.reductions.get(key) else {
+            return Err(InterpError::RendezvousConflict { key: key.to_string(), message: "no such all-reduce".into() });
+        };
+        let mut state = self.lock();
+        if let Some(reason) = &state.aborted {
+            return Err(InterpError::Aborted { reason: reason.clone() });
+        }
+        let reduction = state.reductions.entry(key.to_string()).or_default();
+        reduction.contributions.push((replica, value));
+        if reduction.contributions.len() == *local {
+            // The last local replica sums them in replica order, then runs the ring.
+            let mut parts = std::mem::take(&mut reduction.contributions);
+            drop(state);
+            parts.sort_by_key(|(replica, _)| *replica);
+            let mut parts = parts.into_iter().map(|(_, t)| t);
+            let mut sum = parts.next().expect("at least one local replica");
+            for part in parts {
+                sum = dfc_interp::eval(&Op::Binary(BinaryOp::Add), &[&sum, &part])
+                    .map_err(|e| self.fail(format!("all-reduce `{key}`: {e}")))?;
+            }
+            let result = if ranks.len() > 1 { self.ring(key, ranks, sum) } else { Ok(sum) };
+            let mut state = self.lock();
+            state.reductions.entry(key.to_string()).or_default().sum = Some(match &result {
+                Ok(sum) => Ok(sum.clone()),
+                Err(e) => Err(e.to_string()),
+            });
+            drop(state);
+            self.changed.notify_all();
+            return result;
+        }
+        drop(state);
+        self.wait_for(key, |state| state.reductions.get(key).and_then(|r| r.sum.clone()))?
+            .map_err(|reason| InterpError::Aborted { reason })
+    }
+
+    fn abort(&self, reason: &str) {
+        let mut state = self.lock();
+        if state.aborted.is_none() {
+            state.aborted = Some(reason.to_string());
+        }
+        drop(state);
+        self.changed.notify_all();
+    }
+}

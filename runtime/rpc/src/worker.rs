@@ -1,0 +1,343 @@
+//! `dfc worker`: a gRPC server that runs the partitions of a registered plan that the driver
+//! gives it, step by step, exchanging tensors with the other workers.
+//!
+//! One registration at a time (a new one replaces the old); runs of one worker are serialised
+//! (they share the variables); pushes from other workers are taken at any time, also before
+//! the step they belong to has started here. Every malformed or out-of-order call is an error
+//! answer: a plan that does not decode or does not match its hash, a call naming another plan,
+//! a program that was never prepared, a tensor whose bytes do not fit its type.
+
+use crate::auth::{AddToken, CheckToken};
+use crate::proto::worker_server::{Worker, WorkerServer};
+use crate::proto::*;
+use crate::rendezvous::{Client, NetRendezvous, Peers, Routes};
+use crate::{plan_sha256, tensor, MAX_MESSAGE_BYTES};
+use dfc_driver::{Backend, Session, SessionProgram};
+use dfc_interp::Tensor;
+use dfc_ir::Op;
+use dfc_plan::Plan;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tonic::{Request, Response, Status};
+
+/// Serves the worker API on `listener` until a `Shutdown` call; every call must carry `token`.
+pub async fn serve(listener: TcpListener, token: String) -> Result<(), String> {
+    let (stop, stopped) = tokio::sync::oneshot::channel();
+    let service = WorkerService {
+        token: token.clone(),
+        registered: Arc::new(Mutex::new(None)),
+        stop: Arc::new(Mutex::new(Some(stop))),
+    };
+    let server = tonic::service::interceptor::InterceptedService::new(
+        WorkerServer::new(service)
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES),
+        CheckToken::new(&token),
+    );
+    tonic::transport::Server::builder()
+        .add_service(server)
+        .serve_with_incoming_shutdown(incoming(listener), async {
+            let _ = stopped.await;
+        })
+        .await
+        .map_err(|e| format!("the worker's server failed: {e}"))
+}
+
+/// Accepted connections with Nagle's algorithm off: a step's small messages (a scalar loss, a
+/// bias gradient) would otherwise wait for delayed acknowledgements, 40 ms each.
+fn incoming(listener: TcpListener) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    use tokio_stream::StreamExt;
+    tokio_stream::wrappers::TcpListenerStream::new(listener).map(|stream| {
+        let stream = stream?;
+        stream.set_nodelay(true)?;
+        Ok(stream)
+    })
+}
+
+struct WorkerService {
+    token: String,
+    registered: Arc<Mutex<Option<Arc<Registered>>>>,
+    stop: Arc<Mutex<Option<tokio::sync::oneshot::Sender<()>>>>,
+}
+
+/// A registered plan: its session (this worker's partitions), prepared programs and steps.
+struct Registered {
+    sha256: prost::bytes::Bytes,
+    running: Mutex<Running>,
+    routes: Arc<Routes>,
+    peers: Arc<Peers>,
+    /// Rendezvous of steps under way (created by the first Run or Push of a step).
+    steps: Mutex<HashMap<u64, Arc<NetRendezvous>>>,
+    wait: Duration,
+}
+
+struct Running {
+    session: Session<'static>,
+    programs: HashMap<u64, (SessionProgram, Vec<usize>)>,
+}
+
+impl Registered {
+    fn step(&self, step: u64) -> Arc<NetRendezvous> {
+        let mut steps = self.steps.lock().unwrap_or_else(|e| e.into_inner());
+        steps
+            .entry(step)
+            .or_insert_with(|| Arc::new(NetRendezvous::new(step, self.routes.clone(), self.peers.clone(), self.wait)))
+            .clone()
+    }
+}
+
+fn bad(message: impl Into<String>) -> Status {
+    Status::invalid_argument(message.into())
+}
+
+impl WorkerService {
+    fn current(&self, sha256: &[u8]) -> Result<Arc<Registered>, Status> {
+        let registered = self.registered.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        match registered {
+            None => Err(Status::failed_precondition("no plan is registered with this worker")),
+            Some(r) if r.sha256 != sha256 => {
+                Err(Status::failed_precondition("the call names another plan than the one registered (hash mismatch)"))
+            }
+            Some(r) => Ok(r),
+        }
+    }
+}
+
+/// Runs blocking work (a session's run, a plan's loading) off the async threads.
+async fn blocking<T: Send + 'static>(work: impl FnOnce() -> Result<T, Status> + Send + 'static) -> Result<T, Status> {
+    tokio::task::spawn_blocking(work).await.map_err(|e| Status::internal(format!("the work panicked: {e}")))?
+}
+
+#[tonic::async_trait]
+impl Worker for WorkerService {
+    async fn register(&self, request: Request<RegisterRequest>) -> Result<Response<RegisterReply>, Status> {
+        let request = request.into_inner();
+        if plan_sha256(&request.plan) != request.plan_sha256 {
+            return Err(bad("the plan's bytes do not match its hash"));
+        }
+        let plan = dfc_plan::decode(&request.plan).map_err(|e| bad(format!("the plan does not load: {e}")))?;
+        let n = request.workers.len();
+        let rank = request.rank as usize;
+        if rank >= n || request.names.len() != n {
+            return Err(bad(format!("rank {rank} among {n} workers ({} names)", request.names.len())));
+        }
+        if request.partition_worker.len() != plan.partitions.len()
+            || request.partition_worker.iter().any(|&w| w as usize >= n)
+        {
+            return Err(bad("every partition of the plan needs a worker among those given"));
+        }
+        let backend = match request.backend.as_str() {
+            "llvm" => Backend::Llvm,
+            "interp" => Backend::Interp,
+            other => return Err(bad(format!("unknown backend `{other}`"))),
+        };
+        let worker_of: Vec<usize> = request.partition_worker.iter().map(|&w| w as usize).collect();
+        let hosted: Vec<usize> = (0..plan.partitions.len()).filter(|&p| worker_of[p] == rank).collect();
+        let routes = Arc::new(routes(&plan, &worker_of, rank));
+        let mut clients: Vec<Client> = Vec::with_capacity(n);
+        for address in &request.workers {
+            let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
+                .map_err(|e| bad(format!("worker address `{address}`: {e}")))?
+                .connect_timeout(Duration::from_secs(10))
+                .connect_lazy();
+            clients.push(
+                crate::proto::worker_client::WorkerClient::with_interceptor(channel, AddToken::new(&self.token))
+                    .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                    .max_encoding_message_size(MAX_MESSAGE_BYTES),
+            );
+        }
+        let peers = Arc::new(Peers {
+            clients,
+            names: request.names.clone(),
+            plan_sha256: request.plan_sha256.clone(),
+            runtime: tokio::runtime::Handle::current(),
+        });
+        let wait = Duration::from_millis(request.wait_ms.max(1));
+        let seed = request.seed;
+        let sha256 = request.plan_sha256.clone();
+        let count = hosted.len() as u32;
+        let registered = blocking(move || {
+            // The session borrows the plan for as long as the registration lives; a worker
+            // serves one job, so the plan of a replaced registration is not reclaimed.
+            let plan: &'static Plan = Box::leak(Box::new(plan));
+            let session = Session::hosting(plan, seed, backend, &hosted).map_err(|e| bad(e.to_string()))?;
+            Ok(Registered {
+                sha256,
+                running: Mutex::new(Running { session, programs: HashMap::new() }),
+                routes,
+                peers,
+                steps: Mutex::new(HashMap::new()),
+                wait,
+            })
+        })
+        .await?;
+        *self.registered.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(registered));
+        Ok(Response::new(RegisterReply { partitions: count }))
+    }
+
+    async fn prepare(&self, request: Request<PrepareRequest>) -> Result<Response<PrepareReply>, Status> {
+        let request = request.into_inner();
+        let registered = self.current(&request.plan_sha256)?;
+        blocking(move || {
+            let mut running = registered.running.lock().unwrap_or_else(|e| e.into_inner());
+            let fetches: Vec<&str> = request.fetches.iter().map(String::as_str).collect();
+            let targets: Vec<&str> = request.targets.iter().map(String::as_str).collect();
+            let program = running.session.program(&fetches, &targets).map_err(|e| bad(e.to_string()))?;
+            let provides = program.hosted_fetches();
+            let reply = PrepareReply {
+                takes_part: !program.partitions().is_empty(),
+                inputs: program.inputs(),
+                provides: provides.iter().map(|&i| i as u32).collect(),
+            };
+            running.programs.insert(request.program, (program, provides));
+            Ok(Response::new(reply))
+        })
+        .await
+    }
+
+    async fn run(&self, request: Request<RunRequest>) -> Result<Response<RunReply>, Status> {
+        let request = request.into_inner();
+        let registered = self.current(&request.plan_sha256)?;
+        let mut feeds = HashMap::new();
+        for feed in &request.feeds {
+            let tensor = feed.tensor.as_ref().ok_or_else(|| bad(format!("feed `{}` has no tensor", feed.name)))?;
+            feeds.insert(feed.name.clone(), tensor::from_proto(tensor).map_err(bad)?);
+        }
+        blocking(move || {
+            let step = request.step;
+            let rendezvous = registered.step(step);
+            let result = {
+                let mut running = registered.running.lock().unwrap_or_else(|e| e.into_inner());
+                let Running { session, programs } = &mut *running;
+                let (program, provides) = programs.get(&request.program).ok_or_else(|| {
+                    Status::failed_precondition(format!("program {} was not prepared", request.program))
+                })?;
+                session.run_with(program, &feeds, &*rendezvous).map(|fetched| {
+                    provides.iter().map(|&i| fetched[i].clone().expect("a hosted fetch")).collect::<Vec<Tensor>>()
+                })
+            };
+            registered.steps.lock().unwrap_or_else(|e| e.into_inner()).remove(&step);
+            match result {
+                Ok(fetched) => Ok(Response::new(RunReply { fetched: fetched.iter().map(tensor::to_proto).collect() })),
+                Err(error) => {
+                    let reason = format!("{}: {error}", registered.peers.names[registered.routes.rank]);
+                    if !matches!(error, dfc_driver::RunError::Interp(dfc_interp::InterpError::Aborted { .. })) {
+                        registered.peers.abort_others(registered.routes.rank, step, &reason);
+                    }
+                    Err(Status::aborted(reason))
+                }
+            }
+        })
+        .await
+    }
+
+    async fn push(&self, request: Request<tonic::Streaming<TensorChunk>>) -> Result<Response<PushReply>, Status> {
+        let mut stream = request.into_inner();
+        let first = stream.message().await?.ok_or_else(|| bad("an empty push"))?;
+        let registered = self.current(&first.plan_sha256)?;
+        let ty = tensor::type_of(first.dtype, &first.dims).map_err(bad)?;
+        let total = ty.size_in_bytes();
+        let mut bytes = Vec::with_capacity(total.min(MAX_MESSAGE_BYTES));
+        let (step, key) = (first.step, first.key.clone());
+        let mut chunk = Some(first);
+        while let Some(c) = chunk {
+            if c.step != step || c.key != key || c.offset as usize != bytes.len() {
+                return Err(bad(format!("push of `{key}`: a chunk out of order")));
+            }
+            if bytes.len() + c.data.len() > total {
+                return Err(bad(format!("push of `{key}`: more bytes than a {ty}")));
+            }
+            bytes.extend_from_slice(&c.data);
+            chunk = stream.message().await?;
+        }
+        let value = tensor::from_parts(
+            tensor::dtype_code(ty.dtype),
+            &ty.shape.dims().iter().map(|&d| d as u64).collect::<Vec<_>>(),
+            &bytes,
+        )
+        .map_err(|e| bad(format!("push of `{key}`: {e}")))?;
+        registered.step(step).deliver(&key, value).map_err(Status::already_exists)?;
+        Ok(Response::new(PushReply {}))
+    }
+
+    async fn abort(&self, request: Request<AbortRequest>) -> Result<Response<AbortReply>, Status> {
+        let request = request.into_inner();
+        let registered = self.current(&request.plan_sha256)?;
+        dfc_interp::Rendezvous::abort(&*registered.step(request.step), &request.reason);
+        Ok(Response::new(AbortReply {}))
+    }
+
+    async fn get_variables(&self, request: Request<VariablesRequest>) -> Result<Response<VariablesReply>, Status> {
+        let registered = self.current(&request.into_inner().plan_sha256)?;
+        blocking(move || {
+            let running = registered.running.lock().unwrap_or_else(|e| e.into_inner());
+            let variables = running
+                .session
+                .hosted_variables()
+                .iter()
+                .map(|(name, value)| NamedTensor { name: name.clone(), tensor: Some(tensor::to_proto(value)) })
+                .collect();
+            Ok(Response::new(VariablesReply { variables }))
+        })
+        .await
+    }
+
+    async fn restore(&self, request: Request<RestoreRequest>) -> Result<Response<RestoreReply>, Status> {
+        let request = request.into_inner();
+        let registered = self.current(&request.plan_sha256)?;
+        let mut saved = BTreeMap::new();
+        for variable in &request.variables {
+            let tensor = variable.tensor.as_ref().ok_or_else(|| bad(format!("`{}` has no tensor", variable.name)))?;
+            saved.insert(variable.name.clone(), tensor::from_proto(tensor).map_err(bad)?);
+        }
+        blocking(move || {
+            let mut running = registered.running.lock().unwrap_or_else(|e| e.into_inner());
+            running
+                .session
+                .restore(&saved, std::path::Path::new("the driver's checkpoint"))
+                .map_err(|e| bad(e.to_string()))?;
+            Ok(Response::new(RestoreReply {}))
+        })
+        .await
+    }
+
+    async fn health(&self, _request: Request<HealthRequest>) -> Result<Response<HealthReply>, Status> {
+        let registered = self.registered.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        Ok(Response::new(HealthReply { plan_sha256: registered.map(|r| r.sha256.clone()).unwrap_or_default() }))
+    }
+
+    async fn shutdown(&self, _request: Request<ShutdownRequest>) -> Result<Response<ShutdownReply>, Status> {
+        if let Some(stop) = self.stop.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = stop.send(());
+        }
+        Ok(Response::new(ShutdownReply {}))
+    }
+}
+
+/// Where each key of `plan` goes, for the worker `rank` (partition p runs on `worker_of[p]`).
+pub fn routes(plan: &Plan, worker_of: &[usize], rank: usize) -> Routes {
+    let mut routes = Routes { rank, ..Routes::default() };
+    let mut replicas: HashMap<String, Vec<usize>> = HashMap::new();
+    for (p, partition) in plan.partitions.iter().enumerate() {
+        let graph = &partition.module.graph;
+        for id in graph.node_ids() {
+            match &graph.node(id).op {
+                Op::Recv { key, .. } => {
+                    routes.receiver.insert(key.clone(), worker_of[p]);
+                }
+                Op::AllReduce { key, .. } => replicas.entry(key.clone()).or_default().push(worker_of[p]),
+                _ => {}
+            }
+        }
+    }
+    for (key, workers) in replicas {
+        let local = workers.iter().filter(|&&w| w == rank).count();
+        let mut ranks = workers;
+        ranks.sort_unstable();
+        ranks.dedup();
+        routes.reductions.insert(key, (ranks, local));
+    }
+    routes
+}

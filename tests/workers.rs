@@ -1,0 +1,215 @@
+//! Distributed runs on real `dfc worker` processes on 127.0.0.1: training on workers ends with
+//! the parameters of the same plan run in one process (within float tolerance: the ring sums in
+//! another order), a wrong or missing token is refused, and a killed worker is reported by its
+//! task name.
+
+use dfc_interp::Tensor;
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const TOKEN: &str = "test-token-0123456789abcdef";
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = root().join("target").join("worker-tests").join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    dir
+}
+
+fn dfc(args: &[&str], token: Option<&str>) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_dfc"));
+    command.args(args).env("NO_COLOR", "1").env_remove("DFC_TOKEN");
+    if let Some(token) = token {
+        command.env("DFC_TOKEN", token);
+    }
+    command.output().expect("run dfc")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn s(path: &Path) -> &str {
+    path.to_str().expect("utf-8 path")
+}
+
+/// A `dfc worker` process on loopback, killed when dropped.
+struct Worker {
+    child: Child,
+    address: String,
+}
+
+impl Worker {
+    fn start(token: &str) -> Worker {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_dfc"))
+            .args(["worker", "--listen", "127.0.0.1:0"])
+            .env("DFC_TOKEN", token)
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start a worker");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).expect("the worker says");
+        let address = line.trim().rsplit(' ').next().expect("an address").to_string();
+        assert!(line.starts_with("dfc worker listening on 127.0.0.1:"), "{line}");
+        Worker { child, address }
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A cluster file (TF_CONFIG's shape) naming the workers' addresses.
+fn cluster_file(dir: &Path, jobs: &[(&str, &[&Worker])]) -> PathBuf {
+    let jobs: Vec<String> = jobs
+        .iter()
+        .map(|(name, workers)| {
+            let addresses: Vec<String> = workers.iter().map(|w| format!("\"{}\"", w.address)).collect();
+            format!("\"{name}\": [{}]", addresses.join(", "))
+        })
+        .collect();
+    let path = dir.join("cluster.json");
+    std::fs::write(&path, format!("{{\"cluster\": {{{}}}}}", jobs.join(", "))).expect("cluster file");
+    path
+}
+
+/// `n` examples of `y = x · w + 0.5` with 13 features, as .npy files in `dir`.
+fn regression_data(dir: &Path, n: usize) -> [String; 2] {
+    let mut state = 42u64;
+    let mut next = move || {
+        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        ((state >> 33) as f64 / (1u64 << 31) as f64) * 2.0 - 1.0
+    };
+    let x: Vec<f64> = (0..n * 13).map(|_| next()).collect();
+    let y: Vec<f64> =
+        (0..n).map(|i| (0..13).map(|j| x[i * 13 + j] * (j as f64 - 6.0) / 6.0).sum::<f64>() + 0.5).collect();
+    let (x_path, y_path) = (dir.join("x.npy"), dir.join("y.npy"));
+    dfc_driver::save_npy(&x_path, &Tensor::from_f64(dfc_ir::DType::F32, vec![n, 13], &x)).expect("write x");
+    dfc_driver::save_npy(&y_path, &Tensor::from_f64(dfc_ir::DType::F32, vec![n], &y)).expect("write y");
+    [format!("x={}", s(&x_path)), format!("y={}", s(&y_path))]
+}
+
+fn compile(dir: &Path, extra: &[&str]) -> PathBuf {
+    let plan = dir.join("model.plan");
+    let source = root().join("examples").join("linear_regression.df");
+    let mut args = vec!["compile", s(&source), "-o", s(&plan), "--optimizer", "momentum(lr = 0.05)"];
+    args.extend_from_slice(extra);
+    let output = dfc(&args, None);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    plan
+}
+
+/// Trains `plan` for two epochs (with `extra` arguments) and returns the final checkpoint.
+fn train(
+    plan: &Path,
+    feeds: &[String; 2],
+    checkpoints: &Path,
+    extra: &[&str],
+    token: Option<&str>,
+) -> dfc_driver::Checkpoint {
+    let mut args = vec!["run", s(plan), "--feed", &feeds[0], "--feed", &feeds[1], "--epochs", "2", "--seed", "3"];
+    args.extend_from_slice(&["--checkpoint-dir", s(checkpoints)]);
+    args.extend_from_slice(extra);
+    let output = dfc(&args, token);
+    assert!(output.status.success(), "dfc {}: {}", args.join(" "), text(&output.stderr));
+    dfc_driver::checkpoint::latest(checkpoints).expect("readable").expect("a checkpoint")
+}
+
+fn assert_same_parameters(what: &str, reference: &dfc_driver::Checkpoint, distributed: &dfc_driver::Checkpoint) {
+    assert_eq!(reference.step, distributed.step, "{what}");
+    assert_eq!(reference.tensors.keys().collect::<Vec<_>>(), distributed.tensors.keys().collect::<Vec<_>>(), "{what}");
+    for (name, tensor) in &reference.tensors {
+        let (a, b) = (tensor.to_f64_vec(), distributed.tensors[name].to_f64_vec());
+        let worst = a.iter().zip(&b).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+        assert!(worst < 1e-4, "{what}: `{name}` differs by {worst} from the one-process run");
+    }
+}
+
+#[test]
+fn mirrored_training_on_2_and_4_spawned_workers_matches_one_process() {
+    for n in [2usize, 4] {
+        let dir = scratch(&format!("mirrored-{n}"));
+        let feeds = regression_data(&dir, 256);
+        let plan = compile(&dir, &["--devices", &n.to_string(), "--strategy", "mirrored"]);
+        let embedded = train(&plan, &feeds, &dir.join("embedded"), &[], None);
+        let spawned = train(&plan, &feeds, &dir.join("spawned"), &["--spawn", &n.to_string()], None);
+        assert_same_parameters(&format!("mirrored on {n} workers"), &embedded, &spawned);
+    }
+}
+
+#[test]
+fn synchronous_parameter_servers_on_workers_match_one_process() {
+    let dir = scratch("ps-sync");
+    let feeds = regression_data(&dir, 256);
+    let workers: Vec<Worker> = (0..4).map(|_| Worker::start(TOKEN)).collect();
+    let cluster = cluster_file(&dir, &[("worker", &[&workers[0], &workers[1]]), ("ps", &[&workers[2], &workers[3]])]);
+    let plan = compile(&dir, &["--cluster", s(&cluster), "--strategy", "ps", "--sync"]);
+    let embedded = train(&plan, &feeds, &dir.join("embedded"), &[], None);
+    let remote = train(&plan, &feeds, &dir.join("remote"), &["--cluster", s(&cluster)], Some(TOKEN));
+    assert_same_parameters("ps --sync on 2 workers and 2 ps", &embedded, &remote);
+}
+
+#[test]
+fn a_wrong_or_missing_token_is_refused() {
+    let dir = scratch("token");
+    let feeds = regression_data(&dir, 64);
+    let worker = Worker::start(TOKEN);
+    let cluster = cluster_file(&dir, &[("worker", &[&worker])]);
+    let plan = compile(&dir, &["--cluster", s(&cluster)]);
+    let args = ["run", s(&plan), "--feed", &feeds[0], "--feed", &feeds[1], "--cluster", s(&cluster)];
+    let wrong = dfc(&args, Some("another-token-0123456789"));
+    assert!(!wrong.status.success());
+    assert!(text(&wrong.stderr).contains("refused the token"), "{}", text(&wrong.stderr));
+    let missing = dfc(&args, None);
+    assert!(!missing.status.success());
+    assert!(text(&missing.stderr).contains("no token"), "{}", text(&missing.stderr));
+    // A worker does not start without a token either.
+    let no_token = dfc(&["worker", "--listen", "127.0.0.1:0"], None);
+    assert!(!no_token.status.success());
+    assert!(text(&no_token.stderr).contains("no token"), "{}", text(&no_token.stderr));
+    // With the right one, the same run trains.
+    let right = dfc(&args, Some(TOKEN));
+    assert!(right.status.success(), "{}", text(&right.stderr));
+}
+
+#[test]
+fn a_killed_worker_is_reported_by_name_and_the_run_fails() {
+    let dir = scratch("killed");
+    let feeds = regression_data(&dir, 256);
+    let workers: Vec<Worker> = (0..2).map(|_| Worker::start(TOKEN)).collect();
+    let cluster = cluster_file(&dir, &[("worker", &[&workers[0], &workers[1]])]);
+    let plan = compile(&dir, &["--cluster", s(&cluster), "--strategy", "mirrored"]);
+    let mut run = Command::new(env!("CARGO_BIN_EXE_dfc"))
+        .args(["run", s(&plan), "--feed", &feeds[0], "--feed", &feeds[1], "--epochs", "100000"])
+        .args(["--cluster", s(&cluster), "--wait", "5"])
+        .env("DFC_TOKEN", TOKEN)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the run");
+    // Let it train a while, then kill the second worker.
+    std::thread::sleep(Duration::from_secs(2));
+    let mut workers = workers;
+    let victim = workers.pop().unwrap();
+    drop(victim);
+    let killed = Instant::now();
+    let status = loop {
+        if let Some(status) = run.try_wait().expect("wait") {
+            break status;
+        }
+        assert!(killed.elapsed() < Duration::from_secs(30), "the run did not end within 30 s of the kill");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut run.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(!status.success(), "{stderr}");
+    assert!(stderr.contains("/job:worker/task:1"), "the error names the dead worker's task: {stderr}");
+}
