@@ -187,6 +187,13 @@ fn print_tensor(name: &str, tensor: &dfc_interp::Tensor) {
 /// (the bound address) on its first line of output.
 pub fn worker(listen: &str, token_file: Option<&Path>) -> Result<std::process::ExitCode, String> {
     let token = dfc_rpc::auth::load_token(token_file)?;
+    if std::env::var_os(dfc_rpc::driver::EXIT_WITH_PARENT).is_some() {
+        // Started by `dfc run --spawn`: end with the driver, however it ends.
+        std::thread::spawn(|| {
+            let _ = std::io::copy(&mut std::io::stdin(), &mut std::io::sink());
+            std::process::exit(0);
+        });
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| e.to_string())?;
     runtime.block_on(async {
         let listener =
@@ -205,7 +212,13 @@ pub fn worker(listen: &str, token_file: Option<&Path>) -> Result<std::process::E
 fn run_remote(plan: &dfc_plan::Plan, args: &RunArgs) -> Result<(), String> {
     let remote = &args.remote;
     let mut _spawned = None;
-    let (token, addresses, assignment) = match (&remote.cluster, remote.spawn) {
+    let mut own_server = None;
+    let cluster = match (&remote.cluster, std::env::var("TF_CONFIG")) {
+        (Some(file), _) => Some(file.clone()),
+        (None, Ok(_)) if remote.spawn.is_none() => Some(PathBuf::from("TF_CONFIG")),
+        _ => None,
+    };
+    let (token, addresses, assignment) = match (&cluster, remote.spawn) {
         (_, Some(n)) => {
             let token = match &remote.token_file {
                 Some(_) => dfc_rpc::auth::load_token(remote.token_file.as_deref())?,
@@ -219,23 +232,23 @@ fn run_remote(plan: &dfc_plan::Plan, args: &RunArgs) -> Result<(), String> {
             (token, addresses, assignment)
         }
         (Some(file), None) => {
-            let token = dfc_rpc::auth::load_token(remote.token_file.as_deref())?;
-            let text = std::fs::read_to_string(file).map_err(|e| format!("cannot read `{}`: {e}", file.display()))?;
-            let cluster = dfc_ir::Cluster::from_json(&text).map_err(|e| format!("{}: {e}", file.display()))?;
-            let tasks = cluster.jobs.iter().map(|j| j.tasks.len()).sum::<usize>();
-            let assignment = dfc_rpc::assign(plan, tasks)?;
-            let mut addresses = Vec::new();
-            for name in &assignment.names {
-                // `/job:NAME/task:I`
-                let address = name
-                    .strip_prefix("/job:")
-                    .and_then(|rest| rest.split_once("/task:"))
-                    .and_then(|(job, task)| {
-                        let task: usize = task.parse().ok()?;
-                        cluster.jobs.iter().find(|j| j.name == job)?.tasks.get(task)?.address.clone()
-                    })
-                    .ok_or_else(|| format!("the cluster file has no address for the plan's task {name}"))?;
-                addresses.push(address);
+            let text = if remote.cluster.is_none() {
+                std::env::var("TF_CONFIG").expect("checked above")
+            } else {
+                std::fs::read_to_string(file).map_err(|e| format!("cannot read `{}`: {e}", file.display()))?
+            };
+            let (token, addresses, assignment) = cluster_workers(plan, &text, &file.display().to_string(), remote)?;
+            // Under a launcher (mpirun, srun) or TF_CONFIG's `task`, every process runs this
+            // command: the first drives (and serves its own task), the others serve.
+            if let Some((rank, source)) = launcher_rank(&text, &assignment)? {
+                let address = addresses.get(rank).ok_or_else(|| {
+                    format!("{source} gives rank {rank}, but the plan has {} task(s)", addresses.len())
+                })?;
+                if rank > 0 {
+                    eprintln!("serving {} at {address} ({source})", assignment.names[rank]);
+                    return serve_blocking(address, token).map(|_| ());
+                }
+                own_server = Some(start_server(address, token.clone())?);
             }
             (token, addresses, assignment)
         }
@@ -267,8 +280,94 @@ fn run_remote(plan: &dfc_plan::Plan, args: &RunArgs) -> Result<(), String> {
         eprintln!("trained {} steps in {:.1} s", summary.steps, started.elapsed().as_secs_f64());
         Ok(())
     };
-    if _spawned.is_some() {
+    if _spawned.is_some() || own_server.is_some() {
         session.shutdown();
     }
+    if let Some(server) = own_server {
+        let _ = server.join();
+    }
     result
+}
+
+/// The token, the workers' addresses (by rank) and the assignment of a plan to the tasks of a
+/// cluster (TF_CONFIG's JSON shape, read from `origin`).
+fn cluster_workers(
+    plan: &dfc_plan::Plan,
+    text: &str,
+    origin: &str,
+    remote: &RemoteArgs,
+) -> Result<(String, Vec<String>, dfc_rpc::Assignment), String> {
+    let token = dfc_rpc::auth::load_token(remote.token_file.as_deref())?;
+    let cluster = dfc_ir::Cluster::from_json(text).map_err(|e| format!("{origin}: {e}"))?;
+    let tasks = cluster.jobs.iter().map(|j| j.tasks.len()).sum::<usize>();
+    let assignment = dfc_rpc::assign(plan, tasks)?;
+    let mut addresses = Vec::new();
+    for name in &assignment.names {
+        // `/job:NAME/task:I`
+        let address = name
+            .strip_prefix("/job:")
+            .and_then(|rest| rest.split_once("/task:"))
+            .and_then(|(job, task)| {
+                let task: usize = task.parse().ok()?;
+                cluster.jobs.iter().find(|j| j.name == job)?.tasks.get(task)?.address.clone()
+            })
+            .ok_or_else(|| format!("{origin} has no address for the plan's task {name}"))?;
+        addresses.push(address);
+    }
+    Ok((token, addresses, assignment))
+}
+
+/// The launchers' rank variables, in the order they are looked for.
+const RANK_VARIABLES: [&str; 4] = ["OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"];
+
+/// This process's rank among the tasks: from a launcher's variable (mpirun, srun), or from
+/// TF_CONFIG's `task` ({"type": "worker", "index": 1}) in the cluster text; `None` when
+/// neither is there (this process only drives).
+fn launcher_rank(cluster_text: &str, assignment: &dfc_rpc::Assignment) -> Result<Option<(usize, String)>, String> {
+    for variable in RANK_VARIABLES {
+        if let Ok(value) = std::env::var(variable) {
+            let rank = value.trim().parse::<usize>().map_err(|_| format!("{variable}={value} is not a rank"))?;
+            return Ok(Some((rank, format!("{variable}={rank}"))));
+        }
+    }
+    let config: serde_json::Value = serde_json::from_str(cluster_text).map_err(|e| e.to_string())?;
+    let Some(task) = config.get("task") else { return Ok(None) };
+    let (Some(job), Some(index)) =
+        (task.get("type").and_then(|t| t.as_str()), task.get("index").and_then(|i| i.as_u64()))
+    else {
+        return Err("TF_CONFIG's `task` needs a `type` and an `index`".into());
+    };
+    let name = format!("/job:{job}/task:{index}");
+    let rank = assignment
+        .names
+        .iter()
+        .position(|n| *n == name)
+        .ok_or_else(|| format!("TF_CONFIG's task {name} runs no partition of the plan"))?;
+    Ok(Some((rank, format!("TF_CONFIG task {name}"))))
+}
+
+/// Serves as a worker at `address` until the driver shuts it down.
+fn serve_blocking(address: &str, token: String) -> Result<std::process::ExitCode, String> {
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| e.to_string())?;
+    runtime.block_on(async {
+        let listener =
+            tokio::net::TcpListener::bind(address).await.map_err(|e| format!("cannot listen on {address}: {e}"))?;
+        dfc_rpc::serve(listener, token).await
+    })?;
+    Ok(std::process::ExitCode::SUCCESS)
+}
+
+/// A worker for this process's own task, on a thread, listening before this returns.
+fn start_server(address: &str, token: String) -> Result<std::thread::JoinHandle<()>, String> {
+    let listener = std::net::TcpListener::bind(address).map_err(|e| format!("cannot listen on {address}: {e}"))?;
+    listener.set_nonblocking(true).map_err(|e| e.to_string())?;
+    Ok(std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("a runtime");
+        runtime.block_on(async {
+            let listener = tokio::net::TcpListener::from_std(listener).expect("a listener");
+            if let Err(e) = dfc_rpc::serve(listener, token).await {
+                eprintln!("error: {e}");
+            }
+        });
+    }))
 }

@@ -108,7 +108,7 @@ fn compile(dir: &Path, extra: &[&str]) -> PathBuf {
     plan
 }
 
-/// Trains `plan` for two epochs (with `extra` arguments) and returns the final checkpoint.
+/// Trains `plan` (for two epochs unless `extra` says) and returns the final checkpoint.
 fn train(
     plan: &Path,
     feeds: &[String; 2],
@@ -116,7 +116,10 @@ fn train(
     extra: &[&str],
     token: Option<&str>,
 ) -> dfc_driver::Checkpoint {
-    let mut args = vec!["run", s(plan), "--feed", &feeds[0], "--feed", &feeds[1], "--epochs", "2", "--seed", "3"];
+    let mut args = vec!["run", s(plan), "--feed", &feeds[0], "--feed", &feeds[1], "--seed", "3"];
+    if !extra.contains(&"--epochs") {
+        args.extend_from_slice(&["--epochs", "2"]);
+    }
     args.extend_from_slice(&["--checkpoint-dir", s(checkpoints)]);
     args.extend_from_slice(extra);
     let output = dfc(&args, token);
@@ -212,4 +215,112 @@ fn a_killed_worker_is_reported_by_name_and_the_run_fails() {
     std::io::Read::read_to_string(&mut run.stderr.take().unwrap(), &mut stderr).unwrap();
     assert!(!status.success(), "{stderr}");
     assert!(stderr.contains("/job:worker/task:1"), "the error names the dead worker's task: {stderr}");
+}
+
+/// Two free loopback addresses (bound and released: another process could take one meanwhile,
+/// which a test run on this machine does not).
+fn free_addresses(n: usize) -> Vec<String> {
+    let listeners: Vec<std::net::TcpListener> =
+        (0..n).map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("a free port")).collect();
+    listeners.iter().map(|l| l.local_addr().unwrap().to_string()).collect()
+}
+
+/// As under mpirun or srun, or with TF_CONFIG: every process runs the same `dfc run`, and the
+/// rank (or TF_CONFIG's task) decides which drives and which serve.
+#[test]
+fn launcher_ranks_and_tf_config_start_a_job_with_one_command() {
+    let dir = scratch("launcher");
+    let feeds = regression_data(&dir, 256);
+    let addresses = free_addresses(2);
+    let cluster_json = format!("{{\"cluster\": {{\"worker\": [\"{}\", \"{}\"]}}}}", addresses[0], addresses[1]);
+    let cluster = dir.join("cluster.json");
+    std::fs::write(&cluster, &cluster_json).unwrap();
+    let plan = compile(&dir, &["--cluster", s(&cluster), "--strategy", "mirrored"]);
+    let embedded = train(&plan, &feeds, &dir.join("embedded"), &[], None);
+    let checkpoints = dir.join("launched");
+    let command = |configure: &dyn Fn(&mut Command)| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_dfc"));
+        command.args(["run", s(&plan), "--feed", &feeds[0], "--feed", &feeds[1], "--epochs", "2", "--seed", "3"]);
+        command.args(["--checkpoint-dir", s(&checkpoints)]).env("DFC_TOKEN", TOKEN).stderr(Stdio::piped());
+        for variable in ["OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID", "TF_CONFIG"] {
+            command.env_remove(variable);
+        }
+        configure(&mut command);
+        command.spawn().expect("start a rank")
+    };
+    // mpirun's variables: both ranks get --cluster.
+    let rank1 = command(&|c| {
+        c.args(["--cluster", s(&cluster)]).env("OMPI_COMM_WORLD_RANK", "1");
+    });
+    let rank0 = command(&|c| {
+        c.args(["--cluster", s(&cluster)]).env("OMPI_COMM_WORLD_RANK", "0");
+    });
+    for (name, child) in [("rank 0", rank0), ("rank 1", rank1)] {
+        let output = child.wait_with_output().unwrap();
+        assert!(output.status.success(), "{name}: {}", text(&output.stderr));
+    }
+    let launched = dfc_driver::checkpoint::latest(&checkpoints).unwrap().expect("the driver checkpoints");
+    assert_same_parameters("mpirun-style ranks", &embedded, &launched);
+
+    // TF_CONFIG: the cluster and each process's task from the environment, no --cluster.
+    let checkpoints_tf = dir.join("tf_config");
+    let _ = std::fs::remove_dir_all(&checkpoints);
+    std::fs::create_dir_all(&checkpoints).unwrap();
+    let with_task = |index: usize| {
+        format!(
+            "{{\"cluster\": {{\"worker\": [\"{}\", \"{}\"]}}, \"task\": {{\"type\": \"worker\", \"index\": {index}}}}}",
+            addresses[0], addresses[1]
+        )
+    };
+    let task1 = command(&|c| {
+        c.env("TF_CONFIG", with_task(1));
+    });
+    let task0 = command(&|c| {
+        c.env("TF_CONFIG", with_task(0));
+    });
+    for (name, child) in [("task 0", task0), ("task 1", task1)] {
+        let output = child.wait_with_output().unwrap();
+        assert!(output.status.success(), "{name}: {}", text(&output.stderr));
+    }
+    let _ = checkpoints_tf;
+    let launched = dfc_driver::checkpoint::latest(&checkpoints).unwrap().expect("the driver checkpoints");
+    assert_same_parameters("TF_CONFIG tasks", &embedded, &launched);
+}
+
+/// A run on workers killed part-way and started again resumes from its newest checkpoint and
+/// ends exactly where a run that was never stopped ends (the ring sums in a fixed order).
+#[test]
+fn a_killed_distributed_run_resumes_and_ends_like_an_uninterrupted_one() {
+    let dir = scratch("resume");
+    let feeds = regression_data(&dir, 256);
+    let plan = compile(&dir, &["--devices", "2", "--strategy", "mirrored"]);
+    let epochs = ["--epochs", "40", "--spawn", "2"];
+    let uninterrupted = train(&plan, &feeds, &dir.join("uninterrupted"), &epochs, None);
+    let checkpoints = dir.join("interrupted");
+    let mut run = Command::new(env!("CARGO_BIN_EXE_dfc"))
+        .args(["run", s(&plan), "--feed", &feeds[0], "--feed", &feeds[1], "--seed", "3"])
+        .args(epochs)
+        .args(["--checkpoint-dir", s(&checkpoints)])
+        .env_remove("DFC_TOKEN")
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the run");
+    let started = Instant::now();
+    loop {
+        let saved = std::fs::read_dir(&checkpoints).map(|d| d.count()).unwrap_or(0);
+        if saved >= 2 || started.elapsed() > Duration::from_secs(60) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    run.kill().expect("kill the driver");
+    run.wait().unwrap();
+    let partial = dfc_driver::checkpoint::latest(&checkpoints).unwrap().expect("a checkpoint before the kill");
+    assert!(partial.step < uninterrupted.step, "killed after the end: {} of {}", partial.step, uninterrupted.step);
+    let resumed = train(&plan, &feeds, &checkpoints, &epochs, None);
+    assert_eq!(resumed.step, uninterrupted.step);
+    assert_eq!(
+        resumed.tensors, uninterrupted.tensors,
+        "a resumed run ends bit for bit where the uninterrupted one does"
+    );
 }

@@ -61,6 +61,9 @@ pub fn assign(plan: &Plan, workers: usize) -> Result<Assignment, String> {
     ))
 }
 
+/// How long the driver keeps trying to reach a worker that does not listen yet.
+const CONNECT_PATIENCE: Duration = Duration::from_secs(30);
+
 /// How long a call may take beyond the waits inside a step.
 const CALL_MARGIN: Duration = Duration::from_secs(10);
 
@@ -117,9 +120,20 @@ impl RemoteSession {
             let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
                 .map_err(|e| RunError::Usage(format!("worker address `{address}`: {e}")))?
                 .connect_timeout(Duration::from_secs(10));
-            let channel = runtime.block_on(endpoint.connect()).map_err(|e| {
-                RunError::Plan(format!("cannot connect to worker at {address}: {e} (is `dfc worker` running there?)"))
-            })?;
+            // Workers started by a launcher beside this process may not listen yet: try for a while.
+            let deadline = std::time::Instant::now() + CONNECT_PATIENCE;
+            let channel = loop {
+                match runtime.block_on(endpoint.connect()) {
+                    Ok(channel) => break channel,
+                    Err(_) if std::time::Instant::now() < deadline => std::thread::sleep(Duration::from_millis(100)),
+                    Err(e) => {
+                        return Err(RunError::Plan(format!(
+                            "cannot connect to worker at {address} for {} s: {e} (is `dfc worker` running there?)",
+                            CONNECT_PATIENCE.as_secs()
+                        )))
+                    }
+                }
+            };
             clients.push(
                 WorkerClient::with_interceptor(channel, AddToken::new(token))
                     .max_decoding_message_size(MAX_MESSAGE_BYTES)
@@ -375,6 +389,10 @@ impl Runner for RemoteSession {
     }
 }
 
+/// Set for the workers `LocalWorkers` starts: they exit when their standard input closes, that
+/// is when the process that started them is gone, even if it was killed.
+pub const EXIT_WITH_PARENT: &str = "DFC_WORKER_EXIT_WITH_PARENT";
+
 /// Worker processes started on loopback by this process (`dfc run --spawn N`); they are
 /// killed when this is dropped.
 pub struct LocalWorkers {
@@ -392,6 +410,8 @@ impl LocalWorkers {
             let mut child = std::process::Command::new(dfc)
                 .args(["worker", "--listen", "127.0.0.1:0"])
                 .env(crate::auth::TOKEN_VARIABLE, token)
+                .env(EXIT_WITH_PARENT, "1")
+                .stdin(std::process::Stdio::piped())
                 .stdout(std::process::Stdio::piped())
                 .spawn()
                 .map_err(|e| format!("cannot start worker {i} ({}): {e}", dfc.display()))?;
