@@ -1,6 +1,7 @@
 //! The `dfc` command: check, ir, compile, inspect.
 
 mod bench;
+mod bench_allreduce;
 mod render;
 mod run;
 
@@ -150,6 +151,8 @@ enum Command {
     },
     /// Time training steps (or with --inference forward passes) of a plan on random data.
     Bench(bench::BenchArgs),
+    /// Time the ring all-reduce across local worker processes, next to raw loopback TCP.
+    BenchAllreduce(bench_allreduce::BenchAllReduceArgs),
     /// Describe what a plan file holds.
     Inspect {
         plan: PathBuf,
@@ -242,6 +245,7 @@ fn main() -> ExitCode {
         }
         Command::Inspect { plan, json } => inspect(&plan, json),
         Command::Bench(args) => bench::bench(&args),
+        Command::BenchAllreduce(args) => bench_allreduce::bench_allreduce(&args).map_err(Failure),
         Command::Graph { file, model, distribute, after, collapse, output } => {
             graph(&file, &model, &distribute, &after, collapse, output)
         }

@@ -119,7 +119,10 @@ impl RemoteSession {
         for address in addresses {
             let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
                 .map_err(|e| RunError::Usage(format!("worker address `{address}`: {e}")))?
-                .connect_timeout(Duration::from_secs(10));
+                .connect_timeout(Duration::from_secs(10))
+                .tcp_nodelay(true)
+                .initial_stream_window_size(Some(crate::STREAM_WINDOW))
+                .initial_connection_window_size(Some(crate::CONNECTION_WINDOW));
             // Workers started by a launcher beside this process may not listen yet: try for a while.
             let deadline = std::time::Instant::now() + CONNECT_PATIENCE;
             let channel = loop {

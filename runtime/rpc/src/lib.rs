@@ -9,10 +9,12 @@
 //!   (tensors pushed to the receiver's worker in chunks) and all-reduce (local replicas summed,
 //!   then a ring of reduce-scatter and all-gather across the workers).
 //! - [`worker`]: the server.
+//! - [`bench`]: `dfc bench-allreduce`, the ring's bandwidth next to loopback TCP's.
 //! - [`driver`]: `RemoteSession`, `assign` (which worker runs which partition) and
 //!   `LocalWorkers` (`dfc run --spawn N`).
 
 pub mod auth;
+pub mod bench;
 pub mod driver;
 pub mod rendezvous;
 pub mod tensor;
@@ -27,6 +29,11 @@ pub use worker::serve;
 
 /// The largest message either side accepts (a plan with its bitcode, or a chunk).
 pub const MAX_MESSAGE_BYTES: usize = 1 << 30;
+/// HTTP/2 flow-control windows: the protocol's default of 64 KiB per stream would stall a
+/// large tensor every 64 KiB for a window update (a round trip).
+pub const STREAM_WINDOW: u32 = 16 << 20;
+pub const CONNECTION_WINDOW: u32 = 64 << 20;
+
 /// Tensors travel in chunks of at most this many bytes.
 pub const CHUNK_BYTES: usize = 1 << 20;
 

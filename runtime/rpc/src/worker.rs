@@ -28,6 +28,7 @@ pub async fn serve(listener: TcpListener, token: String) -> Result<(), String> {
     let service = WorkerService {
         token: token.clone(),
         registered: Arc::new(Mutex::new(None)),
+        benches: Arc::new(Mutex::new(HashMap::new())),
         stop: Arc::new(Mutex::new(Some(stop))),
     };
     let server = tonic::service::interceptor::InterceptedService::new(
@@ -37,6 +38,9 @@ pub async fn serve(listener: TcpListener, token: String) -> Result<(), String> {
         CheckToken::new(&token),
     );
     tonic::transport::Server::builder()
+        .initial_stream_window_size(Some(crate::STREAM_WINDOW))
+        .initial_connection_window_size(Some(crate::CONNECTION_WINDOW))
+        .tcp_nodelay(true)
         .add_service(server)
         .serve_with_incoming_shutdown(incoming(listener), async {
             let _ = stopped.await;
@@ -59,6 +63,8 @@ fn incoming(listener: TcpListener) -> impl tokio_stream::Stream<Item = std::io::
 struct WorkerService {
     token: String,
     registered: Arc<Mutex<Option<Arc<Registered>>>>,
+    /// All-reduce benchmarks under way, by id.
+    benches: Arc<Mutex<HashMap<prost::bytes::Bytes, Arc<StepHost>>>>,
     stop: Arc<Mutex<Option<tokio::sync::oneshot::Sender<()>>>>,
 }
 
@@ -66,9 +72,15 @@ struct WorkerService {
 struct Registered {
     sha256: prost::bytes::Bytes,
     running: Mutex<Running>,
+    host: Arc<StepHost>,
+}
+
+/// What the steps of a registration (or a benchmark) meet through: where keys go, the other
+/// workers, and the rendezvous of the steps under way (created by the first Run or Push of a
+/// step, dropped when its Run ends).
+struct StepHost {
     routes: Arc<Routes>,
     peers: Arc<Peers>,
-    /// Rendezvous of steps under way (created by the first Run or Push of a step).
     steps: Mutex<HashMap<u64, Arc<NetRendezvous>>>,
     wait: Duration,
 }
@@ -78,7 +90,7 @@ struct Running {
     programs: HashMap<u64, (SessionProgram, Vec<usize>)>,
 }
 
-impl Registered {
+impl StepHost {
     fn step(&self, step: u64) -> Arc<NetRendezvous> {
         let mut steps = self.steps.lock().unwrap_or_else(|e| e.into_inner());
         steps
@@ -86,6 +98,30 @@ impl Registered {
             .or_insert_with(|| Arc::new(NetRendezvous::new(step, self.routes.clone(), self.peers.clone(), self.wait)))
             .clone()
     }
+
+    fn finish(&self, step: u64) {
+        self.steps.lock().unwrap_or_else(|e| e.into_inner()).remove(&step);
+    }
+}
+
+/// Clients of the workers at `addresses`, holding `token`.
+fn clients(addresses: &[String], token: &str) -> Result<Vec<Client>, Status> {
+    let mut clients: Vec<Client> = Vec::with_capacity(addresses.len());
+    for address in addresses {
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
+            .map_err(|e| bad(format!("worker address `{address}`: {e}")))?
+            .connect_timeout(Duration::from_secs(10))
+            .tcp_nodelay(true)
+            .initial_stream_window_size(Some(crate::STREAM_WINDOW))
+            .initial_connection_window_size(Some(crate::CONNECTION_WINDOW))
+            .connect_lazy();
+        clients.push(
+            crate::proto::worker_client::WorkerClient::with_interceptor(channel, AddToken::new(token))
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+        );
+    }
+    Ok(clients)
 }
 
 fn bad(message: impl Into<String>) -> Status {
@@ -93,6 +129,19 @@ fn bad(message: impl Into<String>) -> Status {
 }
 
 impl WorkerService {
+    /// The registration or benchmark that `id` names.
+    fn host(&self, id: &prost::bytes::Bytes) -> Result<Arc<StepHost>, Status> {
+        if let Some(host) = self.benches.lock().unwrap_or_else(|e| e.into_inner()).get(id) {
+            return Ok(host.clone());
+        }
+        self.current(id).map(|r| r.host.clone())
+    }
+
+    /// Whether `id` may name a benchmark not set up here yet (it names no registered plan).
+    fn registered_elsewhere(&self, id: &[u8]) -> bool {
+        self.registered.lock().unwrap_or_else(|e| e.into_inner()).as_ref().is_none_or(|r| r.sha256 != id)
+    }
+
     fn current(&self, sha256: &[u8]) -> Result<Arc<Registered>, Status> {
         let registered = self.registered.lock().unwrap_or_else(|e| e.into_inner()).clone();
         match registered {
@@ -136,18 +185,7 @@ impl Worker for WorkerService {
         let worker_of: Vec<usize> = request.partition_worker.iter().map(|&w| w as usize).collect();
         let hosted: Vec<usize> = (0..plan.partitions.len()).filter(|&p| worker_of[p] == rank).collect();
         let routes = Arc::new(routes(&plan, &worker_of, rank));
-        let mut clients: Vec<Client> = Vec::with_capacity(n);
-        for address in &request.workers {
-            let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
-                .map_err(|e| bad(format!("worker address `{address}`: {e}")))?
-                .connect_timeout(Duration::from_secs(10))
-                .connect_lazy();
-            clients.push(
-                crate::proto::worker_client::WorkerClient::with_interceptor(channel, AddToken::new(&self.token))
-                    .max_decoding_message_size(MAX_MESSAGE_BYTES)
-                    .max_encoding_message_size(MAX_MESSAGE_BYTES),
-            );
-        }
+        let clients = clients(&request.workers, &self.token)?;
         let peers = Arc::new(Peers {
             clients,
             names: request.names.clone(),
@@ -166,10 +204,7 @@ impl Worker for WorkerService {
             Ok(Registered {
                 sha256,
                 running: Mutex::new(Running { session, programs: HashMap::new() }),
-                routes,
-                peers,
-                steps: Mutex::new(HashMap::new()),
-                wait,
+                host: Arc::new(StepHost { routes, peers, steps: Mutex::new(HashMap::new()), wait }),
             })
         })
         .await?;
@@ -207,7 +242,7 @@ impl Worker for WorkerService {
         }
         blocking(move || {
             let step = request.step;
-            let rendezvous = registered.step(step);
+            let rendezvous = registered.host.step(step);
             let result = {
                 let mut running = registered.running.lock().unwrap_or_else(|e| e.into_inner());
                 let Running { session, programs } = &mut *running;
@@ -218,13 +253,14 @@ impl Worker for WorkerService {
                     provides.iter().map(|&i| fetched[i].clone().expect("a hosted fetch")).collect::<Vec<Tensor>>()
                 })
             };
-            registered.steps.lock().unwrap_or_else(|e| e.into_inner()).remove(&step);
+            registered.host.finish(step);
             match result {
                 Ok(fetched) => Ok(Response::new(RunReply { fetched: fetched.iter().map(tensor::to_proto).collect() })),
                 Err(error) => {
-                    let reason = format!("{}: {error}", registered.peers.names[registered.routes.rank]);
+                    let host = &registered.host;
+                    let reason = format!("{}: {error}", host.peers.names[host.routes.rank]);
                     if !matches!(error, dfc_driver::RunError::Interp(dfc_interp::InterpError::Aborted { .. })) {
-                        registered.peers.abort_others(registered.routes.rank, step, &reason);
+                        host.peers.abort_others(host.routes.rank, step, &reason);
                     }
                     Err(Status::aborted(reason))
                 }
@@ -236,7 +272,14 @@ impl Worker for WorkerService {
     async fn push(&self, request: Request<tonic::Streaming<TensorChunk>>) -> Result<Response<PushReply>, Status> {
         let mut stream = request.into_inner();
         let first = stream.message().await?.ok_or_else(|| bad("an empty push"))?;
-        let registered = self.current(&first.plan_sha256)?;
+        // A benchmark's first push may come before this worker's own call has set it up.
+        let mut host = self.host(&first.plan_sha256);
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        while host.is_err() && std::time::Instant::now() < deadline && self.registered_elsewhere(&first.plan_sha256) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            host = self.host(&first.plan_sha256);
+        }
+        let host = host?;
         let ty = tensor::type_of(first.dtype, &first.dims).map_err(bad)?;
         let total = ty.size_in_bytes();
         let mut bytes = Vec::with_capacity(total.min(MAX_MESSAGE_BYTES));
@@ -258,14 +301,14 @@ impl Worker for WorkerService {
             &bytes,
         )
         .map_err(|e| bad(format!("push of `{key}`: {e}")))?;
-        registered.step(step).deliver(&key, value).map_err(Status::already_exists)?;
+        host.step(step).deliver(&key, value).map_err(Status::already_exists)?;
         Ok(Response::new(PushReply {}))
     }
 
     async fn abort(&self, request: Request<AbortRequest>) -> Result<Response<AbortReply>, Status> {
         let request = request.into_inner();
-        let registered = self.current(&request.plan_sha256)?;
-        dfc_interp::Rendezvous::abort(&*registered.step(request.step), &request.reason);
+        let host = self.host(&request.plan_sha256)?;
+        dfc_interp::Rendezvous::abort(&*host.step(request.step), &request.reason);
         Ok(Response::new(AbortReply {}))
     }
 
@@ -306,6 +349,65 @@ impl Worker for WorkerService {
     async fn health(&self, _request: Request<HealthRequest>) -> Result<Response<HealthReply>, Status> {
         let registered = self.registered.lock().unwrap_or_else(|e| e.into_inner()).clone();
         Ok(Response::new(HealthReply { plan_sha256: registered.map(|r| r.sha256.clone()).unwrap_or_default() }))
+    }
+
+    async fn bench_all_reduce(
+        &self,
+        request: Request<BenchAllReduceRequest>,
+    ) -> Result<Response<BenchAllReduceReply>, Status> {
+        let request = request.into_inner();
+        let (n, rank) = (request.workers.len(), request.rank as usize);
+        if rank >= n || request.names.len() != n || request.id.is_empty() {
+            return Err(bad(format!("rank {rank} among {n} workers ({} names)", request.names.len())));
+        }
+        if request.bytes % 4 != 0 || request.bytes > MAX_MESSAGE_BYTES as u64 || request.iterations > 1000 {
+            return Err(bad("the buffer is a whole number of f32 of at most 1 GiB, timed at most 1000 times"));
+        }
+        let routes = Routes {
+            rank,
+            receiver: HashMap::new(),
+            reductions: HashMap::from([("bench".to_string(), ((0..n).collect(), 1))]),
+        };
+        let peers = Peers {
+            clients: clients(&request.workers, &self.token)?,
+            names: request.names.clone(),
+            plan_sha256: request.id.clone(),
+            runtime: tokio::runtime::Handle::current(),
+        };
+        let wait = Duration::from_millis(request.wait_ms.max(1));
+        let host = Arc::new(StepHost {
+            routes: Arc::new(routes),
+            peers: Arc::new(peers),
+            steps: Mutex::new(HashMap::new()),
+            wait,
+        });
+        self.benches.lock().unwrap_or_else(|e| e.into_inner()).insert(request.id.clone(), host.clone());
+        let benches = self.benches.clone();
+        let id = request.id.clone();
+        let result = blocking(move || {
+            let elements = request.bytes as usize / 4;
+            let value = Tensor::from_vec(vec![elements], vec![(rank + 1) as f32; elements]);
+            let want = (n * (n + 1) / 2) as f32;
+            let mut seconds = Vec::new();
+            for iteration in 0..=request.iterations as u64 {
+                let rendezvous = host.step(iteration);
+                let started = std::time::Instant::now();
+                let sum = dfc_interp::Rendezvous::all_reduce(&*rendezvous, "bench", n as u32, 0, value.clone())
+                    .map_err(|e| Status::aborted(e.to_string()))?;
+                let elapsed = started.elapsed().as_secs_f64();
+                host.finish(iteration);
+                if sum.as_slice::<f32>().is_none_or(|s| s.iter().any(|&x| x != want)) {
+                    return Err(Status::internal(format!("the all-reduce summed wrong: want {want} everywhere")));
+                }
+                if iteration > 0 {
+                    seconds.push(elapsed);
+                }
+            }
+            Ok(Response::new(BenchAllReduceReply { seconds }))
+        })
+        .await;
+        benches.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+        result
     }
 
     async fn shutdown(&self, _request: Request<ShutdownRequest>) -> Result<Response<ShutdownReply>, Status> {
