@@ -187,6 +187,7 @@ fn print_tensor(name: &str, tensor: &dfc_interp::Tensor) {
 /// (the bound address) on its first line of output.
 pub fn worker(listen: &str, token_file: Option<&Path>) -> Result<std::process::ExitCode, String> {
     let token = dfc_rpc::auth::load_token(token_file)?;
+    dfc_rpc::keep_freed_memory();
     if std::env::var_os(dfc_rpc::driver::EXIT_WITH_PARENT).is_some() {
         // Started by `dfc run --spawn`: end with the driver, however it ends.
         std::thread::spawn(|| {

@@ -151,10 +151,10 @@ impl Tensor {
     /// The raw little-endian bytes of the data (for checkpoints and .npy).
     pub fn to_le_bytes(&self) -> Vec<u8> {
         match &self.data {
-            Data::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            Data::F64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            Data::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            Data::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Data::F32(v) => le_bytes(v, |x| x.to_le_bytes()),
+            Data::F64(v) => le_bytes(v, |x| x.to_le_bytes()),
+            Data::I32(v) => le_bytes(v, |x| x.to_le_bytes()),
+            Data::I64(v) => le_bytes(v, |x| x.to_le_bytes()),
             Data::U8(v) => v.clone(),
             Data::Bool(v) => v.iter().map(|&x| u8::from(x)).collect(),
         }
@@ -166,7 +166,19 @@ impl Tensor {
         if bytes.len() != n.checked_mul(ty.dtype.size_in_bytes())? {
             return None;
         }
-        fn chunks<const N: usize, T>(bytes: &[u8], f: fn([u8; N]) -> T) -> Vec<T> {
+        fn chunks<const N: usize, T: Copy>(bytes: &[u8], f: fn([u8; N]) -> T) -> Vec<T> {
+            if cfg!(target_endian = "little") {
+                let n = bytes.len() / N;
+                let mut out: Vec<T> = Vec::with_capacity(n);
+                // SAFETY: on a little-endian machine the bytes are the elements' own
+                // representation (T is a primitive number of N bytes, any bit pattern valid);
+                // the copy fills exactly n elements of the allocation.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(bytes.as_ptr(), out.as_mut_ptr().cast::<u8>(), n * N);
+                    out.set_len(n);
+                }
+                return out;
+            }
             bytes.chunks_exact(N).map(|c| f(c.try_into().expect("exact chunks"))).collect()
         }
         let data = match ty.dtype {
@@ -179,4 +191,20 @@ impl Tensor {
         };
         Some(Tensor { shape: ty.shape.clone(), data })
     }
+}
+
+/// The little-endian bytes of numbers: one copy of their memory on a little-endian machine.
+fn le_bytes<T: Copy, const N: usize>(values: &[T], f: fn(&T) -> [u8; N]) -> Vec<u8> {
+    if cfg!(target_endian = "little") {
+        let len = std::mem::size_of_val(values);
+        let mut out: Vec<u8> = Vec::with_capacity(len);
+        // SAFETY: T is a primitive number of N bytes whose memory is its little-endian bytes here;
+        // the copy fills exactly `len` bytes of the allocation.
+        unsafe {
+            std::ptr::copy_nonoverlapping(values.as_ptr().cast::<u8>(), out.as_mut_ptr(), len);
+            out.set_len(len);
+        }
+        return out;
+    }
+    values.iter().flat_map(f).collect()
 }

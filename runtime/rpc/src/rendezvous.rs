@@ -15,7 +15,7 @@ use crate::proto::worker_client::WorkerClient;
 use crate::proto::{self, TensorChunk};
 use crate::{tensor, CHUNK_BYTES};
 use dfc_interp::{InterpError, Rendezvous, Tensor};
-use dfc_ir::{BinaryOp, Op, TensorType};
+use dfc_ir::{BinaryOp, DType, Op, TensorType};
 use std::collections::HashMap;
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -49,8 +49,21 @@ impl Peers {
     /// delivered (not until it is received).
     pub fn push(&self, rank: usize, step: u64, key: &str, value: &Tensor, timeout: Duration) -> Result<(), String> {
         let bytes = prost::bytes::Bytes::from(value.to_le_bytes());
-        let dims: Vec<u64> = value.shape.dims().iter().map(|&d| d as u64).collect();
-        let dtype = tensor::dtype_code(value.dtype());
+        self.push_bytes(rank, step, key, &value.ty(), bytes, timeout)
+    }
+
+    /// Pushes the little-endian bytes of a value of type `ty`.
+    pub fn push_bytes(
+        &self,
+        rank: usize,
+        step: u64,
+        key: &str,
+        ty: &TensorType,
+        bytes: prost::bytes::Bytes,
+        timeout: Duration,
+    ) -> Result<(), String> {
+        let dims: Vec<u64> = ty.shape.dims().iter().map(|&d| d as u64).collect();
+        let dtype = tensor::dtype_code(ty.dtype);
         let chunks: Vec<TensorChunk> = (0..bytes.len().div_ceil(CHUNK_BYTES).max(1))
             .map(|c| {
                 let (lo, hi) = (c * CHUNK_BYTES, ((c + 1) * CHUNK_BYTES).min(bytes.len()));
@@ -93,10 +106,36 @@ impl Peers {
     }
 }
 
+/// A value sent to this worker: a tensor from a partition here, or the bytes of one pushed by
+/// another worker (turned into a tensor when a Recv takes it; a ring step adds them as they are).
+#[derive(Clone)]
+pub enum Received {
+    Tensor(Tensor),
+    Bytes(TensorType, Vec<u8>),
+}
+
+impl Received {
+    fn into_tensor(self) -> Result<Tensor, String> {
+        match self {
+            Received::Tensor(t) => Ok(t),
+            Received::Bytes(ty, bytes) => {
+                Tensor::from_le_bytes(&ty, &bytes).ok_or_else(|| format!("{} bytes do not hold a {ty}", bytes.len()))
+            }
+        }
+    }
+
+    fn into_bytes(self) -> Vec<u8> {
+        match self {
+            Received::Tensor(t) => t.to_le_bytes(),
+            Received::Bytes(_, bytes) => bytes,
+        }
+    }
+}
+
 #[derive(Default)]
 struct State {
-    /// Tensors sent to this worker (locally or pushed), by key.
-    received: HashMap<String, Tensor>,
+    /// Values sent to this worker (locally or pushed), by key.
+    received: HashMap<String, Received>,
     aborted: Option<String>,
     reductions: HashMap<String, LocalReduction>,
 }
@@ -130,8 +169,8 @@ impl NetRendezvous {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A tensor pushed by another worker (or sent by a partition here).
-    pub fn deliver(&self, key: &str, value: Tensor) -> Result<(), String> {
+    /// A value pushed by another worker (or sent by a partition here).
+    pub fn deliver(&self, key: &str, value: Received) -> Result<(), String> {
         let mut state = self.lock();
         if state.received.contains_key(key) {
             return Err(format!("`{key}` was sent twice in step {}", self.step));
@@ -165,47 +204,83 @@ impl NetRendezvous {
         InterpError::Aborted { reason }
     }
 
-    /// The ring over `ranks` (this worker among them) of `value`, this worker's sum.
+    /// The ring over `ranks` (this worker among them) of `value`, this worker's sum. It works on
+    /// the tensor's little-endian bytes in one buffer: received segments are added into it in
+    /// place, and segments are sent from it.
     fn ring(&self, key: &str, ranks: &[usize], value: Tensor) -> Result<Tensor, InterpError> {
         let n = ranks.len();
         let me = ranks.iter().position(|&r| r == self.routes.rank).expect("a worker in its group");
         let next = ranks[(me + 1) % n];
         let ty = value.ty();
+        let add = adder(ty.dtype).ok_or_else(|| self.fail(format!("all-reduce `{key}` of {ty}: not a number type")))?;
         let size = ty.dtype.size_in_bytes();
-        let bytes = value.to_le_bytes();
+        let mut buffer = value.to_le_bytes();
+        drop(value);
         let len = ty.shape.n_elements();
-        let bound = |i: usize| len * i / n;
-        let segment_type = |i: usize| TensorType::new(ty.dtype, vec![bound(i + 1) - bound(i)]);
-        let mut segments: Vec<Tensor> = (0..n)
-            .map(|i| {
-                Tensor::from_le_bytes(&segment_type(i), &bytes[bound(i) * size..bound(i + 1) * size])
-                    .expect("a segment of a valid tensor")
-            })
-            .collect();
-        let exchange = |phase: &str, s: usize, send: &Tensor| -> Result<Tensor, InterpError> {
+        let range = |i: usize| (len * i / n * size)..(len * (i + 1) / n * size);
+        let segment_type = |i: usize| TensorType::new(ty.dtype, vec![range(i).len() / size]);
+        let exchange = |phase: &str, s: usize, send: usize, buffer: &[u8]| -> Result<Vec<u8>, InterpError> {
             let wire_key = format!("{key}#{phase}{s}");
-            self.peers.push(next, self.step, &wire_key, send, self.wait).map_err(|e| self.fail(e))?;
-            self.wait_for(&wire_key, |state| state.received.remove(&wire_key))
+            let bytes = prost::bytes::Bytes::copy_from_slice(&buffer[range(send)]);
+            self.peers
+                .push_bytes(next, self.step, &wire_key, &segment_type(send), bytes, self.wait)
+                .map_err(|e| self.fail(e))?;
+            self.wait_for(&wire_key, |state| state.received.remove(&wire_key)).map(Received::into_bytes)
         };
         // Reduce-scatter: after step s, this worker holds the sum of s + 2 workers' shares of
         // segment (me − s − 1); at the end, all of segment me + 1.
         for s in 0..n - 1 {
             let (send, recv) = ((me + n - s) % n, (me + n - s - 1) % n);
-            let got = exchange("rs", s, &segments[send])?;
-            let sum = dfc_interp::eval(&Op::Binary(BinaryOp::Add), &[&segments[recv], &got])
-                .map_err(|e| self.fail(format!("all-reduce `{key}`: {e}")))?;
-            segments[recv] = sum;
+            let got = exchange("rs", s, send, &buffer)?;
+            if got.len() != range(recv).len() {
+                return Err(self.fail(format!(
+                    "all-reduce `{key}`: a segment of {} bytes, not {}",
+                    got.len(),
+                    range(recv).len()
+                )));
+            }
+            add(&mut buffer[range(recv)], &got);
         }
         // All-gather: each complete segment goes round.
         for s in 0..n - 1 {
             let (send, recv) = ((me + 1 + n - s) % n, (me + n - s) % n);
-            segments[recv] = exchange("ag", s, &segments[send])?;
+            let got = exchange("ag", s, send, &buffer)?;
+            if got.len() != range(recv).len() {
+                return Err(self.fail(format!(
+                    "all-reduce `{key}`: a segment of {} bytes, not {}",
+                    got.len(),
+                    range(recv).len()
+                )));
+            }
+            buffer[range(recv)].copy_from_slice(&got);
         }
-        let mut joined = Vec::with_capacity(bytes.len());
-        for segment in &segments {
-            joined.extend_from_slice(&segment.to_le_bytes());
-        }
-        Ok(Tensor::from_le_bytes(&ty, &joined).expect("segments of the tensor's type"))
+        Ok(Tensor::from_le_bytes(&ty, &buffer).expect("segments of the tensor's type"))
+    }
+}
+
+/// `acc[i] += other[i]` over little-endian elements of `dtype` (the interpreter's `add`: IEEE for
+/// floats, wrapping for integers); `None` for types that do not add.
+fn adder(dtype: DType) -> Option<fn(&mut [u8], &[u8])> {
+    macro_rules! add {
+        ($t:ty, $op:expr) => {{
+            fn add(acc: &mut [u8], other: &[u8]) {
+                const N: usize = std::mem::size_of::<$t>();
+                for (a, b) in acc.chunks_exact_mut(N).zip(other.chunks_exact(N)) {
+                    let (x, y) =
+                        (<$t>::from_le_bytes(a.try_into().unwrap()), <$t>::from_le_bytes(b.try_into().unwrap()));
+                    let op: fn($t, $t) -> $t = $op;
+                    a.copy_from_slice(&op(x, y).to_le_bytes());
+                }
+            }
+            Some(add as fn(&mut [u8], &[u8]))
+        }};
+    }
+    match dtype {
+        DType::F32 => add!(f32, |x, y| x + y),
+        DType::F64 => add!(f64, |x, y| x + y),
+        DType::I32 => add!(i32, i32::wrapping_add),
+        DType::I64 => add!(i64, i64::wrapping_add),
+        DType::U8 | DType::Bool => None,
     }
 }
 
@@ -219,7 +294,7 @@ impl Rendezvous for NetRendezvous {
                 self.peers.push(rank, self.step, key, &value, self.wait).map_err(|e| self.fail(e))
             }
             Some(_) => self
-                .deliver(key, value)
+                .deliver(key, Received::Tensor(value))
                 .map_err(|message| InterpError::RendezvousConflict { key: key.to_string(), message }),
             None => Err(InterpError::RendezvousConflict {
                 key: key.to_string(),
@@ -229,7 +304,9 @@ impl Rendezvous for NetRendezvous {
     }
 
     fn recv(&self, key: &str) -> Result<Tensor, InterpError> {
-        self.wait_for(key, |state| state.received.get(key).cloned())
+        self.wait_for(key, |state| state.received.get(key).cloned())?
+            .into_tensor()
+            .map_err(|message| InterpError::RendezvousConflict { key: key.to_string(), message })
     }
 
     fn all_reduce(&self, key: &str, _group_size: u32, replica: u32, value: Tensor) -> Result<Tensor, InterpError> {

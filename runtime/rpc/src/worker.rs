@@ -295,12 +295,10 @@ impl Worker for WorkerService {
             bytes.extend_from_slice(&c.data);
             chunk = stream.message().await?;
         }
-        let value = tensor::from_parts(
-            tensor::dtype_code(ty.dtype),
-            &ty.shape.dims().iter().map(|&d| d as u64).collect::<Vec<_>>(),
-            &bytes,
-        )
-        .map_err(|e| bad(format!("push of `{key}`: {e}")))?;
+        if bytes.len() != total {
+            return Err(bad(format!("push of `{key}`: {} bytes, not the {total} of a {ty}", bytes.len())));
+        }
+        let value = crate::rendezvous::Received::Bytes(ty, bytes);
         host.step(step).deliver(&key, value).map_err(Status::already_exists)?;
         Ok(Response::new(PushReply {}))
     }
@@ -391,8 +389,9 @@ impl Worker for WorkerService {
             let mut seconds = Vec::new();
             for iteration in 0..=request.iterations as u64 {
                 let rendezvous = host.step(iteration);
+                let contribution = value.clone();
                 let started = std::time::Instant::now();
-                let sum = dfc_interp::Rendezvous::all_reduce(&*rendezvous, "bench", n as u32, 0, value.clone())
+                let sum = dfc_interp::Rendezvous::all_reduce(&*rendezvous, "bench", n as u32, 0, contribution)
                     .map_err(|e| Status::aborted(e.to_string()))?;
                 let elapsed = started.elapsed().as_secs_f64();
                 host.finish(iteration);
