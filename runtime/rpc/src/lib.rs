@@ -33,6 +33,9 @@ pub const MAX_MESSAGE_BYTES: usize = 1 << 30;
 /// large tensor every 64 KiB for a window update (a round trip).
 pub const STREAM_WINDOW: u32 = 16 << 20;
 pub const CONNECTION_WINDOW: u32 = 64 << 20;
+/// The largest HTTP/2 frame a worker accepts: bulk tensors in 1 MiB frames rather than the
+/// protocol's default 16 KiB.
+pub const MAX_FRAME: u32 = 1 << 20;
 
 /// Tensors travel in chunks of at most this many bytes.
 pub const CHUNK_BYTES: usize = 1 << 20;

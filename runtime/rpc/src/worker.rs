@@ -40,6 +40,7 @@ pub async fn serve(listener: TcpListener, token: String) -> Result<(), String> {
     tonic::transport::Server::builder()
         .initial_stream_window_size(Some(crate::STREAM_WINDOW))
         .initial_connection_window_size(Some(crate::CONNECTION_WINDOW))
+        .max_frame_size(Some(crate::MAX_FRAME))
         .tcp_nodelay(true)
         .add_service(server)
         .serve_with_incoming_shutdown(incoming(listener), async {
