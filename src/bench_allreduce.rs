@@ -39,7 +39,7 @@ pub fn bench_allreduce(args: &BenchAllReduceArgs) -> Result<std::process::ExitCo
             return Err("an all-reduce needs at least 2 workers".into());
         }
         let token = dfc_rpc::auth::random_token();
-        let workers = dfc_rpc::LocalWorkers::spawn(&exe, n, &token)?;
+        let workers = dfc_rpc::LocalWorkers::spawn(&exe, n, &token, None)?;
         for &mib in &args.sizes_mib {
             let result = dfc_rpc::bench::all_reduce(&workers.addresses, &token, mib << 20, args.iterations)?;
             eprintln!(

@@ -148,6 +148,10 @@ enum Command {
         /// A file whose first line is the shared token [default: the DFC_TOKEN variable].
         #[arg(long)]
         token_file: Option<PathBuf>,
+        /// Serve over TLS and require client certificates: DIR holds ca.pem, cert.pem and key.pem
+        /// (see docs/distributed.md).
+        #[arg(long, value_name = "DIR")]
+        tls_dir: Option<PathBuf>,
     },
     /// Time training steps (or with --inference forward passes) of a plan on random data.
     Bench(bench::BenchArgs),
@@ -277,7 +281,9 @@ fn main() -> ExitCode {
             };
             run_plan(&plan, &run::RunArgs { train, fetch, output, remote })
         }
-        Command::Worker { listen, token_file } => run::worker(&listen, token_file.as_deref()).map_err(Failure),
+        Command::Worker { listen, token_file, tls_dir } => {
+            run::worker(&listen, token_file.as_deref(), tls_dir.as_deref()).map_err(Failure)
+        }
     };
     match result {
         Ok(code) => code,

@@ -90,6 +90,10 @@ pub struct RemoteArgs {
     /// with --spawn, a fresh random one].
     #[arg(long)]
     pub token_file: Option<PathBuf>,
+    /// Talk to the workers over TLS with client certificates: DIR holds ca.pem, cert.pem and
+    /// key.pem (see docs/distributed.md). Spawned workers get the same directory.
+    #[arg(long, value_name = "DIR")]
+    pub tls_dir: Option<PathBuf>,
     /// How long a worker waits for another within a step before the step fails (seconds).
     #[arg(long, default_value_t = 30.0, value_name = "SECONDS")]
     pub wait: f64,
@@ -185,8 +189,13 @@ fn print_tensor(name: &str, tensor: &dfc_interp::Tensor) {
 
 /// `dfc worker`: serves until a driver shuts it down. Prints `dfc worker listening on ADDR`
 /// (the bound address) on its first line of output.
-pub fn worker(listen: &str, token_file: Option<&Path>) -> Result<std::process::ExitCode, String> {
+pub fn worker(
+    listen: &str,
+    token_file: Option<&Path>,
+    tls_dir: Option<&Path>,
+) -> Result<std::process::ExitCode, String> {
     let token = dfc_rpc::auth::load_token(token_file)?;
+    let tls = tls_dir.map(dfc_rpc::Tls::load).transpose()?;
     dfc_rpc::keep_freed_memory();
     if std::env::var_os(dfc_rpc::driver::EXIT_WITH_PARENT).is_some() {
         // Started by `dfc run --spawn`: end with the driver, however it ends.
@@ -203,7 +212,7 @@ pub fn worker(listen: &str, token_file: Option<&Path>) -> Result<std::process::E
         println!("dfc worker listening on {address}");
         use std::io::Write;
         let _ = std::io::stdout().flush();
-        dfc_rpc::serve(listener, token).await
+        dfc_rpc::serve(listener, token, tls).await
     })?;
     Ok(std::process::ExitCode::SUCCESS)
 }
@@ -212,6 +221,7 @@ pub fn worker(listen: &str, token_file: Option<&Path>) -> Result<std::process::E
 /// local ones.
 fn run_remote(plan: &dfc_plan::Plan, args: &RunArgs) -> Result<(), String> {
     let remote = &args.remote;
+    let tls = remote.tls_dir.as_deref().map(dfc_rpc::Tls::load).transpose()?;
     let mut _spawned = None;
     let mut own_server = None;
     let cluster = match (&remote.cluster, std::env::var("TF_CONFIG")) {
@@ -227,7 +237,7 @@ fn run_remote(plan: &dfc_plan::Plan, args: &RunArgs) -> Result<(), String> {
             };
             let assignment = dfc_rpc::assign(plan, n)?;
             let exe = std::env::current_exe().map_err(|e| format!("cannot find the dfc executable: {e}"))?;
-            let workers = dfc_rpc::LocalWorkers::spawn(&exe, n, &token)?;
+            let workers = dfc_rpc::LocalWorkers::spawn(&exe, n, &token, remote.tls_dir.as_deref())?;
             let addresses = workers.addresses.clone();
             _spawned = Some(workers);
             (token, addresses, assignment)
@@ -247,9 +257,9 @@ fn run_remote(plan: &dfc_plan::Plan, args: &RunArgs) -> Result<(), String> {
                 })?;
                 if rank > 0 {
                     eprintln!("serving {} at {address} ({source})", assignment.names[rank]);
-                    return serve_blocking(address, token).map(|_| ());
+                    return serve_blocking(address, token, tls).map(|_| ());
                 }
-                own_server = Some(start_server(address, token.clone())?);
+                own_server = Some(start_server(address, token.clone(), tls.clone())?);
             }
             (token, addresses, assignment)
         }
@@ -264,6 +274,7 @@ fn run_remote(plan: &dfc_plan::Plan, args: &RunArgs) -> Result<(), String> {
         args.train.seed,
         args.train.backend,
         wait,
+        tls.as_ref(),
     )
     .map_err(|e| e.to_string())?;
     for (name, address) in assignment.names.iter().zip(&addresses) {
@@ -348,25 +359,29 @@ fn launcher_rank(cluster_text: &str, assignment: &dfc_rpc::Assignment) -> Result
 }
 
 /// Serves as a worker at `address` until the driver shuts it down.
-fn serve_blocking(address: &str, token: String) -> Result<std::process::ExitCode, String> {
+fn serve_blocking(address: &str, token: String, tls: Option<dfc_rpc::Tls>) -> Result<std::process::ExitCode, String> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| e.to_string())?;
     runtime.block_on(async {
         let listener =
             tokio::net::TcpListener::bind(address).await.map_err(|e| format!("cannot listen on {address}: {e}"))?;
-        dfc_rpc::serve(listener, token).await
+        dfc_rpc::serve(listener, token, tls).await
     })?;
     Ok(std::process::ExitCode::SUCCESS)
 }
 
 /// A worker for this process's own task, on a thread, listening before this returns.
-fn start_server(address: &str, token: String) -> Result<std::thread::JoinHandle<()>, String> {
+fn start_server(
+    address: &str,
+    token: String,
+    tls: Option<dfc_rpc::Tls>,
+) -> Result<std::thread::JoinHandle<()>, String> {
     let listener = std::net::TcpListener::bind(address).map_err(|e| format!("cannot listen on {address}: {e}"))?;
     listener.set_nonblocking(true).map_err(|e| e.to_string())?;
     Ok(std::thread::spawn(move || {
         let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("a runtime");
         runtime.block_on(async {
             let listener = tokio::net::TcpListener::from_std(listener).expect("a listener");
-            if let Err(e) = dfc_rpc::serve(listener, token).await {
+            if let Err(e) = dfc_rpc::serve(listener, token, tls).await {
                 eprintln!("error: {e}");
             }
         });

@@ -374,3 +374,60 @@ fn asynchronous_parameter_servers_converge_on_fashion_mnist() {
     let accuracy = record["eval_accuracy"].as_f64().unwrap();
     assert!(accuracy > 0.80, "one epoch of asynchronous ps reaches about 0.83; got {accuracy}");
 }
+
+/// A CA and a certificate it signed for localhost and 127.0.0.1, written as `ca.pem`,
+/// `cert.pem` and `key.pem` in `dir`.
+fn certificates(dir: &Path) {
+    std::fs::create_dir_all(dir).unwrap();
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca = rcgen::CertifiedIssuer::self_signed(ca_params, rcgen::KeyPair::generate().unwrap()).unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let node = rcgen::CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()])
+        .unwrap()
+        .signed_by(&key, &ca)
+        .unwrap();
+    std::fs::write(dir.join("ca.pem"), ca.pem()).unwrap();
+    std::fs::write(dir.join("cert.pem"), node.pem()).unwrap();
+    std::fs::write(dir.join("key.pem"), key.serialize_pem()).unwrap();
+}
+
+/// With --tls-dir the driver and its workers talk TLS with client certificates: the run trains
+/// as over plain connections; a driver without TLS, or with a certificate another CA signed,
+/// does not get through.
+#[test]
+fn tls_with_client_certificates() {
+    let dir = scratch("tls");
+    let feeds = regression_data(&dir, 256);
+    let (ours, theirs) = (dir.join("pki"), dir.join("other-pki"));
+    certificates(&ours);
+    certificates(&theirs);
+    let plan = compile(&dir, &["--devices", "2", "--strategy", "mirrored"]);
+    let plain = train(&plan, &feeds, &dir.join("plain"), &["--spawn", "2"], None);
+    let encrypted = train(&plan, &feeds, &dir.join("tls"), &["--spawn", "2", "--tls-dir", s(&ours)], None);
+    assert_eq!(plain.tensors, encrypted.tensors, "TLS changes nothing in the arithmetic");
+
+    // A worker serving TLS, and drivers that are not let in.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_dfc"))
+        .args(["worker", "--listen", "127.0.0.1:0", "--tls-dir", s(&ours)])
+        .env("DFC_TOKEN", TOKEN)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let worker = Worker { child, address: line.trim().rsplit(' ').next().unwrap().to_string() };
+    let cluster = cluster_file(&dir, &[("worker", &[&worker])]);
+    let plan = compile(&dir, &["--cluster", s(&cluster)]);
+    let run = |extra: &[&str]| {
+        let mut args = vec!["run", s(&plan), "--feed", &feeds[0], "--feed", &feeds[1], "--cluster", s(&cluster)];
+        args.extend_from_slice(extra);
+        dfc(&args, Some(TOKEN))
+    };
+    let without = run(&[]);
+    assert!(!without.status.success(), "a plain connection to a TLS worker");
+    let other_ca = run(&["--tls-dir", s(&theirs)]);
+    assert!(!other_ca.status.success(), "a certificate from another CA");
+    let with = run(&["--tls-dir", s(&ours)]);
+    assert!(with.status.success(), "{}", text(&with.stderr));
+}

@@ -71,10 +71,7 @@ pub fn all_reduce(addresses: &[String], token: &str, bytes: u64, iterations: u32
     let replies: Vec<Vec<f64>> = runtime.block_on(async {
         let mut calls = Vec::new();
         for rank in 0..n {
-            let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", addresses[rank]))
-                .map_err(|e| e.to_string())?
-                .initial_stream_window_size(Some(crate::STREAM_WINDOW))
-                .initial_connection_window_size(Some(crate::CONNECTION_WINDOW))
+            let channel = crate::tls::endpoint(&addresses[rank], None)?
                 .connect()
                 .await
                 .map_err(|e| format!("worker at {}: {e}", addresses[rank]))?;

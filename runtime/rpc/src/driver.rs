@@ -61,6 +61,19 @@ pub fn assign(plan: &Plan, workers: usize) -> Result<Assignment, String> {
     ))
 }
 
+/// Whether connecting failed because nothing listens there (yet), not for another reason (a
+/// TLS handshake refused, an unknown host), which waiting would not change.
+fn refused(error: &tonic::transport::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(e) = source {
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            return io.kind() == std::io::ErrorKind::ConnectionRefused;
+        }
+        source = e.source();
+    }
+    false
+}
+
 /// How long the driver keeps trying to reach a worker that does not listen yet.
 const CONNECT_PATIENCE: Duration = Duration::from_secs(30);
 
@@ -110,6 +123,7 @@ impl RemoteSession {
         seed: u64,
         backend: Backend,
         wait: Duration,
+        tls: Option<&crate::Tls>,
     ) -> Result<RemoteSession, RunError> {
         let runtime =
             tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().map_err(RunError::Io)?;
@@ -117,18 +131,15 @@ impl RemoteSession {
         let sha256 = plan_sha256(&bytes);
         let mut clients = Vec::new();
         for address in addresses {
-            let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
-                .map_err(|e| RunError::Usage(format!("worker address `{address}`: {e}")))?
-                .connect_timeout(Duration::from_secs(10))
-                .tcp_nodelay(true)
-                .initial_stream_window_size(Some(crate::STREAM_WINDOW))
-                .initial_connection_window_size(Some(crate::CONNECTION_WINDOW));
+            let endpoint = crate::tls::endpoint(address, tls).map_err(RunError::Usage)?;
             // Workers started by a launcher beside this process may not listen yet: try for a while.
             let deadline = std::time::Instant::now() + CONNECT_PATIENCE;
             let channel = loop {
                 match runtime.block_on(endpoint.connect()) {
                     Ok(channel) => break channel,
-                    Err(_) if std::time::Instant::now() < deadline => std::thread::sleep(Duration::from_millis(100)),
+                    Err(e) if refused(&e) && std::time::Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(100))
+                    }
                     Err(e) => {
                         return Err(RunError::Plan(format!(
                             "cannot connect to worker at {address} for {} s: {e} (is `dfc worker` running there?)",
@@ -406,12 +417,16 @@ pub struct LocalWorkers {
 impl LocalWorkers {
     /// Starts `n` `dfc worker --listen 127.0.0.1:0` processes of the executable `dfc` with
     /// `token` in their environment, and reads the address each one bound.
-    pub fn spawn(dfc: &Path, n: usize, token: &str) -> Result<LocalWorkers, String> {
+    pub fn spawn(dfc: &Path, n: usize, token: &str, tls_dir: Option<&Path>) -> Result<LocalWorkers, String> {
         use std::io::BufRead;
         let mut workers = LocalWorkers { children: Vec::new(), addresses: Vec::new() };
         for i in 0..n {
-            let mut child = std::process::Command::new(dfc)
-                .args(["worker", "--listen", "127.0.0.1:0"])
+            let mut command = std::process::Command::new(dfc);
+            command.args(["worker", "--listen", "127.0.0.1:0"]);
+            if let Some(dir) = tls_dir {
+                command.arg("--tls-dir").arg(dir);
+            }
+            let mut child = command
                 .env(crate::auth::TOKEN_VARIABLE, token)
                 .env(EXIT_WITH_PARENT, "1")
                 .stdin(std::process::Stdio::piped())

@@ -5,6 +5,7 @@
 //! - [`proto`]: the protocol (`proto/worker.proto`), compiled by protox at build time.
 //! - [`auth`]: the shared token every call carries, checked in constant time.
 //! - [`tensor`]: tensors to and from their wire form.
+//! - [`tls`]: TLS with client certificates, an option beside the token.
 //! - [`rendezvous`]: `NetRendezvous`, one per step on each worker: Send/Recv across workers
 //!   (tensors pushed to the receiver's worker in chunks) and all-reduce (local replicas summed,
 //!   then a ring of reduce-scatter and all-gather across the workers).
@@ -18,6 +19,7 @@ pub mod bench;
 pub mod driver;
 pub mod rendezvous;
 pub mod tensor;
+pub mod tls;
 pub mod worker;
 
 pub mod proto {
@@ -25,6 +27,7 @@ pub mod proto {
 }
 
 pub use driver::{assign, Assignment, LocalWorkers, RemoteSession};
+pub use tls::Tls;
 pub use worker::serve;
 
 /// The largest message either side accepts (a plan with its bitcode, or a chunk).

@@ -23,10 +23,11 @@ use tokio::net::TcpListener;
 use tonic::{Request, Response, Status};
 
 /// Serves the worker API on `listener` until a `Shutdown` call; every call must carry `token`.
-pub async fn serve(listener: TcpListener, token: String) -> Result<(), String> {
+pub async fn serve(listener: TcpListener, token: String, tls: Option<crate::Tls>) -> Result<(), String> {
     let (stop, stopped) = tokio::sync::oneshot::channel();
     let service = WorkerService {
         token: token.clone(),
+        tls: tls.clone(),
         registered: Arc::new(Mutex::new(None)),
         benches: Arc::new(Mutex::new(HashMap::new())),
         stop: Arc::new(Mutex::new(Some(stop))),
@@ -37,7 +38,11 @@ pub async fn serve(listener: TcpListener, token: String) -> Result<(), String> {
             .max_encoding_message_size(MAX_MESSAGE_BYTES),
         CheckToken::new(&token),
     );
-    tonic::transport::Server::builder()
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = &tls {
+        builder = builder.tls_config(tls.server()).map_err(|e| format!("TLS: {e}"))?;
+    }
+    builder
         .initial_stream_window_size(Some(crate::STREAM_WINDOW))
         .initial_connection_window_size(Some(crate::CONNECTION_WINDOW))
         .max_frame_size(Some(crate::MAX_FRAME))
@@ -63,6 +68,7 @@ fn incoming(listener: TcpListener) -> impl tokio_stream::Stream<Item = std::io::
 
 struct WorkerService {
     token: String,
+    tls: Option<crate::Tls>,
     registered: Arc<Mutex<Option<Arc<Registered>>>>,
     /// All-reduce benchmarks under way, by id.
     benches: Arc<Mutex<HashMap<prost::bytes::Bytes, Arc<StepHost>>>>,
@@ -105,17 +111,11 @@ impl StepHost {
     }
 }
 
-/// Clients of the workers at `addresses`, holding `token`.
-fn clients(addresses: &[String], token: &str) -> Result<Vec<Client>, Status> {
+/// Clients of the workers at `addresses`, holding `token` (over TLS when `tls` is given).
+fn clients(addresses: &[String], token: &str, tls: Option<&crate::Tls>) -> Result<Vec<Client>, Status> {
     let mut clients: Vec<Client> = Vec::with_capacity(addresses.len());
     for address in addresses {
-        let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
-            .map_err(|e| bad(format!("worker address `{address}`: {e}")))?
-            .connect_timeout(Duration::from_secs(10))
-            .tcp_nodelay(true)
-            .initial_stream_window_size(Some(crate::STREAM_WINDOW))
-            .initial_connection_window_size(Some(crate::CONNECTION_WINDOW))
-            .connect_lazy();
+        let channel = crate::tls::endpoint(address, tls).map_err(bad)?.connect_lazy();
         clients.push(
             crate::proto::worker_client::WorkerClient::with_interceptor(channel, AddToken::new(token))
                 .max_decoding_message_size(MAX_MESSAGE_BYTES)
@@ -186,7 +186,7 @@ impl Worker for WorkerService {
         let worker_of: Vec<usize> = request.partition_worker.iter().map(|&w| w as usize).collect();
         let hosted: Vec<usize> = (0..plan.partitions.len()).filter(|&p| worker_of[p] == rank).collect();
         let routes = Arc::new(routes(&plan, &worker_of, rank));
-        let clients = clients(&request.workers, &self.token)?;
+        let clients = clients(&request.workers, &self.token, self.tls.as_ref())?;
         let peers = Arc::new(Peers {
             clients,
             names: request.names.clone(),
@@ -368,7 +368,7 @@ impl Worker for WorkerService {
             reductions: HashMap::from([("bench".to_string(), ((0..n).collect(), 1))]),
         };
         let peers = Peers {
-            clients: clients(&request.workers, &self.token)?,
+            clients: clients(&request.workers, &self.token, self.tls.as_ref())?,
             names: request.names.clone(),
             plan_sha256: request.id.clone(),
             runtime: tokio::runtime::Handle::current(),
