@@ -202,6 +202,10 @@ struct DistributeArgs {
     /// partitioning), in shards of at least this size.
     #[arg(long, value_name = "BYTES")]
     partition_min_bytes: Option<u64>,
+    /// Pack gradients of at most this many bytes into shared all-reduces (Horovod's tensor
+    /// fusion); 0 turns it off.
+    #[arg(long, value_name = "BYTES", default_value_t = 64 << 20)]
+    fusion_threshold: usize,
     /// Set aside device requests the cluster or the strategy cannot satisfy (with a warning)
     /// instead of failing.
     #[arg(long)]
@@ -454,6 +458,7 @@ fn compile_options(model: &ModelArgs, args: &DistributeArgs) -> Result<dfc_compi
         partition_min_bytes: args.partition_min_bytes,
         soft_placement: args.soft_placement,
         cost_model,
+        fusion: dfc_passes::FusionOptions { threshold_bytes: args.fusion_threshold },
         native: Some(dfc_codegen::host_target()),
     })
 }

@@ -219,3 +219,54 @@ fn variables_above_a_size_are_partitioned_over_the_parameter_servers() {
     assert_eq!(joined.len(), whole.len());
     assert!(joined.iter().zip(whole).all(|(a, b)| close(*a, *b, 1e-4)));
 }
+
+/// All-reduces in each partition of a plan.
+fn all_reduces(plan: &Plan) -> Vec<usize> {
+    plan.partitions
+        .iter()
+        .map(|p| {
+            let graph = &p.module.graph;
+            graph.node_ids().filter(|&id| matches!(graph.node(id).op, dfc_ir::Op::AllReduce { .. })).count()
+        })
+        .collect()
+}
+
+fn mirrored(example: &str, devices: usize, threshold_bytes: usize) -> Plan {
+    plan_with(
+        example,
+        CompileOptions {
+            cluster: Cluster::local(devices, DeviceKind::Cpu),
+            strategy: Strategy::Mirrored,
+            fusion: dfc_passes::FusionOptions { threshold_bytes },
+            ..CompileOptions::default()
+        },
+    )
+}
+
+/// Tensor fusion (Horovod's): the MLP's six gradients share one all-reduce per replica under the
+/// default 64 MiB threshold, none with threshold 0, and a threshold below the first layer's
+/// weights (784×256 f32, 802,816 bytes) leaves that one alone; fused plans verify and train to
+/// the same bits as unfused ones.
+#[test]
+fn tensor_fusion_packs_small_gradients_into_shared_all_reduces() {
+    assert_eq!(all_reduces(&mirrored("mlp", 2, 64 << 20)), [1, 1]);
+    assert_eq!(all_reduces(&mirrored("mlp", 2, 0)), [6, 6]);
+    assert_eq!(all_reduces(&mirrored("mlp", 2, 300_000)), [2, 2]);
+    for example in ["mlp", "linear_regression", "wide_and_deep"] {
+        for devices in [2, 4] {
+            let fused = mirrored(example, devices, 64 << 20);
+            let unfused = mirrored(example, devices, 0);
+            assert!(all_reduces(&fused)[0] < all_reduces(&unfused)[0], "{example} on {devices}: nothing fused");
+            let parts: Vec<(&dfc_ir::DeviceSpec, &dfc_ir::Module)> =
+                fused.partitions.iter().map(|p| (&p.device, &p.module)).collect();
+            assert!(dfc_ir::verify_partitions(&parts).is_empty(), "{example} on {devices}");
+            for p in &fused.partitions {
+                let problems = dfc_ir::verify(&p.module, dfc_ir::VerifyOptions::default());
+                assert!(problems.is_empty(), "{example} on {devices}: {problems:?}");
+            }
+            let data = batches(&fused);
+            let (a, b) = (train(&unfused, &data), train(&fused, &data));
+            assert_eq!(a, b, "{example} on {devices}: fusion changed the arithmetic");
+        }
+    }
+}

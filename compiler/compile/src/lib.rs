@@ -67,6 +67,9 @@ pub struct CompileOptions {
     /// Requests the cluster or strategy cannot satisfy become warnings.
     pub soft_placement: bool,
     pub cost_model: CostModel,
+    /// `--fusion-threshold`: all-reduces of tensors up to this size share buffers (Horovod's
+    /// tensor fusion).
+    pub fusion: dfc_passes::FusionOptions,
     /// Compile each CPU partition's fused kernels to native code for this CPU (the plan then
     /// carries it); `None` leaves compiling to the runtime, at load.
     pub native: Option<dfc_plan::NativeTarget>,
@@ -83,6 +86,7 @@ impl Default for CompileOptions {
             partition_min_bytes: None,
             soft_placement: false,
             cost_model: CostModel::default(),
+            fusion: dfc_passes::FusionOptions::default(),
             native: Some(dfc_codegen::host_target()),
         }
     }
@@ -187,6 +191,9 @@ pub fn compile(source: &str, source_name: &str, options: &CompileOptions) -> Res
                 dfc_passes::replicate(&per_replica, &full, &replicate).map_err(CompileError::Diagnostics)?;
             warnings.extend(found);
             verify_after(&module, "replicate");
+            let mut module = module;
+            dfc_passes::fuse_all_reduces(&mut module, &options.fusion);
+            verify_after(&module, "fuse_all_reduces");
             module
         }
     };

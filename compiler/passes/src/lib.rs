@@ -14,6 +14,7 @@ mod prune;
 mod replicate;
 mod shard;
 mod simplify;
+mod tensor_fusion;
 
 pub use autodiff::autodiff;
 pub use cost::{CostModel, CostReport, DeviceCost};
@@ -25,6 +26,7 @@ pub use prune::{prune, PruneError};
 pub use replicate::{replicate, ReplicateOptions, Replication};
 pub use shard::{shard_rows, shard_variables, ShardOptions};
 pub use simplify::simplify;
+pub use tensor_fusion::{fuse_all_reduces, FusionOptions};
 
 use dfc_ir::Module;
 

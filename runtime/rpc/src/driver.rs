@@ -115,6 +115,7 @@ fn status_error(name: &str, address: &str, status: &tonic::Status) -> RunError {
 impl RemoteSession {
     /// Connects to the workers at `addresses` (by rank), registers `plan` with each (its
     /// partitions spread by `assignment`) and initialises the variables from `seed`.
+    #[allow(clippy::too_many_arguments)]
     pub fn connect(
         plan: &Plan,
         addresses: &[String],

@@ -258,9 +258,12 @@ impl NetRendezvous {
     }
 }
 
+/// Adds little-endian elements into others.
+type AddInto = fn(&mut [u8], &[u8]);
+
 /// `acc[i] += other[i]` over little-endian elements of `dtype` (the interpreter's `add`: IEEE for
 /// floats, wrapping for integers); `None` for types that do not add.
-fn adder(dtype: DType) -> Option<fn(&mut [u8], &[u8])> {
+fn adder(dtype: DType) -> Option<AddInto> {
     macro_rules! add {
         ($t:ty, $op:expr) => {{
             fn add(acc: &mut [u8], other: &[u8]) {
@@ -272,7 +275,7 @@ fn adder(dtype: DType) -> Option<fn(&mut [u8], &[u8])> {
                     a.copy_from_slice(&op(x, y).to_le_bytes());
                 }
             }
-            Some(add as fn(&mut [u8], &[u8]))
+            Some(add as AddInto)
         }};
     }
     match dtype {

@@ -359,7 +359,7 @@ impl Worker for WorkerService {
         if rank >= n || request.names.len() != n || request.id.is_empty() {
             return Err(bad(format!("rank {rank} among {n} workers ({} names)", request.names.len())));
         }
-        if request.bytes % 4 != 0 || request.bytes > MAX_MESSAGE_BYTES as u64 || request.iterations > 1000 {
+        if !request.bytes.is_multiple_of(4) || request.bytes > MAX_MESSAGE_BYTES as u64 || request.iterations > 1000 {
             return Err(bad("the buffer is a whole number of f32 of at most 1 GiB, timed at most 1000 times"));
         }
         let routes = Routes {
