@@ -7,11 +7,17 @@
 //! The arithmetic does not change (an all-reduce sums elementwise), so a fused plan trains to
 //! the same bits. Every replica builds the same buckets: members are ordered by key and buckets
 //! filled greedily up to `threshold_bytes`, from the keys alone, and a key is fused only when
-//! every replica of its group has it. New nodes are requested on the device of the all-reduces
-//! they replace.
+//! every replica of its group has it once, with one size, and when its all-reduce does not
+//! depend on another all-reduce (fusing the two would make a cycle). Fused keys are
+//! `fused_all_reduce/<i>`, numbered in that order and never one the module already uses.
+//!
+//! New nodes copy the span, the device request and the colocation of the all-reduce they come
+//! from (the buffer and its all-reduce: the bucket's first member's), so placement puts them on
+//! the replica's device. Control edges of a replaced all-reduce move to the fused one; uses of its
+//! value, in the graph and in the module's interface, move to its slice.
 
-use dfc_ir::{DType, Module, NodeId, Op, Shape, TensorRef};
-use std::collections::{BTreeMap, HashMap};
+use dfc_ir::{DType, Graph, Module, NodeId, Op, Shape, TensorRef};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FusionOptions {
@@ -34,44 +40,76 @@ struct Member {
     elements: usize,
 }
 
+/// What the replicas of one key have in common, to decide whether the key can be fused.
+#[derive(Default)]
+struct KeyInfo {
+    /// Element counts met (one, for a key that can be fused).
+    elements: BTreeSet<usize>,
+    /// Replica indices met, and how many members in all.
+    replicas: BTreeSet<u32>,
+    members: usize,
+    /// Some member depends on another all-reduce.
+    dependent: bool,
+}
+
 pub fn fuse_all_reduces(module: &mut Module, options: &FusionOptions) {
     if options.threshold_bytes == 0 {
         return;
     }
-    let graph = &mut module.graph;
+    let graph = &module.graph;
+    // A cyclic graph is the verifier's to report.
+    let Ok(order) = graph.topo_order() else { return };
+    let mut taken: HashSet<String> = HashSet::new();
     // (group size, dtype) → replica → members.
-    let mut groups: BTreeMap<(u32, usize), BTreeMap<u32, Vec<Member>>> = BTreeMap::new();
-    for id in graph.node_ids().collect::<Vec<_>>() {
+    let mut groups: BTreeMap<(u32, DType), BTreeMap<u32, Vec<Member>>> = BTreeMap::new();
+    for &id in &order {
         let Op::AllReduce { key, group_size, replica } = &graph.node(id).op else { continue };
-        let operand = graph.inputs(id)[0];
+        taken.insert(key.clone());
+        let Some(&operand) = graph.inputs(id).first() else { continue };
         let ty = graph.ty(operand);
         if !matches!(ty.dtype, DType::F32 | DType::F64) || ty.size_in_bytes() > options.threshold_bytes {
             continue;
         }
-        let dtype = DType::ALL.iter().position(|&d| d == ty.dtype).expect("listed");
         let member = Member { key: key.clone(), id, operand, elements: ty.shape.n_elements() };
-        groups.entry((*group_size, dtype)).or_default().entry(*replica).or_default().push(member);
+        groups.entry((*group_size, ty.dtype)).or_default().entry(*replica).or_default().push(member);
     }
-    let mut bucket_count = 0usize;
-    for ((group_size, dtype), mut replicas) in groups {
-        let dtype = DType::ALL[dtype];
+    // Everything that runs after a candidate, through data or control edges.
+    let candidates: HashSet<NodeId> = groups.values().flat_map(|g| g.values().flatten().map(|m| m.id)).collect();
+    let mut downstream: HashSet<NodeId> = HashSet::new();
+    for &id in &order {
+        if candidates.contains(&id) || downstream.contains(&id) {
+            downstream.extend(graph.users(id));
+        }
+    }
+
+    let mut next_key = 0usize;
+    let mut replaced: HashMap<NodeId, TensorRef> = HashMap::new();
+    for ((group_size, dtype), replicas) in groups {
         let size = dtype.size_in_bytes();
-        // Keys every replica of the group has, with their sizes, in key order.
-        let mut keys: BTreeMap<String, (usize, u32)> = BTreeMap::new();
-        for members in replicas.values() {
+        let mut keys: BTreeMap<&str, KeyInfo> = BTreeMap::new();
+        for (&replica, members) in &replicas {
             for m in members {
-                let entry = keys.entry(m.key.clone()).or_insert((m.elements, 0));
-                entry.1 += 1;
+                let info = keys.entry(m.key.as_str()).or_default();
+                info.elements.insert(m.elements);
+                info.replicas.insert(replica);
+                info.members += 1;
+                info.dependent |= downstream.contains(&m.id);
             }
         }
-        let complete = replicas.len() == group_size as usize;
-        let keys: Vec<(String, usize)> = keys
-            .into_iter()
-            .filter(|(_, (_, count))| complete && *count == group_size)
-            .map(|(key, (elements, _))| (key, elements))
+        // Keys with one member of one size on each of the group's replicas, in key order.
+        let every_replica: BTreeSet<u32> = (0..group_size).collect();
+        let keys: Vec<(&str, usize)> = keys
+            .iter()
+            .filter(|(_, info)| {
+                info.replicas == every_replica
+                    && info.members == group_size as usize
+                    && info.elements.len() == 1
+                    && !info.dependent
+            })
+            .map(|(key, info)| (*key, *info.elements.first().expect("one size")))
             .collect();
         // Greedy buckets up to the threshold; a bucket of one stays as it is.
-        let mut buckets: Vec<Vec<String>> = Vec::new();
+        let mut buckets: Vec<Vec<&str>> = Vec::new();
         let mut bytes = 0;
         for (key, elements) in keys {
             if buckets.is_empty() || bytes + elements * size > options.threshold_bytes {
@@ -81,53 +119,107 @@ pub fn fuse_all_reduces(module: &mut Module, options: &FusionOptions) {
             bytes += elements * size;
             buckets.last_mut().expect("pushed").push(key);
         }
-        for bucket in buckets.into_iter().filter(|b| b.len() > 1) {
-            let fused_key = format!("fused_all_reduce/{bucket_count}");
-            bucket_count += 1;
-            for (&replica, members) in replicas.iter_mut() {
+        for bucket in buckets.iter().filter(|b| b.len() > 1) {
+            let fused_key = loop {
+                let key = format!("fused_all_reduce/{next_key}");
+                next_key += 1;
+                if taken.insert(key.clone()) {
+                    break key;
+                }
+            };
+            for replica in 0..group_size {
+                let members = &replicas[&replica];
                 let by_key: HashMap<&str, &Member> = members.iter().map(|m| (m.key.as_str(), m)).collect();
-                let chosen: Vec<&Member> = bucket.iter().map(|k| by_key[k.as_str()]).collect();
-                fuse_bucket(graph, &chosen, &fused_key, group_size, replica);
+                let chosen: Vec<&Member> = bucket.iter().map(|k| by_key[k]).collect();
+                let graph = &mut module.graph;
+                replaced.extend(fuse_bucket(graph, &chosen, &fused_key, group_size, replica));
             }
         }
     }
+    retarget(module, &replaced);
 }
 
-/// Replaces one replica's all-reduces `members` by one over their concatenation.
-fn fuse_bucket(graph: &mut dfc_ir::Graph, members: &[&Member], key: &str, group_size: u32, replica: u32) {
-    let device = graph.node(members[0].id).requested_device.clone();
-    let add = |graph: &mut dfc_ir::Graph, op: Op, inputs: &[TensorRef], base: &str| {
-        let name = graph.unique_name(base);
-        let id = graph.add(op, inputs, &name, None).expect("fusion builds well-typed nodes");
-        graph.request(id, device.clone(), None);
-        id
-    };
+/// Replaces one replica's all-reduces `members` by one over their concatenation; returns what
+/// each removed all-reduce's value became.
+fn fuse_bucket(
+    graph: &mut Graph,
+    members: &[&Member],
+    key: &str,
+    group_size: u32,
+    replica: u32,
+) -> Vec<(NodeId, TensorRef)> {
     let scope = format!("replica_{replica}/{key}");
     let flat: Vec<TensorRef> = members
         .iter()
         .map(|m| {
             let shape = Shape::from(vec![m.elements]);
-            add(graph, Op::Reshape { shape }, &[m.operand], &format!("{scope}/flatten")).into()
+            add_like(graph, m.id, Op::Reshape { shape }, &[m.operand], &format!("{scope}/flatten")).into()
         })
         .collect();
-    let joined = add(graph, Op::Concat { axis: 0 }, &flat, &format!("{scope}/concat"));
+    let first = members[0].id;
+    let joined = add_like(graph, first, Op::Concat { axis: 0 }, &flat, &format!("{scope}/concat"));
     let op = Op::AllReduce { key: key.to_string(), group_size, replica };
-    let summed = add(graph, op, &[joined.into()], &format!("{scope}/all_reduce"));
+    let summed = add_like(graph, first, op, &[joined.into()], &format!("{scope}/all_reduce"));
+    let mut replaced = Vec::with_capacity(members.len());
     let mut offset = 0;
     for m in members {
         let slice = Op::Slice { begin: vec![offset], size: vec![m.elements] };
         offset += m.elements;
-        let part = add(graph, slice, &[summed.into()], &format!("{scope}/slice"));
+        let part = add_like(graph, m.id, slice, &[summed.into()], &format!("{scope}/slice"));
         let shape = graph.ty(m.operand).shape.clone();
-        let back = add(graph, Op::Reshape { shape }, &[part.into()], &format!("{scope}/unflatten"));
-        graph.replace_uses(m.id.into(), back.into());
-        // Whatever had to run after the member's all-reduce runs after the fused one.
+        let back: TensorRef =
+            add_like(graph, m.id, Op::Reshape { shape }, &[part.into()], &format!("{scope}/unflatten")).into();
+        graph.replace_uses(m.id.into(), back);
+        // What ran after or before the member's all-reduce runs after or before the fused one.
         for user in graph.users(m.id) {
             graph.add_control_edge(summed, user);
         }
         for before in graph.control_inputs(m.id) {
-            graph.add_control_edge(before, joined);
+            graph.add_control_edge(before, summed);
         }
         graph.remove(m.id);
+        replaced.push((m.id, back));
+    }
+    replaced
+}
+
+/// Adds a node like `from`: its span, device request and colocation, under a unique name.
+fn add_like(graph: &mut Graph, from: NodeId, op: Op, inputs: &[TensorRef], base: &str) -> NodeId {
+    let name = graph.unique_name(base);
+    let id = graph.add(op, inputs, &name, graph.span(from)).expect("fusion builds well-typed nodes");
+    let (device, colocate) = (graph.node(from).requested_device.clone(), graph.node(from).colocate_with);
+    graph.request(id, device, graph.request_span(from));
+    graph.node_mut(id).colocate_with = colocate;
+    id
+}
+
+/// Points the module's interface and colocations at what the removed all-reduces became.
+fn retarget(module: &mut Module, replaced: &HashMap<NodeId, TensorRef>) {
+    if replaced.is_empty() {
+        return;
+    }
+    let map = |t: &mut TensorRef| {
+        if t.port == 0 {
+            if let Some(&new) = replaced.get(&t.node) {
+                *t = new;
+            }
+        }
+    };
+    for output in module.outputs.iter_mut().chain(module.metrics.iter_mut()) {
+        map(&mut output.tensor);
+    }
+    if let Some(training) = &mut module.training {
+        map(&mut training.loss);
+        for (_, gradient) in &mut training.gradients {
+            map(gradient);
+        }
+    }
+    let graph = &mut module.graph;
+    for id in graph.node_ids().collect::<Vec<_>>() {
+        if let Some(with) = graph.node(id).colocate_with {
+            if let Some(new) = replaced.get(&with) {
+                graph.node_mut(id).colocate_with = Some(new.node);
+            }
+        }
     }
 }
