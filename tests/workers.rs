@@ -263,7 +263,6 @@ fn launcher_ranks_and_tf_config_start_a_job_with_one_command() {
     assert_same_parameters("mpirun-style ranks", &embedded, &launched);
 
     // TF_CONFIG: the cluster and each process's task from the environment, no --cluster.
-    let checkpoints_tf = dir.join("tf_config");
     let _ = std::fs::remove_dir_all(&checkpoints);
     std::fs::create_dir_all(&checkpoints).unwrap();
     let with_task = |index: usize| {
@@ -282,7 +281,6 @@ fn launcher_ranks_and_tf_config_start_a_job_with_one_command() {
         let output = child.wait_with_output().unwrap();
         assert!(output.status.success(), "{name}: {}", text(&output.stderr));
     }
-    let _ = checkpoints_tf;
     let launched = dfc_driver::checkpoint::latest(&checkpoints).unwrap().expect("the driver checkpoints");
     assert_same_parameters("TF_CONFIG tasks", &embedded, &launched);
 }

@@ -48,7 +48,7 @@ mod tensor;
 
 pub use init::{fans, fnv1a_64, initial_value, initialize, try_initialize};
 pub use program::{reduce_together, schedule, Program, StagedRun};
-pub use rendezvous::{InProcessRendezvous, Rendezvous};
+pub use rendezvous::{wait_on, InProcessRendezvous, Rendezvous};
 pub use tensor::{Data, Element, Tensor};
 
 use dfc_ir::{Op, TensorType};

@@ -83,23 +83,37 @@ impl InProcessRendezvous {
     fn wait_for<T>(
         &self,
         key: &str,
-        mut state: MutexGuard<'_, State>,
-        mut ready: impl FnMut(&mut State) -> Option<T>,
+        state: MutexGuard<'_, State>,
+        ready: impl FnMut(&mut State) -> Option<T>,
     ) -> Result<T, InterpError> {
-        let deadline = Instant::now() + self.timeout;
-        loop {
-            if let Some(reason) = &state.aborted {
-                return Err(InterpError::Aborted { reason: reason.clone() });
-            }
-            if let Some(value) = ready(&mut state) {
-                return Ok(value);
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(InterpError::RendezvousTimeout { key: key.to_string(), after: self.timeout });
-            }
-            state = self.changed.wait_timeout(state, deadline - now).unwrap_or_else(|p| p.into_inner()).0;
+        wait_on(&self.changed, state, key, self.timeout, |state| state.aborted.clone(), ready)
+    }
+}
+
+/// The wait of a rendezvous (this one, or a distributed one): on `changed`, until `ready` gives
+/// a value (`Ok`), `aborted` gives a reason (`InterpError::Aborted`), or `timeout` passes
+/// (`InterpError::RendezvousTimeout` naming `key`).
+pub fn wait_on<S, T>(
+    changed: &Condvar,
+    mut state: MutexGuard<'_, S>,
+    key: &str,
+    timeout: Duration,
+    aborted: impl Fn(&S) -> Option<String>,
+    mut ready: impl FnMut(&mut S) -> Option<T>,
+) -> Result<T, InterpError> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(reason) = aborted(&state) {
+            return Err(InterpError::Aborted { reason });
         }
+        if let Some(value) = ready(&mut state) {
+            return Ok(value);
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return Err(InterpError::RendezvousTimeout { key: key.to_string(), after: timeout });
+        }
+        state = changed.wait_timeout(state, deadline - now).unwrap_or_else(|p| p.into_inner()).0;
     }
 }
 

@@ -18,7 +18,7 @@ use dfc_interp::{InterpError, Rendezvous, Tensor};
 use dfc_ir::{BinaryOp, DType, Op, TensorType};
 use std::collections::HashMap;
 use std::sync::{Condvar, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
@@ -181,22 +181,8 @@ impl NetRendezvous {
         Ok(())
     }
 
-    fn wait_for<T>(&self, key: &str, mut ready: impl FnMut(&mut State) -> Option<T>) -> Result<T, InterpError> {
-        let deadline = Instant::now() + self.wait;
-        let mut state = self.lock();
-        loop {
-            if let Some(reason) = &state.aborted {
-                return Err(InterpError::Aborted { reason: reason.clone() });
-            }
-            if let Some(value) = ready(&mut state) {
-                return Ok(value);
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(InterpError::RendezvousTimeout { key: key.to_string(), after: self.wait });
-            }
-            state = self.changed.wait_timeout(state, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
-        }
+    fn wait_for<T>(&self, key: &str, ready: impl FnMut(&mut State) -> Option<T>) -> Result<T, InterpError> {
+        dfc_interp::wait_on(&self.changed, self.lock(), key, self.wait, |state| state.aborted.clone(), ready)
     }
 
     fn fail(&self, reason: String) -> InterpError {
