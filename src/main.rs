@@ -152,6 +152,10 @@ enum Command {
         /// (see docs/distributed.md).
         #[arg(long, value_name = "DIR")]
         tls_dir: Option<PathBuf>,
+        /// The port of the data plane, the plain TCP connections that carry all-reduce segments
+        /// between workers (on --listen's host; 0 picks a free one). None with --tls-dir.
+        #[arg(long, default_value_t = 0)]
+        data_port: u16,
     },
     /// Time training steps (or with --inference forward passes) of a plan on random data.
     Bench(bench::BenchArgs),
@@ -285,8 +289,8 @@ fn main() -> ExitCode {
             };
             run_plan(&plan, &run::RunArgs { train, fetch, output, remote })
         }
-        Command::Worker { listen, token_file, tls_dir } => {
-            run::worker(&listen, token_file.as_deref(), tls_dir.as_deref()).map_err(Failure)
+        Command::Worker { listen, token_file, tls_dir, data_port } => {
+            run::worker(&listen, token_file.as_deref(), tls_dir.as_deref(), data_port).map_err(Failure)
         }
     };
     match result {

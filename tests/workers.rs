@@ -150,6 +150,18 @@ fn mirrored_training_on_2_and_4_spawned_workers_matches_one_process() {
 }
 
 #[test]
+fn unfused_all_reduces_on_3_workers_run_side_by_side_and_match_one_process() {
+    // One all-reduce per gradient, under way at once on the data plane, over a ring of three.
+    let dir = scratch("mirrored-3-unfused");
+    let feeds = regression_data(&dir, 240);
+    let plan =
+        compile(&dir, &["--devices", "3", "--strategy", "mirrored", "--fusion-threshold", "0", "--dim", "batch=24"]);
+    let embedded = train(&plan, &feeds, &dir.join("embedded"), &[], None);
+    let spawned = train(&plan, &feeds, &dir.join("spawned"), &["--spawn", "3"], None);
+    assert_same_parameters("unfused, mirrored on 3 workers", &embedded, &spawned);
+}
+
+#[test]
 fn synchronous_parameter_servers_on_workers_match_one_process() {
     let dir = scratch("ps-sync");
     let feeds = regression_data(&dir, 256);

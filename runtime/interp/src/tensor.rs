@@ -160,6 +160,27 @@ impl Tensor {
         }
     }
 
+    /// The elements' memory as their little-endian bytes, to read and write in place: numbers
+    /// on a little-endian machine; `None` for booleans or on a big-endian one.
+    pub fn le_bytes_mut(&mut self) -> Option<&mut [u8]> {
+        fn bytes<T: Copy>(values: &mut [T]) -> &mut [u8] {
+            // SAFETY: T is a primitive number: its memory is initialised, any bit pattern of it
+            // is a valid T, and u8 has no alignment to keep.
+            unsafe { std::slice::from_raw_parts_mut(values.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(values)) }
+        }
+        if cfg!(target_endian = "big") {
+            return None;
+        }
+        match &mut self.data {
+            Data::F32(v) => Some(bytes(v)),
+            Data::F64(v) => Some(bytes(v)),
+            Data::I32(v) => Some(bytes(v)),
+            Data::I64(v) => Some(bytes(v)),
+            Data::U8(v) => Some(v),
+            Data::Bool(_) => None,
+        }
+    }
+
     /// The inverse of `to_le_bytes`; `None` if the byte count does not fit the type.
     pub fn from_le_bytes(ty: &TensorType, bytes: &[u8]) -> Option<Tensor> {
         let n = ty.shape.n_elements();

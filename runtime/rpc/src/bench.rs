@@ -7,43 +7,70 @@
 
 use crate::auth::AddToken;
 use crate::proto::worker_client::WorkerClient;
-use crate::proto::BenchAllReduceRequest;
+use crate::proto::{BenchAllReduceRequest, HealthRequest};
 use crate::MAX_MESSAGE_BYTES;
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
-/// Bytes per second one TCP connection carries on 127.0.0.1 (a writer thread, a reader thread,
-/// 1 MiB writes), over `total` bytes.
-pub fn loopback_tcp_bytes_per_second(total: usize) -> Result<f64, String> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
-    let address = listener.local_addr().map_err(|e| e.to_string())?;
-    let reader = std::thread::spawn(move || -> std::io::Result<usize> {
-        let (mut stream, _) = listener.accept()?;
-        let mut buffer = vec![0u8; 1 << 20];
-        let mut received = 0;
-        loop {
-            match stream.read(&mut buffer)? {
-                0 => return Ok(received),
-                n => received += n,
+/// Bytes per second that each of `links` TCP connections on 127.0.0.1 carries when they all
+/// stream `total` bytes at once (a writer thread and a reader thread each, 1 MiB writes): with
+/// one link, what one connection carries; with n links arranged as a ring's (each endpoint
+/// sends on one and receives on another), what the links of an n-worker ring can carry on this
+/// machine at best, since they share its cores.
+pub fn loopback_tcp_bytes_per_second(links: usize, total: usize) -> Result<f64, String> {
+    let links = links.max(1);
+    let start = std::sync::Arc::new(std::sync::Barrier::new(2 * links));
+    let mut readers = Vec::new();
+    let mut addresses = Vec::new();
+    for _ in 0..links {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+        addresses.push(listener.local_addr().map_err(|e| e.to_string())?);
+        let start = start.clone();
+        readers.push(std::thread::spawn(move || -> std::io::Result<usize> {
+            let (mut stream, _) = listener.accept()?;
+            let mut buffer = vec![0u8; 1 << 20];
+            start.wait();
+            let mut received = 0;
+            loop {
+                match stream.read(&mut buffer)? {
+                    0 => return Ok(received),
+                    n => received += n,
+                }
             }
+        }));
+    }
+    let mut writers = Vec::new();
+    for address in addresses {
+        let start = start.clone();
+        writers.push(std::thread::spawn(move || -> std::io::Result<(Instant, usize)> {
+            let mut stream = std::net::TcpStream::connect(address)?;
+            stream.set_nodelay(true)?;
+            let chunk = vec![1u8; 1 << 20];
+            start.wait();
+            let started = Instant::now();
+            let mut sent = 0;
+            while sent < total {
+                stream.write_all(&chunk)?;
+                sent += chunk.len();
+            }
+            Ok((started, sent))
+        }));
+    }
+    let mut first_start: Option<Instant> = None;
+    let mut sent = Vec::new();
+    for writer in writers {
+        let (started, bytes) = writer.join().map_err(|_| "a writer panicked")?.map_err(|e| e.to_string())?;
+        first_start = Some(first_start.map_or(started, |f| f.min(started)));
+        sent.push(bytes);
+    }
+    for (reader, sent) in readers.into_iter().zip(sent) {
+        let received = reader.join().map_err(|_| "a reader panicked")?.map_err(|e| e.to_string())?;
+        if received != sent {
+            return Err(format!("sent {sent} bytes, received {received}"));
         }
-    });
-    let mut stream = std::net::TcpStream::connect(address).map_err(|e| e.to_string())?;
-    stream.set_nodelay(true).map_err(|e| e.to_string())?;
-    let chunk = vec![1u8; 1 << 20];
-    let started = Instant::now();
-    let mut sent = 0;
-    while sent < total {
-        stream.write_all(&chunk).map_err(|e| e.to_string())?;
-        sent += chunk.len();
     }
-    drop(stream);
-    let received = reader.join().map_err(|_| "the reader panicked")?.map_err(|e| e.to_string())?;
-    let seconds = started.elapsed().as_secs_f64();
-    if received != sent {
-        return Err(format!("sent {sent} bytes, received {received}"));
-    }
-    Ok(sent as f64 / seconds)
+    let seconds = first_start.expect("at least one link").elapsed().as_secs_f64();
+    Ok(total.next_multiple_of(1 << 20) as f64 / seconds)
 }
 
 /// One size on one number of workers.
@@ -69,14 +96,22 @@ pub fn all_reduce(addresses: &[String], token: &str, bytes: u64, iterations: u32
     let names: Vec<String> = (0..n).map(|r| format!("worker {r}")).collect();
     let id: Vec<u8> = crate::auth::random_token().into_bytes();
     let replies: Vec<Vec<f64>> = runtime.block_on(async {
-        let mut calls = Vec::new();
-        for rank in 0..n {
-            let channel = crate::tls::endpoint(&addresses[rank], None)?
+        let mut clients = Vec::new();
+        let mut data_ports = Vec::new();
+        for address in addresses {
+            let channel = crate::tls::endpoint(address, None)?
                 .connect()
                 .await
-                .map_err(|e| format!("worker at {}: {e}", addresses[rank]))?;
+                .map_err(|e| format!("worker at {address}: {e}"))?;
             let mut client = WorkerClient::with_interceptor(channel, AddToken::new(token))
                 .max_decoding_message_size(MAX_MESSAGE_BYTES);
+            let health =
+                client.health(HealthRequest {}).await.map_err(|s| format!("worker at {address}: {}", s.message()))?;
+            data_ports.push(health.into_inner().data_port);
+            clients.push(client);
+        }
+        let mut calls = Vec::new();
+        for (rank, mut client) in clients.into_iter().enumerate() {
             let mut request = tonic::Request::new(BenchAllReduceRequest {
                 id: id.clone().into(),
                 rank: rank as u32,
@@ -85,6 +120,7 @@ pub fn all_reduce(addresses: &[String], token: &str, bytes: u64, iterations: u32
                 bytes,
                 iterations,
                 wait_ms: 120_000,
+                data_ports: data_ports.clone(),
             });
             request.set_timeout(Duration::from_secs(600));
             calls.push(tokio::spawn(async move { client.bench_all_reduce(request).await }));

@@ -167,6 +167,10 @@ impl RemoteSession {
             wait,
         };
         let addresses: Vec<String> = addresses.to_vec();
+        // Each worker's data port, which the others send all-reduce segments to.
+        let health = vec![HealthRequest {}; addresses.len()];
+        let health = session.on_all(health, Duration::from_secs(30), |mut c, r| async move { c.health(r).await })?;
+        let data_ports: Vec<u32> = health.iter().map(|h| h.data_port).collect();
         let requests: Vec<RegisterRequest> = (0..addresses.len())
             .map(|rank| RegisterRequest {
                 plan: bytes.clone(),
@@ -181,6 +185,7 @@ impl RemoteSession {
                     Backend::Interp => "interp".into(),
                 },
                 wait_ms: wait.as_millis() as u64,
+                data_ports: data_ports.clone(),
             })
             .collect();
         session.on_all(requests, Duration::from_secs(120), |mut c, r| async move { c.register(r).await })?;

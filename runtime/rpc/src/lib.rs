@@ -9,6 +9,7 @@
 //! - [`rendezvous`]: `NetRendezvous`, one per step on each worker: Send/Recv across workers
 //!   (tensors pushed to the receiver's worker in chunks) and all-reduce (local replicas summed,
 //!   then a ring of reduce-scatter and all-gather across the workers).
+//! - [`data`]: the data plane, plain TCP between workers for the ring's segments.
 //! - [`worker`]: the server.
 //! - [`bench`]: `dfc bench-allreduce`, the ring's bandwidth next to loopback TCP's.
 //! - [`driver`]: `RemoteSession`, `assign` (which worker runs which partition) and
@@ -16,6 +17,7 @@
 
 pub mod auth;
 pub mod bench;
+pub mod data;
 pub mod driver;
 pub mod rendezvous;
 pub mod tensor;

@@ -4,23 +4,24 @@
 //! - Send: a key whose Recv runs on this worker is kept here; any other is pushed to the
 //!   receiver's worker (`Push`, in chunks of `CHUNK_BYTES`), where it waits for its Recv.
 //! - All-reduce: the replicas on this worker contribute here and are summed in replica order;
-//!   then, when the group spans several workers, the last local replica to arrive runs a ring
-//!   over them — reduce-scatter, then all-gather, each in n − 1 steps of one segment to the next
-//!   worker — so that each link carries 2(n − 1)/n of the tensor. Each segment's sum is made by
-//!   one worker and passed on, so every worker ends with the same bits.
+//!   then, when the group spans several workers, the last local replica to arrive runs the ring
+//!   over them ([`ring`]: on the data plane, pipelined by chunks).
 //! - Abort: from a failing partition here, or from another worker (`Abort`); every wait ends.
 
 use crate::auth::AddToken;
+use crate::data::{Chunk, Links};
 use crate::proto::worker_client::WorkerClient;
 use crate::proto::{self, TensorChunk};
 use crate::{tensor, CHUNK_BYTES};
 use dfc_interp::{InterpError, Rendezvous, Tensor};
-use dfc_ir::{BinaryOp, DType, Op, TensorType};
+use dfc_ir::{BinaryOp, Op, TensorType};
 use std::collections::HashMap;
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
+
+mod ring;
 
 pub type Client = WorkerClient<InterceptedService<Channel, AddToken>>;
 
@@ -42,6 +43,8 @@ pub struct Peers {
     pub names: Vec<String>,
     pub plan_sha256: prost::bytes::Bytes,
     pub runtime: tokio::runtime::Handle,
+    /// The data plane's connections, for ring segments.
+    pub links: Links,
 }
 
 impl Peers {
@@ -138,6 +141,11 @@ struct State {
     received: HashMap<String, Received>,
     aborted: Option<String>,
     reductions: HashMap<String, LocalReduction>,
+    /// Chunks of ring segments from the data plane that came before their ring was under way
+    /// here, by key: (the segment's bytes, the chunk's offset, the chunk).
+    early: ring::EarlyChunks,
+    /// The all-reduces under way here on the data plane, by key.
+    rings: HashMap<String, ring::RingProgress>,
 }
 
 #[derive(Default)]
@@ -148,20 +156,15 @@ struct LocalReduction {
 
 pub struct NetRendezvous {
     step: u64,
-    routes: std::sync::Arc<Routes>,
-    peers: std::sync::Arc<Peers>,
+    routes: Arc<Routes>,
+    peers: Arc<Peers>,
     state: Mutex<State>,
     changed: Condvar,
     wait: Duration,
 }
 
 impl NetRendezvous {
-    pub fn new(
-        step: u64,
-        routes: std::sync::Arc<Routes>,
-        peers: std::sync::Arc<Peers>,
-        wait: Duration,
-    ) -> NetRendezvous {
+    pub fn new(step: u64, routes: Arc<Routes>, peers: Arc<Peers>, wait: Duration) -> NetRendezvous {
         NetRendezvous { step, routes, peers, state: Mutex::new(State::default()), changed: Condvar::new(), wait }
     }
 
@@ -181,6 +184,11 @@ impl NetRendezvous {
         Ok(())
     }
 
+    /// A chunk of a ring segment from the data plane.
+    pub fn deliver_chunk(&self, key: &str, total: u64, offset: u64, chunk: Chunk) {
+        self.deliver_ring_chunk(key, total, offset, chunk);
+    }
+
     fn wait_for<T>(&self, key: &str, ready: impl FnMut(&mut State) -> Option<T>) -> Result<T, InterpError> {
         dfc_interp::wait_on(&self.changed, self.lock(), key, self.wait, |state| state.aborted.clone(), ready)
     }
@@ -188,88 +196,6 @@ impl NetRendezvous {
     fn fail(&self, reason: String) -> InterpError {
         self.abort(&reason);
         InterpError::Aborted { reason }
-    }
-
-    /// The ring over `ranks` (this worker among them) of `value`, this worker's sum. It works on
-    /// the tensor's little-endian bytes in one buffer: received segments are added into it in
-    /// place, and segments are sent from it.
-    fn ring(&self, key: &str, ranks: &[usize], value: Tensor) -> Result<Tensor, InterpError> {
-        let n = ranks.len();
-        let me = ranks.iter().position(|&r| r == self.routes.rank).expect("a worker in its group");
-        let next = ranks[(me + 1) % n];
-        let ty = value.ty();
-        let add = adder(ty.dtype).ok_or_else(|| self.fail(format!("all-reduce `{key}` of {ty}: not a number type")))?;
-        let size = ty.dtype.size_in_bytes();
-        let mut buffer = value.to_le_bytes();
-        drop(value);
-        let len = ty.shape.n_elements();
-        let range = |i: usize| (len * i / n * size)..(len * (i + 1) / n * size);
-        let segment_type = |i: usize| TensorType::new(ty.dtype, vec![range(i).len() / size]);
-        let exchange = |phase: &str, s: usize, send: usize, buffer: &[u8]| -> Result<Vec<u8>, InterpError> {
-            let wire_key = format!("{key}#{phase}{s}");
-            let bytes = prost::bytes::Bytes::copy_from_slice(&buffer[range(send)]);
-            self.peers
-                .push_bytes(next, self.step, &wire_key, &segment_type(send), bytes, self.wait)
-                .map_err(|e| self.fail(e))?;
-            self.wait_for(&wire_key, |state| state.received.remove(&wire_key)).map(Received::into_bytes)
-        };
-        // Reduce-scatter: after step s, this worker holds the sum of s + 2 workers' shares of
-        // segment (me − s − 1); at the end, all of segment me + 1.
-        for s in 0..n - 1 {
-            let (send, recv) = ((me + n - s) % n, (me + n - s - 1) % n);
-            let got = exchange("rs", s, send, &buffer)?;
-            if got.len() != range(recv).len() {
-                return Err(self.fail(format!(
-                    "all-reduce `{key}`: a segment of {} bytes, not {}",
-                    got.len(),
-                    range(recv).len()
-                )));
-            }
-            add(&mut buffer[range(recv)], &got);
-        }
-        // All-gather: each complete segment goes round.
-        for s in 0..n - 1 {
-            let (send, recv) = ((me + 1 + n - s) % n, (me + n - s) % n);
-            let got = exchange("ag", s, send, &buffer)?;
-            if got.len() != range(recv).len() {
-                return Err(self.fail(format!(
-                    "all-reduce `{key}`: a segment of {} bytes, not {}",
-                    got.len(),
-                    range(recv).len()
-                )));
-            }
-            buffer[range(recv)].copy_from_slice(&got);
-        }
-        Ok(Tensor::from_le_bytes(&ty, &buffer).expect("segments of the tensor's type"))
-    }
-}
-
-/// Adds little-endian elements into others.
-type AddInto = fn(&mut [u8], &[u8]);
-
-/// `acc[i] += other[i]` over little-endian elements of `dtype` (the interpreter's `add`: IEEE for
-/// floats, wrapping for integers); `None` for types that do not add.
-fn adder(dtype: DType) -> Option<AddInto> {
-    macro_rules! add {
-        ($t:ty, $op:expr) => {{
-            fn add(acc: &mut [u8], other: &[u8]) {
-                const N: usize = std::mem::size_of::<$t>();
-                for (a, b) in acc.chunks_exact_mut(N).zip(other.chunks_exact(N)) {
-                    let (x, y) =
-                        (<$t>::from_le_bytes(a.try_into().unwrap()), <$t>::from_le_bytes(b.try_into().unwrap()));
-                    let op: fn($t, $t) -> $t = $op;
-                    a.copy_from_slice(&op(x, y).to_le_bytes());
-                }
-            }
-            Some(add as AddInto)
-        }};
-    }
-    match dtype {
-        DType::F32 => add!(f32, |x, y| x + y),
-        DType::F64 => add!(f64, |x, y| x + y),
-        DType::I32 => add!(i32, i32::wrapping_add),
-        DType::I64 => add!(i64, i64::wrapping_add),
-        DType::U8 | DType::Bool => None,
     }
 }
 
@@ -320,6 +246,10 @@ impl Rendezvous for NetRendezvous {
                     .map_err(|e| self.fail(format!("all-reduce `{key}`: {e}")))?;
             }
             let result = if ranks.len() > 1 { self.ring(key, ranks, sum) } else { Ok(sum) };
+            if *local == 1 {
+                return result;
+            }
+            // The other local replicas take copies.
             let mut state = self.lock();
             state.reductions.entry(key.to_string()).or_default().sum = Some(match &result {
                 Ok(sum) => Ok(sum.clone()),

@@ -13,7 +13,7 @@ use crate::proto::*;
 use crate::rendezvous::{Client, NetRendezvous, Peers, Routes};
 use crate::{plan_sha256, tensor, MAX_MESSAGE_BYTES};
 use dfc_driver::{Backend, Session, SessionProgram};
-use dfc_interp::Tensor;
+use dfc_interp::{Data, Tensor};
 use dfc_ir::Op;
 use dfc_plan::Plan;
 use std::collections::{BTreeMap, HashMap};
@@ -23,14 +23,22 @@ use tokio::net::TcpListener;
 use tonic::{Request, Response, Status};
 
 /// Serves the worker API on `listener` until a `Shutdown` call; every call must carry `token`.
-pub async fn serve(listener: TcpListener, token: String, tls: Option<crate::Tls>) -> Result<(), String> {
+/// Without TLS, the data plane listens on `data_port` (0: any free port) of the same address.
+pub async fn serve(
+    listener: TcpListener,
+    token: String,
+    tls: Option<crate::Tls>,
+    data_port: u16,
+) -> Result<(), String> {
     let (stop, stopped) = tokio::sync::oneshot::channel();
+    let hosts = Hosts { registered: Arc::new(Mutex::new(None)), benches: Arc::new(Mutex::new(HashMap::new())) };
+    let data_port = if tls.is_some() { 0 } else { serve_data(&listener, data_port, &token, &hosts)? };
     let service = WorkerService {
         token: token.clone(),
         tls: tls.clone(),
-        registered: Arc::new(Mutex::new(None)),
-        benches: Arc::new(Mutex::new(HashMap::new())),
+        hosts,
         stop: Arc::new(Mutex::new(Some(stop))),
+        data_port,
     };
     let server = tonic::service::interceptor::InterceptedService::new(
         WorkerServer::new(service)
@@ -66,13 +74,46 @@ fn incoming(listener: TcpListener) -> impl tokio_stream::Stream<Item = std::io::
     })
 }
 
+/// Starts the data plane on `port` of the gRPC listener's address; the port it listens on.
+fn serve_data(listener: &TcpListener, port: u16, token: &str, hosts: &Hosts) -> Result<u32, String> {
+    let ip = listener.local_addr().map_err(|e| e.to_string())?.ip();
+    let data =
+        std::net::TcpListener::bind((ip, port)).map_err(|e| format!("cannot listen on data port {ip}:{port}: {e}"))?;
+    let bound = data.local_addr().map_err(|e| e.to_string())?.port();
+    let hosts = hosts.clone();
+    let lookup: crate::data::Lookup = Arc::new(move |id: &[u8]| {
+        let id = prost::bytes::Bytes::copy_from_slice(id);
+        // A benchmark's first segment may come before this worker's own call has set it up.
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        loop {
+            match hosts.host(&id) {
+                Ok(host) => return Some(host as Arc<dyn crate::data::Deliver>),
+                Err(_) if std::time::Instant::now() < deadline && hosts.registered_elsewhere(&id) => {
+                    std::thread::sleep(Duration::from_millis(5))
+                }
+                Err(_) => return None,
+            }
+        }
+    });
+    crate::data::serve(data, token.to_string(), lookup);
+    Ok(u32::from(bound))
+}
+
 struct WorkerService {
     token: String,
     tls: Option<crate::Tls>,
+    hosts: Hosts,
+    stop: Arc<Mutex<Option<tokio::sync::oneshot::Sender<()>>>>,
+    /// The data plane's port (0: none).
+    data_port: u32,
+}
+
+/// The registration and the benchmarks under way: what calls and data connections name.
+#[derive(Clone)]
+struct Hosts {
     registered: Arc<Mutex<Option<Arc<Registered>>>>,
     /// All-reduce benchmarks under way, by id.
     benches: Arc<Mutex<HashMap<prost::bytes::Bytes, Arc<StepHost>>>>,
-    stop: Arc<Mutex<Option<tokio::sync::oneshot::Sender<()>>>>,
 }
 
 /// A registered plan: its session (this worker's partitions), prepared programs and steps.
@@ -111,6 +152,32 @@ impl StepHost {
     }
 }
 
+impl crate::data::Deliver for StepHost {
+    fn deliver_chunk(
+        &self,
+        step: u64,
+        key: &str,
+        total: u64,
+        offset: u64,
+        chunk: crate::data::Chunk,
+    ) -> Result<(), String> {
+        self.step(step).deliver_chunk(key, total, offset, chunk);
+        Ok(())
+    }
+
+    fn place(&self, step: u64, key: &str, total: u64, offset: u64, len: u64) -> Option<crate::data::Placement> {
+        self.step(step).place_ring_chunk(key, total, offset, len)
+    }
+
+    fn placed(&self, step: u64, key: &str, offset: u64, len: u64, ok: bool) {
+        self.step(step).placed_ring_chunk(key, offset, len, ok);
+    }
+
+    fn chunk_timeout(&self) -> Duration {
+        self.wait
+    }
+}
+
 /// Clients of the workers at `addresses`, holding `token` (over TLS when `tls` is given).
 fn clients(addresses: &[String], token: &str, tls: Option<&crate::Tls>) -> Result<Vec<Client>, Status> {
     let mut clients: Vec<Client> = Vec::with_capacity(addresses.len());
@@ -129,7 +196,7 @@ fn bad(message: impl Into<String>) -> Status {
     Status::invalid_argument(message.into())
 }
 
-impl WorkerService {
+impl Hosts {
     /// The registration or benchmark that `id` names.
     fn host(&self, id: &prost::bytes::Bytes) -> Result<Arc<StepHost>, Status> {
         if let Some(host) = self.benches.lock().unwrap_or_else(|e| e.into_inner()).get(id) {
@@ -152,6 +219,22 @@ impl WorkerService {
             }
             Some(r) => Ok(r),
         }
+    }
+}
+
+impl WorkerService {
+    fn current(&self, sha256: &[u8]) -> Result<Arc<Registered>, Status> {
+        self.hosts.current(sha256)
+    }
+
+    fn host(&self, id: &prost::bytes::Bytes) -> Result<Arc<StepHost>, Status> {
+        self.hosts.host(id)
+    }
+
+    /// Links to the data ports of the workers at `addresses` (none with TLS).
+    fn links(&self, id: &[u8], rank: usize, addresses: &[String], data_ports: &[u32]) -> crate::data::Links {
+        let ports: &[u32] = if self.tls.is_some() { &[] } else { data_ports };
+        crate::data::Links::new(&self.token, id, rank, addresses, ports)
     }
 }
 
@@ -192,6 +275,7 @@ impl Worker for WorkerService {
             names: request.names.clone(),
             plan_sha256: request.plan_sha256.clone(),
             runtime: tokio::runtime::Handle::current(),
+            links: self.links(&request.plan_sha256, rank, &request.workers, &request.data_ports),
         });
         let wait = Duration::from_millis(request.wait_ms.max(1));
         let seed = request.seed;
@@ -209,7 +293,7 @@ impl Worker for WorkerService {
             })
         })
         .await?;
-        *self.registered.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(registered));
+        *self.hosts.registered.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(registered));
         Ok(Response::new(RegisterReply { partitions: count }))
     }
 
@@ -276,7 +360,10 @@ impl Worker for WorkerService {
         // A benchmark's first push may come before this worker's own call has set it up.
         let mut host = self.host(&first.plan_sha256);
         let deadline = std::time::Instant::now() + Duration::from_secs(2);
-        while host.is_err() && std::time::Instant::now() < deadline && self.registered_elsewhere(&first.plan_sha256) {
+        while host.is_err()
+            && std::time::Instant::now() < deadline
+            && self.hosts.registered_elsewhere(&first.plan_sha256)
+        {
             tokio::time::sleep(Duration::from_millis(5)).await;
             host = self.host(&first.plan_sha256);
         }
@@ -346,8 +433,11 @@ impl Worker for WorkerService {
     }
 
     async fn health(&self, _request: Request<HealthRequest>) -> Result<Response<HealthReply>, Status> {
-        let registered = self.registered.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        Ok(Response::new(HealthReply { plan_sha256: registered.map(|r| r.sha256.clone()).unwrap_or_default() }))
+        let registered = self.hosts.registered.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        Ok(Response::new(HealthReply {
+            plan_sha256: registered.map(|r| r.sha256.clone()).unwrap_or_default(),
+            data_port: self.data_port,
+        }))
     }
 
     async fn bench_all_reduce(
@@ -365,13 +455,17 @@ impl Worker for WorkerService {
         let routes = Routes {
             rank,
             receiver: HashMap::new(),
-            reductions: HashMap::from([("bench".to_string(), ((0..n).collect(), 1))]),
+            reductions: HashMap::from([
+                ("bench".to_string(), ((0..n).collect(), 1)),
+                ("barrier".to_string(), ((0..n).collect(), 1)),
+            ]),
         };
         let peers = Peers {
             clients: clients(&request.workers, &self.token, self.tls.as_ref())?,
             names: request.names.clone(),
             plan_sha256: request.id.clone(),
             runtime: tokio::runtime::Handle::current(),
+            links: self.links(&request.id, rank, &request.workers, &request.data_ports),
         };
         let wait = Duration::from_millis(request.wait_ms.max(1));
         let host = Arc::new(StepHost {
@@ -380,25 +474,49 @@ impl Worker for WorkerService {
             steps: Mutex::new(HashMap::new()),
             wait,
         });
-        self.benches.lock().unwrap_or_else(|e| e.into_inner()).insert(request.id.clone(), host.clone());
-        let benches = self.benches.clone();
+        self.hosts.benches.lock().unwrap_or_else(|e| e.into_inner()).insert(request.id.clone(), host.clone());
+        let benches = self.hosts.benches.clone();
         let id = request.id.clone();
         let result = blocking(move || {
             let elements = request.bytes as usize / 4;
-            let value = Tensor::from_vec(vec![elements], vec![(rank + 1) as f32; elements]);
-            let want = (n * (n + 1) / 2) as f32;
+            // Element i of worker r is (r + 1)·(i mod 1021 + 1), so that the sum, n(n + 1)/2 times
+            // that factor (exact in f32), also shows any segment put in the wrong place.
+            let factor = |i: usize| (i % 1021 + 1) as f32;
+            let fill = |values: &mut [f32]| {
+                values.iter_mut().enumerate().for_each(|(i, x)| *x = (rank + 1) as f32 * factor(i))
+            };
+            let total = (n * (n + 1) / 2) as f32;
+            // One buffer throughout, refilled after each check: the time is the all-reduce's,
+            // not the allocator's.
+            let mut values = vec![0f32; elements];
+            fill(&mut values);
+            let mut value = Tensor::from_vec(vec![elements], values);
             let mut seconds = Vec::new();
             for iteration in 0..=request.iterations as u64 {
                 let rendezvous = host.step(iteration);
-                let contribution = value.clone();
+                // Every worker is done checking the last sum before any starts the next (they
+                // share the cores).
+                dfc_interp::Rendezvous::all_reduce(&*rendezvous, "barrier", n as u32, 0, Tensor::scalar(0f32))
+                    .map_err(|e| Status::aborted(e.to_string()))?;
                 let started = std::time::Instant::now();
-                let sum = dfc_interp::Rendezvous::all_reduce(&*rendezvous, "bench", n as u32, 0, contribution)
+                let sum = dfc_interp::Rendezvous::all_reduce(&*rendezvous, "bench", n as u32, 0, value)
                     .map_err(|e| Status::aborted(e.to_string()))?;
                 let elapsed = started.elapsed().as_secs_f64();
                 host.finish(iteration);
-                if sum.as_slice::<f32>().is_none_or(|s| s.iter().any(|&x| x != want)) {
-                    return Err(Status::internal(format!("the all-reduce summed wrong: want {want} everywhere")));
+                let Data::F32(mut sum) = sum.data else {
+                    return Err(Status::internal("the all-reduce changed the type"));
+                };
+                if let Some(i) =
+                    (0..sum.len()).find(|&i| sum[i] != total * factor(i)).or((sum.len() != elements).then_some(0))
+                {
+                    return Err(Status::internal(format!(
+                        "the all-reduce summed wrong: element {i} is {:?}, not {}",
+                        sum.get(i),
+                        total * factor(i)
+                    )));
                 }
+                fill(&mut sum);
+                value = Tensor::from_vec(vec![elements], sum);
                 if iteration > 0 {
                     seconds.push(elapsed);
                 }

@@ -14,7 +14,7 @@ async fn worker(
 ) -> WorkerClient<tonic::service::interceptor::InterceptedService<tonic::transport::Channel, AddToken>> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();
-    tokio::spawn(dfc_rpc::serve(listener, TOKEN.to_string(), None));
+    tokio::spawn(dfc_rpc::serve(listener, TOKEN.to_string(), None, 0));
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}")).unwrap().connect_lazy();
     WorkerClient::with_interceptor(channel, AddToken::new(token))
 }
@@ -55,6 +55,7 @@ async fn malformed_and_out_of_order_calls_are_errors() {
             seed: 0,
             backend: "llvm".into(),
             wait_ms: 1000,
+            data_ports: vec![],
         };
         assert_eq!(code(client.register(register.clone()).await), Code::InvalidArgument);
         let mismatched = RegisterRequest { plan_sha256: hash.clone(), ..register };
@@ -102,6 +103,7 @@ async fn a_registered_plan_runs_and_malformed_feeds_are_errors() {
         seed: 0,
         backend: "interp".into(),
         wait_ms: 1000,
+        data_ports: vec![],
     };
     assert_eq!(code(client.register(register).await), Code::Ok);
     let loss = plan.training.as_ref().unwrap().loss_node.clone();

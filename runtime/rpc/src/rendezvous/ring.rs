@@ -1,0 +1,369 @@
+//! The ring all-reduce across workers: reduce-scatter, then all-gather, each in n − 1 steps of
+//! one segment to the next worker, so that each link carries 2(n − 1)/n of the tensor. Each
+//! segment's sum is made by one worker and passed on, so every worker ends with the same bits.
+//!
+//! On the data plane ([`crate::data`]) the ring is pipelined by chunks, as NCCL's is: what a
+//! worker receives in step s is exactly what it sends in step s + 1, so each chunk is passed on
+//! as soon as it has been summed (or, in the all-gather, copied) into the tensor, while the
+//! rest of its segment is still on the wire. The data plane's reader thread applies incoming
+//! chunks into the tensor's memory; a sender thread sends this worker's own segment, then every
+//! chunk the reader has applied. Over gRPC (workers without a data port) the steps run one
+//! after another, each a whole segment.
+//!
+//! Why the tensor's memory may be shared this way: the ranges applied and sent at the same
+//! time never overlap. A segment is written again (its final sum, in the all-gather) only after
+//! every worker's share of it has been summed, which needs this worker's partial sum of it to
+//! have been sent (and so read) first; chunk by chunk, since every worker cuts a segment at the
+//! same offsets.
+
+use super::{NetRendezvous, Received, State};
+use crate::data::{Chunk, Placement};
+use dfc_interp::{InterpError, Tensor};
+use dfc_ir::{DType, TensorType};
+use std::collections::{HashMap, VecDeque};
+use std::ops::Range;
+
+/// Adds little-endian elements into others.
+pub(super) type AddInto = crate::data::Combine;
+
+/// An all-reduce under way on the data plane: where its incoming chunks go and what the
+/// sender has left to pass on.
+pub(super) struct RingProgress {
+    /// The tensor's memory, lent by the ring's thread until it closes the ring.
+    buffer: SharedBytes,
+    /// The segment received at each step (the one sent at the next).
+    segments: Vec<Range<usize>>,
+    /// Steps below this sum what they receive; the others copy it.
+    reducing_steps: usize,
+    add: AddInto,
+    /// Per step: bytes applied, and whether any chunk came (an empty segment is one chunk).
+    filled: Vec<usize>,
+    arrived: Vec<bool>,
+    /// Chunks applied but not yet passed on: (step to send them as, offset, length).
+    forwards: VecDeque<(usize, usize, usize)>,
+    /// Chunks being applied outside the lock.
+    applying: usize,
+    open: bool,
+    error: Option<String>,
+}
+
+#[derive(Clone, Copy)]
+struct SharedBytes(*mut u8);
+// SAFETY: see the module's comment: the threads that share the pointer touch ranges that do
+// not overlap, and only while the ring is open, before the lending thread's borrow ends.
+unsafe impl Send for SharedBytes {}
+
+impl RingProgress {
+    fn complete(&self, step: usize) -> bool {
+        self.arrived[step] && self.filled[step] == self.segments[step].len()
+    }
+
+    /// Whether every step's segment has come and every chunk there is to pass on has been.
+    fn finished(&self) -> bool {
+        self.forwards.is_empty() && (0..self.segments.len()).all(|s| self.complete(s))
+    }
+}
+
+/// The data plane's key of step `step` of the all-reduce `key`, and back.
+fn wire_key(key: &str, step: usize) -> String {
+    format!("{key}#{step}")
+}
+
+fn parse_wire_key(wire: &str) -> Option<(&str, usize)> {
+    let (key, step) = wire.rsplit_once('#')?;
+    Some((key, step.parse().ok()?))
+}
+
+impl NetRendezvous {
+    /// The ring over `ranks` (this worker among them) of `value`, this worker's sum, in place in
+    /// the tensor's memory (in a copy of its little-endian bytes where that memory is not them).
+    pub(super) fn ring(&self, key: &str, ranks: &[usize], mut value: Tensor) -> Result<Tensor, InterpError> {
+        let ty = value.ty();
+        let add = adder(ty.dtype).ok_or_else(|| self.fail(format!("all-reduce `{key}` of {ty}: not a number type")))?;
+        if let Some(bytes) = value.le_bytes_mut() {
+            self.ring_bytes(key, ranks, &ty, add, bytes)?;
+            return Ok(value);
+        }
+        let mut bytes = value.to_le_bytes();
+        self.ring_bytes(key, ranks, &ty, add, &mut bytes)?;
+        Ok(Tensor::from_le_bytes(&ty, &bytes).expect("the bytes of the tensor's type"))
+    }
+
+    fn ring_bytes(
+        &self,
+        key: &str,
+        ranks: &[usize],
+        ty: &TensorType,
+        add: AddInto,
+        buffer: &mut [u8],
+    ) -> Result<(), InterpError> {
+        let n = ranks.len();
+        let me = ranks.iter().position(|&r| r == self.routes.rank).expect("a worker in its group");
+        let next = ranks[(me + 1) % n];
+        let size = ty.dtype.size_in_bytes();
+        let len = ty.shape.n_elements();
+        let range = |i: usize| (len * i / n * size)..(len * (i + 1) / n * size);
+        // Step s < n − 1 (reduce-scatter) sends segment me − s and sums segment me − s − 1 into
+        // this worker's; then (all-gather) step n − 1 + t sends me + 1 − t and copies me − t.
+        // After the reduce-scatter this worker holds all of segment me + 1.
+        let received =
+            |s: usize| if s < n - 1 { range((me + 2 * n - s - 1) % n) } else { range((me + 2 * n - (s - n + 1)) % n) };
+        let segments: Vec<Range<usize>> = (0..2 * (n - 1)).map(received).collect();
+        if self.peers.links.ring_ready(ranks) {
+            self.pipelined_ring(key, next, range(me), segments, n - 1, add, buffer)
+        } else {
+            self.stepped_ring(key, next, range(me), &segments, n - 1, ty.dtype, add, buffer)
+        }
+    }
+
+    /// The ring on the data plane, pipelined by chunks (see the module's comment).
+    #[allow(clippy::too_many_arguments)]
+    fn pipelined_ring(
+        &self,
+        key: &str,
+        next: usize,
+        own: Range<usize>,
+        segments: Vec<Range<usize>>,
+        reducing_steps: usize,
+        add: AddInto,
+        buffer: &mut [u8],
+    ) -> Result<(), InterpError> {
+        let steps = segments.len();
+        let base = SharedBytes(buffer.as_mut_ptr());
+        let early: Vec<(usize, u64, u64, Chunk)> = {
+            let mut state = self.lock();
+            state.rings.insert(
+                key.to_string(),
+                RingProgress {
+                    buffer: base,
+                    filled: vec![0; steps],
+                    arrived: vec![false; steps],
+                    segments,
+                    reducing_steps,
+                    add,
+                    forwards: VecDeque::new(),
+                    applying: 0,
+                    open: true,
+                    error: None,
+                },
+            );
+            (0..steps)
+                .flat_map(|s| {
+                    state.early.remove(&wire_key(key, s)).unwrap_or_default().into_iter().map(move |c| (s, c))
+                })
+                .map(|(s, (total, offset, chunk))| (s, total, offset, chunk))
+                .collect()
+        };
+        for (step, total, offset, chunk) in early {
+            self.apply_chunk(key, step, total, offset, chunk);
+        }
+        let result = self.send_ring(key, next, base, own);
+        // Closed before `buffer`'s borrow ends: nothing is applied into it after this.
+        self.close_ring(key);
+        let mut state = self.lock();
+        state.rings.remove(key);
+        for s in 0..steps {
+            state.early.remove(&wire_key(key, s));
+        }
+        result
+    }
+
+    /// Sends this worker's own segment, then each chunk the data plane's reader has applied, as
+    /// the next step's, until every step's segment has come and all are passed on.
+    fn send_ring(&self, key: &str, next: usize, base: SharedBytes, own: Range<usize>) -> Result<(), InterpError> {
+        // SAFETY: the module's comment: this range is not written until it has been sent.
+        let bytes = unsafe { std::slice::from_raw_parts(base.0.add(own.start), own.len()) };
+        let links = &self.peers.links;
+        links.send(next, self.step, &wire_key(key, 0), bytes, 0, bytes.len(), self.wait).map_err(|e| self.fail(e))?;
+        loop {
+            let job = self.wait_for(key, |state| {
+                let ring = state.rings.get_mut(key).expect("a ring stays while it sends");
+                if let Some(error) = &ring.error {
+                    return Some(Err(error.clone()));
+                }
+                match ring.forwards.pop_front() {
+                    Some((step, offset, len)) => Some(Ok(Some((step, offset, len, ring.segments[step - 1].clone())))),
+                    None => ring.finished().then_some(Ok(None)),
+                }
+            })?;
+            let Some((step, offset, len, segment)) = job.map_err(|message| self.fail(message))? else { return Ok(()) };
+            // SAFETY: the module's comment: the chunk was applied and is not written again until
+            // it has been sent.
+            let chunk = unsafe { std::slice::from_raw_parts(base.0.add(segment.start + offset), len) };
+            links
+                .send(next, self.step, &wire_key(key, step), chunk, offset, segment.len(), self.wait)
+                .map_err(|e| self.fail(e))?;
+        }
+    }
+
+    /// A chunk from the data plane: into its ring's tensor if that ring is under way here (and
+    /// queued to be passed on), else kept until it is.
+    pub(super) fn deliver_ring_chunk(&self, wire: &str, total: u64, offset: u64, chunk: Chunk) {
+        let mut state = self.lock();
+        let ring = parse_wire_key(wire).filter(|(key, _)| state.rings.get(*key).is_some_and(|r| r.open));
+        match ring {
+            Some((key, step)) => {
+                drop(state);
+                self.apply_chunk(key, step, total, offset, chunk);
+            }
+            None => state.early.entry(wire.to_string()).or_default().push((total, offset, chunk)),
+        }
+    }
+
+    /// Sums (or copies) a chunk of step `step` into the ring `key`'s tensor.
+    fn apply_chunk(&self, key: &str, step: usize, total: u64, offset: u64, chunk: Chunk) {
+        let bytes = chunk.as_slice();
+        let Some((into, add)) = self.lend(key, step, total, offset, bytes.len() as u64) else { return };
+        // SAFETY: lent by `lend` until `applied`.
+        let into = unsafe { std::slice::from_raw_parts_mut(into, bytes.len()) };
+        match add {
+            Some(add) => add(into, bytes),
+            None => into.copy_from_slice(bytes),
+        }
+        self.applied(key, step, offset as usize, bytes.len(), true);
+    }
+
+    /// Where the data plane's reader reads a chunk of a ring under way here to: straight into
+    /// the tensor in the all-gather, summed into it in the reduce-scatter.
+    pub(crate) fn place_ring_chunk(&self, wire: &str, total: u64, offset: u64, len: u64) -> Option<Placement> {
+        let (key, step) = parse_wire_key(wire)?;
+        if !self.lock().rings.get(key).is_some_and(|r| r.open) {
+            return None;
+        }
+        let (at, add) = self.lend(key, step, total, offset, len)?;
+        Some(Placement { at, len: len as usize, combine: add })
+    }
+
+    pub(crate) fn placed_ring_chunk(&self, wire: &str, offset: u64, len: u64, ok: bool) {
+        if let Some((key, step)) = parse_wire_key(wire) {
+            self.applied(key, step, offset as usize, len as usize, ok);
+        }
+    }
+
+    /// Lends the bytes of a chunk of step `step` in the ring `key`'s tensor (with the sum to
+    /// apply the chunk by, `None` where it is copied), if the ring is under way and the chunk
+    /// fits; the ring does not close until they are `applied`.
+    fn lend(&self, key: &str, step: usize, total: u64, offset: u64, len: u64) -> Option<(*mut u8, Option<AddInto>)> {
+        let mut state = self.lock();
+        let ring = state.rings.get_mut(key).filter(|r| r.open && r.error.is_none())?;
+        let (offset, total, len) = (offset as usize, total as usize, len as usize);
+        let fits = step < ring.segments.len()
+            && total == ring.segments[step].len()
+            && offset.checked_add(len).is_some_and(|end| end <= total)
+            && ring.filled[step] + len <= total;
+        if !fits {
+            ring.error = Some(format!(
+                "all-reduce `{key}`: a chunk of {len} bytes at {offset} of {total} for step {step}, which does not fit"
+            ));
+            drop(state);
+            self.changed.notify_all();
+            return None;
+        }
+        let add = (step < ring.reducing_steps).then_some(ring.add);
+        ring.applying += 1;
+        // SAFETY: within the tensor (the segment lies in it, the chunk in the segment).
+        Some((unsafe { ring.buffer.0.add(ring.segments[step].start + offset) }, add))
+    }
+
+    /// A lent chunk is applied (or, `ok` false, its connection failed midway): it counts, and
+    /// is passed on at the next step.
+    fn applied(&self, key: &str, step: usize, offset: usize, len: usize, ok: bool) {
+        let mut state = self.lock();
+        let ring = state.rings.get_mut(key).expect("a ring with lent bytes stays");
+        ring.applying -= 1;
+        if !ok {
+            ring.error = Some(format!("all-reduce `{key}`: the connection from the previous worker broke in a chunk"));
+        } else {
+            ring.filled[step] += len;
+            ring.arrived[step] = true;
+            if step + 1 < ring.segments.len() {
+                ring.forwards.push_back((step + 1, offset, len));
+            }
+        }
+        drop(state);
+        self.changed.notify_all();
+    }
+
+    /// Stops applying chunks into the ring `key`'s tensor; returns once none is being applied.
+    fn close_ring(&self, key: &str) {
+        let mut state = self.lock();
+        if let Some(ring) = state.rings.get_mut(key) {
+            ring.open = false;
+        }
+        self.changed.notify_all();
+        while state.rings.get(key).is_some_and(|r| r.applying > 0) {
+            // Applying is arithmetic on memory, never a wait: this ends.
+            state = self.changed.wait(state).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// The ring over gRPC, one whole segment per step: push the segment sent, then wait for the
+    /// one received and apply it.
+    #[allow(clippy::too_many_arguments)]
+    fn stepped_ring(
+        &self,
+        key: &str,
+        next: usize,
+        own: Range<usize>,
+        segments: &[Range<usize>],
+        reducing_steps: usize,
+        dtype: DType,
+        add: AddInto,
+        buffer: &mut [u8],
+    ) -> Result<(), InterpError> {
+        let size = dtype.size_in_bytes();
+        for (s, into) in segments.iter().enumerate() {
+            let out = if s == 0 { own.clone() } else { segments[s - 1].clone() };
+            let wire = format!("{key}#rpc{s}");
+            let segment = TensorType::new(dtype, vec![out.len() / size]);
+            let bytes = prost::bytes::Bytes::copy_from_slice(&buffer[out]);
+            self.peers.push_bytes(next, self.step, &wire, &segment, bytes, self.wait).map_err(|e| self.fail(e))?;
+            let got =
+                self.wait_for(&wire, |state: &mut State| state.received.remove(&wire)).map(Received::into_bytes)?;
+            if got.len() != into.len() {
+                return Err(self.fail(format!(
+                    "all-reduce `{wire}`: a segment of {} bytes, not {}",
+                    got.len(),
+                    into.len()
+                )));
+            }
+            let apply = if s < reducing_steps { add } else { copy };
+            apply(&mut buffer[into.clone()], &got);
+        }
+        Ok(())
+    }
+}
+
+fn copy(into: &mut [u8], from: &[u8]) {
+    into.copy_from_slice(from);
+}
+
+/// `acc[i] += other[i]` over little-endian elements of `dtype` (the interpreter's `add`: IEEE for
+/// floats, wrapping for integers); `None` for types that do not add.
+fn adder(dtype: DType) -> Option<AddInto> {
+    macro_rules! add {
+        ($t:ty, $op:expr) => {{
+            fn add(acc: &mut [u8], other: &[u8]) {
+                const N: usize = std::mem::size_of::<$t>();
+                for (a, b) in acc.chunks_exact_mut(N).zip(other.chunks_exact(N)) {
+                    let (x, y) =
+                        (<$t>::from_le_bytes(a.try_into().unwrap()), <$t>::from_le_bytes(b.try_into().unwrap()));
+                    let op: fn($t, $t) -> $t = $op;
+                    a.copy_from_slice(&op(x, y).to_le_bytes());
+                }
+            }
+            Some(add as AddInto)
+        }};
+    }
+    match dtype {
+        DType::F32 => add!(f32, |x, y| x + y),
+        DType::F64 => add!(f64, |x, y| x + y),
+        DType::I32 => add!(i32, i32::wrapping_add),
+        DType::I64 => add!(i64, i64::wrapping_add),
+        DType::U8 | DType::Bool => None,
+    }
+}
+
+/// Chunks that came before their ring was under way here, by their data-plane key: (the
+/// segment's bytes, the chunk's offset, the chunk).
+pub(super) type EarlyChunks = HashMap<String, Vec<(u64, u64, Chunk)>>;
