@@ -62,6 +62,12 @@ impl Progress for Reporter {
             line += &format!(", {name} {value:.4}");
         }
         eprintln!("{line}");
+        for worker in &record.workers {
+            eprintln!(
+                "  {}: {} steps in {:.2} s, {:.2} s of it in exchanges with other workers",
+                worker.name, worker.steps, worker.run_seconds, worker.exchange_seconds
+            );
+        }
     }
 
     fn resumed(&mut self, step: u64, epoch: u64, path: &Path) {

@@ -144,8 +144,24 @@ fn mirrored_training_on_2_and_4_spawned_workers_matches_one_process() {
         let feeds = regression_data(&dir, 256);
         let plan = compile(&dir, &["--devices", &n.to_string(), "--strategy", "mirrored"]);
         let embedded = train(&plan, &feeds, &dir.join("embedded"), &[], None);
-        let spawned = train(&plan, &feeds, &dir.join("spawned"), &["--spawn", &n.to_string()], None);
+        let metrics = dir.join("metrics.jsonl");
+        let spawned =
+            train(&plan, &feeds, &dir.join("spawned"), &["--spawn", &n.to_string(), "--metrics", s(&metrics)], None);
         assert_same_parameters(&format!("mirrored on {n} workers"), &embedded, &spawned);
+        // Each epoch's record tells what each worker's 8 training steps took.
+        let records = std::fs::read_to_string(&metrics).unwrap();
+        assert_eq!(records.lines().count(), 2);
+        for line in records.lines() {
+            let record: serde_json::Value = serde_json::from_str(line).unwrap();
+            let workers = record["workers"].as_array().unwrap_or_else(|| panic!("no workers in {line}"));
+            assert_eq!(workers.len(), n, "{line}");
+            for worker in workers {
+                let (run, exchange) =
+                    (worker["run_seconds"].as_f64().unwrap(), worker["exchange_seconds"].as_f64().unwrap());
+                assert_eq!(worker["steps"], 8, "{line}");
+                assert!(run > 0.0 && exchange > 0.0 && exchange <= run, "{line}");
+            }
+        }
     }
 }
 

@@ -8,7 +8,10 @@
 //! ```
 //!
 //! Keys: `epoch`, `step`, `train_loss`, `eval_loss` and `eval_accuracy` (only when evaluated),
-//! each extra metric as `eval_<name>`, then `examples_per_sec` and `seconds`. A non-finite
+//! each extra metric as `eval_<name>`, then `examples_per_sec` and `seconds`; on workers, then
+//! `workers`: per worker, its training steps, the seconds it spent running them and the part of
+//! those it spent exchanging tensors with other workers
+//! (`[{"exchange_seconds":0.9,"name":"/job:worker/task:0","run_seconds":2.1,"steps":468}, …]`). A non-finite
 //! number (a diverged loss) is written as `null`, since JSON has no NaN.
 
 use std::collections::BTreeMap;
@@ -33,6 +36,21 @@ pub struct EpochRecord {
     pub seconds: f64,
     /// Other evaluation metrics, written as `eval_<name>`.
     pub metrics: BTreeMap<String, f64>,
+    /// Per worker of a distributed run (empty otherwise): what its training steps took.
+    pub workers: Vec<WorkerMetrics>,
+}
+
+/// What one worker's training steps of an epoch took.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct WorkerMetrics {
+    /// The worker's task name.
+    pub name: String,
+    pub steps: u64,
+    /// Seconds in its runs of the steps.
+    pub run_seconds: f64,
+    /// Of those, seconds its partitions spent in exchanges with other workers: sending, waiting
+    /// for a Recv, all-reduces (summed over its partitions when it runs several).
+    pub exchange_seconds: f64,
 }
 
 fn number(x: f64) -> Value {
@@ -64,6 +82,10 @@ impl EpochRecord {
         }
         fields.push(("examples_per_sec".into(), number(self.examples_per_sec)));
         fields.push(("seconds".into(), number(self.seconds)));
+        if !self.workers.is_empty() {
+            let workers = serde_json::to_value(&self.workers).map_err(io::Error::other)?;
+            fields.push(("workers".into(), workers));
+        }
         Ok(fields)
     }
 

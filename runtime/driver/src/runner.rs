@@ -1,6 +1,7 @@
 //! `Runner`: what the training loop needs of whatever runs a plan — a [`Session`] in this
 //! process, or a driver of remote workers (`dfc_rpc`).
 
+use crate::metrics::WorkerMetrics;
 use crate::session::{Session, SessionProgram};
 use crate::train::RunError;
 use dfc_interp::{Tensor, Variables};
@@ -29,6 +30,11 @@ pub trait Runner {
 
     /// Sets the logical variables from a checkpoint read from `path`.
     fn restore(&mut self, saved: &BTreeMap<String, Tensor>, path: &Path) -> Result<(), RunError>;
+
+    /// What each worker's runs took since the last call (nothing where there are no workers).
+    fn take_worker_metrics(&mut self) -> Vec<WorkerMetrics> {
+        Vec::new()
+    }
 }
 
 impl<'p> Runner for Session<'p> {

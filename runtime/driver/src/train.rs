@@ -195,6 +195,8 @@ pub fn train_with<R: Runner>(
         let skip = step.saturating_sub(first_step_of_epoch);
         let order = data::shuffled_order(train_data.len(), options.shuffle_seed, epoch);
         progress.epoch_started(epoch + 1, epochs, steps_per_epoch);
+        // The epoch's worker metrics count its training steps only, not the last evaluation.
+        session.take_worker_metrics();
         let started = Instant::now();
         let (mut loss_sum, mut loss_count, mut trained) = (0.0, 0u64, 0u64);
         for (i, feeds) in train_data.batches(batch, &order).enumerate() {
@@ -218,6 +220,7 @@ pub fn train_with<R: Runner>(
         }
         let finished_epoch = step >= first_step_of_epoch + steps_per_epoch;
         let seconds = started.elapsed().as_secs_f64();
+        let workers = session.take_worker_metrics();
         let mut record = EpochRecord {
             epoch: epoch + 1,
             step,
@@ -227,6 +230,7 @@ pub fn train_with<R: Runner>(
             examples_per_sec: (trained * batch as u64) as f64 / seconds.max(1e-9),
             seconds,
             metrics: BTreeMap::new(),
+            workers,
         };
         if let Some(eval) = &eval_data {
             let values = evaluate(session, &eval_program, eval, batch)?;

@@ -14,6 +14,7 @@ fn record(epoch: u64) -> EpochRecord {
         examples_per_sec: 1000.0,
         seconds: 2.5,
         metrics: BTreeMap::from([("top5".to_string(), 0.99), ("f1".to_string(), 0.8)]),
+        workers: Vec::new(),
     }
 }
 

@@ -10,7 +10,7 @@ use crate::proto::worker_client::WorkerClient;
 use crate::proto::*;
 use crate::rendezvous::Client;
 use crate::{plan_sha256, tensor, MAX_MESSAGE_BYTES};
-use dfc_driver::{Backend, RunError, Runner};
+use dfc_driver::{Backend, RunError, Runner, WorkerMetrics};
 use dfc_interp::{Tensor, Variables};
 use dfc_plan::Plan;
 use std::collections::{BTreeMap, HashMap};
@@ -91,6 +91,8 @@ pub struct RemoteSession {
     next_program: u64,
     next_step: u64,
     wait: Duration,
+    /// Per worker, what its runs took since `take_worker_metrics` last drained them.
+    worker_metrics: Vec<WorkerMetrics>,
 }
 
 /// A program prepared on every worker.
@@ -165,6 +167,11 @@ impl RemoteSession {
             next_program: 0,
             next_step: 0,
             wait,
+            worker_metrics: assignment
+                .names
+                .iter()
+                .map(|name| WorkerMetrics { name: name.clone(), ..WorkerMetrics::default() })
+                .collect(),
         };
         let addresses: Vec<String> = addresses.to_vec();
         // Each worker's data port, which the others send all-reduce segments to.
@@ -358,6 +365,10 @@ impl Runner for RemoteSession {
         let replies = self.on_some(requests, timeout, Some(step), |mut c, r| async move { c.run(r).await })?;
         let mut fetched: Vec<Option<Tensor>> = vec![None; program.fetches];
         for (rank, reply) in replies {
+            let metrics = &mut self.worker_metrics[rank];
+            metrics.steps += 1;
+            metrics.run_seconds += reply.run_seconds;
+            metrics.exchange_seconds += reply.exchange_seconds;
             let part = program.parts.iter().find(|p| p.0 == rank).expect("a reply from a part");
             if reply.fetched.len() != part.2.len() {
                 return Err(RunError::Plan(format!(
@@ -375,6 +386,13 @@ impl Runner for RemoteSession {
             }
         }
         Ok(fetched.into_iter().map(|f| f.expect("every fetch is provided")).collect())
+    }
+
+    fn take_worker_metrics(&mut self) -> Vec<WorkerMetrics> {
+        self.worker_metrics
+            .iter_mut()
+            .map(|m| std::mem::replace(m, WorkerMetrics { name: m.name.clone(), ..WorkerMetrics::default() }))
+            .collect()
     }
 
     fn variables(&mut self) -> Result<Variables, RunError> {

@@ -161,11 +161,21 @@ pub struct NetRendezvous {
     state: Mutex<State>,
     changed: Condvar,
     wait: Duration,
+    /// Nanoseconds spent in exchanges, summed over the partitions.
+    exchanging: std::sync::atomic::AtomicU64,
 }
 
 impl NetRendezvous {
     pub fn new(step: u64, routes: Arc<Routes>, peers: Arc<Peers>, wait: Duration) -> NetRendezvous {
-        NetRendezvous { step, routes, peers, state: Mutex::new(State::default()), changed: Condvar::new(), wait }
+        NetRendezvous {
+            step,
+            routes,
+            peers,
+            state: Mutex::new(State::default()),
+            changed: Condvar::new(),
+            wait,
+            exchanging: Default::default(),
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -199,8 +209,45 @@ impl NetRendezvous {
     }
 }
 
+/// Exchanges as the partitions call them, timed (see [`NetRendezvous::exchange_seconds`]).
 impl Rendezvous for NetRendezvous {
     fn send(&self, key: &str, value: Tensor) -> Result<(), InterpError> {
+        self.timed(|| self.send_now(key, value))
+    }
+
+    fn recv(&self, key: &str) -> Result<Tensor, InterpError> {
+        self.timed(|| self.recv_now(key))
+    }
+
+    fn all_reduce(&self, key: &str, group_size: u32, replica: u32, value: Tensor) -> Result<Tensor, InterpError> {
+        self.timed(|| self.all_reduce_now(key, group_size, replica, value))
+    }
+
+    fn abort(&self, reason: &str) {
+        let mut state = self.lock();
+        if state.aborted.is_none() {
+            state.aborted = Some(reason.to_string());
+        }
+        drop(state);
+        self.changed.notify_all();
+    }
+}
+
+impl NetRendezvous {
+    /// Seconds the partitions of this step have spent in exchanges so far (summed over them).
+    pub fn exchange_seconds(&self) -> f64 {
+        self.exchanging.load(std::sync::atomic::Ordering::Relaxed) as f64 * 1e-9
+    }
+
+    fn timed<T>(&self, exchange: impl FnOnce() -> T) -> T {
+        let started = std::time::Instant::now();
+        let result = exchange();
+        let nanos = started.elapsed().as_nanos().min(u64::MAX as u128) as u64;
+        self.exchanging.fetch_add(nanos, std::sync::atomic::Ordering::Relaxed);
+        result
+    }
+
+    fn send_now(&self, key: &str, value: Tensor) -> Result<(), InterpError> {
         if let Some(reason) = &self.lock().aborted {
             return Err(InterpError::Aborted { reason: reason.clone() });
         }
@@ -218,13 +265,13 @@ impl Rendezvous for NetRendezvous {
         }
     }
 
-    fn recv(&self, key: &str) -> Result<Tensor, InterpError> {
+    fn recv_now(&self, key: &str) -> Result<Tensor, InterpError> {
         self.wait_for(key, |state| state.received.get(key).cloned())?
             .into_tensor()
             .map_err(|message| InterpError::RendezvousConflict { key: key.to_string(), message })
     }
 
-    fn all_reduce(&self, key: &str, _group_size: u32, replica: u32, value: Tensor) -> Result<Tensor, InterpError> {
+    fn all_reduce_now(&self, key: &str, _group_size: u32, replica: u32, value: Tensor) -> Result<Tensor, InterpError> {
         let Some((ranks, local)) = self.routes.reductions.get(key) else {
             return Err(InterpError::RendezvousConflict { key: key.to_string(), message: "no such all-reduce".into() });
         };
@@ -262,14 +309,5 @@ impl Rendezvous for NetRendezvous {
         drop(state);
         self.wait_for(key, |state| state.reductions.get(key).and_then(|r| r.sum.clone()))?
             .map_err(|reason| InterpError::Aborted { reason })
-    }
-
-    fn abort(&self, reason: &str) {
-        let mut state = self.lock();
-        if state.aborted.is_none() {
-            state.aborted = Some(reason.to_string());
-        }
-        drop(state);
-        self.changed.notify_all();
     }
 }

@@ -328,6 +328,7 @@ impl Worker for WorkerService {
         blocking(move || {
             let step = request.step;
             let rendezvous = registered.host.step(step);
+            let started = std::time::Instant::now();
             let result = {
                 let mut running = registered.running.lock().unwrap_or_else(|e| e.into_inner());
                 let Running { session, programs } = &mut *running;
@@ -340,7 +341,11 @@ impl Worker for WorkerService {
             };
             registered.host.finish(step);
             match result {
-                Ok(fetched) => Ok(Response::new(RunReply { fetched: fetched.iter().map(tensor::to_proto).collect() })),
+                Ok(fetched) => Ok(Response::new(RunReply {
+                    fetched: fetched.iter().map(tensor::to_proto).collect(),
+                    run_seconds: started.elapsed().as_secs_f64(),
+                    exchange_seconds: rendezvous.exchange_seconds(),
+                })),
                 Err(error) => {
                     let host = &registered.host;
                     let reason = format!("{}: {error}", host.peers.names[host.routes.rank]);
