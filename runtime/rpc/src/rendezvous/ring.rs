@@ -107,7 +107,7 @@ impl NetRendezvous {
         // this worker's; then (all-gather) step n − 1 + t sends me + 1 − t and copies me − t.
         // After the reduce-scatter this worker holds all of segment me + 1.
         let received =
-            |s: usize| if s < n - 1 { range((me + 2 * n - s - 1) % n) } else { range((me + 2 * n - (s - n + 1)) % n) };
+            |s: usize| if s < n - 1 { range((me + 2 * n - s - 1) % n) } else { range((me + 2 * n - (s + 1 - n)) % n) };
         let segments: Vec<Range<usize>> = (0..2 * (n - 1)).map(received).collect();
         if self.peers.links.ring_ready(ranks) {
             self.pipelined_ring(key, next, range(me), segments, n - 1, add, buffer)
