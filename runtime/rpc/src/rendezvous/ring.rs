@@ -6,15 +6,16 @@
 //! worker receives in step s is exactly what it sends in step s + 1, so each chunk is passed on
 //! as soon as it has been summed (or, in the all-gather, copied) into the tensor, while the
 //! rest of its segment is still on the wire. The data plane's reader thread applies incoming
-//! chunks into the tensor's memory; a sender thread sends this worker's own segment, then every
-//! chunk the reader has applied. Over gRPC (workers without a data port) the steps run one
-//! after another, each a whole segment.
+//! chunks into the tensor's memory; the all-reduce's own thread sends this worker's segment,
+//! then every chunk the reader has applied. Over gRPC (workers without a data port) the steps
+//! run one after another, each a whole segment.
 //!
 //! Why the tensor's memory may be shared this way: the ranges applied and sent at the same
 //! time never overlap. A segment is written again (its final sum, in the all-gather) only after
 //! every worker's share of it has been summed, which needs this worker's partial sum of it to
-//! have been sent (and so read) first; chunk by chunk, since every worker cuts a segment at the
-//! same offsets.
+//! have been sent (and so read) first. This holds chunk by chunk, since a segment is cut into
+//! chunks once, by the worker that sends it first, and every worker passes it on with the same
+//! cuts.
 
 use super::{NetRendezvous, Received, State};
 use crate::data::{Chunk, Placement};
@@ -26,8 +27,8 @@ use std::ops::Range;
 /// Adds little-endian elements into others.
 pub(super) type AddInto = crate::data::Combine;
 
-/// An all-reduce under way on the data plane: where its incoming chunks go and what the
-/// sender has left to pass on.
+/// An all-reduce under way on the data plane: where its incoming chunks go and what is left
+/// to pass on.
 pub(super) struct RingProgress {
     /// The tensor's memory, lent by the ring's thread until it closes the ring.
     buffer: SharedBytes,
