@@ -156,6 +156,10 @@ enum Command {
         /// between workers (on --listen's host; 0 picks a free one). None with --tls-dir.
         #[arg(long, default_value_t = 0)]
         data_port: u16,
+        /// The threads to compute on [default: one per core, or RAYON_NUM_THREADS]. Give each of
+        /// several workers on one machine its share of the cores.
+        #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+        threads: Option<u16>,
     },
     /// Time training steps (or with --inference forward passes) of a plan on random data.
     Bench(bench::BenchArgs),
@@ -289,8 +293,8 @@ fn main() -> ExitCode {
             };
             run_plan(&plan, &run::RunArgs { train, fetch, output, remote })
         }
-        Command::Worker { listen, token_file, tls_dir, data_port } => {
-            run::worker(&listen, token_file.as_deref(), tls_dir.as_deref(), data_port).map_err(Failure)
+        Command::Worker { listen, token_file, tls_dir, data_port, threads } => {
+            run::worker(&listen, token_file.as_deref(), tls_dir.as_deref(), data_port, threads).map_err(Failure)
         }
     };
     match result {

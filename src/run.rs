@@ -200,8 +200,15 @@ pub fn worker(
     token_file: Option<&Path>,
     tls_dir: Option<&Path>,
     data_port: u16,
+    threads: Option<u16>,
 ) -> Result<std::process::ExitCode, String> {
     let token = dfc_rpc::auth::load_token(token_file)?;
+    if let Some(threads) = threads {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads.into())
+            .build_global()
+            .map_err(|e| format!("cannot start {threads} compute threads: {e}"))?;
+    }
     let tls = tls_dir.map(dfc_rpc::Tls::load).transpose()?;
     dfc_rpc::keep_freed_memory();
     if std::env::var_os(dfc_rpc::driver::EXIT_WITH_PARENT).is_some() {
@@ -284,9 +291,9 @@ fn run_remote(plan: &dfc_plan::Plan, args: &RunArgs) -> Result<(), String> {
         tls.as_ref(),
     )
     .map_err(|e| e.to_string())?;
-    for (name, address) in assignment.names.iter().zip(&addresses) {
+    for ((name, address), threads) in assignment.names.iter().zip(&addresses).zip(session.worker_threads()) {
         let count = assignment.partition_worker.iter().filter(|&&w| assignment.names[w] == *name).count();
-        eprintln!("worker {name} at {address}: {count} partition(s)");
+        eprintln!("worker {name} at {address}: {count} partition(s), {threads} compute thread(s)");
     }
     let result = if let Some(name) = &args.fetch {
         restore_for_fetch(&mut session, &args.train)?;

@@ -166,6 +166,30 @@ fn mirrored_training_on_2_and_4_spawned_workers_matches_one_process() {
 }
 
 #[test]
+fn spawned_workers_share_the_cores_unless_told() {
+    let dir = scratch("threads");
+    let feeds = regression_data(&dir, 64);
+    let plan = compile(&dir, &["--devices", "2", "--strategy", "mirrored"]);
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    for (rayon_threads, each) in [(None, (cores / 2).max(1)), (Some("3"), 3)] {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_dfc"));
+        command.args(["run", s(&plan), "--feed", &feeds[0], "--feed", &feeds[1], "--epochs", "1", "--spawn", "2"]);
+        command.env_remove("DFC_TOKEN").env_remove("RAYON_NUM_THREADS");
+        if let Some(threads) = rayon_threads {
+            command.env("RAYON_NUM_THREADS", threads);
+        }
+        let output = command.output().expect("run dfc");
+        let stderr = text(&output.stderr);
+        assert!(output.status.success(), "{stderr}");
+        let said = format!("1 partition(s), {each} compute thread(s)");
+        assert_eq!(stderr.matches(&said).count(), 2, "each worker computes on {each} thread(s): {stderr}");
+    }
+    let refused = dfc(&["worker", "--threads", "0"], Some(TOKEN));
+    assert!(!refused.status.success());
+    assert!(text(&refused.stderr).contains("--threads"), "{}", text(&refused.stderr));
+}
+
+#[test]
 fn unfused_all_reduces_on_3_workers_run_side_by_side_and_match_one_process() {
     // One all-reduce per gradient, under way at once on the data plane, over a ring of three.
     let dir = scratch("mirrored-3-unfused");

@@ -93,6 +93,8 @@ pub struct RemoteSession {
     wait: Duration,
     /// Per worker, what its runs took since `take_worker_metrics` last drained them.
     worker_metrics: Vec<WorkerMetrics>,
+    /// Per worker, the threads it computes on (as it said when connected).
+    worker_threads: Vec<usize>,
 }
 
 /// A program prepared on every worker.
@@ -157,7 +159,7 @@ impl RemoteSession {
                     .max_encoding_message_size(MAX_MESSAGE_BYTES),
             );
         }
-        let session = RemoteSession {
+        let mut session = RemoteSession {
             plan: plan.clone(),
             sha256,
             clients,
@@ -172,12 +174,14 @@ impl RemoteSession {
                 .iter()
                 .map(|name| WorkerMetrics { name: name.clone(), ..WorkerMetrics::default() })
                 .collect(),
+            worker_threads: Vec::new(),
         };
         let addresses: Vec<String> = addresses.to_vec();
         // Each worker's data port, which the others send all-reduce segments to.
         let health = vec![HealthRequest {}; addresses.len()];
         let health = session.on_all(health, Duration::from_secs(30), |mut c, r| async move { c.health(r).await })?;
         let data_ports: Vec<u32> = health.iter().map(|h| h.data_port).collect();
+        session.worker_threads = health.iter().map(|h| h.threads as usize).collect();
         let requests: Vec<RegisterRequest> = (0..addresses.len())
             .map(|rank| RegisterRequest {
                 plan: bytes.clone(),
@@ -284,6 +288,11 @@ impl RemoteSession {
                 Ok(replies)
             }
         }
+    }
+
+    /// Per worker (by rank), the threads it computes on.
+    pub fn worker_threads(&self) -> &[usize] {
+        &self.worker_threads
     }
 
     fn address(&self, rank: usize) -> &str {
@@ -441,12 +450,19 @@ pub struct LocalWorkers {
 impl LocalWorkers {
     /// Starts `n` `dfc worker --listen 127.0.0.1:0` processes of the executable `dfc` with
     /// `token` in their environment, and reads the address each one bound.
+    ///
+    /// They share this machine's cores: unless `RAYON_NUM_THREADS` says otherwise, each computes
+    /// on its share of them (at least one), as oversubscribed workers slow each other down.
     pub fn spawn(dfc: &Path, n: usize, token: &str, tls_dir: Option<&Path>) -> Result<LocalWorkers, String> {
         use std::io::BufRead;
         let mut workers = LocalWorkers { children: Vec::new(), addresses: Vec::new() };
         for i in 0..n {
             let mut command = std::process::Command::new(dfc);
             command.args(["worker", "--listen", "127.0.0.1:0"]);
+            if std::env::var_os("RAYON_NUM_THREADS").is_none() {
+                let cores = std::thread::available_parallelism().map_or(1, usize::from);
+                command.arg("--threads").arg((cores / n).max(1).to_string());
+            }
             if let Some(dir) = tls_dir {
                 command.arg("--tls-dir").arg(dir);
             }

@@ -442,6 +442,7 @@ impl Worker for WorkerService {
         Ok(Response::new(HealthReply {
             plan_sha256: registered.map(|r| r.sha256.clone()).unwrap_or_default(),
             data_port: self.data_port,
+            threads: rayon::current_num_threads() as u32,
         }))
     }
 
