@@ -142,6 +142,15 @@ impl SessionProgram {
     }
 }
 
+/// The type a variable of the plan is declared with.
+fn variable_type(plan: &Plan, nodes: &HashMap<&str, (usize, NodeId)>, name: &str) -> Option<dfc_ir::TensorType> {
+    let &(p, id) = nodes.get(name)?;
+    match &plan.partitions[p].module.graph.node(id).op {
+        Op::Variable { ty, .. } => Some(ty.clone()),
+        _ => None,
+    }
+}
+
 fn malformed(message: String) -> RunError {
     RunError::Plan(format!("the plan is malformed: {message}"))
 }
@@ -163,8 +172,9 @@ impl<'p> Session<'p> {
 
     /// A session that runs only the partitions `hosted` (a worker's share of a distributed
     /// run); the others' parts of a program run elsewhere, meeting this one's through the
-    /// rendezvous given to [`Session::run_with`]. Every variable is initialised, hosted or not,
-    /// so that a checkpoint restores as it does in one process.
+    /// rendezvous given to [`Session::run_with`]. It holds the variables of the hosted
+    /// partitions only: a copy whose original is elsewhere starts from the original's initial
+    /// value (or restored value), computed here, as every worker computes it alike.
     pub fn hosting(plan: &'p Plan, seed: u64, backend: Backend, hosted: &[usize]) -> Result<Session<'p>, RunError> {
         if let Some(&p) = hosted.iter().find(|&&p| p >= plan.partitions.len()) {
             return Err(malformed(format!("there is no partition {p}")));
@@ -207,21 +217,24 @@ impl<'p> Session<'p> {
         if let Some(problem) = dfc_ir::verify_partitions(&parts).into_iter().next() {
             return Err(malformed(problem.message));
         }
-        let mut variables = Vec::with_capacity(plan.partitions.len());
-        for partition in &plan.partitions {
-            variables.push(dfc_interp::try_initialize(&partition.module, seed)?);
-        }
         let mut mirrors = Vec::new();
         for (p, name, of) in copies {
             let original = logical.iter().find(|(_, n)| *n == of).copied();
             let Some((q, of)) = original else {
                 return Err(malformed(format!("`{name}` mirrors `{of}`, which is not a variable of the plan")));
             };
-            let (ty, original_ty) = (variables[p].get(name).map(Tensor::ty), variables[q].get(of).map(Tensor::ty));
-            if ty != original_ty {
+            if variable_type(plan, &nodes, name) != variable_type(plan, &nodes, of) {
                 return Err(malformed(format!("`{name}` mirrors `{of}` but has another type")));
             }
-            mirrors.push((p, name, q, of));
+            if hosted[p] {
+                mirrors.push((p, name, q, of));
+            }
+        }
+        let originals: BTreeSet<&str> = mirrors.iter().map(|&(_, _, _, of)| of).collect();
+        let mut variables = Vec::with_capacity(plan.partitions.len());
+        for (p, partition) in plan.partitions.iter().enumerate() {
+            let keep = |name: &str| hosted[p] || originals.contains(name);
+            variables.push(dfc_interp::try_initialize_some(&partition.module, seed, &keep)?);
         }
         let modules: Vec<&dfc_ir::Module> = plan.partitions.iter().map(|p| &p.module).collect();
         let orders = dfc_interp::schedule(&modules)?;
@@ -498,28 +511,18 @@ impl<'p> Session<'p> {
         Ok(program.fetches.iter().map(|f| f.map(|(part, i)| fetched[part][i].clone())).collect())
     }
 
-    /// The logical variables of the hosted partitions.
-    pub fn hosted_variables(&self) -> Variables {
-        let mut logical = Variables::new();
-        for &(p, name) in self.logical.iter().filter(|(p, _)| self.hosted[*p]) {
-            let value = self.variables[p].get(name).expect("every variable is initialised");
-            logical.insert(name.to_string(), value.clone());
-        }
-        logical
-    }
-
-    /// The logical variables, what a checkpoint holds: every variable that is not a replica's
-    /// copy, by node name.
+    /// The logical variables of the hosted partitions (of all of them in one process), what a
+    /// checkpoint holds: every variable that is not a replica's copy, by node name.
     pub fn variables(&self) -> Variables {
         let mut logical = Variables::new();
-        for &(p, name) in &self.logical {
-            let value = self.variables[p].get(name).expect("every variable is initialised");
+        for &(p, name) in self.logical.iter().filter(|(p, _)| self.hosted[*p]) {
+            let value = self.variables[p].get(name).expect("hosted variables are initialised");
             logical.insert(name.to_string(), value.clone());
         }
         logical
     }
 
-    /// Every variable of every partition, replicas' copies included.
+    /// Every variable of the hosted partitions, replicas' copies included.
     pub fn all_variables(&self) -> Variables {
         let mut all = Variables::new();
         for variables in &self.variables {
@@ -534,8 +537,8 @@ impl<'p> Session<'p> {
     /// hold every one with its type, and each replica's copy from the variable it mirrors.
     pub fn restore(&mut self, saved: &BTreeMap<String, Tensor>, path: &std::path::Path) -> Result<(), RunError> {
         // Check everything before changing anything.
-        for &(p, name) in &self.logical {
-            let current = self.variables[p].get(name).expect("every variable is initialised").ty();
+        for &(_, name) in &self.logical {
+            let current = variable_type(self.plan, &self.nodes, name).expect("logical variables are variable nodes");
             match saved.get(name) {
                 Some(tensor) if tensor.ty() == current => {}
                 Some(tensor) => {
@@ -553,17 +556,26 @@ impl<'p> Session<'p> {
                 }
             }
         }
-        for &(p, name) in &self.logical {
+        for &(p, name) in self.logical.iter().filter(|(p, _)| self.hosted[*p]) {
             self.variables[p].insert(name.to_string(), saved[name].clone());
         }
-        self.copy_mirrors();
+        for &(p, name, _, of) in &self.mirrors {
+            self.variables[p].insert(name.to_string(), saved[of].clone());
+        }
         Ok(())
     }
 
+    /// Sets each hosted copy to its original's value, then lets go of the originals hosted
+    /// elsewhere (initialised here only for this).
     fn copy_mirrors(&mut self) {
         for &(p, name, q, of) in &self.mirrors {
-            let value = self.variables[q].get(of).expect("mirrors are checked").clone();
+            let value = self.variables[q].get(of).expect("originals of hosted copies are initialised").clone();
             self.variables[p].insert(name.to_string(), value);
+        }
+        for (variables, hosted) in self.variables.iter_mut().zip(&self.hosted) {
+            if !hosted {
+                *variables = Variables::default();
+            }
         }
     }
 }

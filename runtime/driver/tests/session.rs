@@ -546,3 +546,24 @@ fn mirrored_copies_stay_identical_and_checkpoints_ignore_the_replica_count() {
     assert!(error.to_string().contains("has no variable `w`"), "{error}");
     assert_eq!(fresh_two.all_variables(), before);
 }
+
+#[test]
+fn a_worker_holds_the_variables_of_its_own_partitions_only() {
+    let plan = mirrored_plan(2);
+    let whole = Session::new(&plan, 11).unwrap();
+    let first = Session::hosting(&plan, 11, dfc_driver::Backend::Interp, &[0]).unwrap();
+    let mut second = Session::hosting(&plan, 11, dfc_driver::Backend::Interp, &[1]).unwrap();
+    let names =
+        |session: &Session<'_>| -> Vec<String> { session.all_variables().iter().map(|(n, _)| n.clone()).collect() };
+    assert_eq!(names(&first), ["w"]);
+    assert_eq!(names(&second), ["replica_1/w"], "not the original, which the other worker holds");
+    assert_eq!(second.all_variables().get("replica_1/w"), whole.variables().get("w"), "a copy starts as its original");
+    assert_eq!(first.variables(), whole.variables());
+    assert!(second.variables().iter().next().is_none(), "checkpoints take the original from its own worker");
+
+    // A checkpoint restores the copy from the original's saved value.
+    let saved = BTreeMap::from([("w".to_string(), Tensor::from_vec(vec![3, 1], vec![1f32, 2.0, 3.0]))]);
+    second.restore(&saved, std::path::Path::new("saved.safetensors")).unwrap();
+    assert_eq!(second.all_variables().get("replica_1/w"), Some(&saved["w"]));
+    assert_eq!(names(&second), ["replica_1/w"]);
+}

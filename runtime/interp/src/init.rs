@@ -63,12 +63,21 @@ pub fn initialize(module: &Module, seed: u64) -> Variables {
 /// [`initialize`], with an error for a variable whose origin does not contain it (its rows
 /// fall outside the origin's shape, or the other axes differ), as a decoded plan may have.
 pub fn try_initialize(module: &Module, seed: u64) -> Result<Variables, InterpError> {
+    try_initialize_some(module, seed, &|_| true)
+}
+
+/// [`try_initialize`] of the variables whose names `keep` accepts (a worker's own, and the
+/// originals its replicas' copies start from), each with the value it has in the whole module.
+pub fn try_initialize_some(module: &Module, seed: u64, keep: &dyn Fn(&str) -> bool) -> Result<Variables, InterpError> {
     let mut variables = Variables::default();
     // Full values of the origins, each drawn once.
     let mut origins: HashMap<&str, Tensor> = HashMap::new();
     for id in module.graph.node_ids() {
         let node = module.graph.node(id);
         let Op::Variable { ty, init, origin, .. } = &node.op else { continue };
+        if !keep(&node.name) {
+            continue;
+        }
         let value = match origin.as_deref() {
             None => initial_value(ty, init, &node.name, seed),
             Some(origin) => {

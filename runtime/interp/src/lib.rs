@@ -46,7 +46,7 @@ mod rendezvous;
 mod scalar;
 mod tensor;
 
-pub use init::{fans, fnv1a_64, initial_value, initialize, try_initialize};
+pub use init::{fans, fnv1a_64, initial_value, initialize, try_initialize, try_initialize_some};
 pub use program::{reduce_together, schedule, Program, StagedRun};
 pub use rendezvous::{wait_on, InProcessRendezvous, Rendezvous};
 pub use tensor::{Data, Element, Tensor};

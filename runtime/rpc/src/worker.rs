@@ -409,7 +409,7 @@ impl Worker for WorkerService {
             let running = registered.running.lock().unwrap_or_else(|e| e.into_inner());
             let variables = running
                 .session
-                .hosted_variables()
+                .variables()
                 .iter()
                 .map(|(name, value)| NamedTensor { name: name.clone(), tensor: Some(tensor::to_proto(value)) })
                 .collect();
