@@ -26,29 +26,64 @@ struct Report {
     /// Per number of workers n: what each of n loopback connections carries when all n stream
     /// at once, as the links of an n-worker ring do.
     loopback_ring_tcp_bytes_per_second: Vec<(usize, f64)>,
+    /// Per number of workers n and size: the same with each end streaming through a buffer of
+    /// that size, from and to memory, as the all-reduce of it does.
+    loopback_ring_tcp_through_memory_bytes_per_second: Vec<(usize, u64, f64)>,
     results: Vec<dfc_rpc::bench::AllReduceResult>,
 }
 
 /// Raw loopback TCP per link with `links` links streaming at once (1 GiB each; 256 MiB each
-/// for rings, whose links share the cores).
-fn tcp(links: usize, when: &str) -> Result<f64, String> {
+/// for rings, whose links share the cores), each end going through `span` bytes of memory.
+fn tcp(links: usize, span: u64, when: &str) -> Result<f64, String> {
     let total = if links == 1 { 1 << 30 } else { 256 << 20 };
-    let rate = dfc_rpc::bench::loopback_tcp_bytes_per_second(links, total)?;
-    eprintln!("loopback TCP, {links} link(s) at once ({when}): {:.2} GB/s per link", rate / 1e9);
+    let rate = dfc_rpc::bench::loopback_tcp_bytes_per_second(links, total, span as usize)?;
+    eprintln!(
+        "loopback TCP, {links} link(s) at once through {} MiB ({when}): {:.2} GB/s per link",
+        span >> 20,
+        rate / 1e9
+    );
     Ok(rate)
 }
+
+/// The TCP references, measured before and after the all-reduces, the better kept: the
+/// machine is shared.
+struct References {
+    single: f64,
+    rings: Vec<(usize, f64)>,
+    through_memory: Vec<(usize, u64, f64)>,
+}
+
+impl References {
+    fn measure(&mut self, when: &str) -> Result<(), String> {
+        self.single = self.single.max(tcp(1, CACHED, when)?);
+        for (n, rate) in &mut self.rings {
+            *rate = rate.max(tcp(*n, CACHED, when)?);
+        }
+        for (n, bytes, rate) in &mut self.through_memory {
+            *rate = rate.max(tcp(*n, *bytes, when)?);
+        }
+        Ok(())
+    }
+}
+
+/// A buffer that stays in the caches.
+const CACHED: u64 = 1 << 20;
 
 pub fn bench_allreduce(args: &BenchAllReduceArgs) -> Result<std::process::ExitCode, String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot find the dfc executable: {e}"))?;
     if args.workers.iter().any(|&n| n < 2) {
         return Err("an all-reduce needs at least 2 workers".into());
     }
-    // Measured before and after the all-reduces, the better kept: the machine is shared.
-    let mut single = tcp(1, "before")?;
-    let mut rings: Vec<(usize, f64)> = Vec::new();
-    for &n in &args.workers {
-        rings.push((n, tcp(n, "before")?));
-    }
+    let mut references = References {
+        single: 0.0,
+        rings: args.workers.iter().map(|&n| (n, 0.0)).collect(),
+        through_memory: args
+            .workers
+            .iter()
+            .flat_map(|&n| args.sizes_mib.iter().map(move |&mib| (n, mib << 20, 0.0)))
+            .collect(),
+    };
+    references.measure("before")?;
     let mut results = Vec::new();
     for &n in &args.workers {
         let token = dfc_rpc::auth::random_token();
@@ -65,39 +100,53 @@ pub fn bench_allreduce(args: &BenchAllReduceArgs) -> Result<std::process::ExitCo
         drop(workers);
         std::thread::sleep(Duration::from_millis(100));
     }
-    single = single.max(tcp(1, "after")?);
-    for (n, rate) in &mut rings {
-        *rate = rate.max(tcp(*n, "after")?);
-    }
-    let report = Report { loopback_tcp_bytes_per_second: single, loopback_ring_tcp_bytes_per_second: rings, results };
+    references.measure("after")?;
+    let report = Report {
+        loopback_tcp_bytes_per_second: references.single,
+        loopback_ring_tcp_bytes_per_second: references.rings,
+        loopback_ring_tcp_through_memory_bytes_per_second: references.through_memory,
+        results,
+    };
     if args.json {
         println!("{}", serde_json::to_string(&report).expect("reports serialise"));
-    } else {
-        println!("loopback TCP, one link alone: {:.2} GB/s", single / 1e9);
-        for (n, rate) in &report.loopback_ring_tcp_bytes_per_second {
-            println!("loopback TCP, {n} links at once (a {n}-worker ring): {:.2} GB/s per link", rate / 1e9);
-        }
-        println!(
-            "{:>7} {:>8} {:>10} {:>12} {:>12} {:>13} {:>12}",
-            "workers", "MiB", "median ms", "algbw GB/s", "busbw GB/s", "of ring TCP", "of one link"
-        );
-        for r in &report.results {
-            let ring = report
-                .loopback_ring_tcp_bytes_per_second
-                .iter()
-                .find(|(n, _)| *n == r.workers)
-                .map_or(f64::NAN, |p| p.1);
-            println!(
-                "{:>7} {:>8} {:>10.1} {:>12.2} {:>12.2} {:>12.0}% {:>11.0}%",
-                r.workers,
-                r.bytes >> 20,
-                r.median_seconds * 1e3,
-                r.algorithm_bytes_per_second / 1e9,
-                r.bus_bytes_per_second / 1e9,
-                100.0 * r.bus_bytes_per_second / ring,
-                100.0 * r.bus_bytes_per_second / single
-            );
-        }
+        return Ok(std::process::ExitCode::SUCCESS);
     }
+    println!("loopback TCP, one link alone: {:.2} GB/s", report.loopback_tcp_bytes_per_second / 1e9);
+    for (n, rate) in &report.loopback_ring_tcp_bytes_per_second {
+        println!("loopback TCP, {n} links at once (a {n}-worker ring): {:.2} GB/s per link", rate / 1e9);
+    }
+    for (n, bytes, rate) in &report.loopback_ring_tcp_through_memory_bytes_per_second {
+        println!(
+            "loopback TCP, {n} links at once through {} MiB buffers: {:.2} GB/s per link",
+            bytes >> 20,
+            rate / 1e9
+        );
+    }
+    println!(
+        "{:>7} {:>6} {:>10} {:>11} {:>11} {:>12} {:>17} {:>12}",
+        "workers", "MiB", "median ms", "algbw GB/s", "busbw GB/s", "of ring TCP", "of ring TCP, mem", "of one link"
+    );
+    for r in &report.results {
+        let ring =
+            report.loopback_ring_tcp_bytes_per_second.iter().find(|(n, _)| *n == r.workers).map_or(f64::NAN, |p| p.1);
+        let memory = report
+            .loopback_ring_tcp_through_memory_bytes_per_second
+            .iter()
+            .find(|(n, bytes, _)| *n == r.workers && *bytes == r.bytes)
+            .map_or(f64::NAN, |p| p.2);
+        let share = |of: f64| 100.0 * r.bus_bytes_per_second / of;
+        println!(
+            "{:>7} {:>6} {:>10.1} {:>11.2} {:>11.2} {:>11.0}% {:>16.0}% {:>11.0}%",
+            r.workers,
+            r.bytes >> 20,
+            r.median_seconds * 1e3,
+            r.algorithm_bytes_per_second / 1e9,
+            r.bus_bytes_per_second / 1e9,
+            share(ring),
+            share(memory),
+            share(report.loopback_tcp_bytes_per_second)
+        );
+    }
+    println!("(of ring TCP, mem: each end of each link streams through a buffer of the tensor's size)");
     Ok(std::process::ExitCode::SUCCESS)
 }

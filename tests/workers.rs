@@ -481,3 +481,20 @@ fn tls_with_client_certificates() {
     let with = run(&["--tls-dir", s(&ours)]);
     assert!(with.status.success(), "{}", text(&with.stderr));
 }
+
+#[test]
+fn bench_allreduce_reports_bus_bandwidth_next_to_raw_tcp() {
+    let output = dfc(&["bench-allreduce", "--workers", "2", "--sizes-mib", "1,2", "--iterations", "2", "--json"], None);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).expect("a JSON report");
+    assert!(report["loopback_tcp_bytes_per_second"].as_f64().unwrap() > 0.0, "{report}");
+    let through_memory = report["loopback_ring_tcp_through_memory_bytes_per_second"].as_array().unwrap();
+    let sizes: Vec<u64> = through_memory.iter().map(|r| r[1].as_u64().unwrap()).collect();
+    assert_eq!(sizes, [1 << 20, 2 << 20], "{report}");
+    let results = report["results"].as_array().unwrap();
+    assert_eq!(results.len(), 2, "{report}");
+    for result in results {
+        assert_eq!(result["workers"], 2);
+        assert!(result["bus_bytes_per_second"].as_f64().unwrap() > 0.0, "{report}");
+    }
+}

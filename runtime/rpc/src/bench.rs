@@ -13,12 +13,16 @@ use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
 /// Bytes per second that each of `links` TCP connections on 127.0.0.1 carries when they all
-/// stream `total` bytes at once (a writer thread and a reader thread each, 1 MiB writes): with
-/// one link, what one connection carries; with n links arranged as a ring's (each endpoint
-/// sends on one and receives on another), what the links of an n-worker ring can carry on this
-/// machine at best, since they share its cores.
-pub fn loopback_tcp_bytes_per_second(links: usize, total: usize) -> Result<f64, String> {
+/// stream `total` bytes at once (a writer thread and a reader thread each, 1 MiB writes and
+/// reads, which go through `span` bytes of memory at each end, round and round): with one
+/// link, what one connection carries; with n links arranged as a ring's (each endpoint sends on
+/// one and receives on another), what the links of an n-worker ring can carry on this machine
+/// at best, since they share its cores. A `span` of 1 MiB stays in the caches; a span the size
+/// of a tensor streams it from and to memory, as an all-reduce of it must.
+pub fn loopback_tcp_bytes_per_second(links: usize, total: usize, span: usize) -> Result<f64, String> {
+    const IO: usize = 1 << 20;
     let links = links.max(1);
+    let span = span.next_multiple_of(IO);
     let start = std::sync::Arc::new(std::sync::Barrier::new(2 * links));
     let mut readers = Vec::new();
     let mut addresses = Vec::new();
@@ -28,11 +32,13 @@ pub fn loopback_tcp_bytes_per_second(links: usize, total: usize) -> Result<f64, 
         let start = start.clone();
         readers.push(std::thread::spawn(move || -> std::io::Result<usize> {
             let (mut stream, _) = listener.accept()?;
-            let mut buffer = vec![0u8; 1 << 20];
+            let mut buffer = vec![0u8; span];
+            buffer.fill(1); // mapped before the clock starts
             start.wait();
             let mut received = 0;
             loop {
-                match stream.read(&mut buffer)? {
+                let at = received % span;
+                match stream.read(&mut buffer[at..(at + IO).min(span)])? {
                     0 => return Ok(received),
                     n => received += n,
                 }
@@ -45,13 +51,14 @@ pub fn loopback_tcp_bytes_per_second(links: usize, total: usize) -> Result<f64, 
         writers.push(std::thread::spawn(move || -> std::io::Result<(Instant, usize)> {
             let mut stream = std::net::TcpStream::connect(address)?;
             stream.set_nodelay(true)?;
-            let chunk = vec![1u8; 1 << 20];
+            let buffer = vec![1u8; span];
             start.wait();
             let started = Instant::now();
             let mut sent = 0;
             while sent < total {
-                stream.write_all(&chunk)?;
-                sent += chunk.len();
+                let at = sent % span;
+                stream.write_all(&buffer[at..at + IO])?;
+                sent += IO;
             }
             Ok((started, sent))
         }));
@@ -70,7 +77,7 @@ pub fn loopback_tcp_bytes_per_second(links: usize, total: usize) -> Result<f64, 
         }
     }
     let seconds = first_start.expect("at least one link").elapsed().as_secs_f64();
-    Ok(total.next_multiple_of(1 << 20) as f64 / seconds)
+    Ok(total.next_multiple_of(IO) as f64 / seconds)
 }
 
 /// One size on one number of workers.
