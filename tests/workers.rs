@@ -269,6 +269,40 @@ fn a_killed_worker_is_reported_by_name_and_the_run_fails() {
     assert!(stderr.contains("/job:worker/task:1"), "the error names the dead worker's task: {stderr}");
 }
 
+/// Open MPI's own `mpirun` starts the job: one `dfc run` per rank, rank 0 drives.
+#[test]
+fn mpirun_launches_a_job_with_one_command() {
+    let Ok(version) = Command::new("mpirun").arg("--version").output() else {
+        println!("SKIPPED: mpirun is not installed (apt-get install openmpi-bin; .ci/run does)");
+        return;
+    };
+    assert!(version.status.success(), "{}", text(&version.stderr));
+    let dir = scratch("mpirun");
+    let feeds = regression_data(&dir, 256);
+    let addresses = free_addresses(2);
+    let cluster = dir.join("cluster.json");
+    std::fs::write(&cluster, format!("{{\"cluster\": {{\"worker\": [\"{}\", \"{}\"]}}}}", addresses[0], addresses[1]))
+        .unwrap();
+    let plan = compile(&dir, &["--cluster", s(&cluster), "--strategy", "mirrored"]);
+    let embedded = train(&plan, &feeds, &dir.join("embedded"), &[], None);
+    let checkpoints = dir.join("launched");
+    let output = Command::new("mpirun")
+        .args(["-n", "2", "--oversubscribe", "-x", "DFC_TOKEN", env!("CARGO_BIN_EXE_dfc"), "run", s(&plan)])
+        .args(["--cluster", s(&cluster), "--feed", &feeds[0], "--feed", &feeds[1], "--epochs", "2", "--seed", "3"])
+        .args(["--checkpoint-dir", s(&checkpoints)])
+        .env("DFC_TOKEN", TOKEN)
+        // CI runs as root, which mpirun refuses unless told.
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .output()
+        .expect("run mpirun");
+    let stderr = text(&output.stderr);
+    assert!(output.status.success(), "{stderr}{}", text(&output.stdout));
+    assert!(stderr.contains("(OMPI_COMM_WORLD_RANK=1)"), "rank 1 serves: {stderr}");
+    let launched = dfc_driver::checkpoint::latest(&checkpoints).unwrap().expect("the driver checkpoints");
+    assert_same_parameters("mpirun", &embedded, &launched);
+}
+
 /// Two free loopback addresses (bound and released: another process could take one meanwhile,
 /// which a test run on this machine does not).
 fn free_addresses(n: usize) -> Vec<String> {
