@@ -303,6 +303,42 @@ fn mpirun_launches_a_job_with_one_command() {
     assert_same_parameters("mpirun", &embedded, &launched);
 }
 
+#[test]
+fn a_stopped_worker_is_reported_by_name_and_the_run_fails() {
+    let dir = scratch("stopped");
+    let feeds = regression_data(&dir, 256);
+    let workers: Vec<Worker> = (0..2).map(|_| Worker::start(TOKEN)).collect();
+    let cluster = cluster_file(&dir, &[("worker", &[&workers[0], &workers[1]])]);
+    let plan = compile(&dir, &["--cluster", s(&cluster), "--strategy", "mirrored"]);
+    let mut run = Command::new(env!("CARGO_BIN_EXE_dfc"))
+        .args(["run", s(&plan), "--feed", &feeds[0], "--feed", &feeds[1], "--epochs", "100000"])
+        .args(["--cluster", s(&cluster), "--wait", "3"])
+        .env("DFC_TOKEN", TOKEN)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the run");
+    // Let it train a while, then stop the second worker's process (as a hang would): its
+    // connections stay open, but it answers nothing.
+    std::thread::sleep(Duration::from_secs(2));
+    let stop = Command::new("kill").args(["-STOP", &workers[1].child.id().to_string()]).status().expect("kill");
+    assert!(stop.success());
+    let stopped = Instant::now();
+    let status = loop {
+        if let Some(status) = run.try_wait().expect("wait") {
+            break status;
+        }
+        assert!(stopped.elapsed() < Duration::from_secs(30), "the run did not end within 30 s of the stop");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut run.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(!status.success(), "{stderr}");
+    assert!(
+        stderr.contains("worker /job:worker/task:1") && stderr.contains("stopped answering"),
+        "the error names the stopped worker's task: {stderr}"
+    );
+}
+
 /// Two free loopback addresses (bound and released: another process could take one meanwhile,
 /// which a test run on this machine does not).
 fn free_addresses(n: usize) -> Vec<String> {

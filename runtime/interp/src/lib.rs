@@ -133,8 +133,9 @@ pub enum InterpError {
     /// The step was given up because another partition failed (see that partition's error).
     #[error("aborted: {reason}")]
     Aborted { reason: String },
-    /// A wait for another partition that did not end: a plan whose partitions cannot meet.
-    #[error("waited {after:?} for `{key}` from another partition; the plan's partitions do not meet")]
+    /// A wait for another partition that did not end: a plan whose partitions cannot meet, or
+    /// (on workers) a partition elsewhere that is slow, stopped or gone.
+    #[error("waited {after:?} for `{key}` from another partition: it was never sent (do the plan's partitions meet?), or whatever sends it is slow, stopped or gone")]
     RendezvousTimeout { key: String, after: std::time::Duration },
     /// Partitions that use one key inconsistently (sent twice, reduced with different sizes).
     #[error("rendezvous `{key}`: {message}")]

@@ -80,6 +80,14 @@ const CONNECT_PATIENCE: Duration = Duration::from_secs(30);
 /// How long a call may take beyond the waits inside a step.
 const CALL_MARGIN: Duration = Duration::from_secs(10);
 
+/// How often the driver asks the workers it is waiting on whether they are alive at all, and
+/// how long it waits for that answer: a worker whose process is stopped or hung answers
+/// nothing, not even `Health`, which a busy worker answers at once. After a step has failed on
+/// one worker and been aborted on all, the others are asked sooner.
+const HEARTBEAT: Duration = Duration::from_secs(5);
+const ABORT_GRACE: Duration = Duration::from_secs(2);
+const HEALTH_PATIENCE: Duration = Duration::from_secs(5);
+
 /// A plan's partitions running on remote workers.
 pub struct RemoteSession {
     plan: Plan,
@@ -105,10 +113,17 @@ pub struct RemoteProgram {
     parts: Vec<(usize, Vec<String>, Vec<usize>)>,
 }
 
+/// Whether the call's deadline passed: the server says so, or tonic's client ends the call
+/// itself (as `Cancelled`) when the server says nothing, as a stopped process does.
+fn timed_out(status: &tonic::Status) -> bool {
+    status.code() == tonic::Code::DeadlineExceeded
+        || (status.code() == tonic::Code::Cancelled && status.message().contains("Timeout expired"))
+}
+
 fn status_error(name: &str, address: &str, status: &tonic::Status) -> RunError {
     let what = match status.code() {
         tonic::Code::Unavailable => "cannot be reached (is it running?)",
-        tonic::Code::DeadlineExceeded => "did not answer in time",
+        _ if timed_out(status) => "did not answer in time",
         tonic::Code::Unauthenticated => "refused the token",
         tonic::Code::Unknown if status.message().contains("transport") => "lost its connection (did its process die?)",
         _ => "failed",
@@ -220,6 +235,7 @@ impl RemoteSession {
     /// caused the others: a worker that cannot be reached or did not answer in time before one
     /// that failed, before one that only reports the step aborted. When `step` is given, the
     /// first failure aborts that step on every worker, so that none waits for the failed one.
+    /// A worker that stops answering altogether (see [`HEARTBEAT`]) is the failure.
     fn on_some<Q, A, F, Fut>(
         &self,
         requests: Vec<(usize, Q)>,
@@ -235,16 +251,32 @@ impl RemoteSession {
     {
         let _entered = self.runtime.enter();
         let mut calls = tokio::task::JoinSet::new();
+        let mut pending = std::collections::BTreeSet::new();
         for (rank, q) in requests {
             let mut request = tonic::Request::new(q);
             request.set_timeout(timeout);
             let call = call(self.clients[rank].clone(), request);
             calls.spawn(async move { (rank, call.await) });
+            pending.insert(rank);
         }
         let mut replies = Vec::new();
         let mut failure: Option<(u8, RunError)> = None;
+        // When to check on the workers yet to answer.
+        let mut check_at = tokio::time::Instant::now() + HEARTBEAT;
         self.runtime.block_on(async {
-            while let Some(joined) = calls.join_next().await {
+            loop {
+                let joined = match tokio::time::timeout_at(check_at, calls.join_next()).await {
+                    Ok(joined) => joined,
+                    Err(_) => {
+                        if let Some(silent) = self.silent_worker(&pending).await {
+                            failure = Some((0, silent));
+                            return;
+                        }
+                        check_at = tokio::time::Instant::now() + HEARTBEAT;
+                        continue;
+                    }
+                };
+                let Some(joined) = joined else { return };
                 let (rank, result) = match joined {
                     Ok(done) => done,
                     Err(e) => {
@@ -252,15 +284,18 @@ impl RemoteSession {
                         continue;
                     }
                 };
+                pending.remove(&rank);
                 match result {
                     Ok(reply) => replies.push((rank, reply.into_inner())),
                     Err(status) => {
                         let rank_of_failure = match status.code() {
-                            tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Unknown => 0,
+                            _ if timed_out(&status) => 0,
+                            tonic::Code::Unavailable | tonic::Code::Unknown => 0,
                             tonic::Code::Aborted if status.message().contains("aborted:") => 2,
                             _ => 1,
                         };
                         if let (Some(step), None) = (step, &failure) {
+                            check_at = check_at.min(tokio::time::Instant::now() + ABORT_GRACE);
                             let reason = format!("worker {} failed", self.names[rank]);
                             for client in &self.clients {
                                 let mut client = client.clone();
@@ -288,6 +323,31 @@ impl RemoteSession {
                 Ok(replies)
             }
         }
+    }
+
+    /// The first of the workers `ranks` that does not answer `Health` in time (or at all), as
+    /// the reason a step failed.
+    async fn silent_worker(&self, ranks: &std::collections::BTreeSet<usize>) -> Option<RunError> {
+        let mut probes = tokio::task::JoinSet::new();
+        for &rank in ranks {
+            let mut client = self.clients[rank].clone();
+            probes.spawn(async move {
+                let mut request = tonic::Request::new(HealthRequest {});
+                request.set_timeout(HEALTH_PATIENCE);
+                let answer = tokio::time::timeout(HEALTH_PATIENCE, client.health(request)).await;
+                (rank, matches!(answer, Ok(Ok(_))))
+            });
+        }
+        let mut silent: Vec<usize> =
+            probes.join_all().await.into_iter().filter(|(_, ok)| !ok).map(|(r, _)| r).collect();
+        silent.sort_unstable();
+        let rank = *silent.first()?;
+        Some(RunError::Plan(format!(
+            "worker {} at {} stopped answering: it answered neither its call nor a health check within {} s (is its process stopped or hung?)",
+            self.names[rank],
+            self.address(rank),
+            HEALTH_PATIENCE.as_secs()
+        )))
     }
 
     /// Per worker (by rank), the threads it computes on.
