@@ -343,3 +343,113 @@ fn write_all_vectored(stream: &mut TcpStream, mut slices: &mut [IoSlice<'_>]) ->
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    //! What a data port does with frames that do not parse: it hangs up on their sender, hands
+    //! nothing on, and goes on serving others.
+
+    use super::*;
+
+    const TOKEN: &str = "data-frames-test-token-0123456789";
+
+    #[derive(Default)]
+    struct Recorder {
+        chunks: Mutex<Vec<(u64, String, u64, u64, Vec<u8>)>>,
+    }
+
+    impl Deliver for Recorder {
+        fn deliver_chunk(&self, step: u64, key: &str, total: u64, offset: u64, chunk: Chunk) -> Result<(), String> {
+            let chunk = chunk.as_slice().to_vec();
+            self.chunks.lock().unwrap().push((step, key.to_string(), total, offset, chunk));
+            Ok(())
+        }
+
+        fn place(&self, _: u64, _: &str, _: u64, _: u64, _: u64) -> Option<Placement> {
+            None
+        }
+
+        fn placed(&self, _: u64, _: &str, _: u64, _: u64, _: bool) {}
+
+        fn chunk_timeout(&self) -> Duration {
+            Duration::from_secs(5)
+        }
+    }
+
+    /// A data port whose one registration, `run`, records what it is handed.
+    fn data_port() -> (SocketAddr, Arc<Recorder>) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = listener.local_addr().unwrap();
+        let recorder = Arc::new(Recorder::default());
+        let sink = recorder.clone();
+        serve(listener, TOKEN.into(), Arc::new(move |id| (id == b"run").then(|| sink.clone() as Arc<dyn Deliver>)));
+        (address, recorder)
+    }
+
+    fn connected(address: SocketAddr) -> TcpStream {
+        let mut stream = TcpStream::connect(address).unwrap();
+        stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut nonce = [0u8; 64];
+        stream.read_exact(&mut nonce).unwrap();
+        let mut hello = MAGIC.to_vec();
+        hello.extend_from_slice(&proof(TOKEN, &nonce));
+        hello.extend_from_slice(&3u16.to_le_bytes());
+        hello.extend_from_slice(b"run");
+        stream.write_all(&hello).unwrap();
+        let mut status = [0u8];
+        stream.read_exact(&mut status).unwrap();
+        assert_eq!(status[0], ACCEPTED);
+        stream
+    }
+
+    fn header(magic: u32, key_len: u32, step: u64, total: u64, offset: u64, len: u64) -> Vec<u8> {
+        let mut header = magic.to_le_bytes().to_vec();
+        header.extend_from_slice(&key_len.to_le_bytes());
+        for word in [step, total, offset, len] {
+            header.extend_from_slice(&word.to_le_bytes());
+        }
+        assert_eq!(header.len(), HEADER);
+        header
+    }
+
+    /// Whether the port hung up: end of stream, or a reset where it left bytes unread.
+    fn hung_up(mut stream: TcpStream) -> bool {
+        match stream.read(&mut [0u8; 16]) {
+            Ok(0) => true,
+            Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+            Ok(_) => false,
+        }
+    }
+
+    #[test]
+    fn frames_that_do_not_parse_end_their_connection_and_deliver_nothing() {
+        let (address, recorder) = data_port();
+        let max_total = crate::MAX_MESSAGE_BYTES as u64;
+        let malformed: Vec<(&str, Vec<u8>)> = vec![
+            ("another magic", header(0x1234_5678, 3, 0, 8, 0, 8)),
+            ("a key too long", header(FRAME_MAGIC, MAX_KEY + 1, 0, 8, 0, 8)),
+            ("a chunk too long", header(FRAME_MAGIC, 3, 0, MAX_CHUNK + 1, 0, MAX_CHUNK + 1)),
+            ("a segment too long", header(FRAME_MAGIC, 3, 0, max_total + 1, 0, 8)),
+            ("a chunk past its segment", header(FRAME_MAGIC, 3, 0, 8, 4, 8)),
+            ("an offset that overflows", header(FRAME_MAGIC, 3, 0, 8, u64::MAX, 8)),
+            ("a key that is not UTF-8", [header(FRAME_MAGIC, 3, 0, 8, 0, 8), vec![0xff, 0xfe, 0xfd]].concat()),
+        ];
+        for (what, bytes) in malformed {
+            let mut stream = connected(address);
+            stream.write_all(&bytes).unwrap();
+            assert!(hung_up(stream), "{what}: the port hangs up");
+        }
+        // A frame cut short: its sender hangs up midway.
+        let mut stream = connected(address);
+        stream.write_all(&[header(FRAME_MAGIC, 3, 0, 8, 0, 8), b"k#0".to_vec(), vec![1; 4]].concat()).unwrap();
+        drop(stream);
+
+        // A good frame after all that is handed on, byte for byte.
+        let mut stream = connected(address);
+        let payload: Vec<u8> = (1..=8).collect();
+        stream.write_all(&[header(FRAME_MAGIC, 3, 7, 16, 8, 8), b"k#0".to_vec(), payload.clone()].concat()).unwrap();
+        stream.shutdown(std::net::Shutdown::Write).unwrap();
+        assert!(hung_up(stream), "the port closes its end when the sender closes its own");
+        assert_eq!(*recorder.chunks.lock().unwrap(), [(7, "k#0".to_string(), 16, 8, payload)]);
+    }
+}
