@@ -47,16 +47,18 @@ struct Worker {
 
 impl Worker {
     fn start(token: &str) -> Worker {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_dfc"))
-            .args(["worker", "--listen", "127.0.0.1:0"])
-            .env("DFC_TOKEN", token)
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("start a worker");
+        let mut command = Command::new(env!("CARGO_BIN_EXE_dfc"));
+        command.args(["worker", "--listen", "127.0.0.1:0"]);
+        Worker::launch(command, token, "127.0.0.1")
+    }
+
+    /// `command` starts a worker that listens on `host`.
+    fn launch(mut command: Command, token: &str, host: &str) -> Worker {
+        let mut child = command.env("DFC_TOKEN", token).stdout(Stdio::piped()).spawn().expect("start a worker");
         let mut line = String::new();
         std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).expect("the worker says");
         let address = line.trim().rsplit(' ').next().expect("an address").to_string();
-        assert!(line.starts_with("dfc worker listening on 127.0.0.1:"), "{line}");
+        assert!(line.starts_with(&format!("dfc worker listening on {host}:")), "{line}");
         Worker { child, address }
     }
 }
@@ -337,6 +339,95 @@ fn a_stopped_worker_is_reported_by_name_and_the_run_fails() {
         stderr.contains("worker /job:worker/task:1") && stderr.contains("stopped answering"),
         "the error names the stopped worker's task: {stderr}"
     );
+}
+
+/// Two network namespaces joined by a virtual Ethernet link: two hosts, as far as the workers
+/// can tell, each with its own address and no loopback between them. Removed when dropped.
+struct TwoHosts {
+    namespaces: [String; 2],
+    addresses: [String; 2],
+}
+
+impl TwoHosts {
+    /// `None` where this process may not make namespaces (it is not root).
+    fn new() -> Option<TwoHosts> {
+        let id = std::process::id();
+        let namespaces = [format!("dfc-a-{id}"), format!("dfc-b-{id}")];
+        let subnet = format!("10.231.{}", id % 250);
+        let addresses = [format!("{subnet}.1"), format!("{subnet}.2")];
+        let ip = |args: &[&str]| Command::new("ip").args(args).output().is_ok_and(|o| o.status.success());
+        if !ip(&["netns", "add", &namespaces[0]]) {
+            return None;
+        }
+        let hosts = TwoHosts { namespaces, addresses };
+        let [a, b] = &hosts.namespaces;
+        let (link_a, link_b) = (format!("dfa{}", id % 100_000), format!("dfb{}", id % 100_000));
+        let (net_a, net_b) = (format!("{}/24", hosts.addresses[0]), format!("{}/24", hosts.addresses[1]));
+        let steps: [Vec<&str>; 8] = [
+            vec!["netns", "add", b],
+            vec!["link", "add", &link_a, "netns", a, "type", "veth", "peer", "name", &link_b, "netns", b],
+            vec!["-n", a, "addr", "add", &net_a, "dev", &link_a],
+            vec!["-n", b, "addr", "add", &net_b, "dev", &link_b],
+            vec!["-n", a, "link", "set", &link_a, "up"],
+            vec!["-n", b, "link", "set", &link_b, "up"],
+            vec!["-n", a, "link", "set", "lo", "up"],
+            vec!["-n", b, "link", "set", "lo", "up"],
+        ];
+        for step in &steps {
+            let output = Command::new("ip").args(step).output().expect("run ip");
+            assert!(output.status.success(), "ip {}: {}", step.join(" "), text(&output.stderr));
+        }
+        Some(hosts)
+    }
+
+    /// `dfc ARGS` in host `i`'s namespace.
+    fn dfc(&self, i: usize) -> Command {
+        let mut command = Command::new("ip");
+        command.args(["netns", "exec", &self.namespaces[i], env!("CARGO_BIN_EXE_dfc")]);
+        command
+    }
+}
+
+impl Drop for TwoHosts {
+    fn drop(&mut self) {
+        for namespace in &self.namespaces {
+            let _ = Command::new("ip").args(["netns", "del", namespace]).output();
+        }
+    }
+}
+
+/// Workers on two hosts (network namespaces), each listening on its own address, with the
+/// data plane between them on the hosts' network: training ends as in one process.
+#[test]
+fn workers_on_two_hosts_train_like_one_process() {
+    let Some(hosts) = TwoHosts::new() else {
+        println!("SKIPPED: cannot make network namespaces here (the test needs root, as CI has)");
+        return;
+    };
+    let dir = scratch("two-hosts");
+    let feeds = regression_data(&dir, 256);
+    let workers: Vec<Worker> = (0..2)
+        .map(|i| {
+            let mut command = hosts.dfc(i);
+            command.args(["worker", "--listen", &format!("{}:7000", hosts.addresses[i]), "--data-port", "7001"]);
+            Worker::launch(command, TOKEN, &hosts.addresses[i])
+        })
+        .collect();
+    let cluster = cluster_file(&dir, &[("worker", &[&workers[0], &workers[1]])]);
+    let plan = compile(&dir, &["--cluster", s(&cluster), "--strategy", "mirrored"]);
+    let embedded = train(&plan, &feeds, &dir.join("embedded"), &[], None);
+    // The driver on the first host; the second is reachable only over the link.
+    let checkpoints = dir.join("two-hosts");
+    let output = hosts
+        .dfc(0)
+        .args(["run", s(&plan), "--cluster", s(&cluster), "--feed", &feeds[0], "--feed", &feeds[1]])
+        .args(["--epochs", "2", "--seed", "3", "--checkpoint-dir", s(&checkpoints)])
+        .env("DFC_TOKEN", TOKEN)
+        .output()
+        .expect("run dfc");
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let distributed = dfc_driver::checkpoint::latest(&checkpoints).unwrap().expect("a checkpoint");
+    assert_same_parameters("workers on two hosts", &embedded, &distributed);
 }
 
 /// Two free loopback addresses (bound and released: another process could take one meanwhile,
