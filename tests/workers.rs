@@ -192,6 +192,18 @@ fn spawned_workers_share_the_cores_unless_told() {
 }
 
 #[test]
+fn tensors_larger_than_a_frame_cross_the_data_plane_in_pieces() {
+    // Replica 1's slice of x (32,768 × 13 f32, 1.6 MiB) goes from worker 0 to worker 1 in two
+    // data-plane frames, reassembled there before its Recv.
+    let dir = scratch("large-sends");
+    let feeds = regression_data(&dir, 65_536);
+    let plan = compile(&dir, &["--devices", "2", "--strategy", "mirrored", "--dim", "batch=65536"]);
+    let embedded = train(&plan, &feeds, &dir.join("embedded"), &["--epochs", "3"], None);
+    let spawned = train(&plan, &feeds, &dir.join("spawned"), &["--epochs", "3", "--spawn", "2"], None);
+    assert_same_parameters("large sends on 2 workers", &embedded, &spawned);
+}
+
+#[test]
 fn unfused_all_reduces_on_3_workers_run_side_by_side_and_match_one_process() {
     // One all-reduce per gradient, under way at once on the data plane, over a ring of three.
     let dir = scratch("mirrored-3-unfused");
@@ -238,6 +250,17 @@ fn a_wrong_or_missing_token_is_refused() {
     assert!(right.status.success(), "{}", text(&right.stderr));
 }
 
+/// Reads a child's stderr as it comes, on a thread (a full pipe would stop the child), and
+/// returns all of it once the child has closed it.
+fn drain_stderr(child: &mut Child) -> std::thread::JoinHandle<String> {
+    let mut stderr = child.stderr.take().expect("piped stderr");
+    std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = std::io::Read::read_to_string(&mut stderr, &mut text);
+        text
+    })
+}
+
 #[test]
 fn a_killed_worker_is_reported_by_name_and_the_run_fails() {
     let dir = scratch("killed");
@@ -252,6 +275,7 @@ fn a_killed_worker_is_reported_by_name_and_the_run_fails() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("start the run");
+    let stderr = drain_stderr(&mut run);
     // Let it train a while, then kill the second worker.
     std::thread::sleep(Duration::from_secs(2));
     let mut workers = workers;
@@ -265,8 +289,7 @@ fn a_killed_worker_is_reported_by_name_and_the_run_fails() {
         assert!(killed.elapsed() < Duration::from_secs(30), "the run did not end within 30 s of the kill");
         std::thread::sleep(Duration::from_millis(100));
     };
-    let mut stderr = String::new();
-    std::io::Read::read_to_string(&mut run.stderr.take().unwrap(), &mut stderr).unwrap();
+    let stderr = stderr.join().unwrap();
     assert!(!status.success(), "{stderr}");
     assert!(stderr.contains("/job:worker/task:1"), "the error names the dead worker's task: {stderr}");
 }
@@ -319,6 +342,7 @@ fn a_stopped_worker_is_reported_by_name_and_the_run_fails() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("start the run");
+    let stderr = drain_stderr(&mut run);
     // Let it train a while, then stop the second worker's process (as a hang would): its
     // connections stay open, but it answers nothing.
     std::thread::sleep(Duration::from_secs(2));
@@ -332,8 +356,7 @@ fn a_stopped_worker_is_reported_by_name_and_the_run_fails() {
         assert!(stopped.elapsed() < Duration::from_secs(30), "the run did not end within 30 s of the stop");
         std::thread::sleep(Duration::from_millis(100));
     };
-    let mut stderr = String::new();
-    std::io::Read::read_to_string(&mut run.stderr.take().unwrap(), &mut stderr).unwrap();
+    let stderr = stderr.join().unwrap();
     assert!(!status.success(), "{stderr}");
     assert!(
         stderr.contains("worker /job:worker/task:1") && stderr.contains("stopped answering"),

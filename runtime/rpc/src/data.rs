@@ -1,5 +1,5 @@
-//! The data plane: plain TCP connections between workers for the ring all-reduce's segments,
-//! beside gRPC, which keeps every control call.
+//! The data plane: plain TCP connections between workers for the ring all-reduce's segments
+//! and the tensors sent to other workers' Recvs, beside gRPC, which keeps every control call.
 //!
 //! Over gRPC a segment cost an HTTP/2 stream, protobuf framing and a copy into one buffer on
 //! arrival; here a segment is written straight from the tensor's memory in chunks
@@ -245,6 +245,12 @@ impl Links {
         Links { token: token.to_string(), id: id.to_vec(), addresses, has_port, connections }
     }
 
+    /// Whether tensors can be sent to worker `rank` on the data plane: it has a data port, and
+    /// it is another worker.
+    pub fn reaches(&self, rank: usize) -> bool {
+        self.addresses.get(rank).is_some_and(Option::is_some)
+    }
+
     /// Whether a ring over `ranks` runs on the data plane: every one of them has a data port
     /// (every worker decides alike, from the same list of ports).
     pub fn ring_ready(&self, ranks: &[usize]) -> bool {
@@ -353,9 +359,12 @@ mod tests {
 
     const TOKEN: &str = "data-frames-test-token-0123456789";
 
+    /// A chunk as handed on: step, key, the segment's bytes, the offset, the chunk's bytes.
+    type Handed = (u64, String, u64, u64, Vec<u8>);
+
     #[derive(Default)]
     struct Recorder {
-        chunks: Mutex<Vec<(u64, String, u64, u64, Vec<u8>)>>,
+        chunks: Mutex<Vec<Handed>>,
     }
 
     impl Deliver for Recorder {

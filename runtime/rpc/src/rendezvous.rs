@@ -1,8 +1,10 @@
 //! `NetRendezvous`: the rendezvous of one step on one worker, when the partitions of a plan run
 //! on several workers.
 //!
-//! - Send: a key whose Recv runs on this worker is kept here; any other is pushed to the
-//!   receiver's worker (`Push`, in chunks of `CHUNK_BYTES`), where it waits for its Recv.
+//! - Send: a key whose Recv runs on this worker is kept here; any other goes to the receiver's
+//!   worker, where it waits for its Recv: on the data plane when that worker has a data port
+//!   (one frame per 1 MiB, the key naming the tensor's type), else pushed over gRPC (`Push`,
+//!   in chunks of `CHUNK_BYTES`).
 //! - All-reduce: the replicas on this worker contribute here and are summed in replica order;
 //!   then, when the group spans several workers, the last local replica to arrive runs the ring
 //!   over them ([`ring`]: on the data plane, pipelined by chunks).
@@ -135,6 +137,39 @@ impl Received {
     }
 }
 
+/// The data-plane key of a tensor sent under `key`: `tensor <dtype code> <dims, comma-separated>
+/// <key>`, so that the receiver knows its type before its Recv runs. (A ring segment's key ends
+/// in `#<step>`, and no all-reduce key starts so.)
+fn tensor_wire_key(key: &str, ty: &TensorType) -> String {
+    let dims: Vec<String> = ty.shape.dims().iter().map(usize::to_string).collect();
+    format!("tensor {} {} {key}", tensor::dtype_code(ty.dtype), dims.join(","))
+}
+
+/// The type and key of a tensor's data-plane key; `None` for any other key.
+fn parse_tensor_wire_key(wire: &str) -> Option<Result<(TensorType, &str), String>> {
+    let rest = wire.strip_prefix("tensor ")?;
+    let mut parts = rest.splitn(3, ' ');
+    let (Some(code), Some(dims), Some(key)) = (parts.next(), parts.next(), parts.next()) else {
+        return Some(Err(format!("a tensor's data-plane key without a type: `{wire}`")));
+    };
+    let bad = || format!("a tensor's data-plane key with a malformed type: `{wire}`");
+    let parsed = (|| {
+        let code: u32 = code.parse().map_err(|_| bad())?;
+        let dims: Vec<u64> = if dims.is_empty() {
+            Vec::new()
+        } else {
+            dims.split(',').map(|d| d.parse().map_err(|_| bad())).collect::<Result<_, _>>()?
+        };
+        tensor::type_of(code, &dims)
+    })();
+    Some(parsed.map(|ty| (ty, key)))
+}
+
+/// The bytes of a tensor of type `ty`, if they can be counted.
+fn byte_len(ty: &TensorType) -> Option<usize> {
+    ty.shape.dims().iter().try_fold(ty.dtype.size_in_bytes(), |bytes, &d| bytes.checked_mul(d))
+}
+
 #[derive(Default)]
 struct State {
     /// Values sent to this worker (locally or pushed), by key.
@@ -146,6 +181,9 @@ struct State {
     early: ring::EarlyChunks,
     /// The all-reduces under way here on the data plane, by key.
     rings: HashMap<String, ring::RingProgress>,
+    /// Tensors arriving on the data plane in several chunks, by key: their bytes so far and how
+    /// many have come.
+    assembling: HashMap<String, (Vec<u8>, usize)>,
 }
 
 #[derive(Default)]
@@ -194,9 +232,51 @@ impl NetRendezvous {
         Ok(())
     }
 
-    /// A chunk of a ring segment from the data plane.
-    pub fn deliver_chunk(&self, key: &str, total: u64, offset: u64, chunk: Chunk) {
-        self.deliver_ring_chunk(key, total, offset, chunk);
+    /// A chunk from the data plane: of a tensor sent here, or of a ring segment.
+    pub fn deliver_chunk(&self, wire: &str, total: u64, offset: u64, chunk: Chunk) {
+        match parse_tensor_wire_key(wire) {
+            None => self.deliver_ring_chunk(wire, total, offset, chunk),
+            Some(tensor) => {
+                if let Err(reason) =
+                    tensor.and_then(|(ty, key)| self.deliver_tensor_chunk(&ty, key, total, offset, chunk))
+                {
+                    self.abort(&reason);
+                }
+            }
+        }
+    }
+
+    /// A chunk of a tensor of type `ty` sent under `key`: delivered once all its bytes are here.
+    fn deliver_tensor_chunk(
+        &self,
+        ty: &TensorType,
+        key: &str,
+        total: u64,
+        offset: u64,
+        chunk: Chunk,
+    ) -> Result<(), String> {
+        let bytes = byte_len(ty).filter(|&b| b as u64 == total);
+        let Some(total) = bytes else {
+            return Err(format!("`{key}` came as {total} bytes, which do not hold a {ty}"));
+        };
+        let (offset, part) = (offset as usize, chunk.as_slice());
+        if offset == 0 && part.len() == total {
+            return self.deliver(key, Received::Bytes(ty.clone(), part.to_vec()));
+        }
+        let mut state = self.lock();
+        let (buffer, filled) = state.assembling.entry(key.to_string()).or_insert_with(|| (vec![0; total], 0));
+        // The data plane checked that the chunk lies within `total` bytes.
+        if buffer.len() != total || *filled + part.len() > total {
+            return Err(format!("`{key}`: chunks that do not add up to one {ty}"));
+        }
+        buffer[offset..offset + part.len()].copy_from_slice(part);
+        *filled += part.len();
+        if *filled < total {
+            return Ok(());
+        }
+        let (buffer, _) = state.assembling.remove(key).expect("assembling");
+        drop(state);
+        self.deliver(key, Received::Bytes(ty.clone(), buffer))
     }
 
     fn wait_for<T>(&self, key: &str, ready: impl FnMut(&mut State) -> Option<T>) -> Result<T, InterpError> {
@@ -252,6 +332,19 @@ impl NetRendezvous {
             return Err(InterpError::Aborted { reason: reason.clone() });
         }
         match self.routes.receiver.get(key) {
+            Some(&rank) if rank != self.routes.rank && self.peers.links.reaches(rank) => {
+                let wire = tensor_wire_key(key, &value.ty());
+                let mut value = value;
+                let links = &self.peers.links;
+                let sent = match value.le_bytes_mut() {
+                    Some(bytes) => links.send(rank, self.step, &wire, bytes, 0, bytes.len(), self.wait),
+                    None => {
+                        let bytes = value.to_le_bytes();
+                        links.send(rank, self.step, &wire, &bytes, 0, bytes.len(), self.wait)
+                    }
+                };
+                sent.map_err(|e| self.fail(e))
+            }
             Some(&rank) if rank != self.routes.rank => {
                 self.peers.push(rank, self.step, key, &value, self.wait).map_err(|e| self.fail(e))
             }
@@ -309,5 +402,30 @@ impl NetRendezvous {
         drop(state);
         self.wait_for(key, |state| state.reductions.get(key).and_then(|r| r.sum.clone()))?
             .map_err(|reason| InterpError::Aborted { reason })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dfc_ir::DType;
+
+    #[test]
+    fn a_tensors_data_plane_key_carries_its_type() {
+        for ty in [
+            TensorType::new(DType::F32, vec![64, 784]),
+            TensorType::new(DType::I32, Vec::<usize>::new()),
+            TensorType::new(DType::U8, vec![0, 3]),
+        ] {
+            let key = "/job:worker/task:0/cpu:0;replica_1/x;/job:worker/task:1/cpu:0";
+            let wire = tensor_wire_key(key, &ty);
+            assert_eq!(parse_tensor_wire_key(&wire), Some(Ok((ty.clone(), key))), "{wire}");
+        }
+        assert_eq!(parse_tensor_wire_key("gradients/all_reduce#3"), None, "a ring segment's key");
+        for malformed in ["tensor ", "tensor 0 64", "tensor x 64 k", "tensor 0 6x4 k", "tensor 99 1 k"] {
+            assert!(matches!(parse_tensor_wire_key(malformed), Some(Err(_))), "{malformed}");
+        }
+        let huge = format!("tensor 0 {},{} k", u64::MAX, 2);
+        assert!(matches!(parse_tensor_wire_key(&huge), Some(Err(_))), "an impossible size");
     }
 }
