@@ -261,36 +261,40 @@ fn drain_stderr(child: &mut Child) -> std::thread::JoinHandle<String> {
     })
 }
 
-#[test]
-fn a_killed_worker_is_reported_by_name_and_the_run_fails() {
-    let dir = scratch("killed");
+/// Trains on two workers, does `fault` to the second after two seconds, and returns the run's
+/// stderr once it has failed, which it must within 30 s.
+fn a_fault_on_the_second_worker(name: &str, wait: &str, fault: impl FnOnce(&mut Vec<Worker>)) -> String {
+    let dir = scratch(name);
     let feeds = regression_data(&dir, 256);
-    let workers: Vec<Worker> = (0..2).map(|_| Worker::start(TOKEN)).collect();
+    let mut workers: Vec<Worker> = (0..2).map(|_| Worker::start(TOKEN)).collect();
     let cluster = cluster_file(&dir, &[("worker", &[&workers[0], &workers[1]])]);
     let plan = compile(&dir, &["--cluster", s(&cluster), "--strategy", "mirrored"]);
     let mut run = Command::new(env!("CARGO_BIN_EXE_dfc"))
         .args(["run", s(&plan), "--feed", &feeds[0], "--feed", &feeds[1], "--epochs", "100000"])
-        .args(["--cluster", s(&cluster), "--wait", "5"])
+        .args(["--cluster", s(&cluster), "--wait", wait])
         .env("DFC_TOKEN", TOKEN)
         .stderr(Stdio::piped())
         .spawn()
         .expect("start the run");
     let stderr = drain_stderr(&mut run);
-    // Let it train a while, then kill the second worker.
     std::thread::sleep(Duration::from_secs(2));
-    let mut workers = workers;
-    let victim = workers.pop().unwrap();
-    drop(victim);
-    let killed = Instant::now();
+    fault(&mut workers);
+    let faulted = Instant::now();
     let status = loop {
         if let Some(status) = run.try_wait().expect("wait") {
             break status;
         }
-        assert!(killed.elapsed() < Duration::from_secs(30), "the run did not end within 30 s of the kill");
+        assert!(faulted.elapsed() < Duration::from_secs(30), "{name}: the run did not end within 30 s of the fault");
         std::thread::sleep(Duration::from_millis(100));
     };
     let stderr = stderr.join().unwrap();
     assert!(!status.success(), "{stderr}");
+    stderr
+}
+
+#[test]
+fn a_killed_worker_is_reported_by_name_and_the_run_fails() {
+    let stderr = a_fault_on_the_second_worker("killed", "5", |workers| drop(workers.pop()));
     assert!(stderr.contains("/job:worker/task:1"), "the error names the dead worker's task: {stderr}");
 }
 
@@ -330,34 +334,11 @@ fn mpirun_launches_a_job_with_one_command() {
 
 #[test]
 fn a_stopped_worker_is_reported_by_name_and_the_run_fails() {
-    let dir = scratch("stopped");
-    let feeds = regression_data(&dir, 256);
-    let workers: Vec<Worker> = (0..2).map(|_| Worker::start(TOKEN)).collect();
-    let cluster = cluster_file(&dir, &[("worker", &[&workers[0], &workers[1]])]);
-    let plan = compile(&dir, &["--cluster", s(&cluster), "--strategy", "mirrored"]);
-    let mut run = Command::new(env!("CARGO_BIN_EXE_dfc"))
-        .args(["run", s(&plan), "--feed", &feeds[0], "--feed", &feeds[1], "--epochs", "100000"])
-        .args(["--cluster", s(&cluster), "--wait", "3"])
-        .env("DFC_TOKEN", TOKEN)
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start the run");
-    let stderr = drain_stderr(&mut run);
-    // Let it train a while, then stop the second worker's process (as a hang would): its
-    // connections stay open, but it answers nothing.
-    std::thread::sleep(Duration::from_secs(2));
-    let stop = Command::new("kill").args(["-STOP", &workers[1].child.id().to_string()]).status().expect("kill");
-    assert!(stop.success());
-    let stopped = Instant::now();
-    let status = loop {
-        if let Some(status) = run.try_wait().expect("wait") {
-            break status;
-        }
-        assert!(stopped.elapsed() < Duration::from_secs(30), "the run did not end within 30 s of the stop");
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    let stderr = stderr.join().unwrap();
-    assert!(!status.success(), "{stderr}");
+    // Stopped as a hung process would be: its connections stay open, but it answers nothing.
+    let stderr = a_fault_on_the_second_worker("stopped", "3", |workers| {
+        let stop = Command::new("kill").args(["-STOP", &workers[1].child.id().to_string()]).status();
+        assert!(stop.expect("kill").success());
+    });
     assert!(
         stderr.contains("worker /job:worker/task:1") && stderr.contains("stopped answering"),
         "the error names the stopped worker's task: {stderr}"
