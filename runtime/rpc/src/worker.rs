@@ -375,7 +375,10 @@ impl Worker for WorkerService {
         let host = host?;
         let ty = tensor::type_of(first.dtype, &first.dims).map_err(bad)?;
         let total = ty.size_in_bytes();
-        let mut bytes = Vec::with_capacity(total.min(MAX_MESSAGE_BYTES));
+        if total > MAX_MESSAGE_BYTES {
+            return Err(bad(format!("push of `{}`: a {ty} is larger than a message may be", first.key)));
+        }
+        let mut bytes = Vec::with_capacity(total);
         let (step, key) = (first.step, first.key.clone());
         let mut chunk = Some(first);
         while let Some(c) = chunk {
