@@ -182,7 +182,7 @@ fn human(report: &Report) -> String {
 /// `BATCHES` sets of feeds: a random tensor of its type for every input the program needs.
 fn random_feeds(plan: &Plan, program: &SessionProgram, seed: u64) -> Result<Vec<HashMap<String, Tensor>>, Failure> {
     let mut rng = Rng::new(seed ^ 0x6265_6e63_6821_2121);
-    let needed = program.inputs();
+    let needed = dfc_driver::replicas::plan_inputs(plan, program.inputs());
     let mut feeds = vec![HashMap::new(); BATCHES];
     for name in &needed {
         let Some(input) = plan.inputs.iter().find(|i| i.name == *name) else {
@@ -194,7 +194,12 @@ fn random_feeds(plan: &Plan, program: &SessionProgram, seed: u64) -> Result<Vec<
             batch.insert(name.clone(), random_tensor(&input.ty, &mut rng));
         }
     }
-    Ok(feeds)
+    // Split for an asynchronous plan's replicas before the clock starts.
+    feeds
+        .iter()
+        .map(|batch| dfc_driver::replicas::node_feeds(plan, batch).map(|f| f.into_owned()))
+        .collect::<Result<_, _>>()
+        .map_err(|e: dfc_driver::RunError| Failure(e.to_string()))
 }
 
 fn random_tensor(ty: &dfc_ir::TensorType, rng: &mut Rng) -> Tensor {

@@ -13,7 +13,7 @@
 use dfc_diag::{Code, Diagnostic, Span};
 use dfc_ir::{Cluster, DeviceKind, DeviceSpec, Module};
 use dfc_passes::{CostModel, ReplicateOptions, Replication, ShardOptions, VariablePlacement};
-use dfc_plan::{Partition, Plan, StrategySpec};
+use dfc_plan::{IoSpec, Partition, Plan, ReplicaSpec, StrategySpec};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Strategy {
@@ -170,6 +170,12 @@ pub fn compile(source: &str, source_name: &str, options: &CompileOptions) -> Res
     let devices: Vec<DeviceSpec> = cluster.devices().into_iter().cloned().collect();
     let layout = Layout::new(cluster, options.strategy)?;
 
+    let mut replica_interfaces = Vec::new();
+    let full_inputs: Vec<IoSpec> = full
+        .inputs
+        .iter()
+        .map(|&i| IoSpec { name: full.graph.node(i).name.clone(), ty: full.graph.node(i).outputs[0].clone() })
+        .collect();
     let module = match layout.replication {
         None => full,
         Some(replication) => {
@@ -189,6 +195,9 @@ pub fn compile(source: &str, source_name: &str, options: &CompileOptions) -> Res
             };
             let (module, found) =
                 dfc_passes::replicate(&per_replica, &full, &replicate).map_err(CompileError::Diagnostics)?;
+            if replication == (Replication::Shared { sync: false }) {
+                replica_interfaces = dfc_passes::replica_interfaces(&per_replica, layout.replicas.len());
+            }
             warnings.extend(found);
             verify_after(&module, "replicate");
             let mut module = module;
@@ -229,8 +238,23 @@ pub fn compile(source: &str, source_name: &str, options: &CompileOptions) -> Res
     let partitions: Vec<Partition> =
         partitioned.parts.into_iter().map(|(device, module)| Partition { device, module, native: None }).collect();
     let mut plan = Plan::build(&partitioned.combined, partitions, cluster.clone(), strategy, source_name, source);
+    if !replica_interfaces.is_empty() {
+        // The replicas' own inputs are fed from the model's, split by rows.
+        plan.inputs = full_inputs;
+        plan.replicas = replica_interfaces
+            .into_iter()
+            .zip(&layout.replicas)
+            .map(|(r, device)| ReplicaSpec {
+                device: device.clone(),
+                inputs: r.inputs,
+                loss_node: r.loss_node,
+                updates: r.updates,
+            })
+            .collect();
+    }
     if let Some(target) = &options.native {
-        let fetched: Vec<String> = plan.training.iter().map(|t| t.loss_node.clone()).collect();
+        let mut fetched: Vec<String> = plan.training.iter().map(|t| t.loss_node.clone()).collect();
+        fetched.extend(plan.replicas.iter().map(|r| r.loss_node.clone()));
         let fetched: Vec<&str> = fetched.iter().map(String::as_str).collect();
         for partition in plan.partitions.iter_mut().filter(|p| p.device.kind != Some(DeviceKind::Gpu)) {
             let keep = dfc_codegen::fetched_nodes(&partition.module, &fetched);

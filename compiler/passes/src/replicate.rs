@@ -6,7 +6,9 @@
 //! and mean is the replica's own) and the full-batch module, for the types the user sees.
 //!
 //! - Inputs keep their full-batch type and name; replica r computes on rows
-//!   `r·b .. (r+1)·b`, sliced where the input lives.
+//!   `r·b .. (r+1)·b`, sliced where the input lives. Asynchronous replicas instead have an
+//!   input each (`replica_<r>/<name>`, the replica's batch, on its device), so that each can
+//!   step on its own batches: [`replica_interfaces`] names what each one feeds and runs.
 //! - `Mirrored`: every replica has its own copy of every variable (replica 0's keeps the
 //!   variable's name; the others are `replica_<r>/<name>`, mirrors of it, with the same
 //!   initial value). Each gradient is summed over the replicas by an all-reduce and divided by
@@ -62,6 +64,39 @@ pub fn replicate(
     } else {
         Ok((builder.out, builder.diagnostics))
     }
+}
+
+/// The name of replica `r`'s copy of the node `name`.
+pub fn replica_name(r: usize, name: &str) -> String {
+    format!("replica_{r}/{name}")
+}
+
+/// What one replica of an asynchronous (`Shared { sync: false }`) module feeds, fetches and
+/// runs, by node name, so that it can train on its own: its inputs (with the source input each
+/// is a replica's batch of), its loss and its updates.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReplicaInterface {
+    pub inputs: Vec<(String, String)>,
+    pub loss_node: String,
+    pub updates: Vec<String>,
+}
+
+/// The interface of each of the `replicas` replicas that [`replicate`] makes of `per_replica`
+/// under `Shared { sync: false }` (the only replication whose replicas share no step).
+pub fn replica_interfaces(per_replica: &Module, replicas: usize) -> Vec<ReplicaInterface> {
+    let graph = &per_replica.graph;
+    let Some(training) = &per_replica.training else { return Vec::new() };
+    (0..replicas)
+        .map(|r| ReplicaInterface {
+            inputs: per_replica
+                .inputs
+                .iter()
+                .map(|&i| (graph.node(i).name.clone(), replica_name(r, &graph.node(i).name)))
+                .collect(),
+            loss_node: replica_name(r, &graph.node(training.loss.node).name),
+            updates: training.updates.iter().map(|&u| replica_name(r, &graph.node(u).name)).collect(),
+        })
+        .collect()
 }
 
 struct Builder<'a> {
@@ -129,8 +164,24 @@ impl<'a> Builder<'a> {
         self.out.dims = full.dims.clone();
         let order = graph.topo_order().expect("verified modules are acyclic");
 
-        // Full-batch inputs, sliced per replica where they live.
-        for &input in &src.inputs {
+        // Asynchronous replicas step on their own, each on its own batches: an input per replica.
+        if self.options.replication == (Replication::Shared { sync: false }) {
+            for &input in &src.inputs {
+                let node = graph.node(input);
+                for r in 0..self.replicas() {
+                    let op = Op::Input { ty: node.outputs[0].clone() };
+                    let name = replica_name(r, &node.name);
+                    let id = self.out.graph.add(op, &[], &name, graph.span(input)).expect("typed");
+                    let device = self.request(input, r);
+                    self.out.graph.node_mut(id).requested_device = device;
+                    self.out.inputs.push(id);
+                    self.copies[r].insert(input, id);
+                }
+            }
+        }
+        // Otherwise full-batch inputs, sliced per replica where they live.
+        let sliced = if self.options.replication == (Replication::Shared { sync: false }) { &[][..] } else { &src.inputs[..] };
+        for &input in sliced {
             let node = graph.node(input);
             let full_id = full.inputs.iter().copied().find(|&i| full.graph.node(i).name == node.name);
             let full_ty = full_id.map_or_else(|| node.outputs[0].clone(), |i| full.graph.node(i).outputs[0].clone());
@@ -145,7 +196,7 @@ impl<'a> Builder<'a> {
                     *first = r * rows;
                 }
                 let slice = Op::Slice { begin, size: node.outputs[0].shape.dims().to_vec() };
-                let name = format!("replica_{r}/{}", node.name);
+                let name = replica_name(r, &node.name);
                 let s = self.out.graph.add(slice, &[id.into()], &name, graph.span(input)).expect("slices type");
                 self.out.graph.node_mut(s).requested_device = home.clone();
                 self.copies[r].insert(input, s);
@@ -183,7 +234,7 @@ impl<'a> Builder<'a> {
         let mut op = node.op.clone();
         let is_variable = matches!(op, Op::Variable { .. });
         let name = match replica {
-            Some(r) if !(is_variable && r == 0) => format!("replica_{r}/{}", node.name),
+            Some(r) if !(is_variable && r == 0) => replica_name(r, &node.name),
             _ => node.name.clone(),
         };
         if let (Op::Variable { ty, origin, .. }, Some(r)) = (&mut op, replica) {

@@ -43,6 +43,9 @@ pub struct Plan {
     /// shards' devices).
     pub params: Vec<ParamSpec>,
     pub training: Option<TrainingSpec>,
+    /// Asynchronous parameter server only (else empty): what each replica feeds, fetches and
+    /// runs by itself, so that replicas can train without waiting for each other.
+    pub replicas: Vec<ReplicaSpec>,
     /// The cost model's prediction for one training step, per device.
     pub report: Option<CostReport>,
 }
@@ -142,6 +145,21 @@ pub struct TrainingSpec {
     pub updates: Vec<String>,
 }
 
+/// One replica's own training step (asynchronous parameter server): fed its own batches,
+/// it updates the shared variables without waiting for the other replicas.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ReplicaSpec {
+    /// The device its compute runs on.
+    pub device: DeviceSpec,
+    /// `(plan input, Input node)`: the node takes this replica's rows of the input's batch
+    /// (replica r of R: rows `r·b .. (r+1)·b`, b = batch / R).
+    pub inputs: Vec<(String, String)>,
+    /// Its loss (output 0 of this node).
+    pub loss_node: String,
+    /// Its updates of the shared variables, by node name.
+    pub updates: Vec<String>,
+}
+
 pub use dfc_passes::{CostReport, DeviceCost};
 
 impl Plan {
@@ -187,6 +205,7 @@ impl Plan {
             metrics: named(&combined.metrics),
             params: param_specs(combined),
             training,
+            replicas: Vec::new(),
             partitions,
             report: None,
         }

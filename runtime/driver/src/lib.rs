@@ -7,6 +7,7 @@
 //! - [`metrics`]: the JSON-lines log of one record per epoch.
 //! - [`session`]: runs any plan, one partition or many, in one process (a thread per
 //!   partition); holds the variables and builds programs from names.
+//! - [`replicas`]: feeding an asynchronous plan's replicas, whose inputs are their own.
 //! - [`runner`]: what the loop needs of whatever runs a plan (a session, or remote workers).
 //! - [`train`](mod@train): the loop: epochs, evaluation, checkpoints and resumption, and `--fetch`.
 
@@ -14,6 +15,7 @@ pub mod checkpoint;
 pub mod data;
 pub mod metrics;
 pub mod npy;
+pub mod replicas;
 pub mod runner;
 pub mod session;
 pub mod train;

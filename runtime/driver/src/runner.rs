@@ -19,10 +19,10 @@ pub trait Runner {
     /// the nodes named in `targets` for their effect.
     fn program(&mut self, fetches: &[&str], targets: &[&str]) -> Result<Self::Program, RunError>;
 
-    /// The inputs `program` needs.
+    /// The plan inputs `program` needs.
     fn inputs(&self, program: &Self::Program) -> Vec<String>;
 
-    /// One run of `program` on `feeds`: the fetched values, in order.
+    /// One run of `program` on `feeds` (by plan input): the fetched values, in order.
     fn run(&mut self, program: &Self::Program, feeds: &HashMap<String, Tensor>) -> Result<Vec<Tensor>, RunError>;
 
     /// The logical variables (what a checkpoint holds).
@@ -49,7 +49,7 @@ impl<'p> Runner for Session<'p> {
     }
 
     fn inputs(&self, program: &SessionProgram) -> Vec<String> {
-        program.inputs()
+        crate::replicas::plan_inputs(Session::plan(self), program.inputs())
     }
 
     fn run(&mut self, program: &SessionProgram, feeds: &HashMap<String, Tensor>) -> Result<Vec<Tensor>, RunError> {

@@ -415,10 +415,12 @@ impl<'p> Session<'p> {
         RunError::Usage(format!("plan of model `{}` has no output or node `{name}`", self.plan.model))
     }
 
-    /// Runs `program` (built by this session) once on `feeds` (by input name; each goes to the
-    /// partition that has the input) and returns the fetched values, in order. The variables
-    /// change only if every partition succeeds.
+    /// Runs `program` (built by this session) once on `feeds` (by input name, each to the
+    /// partition that has the input; an asynchronous plan's replicas get their rows) and
+    /// returns the fetched values, in order. The variables change only if every partition
+    /// succeeds.
     pub fn run(&mut self, program: &SessionProgram, feeds: &HashMap<String, Tensor>) -> Result<Vec<Tensor>, RunError> {
+        let feeds = &*crate::replicas::node_feeds(self.plan, feeds)?;
         let rendezvous = InProcessRendezvous::new();
         let fetched = self.run_with(program, feeds, &rendezvous)?;
         fetched

@@ -410,14 +410,12 @@ impl Runner for RemoteSession {
     }
 
     fn inputs(&self, program: &RemoteProgram) -> Vec<String> {
-        let mut inputs: Vec<String> = program.parts.iter().flat_map(|p| p.1.clone()).collect();
-        let declared = |name: &String| self.plan.inputs.iter().position(|i| i.name == *name).unwrap_or(usize::MAX);
-        inputs.sort_by_key(declared);
-        inputs.dedup();
-        inputs
+        let nodes: Vec<String> = program.parts.iter().flat_map(|p| p.1.clone()).collect();
+        dfc_driver::replicas::plan_inputs(&self.plan, nodes)
     }
 
     fn run(&mut self, program: &RemoteProgram, feeds: &HashMap<String, Tensor>) -> Result<Vec<Tensor>, RunError> {
+        let feeds = dfc_driver::replicas::node_feeds(&self.plan, feeds)?;
         let step = self.next_step;
         self.next_step += 1;
         let mut requests = Vec::new();
