@@ -5,7 +5,7 @@
 //! float tolerance; model parallelism runs the same arithmetic and agrees exactly.
 
 use dfc_compile::{compile, CompileOptions, Strategy};
-use dfc_driver::Session;
+use dfc_driver::{Session, Stage};
 use dfc_interp::Tensor;
 use dfc_ir::{Cluster, DType, DeviceKind};
 use dfc_plan::Plan;
@@ -186,6 +186,53 @@ fn asynchronous_parameter_servers_train() {
         losses[27..].iter().sum::<f64>() < losses[..3].iter().sum::<f64>(),
         "async training does not learn: {losses:?}"
     );
+}
+
+/// An asynchronous plan names each replica's own inputs, loss and updates; one replica's step
+/// run as its two stages (what needs no Recv, then the rest, on one rendezvous, as a parameter
+/// server serving free-running replicas runs it) ends as the whole step does, and only the
+/// second stage returns the loss.
+#[test]
+fn a_replica_step_in_two_stages_ends_like_the_whole_step() {
+    let plan = plan("mlp", ps_cluster(2), Strategy::ParameterServer { sync: false });
+    assert_eq!(plan.replicas.len(), 2);
+    let replica = &plan.replicas[1];
+    assert_eq!(replica.device.to_string(), "/job:worker/task:1/cpu:0");
+    let names: Vec<&str> = replica
+        .inputs
+        .iter()
+        .map(|(input, node)| {
+            assert_eq!(*node, format!("replica_1/{input}"));
+            input.as_str()
+        })
+        .collect();
+    assert_eq!(names, ["images", "labels"]);
+    let updates: Vec<&str> = replica.updates.iter().map(String::as_str).collect();
+    let whole_batch = batches(&plan).remove(0);
+    let feeds = dfc_driver::replicas::node_feeds(&plan, &whole_batch).unwrap().into_owned();
+    let fetches = [replica.loss_node.as_str()];
+
+    let mut whole = Session::new(&plan, 0).unwrap();
+    let program = whole.program(&fetches, &updates).unwrap();
+    let rendezvous = dfc_interp::InProcessRendezvous::new();
+    let loss = whole.run_with(&program, &feeds, &rendezvous).unwrap()[0].clone().expect("the loss");
+
+    let mut staged = Session::new(&plan, 0).unwrap();
+    let before = staged.program_stage(&fetches, &updates, Stage::BeforeRecvs).unwrap();
+    let after = staged.program_stage(&fetches, &updates, Stage::AfterRecvs).unwrap();
+    let rendezvous = dfc_interp::InProcessRendezvous::new();
+    let first = staged.run_with(&before, &feeds, &rendezvous).unwrap();
+    assert!(first[0].is_none(), "the loss needs the variables: the second stage's");
+    let second = staged.run_with(&after, &feeds, &rendezvous).unwrap();
+    assert_eq!(second[0].as_ref().expect("the loss").to_f64_vec(), loss.to_f64_vec());
+    let (a, b) = (whole.variables(), staged.variables());
+    assert_eq!(a.len(), b.len());
+    for (name, value) in a.iter() {
+        assert_eq!(value.to_f64_vec(), b.get(name).unwrap().to_f64_vec(), "`{name}`");
+    }
+    // The step changed the variables (the stages did not just both skip the updates).
+    let fresh = Session::new(&plan, 0).unwrap().variables();
+    assert!(fresh.iter().any(|(name, v)| v.to_f64_vec() != a.get(name).unwrap().to_f64_vec()));
 }
 
 /// `--partition-min-bytes`: large variables are sharded over the parameter servers (at most one

@@ -180,7 +180,8 @@ impl<'a> Builder<'a> {
             }
         }
         // Otherwise full-batch inputs, sliced per replica where they live.
-        let sliced = if self.options.replication == (Replication::Shared { sync: false }) { &[][..] } else { &src.inputs[..] };
+        let sliced =
+            if self.options.replication == (Replication::Shared { sync: false }) { &[][..] } else { &src.inputs[..] };
         for &input in sliced {
             let node = graph.node(input);
             let full_id = full.inputs.iter().copied().find(|&i| full.graph.node(i).name == node.name);

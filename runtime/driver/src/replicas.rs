@@ -11,7 +11,10 @@ use std::collections::HashMap;
 
 /// The feeds by `Input` node: each replica's own inputs their rows of the plan's inputs, and
 /// every other feed as it is.
-pub fn node_feeds<'f>(plan: &Plan, feeds: &'f HashMap<String, Tensor>) -> Result<Cow<'f, HashMap<String, Tensor>>, RunError> {
+pub fn node_feeds<'f>(
+    plan: &Plan,
+    feeds: &'f HashMap<String, Tensor>,
+) -> Result<Cow<'f, HashMap<String, Tensor>>, RunError> {
     let split_here = |name: &String| plan.replicas.iter().any(|r| r.inputs.iter().any(|(input, _)| input == name));
     if !feeds.keys().any(split_here) {
         return Ok(Cow::Borrowed(feeds));

@@ -35,6 +35,20 @@ pub trait Runner {
     fn take_worker_metrics(&mut self) -> Vec<WorkerMetrics> {
         Vec::new()
     }
+
+    /// The plan's replicas as steppers that may run at the same time, each on its own batches
+    /// (an asynchronous plan on workers that keep the replicas apart); `None` where replicas
+    /// step together.
+    fn free_replicas(&mut self) -> Result<Option<&dyn FreeReplicas>, RunError> {
+        Ok(None)
+    }
+}
+
+/// Replicas that train each on its own (asynchronous parameter servers, free-running).
+pub trait FreeReplicas: Sync {
+    /// One training step of replica `replica` on `feeds` (by its own `Input` nodes,
+    /// `Plan::replicas`): its loss.
+    fn step(&self, replica: usize, feeds: &HashMap<String, Tensor>) -> Result<f64, RunError>;
 }
 
 impl<'p> Runner for Session<'p> {

@@ -29,6 +29,16 @@ use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
+/// Which of a program's nodes a run runs: all of them, or (for a worker that serves several
+/// free-running replicas) those that need no `Recv` of another partition, or the rest.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Stage {
+    #[default]
+    Whole,
+    BeforeRecvs,
+    AfterRecvs,
+}
+
 /// What runs a partition's nodes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Backend {
@@ -303,6 +313,14 @@ impl<'p> Session<'p> {
     /// The program that fetches `fetches` (named outputs or metrics of the partitions, else
     /// node names; output 0) and runs the nodes named in `targets` for their effect.
     pub fn program(&self, fetches: &[&str], targets: &[&str]) -> Result<SessionProgram, RunError> {
+        self.program_stage(fetches, targets, Stage::Whole)
+    }
+
+    /// The part `stage` of the program of `fetches` and `targets`: what of each partition's
+    /// share needs no `Recv`, or the rest. A worker that serves several free-running replicas
+    /// (a parameter server) runs the two as separate calls of one step, so that it never
+    /// holds its variables while it waits for a replica.
+    pub fn program_stage(&self, fetches: &[&str], targets: &[&str], stage: Stage) -> Result<SessionProgram, RunError> {
         let n = self.plan.partitions.len();
         let mut roots: Vec<BTreeSet<NodeId>> = vec![BTreeSet::new(); n];
         let mut part_fetches: Vec<Vec<TensorRef>> = vec![Vec::new(); n];
@@ -351,6 +369,32 @@ impl<'p> Session<'p> {
             }
         }
 
+        if stage != Stage::Whole {
+            for (p, partition_roots) in roots.iter_mut().enumerate() {
+                if partition_roots.is_empty() || !self.hosted[p] {
+                    continue;
+                }
+                let graph = &self.plan.partitions[p].module.graph;
+                let waits = |id: NodeId| {
+                    graph.ancestors(&[id]).into_iter().any(|a| matches!(graph.node(a).op, Op::Recv { .. }))
+                };
+                partition_roots.retain(|&id| waits(id) == (stage == Stage::AfterRecvs));
+                // A fetch of the other stage is not this one's to compute or return.
+                let mut kept = Vec::new();
+                let mut new_index = vec![usize::MAX; part_fetches[p].len()];
+                for (i, fetch) in part_fetches[p].iter().enumerate() {
+                    if partition_roots.contains(&fetch.node) {
+                        new_index[i] = kept.len();
+                        kept.push(*fetch);
+                    }
+                }
+                part_fetches[p] = kept;
+                for at in fetch_at.iter_mut().filter(|at| at.0 == p) {
+                    *at = if new_index[at.1] == usize::MAX { (usize::MAX, 0) } else { (p, new_index[at.1]) };
+                }
+            }
+        }
+
         let mut parts = Vec::new();
         let mut part_index = vec![usize::MAX; n];
         for (p, partition_roots) in roots.iter().enumerate() {
@@ -369,8 +413,10 @@ impl<'p> Session<'p> {
             part_index[p] = parts.len();
             parts.push(Part { partition: p, program });
         }
-        let fetches =
-            fetch_at.into_iter().map(|(p, i)| (part_index[p] != usize::MAX).then(|| (part_index[p], i))).collect();
+        let fetches = fetch_at
+            .into_iter()
+            .map(|(p, i)| (p != usize::MAX && part_index[p] != usize::MAX).then(|| (part_index[p], i)))
+            .collect();
         let mut inputs: Vec<String> = parts.iter().flat_map(|part| part.program.inputs()).collect();
         let declared = |name: &String| self.plan.inputs.iter().position(|i| i.name == *name).unwrap_or(usize::MAX);
         inputs.sort_by_key(|name| declared(name)); // stable: undeclared ones keep partition order

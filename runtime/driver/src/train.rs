@@ -9,7 +9,7 @@
 use crate::checkpoint;
 use crate::data::{self, Dataset};
 use crate::metrics::{EpochRecord, MetricsLog};
-use crate::runner::Runner;
+use crate::runner::{FreeReplicas, Runner};
 use crate::session::Session;
 use dfc_interp::{InterpError, Tensor, Variables};
 use dfc_ir::Op;
@@ -199,7 +199,21 @@ pub fn train_with<R: Runner>(
         session.take_worker_metrics();
         let started = Instant::now();
         let (mut loss_sum, mut loss_count, mut trained) = (0.0, 0u64, 0u64);
+        let limit = options.steps.map_or(u64::MAX, |limit| limit.saturating_sub(step));
+        // An asynchronous plan's replicas step on their own where the runner can run them so.
+        let mut free_running = false;
+        if let Some(replicas) = session.free_replicas()? {
+            let todo = steps_per_epoch.saturating_sub(skip).min(limit);
+            let epoch_data = EpochData { data: &train_data, order: &order, batch, skip, steps: todo };
+            let (sum, steps) = train_free_running(plan, replicas, epoch_data, started, progress)?;
+            (loss_sum, loss_count, trained) = (sum, steps, steps);
+            step += steps;
+            free_running = true;
+        }
         for (i, feeds) in train_data.batches(batch, &order).enumerate() {
+            if free_running {
+                break;
+            }
             if (i as u64) < skip {
                 continue;
             }
@@ -258,6 +272,88 @@ pub fn train_with<R: Runner>(
         }
     }
     Ok(TrainSummary { steps: step, epochs, records, variables: session.variables()? })
+}
+
+/// The batches of an epoch that a training loop works through.
+struct EpochData<'a> {
+    data: &'a Dataset,
+    order: &'a [usize],
+    /// The plan's batch size.
+    batch: usize,
+    /// Batches already trained on (a resumed epoch).
+    skip: u64,
+    /// Batches to train on now.
+    steps: u64,
+}
+
+/// An epoch of free-running replicas: each takes the next replica-sized batch as soon as it is
+/// done with one (the epoch's batches, in order, each split into as many as there are
+/// replicas) and steps on its own. Returns the summed loss and the steps, counted in the
+/// plan's batches (the replicas' steps over their number).
+fn train_free_running(
+    plan: &Plan,
+    replicas: &dyn FreeReplicas,
+    epoch: EpochData,
+    started: Instant,
+    progress: &mut dyn Progress,
+) -> Result<(f64, u64), RunError> {
+    let n = plan.replicas.len();
+    let rows = epoch.batch / n;
+    let order = &epoch.order[(epoch.skip as usize) * epoch.batch..];
+    let batches = std::sync::Mutex::new(epoch.data.batches(rows, order).take(epoch.steps as usize * n));
+    let failed = std::sync::atomic::AtomicBool::new(false);
+    let (losses, received) = std::sync::mpsc::channel::<f64>();
+    let results = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..n)
+            .map(|r| {
+                let (batches, failed, losses) = (&batches, &failed, losses.clone());
+                scope.spawn(move || -> Result<(), RunError> {
+                    while !failed.load(std::sync::atomic::Ordering::Relaxed) {
+                        let next = batches.lock().unwrap_or_else(|e| e.into_inner()).next();
+                        let Some(feeds) = next else { return Ok(()) };
+                        let feeds = crate::replicas::replica_feeds(&plan.replicas[r], feeds);
+                        match replicas.step(r, &feeds) {
+                            Ok(loss) if loss.is_finite() => drop(losses.send(loss)),
+                            Ok(loss) => {
+                                failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                                return Err(RunError::Usage(format!(
+                                    "the loss of replica {r} became {loss}; lower the learning rate"
+                                )));
+                            }
+                            Err(error) => {
+                                failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                                return Err(error);
+                            }
+                        }
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        drop(losses);
+        // Progress moves by the plan's batches: one per `n` replica steps.
+        let (mut pending, mut steps) = (Vec::with_capacity(n), 0u64);
+        let mut sum = 0.0;
+        for loss in received {
+            pending.push(loss);
+            if pending.len() == n {
+                let mean = pending.drain(..).sum::<f64>() / n as f64;
+                sum += mean;
+                steps += 1;
+                let seconds = started.elapsed().as_secs_f64().max(1e-9);
+                progress.step(mean, (steps * epoch.batch as u64) as f64 / seconds);
+            }
+        }
+        let results: Vec<Result<(), RunError>> =
+            handles.into_iter().map(|h| h.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))).collect();
+        (results, sum, steps)
+    });
+    let (results, sum, steps) = results;
+    // The first replica's failure (the others stop after their step).
+    for result in results {
+        result?;
+    }
+    Ok((sum, steps))
 }
 
 /// Replaces initial values by a checkpoint's, which must hold every logical variable with

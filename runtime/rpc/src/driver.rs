@@ -10,11 +10,13 @@ use crate::proto::worker_client::WorkerClient;
 use crate::proto::*;
 use crate::rendezvous::Client;
 use crate::{plan_sha256, tensor, MAX_MESSAGE_BYTES};
-use dfc_driver::{Backend, RunError, Runner, WorkerMetrics};
+use dfc_driver::{Backend, FreeReplicas, RunError, Runner, Stage, WorkerMetrics};
 use dfc_interp::{Tensor, Variables};
 use dfc_plan::Plan;
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 use std::time::Duration;
 
 /// Which worker runs each partition, and the workers' task names.
@@ -97,12 +99,28 @@ pub struct RemoteSession {
     names: Vec<String>,
     runtime: tokio::runtime::Runtime,
     next_program: u64,
-    next_step: u64,
+    /// Step ids, unique across replicas that step at the same time.
+    next_step: AtomicU64,
     wait: Duration,
     /// Per worker, what its runs took since `take_worker_metrics` last drained them.
-    worker_metrics: Vec<WorkerMetrics>,
+    worker_metrics: Mutex<Vec<WorkerMetrics>>,
+    /// The free-running replicas' programs, once asked for (`None` inside: they cannot run so).
+    free: Option<Option<Vec<ReplicaPrograms>>>,
     /// Per worker, the threads it computes on (as it said when connected).
     worker_threads: Vec<usize>,
+}
+
+/// What one free-running replica runs: its step on its own worker, and on each worker that
+/// serves it (a parameter server) the step's part that needs no Recv (sending it the
+/// variables) and the rest (receiving its gradients, applying its updates), as separate Runs
+/// so that the server holds its variables only while it computes.
+struct ReplicaPrograms {
+    worker: usize,
+    program: u64,
+    /// The replica's `Input` nodes, which its worker is fed.
+    inputs: Vec<String>,
+    /// `(rank, program before its Recvs, program after them)`; `None`: nothing to run then.
+    servers: Vec<(usize, Option<u64>, Option<u64>)>,
 }
 
 /// A program prepared on every worker.
@@ -182,13 +200,16 @@ impl RemoteSession {
             names: assignment.names.clone(),
             runtime,
             next_program: 0,
-            next_step: 0,
+            next_step: AtomicU64::new(0),
             wait,
-            worker_metrics: assignment
-                .names
-                .iter()
-                .map(|name| WorkerMetrics { name: name.clone(), ..WorkerMetrics::default() })
-                .collect(),
+            worker_metrics: Mutex::new(
+                assignment
+                    .names
+                    .iter()
+                    .map(|name| WorkerMetrics { name: name.clone(), ..WorkerMetrics::default() })
+                    .collect(),
+            ),
+            free: None,
             worker_threads: Vec::new(),
         };
         let addresses: Vec<String> = addresses.to_vec();
@@ -359,6 +380,89 @@ impl RemoteSession {
         &self.addresses[rank]
     }
 
+    /// Prepares the program of `fetches` and `targets` (its part `stage`) on the workers `ranks`.
+    fn prepare(
+        &mut self,
+        ranks: &[usize],
+        fetches: &[&str],
+        targets: &[&str],
+        stage: Stage,
+    ) -> Result<(u64, Vec<(usize, PrepareReply)>), RunError> {
+        let id = self.next_program;
+        self.next_program += 1;
+        let request = PrepareRequest {
+            plan_sha256: self.sha256.clone(),
+            program: id,
+            fetches: fetches.iter().map(|f| f.to_string()).collect(),
+            targets: targets.iter().map(|t| t.to_string()).collect(),
+            stage: match stage {
+                Stage::Whole => 0,
+                Stage::BeforeRecvs => 1,
+                Stage::AfterRecvs => 2,
+            },
+        };
+        let requests = ranks.iter().map(|&rank| (rank, request.clone())).collect();
+        let replies =
+            self.on_some(requests, Duration::from_secs(120), None, |mut c, r| async move { c.prepare(r).await })?;
+        Ok((id, replies))
+    }
+
+    /// Each replica's programs for free-running steps, if the workers keep the replicas apart:
+    /// no replica's own worker takes part in another replica's step (it holds its variables
+    /// for the whole of its step), so replicas meet only on workers that serve several, which
+    /// run each step as two Runs.
+    fn prepare_free_replicas(&mut self) -> Result<Option<Vec<ReplicaPrograms>>, RunError> {
+        let replicas = self.plan.replicas.clone();
+        if replicas.is_empty() {
+            return Ok(None);
+        }
+        let all: Vec<usize> = (0..self.clients.len()).collect();
+        let mut steps = Vec::new();
+        for replica in &replicas {
+            let updates: Vec<&str> = replica.updates.iter().map(String::as_str).collect();
+            let (id, replies) = self.prepare(&all, &[&replica.loss_node], &updates, Stage::Whole)?;
+            let taking: Vec<(usize, PrepareReply)> = replies.into_iter().filter(|(_, r)| r.takes_part).collect();
+            let Some((worker, own)) = taking.iter().find(|(_, r)| r.provides == [0]) else {
+                return Err(RunError::Plan(format!("no worker computes `{}`", replica.loss_node)));
+            };
+            let servers: Vec<usize> = taking.iter().map(|(rank, _)| *rank).filter(|rank| rank != worker).collect();
+            steps.push((*worker, id, own.inputs.clone(), servers));
+        }
+        for (i, (worker, ..)) in steps.iter().enumerate() {
+            let shared = steps
+                .iter()
+                .enumerate()
+                .any(|(j, (other, _, _, servers))| i != j && (other == worker || servers.contains(worker)));
+            if shared {
+                return Ok(None);
+            }
+        }
+        let mut programs = Vec::new();
+        for (replica, (worker, program, inputs, server_ranks)) in replicas.iter().zip(steps) {
+            let updates: Vec<&str> = replica.updates.iter().map(String::as_str).collect();
+            let fetches = [replica.loss_node.as_str()];
+            let mut servers = Vec::new();
+            for rank in server_ranks {
+                let (before, reply) = self.prepare(&[rank], &fetches, &updates, Stage::BeforeRecvs)?;
+                let before = reply[0].1.takes_part.then_some(before);
+                let (after, reply) = self.prepare(&[rank], &fetches, &updates, Stage::AfterRecvs)?;
+                let after = reply[0].1.takes_part.then_some(after);
+                servers.push((rank, before, after));
+            }
+            programs.push(ReplicaPrograms { worker, program, inputs, servers });
+        }
+        Ok(Some(programs))
+    }
+
+    /// Adds a Run's reply to its worker's metrics (`step`: count it as a step).
+    fn count(&self, rank: usize, reply: &RunReply, step: bool) {
+        let mut metrics = self.worker_metrics.lock().unwrap_or_else(|e| e.into_inner());
+        let metrics = &mut metrics[rank];
+        metrics.steps += u64::from(step);
+        metrics.run_seconds += reply.run_seconds;
+        metrics.exchange_seconds += reply.exchange_seconds;
+    }
+
     /// Asks every worker to stop.
     pub fn shutdown(&self) {
         let requests = vec![ShutdownRequest {}; self.clients.len()];
@@ -374,21 +478,11 @@ impl Runner for RemoteSession {
     }
 
     fn program(&mut self, fetches: &[&str], targets: &[&str]) -> Result<RemoteProgram, RunError> {
-        let id = self.next_program;
-        self.next_program += 1;
-        let request = PrepareRequest {
-            plan_sha256: self.sha256.clone(),
-            program: id,
-            fetches: fetches.iter().map(|f| f.to_string()).collect(),
-            targets: targets.iter().map(|t| t.to_string()).collect(),
-        };
-        let replies =
-            self.on_all(vec![request; self.clients.len()], Duration::from_secs(120), |mut c, r| async move {
-                c.prepare(r).await
-            })?;
+        let all: Vec<usize> = (0..self.clients.len()).collect();
+        let (id, replies) = self.prepare(&all, fetches, targets, Stage::Whole)?;
         let mut provided = vec![false; fetches.len()];
         let mut parts = Vec::new();
-        for (rank, reply) in replies.into_iter().enumerate() {
+        for (rank, reply) in replies {
             if !reply.takes_part {
                 continue;
             }
@@ -416,8 +510,7 @@ impl Runner for RemoteSession {
 
     fn run(&mut self, program: &RemoteProgram, feeds: &HashMap<String, Tensor>) -> Result<Vec<Tensor>, RunError> {
         let feeds = dfc_driver::replicas::node_feeds(&self.plan, feeds)?;
-        let step = self.next_step;
-        self.next_step += 1;
+        let step = self.next_step.fetch_add(1, Ordering::Relaxed);
         let mut requests = Vec::new();
         for (rank, inputs, _) in &program.parts {
             let mut sent = Vec::new();
@@ -432,10 +525,7 @@ impl Runner for RemoteSession {
         let replies = self.on_some(requests, timeout, Some(step), |mut c, r| async move { c.run(r).await })?;
         let mut fetched: Vec<Option<Tensor>> = vec![None; program.fetches];
         for (rank, reply) in replies {
-            let metrics = &mut self.worker_metrics[rank];
-            metrics.steps += 1;
-            metrics.run_seconds += reply.run_seconds;
-            metrics.exchange_seconds += reply.exchange_seconds;
+            self.count(rank, &reply, true);
             let part = program.parts.iter().find(|p| p.0 == rank).expect("a reply from a part");
             if reply.fetched.len() != part.2.len() {
                 return Err(RunError::Plan(format!(
@@ -457,6 +547,8 @@ impl Runner for RemoteSession {
 
     fn take_worker_metrics(&mut self) -> Vec<WorkerMetrics> {
         self.worker_metrics
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
             .iter_mut()
             .map(|m| std::mem::replace(m, WorkerMetrics { name: m.name.clone(), ..WorkerMetrics::default() }))
             .collect()
@@ -491,6 +583,62 @@ impl Runner for RemoteSession {
             c.restore(r).await
         })?;
         Ok(())
+    }
+
+    fn free_replicas(&mut self) -> Result<Option<&dyn FreeReplicas>, RunError> {
+        if self.free.is_none() {
+            let found = self.prepare_free_replicas()?;
+            self.free = Some(found);
+        }
+        Ok(match &self.free {
+            Some(Some(_)) => Some(self as &dyn FreeReplicas),
+            _ => None,
+        })
+    }
+}
+
+impl FreeReplicas for RemoteSession {
+    fn step(&self, replica: usize, feeds: &HashMap<String, Tensor>) -> Result<f64, RunError> {
+        let Some(Some(replicas)) = &self.free else { unreachable!("free_replicas prepared them") };
+        let programs = &replicas[replica];
+        let step = self.next_step.fetch_add(1, Ordering::Relaxed);
+        let mut sent = Vec::new();
+        for name in &programs.inputs {
+            let tensor = feeds.get(name).ok_or_else(|| RunError::Usage(format!("no feed for input `{name}`")))?;
+            sent.push(NamedTensor { name: name.clone(), tensor: Some(tensor::to_proto(tensor)) });
+        }
+        let request = |program: u64, feeds: Vec<NamedTensor>| RunRequest {
+            plan_sha256: self.sha256.clone(),
+            program,
+            step,
+            feeds,
+        };
+        // The servers send the variables while the replica computes; once it has sent its
+        // gradients, they apply them.
+        let mut first = vec![(programs.worker, request(programs.program, sent))];
+        first.extend(programs.servers.iter().filter_map(|&(rank, before, _)| Some((rank, request(before?, vec![])))));
+        let second: Vec<(usize, RunRequest)> =
+            programs.servers.iter().filter_map(|&(rank, _, after)| Some((rank, request(after?, vec![])))).collect();
+        let timeout = self.wait + CALL_MARGIN;
+        let replies = self.on_some(first, timeout, Some(step), |mut c, r| async move { c.run(r).await })?;
+        let mut loss = None;
+        for (rank, reply) in replies {
+            // A server's step counts once, when it applies the replica's updates.
+            self.count(rank, &reply, rank == programs.worker);
+            if rank == programs.worker {
+                let value = reply
+                    .fetched
+                    .first()
+                    .ok_or_else(|| RunError::Plan(format!("worker {} returned no loss", self.names[rank])))?;
+                let value = tensor::from_proto(value)
+                    .map_err(|e| RunError::Plan(format!("worker {}: {e}", self.names[rank])))?;
+                loss = Some(value.scalar_f64());
+            }
+        }
+        for (rank, reply) in self.on_some(second, timeout, Some(step), |mut c, r| async move { c.run(r).await })? {
+            self.count(rank, &reply, true);
+        }
+        Ok(loss.expect("the replica's worker replied"))
     }
 }
 

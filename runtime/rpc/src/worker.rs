@@ -12,7 +12,7 @@ use crate::proto::worker_server::{Worker, WorkerServer};
 use crate::proto::*;
 use crate::rendezvous::{Client, NetRendezvous, Peers, Routes};
 use crate::{plan_sha256, tensor, MAX_MESSAGE_BYTES};
-use dfc_driver::{Backend, Session, SessionProgram};
+use dfc_driver::{Backend, Session, SessionProgram, Stage};
 use dfc_interp::{Data, Tensor};
 use dfc_ir::Op;
 use dfc_plan::Plan;
@@ -135,7 +135,7 @@ struct StepHost {
 
 struct Running {
     session: Session<'static>,
-    programs: HashMap<u64, (SessionProgram, Vec<usize>)>,
+    programs: HashMap<u64, (SessionProgram, Vec<usize>, Stage)>,
 }
 
 impl StepHost {
@@ -304,14 +304,20 @@ impl Worker for WorkerService {
             let mut running = registered.running.lock().unwrap_or_else(|e| e.into_inner());
             let fetches: Vec<&str> = request.fetches.iter().map(String::as_str).collect();
             let targets: Vec<&str> = request.targets.iter().map(String::as_str).collect();
-            let program = running.session.program(&fetches, &targets).map_err(|e| bad(e.to_string()))?;
+            let stage = match request.stage {
+                0 => Stage::Whole,
+                1 => Stage::BeforeRecvs,
+                2 => Stage::AfterRecvs,
+                other => return Err(bad(format!("no stage {other}"))),
+            };
+            let program = running.session.program_stage(&fetches, &targets, stage).map_err(|e| bad(e.to_string()))?;
             let provides = program.hosted_fetches();
             let reply = PrepareReply {
                 takes_part: !program.partitions().is_empty(),
                 inputs: program.inputs(),
                 provides: provides.iter().map(|&i| i as u32).collect(),
             };
-            running.programs.insert(request.program, (program, provides));
+            running.programs.insert(request.program, (program, provides, stage));
             Ok(Response::new(reply))
         })
         .await
@@ -329,17 +335,22 @@ impl Worker for WorkerService {
             let step = request.step;
             let rendezvous = registered.host.step(step);
             let started = std::time::Instant::now();
-            let result = {
+            let (result, stage) = {
                 let mut running = registered.running.lock().unwrap_or_else(|e| e.into_inner());
                 let Running { session, programs } = &mut *running;
-                let (program, provides) = programs.get(&request.program).ok_or_else(|| {
+                let (program, provides, stage) = programs.get(&request.program).ok_or_else(|| {
                     Status::failed_precondition(format!("program {} was not prepared", request.program))
                 })?;
-                session.run_with(program, &feeds, &*rendezvous).map(|fetched| {
+                let result = session.run_with(program, &feeds, &*rendezvous).map(|fetched| {
                     provides.iter().map(|&i| fetched[i].clone().expect("a hosted fetch")).collect::<Vec<Tensor>>()
-                })
+                });
+                (result, *stage)
             };
-            registered.host.finish(step);
+            // The step goes on in a later Run (its Recvs), which may wait for what this one sent
+            // to this worker's own partitions.
+            if stage != Stage::BeforeRecvs || result.is_err() {
+                registered.host.finish(step);
+            }
             match result {
                 Ok(fetched) => Ok(Response::new(RunReply {
                     fetched: fetched.iter().map(tensor::to_proto).collect(),

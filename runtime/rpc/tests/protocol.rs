@@ -31,8 +31,13 @@ async fn malformed_and_out_of_order_calls_are_errors() {
     let mut client = worker(TOKEN).await;
     let hash = dfc_rpc::plan_sha256(b"no plan");
     // Before any registration.
-    let prepare =
-        PrepareRequest { plan_sha256: hash.clone(), program: 0, fetches: vec!["loss".into()], targets: vec![] };
+    let prepare = PrepareRequest {
+        plan_sha256: hash.clone(),
+        program: 0,
+        fetches: vec!["loss".into()],
+        targets: vec![],
+        stage: 0,
+    };
     assert_eq!(code(client.prepare(prepare.clone()).await), Code::FailedPrecondition);
     let run = RunRequest { plan_sha256: hash.clone(), program: 0, step: 0, feeds: vec![] };
     assert_eq!(code(client.run(run).await), Code::FailedPrecondition);
@@ -107,7 +112,8 @@ async fn a_registered_plan_runs_and_malformed_feeds_are_errors() {
     };
     assert_eq!(code(client.register(register).await), Code::Ok);
     let loss = plan.training.as_ref().unwrap().loss_node.clone();
-    let prepare = PrepareRequest { plan_sha256: hash.clone(), program: 1, fetches: vec![loss], targets: vec![] };
+    let prepare =
+        PrepareRequest { plan_sha256: hash.clone(), program: 1, fetches: vec![loss], targets: vec![], stage: 0 };
     let prepared = client.prepare(prepare).await.unwrap().into_inner();
     assert!(prepared.takes_part);
     assert_eq!(prepared.provides, vec![0]);
@@ -124,8 +130,13 @@ async fn a_registered_plan_runs_and_malformed_feeds_are_errors() {
     assert_eq!(code(client.run(run(1, vec![unknown_dtype])).await), Code::InvalidArgument);
     assert_ne!(code(client.run(run(1, vec![])).await), Code::Ok, "a missing feed is an error");
     // Calls that name another plan.
-    let other =
-        PrepareRequest { plan_sha256: dfc_rpc::plan_sha256(b"other"), program: 2, fetches: vec![], targets: vec![] };
+    let other = PrepareRequest {
+        plan_sha256: dfc_rpc::plan_sha256(b"other"),
+        program: 2,
+        fetches: vec![],
+        targets: vec![],
+        stage: 0,
+    };
     assert_eq!(code(client.prepare(other).await), Code::FailedPrecondition);
     assert_eq!(code(client.health(HealthRequest {}).await), Code::Ok);
 }

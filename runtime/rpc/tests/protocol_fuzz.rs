@@ -120,6 +120,7 @@ async fn thousands_of_random_calls_never_crash_the_worker() {
                         program: 7,
                         fetches: training.to_vec(),
                         targets: vec![],
+                        stage: 0,
                     };
                     drop(client.prepare(prepare).await);
                     let feeds = [("x", vec![32, 13]), ("y", vec![32])]
@@ -186,6 +187,7 @@ async fn thousands_of_random_calls_never_crash_the_worker() {
                         program: random.below(4),
                         fetches: pick(&mut random),
                         targets: pick(&mut random),
+                        stage: random.below(4) as u32,
                     };
                     drop(client.prepare(request).await)
                 }
