@@ -135,6 +135,10 @@ enum Command {
         /// What runs the plan: native code (LLVM) or the reference interpreter.
         #[arg(long, value_enum, default_value_t = RunBackend::Llvm)]
         backend: RunBackend,
+        /// Step an asynchronous ps plan's replicas together, as one process does (repeatable
+        /// numbers), instead of each on its own on workers.
+        #[arg(long)]
+        lockstep: bool,
         #[command(flatten)]
         remote: run::RemoteArgs,
     },
@@ -278,6 +282,7 @@ fn main() -> ExitCode {
             fetch,
             output,
             backend,
+            lockstep,
             remote,
         } => {
             let train = dfc_driver::TrainOptions {
@@ -290,6 +295,7 @@ fn main() -> ExitCode {
                 shuffle_seed,
                 metrics,
                 checkpoint_dir,
+                lockstep,
             };
             run_plan(&plan, &run::RunArgs { train, fetch, output, remote })
         }

@@ -227,6 +227,20 @@ fn synchronous_parameter_servers_on_workers_match_one_process() {
     assert_same_parameters("ps --sync on 2 workers and 2 ps", &embedded, &remote);
 }
 
+/// `--lockstep` steps an asynchronous plan's replicas together on workers, as one process does:
+/// the same parameters as the embedded run (free-running steps are not repeatable).
+#[test]
+fn asynchronous_parameter_servers_in_lockstep_match_one_process() {
+    let dir = scratch("ps-async-lockstep");
+    let feeds = regression_data(&dir, 256);
+    let workers: Vec<Worker> = (0..3).map(|_| Worker::start(TOKEN)).collect();
+    let cluster = cluster_file(&dir, &[("worker", &[&workers[0], &workers[1]]), ("ps", &[&workers[2]])]);
+    let plan = compile(&dir, &["--cluster", s(&cluster), "--strategy", "ps"]);
+    let embedded = train(&plan, &feeds, &dir.join("embedded"), &[], None);
+    let remote = train(&plan, &feeds, &dir.join("remote"), &["--cluster", s(&cluster), "--lockstep"], Some(TOKEN));
+    assert_same_parameters("async ps in lockstep on 2 workers and a ps", &embedded, &remote);
+}
+
 #[test]
 fn a_wrong_or_missing_token_is_refused() {
     let dir = scratch("token");

@@ -31,6 +31,8 @@ pub struct TrainOptions {
     pub metrics: Option<PathBuf>,
     pub checkpoint_dir: Option<PathBuf>,
     pub backend: crate::session::Backend,
+    /// Step an asynchronous plan's replicas together even where they could step on their own.
+    pub lockstep: bool,
 }
 
 /// What the loop tells the user interface as it goes.
@@ -202,7 +204,8 @@ pub fn train_with<R: Runner>(
         let limit = options.steps.map_or(u64::MAX, |limit| limit.saturating_sub(step));
         // An asynchronous plan's replicas step on their own where the runner can run them so.
         let mut free_running = false;
-        if let Some(replicas) = session.free_replicas()? {
+        let free_replicas = if options.lockstep { None } else { session.free_replicas()? };
+        if let Some(replicas) = free_replicas {
             let todo = steps_per_epoch.saturating_sub(skip).min(limit);
             let epoch_data = EpochData { data: &train_data, order: &order, batch, skip, steps: todo };
             let (sum, steps) = train_free_running(plan, replicas, epoch_data, started, progress)?;
