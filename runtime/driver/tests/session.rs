@@ -332,6 +332,7 @@ fn the_training_loop_runs_a_partitioned_plan_and_resumes_it() {
         shuffle_seed: 4,
         metrics: None,
         checkpoint_dir: Some(dir.path().join(checkpoints)),
+        lockstep: false,
     };
     let devs = devices(2);
     let single = single_plan(two_layer(&devs[..1]));
