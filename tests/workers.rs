@@ -320,7 +320,39 @@ fn mpirun_launches_a_job_with_one_command() {
         return;
     };
     assert!(version.status.success(), "{}", text(&version.stderr));
-    let dir = scratch("mpirun");
+    let mut mpirun = Command::new("mpirun");
+    mpirun
+        .args(["-n", "2", "--oversubscribe", "-x", "DFC_TOKEN"])
+        // CI runs as root, which mpirun refuses unless told.
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    a_launcher_starts_a_job("mpirun", mpirun, "(OMPI_COMM_WORLD_RANK=1)");
+}
+
+/// Slurm's own `srun` launches the job, on a single-node Slurm (`.ci/slurm-single-node.sh`,
+/// which `.ci/run` runs): one `dfc run` per task, task 0 drives.
+#[test]
+fn srun_launches_a_job_with_one_command() {
+    let Ok(state) = Command::new("sinfo").args(["--noheader", "--format", "%t"]).output() else {
+        println!("SKIPPED: Slurm is not installed (bash .ci/slurm-single-node.sh sets one up; .ci/run does)");
+        return;
+    };
+    let state = text(&state.stdout);
+    if !["idle", "mix", "alloc"].iter().any(|s| state.contains(s)) {
+        println!("SKIPPED: no Slurm node is up (sinfo says {state:?}); bash .ci/slurm-single-node.sh starts one");
+        return;
+    }
+    let mut srun = Command::new("srun");
+    // srun passes this process's environment (DFC_TOKEN with it) to every task.
+    srun.args(["--ntasks", "2", "--immediate=60", "--kill-on-bad-exit=1"]);
+    a_launcher_starts_a_job("srun", srun, "(SLURM_PROCID=1)");
+}
+
+/// `launcher` (its arguments before the command) starts two `dfc run` processes of a mirrored
+/// plan: the one of rank 0 drives and ends with the parameters of a run in one process, the
+/// other serves (and says which variable gave its rank: `rank_one`).
+fn a_launcher_starts_a_job(name: &str, mut launcher: Command, rank_one: &str) {
+    let dir = scratch(name);
     let feeds = regression_data(&dir, 256);
     let addresses = free_addresses(2);
     let cluster = dir.join("cluster.json");
@@ -329,21 +361,18 @@ fn mpirun_launches_a_job_with_one_command() {
     let plan = compile(&dir, &["--cluster", s(&cluster), "--strategy", "mirrored"]);
     let embedded = train(&plan, &feeds, &dir.join("embedded"), &[], None);
     let checkpoints = dir.join("launched");
-    let output = Command::new("mpirun")
-        .args(["-n", "2", "--oversubscribe", "-x", "DFC_TOKEN", env!("CARGO_BIN_EXE_dfc"), "run", s(&plan)])
+    let output = launcher
+        .args([env!("CARGO_BIN_EXE_dfc"), "run", s(&plan)])
         .args(["--cluster", s(&cluster), "--feed", &feeds[0], "--feed", &feeds[1], "--epochs", "2", "--seed", "3"])
         .args(["--checkpoint-dir", s(&checkpoints)])
         .env("DFC_TOKEN", TOKEN)
-        // CI runs as root, which mpirun refuses unless told.
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
         .output()
-        .expect("run mpirun");
+        .unwrap_or_else(|e| panic!("run {name}: {e}"));
     let stderr = text(&output.stderr);
     assert!(output.status.success(), "{stderr}{}", text(&output.stdout));
-    assert!(stderr.contains("(OMPI_COMM_WORLD_RANK=1)"), "rank 1 serves: {stderr}");
+    assert!(stderr.contains(rank_one), "rank 1 serves: {stderr}");
     let launched = dfc_driver::checkpoint::latest(&checkpoints).unwrap().expect("the driver checkpoints");
-    assert_same_parameters("mpirun", &embedded, &launched);
+    assert_same_parameters(name, &embedded, &launched);
 }
 
 #[test]
