@@ -2,6 +2,8 @@
 
 mod bench;
 mod bench_allreduce;
+mod fmt;
+mod lsp;
 mod render;
 mod run;
 
@@ -45,6 +47,23 @@ impl RunBackend {
 
 #[derive(Subcommand)]
 enum Command {
+    /// The language server, on stdio: diagnostics, hover, definitions, completion and more in
+    /// editors (docs/editors.md).
+    Lsp {
+        /// Accepted for clients that pass it (vscode-languageclient does); stdio is the only
+        /// transport.
+        #[arg(long)]
+        stdio: bool,
+    },
+    /// Format .df files in place (a directory: its .df files; `-`: stdin to stdout).
+    Fmt {
+        /// Files or directories to format; `-` reads standard input.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// Write nothing: list the files that are not formatted, exit 1 if there are any.
+        #[arg(long)]
+        check: bool,
+    },
     /// Check .df files and report every problem (exit 1 if there are errors).
     Check {
         #[arg(required = true)]
@@ -258,6 +277,8 @@ type Outcome = Result<ExitCode, Failure>;
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Fmt { files, check } => Ok(fmt::run(&files, check)),
+        Command::Lsp { stdio: _ } => lsp::serve_stdio().map(|()| ExitCode::SUCCESS).map_err(Failure),
         Command::Check { files, model, message_format } => check(&files, &model, message_format),
         Command::Ir { file, model, distribute, after } => ir(&file, &model, &distribute, &after),
         Command::Compile { file, model, distribute, output, report } => {

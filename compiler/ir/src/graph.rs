@@ -122,9 +122,19 @@ impl Graph {
 
     /// `base`, or `base_1`, `base_2`, ... whichever is free.
     pub fn unique_name(&mut self, base: &str) -> String {
+        self.refresh_names();
+        self.free_name(base)
+    }
+
+    /// Rebuilds the set of names where it is stale (a graph read from a plan has none).
+    fn refresh_names(&mut self) {
         if self.names.len() != self.graph.node_count() {
             self.names = self.graph.node_weights().map(|n| n.name.clone()).collect();
         }
+    }
+
+    /// `unique_name` on a set of names known to be current.
+    fn free_name(&mut self, base: &str) -> String {
         let base = if base.is_empty() { "node" } else { base };
         if !self.names.contains(base) {
             return base.to_string();
@@ -138,9 +148,12 @@ impl Graph {
 
     /// Renames a node; the new name is made unique like `add` does. Returns the name given.
     pub fn rename(&mut self, id: NodeId, name: &str) -> String {
+        // Refreshed first: once the old name is out, the set is one short of the nodes, which
+        // would look stale and be rebuilt on every rename.
+        self.refresh_names();
         let old = std::mem::take(&mut self.node_mut(id).name);
         self.names.remove(&old);
-        let name = self.unique_name(name);
+        let name = self.free_name(name);
         self.names.insert(name.clone());
         self.node_mut(id).name = name.clone();
         name

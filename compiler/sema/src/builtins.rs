@@ -74,6 +74,48 @@ pub const OPS: &[(&str, &str, &str)] = &[
     ("identity", "identity(x)", "x unchanged."),
 ];
 
+/// Every optimizer of `minimize ... with`: name, signature with defaults, one line of
+/// documentation.
+pub const OPTIMIZERS: &[(&str, &str, &str)] = &[
+    ("sgd", "sgd(lr, weight_decay=0)", "Stochastic gradient descent: w -= lr · g."),
+    (
+        "momentum",
+        "momentum(lr, momentum=0.9, nesterov=false, weight_decay=0)",
+        "SGD with a velocity that accumulates past gradients (Nesterov's variant on request).",
+    ),
+    (
+        "adam",
+        "adam(lr=0.001, beta1=0.9, beta2=0.999, epsilon=1e-7, weight_decay=0)",
+        "Adam: per-weight steps from running means of the gradient and its square.",
+    ),
+    (
+        "adagrad",
+        "adagrad(lr=0.01, initial_accumulator=0.1, epsilon=1e-7, weight_decay=0)",
+        "Adagrad: steps shrink with the sum of past squared gradients.",
+    ),
+    (
+        "rmsprop",
+        "rmsprop(lr=0.001, rho=0.9, momentum=0, epsilon=1e-7, weight_decay=0)",
+        "RMSProp: steps scaled by a running mean of squared gradients.",
+    ),
+];
+
+/// Every initializer of a `param`: name, signature with defaults, one line of documentation.
+pub const INITIALIZERS: &[(&str, &str, &str)] = &[
+    ("zeros", "zeros", "Every element 0."),
+    ("ones", "ones", "Every element 1."),
+    ("constant", "constant(value)", "Every element `value` (a plain number does the same)."),
+    ("uniform", "uniform(min=-0.05, max=0.05)", "Uniformly random in [min, max)."),
+    ("normal", "normal(mean=0, stddev=0.05)", "Normally distributed."),
+    (
+        "truncated_normal",
+        "truncated_normal(mean=0, stddev=0.05)",
+        "Normally distributed, redrawn beyond two standard deviations.",
+    ),
+    ("glorot_uniform", "glorot_uniform", "Uniform in ±sqrt(6 / (fan_in + fan_out)) (Glorot and Bengio)."),
+    ("he_normal", "he_normal", "Truncated normal with stddev sqrt(2 / fan_in) (He et al.)."),
+];
+
 pub fn is_op(name: &str) -> bool {
     OPS.iter().any(|(n, _, _)| *n == name)
 }

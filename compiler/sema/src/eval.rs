@@ -13,7 +13,21 @@ pub const MAX_TENSOR_ELEMENTS: usize = 1 << 40;
 pub const MAX_CONSTANT_ELEMENTS: usize = 1 << 24;
 
 impl Lowerer<'_> {
+    /// Evaluates an expression, noting its type for editors (`Lowerer::types`).
     pub fn eval(&mut self, expr: &Expr) -> Val {
+        let value = self.eval_uncounted(expr);
+        self.note_type(expr.span, &value);
+        value
+    }
+
+    /// Notes what the text at `span` evaluated to; errors are not noted.
+    pub fn note_type(&mut self, span: Span, value: &Val) {
+        if let Some(text) = value.type_text(&self.graph) {
+            self.types.push((span, text));
+        }
+    }
+
+    fn eval_uncounted(&mut self, expr: &Expr) -> Val {
         match &expr.kind {
             ExprKind::Int(v) => Val::Number(Number::Int(*v)),
             ExprKind::Float(v) => Val::Number(Number::Float(*v)),

@@ -360,7 +360,7 @@ impl Lowerer<'_> {
         if self.scope.bindings.contains_key(name) {
             return;
         }
-        let ident = dfc_syntax::ast::Ident { name: name.to_string(), span: def.name.span };
+        let ident = dfc_syntax::ast::Ident { name: name.to_string(), span: size_name_span(def, name) };
         self.define(&ident, Val::Number(Number::Int(value)), BindingKind::LayerArgument);
     }
 
@@ -395,4 +395,17 @@ fn describe_type(ty: &dfc_syntax::ast::TensorType) -> String {
         })
         .collect();
     format!("{}[{}]", crate::eval::dtype_of(ty.dtype), dims.join(", "))
+}
+
+/// Where a size name of a layer is introduced: its `dim` parameter, or its first use in a
+/// parameter's shape (`n` in `x: f32[n, k]`); the layer's name if neither.
+fn size_name_span(def: &LayerDef, name: &str) -> Span {
+    let in_shapes = def.params.iter().find_map(|param| match &param.kind {
+        LayerParamKind::Dim => (param.name.name == name).then_some(param.name.span),
+        LayerParamKind::Tensor(ty) => ty.shape.iter().find_map(|size| match &size.kind {
+            dfc_syntax::ast::ExprKind::Name(ident) if ident.name == name => Some(ident.span),
+            _ => None,
+        }),
+    });
+    in_shapes.unwrap_or(def.name.span)
 }

@@ -16,7 +16,7 @@ mod layers;
 mod lower;
 mod value;
 
-pub use builtins::OPS;
+pub use builtins::{INITIALIZERS, OPS, OPTIMIZERS};
 use dfc_diag::{Code, Diagnostic};
 use dfc_ir::Module;
 use dfc_syntax::ast::{Item, SourceFile};
@@ -53,6 +53,9 @@ pub struct Analysis {
     pub model: String,
     /// `None` when the model has errors.
     pub module: Option<Module>,
+    /// What each analysed expression and defined name stood for (`f32[128, 784]`, `128`), in
+    /// evaluation order; a layer's text appears once per instance. Editors show these on hover.
+    pub types: Vec<(dfc_diag::Span, String)>,
 }
 
 /// Analyses every model of a file (layers are checked where they are used). Diagnostics of
@@ -75,12 +78,12 @@ fn analyze_models(file: &SourceFile, options: &Options, only: Option<&str>) -> (
             continue;
         }
         first_model.get_or_insert(model.name.span);
-        let (module, mut found) = lower::lower_model(model, &layers, options);
+        let (module, mut found, types) = lower::lower_model(model, &layers, options);
         let declared = lower::declared_dims(&model.body);
         unused_overrides.retain(|(name, _)| !declared.contains(&name.as_str()));
         let has_errors = found.iter().any(|d| d.is_error());
         diagnostics.append(&mut found);
-        analyses.push(Analysis { model: model.name.name.clone(), module: (!has_errors).then_some(module) });
+        analyses.push(Analysis { model: model.name.name.clone(), module: (!has_errors).then_some(module), types });
     }
     if only.is_none() {
         layers::warn_unused(file, &layers, &mut diagnostics);
@@ -145,7 +148,13 @@ pub fn analyze_one(file: &SourceFile, name: Option<&str>, options: &Options) -> 
 /// language server run it.
 pub fn check_source(source: &str, options: &Options) -> (Vec<Analysis>, Vec<Diagnostic>) {
     let (file, syntax) = dfc_syntax::parse(source);
-    let (analyses, found) = analyze(&file, options);
+    check_file(&file, syntax, options)
+}
+
+/// Analyses a parsed file, given the parser's diagnostics: `check_source` for callers that keep
+/// the tree (the language server).
+pub fn check_file(file: &SourceFile, syntax: Vec<Diagnostic>, options: &Options) -> (Vec<Analysis>, Vec<Diagnostic>) {
+    let (analyses, found) = analyze(file, options);
     (analyses, merge(syntax, found))
 }
 

@@ -105,6 +105,9 @@ pub struct Lowerer<'a> {
     pub known: HashMap<dfc_ir::TensorRef, Val>,
     /// Where each param's name stands, for warnings about the param.
     pub param_names: HashMap<NodeId, Span>,
+    /// What each evaluated expression and each defined name stood for, in evaluation order (a
+    /// layer's text once per instance): hover in editors.
+    pub types: Vec<(Span, String)>,
 }
 
 /// The diagnostics of an optimizer call, checked on its own.
@@ -114,7 +117,12 @@ pub fn check_optimizer_call(call: &ast::Call, layers: &Layers, options: &Options
     lowerer.diagnostics
 }
 
-pub fn lower_model(model: &ast::Model, layers: &Layers, options: &Options) -> (Module, Vec<Diagnostic>) {
+/// A model's IR, its diagnostics, and the types noted for editors (`Lowerer::types`).
+pub fn lower_model(
+    model: &ast::Model,
+    layers: &Layers,
+    options: &Options,
+) -> (Module, Vec<Diagnostic>, Vec<(Span, String)>) {
     let mut lowerer = Lowerer::new(layers, options);
     let mut state = BlockState::new(Context::Model);
     lowerer.block(&model.body, &mut state);
@@ -143,7 +151,7 @@ pub fn lower_model(model: &ast::Model, layers: &Layers, options: &Options) -> (M
         metrics: state.metrics.into_iter().map(|(o, _)| o).collect(),
         training: state.training.map(|(t, _)| t),
     };
-    (module, lowerer.diagnostics)
+    (module, lowerer.diagnostics, lowerer.types)
 }
 
 impl<'a> Lowerer<'a> {
@@ -164,6 +172,7 @@ impl<'a> Lowerer<'a> {
             layer_instances: HashSet::new(),
             known: HashMap::new(),
             param_names: HashMap::new(),
+            types: Vec::new(),
         }
     }
 
@@ -300,6 +309,7 @@ impl<'a> Lowerer<'a> {
                     .with_help("choose another name, so that calls stay unambiguous"),
             );
         }
+        self.note_type(name.span, &value);
         let used = name.name.starts_with('_') || kind == BindingKind::LayerArgument;
         self.scope.order.push(name.name.clone());
         self.scope.bindings.insert(name.name.clone(), Binding { value, span: name.span, kind, used });
@@ -867,8 +877,7 @@ impl<'a> Lowerer<'a> {
     }
 
     fn initializer(&mut self, expr: &Expr) -> Option<Initializer> {
-        const NAMES: [&str; 8] =
-            ["zeros", "ones", "constant", "uniform", "normal", "truncated_normal", "glorot_uniform", "he_normal"];
+        let names: Vec<&str> = crate::builtins::INITIALIZERS.iter().map(|(name, _, _)| *name).collect();
         let (name, call) = match &expr.kind {
             ExprKind::Name(ident) => (ident, None),
             ExprKind::Call(call) => (&call.callee, Some(call)),
@@ -883,7 +892,7 @@ impl<'a> Lowerer<'a> {
                         expr.span,
                         "a param is initialised by an initialiser or a number",
                     )
-                    .with_help(format!("the initialisers are {}", dfc_diag::one_of(&NAMES))),
+                    .with_help(format!("the initialisers are {}", dfc_diag::one_of(&names))),
                 );
                 return None;
             }
@@ -898,9 +907,9 @@ impl<'a> Lowerer<'a> {
             other => {
                 let mut d =
                     Diagnostic::error(Code::BAD_INITIALIZER, name.span, format!("`{other}` is not an initialiser"));
-                d = match dfc_diag::closest(other, NAMES) {
+                d = match dfc_diag::closest(other, names.iter().copied()) {
                     Some(best) => d.with_help(format!("did you mean `{best}`?")),
-                    None => d.with_help(format!("the initialisers are {}", dfc_diag::one_of(&NAMES))),
+                    None => d.with_help(format!("the initialisers are {}", dfc_diag::one_of(&names))),
                 };
                 self.diagnostics.push(d);
                 return None;
@@ -958,7 +967,7 @@ impl<'a> Lowerer<'a> {
     }
 
     fn optimizer(&mut self, call: &ast::Call) -> Option<Optimizer> {
-        const NAMES: [&str; 5] = ["sgd", "momentum", "adam", "adagrad", "rmsprop"];
+        let names: Vec<&str> = crate::builtins::OPTIMIZERS.iter().map(|(name, _, _)| *name).collect();
         let name = call.callee.name.as_str();
         let params: &[Param] = match name {
             "sgd" => &[Param { name: "lr", required: true }, Param { name: "weight_decay", required: false }],
@@ -991,9 +1000,9 @@ impl<'a> Lowerer<'a> {
             _ => {
                 let mut d =
                     Diagnostic::error(Code::BAD_OPTIMIZER, call.callee.span, format!("`{name}` is not an optimizer"));
-                d = match dfc_diag::closest(name, NAMES) {
+                d = match dfc_diag::closest(name, names.iter().copied()) {
                     Some(best) => d.with_help(format!("did you mean `{best}`?")),
-                    None => d.with_help(format!("the optimizers are {}", dfc_diag::one_of(&NAMES))),
+                    None => d.with_help(format!("the optimizers are {}", dfc_diag::one_of(&names))),
                 };
                 self.diagnostics.push(d);
                 return None;

@@ -55,4 +55,28 @@ impl Val {
             Val::Error => "an erroneous value".into(),
         }
     }
+
+    /// The type as an editor shows it on hover: `f32[128, 784]`, `128` (a number), `[1, 2]`;
+    /// `None` for errors.
+    pub fn type_text(&self, graph: &dfc_ir::Graph) -> Option<String> {
+        Some(match self {
+            Val::Tensor(t) => {
+                // As written in source (`f32[128, 784]`), not as in IR text.
+                let ty = graph.ty(*t);
+                let dims: Vec<String> = ty.shape.dims().iter().map(|d| d.to_string()).collect();
+                if dims.is_empty() {
+                    ty.dtype.to_string()
+                } else {
+                    format!("{}[{}]", ty.dtype, dims.join(", "))
+                }
+            }
+            Val::Number(n) => n.to_string(),
+            Val::List(items) => {
+                let items: Option<Vec<String>> = items.iter().map(|item| item.type_text(graph)).collect();
+                format!("[{}]", items?.join(", "))
+            }
+            Val::Str(s) => format!("\"{s}\""),
+            Val::Error => return None,
+        })
+    }
 }

@@ -6,7 +6,9 @@
 
 pub mod ast;
 mod dump;
+mod lexer;
 mod parser;
 
 pub use dump::dump;
+pub use lexer::{lex, Token, TokenKind, DTYPES, KEYWORDS};
 pub use parser::{parse, parse_call};
