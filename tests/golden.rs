@@ -16,6 +16,11 @@
 use dfc_diag::{Diagnostic, LineIndex};
 use std::path::{Path, PathBuf};
 
+#[path = "support/expect_file.rs"]
+mod expect_file;
+
+use expect_file::expect_file;
+
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
@@ -33,29 +38,6 @@ fn df_files(dir: &str) -> Vec<PathBuf> {
 
 fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()))
-}
-
-/// Compares `actual` with the file at `expected`, or rewrites it under UPDATE_EXPECT=1.
-/// Returns a failure message instead of panicking, so one run reports every mismatch.
-fn expect_file(expected: &Path, actual: &str) -> Option<String> {
-    if std::env::var_os("UPDATE_EXPECT").is_some() {
-        std::fs::write(expected, actual).expect("write expected file");
-        return None;
-    }
-    let want = std::fs::read_to_string(expected).unwrap_or_default();
-    if want == actual {
-        return None;
-    }
-    let first_difference = want
-        .lines()
-        .zip(actual.lines())
-        .position(|(a, b)| a != b)
-        .unwrap_or(want.lines().count().min(actual.lines().count()));
-    Some(format!(
-        "{} differs from the actual output at line {} (run with UPDATE_EXPECT=1 to accept):\n--- actual ---\n{actual}",
-        expected.display(),
-        first_difference + 1
-    ))
 }
 
 fn finish(failures: Vec<String>) {

@@ -142,6 +142,6 @@ mod tests {
         let lines = Lines::new(text, Encoding::Utf8);
         assert_eq!(lines.position(8), lsp::Position { line: 1, character: 5 });
         assert_eq!(lines.offset(lsp::Position { line: 1, character: 5 }), 8);
-        assert_eq!(lines.split_by_line(Span::new(1, 6)), vec![Span::new(1, 2), Span::new(3, 6)]);
+        assert_eq!(lines.split_by_line(Span::new(1, 8)), vec![Span::new(1, 2), Span::new(3, 8)]);
     }
 }

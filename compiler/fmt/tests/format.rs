@@ -11,6 +11,11 @@
 use dfc_fmt::cli::{self, Streams};
 use std::path::{Path, PathBuf};
 
+#[path = "../../../tests/support/expect_file.rs"]
+mod expect_file;
+
+use expect_file::expect_file;
+
 fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
@@ -41,28 +46,6 @@ fn read(path: &Path) -> String {
 
 fn name(path: &Path) -> String {
     path.strip_prefix(workspace()).unwrap_or(path).display().to_string()
-}
-
-/// Compares `actual` with the file at `expected`, or rewrites it under UPDATE_EXPECT=1.
-fn expect_file(expected: &Path, actual: &str) -> Option<String> {
-    if std::env::var_os("UPDATE_EXPECT").is_some() {
-        std::fs::write(expected, actual).expect("write expected file");
-        return None;
-    }
-    let want = std::fs::read_to_string(expected).unwrap_or_default();
-    if want == actual {
-        return None;
-    }
-    let first_difference = want
-        .lines()
-        .zip(actual.lines())
-        .position(|(a, b)| a != b)
-        .unwrap_or(want.lines().count().min(actual.lines().count()));
-    Some(format!(
-        "{} differs from the actual output at line {} (run with UPDATE_EXPECT=1 to accept):\n--- actual ---\n{actual}",
-        name(expected),
-        first_difference + 1
-    ))
 }
 
 fn finish(failures: Vec<String>) {
