@@ -213,9 +213,10 @@ struct ModelArgs {
 /// Where the model runs and how it is spread over the devices.
 #[derive(clap::Args)]
 struct DistributeArgs {
-    /// Run on N CPU devices of this machine (one task of job `localhost`).
-    #[arg(long, value_name = "N", conflicts_with = "cluster", value_parser = clap::value_parser!(u32).range(1..=4096))]
-    devices: Option<u32>,
+    /// Run on devices of this machine (one task of job `localhost`): N CPUs, or `gpu:N` for N
+    /// GPUs (`cpu:N` is N CPUs).
+    #[arg(long, value_name = "N|gpu:N", conflicts_with = "cluster", value_parser = parse_devices)]
+    devices: Option<(u32, dfc_ir::DeviceKind)>,
     /// The cluster, in TF_CONFIG's JSON shape: {"cluster": {"worker": [...], "ps": [...]}}.
     #[arg(long, value_name = "FILE")]
     cluster: Option<PathBuf>,
@@ -261,6 +262,18 @@ enum MessageFormat {
 fn parse_feed(text: &str) -> Result<(String, PathBuf), String> {
     let (name, path) = text.split_once('=').ok_or_else(|| format!("`{text}` is not INPUT=PATH"))?;
     Ok((name.trim().to_string(), PathBuf::from(path)))
+}
+
+/// `4`, `cpu:4` or `gpu:2`: how many local devices of which kind.
+fn parse_devices(text: &str) -> Result<(u32, dfc_ir::DeviceKind), String> {
+    let (kind, count) = match text.split_once(':') {
+        Some((kind, count)) => (kind.parse::<dfc_ir::DeviceKind>()?, count),
+        None => (dfc_ir::DeviceKind::Cpu, text),
+    };
+    match count.trim().parse::<u32>() {
+        Ok(n @ 1..=4096) => Ok((n, kind)),
+        _ => Err(format!("`{count}` is not a number of devices from 1 to 4096 (try 4, cpu:4 or gpu:2)")),
+    }
 }
 
 fn parse_dim(text: &str) -> Result<(String, i64), String> {
@@ -459,7 +472,10 @@ fn compile_options(model: &ModelArgs, args: &DistributeArgs) -> Result<dfc_compi
                 .map_err(|e| Failure(format!("cannot read `{}`: {}", path.display(), io_reason(&e))))?;
             dfc_ir::Cluster::from_json(&text).map_err(|e| Failure(format!("cluster `{}`: {e}", path.display())))?
         }
-        (None, devices) => dfc_ir::Cluster::local(devices.unwrap_or(1) as usize, dfc_ir::DeviceKind::Cpu),
+        (None, devices) => {
+            let (n, kind) = devices.unwrap_or((1, dfc_ir::DeviceKind::Cpu));
+            dfc_ir::Cluster::local(n as usize, kind)
+        }
     };
     if args.sync && args.strategy != "ps" {
         return Err(Failure(

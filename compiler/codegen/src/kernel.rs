@@ -15,6 +15,8 @@ use inkwell::values::{BasicValueEnum, FloatValue, FunctionValue, IntValue, Point
 use inkwell::{AddressSpace, FloatPredicate, IntPredicate};
 use std::collections::HashMap;
 
+mod nvptx;
+
 /// What the runtime needs to know of a kernel's loop nest.
 pub struct KernelShape {
     /// Iterations of the outermost loop: `begin..end` ranges over these.
@@ -55,13 +57,22 @@ struct Nest {
     one_hot_dim: HashMap<NodeId, Option<usize>>,
 }
 
+/// What the code runs on, which decides the function's attributes and how transcendentals are
+/// computed: the C library on a CPU; on a GPU, which has none, the PTX approximations
+/// (`ex2.approx`, `lg2.approx`) and identities built on them.
+#[derive(Clone, Copy)]
+pub enum Flavor<'t> {
+    Cpu(&'t NativeTarget),
+    Nvptx,
+}
+
 pub fn emit<'ctx>(
     context: &'ctx Context,
     llvm: &LlvmModule<'ctx>,
     module: &Module,
     kernel: &Kernel,
     name: &str,
-    target: &NativeTarget,
+    flavor: Flavor<'_>,
 ) -> KernelShape {
     let graph = &module.graph;
     let root_node = graph.node(kernel.root);
@@ -94,9 +105,13 @@ pub fn emit<'ctx>(
         .void_type()
         .fn_type(&[i8_ptr.ptr_type(AddressSpace::default()).into(), i64t.into(), i64t.into()], false);
     let function = llvm.add_function(name, fn_type, None);
-    function.add_attribute(AttributeLoc::Function, context.create_string_attribute("target-cpu", &target.cpu));
-    function
-        .add_attribute(AttributeLoc::Function, context.create_string_attribute("target-features", &target.features));
+    if let Flavor::Cpu(target) = flavor {
+        function.add_attribute(AttributeLoc::Function, context.create_string_attribute("target-cpu", &target.cpu));
+        function.add_attribute(
+            AttributeLoc::Function,
+            context.create_string_attribute("target-features", &target.features),
+        );
+    }
     function.add_attribute(
         AttributeLoc::Function,
         context.create_enum_attribute(inkwell::attributes::Attribute::get_named_enum_kind_id("nounwind"), 0),
@@ -108,7 +123,9 @@ pub fn emit<'ctx>(
     let args = function.get_nth_param(0).unwrap().into_pointer_value();
     let begin = function.get_nth_param(1).unwrap().into_int_value();
     let end = function.get_nth_param(2).unwrap().into_int_value();
-    let mut gen = Gen { context, llvm, builder, function, module, kernel, nest, pointers: HashMap::new(), out: None };
+    let nvptx = matches!(flavor, Flavor::Nvptx);
+    let mut gen =
+        Gen { context, llvm, builder, function, module, kernel, nest, pointers: HashMap::new(), out: None, nvptx };
     for (i, input) in kernel.inputs.iter().enumerate() {
         let dtype = graph.ty(*input).dtype;
         let pointer = gen.arg_pointer(args, i, dtype);
@@ -288,6 +305,8 @@ struct Gen<'a, 'ctx> {
     nest: Nest,
     pointers: HashMap<TensorRef, PointerValue<'ctx>>,
     out: Option<PointerValue<'ctx>>,
+    /// Code for a GPU: no C library (see `Flavor`).
+    nvptx: bool,
 }
 
 fn memory_type<'ctx>(context: &'ctx Context, dtype: DType) -> BasicTypeEnum<'ctx> {
@@ -457,6 +476,11 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
     }
 
     fn float_intrinsic(&self, name: &str, x: FloatValue<'ctx>) -> FloatValue<'ctx> {
+        match name {
+            "llvm.exp" if self.nvptx => return self.nvptx_exp(x),
+            "llvm.log" if self.nvptx => return self.nvptx_log(x),
+            _ => {}
+        }
         let intrinsic = Intrinsic::find(name).expect("LLVM intrinsic");
         let decl = intrinsic.get_declaration(self.llvm, &[x.get_type().into()]).unwrap();
         self.builder.build_call(decl, &[x.into()], "f").unwrap().try_as_basic_value().unwrap_basic().into_float_value()
@@ -464,6 +488,9 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
 
     /// A C library function of one float (`tanhf`, `log1p` …).
     fn libm(&self, name32: &str, name64: &str, x: FloatValue<'ctx>) -> FloatValue<'ctx> {
+        if self.nvptx {
+            return self.nvptx_libm(name64, x);
+        }
         let ty = x.get_type();
         let name = if ty == self.context.f32_type() { name32 } else { name64 };
         let f = self
@@ -530,6 +557,7 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
             BinaryOp::Sub => b.build_float_sub(a, c, "sub").unwrap(),
             BinaryOp::Mul => b.build_float_mul(a, c, "mul").unwrap(),
             BinaryOp::Div => b.build_float_div(a, c, "div").unwrap(),
+            BinaryOp::Pow if self.nvptx => self.nvptx_pow(a, c),
             BinaryOp::Pow => {
                 let decl =
                     Intrinsic::find("llvm.pow").unwrap().get_declaration(self.llvm, &[a.get_type().into()]).unwrap();

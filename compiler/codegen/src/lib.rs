@@ -1,6 +1,7 @@
 //! Lowers the fused kernels of a CPU partition (`dfc_passes::fuse`) to LLVM IR through
 //! inkwell, optimises them at O3 for a target CPU, and returns them as bitcode in a
-//! [`NativeCode`] that the plan carries and `dfc_cpu` JIT-compiles at load.
+//! [`NativeCode`] that the plan carries and `dfc_cpu` JIT-compiles at load. A GPU partition's
+//! kernels become PTX the same way (`gpu.rs`).
 //!
 //! Every kernel becomes `void kN(i8** args, i64 begin, i64 end)`: `args` holds the kernel's
 //! inputs in the order of `Kernel::inputs`, then its output; `begin..end` is a range of the
@@ -15,8 +16,11 @@
 //! (saturating `fptosi.sat`), `maximum`/`minimum`/`relu` propagate NaN. Transcendentals call
 //! the C library, so they may differ from Rust's in the last bit.
 
+mod gpu;
 mod kernel;
 mod target;
+
+pub use gpu::{compile_gpu, launch, GPU_ARCH};
 
 pub use target::{host_target, missing_features, target_machine};
 
@@ -45,7 +49,7 @@ pub fn compile(module: &Module, keep: &[NodeId], target: &NativeTarget) -> Resul
     let mut kernels = Vec::with_capacity(fusion.kernels.len());
     for (i, kernel) in fusion.kernels.iter().enumerate() {
         let function = format!("k{i}_{}", sanitize(&module.graph.node(kernel.root).name));
-        let shape = kernel::emit(&context, &llvm, module, kernel, &function, target);
+        let shape = kernel::emit(&context, &llvm, module, kernel, &function, kernel::Flavor::Cpu(target));
         kernels.push(NativeKernel {
             function,
             root: kernel.root,

@@ -235,8 +235,11 @@ pub fn compile(source: &str, source_name: &str, options: &CompileOptions) -> Res
         sync: !matches!(options.strategy, Strategy::ParameterServer { sync: false }),
         placement: options.placement.name().into(),
     };
-    let partitions: Vec<Partition> =
-        partitioned.parts.into_iter().map(|(device, module)| Partition { device, module, native: None }).collect();
+    let partitions: Vec<Partition> = partitioned
+        .parts
+        .into_iter()
+        .map(|(device, module)| Partition { device, module, native: None, gpu: None })
+        .collect();
     let mut plan = Plan::build(&partitioned.combined, partitions, cluster.clone(), strategy, source_name, source);
     if !replica_interfaces.is_empty() {
         // The replicas' own inputs are fed from the model's, split by rows.
@@ -256,11 +259,14 @@ pub fn compile(source: &str, source_name: &str, options: &CompileOptions) -> Res
         let mut fetched: Vec<String> = plan.training.iter().map(|t| t.loss_node.clone()).collect();
         fetched.extend(plan.replicas.iter().map(|r| r.loss_node.clone()));
         let fetched: Vec<&str> = fetched.iter().map(String::as_str).collect();
-        for partition in plan.partitions.iter_mut().filter(|p| p.device.kind != Some(DeviceKind::Gpu)) {
+        for partition in plan.partitions.iter_mut() {
             let keep = dfc_codegen::fetched_nodes(&partition.module, &fetched);
-            let code = dfc_codegen::compile(&partition.module, &keep, target)
-                .map_err(|e| CompileError::Usage(format!("code generation for {}: {e}", partition.device)))?;
-            partition.native = Some(code);
+            let failed = |e| CompileError::Usage(format!("code generation for {}: {e}", partition.device));
+            if partition.device.kind == Some(DeviceKind::Gpu) {
+                partition.gpu = Some(dfc_codegen::compile_gpu(&partition.module, &keep).map_err(failed)?);
+            } else {
+                partition.native = Some(dfc_codegen::compile(&partition.module, &keep, target).map_err(failed)?);
+            }
         }
     }
     plan.report = Some(report);

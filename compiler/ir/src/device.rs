@@ -105,6 +105,15 @@ fn number(text: &str, what: &str) -> Result<u32, String> {
     text.parse().map_err(|_| format!("the {what} `{text}` is not a non-negative integer"))
 }
 
+impl std::str::FromStr for DeviceKind {
+    type Err = String;
+
+    /// `cpu` or `gpu`, in any case.
+    fn from_str(text: &str) -> Result<DeviceKind, String> {
+        kind_of(text)
+    }
+}
+
 fn kind_of(text: &str) -> Result<DeviceKind, String> {
     match text.to_ascii_lowercase().as_str() {
         "cpu" => Ok(DeviceKind::Cpu),

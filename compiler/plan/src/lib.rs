@@ -10,7 +10,7 @@ mod format;
 mod summary;
 
 pub use format::{decode, encode, write, PlanError, FORMAT_VERSION, HEADER_LEN, MAGIC};
-pub use summary::{summary, DeviceSummary, ParamSummary, Summary, TensorSummary, TrainingSummary};
+pub use summary::{summary, DeviceSummary, GpuSummary, ParamSummary, Summary, TensorSummary, TrainingSummary};
 
 pub use dfc_ir::{Cluster, Job, Task};
 use dfc_ir::{DeviceKind, DeviceSpec, Initializer, Module, NodeId, Op, Optimizer, TensorRef, TensorType};
@@ -78,6 +78,32 @@ pub struct Partition {
     /// The partition's fused kernels compiled for a CPU (`dfc_codegen`); `None` for a plan
     /// compiled without native code (the runtime then compiles at load).
     pub native: Option<NativeCode>,
+    /// A GPU partition's fused kernels as PTX (`dfc_codegen::compile_gpu`).
+    pub gpu: Option<GpuCode>,
+}
+
+/// A GPU partition's fused kernels: one PTX module for `arch`, which the CUDA driver compiles
+/// for the GPU it finds (PTX for an older architecture runs on newer ones).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GpuCode {
+    /// `sm_80` …: the oldest architecture the PTX needs.
+    pub arch: String,
+    pub ptx: String,
+    pub kernels: Vec<GpuKernel>,
+}
+
+/// A fused kernel on a GPU: the entry `function(args, rows)` computes `root` (from `members`,
+/// reading `inputs`), one row of its outermost loop per thread, in `grid` blocks of `block`
+/// threads.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GpuKernel {
+    pub function: String,
+    pub root: NodeId,
+    pub members: Vec<NodeId>,
+    pub inputs: Vec<TensorRef>,
+    pub rows: u64,
+    pub block: u32,
+    pub grid: u32,
 }
 
 /// A CPU partition's kernels as LLVM bitcode, optimised for `target`.
@@ -223,7 +249,7 @@ impl Plan {
         }
         let mut local = module.clone();
         local.training = None;
-        let partitions = vec![Partition { device, module: local, native: None }];
+        let partitions = vec![Partition { device, module: local, native: None, gpu: None }];
         Plan::build(&module, partitions, cluster, StrategySpec::default(), source_name, source_text)
     }
 }

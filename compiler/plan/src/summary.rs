@@ -41,6 +41,17 @@ pub struct DeviceSummary {
     pub ops: BTreeMap<String, usize>,
     /// The native code the partition carries, if any.
     pub native: Option<NativeSummary>,
+    /// A GPU partition's PTX, if any.
+    pub gpu: Option<GpuSummary>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct GpuSummary {
+    pub arch: String,
+    pub kernels: usize,
+    /// Nodes computed inside the kernels, roots included.
+    pub fused_nodes: usize,
+    pub ptx_bytes: u64,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -108,6 +119,12 @@ pub fn summary(plan: &Plan) -> Summary {
                 fused_nodes: code.kernels.iter().map(|k| k.members.len()).sum(),
                 bitcode_bytes: code.bitcode.len() as u64,
             });
+            let gpu = p.gpu.as_ref().map(|code| GpuSummary {
+                arch: code.arch.clone(),
+                kernels: code.kernels.len(),
+                fused_nodes: code.kernels.iter().map(|k| k.members.len()).sum(),
+                ptx_bytes: code.ptx.len() as u64,
+            });
             DeviceSummary {
                 device: p.device.to_string(),
                 n_nodes: graph.len(),
@@ -115,6 +132,7 @@ pub fn summary(plan: &Plan) -> Summary {
                 variable_bytes,
                 ops,
                 native,
+                gpu,
             }
         })
         .collect();
@@ -279,6 +297,24 @@ impl fmt::Display for Summary {
             writeln!(f, "native code (LLVM)")?;
             table(f, &native, &[false, false, true, true, true])?;
         }
+        let gpu: Vec<Vec<String>> = self
+            .devices
+            .iter()
+            .filter_map(|d| {
+                let g = d.gpu.as_ref()?;
+                Some(vec![
+                    d.device.clone(),
+                    g.arch.clone(),
+                    plural(g.kernels, "fused kernel", "fused kernels"),
+                    format!("({} nodes)", g.fused_nodes),
+                    format!("{} of PTX", bytes(g.ptx_bytes)),
+                ])
+            })
+            .collect();
+        if !gpu.is_empty() {
+            writeln!(f, "GPU code (PTX, LLVM NVPTX)")?;
+            table(f, &gpu, &[false, false, true, true, true])?;
+        }
 
         if let Some(report) = &self.report {
             write!(f, "{report}")?;
@@ -351,7 +387,7 @@ mod tests {
         for id in ids {
             module.graph.node_mut(id).device = Some(second.clone());
         }
-        plan.partitions.push(Partition { device: second.clone(), module, native: None });
+        plan.partitions.push(Partition { device: second.clone(), module, native: None, gpu: None });
         plan.strategy =
             StrategySpec { name: "mirrored".into(), replicas: 2, sync: true, placement: "round-robin".into() };
         plan.params[0].devices.push(second.to_string());

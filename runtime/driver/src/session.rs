@@ -258,6 +258,9 @@ impl<'p> Session<'p> {
                     native.push(None);
                     continue;
                 }
+                if partition.device.kind == Some(dfc_ir::DeviceKind::Gpu) {
+                    return Err(gpu_partition_error(partition));
+                }
                 let code = match &partition.native {
                     Some(code) if dfc_codegen::missing_features(&code.target, &host).is_empty() => Cow::Borrowed(code),
                     _ => {
@@ -636,5 +639,28 @@ impl Drop for AbortOnPanic<'_> {
         if std::thread::panicking() {
             self.0.abort("a partition panicked");
         }
+    }
+}
+
+/// Why a GPU partition does not run: no driver or GPU (named), PTX the driver refuses, or —
+/// where the GPU and its PTX are fine — that dfc does not run GPU partitions yet. The
+/// interpreter runs any partition on the CPU.
+fn gpu_partition_error(partition: &dfc_plan::Partition) -> RunError {
+    let device = &partition.device;
+    let fallback = "`--backend interp` runs it on this machine's CPU with the reference interpreter";
+    let gpu = match dfc_cuda::Gpu::open(device.index.unwrap_or(0) as usize) {
+        Ok(gpu) => gpu,
+        Err(e) => return RunError::Plan(format!("partition {device} runs on a GPU, but {e}; {fallback}")),
+    };
+    let Some(code) = &partition.gpu else {
+        return RunError::Plan(format!("partition {device} has no GPU code: recompile the model with this dfc"));
+    };
+    match gpu.load(code, &device.to_string()) {
+        Err(e) => RunError::Plan(e.to_string()),
+        Ok(_) => RunError::Plan(format!(
+            "{} loaded the {} kernels of partition {device}, but this dfc does not run GPU partitions yet (docs/gpu.md); {fallback}",
+            gpu.describe(),
+            code.kernels.len()
+        )),
     }
 }

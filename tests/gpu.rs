@@ -1,0 +1,108 @@
+//! GPU plans on a machine without a GPU (CI's): PTX golden tests — every example compiled for
+//! one GPU, its fused kernels' PTX compared with `tests/ptx/<example>.ptx` (`UPDATE_EXPECT=1`
+//! rewrites; LLVM's NVPTX back end makes it, no CUDA needed) — and the `dfc` binary compiling,
+//! inspecting and running GPU plans: a run without a GPU fails with a message that names the
+//! device and what is missing.
+
+#[path = "support/expect_file.rs"]
+mod expect_file;
+
+use dfc_compile::{compile, CompileOptions};
+use dfc_ir::{Cluster, DeviceKind};
+use std::path::PathBuf;
+use std::process::Command;
+
+const DFC: &str = env!("CARGO_BIN_EXE_dfc");
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn gpu_plan(example: &str) -> dfc_plan::Plan {
+    let path = root().join("examples").join(format!("{example}.df"));
+    let source = std::fs::read_to_string(&path).unwrap();
+    let options = CompileOptions { cluster: Cluster::local(1, DeviceKind::Gpu), ..CompileOptions::default() };
+    let compiled =
+        compile(&source, &format!("{example}.df"), &options).unwrap_or_else(|_| panic!("{example} compiles for a GPU"));
+    compiled.plan
+}
+
+#[test]
+fn every_examples_kernels_have_their_expected_ptx() {
+    let mut failures = Vec::new();
+    for example in ["softmax_regression", "mlp", "cnn", "linear_regression", "ridge_regression"] {
+        let plan = gpu_plan(example);
+        assert_eq!(plan.partitions.len(), 1);
+        let partition = &plan.partitions[0];
+        assert!(partition.native.is_none(), "{example}: no CPU code for a GPU partition");
+        let gpu = partition.gpu.as_ref().unwrap_or_else(|| panic!("{example}: the GPU partition has PTX"));
+        assert_eq!(gpu.arch, "sm_80");
+        assert!(gpu.ptx.contains(".target sm_80"), "{example}: {}", &gpu.ptx[..gpu.ptx.len().min(400)]);
+        for kernel in &gpu.kernels {
+            assert!(
+                gpu.ptx.contains(&format!(".entry {}(", kernel.function)),
+                "{example}: no entry {}",
+                kernel.function
+            );
+            assert!(u64::from(kernel.block) * u64::from(kernel.grid) >= kernel.rows, "{example}: {kernel:?}");
+            assert_eq!(kernel.block % 32, 0);
+        }
+        // The C library does not exist on a GPU: nothing may call it.
+        assert!(!gpu.ptx.contains(".extern .func"), "{example} calls an external function");
+        let expected = root().join("tests/ptx").join(format!("{example}.ptx"));
+        failures.extend(expect_file::expect_file(&expected, &gpu.ptx));
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+fn dfc(args: &[&str]) -> (bool, String, String) {
+    let output = Command::new(DFC).args(args).output().expect("run dfc");
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    (output.status.success(), text(&output.stdout), text(&output.stderr))
+}
+
+#[test]
+fn a_gpu_plan_compiles_and_without_a_gpu_its_run_says_what_is_missing() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = dir.path().join("mlp.plan");
+    let plan = plan.to_str().unwrap();
+    let example = root().join("examples/mlp.df");
+    let (ok, _, stderr) =
+        dfc(&["compile", example.to_str().unwrap(), "--devices", "gpu:2", "--strategy", "mirrored", "-o", plan]);
+    assert!(ok, "{stderr}");
+    let (ok, stdout, _) = dfc(&["inspect", plan]);
+    assert!(ok);
+    assert!(stdout.contains("/job:localhost/task:0/gpu:1"), "{stdout}");
+    assert!(stdout.contains("GPU code (PTX, LLVM NVPTX)") && stdout.contains("sm_80"), "{stdout}");
+
+    let images = "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz";
+    let labels = "/usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz";
+    if !std::path::Path::new(images).exists() {
+        println!("SKIPPED the runs: no Fashion-MNIST (apt-get install dataset-fashion-mnist)");
+        return;
+    }
+    let feeds = ["--feed", &format!("images={images}"), "--feed", &format!("labels={labels}")].map(String::from);
+    let feeds: Vec<&str> = feeds.iter().map(String::as_str).collect();
+    let (ok, _, stderr) = dfc(&[&["run", plan, "--steps", "2"][..], &feeds].concat());
+    assert!(!ok, "a GPU plan does not run on the CPU's native code");
+    assert!(stderr.contains("partition /job:localhost/task:0/gpu:0 runs on a GPU, but"), "{stderr}");
+    if !dfc_cuda::driver_present() {
+        assert!(stderr.contains("no NVIDIA driver") && stderr.contains("libcuda.so.1"), "{stderr}");
+    }
+    assert!(stderr.contains("--backend interp"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    // The reference interpreter runs any partition, GPU ones included, on the CPU.
+    let (ok, _, stderr) = dfc(&[&["run", plan, "--steps", "2", "--backend", "interp"][..], &feeds].concat());
+    assert!(ok, "{stderr}");
+}
+
+#[test]
+fn devices_are_counted_and_typed() {
+    let example = root().join("examples/mlp.df");
+    for (devices, message) in
+        [("gpu:0", "not a number of devices"), ("tpu:2", "not a device type"), ("gpu:x", "not a number")]
+    {
+        let (ok, _, stderr) = dfc(&["compile", example.to_str().unwrap(), "--devices", devices, "-o", "/dev/null"]);
+        assert!(!ok && stderr.contains(message), "{devices}: {stderr}");
+    }
+}
