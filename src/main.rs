@@ -289,6 +289,16 @@ type Outcome = Result<ExitCode, Failure>;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if matches!(
+        cli.command,
+        Command::Check { .. }
+            | Command::Ir { .. }
+            | Command::Inspect { .. }
+            | Command::Graph { .. }
+            | Command::Fmt { .. }
+    ) {
+        stop_quietly_on_a_closed_pipe();
+    }
     let result = match cli.command {
         Command::Fmt { files, check } => Ok(fmt::run(&files, check)),
         Command::Lsp { stdio: _ } => lsp::serve_stdio().map(|()| ExitCode::SUCCESS).map_err(Failure),
@@ -343,6 +353,16 @@ fn main() -> ExitCode {
             eprintln!("error: {message}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// `dfc inspect plan | head` ends like any Unix filter when `head` closes the pipe, instead of
+/// panicking in `println!` (Rust ignores SIGPIPE). Only for the commands that just print: the
+/// others hold sockets, where a closed peer must be an error, not a signal.
+fn stop_quietly_on_a_closed_pipe() {
+    // SAFETY: sets a signal disposition before any thread is started.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }
 

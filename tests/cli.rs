@@ -380,3 +380,22 @@ fn graphs_are_drawn_as_dot_and_svg() {
     let svg = std::fs::read_to_string(&svg).expect("svg written");
     assert!(svg.contains("<svg") && svg.contains("user_table"), "not an SVG of the model");
 }
+
+/// `dfc ir model.df | head -1`: a reader that goes away ends the printing quietly, as for any
+/// Unix filter, not with a panic.
+#[test]
+fn a_closed_pipe_ends_printing_without_a_panic() {
+    use std::os::unix::process::ExitStatusExt;
+    let example = root().join("examples/cnn.df");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_dfc"))
+        .args(["ir", example.to_str().unwrap(), "--after", "optimizer"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let output = child.wait_with_output().unwrap();
+    assert!(!text(&output.stderr).contains("panicked"), "{}", text(&output.stderr));
+    let quiet = output.status.success() || output.status.signal() == Some(libc::SIGPIPE);
+    assert!(quiet, "{:?}: {}", output.status, text(&output.stderr));
+}

@@ -115,7 +115,10 @@ fn ptxas() -> Option<PathBuf> {
         Some(root().join("target/cuda-tools/nvidia/cuda_nvcc/bin/ptxas")),
         Some(PathBuf::from("ptxas")),
     ];
-    candidates.into_iter().flatten().find(|p| Command::new(p).arg("--version").output().is_ok_and(|o| o.status.success()))
+    candidates
+        .into_iter()
+        .flatten()
+        .find(|p| Command::new(p).arg("--version").output().is_ok_and(|o| o.status.success()))
 }
 
 /// The PTX is valid for the GPUs it is meant for: NVIDIA's own assembler takes every example's
@@ -140,7 +143,11 @@ fn ptxas_assembles_every_examples_kernels_for_ampere_and_hopper() {
                 .arg(&ptx)
                 .output()
                 .expect("run ptxas");
-            assert!(output.status.success(), "ptxas -arch={arch} refuses {example}'s PTX: {}", String::from_utf8_lossy(&output.stderr));
+            assert!(
+                output.status.success(),
+                "ptxas -arch={arch} refuses {example}'s PTX: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
         }
     }
 }

@@ -54,8 +54,7 @@ pub fn compile_gpu(module: &Module, keep: &[NodeId]) -> Result<GpuCode, CodegenE
 
         // The entry: row = blockIdx.x · blockDim.x + threadIdx.x; rows past the end do nothing.
         let args_type = body.get_type().get_param_types()[0];
-        let entry =
-            llvm.add_function(&function, context.void_type().fn_type(&[args_type, i64t.into()], false), None);
+        let entry = llvm.add_function(&function, context.void_type().fn_type(&[args_type, i64t.into()], false), None);
         entry.set_call_conventions(PTX_KERNEL_CALLING_CONVENTION);
         let builder = context.create_builder();
         let start = context.append_basic_block(entry, "entry");
