@@ -3,12 +3,15 @@
 //! so that dfc builds and runs where there is no CUDA: a missing driver or GPU is an error that
 //! says so, never a panic.
 //!
-//! Not here yet: running a partition (device memory, kernel launches, cuBLAS, NCCL) — see
+//! `Kernels::run` runs one fused kernel on buffers given by the host: what the per-kernel tests
+//! against the interpreter (tests/kernels.rs) and the bandwidth benchmark use. Not here yet:
+//! running a whole partition (a memory pool, launches in order, cuBLAS, NCCL) — see
 //! docs/gpu.md for what is and is not done.
 
-use cudarc::driver::{CudaContext, CudaModule, DriverError};
-use dfc_plan::GpuCode;
+use cudarc::driver::{CudaContext, CudaModule, DevicePtr, DriverError, LaunchConfig, PushKernelArg};
+use dfc_plan::{GpuCode, GpuKernel};
 use std::sync::Arc;
+use std::time::Instant;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CudaError {
@@ -31,6 +34,17 @@ pub enum CudaError {
     },
     #[error("kernel `{kernel}` is missing from the PTX of {device}")]
     MissingKernel { device: String, kernel: String },
+    #[error("kernel `{kernel}` of {device} on {gpu}, {what}: {source}")]
+    Kernel {
+        device: String,
+        kernel: String,
+        gpu: String,
+        what: &'static str,
+        #[source]
+        source: DriverError,
+    },
+    #[error("kernel `{kernel}` of {device}: {message}")]
+    Arguments { device: String, kernel: String, message: String },
 }
 
 fn driver(what: &str) -> impl FnOnce(DriverError) -> CudaError + '_ {
@@ -81,9 +95,24 @@ impl Gpu {
         format!("GPU {} ({}, sm_{}{})", self.ordinal, self.name, self.capability.0, self.capability.1)
     }
 
+    /// The memory's peak bandwidth in bytes per second: two transfers per clock (DDR) across
+    /// the bus.
+    pub fn peak_bandwidth(&self) -> Result<f64, CudaError> {
+        use cudarc::driver::sys::CUdevice_attribute as A;
+        let attribute = |a| self.context.attribute(a).map_err(driver("reading the memory's clock and bus"));
+        let clock_khz = attribute(A::CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE)? as f64;
+        let bus_bits = attribute(A::CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH)? as f64;
+        Ok(2.0 * clock_khz * 1e3 * bus_bits / 8.0)
+    }
+
     /// Loads a partition's PTX, which the driver compiles for this GPU, and finds every kernel
     /// in it. `device` names the partition in errors.
-    pub fn load(&self, code: &GpuCode, device: &str) -> Result<Arc<CudaModule>, CudaError> {
+    pub fn load<'g>(&'g self, code: &GpuCode, device: &str) -> Result<Kernels<'g>, CudaError> {
+        let module = self.load_module(code, device)?;
+        Ok(Kernels { gpu: self, module, device: device.to_string() })
+    }
+
+    fn load_module(&self, code: &GpuCode, device: &str) -> Result<Arc<CudaModule>, CudaError> {
         let ptx = cudarc::nvrtc::Ptx::from_src(code.ptx.clone());
         let module = self.context.load_module(ptx).map_err(|source| CudaError::Ptx {
             device: device.to_string(),
@@ -97,6 +126,93 @@ impl Gpu {
             })?;
         }
         Ok(module)
+    }
+}
+
+/// A partition's kernels, loaded into a GPU.
+pub struct Kernels<'g> {
+    gpu: &'g Gpu,
+    module: Arc<CudaModule>,
+    device: String,
+}
+
+impl Kernels<'_> {
+    /// Runs `kernel` once over device copies of `buffers`; argument `i` of the kernel (its
+    /// inputs, then its output) is buffer `args[i]`, so one buffer may be read and written (an
+    /// assignment's variable). Returns every buffer's bytes after the run.
+    pub fn run(&self, kernel: &GpuKernel, buffers: &[Vec<u8>], args: &[usize]) -> Result<Vec<Vec<u8>>, CudaError> {
+        self.launches(kernel, buffers, args, 0).map(|(after, _)| after)
+    }
+
+    /// Seconds per launch of `kernel`, over `repeats` launches after one to warm up.
+    pub fn time(
+        &self,
+        kernel: &GpuKernel,
+        buffers: &[Vec<u8>],
+        args: &[usize],
+        repeats: u32,
+    ) -> Result<f64, CudaError> {
+        self.launches(kernel, buffers, args, repeats.max(1)).map(|(_, seconds)| seconds)
+    }
+
+    fn launches(
+        &self,
+        kernel: &GpuKernel,
+        buffers: &[Vec<u8>],
+        args: &[usize],
+        timed: u32,
+    ) -> Result<(Vec<Vec<u8>>, f64), CudaError> {
+        let failed = |what: &'static str| {
+            move |source| CudaError::Kernel {
+                device: self.device.clone(),
+                kernel: kernel.function.clone(),
+                gpu: self.gpu.describe(),
+                what,
+                source,
+            }
+        };
+        let wanted = kernel.inputs.len() + 1;
+        if args.len() != wanted || args.iter().any(|&i| i >= buffers.len()) || buffers.iter().any(Vec::is_empty) {
+            return Err(CudaError::Arguments {
+                device: self.device.clone(),
+                kernel: kernel.function.clone(),
+                message: format!(
+                    "it takes {wanted} arguments (inputs, then output), each one of {} non-empty buffers; given {args:?}",
+                    buffers.len()
+                ),
+            });
+        }
+        let stream = self.gpu.context.default_stream();
+        let function = self.module.load_function(&kernel.function).map_err(failed("finding it"))?;
+        let on_device = buffers.iter().map(|b| stream.memcpy_stod(b)).collect::<Result<Vec<_>, _>>();
+        let on_device = on_device.map_err(failed("copying its arguments to the GPU"))?;
+        // The kernel's first parameter is an array of pointers, in device memory.
+        let pointers: Vec<u64> = args.iter().map(|&i| on_device[i].device_ptr(&stream).0).collect();
+        let table = stream.memcpy_stod(&pointers).map_err(failed("copying its argument table to the GPU"))?;
+        let config =
+            LaunchConfig { grid_dim: (kernel.grid, 1, 1), block_dim: (kernel.block, 1, 1), shared_mem_bytes: 0 };
+        let rows = kernel.rows;
+        let launch = || {
+            let mut builder = stream.launch_builder(&function);
+            builder.arg(&table);
+            builder.arg(&rows);
+            // SAFETY: the arguments are the entry's (`i8** args, i64 rows`); every pointer in
+            // the table is a live buffer of the size the kernel's types give (the caller's).
+            unsafe { builder.launch(config) }.map(|_| ())
+        };
+        launch().map_err(failed("launching it"))?;
+        stream.synchronize().map_err(failed("running it"))?;
+        let mut seconds = 0.0;
+        if timed > 0 {
+            let start = Instant::now();
+            for _ in 0..timed {
+                launch().map_err(failed("launching it"))?;
+            }
+            stream.synchronize().map_err(failed("running it"))?;
+            seconds = start.elapsed().as_secs_f64() / f64::from(timed);
+        }
+        let after = on_device.iter().map(|b| stream.memcpy_dtov(b)).collect::<Result<Vec<_>, _>>();
+        Ok((after.map_err(failed("copying its results back"))?, seconds))
     }
 }
 

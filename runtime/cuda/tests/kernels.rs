@@ -1,0 +1,216 @@
+//! On a machine with an NVIDIA GPU: every fused kernel of every example, run on the GPU on the
+//! values the reference interpreter computes for its inputs, gives the interpreter's value of
+//! its root (f32 within 1e-4 relative: the GPU's exp and log are PTX approximations; integers
+//! and booleans exactly). An assignment's kernel updates its variable in place, as the CPU's
+//! does.
+//!
+//! Without a GPU (CI) it says SKIPPED; `DFC_GPU_REQUIRED=1` makes that a failure, for runs on
+//! GPU machines. The same check runs everywhere with the CPU's kernels in the GPU's place,
+//! which keeps the harness itself tested.
+
+use dfc_compile::{compile, CompileOptions};
+use dfc_interp::{Program, Tensor, Variables};
+use dfc_ir::{Cluster, DType, DeviceKind, Module, NodeId, Op, TensorRef};
+use dfc_plan::GpuKernel;
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+const F32_TOLERANCE: f64 = 1e-4;
+
+fn gpu_available() -> bool {
+    match dfc_cuda::device_count() {
+        Ok(n) if n > 0 => true,
+        other => {
+            assert!(
+                std::env::var_os("DFC_GPU_REQUIRED").is_none(),
+                "DFC_GPU_REQUIRED is set, but there is no GPU: {other:?}"
+            );
+            println!("SKIPPED: no GPU here ({})", if dfc_cuda::driver_present() { "no device" } else { "no driver" });
+            false
+        }
+    }
+}
+
+fn gpu_plan(example: &str) -> dfc_plan::Plan {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples");
+    let source = std::fs::read_to_string(root.join(format!("{example}.df"))).unwrap();
+    let dims = if example == "cnn" { vec![("batch".to_string(), 8)] } else { vec![] };
+    let options = CompileOptions {
+        sema: dfc_sema::Options { dims, optimizer: None },
+        cluster: Cluster::local(1, DeviceKind::Gpu),
+        ..CompileOptions::default()
+    };
+    compile(&source, &format!("{example}.df"), &options).unwrap_or_else(|_| panic!("{example} compiles")).plan
+}
+
+fn random_feeds(plan: &dfc_plan::Plan) -> HashMap<String, Tensor> {
+    let mut rng = fastrand::Rng::with_seed(11);
+    plan.inputs
+        .iter()
+        .map(|input| {
+            let n = input.ty.shape.n_elements();
+            let dims = input.ty.shape.dims().to_vec();
+            let tensor = match input.ty.dtype {
+                DType::I32 => Tensor::from_vec(dims, (0..n).map(|_| rng.i32(0..10)).collect::<Vec<i32>>()),
+                DType::U8 => Tensor::from_vec(dims, (0..n).map(|_| rng.u8(..)).collect::<Vec<u8>>()),
+                DType::F32 => Tensor::from_vec(dims, (0..n).map(|_| rng.f32() * 2.0 - 1.0).collect::<Vec<f32>>()),
+                other => panic!("no test data for {other} inputs"),
+            };
+            (input.name.clone(), tensor)
+        })
+        .collect()
+}
+
+fn is_assignment(module: &Module, id: NodeId) -> bool {
+    matches!(module.graph.node(id).op, Op::Assign | Op::AssignAdd | Op::AssignSub)
+}
+
+fn close(what: &str, want: &Tensor, got: &Tensor) -> Result<(), String> {
+    if want.ty() != got.ty() {
+        return Err(format!("{what}: type {} instead of {}", got.ty(), want.ty()));
+    }
+    let exact = !matches!(want.dtype(), DType::F32 | DType::F64);
+    for (i, (w, g)) in want.to_f64_vec().iter().zip(got.to_f64_vec()).enumerate() {
+        let ok = if exact || !w.is_finite() {
+            *w == g || (w.is_nan() && g.is_nan())
+        } else {
+            (w - g).abs() <= F32_TOLERANCE * w.abs().max(1.0)
+        };
+        if !ok {
+            return Err(format!("{what}: element {i} is {g}, the interpreter's {w}"));
+        }
+    }
+    Ok(())
+}
+
+/// Runs one kernel: its index in the partition's code, the kernel, the buffers, and which
+/// buffer each argument is; gives every buffer after the run.
+type Runner<'r> = dyn Fn(usize, &GpuKernel, &[Vec<u8>], &[usize]) -> Result<Vec<Vec<u8>>, String> + 'r;
+
+/// Every kernel of every example through `run` (loaded by `load` for each example), against
+/// the interpreter. Returns how many kernels were checked.
+fn check_every_kernel<'g>(load: &dyn Fn(&dfc_plan::Plan) -> Box<Runner<'g>>) -> usize {
+    let mut failures = Vec::new();
+    let mut checked = 0;
+    for example in ["softmax_regression", "mlp", "cnn", "linear_regression", "ridge_regression"] {
+        let plan = gpu_plan(example);
+        let partition = &plan.partitions[0];
+        let module = &partition.module;
+        let code = partition.gpu.as_ref().expect("GPU code");
+        let run = load(&plan);
+        let feeds = random_feeds(&plan);
+        let variables: Variables = dfc_interp::initialize(module, 0);
+        let variable_value = |id: NodeId| variables.get(&module.graph.node(id).name).cloned();
+
+        // Every value a kernel reads, and every root's value (an assignment's: its new value).
+        let mut fetches: Vec<TensorRef> = Vec::new();
+        for kernel in &code.kernels {
+            fetches.extend(kernel.inputs.iter().filter(|t| variable_value(t.node).is_none()));
+            if !is_assignment(module, kernel.root) {
+                fetches.push(TensorRef { node: kernel.root, port: 0 });
+            }
+        }
+        fetches.sort_by_key(|t| (t.node, t.port));
+        fetches.dedup();
+        let program = Program::new(module, &fetches, &[]).expect("the interpreter's program");
+        let values = program.run(module, &mut variables.clone(), &feeds).expect("the interpreter runs");
+        let value: HashMap<TensorRef, Tensor> = fetches.iter().copied().zip(values).collect();
+
+        for (index, kernel) in code.kernels.iter().enumerate() {
+            let what = format!("{example}: kernel {}", kernel.function);
+            let bytes = |t: &TensorRef| variable_value(t.node).unwrap_or_else(|| value[t].clone()).to_le_bytes();
+            let mut buffers: Vec<Vec<u8>> = kernel.inputs.iter().map(bytes).collect();
+            let mut args: Vec<usize> = (0..buffers.len()).collect();
+            let root = module.graph.node(kernel.root);
+            let (out, want) = if is_assignment(module, kernel.root) {
+                // In place: the variable's buffer is the output, as on the CPU.
+                let variable = module.graph.inputs(kernel.root)[0];
+                let at = match kernel.inputs.iter().position(|t| *t == variable) {
+                    Some(i) => i,
+                    None => {
+                        buffers.push(variable_value(variable.node).unwrap().to_le_bytes());
+                        buffers.len() - 1
+                    }
+                };
+                let mut after = variables.clone();
+                Program::new(module, &[], &[kernel.root]).unwrap().run(module, &mut after, &feeds).unwrap();
+                (at, after.get(&module.graph.node(variable.node).name).unwrap().clone())
+            } else {
+                buffers.push(vec![0; Tensor::zeros(&root.outputs[0]).to_le_bytes().len()]);
+                (buffers.len() - 1, value[&TensorRef { node: kernel.root, port: 0 }].clone())
+            };
+            args.push(out);
+            match run(index, kernel, &buffers, &args) {
+                Ok(after) => {
+                    let got = Tensor::from_le_bytes(&want.ty(), &after[out]).expect("the output's size");
+                    failures.extend(close(&what, &want, &got).err());
+                }
+                Err(e) => failures.push(format!("{what}: {e}")),
+            }
+            checked += 1;
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    checked
+}
+
+#[test]
+fn every_kernel_of_every_example_agrees_with_the_interpreter() {
+    if !gpu_available() {
+        return;
+    }
+    let gpu = dfc_cuda::Gpu::open(0).expect("GPU 0 opens");
+    println!("on {}", gpu.describe());
+    let checked = check_every_kernel(&|plan| {
+        let partition = &plan.partitions[0];
+        let kernels = gpu.load(partition.gpu.as_ref().unwrap(), &partition.device.to_string()).expect("the PTX loads");
+        Box::new(move |_, kernel, buffers, args| kernels.run(kernel, buffers, args).map_err(|e| e.to_string()))
+    });
+    println!("{checked} kernels checked");
+}
+
+/// The check above, with each kernel run by the CPU's code for the same fusion instead of the
+/// GPU: it runs everywhere, and keeps the harness (buffers, arguments, in-place assignments,
+/// the interpreter's values) honest for the GPU runs.
+#[test]
+fn the_kernel_harness_agrees_with_the_interpreter_on_the_cpu() {
+    let checked = check_every_kernel(&|plan| {
+        let partition = &plan.partitions[0];
+        let fetched: Vec<&str> = plan.training.iter().map(|t| t.loss_node.as_str()).collect();
+        let keep = dfc_codegen::fetched_nodes(&partition.module, &fetched);
+        let native = dfc_codegen::compile(&partition.module, &keep, &dfc_codegen::host_target()).unwrap();
+        let gpu = partition.gpu.as_ref().unwrap();
+        let names: Vec<&str> = native.kernels.iter().map(|k| k.function.as_str()).collect();
+        let gpu_names: Vec<&str> = gpu.kernels.iter().map(|k| k.function.as_str()).collect();
+        assert_eq!(names, gpu_names, "the CPU and GPU code fuse alike");
+        let jit = dfc_cpu::load(&native).unwrap();
+        Box::new(move |index, kernel, buffers, args| {
+            let function = jit.function(&native.kernels[index].function).ok_or("no such kernel")?;
+            // 16-byte aligned copies, as the CPU's arena gives.
+            let mut aligned: Vec<Vec<u128>> = buffers.iter().map(|b| vec![0u128; b.len().div_ceil(16)]).collect();
+            for (a, b) in aligned.iter_mut().zip(buffers) {
+                bytemuck_copy(a, b);
+            }
+            let pointers: Vec<*mut u8> = args.iter().map(|&i| aligned[i].as_mut_ptr() as *mut u8).collect();
+            // SAFETY: the kernel reads and writes its arguments' types' sizes, which the buffers have.
+            unsafe { function(pointers.as_ptr(), 0, kernel.rows as i64) };
+            Ok(aligned.iter().zip(buffers).map(|(a, b)| as_bytes(a)[..b.len()].to_vec()).collect())
+        })
+    });
+    assert!(checked > 50, "{checked} kernels");
+}
+
+fn bytemuck_copy(to: &mut [u128], from: &[u8]) {
+    let bytes = as_bytes_mut(to);
+    bytes[..from.len()].copy_from_slice(from);
+}
+
+fn as_bytes(words: &[u128]) -> &[u8] {
+    // SAFETY: u128 has no padding; every byte is initialised.
+    unsafe { std::slice::from_raw_parts(words.as_ptr() as *const u8, words.len() * 16) }
+}
+
+fn as_bytes_mut(words: &mut [u128]) -> &mut [u8] {
+    // SAFETY: as above; any byte pattern is a valid u128.
+    unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr() as *mut u8, words.len() * 16) }
+}
