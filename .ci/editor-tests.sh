@@ -16,7 +16,8 @@ echo "editor tests: node $(node --version), npm $(npm --version 2>/dev/null)"
 node --check grammar/vscode/extension.js
 
 cd grammar/vscode
-npm ci --no-audit --no-fund
+# One retry: npm ci has failed here mid-extraction (ENOENT under node_modules) and passed again.
+npm ci --no-audit --no-fund || { echo "editor tests: npm ci failed; retrying once" >&2; rm -rf node_modules; npm ci --no-audit --no-fund; }
 npm test
 npm run --silent test:extension
 npm run --silent test:sync
