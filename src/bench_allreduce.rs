@@ -1,7 +1,18 @@
 //! `dfc bench-allreduce`: the ring all-reduce across local worker processes, as bus bandwidth,
-//! next to the raw loopback TCP throughput measured in the same run.
+//! next to the raw loopback TCP throughput measured in the same run; through the shared-memory
+//! queues that workers on one machine use, and through the data plane's TCP connections.
 
+use dfc_rpc::bench::Transport;
 use std::time::Duration;
+
+/// How the workers send to each other.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum TransportArg {
+    /// Shared-memory queues, as workers on one machine use in training.
+    SharedMemory,
+    /// The data plane's TCP connections, as between machines.
+    Tcp,
+}
 
 #[derive(clap::Args)]
 pub struct BenchAllReduceArgs {
@@ -11,6 +22,9 @@ pub struct BenchAllReduceArgs {
     /// Buffer sizes, MiB of f32.
     #[arg(long = "sizes-mib", value_delimiter = ',', default_value = "4,16,64,256")]
     sizes_mib: Vec<u64>,
+    /// How the workers send to each other: each one given is measured.
+    #[arg(long, value_delimiter = ',', default_value = "shared-memory,tcp")]
+    transport: Vec<TransportArg>,
     /// Timed all-reduces per size (after one untimed); the median is reported.
     #[arg(long, default_value_t = 5)]
     iterations: u32,
@@ -89,13 +103,21 @@ pub fn bench_allreduce(args: &BenchAllReduceArgs) -> Result<std::process::ExitCo
         let token = dfc_rpc::auth::random_token();
         let workers = dfc_rpc::LocalWorkers::spawn(&exe, n, &token, None)?;
         for &mib in &args.sizes_mib {
-            let result = dfc_rpc::bench::all_reduce(&workers.addresses, &token, mib << 20, args.iterations)?;
-            eprintln!(
-                "{n} workers, {mib:>4} MiB: {:8.1} ms, bus bandwidth {:.2} GB/s",
-                result.median_seconds * 1e3,
-                result.bus_bytes_per_second / 1e9
-            );
-            results.push(result);
+            for &transport in &args.transport {
+                let transport = match transport {
+                    TransportArg::SharedMemory => Transport::SharedMemory,
+                    TransportArg::Tcp => Transport::Tcp,
+                };
+                let result =
+                    dfc_rpc::bench::all_reduce(&workers.addresses, &token, mib << 20, args.iterations, transport)?;
+                eprintln!(
+                    "{n} workers, {mib:>4} MiB, {}: {:8.1} ms, bus bandwidth {:.2} GB/s",
+                    transport_name(&result),
+                    result.median_seconds * 1e3,
+                    result.bus_bytes_per_second / 1e9
+                );
+                results.push(result);
+            }
         }
         drop(workers);
         std::thread::sleep(Duration::from_millis(100));
@@ -123,8 +145,16 @@ pub fn bench_allreduce(args: &BenchAllReduceArgs) -> Result<std::process::ExitCo
         );
     }
     println!(
-        "{:>7} {:>6} {:>10} {:>11} {:>11} {:>12} {:>17} {:>12}",
-        "workers", "MiB", "median ms", "algbw GB/s", "busbw GB/s", "of ring TCP", "of ring TCP, mem", "of one link"
+        "{:>7} {:>6} {:>9} {:>10} {:>11} {:>11} {:>12} {:>17} {:>12}",
+        "workers",
+        "MiB",
+        "transport",
+        "median ms",
+        "algbw GB/s",
+        "busbw GB/s",
+        "of ring TCP",
+        "of ring TCP, mem",
+        "of one link"
     );
     for r in &report.results {
         let ring =
@@ -136,9 +166,10 @@ pub fn bench_allreduce(args: &BenchAllReduceArgs) -> Result<std::process::ExitCo
             .map_or(f64::NAN, |p| p.2);
         let share = |of: f64| 100.0 * r.bus_bytes_per_second / of;
         println!(
-            "{:>7} {:>6} {:>10.1} {:>11.2} {:>11.2} {:>11.0}% {:>16.0}% {:>11.0}%",
+            "{:>7} {:>6} {:>9} {:>10.1} {:>11.2} {:>11.2} {:>11.0}% {:>16.0}% {:>11.0}%",
             r.workers,
             r.bytes >> 20,
+            transport_name(r),
             r.median_seconds * 1e3,
             r.algorithm_bytes_per_second / 1e9,
             r.bus_bytes_per_second / 1e9,
@@ -149,4 +180,13 @@ pub fn bench_allreduce(args: &BenchAllReduceArgs) -> Result<std::process::ExitCo
     }
     println!("(of ring TCP, mem: each end of each link streams through a buffer of the tensor's size)");
     Ok(std::process::ExitCode::SUCCESS)
+}
+
+/// How a result's frames went: `shm` only where every worker's went through shared memory.
+fn transport_name(result: &dfc_rpc::bench::AllReduceResult) -> &'static str {
+    match (result.transport, result.shared_memory) {
+        (Transport::SharedMemory, true) => "shm",
+        (Transport::SharedMemory, false) => "shm->tcp",
+        (Transport::Tcp, _) => "tcp",
+    }
 }

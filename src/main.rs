@@ -179,6 +179,10 @@ enum Command {
         /// between workers (on --listen's host; 0 picks a free one). None with --tls-dir.
         #[arg(long, default_value_t = 0)]
         data_port: u16,
+        /// Send every frame of the data plane over TCP, also to workers on this machine (which
+        /// otherwise take a queue in shared memory, see docs/distributed.md).
+        #[arg(long)]
+        no_shared_memory: bool,
         /// The threads to compute on [default: one per core, or RAYON_NUM_THREADS]. Give each of
         /// several workers on one machine its share of the cores.
         #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
@@ -343,8 +347,9 @@ fn main() -> ExitCode {
             };
             run_plan(&plan, &run::RunArgs { train, fetch, output, remote })
         }
-        Command::Worker { listen, token_file, tls_dir, data_port, threads } => {
-            run::worker(&listen, token_file.as_deref(), tls_dir.as_deref(), data_port, threads).map_err(Failure)
+        Command::Worker { listen, token_file, tls_dir, data_port, no_shared_memory, threads } => {
+            let data = dfc_rpc::DataPlane { port: data_port, shared_memory: !no_shared_memory };
+            run::worker(&listen, token_file.as_deref(), tls_dir.as_deref(), data, threads).map_err(Failure)
         }
     };
     match result {

@@ -199,7 +199,7 @@ pub fn worker(
     listen: &str,
     token_file: Option<&Path>,
     tls_dir: Option<&Path>,
-    data_port: u16,
+    data: dfc_rpc::DataPlane,
     threads: Option<u16>,
 ) -> Result<std::process::ExitCode, String> {
     let token = dfc_rpc::auth::load_token(token_file)?;
@@ -226,7 +226,7 @@ pub fn worker(
         println!("dfc worker listening on {address}");
         use std::io::Write;
         let _ = std::io::stdout().flush();
-        dfc_rpc::serve(listener, token, tls, data_port).await
+        dfc_rpc::serve(listener, token, tls, data).await
     })?;
     Ok(std::process::ExitCode::SUCCESS)
 }
@@ -378,7 +378,7 @@ fn serve_blocking(address: &str, token: String, tls: Option<dfc_rpc::Tls>) -> Re
     runtime.block_on(async {
         let listener =
             tokio::net::TcpListener::bind(address).await.map_err(|e| format!("cannot listen on {address}: {e}"))?;
-        dfc_rpc::serve(listener, token, tls, 0).await
+        dfc_rpc::serve(listener, token, tls, dfc_rpc::DataPlane::default()).await
     })?;
     Ok(std::process::ExitCode::SUCCESS)
 }
@@ -395,7 +395,7 @@ fn start_server(
         let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("a runtime");
         runtime.block_on(async {
             let listener = tokio::net::TcpListener::from_std(listener).expect("a listener");
-            if let Err(e) = dfc_rpc::serve(listener, token, tls, 0).await {
+            if let Err(e) = dfc_rpc::serve(listener, token, tls, dfc_rpc::DataPlane::default()).await {
                 eprintln!("error: {e}");
             }
         });

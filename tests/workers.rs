@@ -427,10 +427,17 @@ impl TwoHosts {
         Some(hosts)
     }
 
-    /// `dfc ARGS` in host `i`'s namespace.
+    /// `dfc ARGS` in host `i`'s namespace. The second host has a `/dev/shm` of its own, as
+    /// another machine has, so its workers share no memory with the first's: the data plane's
+    /// offers of shared-memory queues are declined both ways and frames cross the link.
     fn dfc(&self, i: usize) -> Command {
         let mut command = Command::new("ip");
-        command.args(["netns", "exec", &self.namespaces[i], env!("CARGO_BIN_EXE_dfc")]);
+        command.args(["netns", "exec", &self.namespaces[i]]);
+        if i == 1 {
+            // `ip netns exec` runs the command in a mount namespace of its own.
+            command.args(["sh", "-c", r#"mount -t tmpfs tmpfs /dev/shm && exec "$0" "$@""#]);
+        }
+        command.arg(env!("CARGO_BIN_EXE_dfc"));
         command
     }
 }
@@ -749,7 +756,17 @@ fn bench_allreduce_reports_bus_bandwidth_next_to_raw_tcp() {
     let sizes: Vec<u64> = through_memory.iter().map(|r| r[1].as_u64().unwrap()).collect();
     assert_eq!(sizes, [1 << 20, 2 << 20], "{report}");
     let results = report["results"].as_array().unwrap();
-    assert_eq!(results.len(), 2, "{report}");
+    let measured: Vec<(u64, &str, bool)> = results
+        .iter()
+        .map(|r| {
+            (r["bytes"].as_u64().unwrap(), r["transport"].as_str().unwrap(), r["shared_memory"].as_bool().unwrap())
+        })
+        .collect();
+    // Both transports at each size; local workers take the shared-memory queues when offered.
+    let (one, two) = (1 << 20, 2 << 20);
+    let expected =
+        [(one, "shared-memory", true), (one, "tcp", false), (two, "shared-memory", true), (two, "tcp", false)];
+    assert_eq!(measured, expected, "{report}");
     for result in results {
         assert_eq!(result["workers"], 2);
         assert!(result["bus_bytes_per_second"].as_f64().unwrap() > 0.0, "{report}");

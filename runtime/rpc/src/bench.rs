@@ -80,10 +80,24 @@ pub fn loopback_tcp_bytes_per_second(links: usize, total: usize, span: usize) ->
     Ok(total.next_multiple_of(IO) as f64 / seconds)
 }
 
+/// How the workers of an all-reduce benchmark send to each other.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Transport {
+    /// As training does: shared-memory queues between workers that share a machine (all of a
+    /// benchmark's do), TCP between the others.
+    SharedMemory,
+    /// The data plane's TCP connections, also between workers on one machine.
+    Tcp,
+}
+
 /// One size on one number of workers.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct AllReduceResult {
     pub workers: usize,
+    pub transport: Transport,
+    /// Whether every worker's frames went through shared memory.
+    pub shared_memory: bool,
     pub bytes: u64,
     pub iterations: usize,
     /// Median over the iterations of the slowest worker's time.
@@ -93,7 +107,13 @@ pub struct AllReduceResult {
 }
 
 /// Times `iterations` all-reduces of `bytes` (f32) across the workers at `addresses`.
-pub fn all_reduce(addresses: &[String], token: &str, bytes: u64, iterations: u32) -> Result<AllReduceResult, String> {
+pub fn all_reduce(
+    addresses: &[String],
+    token: &str,
+    bytes: u64,
+    iterations: u32,
+    transport: Transport,
+) -> Result<AllReduceResult, String> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -102,7 +122,7 @@ pub fn all_reduce(addresses: &[String], token: &str, bytes: u64, iterations: u32
     let n = addresses.len();
     let names: Vec<String> = (0..n).map(|r| format!("worker {r}")).collect();
     let id: Vec<u8> = crate::auth::random_token().into_bytes();
-    let replies: Vec<Vec<f64>> = runtime.block_on(async {
+    let replies: Vec<(Vec<f64>, bool)> = runtime.block_on(async {
         let mut clients = Vec::new();
         let mut data_ports = Vec::new();
         for address in addresses {
@@ -128,6 +148,7 @@ pub fn all_reduce(addresses: &[String], token: &str, bytes: u64, iterations: u32
                 iterations,
                 wait_ms: 120_000,
                 data_ports: data_ports.clone(),
+                tcp_only: transport == Transport::Tcp,
             });
             request.set_timeout(Duration::from_secs(600));
             calls.push(tokio::spawn(async move { client.bench_all_reduce(request).await }));
@@ -136,17 +157,20 @@ pub fn all_reduce(addresses: &[String], token: &str, bytes: u64, iterations: u32
         for (rank, call) in calls.into_iter().enumerate() {
             let reply =
                 call.await.map_err(|e| e.to_string())?.map_err(|s| format!("worker {rank}: {}", s.message()))?;
-            replies.push(reply.into_inner().seconds);
+            let reply = reply.into_inner();
+            replies.push((reply.seconds, reply.shared_memory));
         }
         Ok::<_, String>(replies)
     })?;
     let mut slowest: Vec<f64> =
-        (0..iterations as usize).map(|i| replies.iter().map(|r| r[i]).fold(0.0, f64::max)).collect();
+        (0..iterations as usize).map(|i| replies.iter().map(|(r, _)| r[i]).fold(0.0, f64::max)).collect();
     slowest.sort_by(f64::total_cmp);
     let median = slowest[slowest.len() / 2];
     let algorithm = bytes as f64 / median;
     Ok(AllReduceResult {
         workers: n,
+        transport,
+        shared_memory: replies.iter().all(|(_, shared)| *shared),
         bytes,
         iterations: iterations as usize,
         median_seconds: median,

@@ -17,23 +17,34 @@
 //!   and length), the key, the chunk's bytes. A frame that does not parse closes the
 //!   connection; the step it was for then fails on its deadline or by the driver's abort.
 //!
+//! - Between workers on one machine, the sender offers a queue in shared memory right after
+//!   the handshake (a frame of its own magic naming the queue, see [`crate::shm`]); if the
+//!   receiver can open it, every later frame goes through the queue and the TCP connection
+//!   only tells each side that the other is alive. Elsewhere the offer is declined and frames
+//!   go over TCP.
+//!
 //! Not encrypted: with `--tls-dir`, workers offer no data port and segments go over gRPC,
 //! through TLS.
 
+use crate::shm;
 use std::io::{IoSlice, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use subtle::ConstantTimeEq;
 
 /// The bytes of one frame at most, as sent: small enough that a segment is summed while its
 /// rest is in flight, large enough that a frame costs few system calls.
 pub const DATA_CHUNK: usize = 1 << 20;
-/// The largest chunk a receiver accepts (a sender's chunks may be smaller).
+/// The largest chunk a receiver accepts over TCP (a sender's chunks may be smaller); a queue's
+/// slots hold [`shm::CHUNK`].
 const MAX_CHUNK: u64 = 16 << 20;
 const MAX_KEY: u32 = 4096;
 const MAGIC: &[u8; 8] = b"dfcdata1";
 const FRAME_MAGIC: u32 = 0x6466_6331;
+/// The magic of a frame offering a shared-memory queue: its key is the queue's name, its
+/// chunk the queue's secret; the receiver answers one status byte.
+const OFFER_MAGIC: u32 = 0x6466_6373;
 const HEADER: usize = 40;
 
 /// Status bytes of the handshake's answer.
@@ -107,6 +118,40 @@ pub fn serve(listener: TcpListener, token: String, lookup: Lookup) {
 
 /// One connection, from handshake to end.
 fn receive(mut stream: TcpStream, token: &str, lookup: &Lookup) -> Result<(), String> {
+    let sink = handshake(&mut stream, token, lookup)?;
+    // Between steps a connection may idle as long as the training loop does.
+    stream.set_read_timeout(None).map_err(|e| e.to_string())?;
+    let mut frames = Frames::Tcp { stream, scratch: vec![0u8; PIECE] };
+    let mut key = Vec::new();
+    while let Some(header) = frames.header()? {
+        let Header { magic, key_len, step, total, offset, len } = Header::parse(&header)?;
+        key.resize(key_len as usize, 0);
+        frames.key(&mut key)?;
+        if magic == OFFER_MAGIC {
+            frames = frames.offered(&key, len as usize)?;
+            continue;
+        }
+        let key = std::str::from_utf8(&key).map_err(|_| "a key that is not UTF-8")?;
+        if let Some(place) = sink.place(step, key, total, offset, len) {
+            // A peer that stops mid-chunk must not hold the lent memory for ever.
+            frames.set_chunk_timeout(Some(sink.chunk_timeout()))?;
+            // SAFETY: `place` lent `len` bytes at `at` to this reader until `placed`.
+            let into = unsafe { std::slice::from_raw_parts_mut(place.at, place.len) };
+            let read = frames.read_into(into, place.combine);
+            sink.placed(step, key, offset, len, read.is_ok());
+            read?;
+            frames.set_chunk_timeout(None)?;
+        } else {
+            let chunk = frames.read_chunk(len as usize)?;
+            sink.deliver_chunk(step, key, total, offset, chunk)?;
+        }
+        frames.done();
+    }
+    Ok(())
+}
+
+/// The receiver's side of the handshake: where the connection's chunks go.
+fn handshake(stream: &mut TcpStream, token: &str, lookup: &Lookup) -> Result<Arc<dyn Deliver>, String> {
     stream.set_nodelay(true).map_err(|e| e.to_string())?;
     stream.set_read_timeout(Some(Duration::from_secs(10))).map_err(|e| e.to_string())?;
     let nonce = crate::auth::random_token().into_bytes();
@@ -128,22 +173,27 @@ fn receive(mut stream: TcpStream, token: &str, lookup: &Lookup) -> Result<(), St
         return Err("a data connection for no registration here".into());
     };
     stream.write_all(&[ACCEPTED]).map_err(|e| e.to_string())?;
-    // Between steps a connection may idle as long as the training loop does.
-    stream.set_read_timeout(None).map_err(|e| e.to_string())?;
-    let mut key = Vec::new();
-    let mut scratch = vec![0u8; PIECE];
-    loop {
-        let mut header = [0u8; HEADER];
-        match stream.read_exact(&mut header) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
-            Err(e) => return Err(e.to_string()),
-        }
+    Ok(sink)
+}
+
+/// A frame's fixed header.
+struct Header {
+    magic: u32,
+    key_len: u32,
+    step: u64,
+    total: u64,
+    offset: u64,
+    len: u64,
+}
+
+impl Header {
+    fn parse(header: &[u8; HEADER]) -> Result<Header, String> {
         let word = |at: usize| u64::from_le_bytes(header[at..at + 8].try_into().expect("8 bytes"));
         let magic = u32::from_le_bytes(header[0..4].try_into().expect("4 bytes"));
         let key_len = u32::from_le_bytes(header[4..8].try_into().expect("4 bytes"));
         let (step, total, offset, len) = (word(8), word(16), word(24), word(32));
-        if magic != FRAME_MAGIC
+        let offer = magic == OFFER_MAGIC && len == shm::SECRET as u64;
+        if (magic != FRAME_MAGIC && !offer)
             || key_len > MAX_KEY
             || len > MAX_CHUNK
             || total > crate::MAX_MESSAGE_BYTES as u64
@@ -151,15 +201,59 @@ fn receive(mut stream: TcpStream, token: &str, lookup: &Lookup) -> Result<(), St
         {
             return Err("a malformed frame".into());
         }
-        key.resize(key_len as usize, 0);
-        stream.read_exact(&mut key).map_err(|e| e.to_string())?;
-        let key = std::str::from_utf8(&key).map_err(|_| "a key that is not UTF-8")?;
-        if let Some(place) = sink.place(step, key, total, offset, len) {
-            // A peer that stops mid-chunk must not hold the lent memory for ever.
-            stream.set_read_timeout(Some(sink.chunk_timeout())).map_err(|e| e.to_string())?;
-            // SAFETY: `place` lent `len` bytes at `at` to this reader until `placed`.
-            let into = unsafe { std::slice::from_raw_parts_mut(place.at, place.len) };
-            let read = match place.combine {
+        Ok(Header { magic, key_len, step, total, offset, len })
+    }
+}
+
+/// Where a receiver reads frames from: the TCP connection, or the shared-memory queue its
+/// sender offered (the connection then only tells whether the sender is alive).
+enum Frames {
+    Tcp { stream: TcpStream, scratch: Vec<u8> },
+    Shared { queue: shm::Queue, stream: TcpStream },
+}
+
+impl Frames {
+    /// The next frame's header; `None` once the sender has closed its end.
+    fn header(&mut self) -> Result<Option<[u8; HEADER]>, String> {
+        let mut header = [0u8; HEADER];
+        match self {
+            Frames::Tcp { stream, .. } => match stream.read_exact(&mut header) {
+                Ok(()) => Ok(Some(header)),
+                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(None),
+                Err(e) => Err(e.to_string()),
+            },
+            Frames::Shared { queue, stream } => loop {
+                match queue.next(Duration::from_millis(100)) {
+                    shm::Next::Frame => {
+                        queue.head(0, &mut header);
+                        return Ok(Some(header));
+                    }
+                    shm::Next::Closed => return Ok(None),
+                    shm::Next::Idle if !alive(stream) => return Err("the sending worker went away".into()),
+                    shm::Next::Idle => {}
+                }
+            },
+        }
+    }
+
+    /// The current frame's key, `key.len()` bytes.
+    fn key(&mut self, key: &mut [u8]) -> Result<(), String> {
+        match self {
+            Frames::Tcp { stream, .. } => stream.read_exact(key).map_err(|e| e.to_string()),
+            Frames::Shared { queue, .. } => {
+                if HEADER + key.len() > shm::FRAME_ROOM {
+                    return Err("a key longer than a queue's slot holds".into());
+                }
+                queue.head(HEADER, key);
+                Ok(())
+            }
+        }
+    }
+
+    /// Reads the current frame's chunk into `into`, or combines it with what is there.
+    fn read_into(&mut self, into: &mut [u8], combine: Option<Combine>) -> Result<(), String> {
+        match self {
+            Frames::Tcp { stream, scratch } => match combine {
                 None => stream.read_exact(into),
                 Some(combine) => into.chunks_mut(PIECE).try_for_each(|into| {
                     let piece = &mut scratch[..into.len()];
@@ -167,16 +261,83 @@ fn receive(mut stream: TcpStream, token: &str, lookup: &Lookup) -> Result<(), St
                     combine(into, piece);
                     Ok(())
                 }),
-            };
-            sink.placed(step, key, offset, len, read.is_ok());
-            read.map_err(|e| e.to_string())?;
-            stream.set_read_timeout(None).map_err(|e| e.to_string())?;
-            continue;
+            }
+            .map_err(|e| e.to_string()),
+            Frames::Shared { queue, .. } => {
+                let chunk = queue_chunk(queue, into.len())?;
+                match combine {
+                    None => into.copy_from_slice(chunk),
+                    Some(combine) => combine(into, chunk),
+                }
+                Ok(())
+            }
         }
-        let mut chunk = Chunk::new(len as usize);
-        stream.read_exact(chunk.as_mut_slice()).map_err(|e| e.to_string())?;
-        sink.deliver_chunk(step, key, total, offset, chunk)?;
     }
+
+    /// The current frame's chunk, `len` bytes, in a buffer of its own.
+    fn read_chunk(&mut self, len: usize) -> Result<Chunk, String> {
+        let mut chunk = Chunk::new(len);
+        match self {
+            Frames::Tcp { stream, .. } => stream.read_exact(chunk.as_mut_slice()).map_err(|e| e.to_string())?,
+            Frames::Shared { queue, .. } => chunk.as_mut_slice().copy_from_slice(queue_chunk(queue, len)?),
+        }
+        Ok(chunk)
+    }
+
+    /// The current frame has been taken.
+    fn done(&mut self) {
+        if let Frames::Shared { queue, .. } = self {
+            queue.release();
+        }
+    }
+
+    /// How long the rest of a chunk may take once its header has come (a queue's frames come
+    /// whole).
+    fn set_chunk_timeout(&mut self, timeout: Option<Duration>) -> Result<(), String> {
+        match self {
+            Frames::Tcp { stream, .. } => stream.set_read_timeout(timeout).map_err(|e| e.to_string()),
+            Frames::Shared { .. } => Ok(()),
+        }
+    }
+
+    /// Answers an offer of a shared-memory queue named `name` (its secret is the frame's chunk,
+    /// `len` bytes): the frames to read from now on.
+    fn offered(self, name: &[u8], len: usize) -> Result<Frames, String> {
+        let Frames::Tcp { mut stream, scratch } = self else {
+            return Err("a queue offered inside a queue".into());
+        };
+        let mut secret = vec![0u8; len];
+        stream.read_exact(&mut secret).map_err(|e| e.to_string())?;
+        let queue = std::str::from_utf8(name).map_err(|e| e.to_string()).and_then(|n| shm::Queue::open(n, &secret));
+        stream.write_all(&[if queue.is_ok() { ACCEPTED } else { UNKNOWN_ID }]).map_err(|e| e.to_string())?;
+        Ok(match queue {
+            Ok(queue) => Frames::Shared { queue, stream },
+            // Another machine, or another /dev/shm: frames go on over TCP.
+            Err(_) => Frames::Tcp { stream, scratch },
+        })
+    }
+}
+
+fn queue_chunk(queue: &shm::Queue, len: usize) -> Result<&[u8], String> {
+    if len > shm::CHUNK {
+        return Err("a chunk longer than a queue's slot holds".into());
+    }
+    Ok(queue.chunk(len))
+}
+
+/// Whether the worker at the other end of `stream` is still there: a connection whose peer
+/// has gone reads as ended or reset (a queue's connection carries nothing else).
+fn alive(stream: &TcpStream) -> bool {
+    if stream.set_nonblocking(true).is_err() {
+        return false;
+    }
+    let peeked = stream.peek(&mut [0u8; 1]);
+    let alive = match peeked {
+        Ok(0) => false,
+        Ok(_) => true,
+        Err(e) => e.kind() == std::io::ErrorKind::WouldBlock,
+    };
+    stream.set_nonblocking(false).is_ok() && alive
 }
 
 /// A received chunk's bytes, in a buffer that goes back to a pool when dropped (fresh buffers
@@ -225,12 +386,44 @@ pub struct Links {
     addresses: Vec<Option<String>>,
     /// Which workers have a data port (this one included).
     has_port: Vec<bool>,
-    connections: Vec<Mutex<Option<TcpStream>>>,
+    /// Whether to offer receivers a shared-memory queue.
+    shared_memory: bool,
+    connections: Vec<Mutex<Option<Connection>>>,
+}
+
+/// A sender's connection: frames over TCP, or through a queue in shared memory that the
+/// receiver accepted (the TCP connection kept to tell whether the receiver is alive).
+enum Connection {
+    Tcp(TcpStream),
+    Shared { queue: shm::Queue, stream: TcpStream },
+}
+
+impl Connection {
+    /// Whether frames go through shared memory.
+    fn is_shared(&self) -> bool {
+        matches!(self, Connection::Shared { .. })
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        if let Connection::Shared { queue, .. } = self {
+            queue.close();
+        }
+    }
 }
 
 impl Links {
-    /// Links to the workers at `grpc_addresses` whose data ports are `data_ports` (0: none).
-    pub fn new(token: &str, id: &[u8], rank: usize, grpc_addresses: &[String], data_ports: &[u32]) -> Links {
+    /// Links to the workers at `grpc_addresses` whose data ports are `data_ports` (0: none),
+    /// offering each a shared-memory queue if `shared_memory`.
+    pub fn new(
+        token: &str,
+        id: &[u8],
+        rank: usize,
+        grpc_addresses: &[String],
+        data_ports: &[u32],
+        shared_memory: bool,
+    ) -> Links {
         let addresses: Vec<Option<String>> = grpc_addresses
             .iter()
             .enumerate()
@@ -242,7 +435,7 @@ impl Links {
             .collect();
         let connections = addresses.iter().map(|_| Mutex::new(None)).collect();
         let has_port = (0..grpc_addresses.len()).map(|r| data_ports.get(r).is_some_and(|&p| p != 0)).collect();
-        Links { token: token.to_string(), id: id.to_vec(), addresses, has_port, connections }
+        Links { token: token.to_string(), id: id.to_vec(), addresses, has_port, shared_memory, connections }
     }
 
     /// Whether tensors can be sent to worker `rank` on the data plane: it has a data port, and
@@ -257,7 +450,14 @@ impl Links {
         ranks.iter().all(|&r| self.has_port.get(r).copied().unwrap_or(false))
     }
 
-    fn connect(&self, rank: usize, timeout: Duration) -> Result<TcpStream, String> {
+    /// Whether the connection to worker `rank` is open and goes through shared memory.
+    pub fn is_shared(&self, rank: usize) -> bool {
+        self.connections
+            .get(rank)
+            .is_some_and(|c| c.lock().unwrap_or_else(|e| e.into_inner()).as_ref().is_some_and(Connection::is_shared))
+    }
+
+    fn connect(&self, rank: usize, timeout: Duration) -> Result<Connection, String> {
         let address = self.addresses[rank].as_deref().expect("a worker with a data port");
         let target: SocketAddr = address
             .to_socket_addrs()
@@ -280,9 +480,16 @@ impl Links {
         let mut status = [0u8; 1];
         stream.read_exact(&mut status).map_err(|e| format!("data port {address}: {e}"))?;
         match status[0] {
-            ACCEPTED => Ok(stream),
-            BAD_TOKEN => Err(format!("data port {address} refused the token")),
-            _ => Err(format!("data port {address} does not know this run")),
+            ACCEPTED => {}
+            BAD_TOKEN => return Err(format!("data port {address} refused the token")),
+            _ => return Err(format!("data port {address} does not know this run")),
+        }
+        if !self.shared_memory {
+            return Ok(Connection::Tcp(stream));
+        }
+        match offer_queue(&mut stream).map_err(|e| format!("data port {address}: {e}"))? {
+            Some(queue) => Ok(Connection::Shared { queue, stream }),
+            None => Ok(Connection::Tcp(stream)),
         }
     }
 
@@ -305,14 +512,14 @@ impl Links {
         }
         let mut offset = 0;
         loop {
-            let end = (offset + DATA_CHUNK).min(bytes.len());
             // One frame at a time holds the connection, so that segments of several
             // all-reduces under way at once interleave by whole frames.
             let mut connection = self.connections[rank].lock().unwrap_or_else(|e| e.into_inner());
             if connection.is_none() {
                 *connection = Some(self.connect(rank, timeout)?);
             }
-            let stream = connection.as_mut().expect("connected");
+            let link = connection.as_mut().expect("connected");
+            let end = (offset + DATA_CHUNK).min(bytes.len());
             let mut header = [0u8; HEADER];
             header[0..4].copy_from_slice(&FRAME_MAGIC.to_le_bytes());
             header[4..8].copy_from_slice(&(key.len() as u32).to_le_bytes());
@@ -320,10 +527,18 @@ impl Links {
             for (place, word) in words {
                 header[place..place + 8].copy_from_slice(&word.to_le_bytes());
             }
-            if let Err(e) = write_all_vectored(
-                stream,
-                &mut [IoSlice::new(&header), IoSlice::new(key.as_bytes()), IoSlice::new(&bytes[offset..end])],
-            ) {
+            let chunk = &bytes[offset..end];
+            let sent = match link {
+                Connection::Tcp(stream) => write_all_vectored(
+                    stream,
+                    &mut [IoSlice::new(&header), IoSlice::new(key.as_bytes()), IoSlice::new(chunk)],
+                )
+                .map_err(|e| e.to_string()),
+                Connection::Shared { queue, stream } => {
+                    queue.push(&[&header, key.as_bytes()], chunk, Instant::now() + timeout, &mut || alive(stream))
+                }
+            };
+            if let Err(e) = sent {
                 *connection = None;
                 let address = self.addresses[rank].as_deref().unwrap_or("?");
                 return Err(format!("sending `{key}` to the data port {address}: {e}"));
@@ -334,6 +549,27 @@ impl Links {
             }
         }
     }
+}
+
+/// Offers the receiver at the other end of `stream` a shared-memory queue; the queue if it
+/// took it. A machine without POSIX shared memory offers none.
+fn offer_queue(stream: &mut TcpStream) -> Result<Option<shm::Queue>, String> {
+    let Ok((queue, name, secret)) = shm::Queue::create() else { return Ok(None) };
+    let mut header = [0u8; HEADER];
+    header[0..4].copy_from_slice(&OFFER_MAGIC.to_le_bytes());
+    header[4..8].copy_from_slice(&(name.len() as u32).to_le_bytes());
+    header[16..24].copy_from_slice(&(secret.len() as u64).to_le_bytes());
+    header[32..40].copy_from_slice(&(secret.len() as u64).to_le_bytes());
+    let asked = write_all_vectored(
+        stream,
+        &mut [IoSlice::new(&header), IoSlice::new(name.as_bytes()), IoSlice::new(secret.as_bytes())],
+    );
+    let mut status = [0u8; 1];
+    let answered = asked.and_then(|()| stream.read_exact(&mut status));
+    // Both ends have it mapped, or never will: the name is not needed any more.
+    let _ = rustix::shm::unlink(name.as_str());
+    answered.map_err(|e| e.to_string())?;
+    Ok((status[0] == ACCEPTED).then_some(queue))
 }
 
 /// Writes every slice (the standard library's `write_all_vectored` is not stable).
@@ -460,5 +696,95 @@ mod tests {
         stream.shutdown(std::net::Shutdown::Write).unwrap();
         assert!(hung_up(stream), "the port closes its end when the sender closes its own");
         assert_eq!(*recorder.chunks.lock().unwrap(), [(7, "k#0".to_string(), 16, 8, payload)]);
+    }
+
+    /// The chunks recorded once there are `n` (or after 10 s, what there is).
+    fn recorded(recorder: &Recorder, n: usize) -> Vec<Handed> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let chunks = recorder.chunks.lock().unwrap().clone();
+            if chunks.len() >= n || Instant::now() > deadline {
+                return chunks;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// An offer of the queue `name` with `secret`, as a sender writes it.
+    fn offer(name: &[u8], secret: &[u8]) -> Vec<u8> {
+        let len = secret.len() as u64;
+        [header(OFFER_MAGIC, name.len() as u32, 0, len, 0, len), name.to_vec(), secret.to_vec()].concat()
+    }
+
+    #[test]
+    fn a_sender_on_the_same_machine_sends_through_shared_memory() {
+        let (address, recorder) = data_port();
+        // The data port above is worker 0's; this process sends as worker 1.
+        let workers = ["127.0.0.1:1".to_string(), "127.0.0.1:2".to_string()];
+        let links = Links::new(TOKEN, b"run", 1, &workers, &[u32::from(address.port()), 0], true);
+        let bytes: Vec<u8> = (0..2 * shm::CHUNK + 100).map(|i| (i % 251) as u8).collect();
+        links.send(0, 3, "k#0", &bytes, 0, bytes.len(), Duration::from_secs(10)).unwrap();
+        assert!(links.is_shared(0), "the receiver took the queue");
+        let chunks = recorded(&recorder, 3);
+        let offsets: Vec<u64> = chunks.iter().map(|c| c.3).collect();
+        assert_eq!(offsets, [0, shm::CHUNK as u64, 2 * shm::CHUNK as u64], "whole frames, in order");
+        assert!(chunks.iter().all(|c| c.0 == 3 && c.1 == "k#0" && c.2 == bytes.len() as u64));
+        assert_eq!(chunks.iter().flat_map(|c| c.4.clone()).collect::<Vec<u8>>(), bytes);
+    }
+
+    #[test]
+    fn offers_the_receiver_cannot_take_are_declined_and_frames_go_on_over_tcp() {
+        let (address, recorder) = data_port();
+        let mut stream = connected(address);
+        let declined = |stream: &mut TcpStream, offer: Vec<u8>| {
+            stream.write_all(&offer).unwrap();
+            let mut status = [0u8];
+            stream.read_exact(&mut status).unwrap();
+            status[0] != ACCEPTED
+        };
+        // A queue on another machine: no such name here.
+        assert!(declined(&mut stream, offer(b"/dfc-0-onanothermachine", &[b'7'; shm::SECRET])));
+        // A queue here, offered with another secret.
+        let (_queue, name, _) = shm::Queue::create().unwrap();
+        assert!(declined(&mut stream, offer(name.as_bytes(), &[b'7'; shm::SECRET])));
+        rustix::shm::unlink(name.as_str()).unwrap();
+        // A name that is no queue's.
+        assert!(declined(&mut stream, offer(b"/../../etc/passwd", &[b'7'; shm::SECRET])));
+
+        let payload: Vec<u8> = (1..=8).collect();
+        stream.write_all(&[header(FRAME_MAGIC, 3, 7, 8, 0, 8), b"k#0".to_vec(), payload.clone()].concat()).unwrap();
+        assert_eq!(recorded(&recorder, 1), [(7, "k#0".to_string(), 8, 0, payload)]);
+    }
+
+    #[test]
+    fn a_sender_whose_offer_is_declined_sends_over_tcp() {
+        // A receiver on "another machine": it does the handshake by hand and declines the queue.
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let receiver = std::thread::spawn(move || {
+            let (mut stream, _) = listener.accept().unwrap();
+            stream.write_all(&[b'n'; 64]).unwrap();
+            let mut hello = [0u8; 8 + 32 + 2 + 3];
+            stream.read_exact(&mut hello).unwrap();
+            stream.write_all(&[ACCEPTED]).unwrap();
+            let mut header = [0u8; HEADER];
+            stream.read_exact(&mut header).unwrap();
+            let offered = Header::parse(&header).unwrap();
+            assert_eq!(offered.magic, OFFER_MAGIC);
+            let mut rest = vec![0u8; offered.key_len as usize + offered.len as usize];
+            stream.read_exact(&mut rest).unwrap();
+            stream.write_all(&[UNKNOWN_ID]).unwrap();
+            // The frame comes on the connection itself.
+            stream.read_exact(&mut header).unwrap();
+            let frame = Header::parse(&header).unwrap();
+            let mut rest = vec![0u8; frame.key_len as usize + frame.len as usize];
+            stream.read_exact(&mut rest).unwrap();
+            (frame.magic, rest)
+        });
+        let workers = ["127.0.0.1:1".to_string(), "127.0.0.1:2".to_string()];
+        let links = Links::new(TOKEN, b"run", 1, &workers, &[u32::from(port), 0], true);
+        links.send(0, 0, "k#0", &[5, 6, 7], 0, 3, Duration::from_secs(10)).unwrap();
+        assert!(!links.is_shared(0));
+        assert_eq!(receiver.join().unwrap(), (FRAME_MAGIC, b"k#0\x05\x06\x07".to_vec()));
     }
 }

@@ -9,7 +9,8 @@
 //! - [`rendezvous`]: `NetRendezvous`, one per step on each worker: Send/Recv across workers
 //!   (tensors pushed to the receiver's worker in chunks) and all-reduce (local replicas summed,
 //!   then a ring of reduce-scatter and all-gather across the workers).
-//! - [`data`]: the data plane, plain TCP between workers for the ring's segments.
+//! - [`data`]: the data plane, plain TCP between workers for the ring's segments and tensors.
+//! - [`shm`]: shared-memory queues that carry the data plane between workers on one machine.
 //! - [`worker`]: the server.
 //! - [`bench`]: `dfc bench-allreduce`, the ring's bandwidth next to loopback TCP's.
 //! - [`driver`]: `RemoteSession`, `assign` (which worker runs which partition) and
@@ -20,6 +21,7 @@ pub mod bench;
 pub mod data;
 pub mod driver;
 pub mod rendezvous;
+pub mod shm;
 pub mod tensor;
 pub mod tls;
 pub mod worker;
@@ -30,7 +32,7 @@ pub mod proto {
 
 pub use driver::{assign, Assignment, LocalWorkers, RemoteSession};
 pub use tls::Tls;
-pub use worker::serve;
+pub use worker::{serve, DataPlane};
 
 /// The largest message either side accepts (a plan with its bitcode, or a chunk).
 pub const MAX_MESSAGE_BYTES: usize = 1 << 30;

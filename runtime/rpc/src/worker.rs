@@ -22,23 +22,40 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tonic::{Request, Response, Status};
 
+/// How a worker's data plane is set up.
+#[derive(Clone, Copy, Debug)]
+pub struct DataPlane {
+    /// The port it listens on (0: any free port), on the gRPC listener's address.
+    pub port: u16,
+    /// Whether to offer the workers this one sends to a queue in shared memory (taken by
+    /// those on the same machine).
+    pub shared_memory: bool,
+}
+
+impl Default for DataPlane {
+    fn default() -> DataPlane {
+        DataPlane { port: 0, shared_memory: true }
+    }
+}
+
 /// Serves the worker API on `listener` until a `Shutdown` call; every call must carry `token`.
-/// Without TLS, the data plane listens on `data_port` (0: any free port) of the same address.
+/// Without TLS, the data plane listens as `data` says, on the same address.
 pub async fn serve(
     listener: TcpListener,
     token: String,
     tls: Option<crate::Tls>,
-    data_port: u16,
+    data: DataPlane,
 ) -> Result<(), String> {
     let (stop, stopped) = tokio::sync::oneshot::channel();
     let hosts = Hosts { registered: Arc::new(Mutex::new(None)), benches: Arc::new(Mutex::new(HashMap::new())) };
-    let data_port = if tls.is_some() { 0 } else { serve_data(&listener, data_port, &token, &hosts)? };
+    let data_port = if tls.is_some() { 0 } else { serve_data(&listener, data.port, &token, &hosts)? };
     let service = WorkerService {
         token: token.clone(),
         tls: tls.clone(),
         hosts,
         stop: Arc::new(Mutex::new(Some(stop))),
         data_port,
+        shared_memory: data.shared_memory,
     };
     let server = tonic::service::interceptor::InterceptedService::new(
         WorkerServer::new(service)
@@ -106,6 +123,8 @@ struct WorkerService {
     stop: Arc<Mutex<Option<tokio::sync::oneshot::Sender<()>>>>,
     /// The data plane's port (0: none).
     data_port: u32,
+    /// Whether the data plane offers shared-memory queues.
+    shared_memory: bool,
 }
 
 /// The registration and the benchmarks under way: what calls and data connections name.
@@ -231,10 +250,18 @@ impl WorkerService {
         self.hosts.host(id)
     }
 
-    /// Links to the data ports of the workers at `addresses` (none with TLS).
-    fn links(&self, id: &[u8], rank: usize, addresses: &[String], data_ports: &[u32]) -> crate::data::Links {
+    /// Links to the data ports of the workers at `addresses` (none with TLS), through shared
+    /// memory where they can be unless `tcp_only`.
+    fn links(
+        &self,
+        id: &[u8],
+        rank: usize,
+        addresses: &[String],
+        data_ports: &[u32],
+        tcp_only: bool,
+    ) -> crate::data::Links {
         let ports: &[u32] = if self.tls.is_some() { &[] } else { data_ports };
-        crate::data::Links::new(&self.token, id, rank, addresses, ports)
+        crate::data::Links::new(&self.token, id, rank, addresses, ports, self.shared_memory && !tcp_only)
     }
 }
 
@@ -275,7 +302,7 @@ impl Worker for WorkerService {
             names: request.names.clone(),
             plan_sha256: request.plan_sha256.clone(),
             runtime: tokio::runtime::Handle::current(),
-            links: self.links(&request.plan_sha256, rank, &request.workers, &request.data_ports),
+            links: self.links(&request.plan_sha256, rank, &request.workers, &request.data_ports, false),
         });
         let wait = Duration::from_millis(request.wait_ms.max(1));
         let seed = request.seed;
@@ -485,7 +512,7 @@ impl Worker for WorkerService {
             names: request.names.clone(),
             plan_sha256: request.id.clone(),
             runtime: tokio::runtime::Handle::current(),
-            links: self.links(&request.id, rank, &request.workers, &request.data_ports),
+            links: self.links(&request.id, rank, &request.workers, &request.data_ports, request.tcp_only),
         };
         let wait = Duration::from_millis(request.wait_ms.max(1));
         let host = Arc::new(StepHost {
@@ -541,7 +568,8 @@ impl Worker for WorkerService {
                     seconds.push(elapsed);
                 }
             }
-            Ok(Response::new(BenchAllReduceReply { seconds }))
+            let shared_memory = host.peers.links.is_shared((rank + 1) % n);
+            Ok(Response::new(BenchAllReduceReply { seconds, shared_memory }))
         })
         .await;
         benches.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);

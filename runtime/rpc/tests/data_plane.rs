@@ -3,6 +3,7 @@
 //! refuses.
 
 use dfc_rpc::auth::AddToken;
+use dfc_rpc::bench::Transport;
 use dfc_rpc::data::Links;
 use dfc_rpc::proto::worker_client::WorkerClient;
 use dfc_rpc::proto::HealthRequest;
@@ -18,7 +19,7 @@ fn start_workers(n: usize) -> (tokio::runtime::Runtime, Vec<String>) {
         .map(|_| {
             let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
             let address = listener.local_addr().unwrap().to_string();
-            runtime.spawn(dfc_rpc::serve(listener, TOKEN.to_string(), None, 0));
+            runtime.spawn(dfc_rpc::serve(listener, TOKEN.to_string(), None, dfc_rpc::DataPlane::default()));
             address
         })
         .collect();
@@ -42,8 +43,11 @@ fn the_ring_on_the_data_plane_sums_every_element() {
         // (several chunks per segment, the last one short). Each worker checks every element of
         // its sum, and element i differs from element j, so a misplaced chunk is seen.
         for bytes in [4u64, 4 * 1021, (3 << 20) + 12] {
-            dfc_rpc::bench::all_reduce(&addresses, TOKEN, bytes, 2)
-                .unwrap_or_else(|e| panic!("{n} workers, {bytes} bytes: {e}"));
+            for transport in [Transport::SharedMemory, Transport::Tcp] {
+                let result = dfc_rpc::bench::all_reduce(&addresses, TOKEN, bytes, 2, transport)
+                    .unwrap_or_else(|e| panic!("{n} workers, {bytes} bytes, {transport:?}: {e}"));
+                assert_eq!(result.shared_memory, transport == Transport::SharedMemory, "{n} workers, {transport:?}");
+            }
         }
     }
 }
@@ -55,11 +59,11 @@ fn a_data_connection_needs_the_token_and_a_run_here() {
     let to_worker = [addresses[0].clone(), "127.0.0.1:1".to_string()];
     let send = |links: &Links| links.send(0, 0, "key#0", &[0u8; 8], 0, 8, Duration::from_secs(5));
 
-    let wrong_token = Links::new("not-the-token-but-long-enough", b"some run", 1, &to_worker, &[port, 0]);
+    let wrong_token = Links::new("not-the-token-but-long-enough", b"some run", 1, &to_worker, &[port, 0], true);
     let error = send(&wrong_token).unwrap_err();
     assert!(error.contains("refused the token"), "{error}");
 
-    let unknown_run = Links::new(TOKEN, b"no run of this worker", 1, &to_worker, &[port, 0]);
+    let unknown_run = Links::new(TOKEN, b"no run of this worker", 1, &to_worker, &[port, 0], true);
     let error = send(&unknown_run).unwrap_err();
     assert!(error.contains("does not know this run"), "{error}");
 

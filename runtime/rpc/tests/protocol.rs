@@ -14,7 +14,7 @@ async fn worker(
 ) -> WorkerClient<tonic::service::interceptor::InterceptedService<tonic::transport::Channel, AddToken>> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();
-    tokio::spawn(dfc_rpc::serve(listener, TOKEN.to_string(), None, 0));
+    tokio::spawn(dfc_rpc::serve(listener, TOKEN.to_string(), None, dfc_rpc::DataPlane::default()));
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}")).unwrap().connect_lazy();
     WorkerClient::with_interceptor(channel, AddToken::new(token))
 }

@@ -95,7 +95,7 @@ async fn thousands_of_random_calls_never_crash_the_worker() {
     }));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();
-    tokio::spawn(dfc_rpc::serve(listener, TOKEN.to_string(), None, 0));
+    tokio::spawn(dfc_rpc::serve(listener, TOKEN.to_string(), None, dfc_rpc::DataPlane::default()));
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}")).unwrap().connect_lazy();
     let mut client = WorkerClient::with_interceptor(channel, AddToken::new(TOKEN));
 
