@@ -505,6 +505,7 @@ impl Worker for WorkerService {
             reductions: HashMap::from([
                 ("bench".to_string(), ((0..n).collect(), 1)),
                 ("barrier".to_string(), ((0..n).collect(), 1)),
+                ("barrier after".to_string(), ((0..n).collect(), 1)),
             ]),
         };
         let peers = Peers {
@@ -549,6 +550,10 @@ impl Worker for WorkerService {
                 let sum = dfc_interp::Rendezvous::all_reduce(&*rendezvous, "bench", n as u32, 0, value)
                     .map_err(|e| Status::aborted(e.to_string()))?;
                 let elapsed = started.elapsed().as_secs_f64();
+                // And every worker is done with its timed all-reduce before any checks its sum:
+                // a check takes a core for longer than the all-reduce.
+                dfc_interp::Rendezvous::all_reduce(&*rendezvous, "barrier after", n as u32, 0, Tensor::scalar(0f32))
+                    .map_err(|e| Status::aborted(e.to_string()))?;
                 host.finish(iteration);
                 let Data::F32(mut sum) = sum.data else {
                     return Err(Status::internal("the all-reduce changed the type"));
