@@ -1,9 +1,12 @@
 //! Single-precision matrix products for the CPU backend.
 //!
-//! On x86-64 CPUs with AVX-512F (detected at run time) the products run on this crate's own kernels (`avx512`:
-//! packed panels, a 12×32 register-blocked microkernel, chunks shared with rayon's workers through `pool`); on
-//! other CPUs, on the `gemm` crate.
+//! On x86-64 CPUs (detected at run time) the products run on this crate's own kernels, with chunks shared with
+//! rayon's workers through `pool`: with AVX-512F, `avx512` (packed panels, a 12×32 register-blocked
+//! microkernel); with AVX2 and FMA, `avx2` (a 6×16 microkernel). On other CPUs they run on the `gemm` crate,
+//! which allocates its packing buffers on every call.
 
+#[cfg(target_arch = "x86_64")]
+mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 mod pool;
@@ -110,7 +113,12 @@ fn product(
         return;
     }
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") {
+    {
+        let avx512 = std::arch::is_x86_feature_detected!("avx512f");
+        let avx2 = std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma");
+        if !avx512 && !avx2 {
+            return gemm_crate(m, n, k, alpha, a, lda, transpose_a, b, ldb, transpose_b, c, ldc, accumulate, parallel);
+        }
         let product = avx512::Product {
             m,
             n,
@@ -128,11 +136,17 @@ fn product(
             alpha,
             id: 0,
         };
-        // SAFETY: AVX-512F is available, and `check` put every element the product addresses (rows·ld at most)
-        // in bounds of the three slices.
-        unsafe { avx512::sgemm(product, parallel) };
-        return;
+        // SAFETY: the kernels' instruction sets are available, and `check` put every element the product
+        // addresses (rows·ld at most) in bounds of the three slices.
+        unsafe {
+            if avx512 {
+                avx512::sgemm(product, parallel)
+            } else {
+                avx2::sgemm(product, parallel)
+            }
+        }
     }
+    #[cfg(not(target_arch = "x86_64"))]
     gemm_crate(m, n, k, alpha, a, lda, transpose_a, b, ldb, transpose_b, c, ldc, accumulate, parallel);
 }
 

@@ -131,7 +131,7 @@ impl Product {
     }
 
     /// The same product computed as `Cᵀ = Bᵀ·Aᵀ`.
-    fn transposed(self) -> Product {
+    pub(crate) fn transposed(self) -> Product {
         Product {
             m: self.n,
             n: self.m,

@@ -1,0 +1,409 @@
+//! The AVX2 + FMA single-precision product, for x86-64 CPUs without AVX-512: packed panels, a 6×16
+//! register-blocked microkernel, shared among threads in chunks of rows or columns.
+//!
+//! Work of one thread (`block`), in BLIS's loop order:
+//! - columns in blocks of at most `NC` = 512, the reduction in blocks of at most `KC` = 256: B's kc×nc block is
+//!   packed in 16-column panels (kc·16 floats, step-major, zero past the last column), 512 KiB that stay in L2;
+//! - rows in blocks of at most `MC` = 96: a transposed-stored A is packed in 6-row panels (the 6 elements of a step
+//!   contiguous); a row-major A is read where it is stored, the kernel broadcasting from its 6 rows;
+//! - each 16-column B panel (16 KiB) stays in L1 while the kernel walks the block's row panels past it.
+//!
+//! The microkernel holds a 6×16 tile of C in 12 ymm accumulators; with B's two vectors and a broadcast that is 15
+//! of the 16 registers. A tile on the edge of C (fewer rows, fewer columns, or C stored transposed) goes through a
+//! small array.
+//!
+//! Every buffer is the thread's own and kept across calls, so that after the first products of a shape a
+//! training step allocates nothing here (tests/native_alloc.rs).
+
+use std::arch::x86_64::*;
+use std::cell::Cell;
+
+use crate::avx512::Product;
+use crate::pool;
+
+/// Rows of the microkernel tile.
+const MR: usize = 6;
+/// Columns of the microkernel tile: two ymm vectors.
+const NR: usize = 16;
+/// Depth of a block: a B panel of 256 steps × 16 columns is 16 KiB, in L1 beside A's rows.
+const KC: usize = 256;
+/// Columns of a packed B block: 256 × 512 floats are 512 KiB, held in L2 while A's rows stream past.
+const NC: usize = 512;
+/// Rows of A per block (16 panels).
+const MC: usize = 96;
+
+/// One 32-byte vector, the unit of the packing buffers, so that packed panels load aligned.
+#[derive(Clone, Copy)]
+#[repr(C, align(32))]
+struct Vector([f32; 8]);
+
+/// A growable, 32-byte aligned scratch buffer.
+#[derive(Default)]
+struct Buf(Vec<Vector>);
+
+impl Buf {
+    /// The buffer, grown to hold at least `floats`.
+    fn ptr(&mut self, floats: usize) -> *mut f32 {
+        let vectors = floats.div_ceil(8);
+        if self.0.len() < vectors {
+            self.0 = vec![Vector([0.0; 8]); vectors];
+        }
+        self.0.as_mut_ptr().cast()
+    }
+}
+
+/// A thread's packing buffers.
+#[derive(Default)]
+struct Packs {
+    a: Buf,
+    b: Buf,
+}
+
+thread_local! {
+    /// This thread's packing buffers, reused by every call (taken out while a block runs).
+    static PACK: Cell<Packs> = Cell::new(Packs::default());
+}
+
+/// Products of at least this many multiply-adds (m·n·k) are shared among threads: below it a product takes less
+/// than handing chunks to a rayon worker (20 µs and more to wake one on these virtual machines) saves.
+const PARALLEL_MIN: usize = 1 << 20;
+
+/// Computes the product, on rayon's pool when `parallel` and the product is large enough to pay for it.
+///
+/// # Safety
+/// The CPU supports AVX2 and FMA, and every element of A, B and C the product addresses is in bounds.
+pub(crate) unsafe fn sgemm(p: Product, parallel: bool) {
+    let p = if cost(&p.transposed()) < 0.9 * cost(&p) { p.transposed() } else { p };
+    let threads = if parallel { rayon::current_num_threads() } else { 1 };
+    if threads <= 1 || p.m * p.n * p.k < PARALLEL_MIN {
+        // SAFETY: the caller's contract.
+        unsafe { block(&p, 0, p.m, 0, p.n) };
+        return;
+    }
+    // Column chunks each pack their own share of B and read all of A again (in place, or packing it again when
+    // stored transposed); row chunks each pack all of B again. Whichever repeats less, given enough columns.
+    let again_a = p.m * p.k * if p.ta { 2 } else { 1 };
+    let again_b = p.k * p.n * if p.tb { 4 } else { 1 };
+    let by_columns = p.n >= NR * threads && again_a < again_b;
+    let (units, unit, len) = if by_columns { (p.n.div_ceil(NR), NR, p.n) } else { (p.m.div_ceil(MR), MR, p.m) };
+    let chunks = units.min(2 * threads);
+    if chunks < 2 {
+        // SAFETY: the caller's contract.
+        unsafe { block(&p, 0, p.m, 0, p.n) };
+        return;
+    }
+    let range = |c: usize| ((units * c / chunks * unit).min(len), (units * (c + 1) / chunks * unit).min(len));
+    let work = |c: usize| {
+        let (lo, hi) = range(c);
+        // SAFETY: chunks write disjoint row or column ranges of C; the caller's contract covers A and B.
+        unsafe {
+            if by_columns {
+                block(&p, 0, p.m, lo, hi)
+            } else {
+                block(&p, lo, hi, 0, p.n)
+            }
+        }
+    };
+    pool::run_chunks(chunks, threads - 1, &work);
+}
+
+/// Rough cost of `p` as oriented, in vector operations: the FMAs over whole tiles (a thin C wastes most lanes of
+/// its 16-column tiles, where `Cᵀ = Bᵀ·Aᵀ` fills 6-row ones), packing B (a transposed-stored B element by element)
+/// and packing a transposed-stored A.
+fn cost(p: &Product) -> f64 {
+    let tiles = (p.m.div_ceil(MR) * MR * p.n.div_ceil(NR) * NR * p.k) as f64 / 8.0;
+    let pack_b = (p.k * p.n) as f64 / 8.0 * if p.tb { 8.0 } else { 1.0 };
+    let pack_a = if p.ta { (p.m * p.k) as f64 / 2.0 } else { 0.0 };
+    tiles + pack_b + pack_a
+}
+
+/// Rows `i0..i1` and columns `j0..j1` of the product, written to C: overwriting it unless `accumulate`.
+///
+/// # Safety
+/// As `sgemm`.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn block(p: &Product, i0: usize, i1: usize, j0: usize, j1: usize) {
+    if i0 >= i1 || j0 >= j1 {
+        return;
+    }
+    let mut packs = PACK.take();
+    let b_pack = packs.b.ptr(KC * NC);
+    let a_pack = packs.a.ptr(if p.ta { MC * KC } else { 0 });
+    for jc in (j0..j1).step_by(NC) {
+        let nc = NC.min(j1 - jc);
+        for pc in (0..p.k).step_by(KC) {
+            let kc = KC.min(p.k - pc);
+            let overwrite = pc == 0 && !p.accumulate;
+            // SAFETY: the block's steps and columns are in B; the packed block holds ⌈nc/16⌉ panels of kc·16.
+            unsafe { pack_b(p, pc, kc, jc, nc, b_pack) };
+            for ic in (i0..i1).step_by(MC) {
+                let mc = MC.min(i1 - ic);
+                if p.ta {
+                    // SAFETY: the block's rows and steps are in A; ⌈mc/6⌉ panels of kc·6 fit MC·KC.
+                    unsafe { pack_a(p, pc, kc, ic, mc, a_pack) };
+                }
+                for jr in (0..nc).step_by(NR) {
+                    let nr = NR.min(nc - jr);
+                    for ir in (0..mc).step_by(MR) {
+                        let mr = MR.min(mc - ir);
+                        // SAFETY: the kernel reads mr rows × kc steps of A (packed panel ir/6, or in place from
+                        // row ic + ir, step pc), B's packed panel jr/16, and writes rows ic+ir.., columns jc+jr..
+                        // of C (mr × nr of them).
+                        unsafe {
+                            let (a, lda) = if p.ta {
+                                (a_pack.add(ir * kc).cast_const(), 0)
+                            } else {
+                                (p.a.add((ic + ir) * p.lda + pc), p.lda)
+                            };
+                            let (i, j) = (ic + ir, jc + jr);
+                            let tile = if p.tc { p.c.add(j * p.ldc + i) } else { p.c.add(i * p.ldc + j) };
+                            let kernel = KERNELS[usize::from(!p.ta)][mr - 1];
+                            kernel(kc, a, lda, b_pack.add(jr * kc), tile, p.ldc, nr, p.tc, overwrite, p.alpha);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    PACK.set(packs);
+}
+
+/// Packs rows `i..i+mc` of an A stored transposed over the steps `pc..pc+kc` in panels of 6 rows: element (row r
+/// of panel g, step q) to `dst[g·6·kc + q·mr + r]`, where the panel has mr rows (6 but for the last).
+///
+/// # Safety
+/// The rows and steps are in A; `dst` holds ⌈mc/6⌉·6·kc floats.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn pack_a(p: &Product, pc: usize, kc: usize, i: usize, mc: usize, dst: *mut f32) {
+    let full = mc / MR;
+    for q in 0..kc {
+        // SAFETY: row pc+q of the stored A holds the block's mc elements from column i; panel g's step q lies
+        // at g·6·kc + q·mr in dst.
+        unsafe {
+            // Step q of every panel comes from the same stored row, so A is read in order.
+            let src = p.a.add((pc + q) * p.lda + i);
+            for g in 0..full {
+                let (s, d) = (src.add(g * MR), dst.add(g * MR * kc + q * MR));
+                for r in 0..MR {
+                    *d.add(r) = *s.add(r);
+                }
+            }
+            let mr = mc - full * MR;
+            let (s, d) = (src.add(full * MR), dst.add(full * MR * kc + q * mr));
+            for r in 0..mr {
+                *d.add(r) = *s.add(r);
+            }
+        }
+    }
+}
+
+/// Packs columns `j..j+nc` of B over the steps `pc..pc+kc` in panels of 16 columns: element (step q, column
+/// jr + c) to `dst[jr·kc + q·16 + c]`, zero past nc.
+///
+/// # Safety
+/// The columns and steps are in B; `dst` holds ⌈nc/16⌉ panels of `kc·16` floats and is 32-byte aligned.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn pack_b(p: &Product, pc: usize, kc: usize, j: usize, nc: usize, dst: *mut f32) {
+    // SAFETY (both arms): reads touch only columns j..j+nc, steps pc..pc+kc of B; writes stay in dst's panels.
+    unsafe {
+        for jr in (0..nc).step_by(NR) {
+            let nr = NR.min(nc - jr);
+            let panel = dst.add(jr * kc);
+            if !p.tb {
+                // Row-major B: a panel's step is up to 16 contiguous floats.
+                for q in 0..kc {
+                    let src = p.b.add((pc + q) * p.ldb + j + jr);
+                    let d = panel.add(q * NR);
+                    if nr == NR {
+                        _mm256_store_ps(d, _mm256_loadu_ps(src));
+                        _mm256_store_ps(d.add(8), _mm256_loadu_ps(src.add(8)));
+                    } else {
+                        std::ptr::write_bytes(d, 0, NR);
+                        std::ptr::copy_nonoverlapping(src, d, nr);
+                    }
+                }
+            } else {
+                // Bᵀ stored: column j + jr + c is a stored row, read in order.
+                if nr < NR {
+                    std::ptr::write_bytes(panel, 0, kc * NR);
+                }
+                for c in 0..nr {
+                    let src = p.b.add((j + jr + c) * p.ldb + pc);
+                    for q in 0..kc {
+                        *panel.add(q * NR + c) = *src.add(q);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `kernel::<R, IN_PLACE>(kc, a, lda, b, c, ldc, nr, tc, overwrite, alpha)`.
+type Kernel = unsafe fn(usize, *const f32, usize, *const f32, *mut f32, usize, usize, bool, bool, f32);
+
+/// Instantiates `kernel::<R, IN_PLACE>` for R = 1..=6.
+macro_rules! heights {
+    ($in_place:literal) => {
+        [
+            kernel::<1, $in_place>,
+            kernel::<2, $in_place>,
+            kernel::<3, $in_place>,
+            kernel::<4, $in_place>,
+            kernel::<5, $in_place>,
+            kernel::<6, $in_place>,
+        ]
+    };
+}
+
+/// The microkernels, `KERNELS[in_place][R - 1]`.
+static KERNELS: [[Kernel; MR]; 2] = [heights!(false), heights!(true)];
+
+/// `C[R×nr] (+)= α·A·B` for one tile: overwrites the tile when `overwrite`, else adds to it.
+///
+/// - A (R rows × kc steps): element (i, q) at `a[i·lda + q]` when `IN_PLACE` (A as stored, row-major), else at
+///   `a[q·R + i]` (a packed panel).
+/// - B: a packed panel, step q's 16 floats at `b[q·16..]`, 32-byte aligned.
+/// - C: element (i, j) of the tile at `c[i·ldc + j]`, or `c[j·ldc + i]` when `tc`; only columns `j < nr` are
+///   written.
+///
+/// Per step: two B loads, and per row a broadcast into two FMAs: 12 FMAs against 8 loads at R = 6, so the two
+/// FMA ports bound it.
+///
+/// # Safety
+/// AVX2 and FMA; A's R rows, B's steps and the tile's elements addressed as above are in bounds.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn kernel<const R: usize, const IN_PLACE: bool>(
+    kc: usize,
+    a: *const f32,
+    lda: usize,
+    b: *const f32,
+    c: *mut f32,
+    ldc: usize,
+    nr: usize,
+    tc: bool,
+    overwrite: bool,
+    alpha: f32,
+) {
+    let mut acc = [[_mm256_setzero_ps(); 2]; R];
+    // SAFETY: the caller's contract covers every address below.
+    unsafe {
+        let (mut a, mut b) = (a, b);
+        let a_step = if IN_PLACE { 1 } else { R };
+        for _ in 0..kc {
+            let (b0, b1) = (_mm256_load_ps(b), _mm256_load_ps(b.add(8)));
+            for (i, row) in acc.iter_mut().enumerate() {
+                let x = _mm256_broadcast_ss(&*a.add(if IN_PLACE { i * lda } else { i }));
+                row[0] = _mm256_fmadd_ps(x, b0, row[0]);
+                row[1] = _mm256_fmadd_ps(x, b1, row[1]);
+            }
+            a = a.add(a_step);
+            b = b.add(NR);
+        }
+        if alpha != 1.0 {
+            let alpha = _mm256_set1_ps(alpha);
+            for row in &mut acc {
+                *row = [_mm256_mul_ps(row[0], alpha), _mm256_mul_ps(row[1], alpha)];
+            }
+        }
+        if !tc && nr == NR {
+            for (i, [v0, v1]) in acc.iter().enumerate() {
+                let row = c.add(i * ldc);
+                if overwrite {
+                    _mm256_storeu_ps(row, *v0);
+                    _mm256_storeu_ps(row.add(8), *v1);
+                } else {
+                    _mm256_storeu_ps(row, _mm256_add_ps(*v0, _mm256_loadu_ps(row)));
+                    _mm256_storeu_ps(row.add(8), _mm256_add_ps(*v1, _mm256_loadu_ps(row.add(8))));
+                }
+            }
+            return;
+        }
+        let mut tile = [[0f32; NR]; R];
+        for (row, [v0, v1]) in tile.iter_mut().zip(&acc) {
+            _mm256_storeu_ps(row.as_mut_ptr(), *v0);
+            _mm256_storeu_ps(row.as_mut_ptr().add(8), *v1);
+        }
+        for (i, row) in tile.iter().enumerate() {
+            for (j, &v) in row.iter().enumerate().take(nr) {
+                let dst = if tc { c.add(j * ldc + i) } else { c.add(i * ldc + j) };
+                *dst = if overwrite { v } else { *dst + v };
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The AVX2 kernels called directly (tests/sgemm.rs reaches them only on CPUs without AVX-512), against a
+    //! naive product: every edge of the tiles and blocks, both layouts of each operand, C stored transposed,
+    //! α, accumulation, and the parallel splits.
+
+    use super::*;
+
+    #[test]
+    fn products_match_a_naive_one() {
+        if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
+            println!("SKIPPED: this CPU has no AVX2 and FMA");
+            return;
+        }
+        let mut rng = fastrand::Rng::with_seed(7);
+        let mut shapes: Vec<(usize, usize, usize)> =
+            (0..300).map(|_| (rng.usize(1..=40), rng.usize(1..=40), rng.usize(1..=40))).collect();
+        // Past one block of rows (96), of the reduction (256) and of columns (512), and products large enough to
+        // be shared among threads.
+        shapes.extend([
+            (97, 17, 257),
+            (13, 513, 300),
+            (200, 130, 90),
+            (128, 256, 784),
+            (784, 256, 128),
+            (128, 10, 256),
+        ]);
+        for (m, n, k) in shapes {
+            let (ta, tb, tc, accumulate) = (rng.bool(), rng.bool(), rng.bool(), rng.bool());
+            let alpha = if rng.bool() { 1.0 } else { rng.f32() * 4.0 - 2.0 };
+            let lda = if ta { m } else { k } + rng.usize(0..3);
+            let ldb = if tb { k } else { n } + rng.usize(0..3);
+            let ldc = if tc { m } else { n } + rng.usize(0..3);
+            let a: Vec<f32> = (0..m.max(k) * lda).map(|_| rng.f32() - 0.5).collect();
+            let b: Vec<f32> = (0..n.max(k) * ldb).map(|_| rng.f32() - 0.5).collect();
+            let c0: Vec<f32> = (0..m.max(n) * ldc).map(|_| rng.f32() - 0.5).collect();
+            let mut c = c0.clone();
+            let p = Product {
+                m,
+                n,
+                k,
+                a: a.as_ptr(),
+                lda,
+                ta,
+                b: b.as_ptr(),
+                ldb,
+                tb,
+                c: c.as_mut_ptr(),
+                ldc,
+                tc,
+                accumulate,
+                alpha,
+                id: 0,
+            };
+            // SAFETY: AVX2 and FMA are available; the operands hold every element the product addresses.
+            unsafe { sgemm(p, rng.bool()) };
+            let at = |i: usize, q: usize| f64::from(if ta { a[q * lda + i] } else { a[i * lda + q] });
+            let bt = |q: usize, j: usize| f64::from(if tb { b[j * ldb + q] } else { b[q * ldb + j] });
+            let mut want = c0.clone();
+            for i in 0..m {
+                for j in 0..n {
+                    let sum: f64 = (0..k).map(|q| at(i, q) * bt(q, j)).sum();
+                    let at_c = if tc { j * ldc + i } else { i * ldc + j };
+                    let old = if accumulate { f64::from(c0[at_c]) } else { 0.0 };
+                    want[at_c] = (old + f64::from(alpha) * sum) as f32;
+                }
+            }
+            for (x, (got, want)) in c.iter().zip(&want).enumerate() {
+                let tolerance = 1e-5 * (k as f32).sqrt() * (1.0 + want.abs());
+                assert!((got - want).abs() <= tolerance, "{m}×{n}×{k} ta {ta} tb {tb} tc {tc}: c[{x}] {got} ≠ {want}");
+            }
+        }
+    }
+}
