@@ -18,7 +18,7 @@
 use std::arch::x86_64::*;
 use std::cell::Cell;
 
-use crate::avx512::Product;
+use crate::avx512::{Buf, Product};
 use crate::pool;
 
 /// Rows of the microkernel tile.
@@ -31,26 +31,6 @@ const KC: usize = 256;
 const NC: usize = 512;
 /// Rows of A per block (16 panels).
 const MC: usize = 96;
-
-/// One 32-byte vector, the unit of the packing buffers, so that packed panels load aligned.
-#[derive(Clone, Copy)]
-#[repr(C, align(32))]
-struct Vector([f32; 8]);
-
-/// A growable, 32-byte aligned scratch buffer.
-#[derive(Default)]
-struct Buf(Vec<Vector>);
-
-impl Buf {
-    /// The buffer, grown to hold at least `floats`.
-    fn ptr(&mut self, floats: usize) -> *mut f32 {
-        let vectors = floats.div_ceil(8);
-        if self.0.len() < vectors {
-            self.0 = vec![Vector([0.0; 8]); vectors];
-        }
-        self.0.as_mut_ptr().cast()
-    }
-}
 
 /// A thread's packing buffers.
 #[derive(Default)]

@@ -50,13 +50,13 @@ const MAX_CHUNKS: usize = 64;
 #[repr(C, align(64))]
 struct Line([f32; 16]);
 
-/// A growable, 64-byte aligned scratch buffer.
+/// A growable, 64-byte aligned scratch buffer (the AVX2 kernels' too).
 #[derive(Default)]
-struct Buf(Vec<Line>);
+pub(crate) struct Buf(Vec<Line>);
 
 impl Buf {
     /// The buffer, grown to hold at least `floats`.
-    fn ptr(&mut self, floats: usize) -> *mut f32 {
+    pub(crate) fn ptr(&mut self, floats: usize) -> *mut f32 {
         let lines = floats.div_ceil(16);
         if self.0.len() < lines {
             self.0 = vec![Line([0.0; 16]); lines];
