@@ -70,7 +70,8 @@ impl std::fmt::Debug for Queue {
 
 /// What a receiver waiting for the next frame found.
 pub enum Next {
-    /// A frame is in the current slot: read it with [`Queue::frame`], then [`Queue::release`].
+    /// A frame is in the current slot: read it with [`Queue::head`] and [`Queue::chunk`], then
+    /// [`Queue::release`].
     Frame,
     /// Nothing came within the wait.
     Idle,
