@@ -71,6 +71,12 @@ struct Report {
     p10_step_us: f64,
     p90_step_us: f64,
     steps: usize,
+    /// From reading the plan file (decoding and verifying it) to a program ready to run: code
+    /// generation (or the code cache) and JIT compilation included.
+    load_ms: f64,
+    /// Where the native code came from: `generated` (now), `cached` (the disk cache), or
+    /// `none` (the interpreter).
+    code: &'static str,
     threads: usize,
     /// Matmul and convolution FLOPs per step over the median step time; `None` (null) when the
     /// program has none.
@@ -78,11 +84,9 @@ struct Report {
 }
 
 pub fn bench(args: &BenchArgs) -> Outcome {
+    let load_started = Instant::now();
     let plan = read_plan(&args.plan)?;
     let failure = |e: dfc_driver::RunError| Failure(e.to_string());
-    if args.backend == RunBackend::Llvm {
-        crate::run::note_foreign_code(&plan);
-    }
     let mut session = Session::with_backend(&plan, args.seed, args.backend.backend()).map_err(failure)?;
     let (fetches, targets): (Vec<&str>, Vec<&str>) = if args.inference {
         if plan.outputs.is_empty() {
@@ -102,6 +106,8 @@ pub fn bench(args: &BenchArgs) -> Outcome {
         (vec![training.loss_node.as_str()], training.updates.iter().map(String::as_str).collect())
     };
     let program = session.program(&fetches, &targets).map_err(failure)?;
+    let load = load_started.elapsed();
+    let code = code_origin(&session);
     let feeds = random_feeds(&plan, &program, args.seed)?;
     let flops = matmul_conv_flops(&plan, &fetches, &targets);
 
@@ -142,6 +148,8 @@ pub fn bench(args: &BenchArgs) -> Outcome {
         p10_step_us: microseconds(p10),
         p90_step_us: microseconds(p90),
         steps: n,
+        load_ms: (load.as_secs_f64() * 1e6).round() / 1e3,
+        code,
         threads: rayon::current_num_threads(),
         gflops: (flops > 0.0).then(|| flops / median / 1e9),
     };
@@ -176,7 +184,21 @@ fn human(report: &Report) -> String {
     if let Some(gflops) = report.gflops {
         line += &format!(", {gflops:.2} GFLOP/s");
     }
+    line += &format!("; loaded in {:.1} ms (code {})", report.load_ms, report.code);
     line
+}
+
+/// `generated` if any partition's code was generated at this load, else `cached`; `none`
+/// without native code.
+fn code_origin(session: &Session) -> &'static str {
+    let code: Vec<_> = session.native_code().iter().flatten().collect();
+    if code.is_empty() {
+        "none"
+    } else if code.iter().any(|jit| jit.origin() == dfc_codegen::Origin::Generated) {
+        "generated"
+    } else {
+        "cached"
+    }
 }
 
 /// `BATCHES` sets of feeds: a random tensor of its type for every input the program needs.

@@ -535,7 +535,6 @@ fn compile_options(model: &ModelArgs, args: &DistributeArgs) -> Result<dfc_compi
         soft_placement: args.soft_placement,
         cost_model,
         fusion: dfc_passes::FusionOptions { threshold_bytes: args.fusion_threshold },
-        native: Some(dfc_codegen::host_target()),
     })
 }
 

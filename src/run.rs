@@ -108,9 +108,6 @@ pub struct RemoteArgs {
 /// Trains, or with `--fetch` runs forward, any plan (one partition or many); prints what a
 /// person reads, or returns the error.
 pub fn run(plan: &dfc_plan::Plan, args: &RunArgs) -> Result<(), String> {
-    if args.train.backend == dfc_driver::Backend::Llvm {
-        note_foreign_code(plan);
-    }
     if args.remote.cluster.is_some() || args.remote.spawn.is_some() {
         return run_remote(plan, args);
     }
@@ -154,27 +151,6 @@ fn save_or_print(name: &str, result: &dfc_interp::Tensor, output: Option<&Path>)
         None => print_tensor(name, result),
     }
     Ok(())
-}
-
-/// Says which partitions carry code for a CPU this one is not (the session compiles them
-/// again for this one at load).
-pub fn note_foreign_code(plan: &dfc_plan::Plan) {
-    let host = dfc_codegen::host_target();
-    for partition in &plan.partitions {
-        if let Some(code) = &partition.native {
-            let missing = dfc_codegen::missing_features(&code.target, &host);
-            if !missing.is_empty() {
-                eprintln!(
-                    "note: {}'s code was compiled for {} ({}), which this CPU ({}) cannot run: it lacks {}; compiling it for this CPU",
-                    partition.device,
-                    code.target.cpu,
-                    code.target.triple,
-                    host.cpu,
-                    missing.join(", ")
-                );
-            }
-        }
-    }
 }
 
 /// A tensor for a person: its type, then its values (the first rows of a large one).

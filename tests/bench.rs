@@ -49,8 +49,19 @@ fn bench_json(plan: &Path, extra: &[&str], mode: &str) -> serde_json::Map<String
     let value: serde_json::Value = serde_json::from_str(&stdout).expect("stdout is JSON");
     let object = value.as_object().expect("a JSON object").clone();
     let keys: Vec<&str> = object.keys().map(String::as_str).collect();
-    let mut expected =
-        vec!["model", "mode", "backend", "median_step_us", "p10_step_us", "p90_step_us", "steps", "threads", "gflops"];
+    let mut expected = vec![
+        "model",
+        "mode",
+        "backend",
+        "median_step_us",
+        "p10_step_us",
+        "p90_step_us",
+        "steps",
+        "load_ms",
+        "code",
+        "threads",
+        "gflops",
+    ];
     expected.sort();
     let mut sorted = keys.clone();
     sorted.sort();
@@ -64,6 +75,8 @@ fn bench_json(plan: &Path, extra: &[&str], mode: &str) -> serde_json::Map<String
     assert!(p10 > 0.0 && p10 <= median && median <= p90, "p10 {p10}, median {median}, p90 {p90}");
     let steps = object["steps"].as_u64().expect("steps is an integer");
     assert!(steps >= 3, "steps {steps}");
+    assert!(number("load_ms") > 0.0);
+    assert_eq!(object["code"], "none", "the interpreter runs no generated code");
     let threads = object["threads"].as_u64().expect("threads is an integer");
     assert!(threads >= 1, "threads {threads}");
     // x[100, 784] @ w[784, 10]: a matmul, so FLOPs are counted.
@@ -114,6 +127,38 @@ fn min_and_max_steps_bound_the_count() {
     assert_eq!(value["steps"], 5);
 }
 
+/// Native code is generated at the first load of a plan on a machine and read from the code
+/// cache after: the same plan then loads in a few milliseconds. A damaged cache entry is
+/// generated again.
+#[test]
+fn native_code_is_generated_once_then_loaded_from_the_cache() {
+    let dir = scratch("cache");
+    let plan = compile("mlp", &dir);
+    let cache = dir.join("code-cache");
+    let load = || {
+        let output = Command::new(env!("CARGO_BIN_EXE_dfc"))
+            .args(["bench", s(&plan), "--min-time", "0", "--min-steps", "1", "--warmup", "0", "--json"])
+            .env("DFC_CACHE_DIR", &cache)
+            .output()
+            .expect("run dfc");
+        assert!(output.status.success(), "{}", text(&output.stderr));
+        let value: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
+        (value["code"].as_str().unwrap().to_string(), value["load_ms"].as_f64().unwrap())
+    };
+    let (first, _) = load();
+    assert_eq!(first, "generated");
+    let entries: Vec<PathBuf> = std::fs::read_dir(&cache).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(entries.len(), 1, "one partition, one entry: {entries:?}");
+    let (second, _) = load();
+    assert_eq!(second, "cached");
+    let mut damaged = std::fs::read(&entries[0]).unwrap();
+    let middle = damaged.len() / 2;
+    damaged[middle] ^= 0x40;
+    std::fs::write(&entries[0], damaged).unwrap();
+    assert_eq!(load().0, "generated", "a damaged entry is not used");
+    assert_eq!(load().0, "cached", "and it was written again");
+}
+
 #[test]
 fn the_human_line() {
     let dir = scratch("human");
@@ -124,7 +169,7 @@ fn the_human_line() {
     let stdout = text(&output.stdout);
     assert_eq!(stdout.lines().count(), 1, "{stdout}");
     assert!(stdout.starts_with("softmax_regression train step (interp): median "), "{stdout}");
-    for part in ["us (p10 ", ", p90 ", "), n=", " thread", " steps/s", " GFLOP/s"] {
+    for part in ["us (p10 ", ", p90 ", "), n=", " thread", " steps/s", " GFLOP/s", "; loaded in ", " ms (code none)"] {
         assert!(stdout.contains(part), "no `{part}` in {stdout}");
     }
 }

@@ -159,25 +159,38 @@ fn partitioned_plans_run_natively() {
     check("softmax_regression", Cluster::local(3, DeviceKind::Cpu), Strategy::Model);
 }
 
-/// A plan carries its kernels compiled for the CPU that compiled it; a CPU without one of
-/// its features compiles them again at load instead of running code it cannot.
+/// A plan carries no code, only IR: its bytes are the same whatever CPU compiled it, and the
+/// code generated where it runs — here for an AVX2-only CPU (Haswell) on this one — computes
+/// what the interpreter does, bit for bit in the kernels.
 #[test]
-fn code_for_features_the_host_lacks_is_compiled_again_at_load() {
-    let mut plan = plan("softmax_regression", Cluster::local(1, DeviceKind::Cpu), Strategy::Single);
-    let own = Session::with_backend(&plan, 0, Backend::Llvm).expect("loads");
-    assert!(own.recompiled().is_empty(), "the plan's own code fits this CPU");
-    let code = plan.partitions[0].native.as_mut().expect("compile carries native code");
-    assert!(!code.kernels.is_empty() && !code.bitcode.is_empty());
-    code.target.features.push_str(",+dfc-imaginary-feature");
-    let missing = dfc_codegen::missing_features(&code.target, &dfc_codegen::host_target());
-    assert_eq!(missing, ["dfc-imaginary-feature"]);
-    let mut session = Session::with_backend(&plan, 0, Backend::Llvm).expect("compiled again");
-    assert_eq!(session.recompiled(), &[0]);
+fn a_plan_is_data_and_runs_on_code_generated_for_another_cpu() {
+    let plan = plan("softmax_regression", Cluster::local(1, DeviceKind::Cpu), Strategy::Single);
+    let bytes = dfc_plan::encode(&plan);
+    let host = dfc_codegen::host_target();
+    for word in [host.cpu.as_bytes(), b"+avx", host.triple.as_bytes()] {
+        assert!(!bytes.windows(word.len()).any(|w| w == word), "the plan names {:?}", String::from_utf8_lossy(word));
+    }
+
+    let module = &plan.partitions[0].module;
+    let haswell = dfc_codegen::NativeTarget {
+        triple: host.triple.clone(),
+        cpu: "haswell".into(),
+        features: "+avx,+avx2,+fma,+f16c,+bmi,+bmi2,+popcnt,+sse4.2,-avx512f".into(),
+    };
+    let cache = dfc_codegen::CodeCache::disabled();
+    let jit = dfc_cpu::load_partition(&cache, module, &plan.kept_nodes(0), &haswell).expect("code for Haswell");
     let training = plan.training.as_ref().unwrap();
-    let updates: Vec<&str> = training.updates.iter().map(String::as_str).collect();
-    let step = session.program(&[training.loss_node.as_str()], &updates).unwrap();
-    let loss = session.run(&step, &batches(&plan)[0]).unwrap()[0].scalar_f64();
-    assert!(loss.is_finite());
+    let loss = module.graph.node_ids().find(|&id| module.graph.node(id).name == training.loss_node).unwrap();
+    let fetches = [dfc_ir::TensorRef::from(loss)];
+    let order = dfc_interp::schedule(&[module]).unwrap().remove(0);
+    let native = dfc_cpu::NativeProgram::new(module, jit, &fetches, &[], &order).expect("a native program");
+    let interp = dfc_interp::Program::with_order(module, &fetches, &[], &order).unwrap();
+    let mut variables = dfc_interp::initialize(module, 0);
+    for feeds in batches(&plan) {
+        let expected = interp.run(module, &mut variables.clone(), &feeds).unwrap();
+        let found = native.run(&mut variables, &feeds, None).unwrap();
+        assert_close("the loss on code for Haswell", &expected[0], &found[0]);
+    }
 }
 
 /// Fetching a value that a kernel computes inside itself compiles code that stores it.

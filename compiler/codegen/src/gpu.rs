@@ -6,10 +6,10 @@
 //! So an elementwise kernel whose dimensions merge into one loop runs one element per thread,
 //! and a reduction or row op one output row per thread.
 
+use crate::code::{GpuCode, GpuKernel};
 use crate::kernel::{self, Flavor};
 use crate::{sanitize, CodegenError};
 use dfc_ir::{Module, NodeId};
-use dfc_plan::{GpuCode, GpuKernel};
 use inkwell::attributes::{Attribute, AttributeLoc};
 use inkwell::context::Context;
 use inkwell::module::Linkage;

@@ -1,9 +1,9 @@
 //! One fused kernel to one LLVM function: its iteration space, the strides of every access,
 //! the loop nest, and the scalar code of each member.
 
+use crate::code::NativeTarget;
 use dfc_ir::{BinaryOp, CompareOp, ConstData, DType, Module, NodeId, Op, ReduceKind, TensorRef, UnaryOp};
 use dfc_passes::Kernel;
-use dfc_plan::NativeTarget;
 use inkwell::attributes::AttributeLoc;
 use inkwell::basic_block::BasicBlock;
 use inkwell::builder::Builder;

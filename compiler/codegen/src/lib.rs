@@ -1,7 +1,8 @@
 //! Lowers the fused kernels of a CPU partition (`dfc_passes::fuse`) to LLVM IR through
-//! inkwell, optimises them at O3 for a target CPU, and returns them as bitcode in a
-//! [`NativeCode`] that the plan carries and `dfc_cpu` JIT-compiles at load. A GPU partition's
-//! kernels become PTX the same way (`gpu.rs`).
+//! inkwell, optimises them at O3 for a target CPU, and returns them as an object file in a
+//! [`NativeCode`] that `dfc_cpu` links into the process (LLVM's ORC JIT). A GPU partition's kernels become PTX the same
+//! way (`gpu.rs`). Code is generated where a plan runs, from its verified IR, never carried in
+//! the plan; [`CodeCache`] keeps it on disk between runs (`cache.rs`).
 //!
 //! Every kernel becomes `void kN(i8** args, i64 begin, i64 end)`: `args` holds the kernel's
 //! inputs in the order of `Kernel::inputs`, then its output; `begin..end` is a range of the
@@ -16,16 +17,19 @@
 //! (saturating `fptosi.sat`), `maximum`/`minimum`/`relu` propagate NaN. Transcendentals call
 //! the C library, so they may differ from Rust's in the last bit.
 
+mod cache;
+mod code;
 mod gpu;
 mod kernel;
 mod target;
 
+pub use cache::{CacheKey, CodeCache, Origin, CACHE_DIR_VARIABLE};
+pub use code::{GpuCode, GpuKernel, NativeCode, NativeKernel, NativeTarget};
 pub use gpu::{compile_gpu, launch, GPU_ARCH};
 
-pub use target::{host_target, missing_features, target_machine};
+pub use target::{host_target, target_machine};
 
 use dfc_ir::{Module, NodeId};
-use dfc_plan::{NativeCode, NativeKernel, NativeTarget};
 use inkwell::context::Context;
 use inkwell::passes::PassBuilderOptions;
 
@@ -62,20 +66,13 @@ pub fn compile(module: &Module, keep: &[NodeId], target: &NativeTarget) -> Resul
     llvm.verify().map_err(|e| CodegenError::Llvm(e.to_string()))?;
     llvm.run_passes("default<O3>", &machine, PassBuilderOptions::create())
         .map_err(|e| CodegenError::Llvm(e.to_string()))?;
-    let bitcode = llvm.write_bitcode_to_memory().as_slice().to_vec();
-    Ok(NativeCode { target: target.clone(), bitcode, kernels })
+    let object = machine
+        .write_to_memory_buffer(&llvm, inkwell::targets::FileType::Object)
+        .map_err(|e| CodegenError::Llvm(e.to_string()))?;
+    Ok(NativeCode { target: target.clone(), object: object.as_slice().to_vec(), kernels })
 }
 
 /// A symbol-safe rendering of a node name.
 fn sanitize(name: &str) -> String {
     name.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).take(48).collect()
-}
-
-/// The nodes of a partition whose values a plan fetches: its outputs and metrics, and the
-/// nodes named in `fetched` (the training loss) that it holds.
-pub fn fetched_nodes(module: &Module, fetched: &[&str]) -> Vec<NodeId> {
-    let graph = &module.graph;
-    let mut keep: Vec<NodeId> = module.outputs.iter().chain(&module.metrics).map(|o| o.tensor.node).collect();
-    keep.extend(graph.node_ids().filter(|&id| fetched.contains(&graph.node(id).name.as_str())));
-    keep
 }

@@ -1,7 +1,7 @@
 //! The CPU that code is generated for.
 
+use crate::code::NativeTarget;
 use crate::CodegenError;
-use dfc_plan::NativeTarget;
 use inkwell::targets::{CodeModel, InitializationConfig, RelocMode, Target, TargetMachine, TargetTriple};
 use inkwell::OptimizationLevel;
 
@@ -13,22 +13,6 @@ pub fn host_target() -> NativeTarget {
         cpu: TargetMachine::get_host_cpu_name().to_string(),
         features: TargetMachine::get_host_cpu_features().to_string(),
     }
-}
-
-/// The features code for `target` uses that `host` lacks (`+avx512f` …), and a differing
-/// triple first if there is one: empty when code for `target` runs on `host`.
-pub fn missing_features(target: &NativeTarget, host: &NativeTarget) -> Vec<String> {
-    let mut missing = Vec::new();
-    if target.triple != host.triple {
-        missing.push(format!("triple {}", target.triple));
-    }
-    let has: std::collections::HashSet<&str> = host.features.split(',').filter_map(|f| f.strip_prefix('+')).collect();
-    for feature in target.features.split(',').filter_map(|f| f.strip_prefix('+')) {
-        if !has.contains(feature) {
-            missing.push(feature.to_string());
-        }
-    }
-    missing
 }
 
 pub fn target_machine(target: &NativeTarget) -> Result<TargetMachine, CodegenError> {
@@ -43,8 +27,10 @@ pub fn target_machine(target: &NativeTarget) -> Result<TargetMachine, CodegenErr
             &target.cpu,
             &target.features,
             OptimizationLevel::Aggressive,
-            RelocMode::Default,
-            CodeModel::JITDefault,
+            // An object that the JIT linker may load anywhere: every address absolute, 64-bit
+            // (what MCJIT chose for itself).
+            RelocMode::Static,
+            CodeModel::Large,
         )
         .ok_or_else(|| CodegenError::Target { triple: target.triple.clone(), message: "no target machine".into() })
 }

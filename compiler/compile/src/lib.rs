@@ -70,9 +70,6 @@ pub struct CompileOptions {
     /// `--fusion-threshold`: all-reduces of tensors up to this size share buffers (Horovod's
     /// tensor fusion).
     pub fusion: dfc_passes::FusionOptions,
-    /// Compile each CPU partition's fused kernels to native code for this CPU (the plan then
-    /// carries it); `None` leaves compiling to the runtime, at load.
-    pub native: Option<dfc_plan::NativeTarget>,
 }
 
 impl Default for CompileOptions {
@@ -87,7 +84,6 @@ impl Default for CompileOptions {
             soft_placement: false,
             cost_model: CostModel::default(),
             fusion: dfc_passes::FusionOptions::default(),
-            native: Some(dfc_codegen::host_target()),
         }
     }
 }
@@ -235,11 +231,8 @@ pub fn compile(source: &str, source_name: &str, options: &CompileOptions) -> Res
         sync: !matches!(options.strategy, Strategy::ParameterServer { sync: false }),
         placement: options.placement.name().into(),
     };
-    let partitions: Vec<Partition> = partitioned
-        .parts
-        .into_iter()
-        .map(|(device, module)| Partition { device, module, native: None, gpu: None })
-        .collect();
+    let partitions: Vec<Partition> =
+        partitioned.parts.into_iter().map(|(device, module)| Partition { device, module }).collect();
     let mut plan = Plan::build(&partitioned.combined, partitions, cluster.clone(), strategy, source_name, source);
     if !replica_interfaces.is_empty() {
         // The replicas' own inputs are fed from the model's, split by rows.
@@ -254,20 +247,6 @@ pub fn compile(source: &str, source_name: &str, options: &CompileOptions) -> Res
                 updates: r.updates,
             })
             .collect();
-    }
-    if let Some(target) = &options.native {
-        let mut fetched: Vec<String> = plan.training.iter().map(|t| t.loss_node.clone()).collect();
-        fetched.extend(plan.replicas.iter().map(|r| r.loss_node.clone()));
-        let fetched: Vec<&str> = fetched.iter().map(String::as_str).collect();
-        for partition in plan.partitions.iter_mut() {
-            let keep = dfc_codegen::fetched_nodes(&partition.module, &fetched);
-            let failed = |e| CompileError::Usage(format!("code generation for {}: {e}", partition.device));
-            if partition.device.kind == Some(DeviceKind::Gpu) {
-                partition.gpu = Some(dfc_codegen::compile_gpu(&partition.module, &keep).map_err(failed)?);
-            } else {
-                partition.native = Some(dfc_codegen::compile(&partition.module, &keep, target).map_err(failed)?);
-            }
-        }
     }
     plan.report = Some(report);
     Ok(Compiled { plan, combined: partitioned.combined, warnings })

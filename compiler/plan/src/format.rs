@@ -12,7 +12,6 @@
 //! be wrong (not a plan, other version, truncated, corrupted) gets its own message.
 
 use crate::Plan;
-use dfc_ir::Module;
 use std::io::Write as _;
 use std::path::Path;
 use thiserror::Error;
@@ -20,7 +19,7 @@ use thiserror::Error;
 pub const MAGIC: [u8; 8] = *b"DFCPLAN\0";
 /// Bump on any change to the header or to the serialized types (postcard is not
 /// self-describing: adding a field changes the format).
-pub const FORMAT_VERSION: u32 = 5;
+pub const FORMAT_VERSION: u32 = 6;
 pub const HEADER_LEN: usize = 24;
 
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
@@ -41,6 +40,8 @@ pub enum PlanError {
     ChecksumMismatch { expected: u32, found: u32 },
     #[error("the plan's content cannot be read: {0}")]
     Malformed(String),
+    #[error("the plan is not valid: {0}")]
+    Invalid(String),
 }
 
 pub fn encode(plan: &Plan) -> Vec<u8> {
@@ -56,7 +57,8 @@ pub fn encode(plan: &Plan) -> Vec<u8> {
     bytes
 }
 
-/// Reads a plan. Never panics: every malformed input is an `Err` that says what is wrong.
+/// Reads a plan and checks its content in full (`validate.rs`): what it returns may be run.
+/// Never panics: every malformed or invalid input is an `Err` that says what is wrong.
 pub fn decode(bytes: &[u8]) -> Result<Plan, PlanError> {
     // The magic first, even in a short file: a short file that is not a plan prefix is "not a
     // plan", not "truncated".
@@ -96,35 +98,8 @@ pub fn decode(bytes: &[u8]) -> Result<Plan, PlanError> {
     if !rest.is_empty() {
         return Err(PlanError::Malformed(format!("{} bytes follow the plan", rest.len())));
     }
-    check_refs(&plan).map_err(PlanError::Malformed)?;
+    crate::validate::validate(&plan).map_err(PlanError::Invalid)?;
     Ok(plan)
-}
-
-/// A payload with a valid checksum can still be hand-made or written by a buggy dfc. Indexing
-/// a graph with a missing node panics, so readers may rely on every reference resolving.
-fn check_refs(plan: &Plan) -> Result<(), String> {
-    for (i, partition) in plan.partitions.iter().enumerate() {
-        let module: &Module = &partition.module;
-        let graph = &module.graph;
-        let tensors = module
-            .outputs
-            .iter()
-            .chain(&module.metrics)
-            .map(|o| o.tensor)
-            .chain(module.training.iter().map(|t| t.loss));
-        let nodes = module.inputs.iter().chain(&module.params).map(|&id| id.into());
-        for tensor in tensors.chain(nodes) {
-            let ok = graph.contains(tensor.node) && (tensor.port as usize) < graph.node(tensor.node).outputs.len();
-            if !ok {
-                return Err(format!(
-                    "partition {i} refers to output {} of node {}, which does not exist",
-                    tensor.port,
-                    tensor.node.index()
-                ));
-            }
-        }
-    }
-    Ok(())
 }
 
 /// Writes `plan` to `path` atomically: into a temporary file in the same directory, then

@@ -8,9 +8,11 @@
 
 mod format;
 mod summary;
+mod validate;
 
 pub use format::{decode, encode, write, PlanError, FORMAT_VERSION, HEADER_LEN, MAGIC};
-pub use summary::{summary, DeviceSummary, GpuSummary, ParamSummary, Summary, TensorSummary, TrainingSummary};
+pub use summary::{summary, DeviceSummary, KernelSummary, ParamSummary, Summary, TensorSummary, TrainingSummary};
+pub use validate::MAX_TENSOR_BYTES;
 
 pub use dfc_ir::{Cluster, Job, Task};
 use dfc_ir::{DeviceKind, DeviceSpec, Initializer, Module, NodeId, Op, Optimizer, TensorRef, TensorType};
@@ -70,70 +72,12 @@ impl Default for StrategySpec {
 }
 
 /// The part of the model one device runs; every node of `module.graph` has `device` set to
-/// `device`.
+/// `device`. A plan carries no code: native code and PTX are generated from `module` where the
+/// plan runs (`dfc_codegen`), after `decode` has verified it.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Partition {
     pub device: DeviceSpec,
     pub module: Module,
-    /// The partition's fused kernels compiled for a CPU (`dfc_codegen`); `None` for a plan
-    /// compiled without native code (the runtime then compiles at load).
-    pub native: Option<NativeCode>,
-    /// A GPU partition's fused kernels as PTX (`dfc_codegen::compile_gpu`).
-    pub gpu: Option<GpuCode>,
-}
-
-/// A GPU partition's fused kernels: one PTX module for `arch`, which the CUDA driver compiles
-/// for the GPU it finds (PTX for an older architecture runs on newer ones).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct GpuCode {
-    /// `sm_80` …: the oldest architecture the PTX needs.
-    pub arch: String,
-    pub ptx: String,
-    pub kernels: Vec<GpuKernel>,
-}
-
-/// A fused kernel on a GPU: the entry `function(args, rows)` computes `root` (from `members`,
-/// reading `inputs`), one row of its outermost loop per thread, in `grid` blocks of `block`
-/// threads.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct GpuKernel {
-    pub function: String,
-    pub root: NodeId,
-    pub members: Vec<NodeId>,
-    pub inputs: Vec<TensorRef>,
-    pub rows: u64,
-    pub block: u32,
-    pub grid: u32,
-}
-
-/// A CPU partition's kernels as LLVM bitcode, optimised for `target`.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct NativeCode {
-    pub target: NativeTarget,
-    pub bitcode: Vec<u8>,
-    /// One per kernel of `dfc_passes::fuse`: its function in the bitcode.
-    pub kernels: Vec<NativeKernel>,
-}
-
-/// The CPU code was generated for: LLVM's triple, CPU name and feature string (`+avx512f,...`).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct NativeTarget {
-    pub triple: String,
-    pub cpu: String,
-    pub features: String,
-}
-
-/// A fused kernel: `function(args, begin, end)` computes `root` (from `members`, reading
-/// `inputs`) over rows `begin..end` of its outermost loop, which has `rows` iterations.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct NativeKernel {
-    pub function: String,
-    pub root: NodeId,
-    pub members: Vec<NodeId>,
-    pub inputs: Vec<TensorRef>,
-    pub rows: u64,
-    /// Whether ranges of rows may run on different threads.
-    pub parallel: bool,
 }
 
 /// A model input or named output, by name: what a user feeds or fetches.
@@ -237,6 +181,23 @@ impl Plan {
         }
     }
 
+    /// The nodes of partition `p` whose values a run of the plan may fetch: the partition's
+    /// outputs and metrics, and the loss nodes (the plan's and every replica's) it holds. Code
+    /// generation keeps them as kernel roots, so that their values are stored.
+    pub fn kept_nodes(&self, p: usize) -> Vec<NodeId> {
+        let module = &self.partitions[p].module;
+        let graph = &module.graph;
+        let losses: Vec<&str> = self
+            .training
+            .iter()
+            .map(|t| t.loss_node.as_str())
+            .chain(self.replicas.iter().map(|r| r.loss_node.as_str()))
+            .collect();
+        let mut keep: Vec<NodeId> = module.outputs.iter().chain(&module.metrics).map(|o| o.tensor.node).collect();
+        keep.extend(graph.node_ids().filter(|&id| losses.contains(&graph.node(id).name.as_str())));
+        keep
+    }
+
     /// A plan that runs the whole of `module` on the local CPU. `module` must have passed
     /// `dfc_ir::verify`: its `inputs` and `params` name `Input` and `Variable` nodes.
     pub fn single_device(module: Module, source_name: &str, source_text: &str) -> Plan {
@@ -249,7 +210,7 @@ impl Plan {
         }
         let mut local = module.clone();
         local.training = None;
-        let partitions = vec![Partition { device, module: local, native: None, gpu: None }];
+        let partitions = vec![Partition { device, module: local }];
         Plan::build(&module, partitions, cluster, StrategySpec::default(), source_name, source_text)
     }
 }

@@ -39,29 +39,16 @@ pub struct DeviceSummary {
     pub variable_bytes: u64,
     /// Node count per op name (`matmul`, `read`, ...).
     pub ops: BTreeMap<String, usize>,
-    /// The native code the partition carries, if any.
-    pub native: Option<NativeSummary>,
-    /// A GPU partition's PTX, if any.
-    pub gpu: Option<GpuSummary>,
+    /// The partition's fused loop kernels (`dfc_passes::fuse`), which the runtime compiles
+    /// for the device's CPU or GPU where the plan runs.
+    pub kernels: KernelSummary,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct GpuSummary {
-    pub arch: String,
+pub struct KernelSummary {
     pub kernels: usize,
     /// Nodes computed inside the kernels, roots included.
     pub fused_nodes: usize,
-    pub ptx_bytes: u64,
-}
-
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct NativeSummary {
-    pub triple: String,
-    pub cpu: String,
-    pub kernels: usize,
-    /// Nodes computed inside the kernels, roots included.
-    pub fused_nodes: usize,
-    pub bitcode_bytes: u64,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -100,7 +87,8 @@ pub fn summary(plan: &Plan) -> Summary {
     let devices = plan
         .partitions
         .iter()
-        .map(|p| {
+        .enumerate()
+        .map(|(i, p)| {
             let graph = &p.module.graph;
             let mut ops = BTreeMap::new();
             let (mut n_variables, mut variable_bytes) = (0, 0u64);
@@ -112,27 +100,18 @@ pub fn summary(plan: &Plan) -> Summary {
                     variable_bytes = variable_bytes.saturating_add(tensor_bytes(ty));
                 }
             }
-            let native = p.native.as_ref().map(|code| NativeSummary {
-                triple: code.target.triple.clone(),
-                cpu: code.target.cpu.clone(),
-                kernels: code.kernels.len(),
-                fused_nodes: code.kernels.iter().map(|k| k.members.len()).sum(),
-                bitcode_bytes: code.bitcode.len() as u64,
-            });
-            let gpu = p.gpu.as_ref().map(|code| GpuSummary {
-                arch: code.arch.clone(),
-                kernels: code.kernels.len(),
-                fused_nodes: code.kernels.iter().map(|k| k.members.len()).sum(),
-                ptx_bytes: code.ptx.len() as u64,
-            });
+            let fusion = dfc_passes::fuse(&p.module, &plan.kept_nodes(i));
+            let kernels = KernelSummary {
+                kernels: fusion.kernels.len(),
+                fused_nodes: fusion.kernels.iter().map(|k| k.members.len()).sum(),
+            };
             DeviceSummary {
                 device: p.device.to_string(),
                 n_nodes: graph.len(),
                 n_variables,
                 variable_bytes,
                 ops,
-                native,
-                gpu,
+                kernels,
             }
         })
         .collect();
@@ -279,41 +258,21 @@ impl fmt::Display for Summary {
             })
             .collect();
         table(f, &devices, &[false, true, true, true])?;
-        let native: Vec<Vec<String>> = self
+        let kernels: Vec<Vec<String>> = self
             .devices
             .iter()
-            .filter_map(|d| {
-                let n = d.native.as_ref()?;
-                Some(vec![
+            .filter(|d| d.kernels.kernels > 0)
+            .map(|d| {
+                vec![
                     d.device.clone(),
-                    format!("{} {}", n.triple, n.cpu),
-                    plural(n.kernels, "fused kernel", "fused kernels"),
-                    format!("({} nodes)", n.fused_nodes),
-                    format!("{} of bitcode", bytes(n.bitcode_bytes)),
-                ])
+                    plural(d.kernels.kernels, "fused kernel", "fused kernels"),
+                    format!("({} nodes)", d.kernels.fused_nodes),
+                ]
             })
             .collect();
-        if !native.is_empty() {
-            writeln!(f, "native code (LLVM)")?;
-            table(f, &native, &[false, false, true, true, true])?;
-        }
-        let gpu: Vec<Vec<String>> = self
-            .devices
-            .iter()
-            .filter_map(|d| {
-                let g = d.gpu.as_ref()?;
-                Some(vec![
-                    d.device.clone(),
-                    g.arch.clone(),
-                    plural(g.kernels, "fused kernel", "fused kernels"),
-                    format!("({} nodes)", g.fused_nodes),
-                    format!("{} of PTX", bytes(g.ptx_bytes)),
-                ])
-            })
-            .collect();
-        if !gpu.is_empty() {
-            writeln!(f, "GPU code (PTX, LLVM NVPTX)")?;
-            table(f, &gpu, &[false, false, true, true, true])?;
+        if !kernels.is_empty() {
+            writeln!(f, "fused kernels (compiled for each device where the plan runs)")?;
+            table(f, &kernels, &[false, true, true])?;
         }
 
         if let Some(report) = &self.report {
@@ -387,7 +346,7 @@ mod tests {
         for id in ids {
             module.graph.node_mut(id).device = Some(second.clone());
         }
-        plan.partitions.push(Partition { device: second.clone(), module, native: None, gpu: None });
+        plan.partitions.push(Partition { device: second.clone(), module });
         plan.strategy =
             StrategySpec { name: "mirrored".into(), replicas: 2, sync: true, placement: "round-robin".into() };
         plan.params[0].devices.push(second.to_string());

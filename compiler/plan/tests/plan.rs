@@ -151,7 +151,58 @@ fn malformed_payloads_with_valid_checksums_are_errors() {
     let mut plan = plan();
     plan.partitions[0].module.outputs[0].tensor.port = 7;
     let err = decode(&encode(&plan)).unwrap_err();
-    assert!(matches!(err, PlanError::Malformed(ref m) if m.contains("does not exist")), "{err}");
+    assert!(matches!(err, PlanError::Invalid(ref m) if m.contains("missing output")), "{err}");
+}
+
+/// Plans that encode well but whose content is wrong: `decode` verifies the IR and the
+/// interface in full, so that nothing downstream meets them.
+#[test]
+fn plans_whose_content_is_wrong_are_refused() {
+    let refused = |change: &dyn Fn(&mut Plan), expected: &str| {
+        let mut plan = plan();
+        change(&mut plan);
+        match decode(&encode(&plan)) {
+            Err(PlanError::Invalid(message)) => assert!(message.contains(expected), "{message}"),
+            other => panic!("expected a refusal saying {expected:?}, got {other:?}"),
+        }
+    };
+    let node = |plan: &mut Plan, name: &str| {
+        let graph = &plan.partitions[0].module.graph;
+        graph.node_ids().find(|&id| graph.node(id).name == name).unwrap()
+    };
+    // A type that is not what the op gives for its operands.
+    refused(
+        &|plan| {
+            let y = node(plan, "y");
+            plan.partitions[0].module.graph.node_mut(y).outputs[0] = TensorType::new(DType::F32, vec![4, 3]);
+        },
+        "output type f32[4,3] should be f32[4,2]",
+    );
+    // A tensor whose size cannot be a tensor's (the graph is otherwise consistent).
+    refused(
+        &|plan| {
+            let device = plan.partitions[0].device.clone();
+            let graph = &mut plan.partitions[0].module.graph;
+            let huge = Op::Input { ty: TensorType::new(DType::F32, vec![1 << 40, 1 << 20]) };
+            let big = graph.add(huge, &[], "big", None).unwrap();
+            graph.node_mut(big).device = Some(device);
+        },
+        "larger than any tensor can be",
+    );
+    refused(
+        &|plan| {
+            let y = node(plan, "y");
+            plan.partitions[0].module.graph.node_mut(y).device = None;
+        },
+        "has no device",
+    );
+    refused(&|plan| plan.inputs[0].name = "images".into(), "input `images` names no input node");
+    refused(&|plan| plan.inputs[0].ty = TensorType::new(DType::U8, vec![4, 3]), "is declared u8[4,3]");
+    refused(&|plan| plan.outputs[0].name = "logits".into(), "output `logits` is in no partition");
+    refused(&|plan| plan.training.as_mut().unwrap().loss_node = "y".into(), "floating-point scalar");
+    refused(&|plan| plan.training.as_mut().unwrap().updates.push("w/update".into()), "`w/update` is in no partition");
+    refused(&|plan| plan.cluster.jobs[0].tasks[0].devices[0].index = Some(5), "the plan's cluster does not have");
+    refused(&|plan| plan.partitions.clear(), "no partitions");
 }
 
 #[test]

@@ -1,62 +1,174 @@
-//! JIT compilation of a partition's bitcode through LLVM's MCJIT, once per distinct bitcode
-//! per process.
+//! Linking a partition's kernels into the process, once per distinct code per process, freed
+//! when no session uses it any more.
+//!
+//! [`load_partition`] generates the code of a partition (from its verified IR, through the
+//! disk cache, `dfc_codegen::CodeCache`) as an object file and links it into the process with
+//! LLVM's ORC JIT (`LLJIT`): loading cached code is a link, not a compilation. Sessions that
+//! load the same partition share one [`Jitted`]: the in-memory table holds it weakly, by its
+//! cache key (compared in full), so a worker that serves registration after registration
+//! keeps only the code its live registrations use.
 
 use crate::CpuError;
-use dfc_plan::NativeCode;
-use inkwell::context::Context;
-use inkwell::memory_buffer::MemoryBuffer;
-use inkwell::module::Module;
-use inkwell::OptimizationLevel;
+use dfc_codegen::{CacheKey, CodeCache, NativeCode, NativeKernel, NativeTarget, Origin};
+use dfc_ir::{Module, NodeId};
+use llvm_sys::error::{LLVMDisposeErrorMessage, LLVMErrorRef, LLVMGetErrorMessage};
+use llvm_sys::orc2::lljit::{
+    LLVMOrcCreateLLJIT, LLVMOrcDisposeLLJIT, LLVMOrcLLJITAddObjectFile, LLVMOrcLLJITGetGlobalPrefix,
+    LLVMOrcLLJITGetMainJITDylib, LLVMOrcLLJITLookup, LLVMOrcLLJITRef,
+};
+use llvm_sys::orc2::{LLVMOrcCreateDynamicLibrarySearchGeneratorForProcess, LLVMOrcJITDylibAddGenerator};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::ffi::{CStr, CString};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 /// `kernel(args, begin, end)`: see `dfc_codegen`.
 pub type KernelFn = unsafe extern "C" fn(*const *mut u8, i64, i64);
 
-/// The machine code of one partition's kernels, by function name.
-#[derive(Debug)]
+/// One ORC JIT instance holding one partition's linked code; disposing of it unmaps the code.
+struct Linked(LLVMOrcLLJITRef);
+
+// SAFETY: an LLJIT is thread-safe (its execution session locks), and `Linked` only disposes
+// of it, once, in `drop`, after every user of its code (holders of the `Arc<Jitted>`) is gone.
+unsafe impl Send for Linked {}
+// SAFETY: no method of `Linked` is callable through `&Linked`.
+unsafe impl Sync for Linked {}
+
+impl Drop for Linked {
+    fn drop(&mut self) {
+        // SAFETY: `self.0` was made by `LLVMOrcCreateLLJIT` and is disposed of only here.
+        let error = unsafe { LLVMOrcDisposeLLJIT(self.0) };
+        let _ = take_error(error);
+    }
+}
+
+/// The machine code of one partition's kernels, by function name, and the kernel table.
 pub struct Jitted {
+    key: CacheKey,
+    kernels: Vec<NativeKernel>,
     functions: HashMap<String, usize>,
+    /// Whether the code came from the disk cache.
+    origin: Origin,
+    /// Keeps the functions' code mapped.
+    _linked: Linked,
+}
+
+impl std::fmt::Debug for Jitted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Jitted").field("key", &self.key.hex()).field("kernels", &self.kernels.len()).finish()
+    }
 }
 
 impl Jitted {
     pub fn function(&self, name: &str) -> Option<KernelFn> {
-        // SAFETY: every address was returned by MCJIT for a function of type `KernelFn`.
+        // SAFETY: every address was looked up in the linked object for a function that codegen
+        // emitted with the signature `KernelFn`, and `_linked` keeps its code mapped while
+        // `self` lives.
         self.functions.get(name).map(|&address| unsafe { std::mem::transmute::<usize, KernelFn>(address) })
+    }
+
+    /// One per fused kernel (`dfc_passes::fuse`), with its function's name.
+    pub fn kernels(&self) -> &[NativeKernel] {
+        &self.kernels
+    }
+
+    /// Whether the code was read from the disk cache rather than generated now.
+    pub fn origin(&self) -> Origin {
+        self.origin
     }
 }
 
-/// The code of `native`, compiled on first use. The LLVM context and engine of a compiled
-/// bitcode live as long as the process (they are shared by every session that loads it).
-pub fn load(native: &NativeCode) -> Result<Arc<Jitted>, CpuError> {
-    static CACHE: OnceLock<Mutex<HashMap<u64, Arc<Jitted>>>> = OnceLock::new();
-    let key = dfc_interp::fnv1a_64(&native.bitcode);
-    let cache = CACHE.get_or_init(Default::default);
-    let mut cache = cache.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(found) = cache.get(&key) {
-        return Ok(found.clone());
+/// The kernels of `module` (a verified CPU partition) for `target`, keeping the nodes of
+/// `keep` as kernel roots: shared with any live session that loaded the same, else from the
+/// disk cache or generated, then linked.
+pub fn load_partition(
+    cache: &CodeCache,
+    module: &Module,
+    keep: &[NodeId],
+    target: &NativeTarget,
+) -> Result<Arc<Jitted>, CpuError> {
+    let key = CacheKey::native(module, keep, target);
+    // Holding the lock while generating keeps two sessions from generating the same code twice.
+    let mut live = live_table().lock().unwrap_or_else(|e| e.into_inner());
+    live.retain(|_, jitted| jitted.strong_count() > 0);
+    if let Some(found) = live.get(key.digest()).and_then(Weak::upgrade) {
+        if found.key == key {
+            return Ok(found);
+        }
     }
-    let jitted = Arc::new(compile(native)?);
-    cache.insert(key, jitted.clone());
+    let (code, origin) = cache.native(&key, module, keep, target).map_err(|e| CpuError::Jit(e.to_string()))?;
+    let jitted = Arc::new(link(key, code, origin)?);
+    live.insert(*jitted.key.digest(), Arc::downgrade(&jitted));
     Ok(jitted)
 }
 
-fn compile(native: &NativeCode) -> Result<Jitted, CpuError> {
-    inkwell::targets::Target::initialize_native(&Default::default()).map_err(CpuError::Jit)?;
-    let context: &'static Context = Box::leak(Box::new(Context::create()));
-    let buffer = MemoryBuffer::create_from_memory_range_copy(&native.bitcode, "plan");
-    let module = Module::parse_bitcode_from_buffer(&buffer, context)
-        .map_err(|e| CpuError::Jit(format!("the plan's bitcode does not load: {e}")))?;
-    let engine =
-        module.create_jit_execution_engine(OptimizationLevel::Aggressive).map_err(|e| CpuError::Jit(e.to_string()))?;
+/// How many partitions' code is linked and in use in this process: what a long-lived worker's
+/// memory for code grows with.
+pub fn live_count() -> usize {
+    let live = live_table().lock().unwrap_or_else(|e| e.into_inner());
+    live.values().filter(|jitted| jitted.strong_count() > 0).count()
+}
+
+/// The partitions linked and still used, by their cache key's digest.
+fn live_table() -> &'static Mutex<HashMap<[u8; 32], Weak<Jitted>>> {
+    static LIVE: OnceLock<Mutex<HashMap<[u8; 32], Weak<Jitted>>>> = OnceLock::new();
+    LIVE.get_or_init(Default::default)
+}
+
+/// The message of an LLVM error, which it consumes; `Ok` for no error.
+fn take_error(error: LLVMErrorRef) -> Result<(), String> {
+    if error.is_null() {
+        return Ok(());
+    }
+    // SAFETY: `error` is a live error that LLVMGetErrorMessage consumes; the message it
+    // returns is a C string we own until LLVMDisposeErrorMessage.
+    unsafe {
+        let message = LLVMGetErrorMessage(error);
+        let text = CStr::from_ptr(message).to_string_lossy().into_owned();
+        LLVMDisposeErrorMessage(message);
+        Err(text)
+    }
+}
+
+fn link(key: CacheKey, code: NativeCode, origin: Origin) -> Result<Jitted, CpuError> {
+    fn failed(what: impl std::fmt::Display) -> impl FnOnce(String) -> CpuError {
+        move |message| CpuError::Jit(format!("{what}: {message}"))
+    }
+    inkwell::targets::Target::initialize_native(&Default::default()).map_err(failed("LLVM's native target"))?;
+    let mut jit: LLVMOrcLLJITRef = std::ptr::null_mut();
+    // SAFETY: a null builder asks for the default LLJIT for this host; on success `jit` is a
+    // live instance, which `Linked` owns from here on (and disposes of on every path).
+    take_error(unsafe { LLVMOrcCreateLLJIT(&mut jit, std::ptr::null_mut()) }).map_err(failed("creating a JIT"))?;
+    let linked = Linked(jit);
+    // SAFETY: `jit` is live; the main dylib belongs to it. The generator resolves the C
+    // library's functions the kernels call (expf, logf, ...) in this process; the dylib takes
+    // ownership of it.
+    unsafe {
+        let dylib = LLVMOrcLLJITGetMainJITDylib(jit);
+        let mut generator = std::ptr::null_mut();
+        let prefix = LLVMOrcLLJITGetGlobalPrefix(jit);
+        let made =
+            LLVMOrcCreateDynamicLibrarySearchGeneratorForProcess(&mut generator, prefix, None, std::ptr::null_mut());
+        take_error(made).map_err(failed("resolving the C library"))?;
+        LLVMOrcJITDylibAddGenerator(dylib, generator);
+        // The object is copied into a buffer that the JIT takes ownership of.
+        let buffer = llvm_sys::core::LLVMCreateMemoryBufferWithMemoryRangeCopy(
+            code.object.as_ptr().cast(),
+            code.object.len(),
+            c"partition".as_ptr(),
+        );
+        take_error(LLVMOrcLLJITAddObjectFile(jit, dylib, buffer)).map_err(failed("linking the kernels"))?;
+    }
     let mut functions = HashMap::new();
-    for kernel in &native.kernels {
-        let address = engine
-            .get_function_address(&kernel.function)
-            .map_err(|e| CpuError::Jit(format!("kernel `{}`: {e}", kernel.function)))?;
+    for kernel in &code.kernels {
+        let name = CString::new(kernel.function.as_str())
+            .map_err(|_| CpuError::Jit(format!("kernel `{}` has a NUL in its name", kernel.function)))?;
+        let mut address = 0;
+        // SAFETY: `jit` is live and `name` a C string; the lookup links what the symbol needs.
+        take_error(unsafe { LLVMOrcLLJITLookup(jit, &mut address, name.as_ptr()) })
+            .map_err(failed(format_args!("kernel `{}`", kernel.function).to_string()))?;
+        let address = usize::try_from(address).ok().filter(|&a| a != 0);
+        let address = address.ok_or_else(|| CpuError::Jit(format!("kernel `{}` has no address", kernel.function)))?;
         functions.insert(kernel.function.clone(), address);
     }
-    // The code must stay mapped for the functions' addresses.
-    std::mem::forget(engine);
-    Ok(Jitted { functions })
+    Ok(Jitted { key, kernels: code.kernels, functions, origin, _linked: linked })
 }

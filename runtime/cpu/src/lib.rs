@@ -1,9 +1,10 @@
-//! The native CPU backend: runs a partition with its fused kernels JIT-compiled from the
-//! plan's LLVM bitcode (`dfc_codegen`), matrix products through `dfc_gemm`, convolution and
+//! The native CPU backend: runs a partition with its fused kernels generated from its IR
+//! (`dfc_codegen`, through the disk cache) and JIT-compiled, matrix products through `dfc_gemm`, convolution and
 //! pooling through `dfc_kernels`, and the few remaining ops through the reference
 //! interpreter's kernels.
 //!
-//! - [`jit::load`] compiles a partition's bitcode once per process.
+//! - [`jit::load_partition`] generates and JIT-compiles a partition's kernels, shared by the
+//!   sessions that load the same partition and freed with the last of them.
 //! - [`NativeProgram::new`] selects the steps some fetches and targets need (whole kernels:
 //!   see `dfc_passes::fuse`), aliases what needs no copy (reads of variables, reshapes,
 //!   assignments, which update the variable in place) and plans one arena for every other
@@ -20,7 +21,7 @@ pub mod jit;
 mod memory;
 mod program;
 
-pub use jit::{load, Jitted};
+pub use jit::{live_count, load_partition, Jitted};
 pub use program::NativeProgram;
 
 #[derive(Debug, thiserror::Error)]

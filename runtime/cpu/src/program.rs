@@ -7,7 +7,6 @@ use crate::CpuError;
 use dfc_interp::{Data, InterpError, Rendezvous, Tensor, Variables};
 use dfc_ir::{DType, Module, NodeId, Op, TensorRef, TensorType};
 use dfc_kernels::{Conv2dGeometry, PoolGeometry};
-use dfc_plan::NativeCode;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
@@ -206,11 +205,10 @@ fn malformed(module: &Module, id: NodeId, message: impl Into<String>) -> CpuErro
 
 impl NativeProgram {
     /// The program computing `fetches` and running `targets` over `module` (a partition) with
-    /// its kernels from `code` compiled in `jit`, nodes in `order` (see
-    /// `dfc_interp::Program::with_order`).
+    /// its kernels compiled in `jit` (`jit::load_partition` of this module), nodes in `order`
+    /// (see `dfc_interp::Program::with_order`).
     pub fn new(
         module: &Module,
-        code: &NativeCode,
         jit: Arc<Jitted>,
         fetches: &[TensorRef],
         targets: &[NodeId],
@@ -225,7 +223,7 @@ impl NativeProgram {
             let mut seen = HashSet::new();
             order.iter().copied().filter(|id| needed.contains(id) && seen.insert(*id)).collect()
         };
-        let kernels: HashMap<NodeId, &dfc_plan::NativeKernel> = code.kernels.iter().map(|k| (k.root, k)).collect();
+        let kernels: HashMap<NodeId, &dfc_codegen::NativeKernel> = jit.kernels().iter().map(|k| (k.root, k)).collect();
         // Nodes computed inside the kernels the program runs, and those kernels' roots.
         let mut inside: HashMap<NodeId, Vec<NodeId>> = HashMap::new();
         for &id in &order {
@@ -788,7 +786,7 @@ fn product_step(module: &Module, id: NodeId, slot_of: &HashMap<NodeId, Slot>, ou
 /// `v += α·a·b`, one GEMM that writes `v` once and stores no gradient (SGD's update of a dense layer's weights).
 fn folded_update(
     module: &Module,
-    kernel: &dfc_plan::NativeKernel,
+    kernel: &dfc_codegen::NativeKernel,
     needed: &std::collections::BTreeSet<NodeId>,
     fetched: &HashSet<NodeId>,
 ) -> Option<(NodeId, f32)> {

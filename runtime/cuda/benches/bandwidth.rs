@@ -12,7 +12,8 @@ fn main() {
     let source = "model stream {\n    dim n = 67108864\n    input x: f32[n]\n    input y: f32[n]\n    output relu(x * 1.5 + y) as z\n}\n";
     let options = CompileOptions { cluster: Cluster::local(1, DeviceKind::Gpu), ..CompileOptions::default() };
     let plan = compile(source, "stream.df", &options).unwrap_or_else(|_| panic!("the model compiles")).plan;
-    let code = plan.partitions[0].gpu.as_ref().unwrap();
+    let code =
+        &dfc_codegen::compile_gpu(&plan.partitions[0].module, &plan.kept_nodes(0)).expect("the PTX is generated");
     assert_eq!(code.kernels.len(), 1, "one fused kernel: {:?}", code.kernels);
     let kernel = &code.kernels[0];
     let module = &plan.partitions[0].module;

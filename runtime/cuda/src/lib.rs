@@ -9,7 +9,7 @@
 //! docs/gpu.md for what is and is not done.
 
 use cudarc::driver::{CudaContext, CudaModule, DevicePtr, DriverError, LaunchConfig, PushKernelArg};
-use dfc_plan::{GpuCode, GpuKernel};
+use dfc_codegen::{GpuCode, GpuKernel};
 use std::sync::Arc;
 use std::time::Instant;
 

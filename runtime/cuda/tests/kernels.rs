@@ -8,10 +8,10 @@
 //! GPU machines. The same check runs everywhere with the CPU's kernels in the GPU's place,
 //! which keeps the harness itself tested.
 
+use dfc_codegen::GpuKernel;
 use dfc_compile::{compile, CompileOptions};
 use dfc_interp::{Program, Tensor, Variables};
 use dfc_ir::{Cluster, DType, DeviceKind, Module, NodeId, Op, TensorRef};
-use dfc_plan::GpuKernel;
 use std::collections::HashMap;
 use std::path::PathBuf;
 
@@ -29,6 +29,11 @@ fn gpu_available() -> bool {
             false
         }
     }
+}
+
+/// The PTX of a one-partition GPU plan, generated as the runtime generates it.
+fn gpu_code(plan: &dfc_plan::Plan) -> dfc_codegen::GpuCode {
+    dfc_codegen::compile_gpu(&plan.partitions[0].module, &plan.kept_nodes(0)).expect("the PTX is generated")
 }
 
 fn gpu_plan(example: &str) -> dfc_plan::Plan {
@@ -96,7 +101,7 @@ fn check_every_kernel<'g>(load: &dyn Fn(&dfc_plan::Plan) -> Box<Runner<'g>>) -> 
         let plan = gpu_plan(example);
         let partition = &plan.partitions[0];
         let module = &partition.module;
-        let code = partition.gpu.as_ref().expect("GPU code");
+        let code = &gpu_code(&plan);
         let run = load(&plan);
         let feeds = random_feeds(&plan);
         let variables: Variables = dfc_interp::initialize(module, 0);
@@ -163,7 +168,7 @@ fn every_kernel_of_every_example_agrees_with_the_interpreter() {
     println!("on {}", gpu.describe());
     let checked = check_every_kernel(&|plan| {
         let partition = &plan.partitions[0];
-        let kernels = gpu.load(partition.gpu.as_ref().unwrap(), &partition.device.to_string()).expect("the PTX loads");
+        let kernels = gpu.load(&gpu_code(plan), &partition.device.to_string()).expect("the PTX loads");
         Box::new(move |_, kernel, buffers, args| kernels.run(kernel, buffers, args).map_err(|e| e.to_string()))
     });
     println!("{checked} kernels checked");
@@ -176,16 +181,15 @@ fn every_kernel_of_every_example_agrees_with_the_interpreter() {
 fn the_kernel_harness_agrees_with_the_interpreter_on_the_cpu() {
     let checked = check_every_kernel(&|plan| {
         let partition = &plan.partitions[0];
-        let fetched: Vec<&str> = plan.training.iter().map(|t| t.loss_node.as_str()).collect();
-        let keep = dfc_codegen::fetched_nodes(&partition.module, &fetched);
-        let native = dfc_codegen::compile(&partition.module, &keep, &dfc_codegen::host_target()).unwrap();
-        let gpu = partition.gpu.as_ref().unwrap();
-        let names: Vec<&str> = native.kernels.iter().map(|k| k.function.as_str()).collect();
+        let cache = dfc_codegen::CodeCache::disabled();
+        let host = dfc_codegen::host_target();
+        let jit = dfc_cpu::load_partition(&cache, &partition.module, &plan.kept_nodes(0), &host).unwrap();
+        let gpu = gpu_code(plan);
+        let names: Vec<&str> = jit.kernels().iter().map(|k| k.function.as_str()).collect();
         let gpu_names: Vec<&str> = gpu.kernels.iter().map(|k| k.function.as_str()).collect();
         assert_eq!(names, gpu_names, "the CPU and GPU code fuse alike");
-        let jit = dfc_cpu::load(&native).unwrap();
         Box::new(move |index, kernel, buffers, args| {
-            let function = jit.function(&native.kernels[index].function).ok_or("no such kernel")?;
+            let function = jit.function(&jit.kernels()[index].function).ok_or("no such kernel")?;
             // 16-byte aligned copies, as the CPU's arena gives.
             let mut aligned: Vec<Vec<u128>> = buffers.iter().map(|b| vec![0u128; b.len().div_ceil(16)]).collect();
             for (a, b) in aligned.iter_mut().zip(buffers) {

@@ -13,6 +13,7 @@
 
 pub mod checkpoint;
 pub mod data;
+pub mod memory;
 pub mod metrics;
 pub mod npy;
 pub mod replicas;

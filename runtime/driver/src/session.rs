@@ -23,9 +23,7 @@ use crate::train::RunError;
 use dfc_cpu::{CpuError, Jitted, NativeProgram};
 use dfc_interp::{InProcessRendezvous, InterpError, Program, Rendezvous, StagedRun, Tensor, Variables};
 use dfc_ir::{DeviceSpec, Module, NodeId, Op, TensorRef};
-use dfc_plan::NativeCode;
 use dfc_plan::Plan;
-use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
@@ -42,7 +40,8 @@ pub enum Stage {
 /// What runs a partition's nodes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Backend {
-    /// Native code: the plan's fused kernels JIT-compiled through LLVM (`dfc_cpu`).
+    /// Native code: the plan's fused kernels generated for this CPU and JIT-compiled through
+    /// LLVM (`dfc_cpu`).
     #[default]
     Llvm,
     /// The reference interpreter (`dfc_interp`): slow, plainly right.
@@ -67,10 +66,8 @@ pub struct Session<'p> {
     logical: Vec<(usize, &'p str)>,
     /// Replicas' copies: `(partition, name, partition of the original, its name)`.
     mirrors: Vec<(usize, &'p str, usize, &'p str)>,
-    /// Per partition, with the LLVM backend: its kernels' code and machine code.
-    native: Vec<Option<(Cow<'p, NativeCode>, Arc<Jitted>)>>,
-    /// Partitions whose plan code did not fit this CPU (or was absent) and were compiled at load.
-    recompiled: Vec<usize>,
+    /// Per hosted partition, with the LLVM backend: its kernels' machine code.
+    native: Vec<Option<Arc<Jitted>>>,
     /// The partitions this session runs (all, but on a worker of a distributed run).
     hosted: Vec<bool>,
 }
@@ -240,6 +237,7 @@ impl<'p> Session<'p> {
                 mirrors.push((p, name, q, of));
             }
         }
+        check_memory(plan, &hosted)?;
         let originals: BTreeSet<&str> = mirrors.iter().map(|&(_, _, _, of)| of).collect();
         let mut variables = Vec::with_capacity(plan.partitions.len());
         for (p, partition) in plan.partitions.iter().enumerate() {
@@ -249,32 +247,20 @@ impl<'p> Session<'p> {
         let modules: Vec<&dfc_ir::Module> = plan.partitions.iter().map(|p| &p.module).collect();
         let orders = dfc_interp::schedule(&modules)?;
         let mut native = Vec::with_capacity(plan.partitions.len());
-        let mut recompiled = Vec::new();
         if backend == Backend::Llvm {
             let host = dfc_codegen::host_target();
-            let fetched: Vec<&str> = plan.training.iter().map(|t| t.loss_node.as_str()).collect();
+            let cache = dfc_codegen::CodeCache::from_env();
             for (p, partition) in plan.partitions.iter().enumerate() {
                 if !hosted[p] {
                     native.push(None);
                     continue;
                 }
                 if partition.device.kind == Some(dfc_ir::DeviceKind::Gpu) {
-                    return Err(gpu_partition_error(partition));
+                    return Err(gpu_partition_error(plan, p));
                 }
-                let code = match &partition.native {
-                    Some(code) if dfc_codegen::missing_features(&code.target, &host).is_empty() => Cow::Borrowed(code),
-                    _ => {
-                        recompiled.push(p);
-                        let keep = dfc_codegen::fetched_nodes(&partition.module, &fetched);
-                        Cow::Owned(
-                            dfc_codegen::compile(&partition.module, &keep, &host).map_err(|e| {
-                                RunError::Plan(format!("compiling partition {}: {e}", partition.device))
-                            })?,
-                        )
-                    }
-                };
-                let jit = dfc_cpu::load(&code).map_err(|e| RunError::Plan(e.to_string()))?;
-                native.push(Some((code, jit)));
+                let jit = dfc_cpu::load_partition(&cache, &partition.module, &plan.kept_nodes(p), &host)
+                    .map_err(|e| RunError::Plan(format!("compiling partition {}: {e}", partition.device)))?;
+                native.push(Some(jit));
             }
         } else {
             native.resize_with(plan.partitions.len(), || None);
@@ -291,7 +277,6 @@ impl<'p> Session<'p> {
             logical,
             mirrors,
             native,
-            recompiled,
             hosted,
         };
         // Copies start as their originals do; make sure of it.
@@ -307,10 +292,9 @@ impl<'p> Session<'p> {
         self.backend
     }
 
-    /// The partitions (indices) whose code was compiled at load because the plan's was made
-    /// for another CPU (or the plan carried none).
-    pub fn recompiled(&self) -> &[usize] {
-        &self.recompiled
+    /// Per partition, the machine code of its kernels (hosted partitions, LLVM backend).
+    pub fn native_code(&self) -> &[Option<Arc<Jitted>>] {
+        &self.native
     }
 
     /// The program that fetches `fetches` (named outputs or metrics of the partitions, else
@@ -409,9 +393,7 @@ impl<'p> Session<'p> {
             let program = match &self.native[p] {
                 None if self.backend == Backend::Llvm => unreachable!("hosted partitions have native code"),
                 None => Executable::Interp(Program::with_order(module, &part_fetches[p], &targets, &self.orders[p])?),
-                Some((code, jit)) => {
-                    Executable::Native(self.native_program(p, code, jit, &part_fetches[p], &targets)?)
-                }
+                Some(jit) => Executable::Native(self.native_program(p, jit, &part_fetches[p], &targets)?),
             };
             part_index[p] = parts.len();
             parts.push(Part { partition: p, program });
@@ -432,7 +414,6 @@ impl<'p> Session<'p> {
     fn native_program(
         &self,
         p: usize,
-        code: &NativeCode,
         jit: &Arc<Jitted>,
         fetches: &[TensorRef],
         targets: &[NodeId],
@@ -443,14 +424,14 @@ impl<'p> Session<'p> {
             CpuError::Interp(e) => RunError::Interp(e),
             other => RunError::Plan(other.to_string()),
         };
-        match NativeProgram::new(module, code, jit.clone(), fetches, targets, order) {
+        match NativeProgram::new(module, jit.clone(), fetches, targets, order) {
             Err(CpuError::NotStored(_)) => {
-                let mut keep = dfc_codegen::fetched_nodes(module, &[]);
+                let mut keep = self.plan.kept_nodes(p);
                 keep.extend(fetches.iter().map(|f| f.node));
-                let code = dfc_codegen::compile(module, &keep, &dfc_codegen::host_target())
-                    .map_err(|e| RunError::Plan(e.to_string()))?;
-                let jit = dfc_cpu::load(&code).map_err(backend_error)?;
-                NativeProgram::new(module, &code, jit, fetches, targets, order).map_err(backend_error)
+                let cache = dfc_codegen::CodeCache::from_env();
+                let jit = dfc_cpu::load_partition(&cache, module, &keep, &dfc_codegen::host_target())
+                    .map_err(backend_error)?;
+                NativeProgram::new(module, jit, fetches, targets, order).map_err(backend_error)
             }
             other => other.map_err(backend_error),
         }
@@ -631,6 +612,45 @@ impl<'p> Session<'p> {
     }
 }
 
+/// Refuses a plan whose hosted partitions cannot fit in this machine's available memory: their
+/// variables (and the whole values that shards and copies start from) and their largest
+/// tensor, rather than abort mid-allocation. A plan is data from outside: its sizes are
+/// checked, not trusted.
+fn check_memory(plan: &Plan, hosted: &[bool]) -> Result<(), RunError> {
+    let Some(available) = crate::memory::available_bytes() else { return Ok(()) };
+    let bytes = dfc_passes::cost::tensor_bytes;
+    let (mut variables, mut largest) = (0u64, None::<(u64, &str)>);
+    let mut origins = BTreeSet::new();
+    for (p, partition) in plan.partitions.iter().enumerate().filter(|(p, _)| hosted[*p]) {
+        let graph = &partition.module.graph;
+        for id in graph.node_ids() {
+            let node = graph.node(id);
+            if let Op::Variable { ty, origin, .. } = &node.op {
+                variables = variables.saturating_add(bytes(ty));
+                if let Some(o) = origin.as_ref().filter(|o| origins.insert((p, o.name.as_str()))) {
+                    variables = variables.saturating_add(bytes(&dfc_ir::TensorType::new(ty.dtype, o.shape.clone())));
+                }
+            }
+            for ty in &node.outputs {
+                if largest.is_none_or(|(most, _)| bytes(ty) > most) {
+                    largest = Some((bytes(ty), node.name.as_str()));
+                }
+            }
+        }
+    }
+    let (largest, name) = largest.unwrap_or((0, ""));
+    if variables.saturating_add(largest) > available {
+        let human = dfc_passes::cost::human_bytes;
+        return Err(RunError::Plan(format!(
+            "the plan needs more memory than this machine has available ({}): its variables take {} and its largest tensor (`{name}`) {}",
+            human(available),
+            human(variables),
+            human(largest)
+        )));
+    }
+    Ok(())
+}
+
 /// Aborts the rendezvous if the thread unwinds.
 struct AbortOnPanic<'a>(&'a dyn Rendezvous);
 
@@ -645,17 +665,20 @@ impl Drop for AbortOnPanic<'_> {
 /// Why a GPU partition does not run: no driver or GPU (named), PTX the driver refuses, or —
 /// where the GPU and its PTX are fine — that dfc does not run GPU partitions yet. The
 /// interpreter runs any partition on the CPU.
-fn gpu_partition_error(partition: &dfc_plan::Partition) -> RunError {
+fn gpu_partition_error(plan: &Plan, p: usize) -> RunError {
+    let partition = &plan.partitions[p];
     let device = &partition.device;
     let fallback = "`--backend interp` runs it on this machine's CPU with the reference interpreter";
     let gpu = match dfc_cuda::Gpu::open(device.index.unwrap_or(0) as usize) {
         Ok(gpu) => gpu,
         Err(e) => return RunError::Plan(format!("partition {device} runs on a GPU, but {e}; {fallback}")),
     };
-    let Some(code) = &partition.gpu else {
-        return RunError::Plan(format!("partition {device} has no GPU code: recompile the model with this dfc"));
+    let cache = dfc_codegen::CodeCache::from_env();
+    let code = match cache.gpu(&partition.module, &plan.kept_nodes(p)) {
+        Ok((code, _)) => code,
+        Err(e) => return RunError::Plan(format!("generating the PTX of partition {device}: {e}")),
     };
-    match gpu.load(code, &device.to_string()) {
+    match gpu.load(&code, &device.to_string()) {
         Err(e) => RunError::Plan(e.to_string()),
         Ok(_) => RunError::Plan(format!(
             "{} loaded the {} kernels of partition {device}, but this dfc does not run GPU partitions yet (docs/gpu.md); {fallback}",

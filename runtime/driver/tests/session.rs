@@ -157,7 +157,7 @@ fn split(module: &Module, devices: &[DeviceSpec]) -> Vec<Partition> {
         };
         let problems = dfc_ir::verify(&part, Default::default());
         assert!(problems.is_empty(), "partition {p}: {problems:?}");
-        partitions.push(Partition { device: devices[p].clone(), module: part, native: None, gpu: None });
+        partitions.push(Partition { device: devices[p].clone(), module: part });
     }
     let parts: Vec<_> = partitions.iter().map(|p| (&p.device, &p.module)).collect();
     let problems = dfc_ir::verify_partitions(&parts);

@@ -1,0 +1,294 @@
+//! The code cache: generated code kept on disk under the user's cache directory, so that a
+//! plan's kernels are generated once per machine, not at every load.
+//!
+//! An entry is found by the SHA-256 of its key and used only if the key it stores equals the
+//! one asked for, byte for byte. The key is everything code generation reads: the partition's
+//! IR (its postcard encoding), the kernel roots kept, the target (CPU triple, name and
+//! features, or the GPU architecture), LLVM's version and this dfc build (its version and its
+//! executable's identity, so that a rebuilt dfc never runs code an older build generated).
+//!
+//! Entry file (`<dir>/<hex digest>.code`):
+//!
+//! | field | size |
+//! | --- | --- |
+//! | magic `dfccode1` | 8 |
+//! | key length k, u64 LE | 8 |
+//! | key | k |
+//! | code length c, u64 LE | 8 |
+//! | code: postcard of `NativeCode` or `GpuCode` | c |
+//! | SHA-256 of everything before | 32 |
+//!
+//! A damaged entry (a bad disk, a write cut short) fails its checksum and is generated again.
+//! The directory is the user's own (mode 0700): whoever can write it can already run code as
+//! that user, so its entries are trusted once their checksum holds.
+
+use crate::code::{GpuCode, NativeCode, NativeTarget};
+use crate::CodegenError;
+use dfc_ir::{Module, NodeId};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+/// Where the cache lives: `DFC_CACHE_DIR` (`off` turns the disk cache off), else
+/// `$XDG_CACHE_HOME/dfc`, else `~/.cache/dfc`.
+pub const CACHE_DIR_VARIABLE: &str = "DFC_CACHE_DIR";
+const MAGIC: &[u8; 8] = b"dfccode1";
+/// An entry larger than this is not read (no partition's code comes near it).
+const MAX_ENTRY_BYTES: u64 = 1 << 30;
+
+/// What code generation reads, and its SHA-256.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CacheKey {
+    material: Vec<u8>,
+    digest: [u8; 32],
+}
+
+impl CacheKey {
+    /// The key of a CPU partition's code for `target`.
+    pub fn native(module: &Module, keep: &[NodeId], target: &NativeTarget) -> CacheKey {
+        CacheKey::new("cpu", &[&target.triple, &target.cpu, &target.features], module, keep)
+    }
+
+    /// The key of a GPU partition's PTX.
+    pub fn gpu(module: &Module, keep: &[NodeId]) -> CacheKey {
+        CacheKey::new("gpu", &[crate::GPU_ARCH], module, keep)
+    }
+
+    fn new(kind: &str, target: &[&str], module: &Module, keep: &[NodeId]) -> CacheKey {
+        let mut material = Vec::new();
+        let mut field = |bytes: &[u8]| {
+            material.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
+            material.extend_from_slice(bytes);
+        };
+        field(build_identity().as_bytes());
+        field(kind.as_bytes());
+        for part in target {
+            field(part.as_bytes());
+        }
+        let keep: Vec<u8> = keep.iter().flat_map(|id| (id.index() as u64).to_le_bytes()).collect();
+        field(&keep);
+        // Serializing our own IR into memory cannot fail for want of data.
+        field(&postcard::to_allocvec(module).expect("a Module always serializes"));
+        let digest = Sha256::digest(&material).into();
+        CacheKey { material, digest }
+    }
+
+    pub fn digest(&self) -> &[u8; 32] {
+        &self.digest
+    }
+
+    /// Lower-case hex of the digest.
+    pub fn hex(&self) -> String {
+        self.digest.iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
+/// dfc's version, LLVM's major version, and this executable's identity (device, inode, size, modification
+/// time): a rebuilt or upgraded dfc makes new keys.
+fn build_identity() -> &'static str {
+    static IDENTITY: OnceLock<String> = OnceLock::new();
+    IDENTITY.get_or_init(|| {
+        let executable = std::env::current_exe()
+            .and_then(|path| std::fs::metadata(&path).map(|m| (path, m)))
+            .map(|(path, m)| {
+                use std::os::unix::fs::MetadataExt;
+                format!("{} {}:{} {} {}.{}", path.display(), m.dev(), m.ino(), m.size(), m.mtime(), m.mtime_nsec())
+            })
+            .unwrap_or_else(|_| "unknown executable".into());
+        // inkwell links LLVM 14 (`llvm14-0`), whose bitcode any 14.x reads.
+        format!("dfc {} llvm 14 {executable}", env!("CARGO_PKG_VERSION"))
+    })
+}
+
+/// Whether an entry came from the cache or was generated now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Origin {
+    Cached,
+    Generated,
+}
+
+/// The disk cache, or none.
+#[derive(Clone, Debug)]
+pub struct CodeCache {
+    dir: Option<PathBuf>,
+}
+
+impl CodeCache {
+    /// The cache in `dir` (created when first written).
+    pub fn in_dir(dir: impl Into<PathBuf>) -> CodeCache {
+        CodeCache { dir: Some(dir.into()) }
+    }
+
+    /// No disk cache: every load generates its code.
+    pub fn disabled() -> CodeCache {
+        CodeCache { dir: None }
+    }
+
+    /// The user's cache: see [`CACHE_DIR_VARIABLE`].
+    pub fn from_env() -> CodeCache {
+        let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);
+        let dir = match var(CACHE_DIR_VARIABLE) {
+            Some(dir) if dir.as_os_str() == "off" => None,
+            Some(dir) => Some(dir),
+            None => var("XDG_CACHE_HOME")
+                .filter(|d| d.is_absolute())
+                .or_else(|| var("HOME").map(|home| home.join(".cache")))
+                .map(|d| d.join("dfc").join("code")),
+        };
+        CodeCache { dir }
+    }
+
+    pub fn dir(&self) -> Option<&Path> {
+        self.dir.as_deref()
+    }
+
+    /// The code of a CPU partition for `target` (whose key is `key`, from
+    /// [`CacheKey::native`]), from the cache or generated (and then stored).
+    pub fn native(
+        &self,
+        key: &CacheKey,
+        module: &Module,
+        keep: &[NodeId],
+        target: &NativeTarget,
+    ) -> Result<(NativeCode, Origin), CodegenError> {
+        self.get_or_make(key, || crate::compile(module, keep, target))
+    }
+
+    /// A GPU partition's PTX, from the cache or generated.
+    pub fn gpu(&self, module: &Module, keep: &[NodeId]) -> Result<(GpuCode, Origin), CodegenError> {
+        let key = CacheKey::gpu(module, keep);
+        self.get_or_make(&key, || crate::compile_gpu(module, keep))
+    }
+
+    fn get_or_make<T: Serialize + DeserializeOwned>(
+        &self,
+        key: &CacheKey,
+        make: impl FnOnce() -> Result<T, CodegenError>,
+    ) -> Result<(T, Origin), CodegenError> {
+        let Some(dir) = &self.dir else {
+            return Ok((make()?, Origin::Generated));
+        };
+        let path = dir.join(format!("{}.code", key.hex()));
+        if let Some(code) = read_entry(&path, key) {
+            return Ok((code, Origin::Cached));
+        }
+        let code = make()?;
+        // A cache that cannot be written (read-only home, full disk) only costs time.
+        let _ = write_entry(dir, &path, key, &code);
+        Ok((code, Origin::Generated))
+    }
+}
+
+/// The entry at `path` if it is whole and is for `key`.
+fn read_entry<T: DeserializeOwned>(path: &Path, key: &CacheKey) -> Option<T> {
+    let bytes = read_bounded(path)?;
+    let (body, checksum) = bytes.split_at_checked(bytes.len().checked_sub(32)?)?;
+    if Sha256::digest(body).as_slice() != checksum {
+        return None;
+    }
+    let body = body.strip_prefix(MAGIC.as_slice())?;
+    let (stored_key, rest) = length_prefixed(body)?;
+    if stored_key != key.material.as_slice() {
+        return None;
+    }
+    let (code, rest) = length_prefixed(rest)?;
+    if !rest.is_empty() {
+        return None;
+    }
+    postcard::from_bytes(code).ok()
+}
+
+fn read_bounded(path: &Path) -> Option<Vec<u8>> {
+    use std::io::Read as _;
+    let file = std::fs::File::open(path).ok()?;
+    if file.metadata().ok()?.len() > MAX_ENTRY_BYTES {
+        return None;
+    }
+    let mut bytes = Vec::new();
+    file.take(MAX_ENTRY_BYTES).read_to_end(&mut bytes).ok()?;
+    Some(bytes)
+}
+
+/// A u64-length-prefixed field and what follows it.
+fn length_prefixed(bytes: &[u8]) -> Option<(&[u8], &[u8])> {
+    let (len, rest) = bytes.split_at_checked(8)?;
+    let len = usize::try_from(u64::from_le_bytes(len.try_into().ok()?)).ok()?;
+    rest.split_at_checked(len)
+}
+
+/// Writes the entry atomically (a temporary file renamed into place), in a directory only the
+/// user can open.
+fn write_entry<T: Serialize>(dir: &Path, path: &Path, key: &CacheKey, code: &T) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
+    let code = postcard::to_allocvec(code).map_err(std::io::Error::other)?;
+    let mut entry = Vec::with_capacity(8 + 16 + key.material.len() + code.len() + 32);
+    entry.extend_from_slice(MAGIC);
+    for field in [&key.material, &code] {
+        entry.extend_from_slice(&(field.len() as u64).to_le_bytes());
+        entry.extend_from_slice(field);
+    }
+    let checksum = Sha256::digest(&entry);
+    entry.extend_from_slice(&checksum);
+    let tmp = dir.join(format!(".{}.{}.tmp", key.hex(), std::process::id()));
+    let result = (|| {
+        let mut file = std::fs::File::create(&tmp)?;
+        file.write_all(&entry)?;
+        std::fs::rename(&tmp, path)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn module() -> Module {
+        let source = "model m { input x: f32[4, 3]\n let y = exp(x) * 2.0 + 1.0\n output y }";
+        let (module, diagnostics) = dfc_sema::compile_source(source, None, &Default::default());
+        module.unwrap_or_else(|| panic!("{diagnostics:?}"))
+    }
+
+    #[test]
+    fn a_cached_entry_is_used_only_for_its_key_and_only_when_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = CodeCache::in_dir(dir.path());
+        let module = module();
+        let target = crate::host_target();
+        let key = CacheKey::native(&module, &[], &target);
+        let (code, origin) = cache.native(&key, &module, &[], &target).unwrap();
+        assert_eq!(origin, Origin::Generated);
+        let (again, origin) = cache.native(&key, &module, &[], &target).unwrap();
+        assert_eq!((origin, &again), (Origin::Cached, &code));
+
+        // Another target is another key.
+        let other = NativeTarget { features: format!("{},-avx512f", target.features), ..target.clone() };
+        assert_ne!(CacheKey::native(&module, &[], &other), key);
+
+        // A flipped byte anywhere in the entry: generated again, and the entry repaired.
+        let path = dir.path().join(format!("{}.code", key.hex()));
+        let whole = std::fs::read(&path).unwrap();
+        for at in [3, 20, whole.len() / 2, whole.len() - 1] {
+            let mut damaged = whole.clone();
+            damaged[at] ^= 0x10;
+            std::fs::write(&path, &damaged).unwrap();
+            let (code_again, origin) = cache.native(&key, &module, &[], &target).unwrap();
+            assert_eq!((origin, &code_again), (Origin::Generated, &code), "flip at {at}");
+            assert_eq!(std::fs::read(&path).unwrap(), whole);
+        }
+
+        // An entry whose name matches but whose stored key differs (a collision, or a file
+        // put there by hand) is not used.
+        let other_key = CacheKey::native(&module, &[], &other);
+        let other_path = dir.path().join(format!("{}.code", other_key.hex()));
+        std::fs::copy(&path, &other_path).unwrap();
+        assert!(read_entry::<NativeCode>(&other_path, &other_key).is_none());
+        assert!(read_entry::<NativeCode>(&path, &key).is_some());
+    }
+}

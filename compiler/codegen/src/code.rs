@@ -1,0 +1,60 @@
+//! What code generation produces for one partition: never part of a plan (plans are data),
+//! made where the plan runs and kept in the code cache (`cache.rs`).
+
+use dfc_ir::{NodeId, TensorRef};
+use serde::{Deserialize, Serialize};
+
+/// A GPU partition's fused kernels: one PTX module for `arch`, which the CUDA driver compiles
+/// for the GPU it finds (PTX for an older architecture runs on newer ones).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GpuCode {
+    /// `sm_80` …: the oldest architecture the PTX needs.
+    pub arch: String,
+    pub ptx: String,
+    pub kernels: Vec<GpuKernel>,
+}
+
+/// A fused kernel on a GPU: the entry `function(args, rows)` computes `root` (from `members`,
+/// reading `inputs`), one row of its outermost loop per thread, in `grid` blocks of `block`
+/// threads.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GpuKernel {
+    pub function: String,
+    pub root: NodeId,
+    pub members: Vec<NodeId>,
+    pub inputs: Vec<TensorRef>,
+    pub rows: u64,
+    pub block: u32,
+    pub grid: u32,
+}
+
+/// A CPU partition's kernels as machine code for `target`: a relocatable ELF object (large
+/// code model, static relocations) that a JIT linker places anywhere in memory.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NativeCode {
+    pub target: NativeTarget,
+    pub object: Vec<u8>,
+    /// One per kernel of `dfc_passes::fuse`: its function in the object.
+    pub kernels: Vec<NativeKernel>,
+}
+
+/// The CPU code is generated for: LLVM's triple, CPU name and feature string (`+avx512f,...`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NativeTarget {
+    pub triple: String,
+    pub cpu: String,
+    pub features: String,
+}
+
+/// A fused kernel: `function(args, begin, end)` computes `root` (from `members`, reading
+/// `inputs`) over rows `begin..end` of its outermost loop, which has `rows` iterations.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NativeKernel {
+    pub function: String,
+    pub root: NodeId,
+    pub members: Vec<NodeId>,
+    pub inputs: Vec<TensorRef>,
+    pub rows: u64,
+    /// Whether ranges of rows may run on different threads.
+    pub parallel: bool,
+}

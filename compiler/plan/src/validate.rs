@@ -1,0 +1,177 @@
+//! What `decode` checks of a plan beyond its encoding, so that every reader (inspect, the
+//! runtime, a worker's Register) may rely on it: a plan is data from outside, and a payload
+//! with a valid checksum can still be crafted, or written by a buggy dfc.
+//!
+//! - every partition's module passes `dfc_ir::verify` with devices required (types are what
+//!   the ops give, operands numbered, no cycle, constants of their shape, variables used
+//!   through reads and assignments), and every node is on its partition's device, one
+//!   partition per device of the plan's cluster;
+//! - the partitions fit together (`dfc_ir::verify_partitions`: Send/Recv pairs, keys,
+//!   all-reduce groups) and node names are unique across them;
+//! - every tensor's size is a number of bytes this machine can address;
+//! - the name-level interface resolves: inputs, outputs, metrics, the loss and the updates,
+//!   and each replica's inputs, name nodes of the right kind and type.
+
+use crate::Plan;
+use dfc_ir::{Op, TensorType, VerifyOptions};
+use std::collections::{HashMap, HashSet};
+
+/// No tensor of a plan may be larger than this (2^48 bytes, 256 TiB): a larger one is a
+/// damaged or crafted plan, and sizes below it cannot overflow the runtime's arithmetic.
+pub const MAX_TENSOR_BYTES: u64 = 1 << 48;
+
+pub(crate) fn validate(plan: &Plan) -> Result<(), String> {
+    if plan.partitions.is_empty() {
+        return Err("the plan has no partitions".into());
+    }
+    let cluster_devices = plan.cluster.devices();
+    let mut devices = HashSet::new();
+    for partition in &plan.partitions {
+        let device = &partition.device;
+        if !devices.insert(device) {
+            return Err(format!("two partitions are on {device}"));
+        }
+        if !cluster_devices.contains(&device) {
+            return Err(format!("partition {device} is on a device the plan's cluster does not have"));
+        }
+        let problems = dfc_ir::verify(&partition.module, VerifyOptions { require_devices: true });
+        if let Some(first) = problems.first() {
+            let node = first.node.filter(|&id| partition.module.graph.contains(id));
+            let at = node.map(|id| format!(" at `{}`", partition.module.graph.node(id).name)).unwrap_or_default();
+            let more = match problems.len() {
+                1 => String::new(),
+                n => format!(" (and {} more problems)", n - 1),
+            };
+            return Err(format!("partition {device} is not valid IR{at}: {first}{more}"));
+        }
+        check_sizes(partition)?;
+    }
+    let parts: Vec<_> = plan.partitions.iter().map(|p| (&p.device, &p.module)).collect();
+    if let Some(problem) = dfc_ir::verify_partitions(&parts).into_iter().next() {
+        return Err(format!("the partitions do not fit together: {problem}"));
+    }
+    check_interface(plan)
+}
+
+fn check_sizes(partition: &crate::Partition) -> Result<(), String> {
+    let graph = &partition.module.graph;
+    let sized = |ty: &TensorType| dfc_passes::cost::tensor_bytes(ty) <= MAX_TENSOR_BYTES;
+    for id in graph.node_ids() {
+        let node = graph.node(id);
+        let mut declared = Vec::new();
+        match &node.op {
+            Op::Input { ty } | Op::Recv { ty, .. } => declared.push(ty.clone()),
+            Op::Variable { ty, origin, .. } => {
+                declared.push(ty.clone());
+                // A shard or copy starts from its whole origin's initial value.
+                declared.extend(origin.iter().map(|o| TensorType::new(ty.dtype, o.shape.clone())));
+            }
+            _ => {}
+        }
+        if let Some(ty) = node.outputs.iter().chain(&declared).find(|ty| !sized(ty)) {
+            return Err(format!(
+                "`{}` in partition {} has type {ty}, larger than any tensor can be",
+                node.name, partition.device
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The name-level interface against the partitions.
+fn check_interface(plan: &Plan) -> Result<(), String> {
+    // Every node by name (unique across partitions), with its partition.
+    let mut nodes: HashMap<&str, (usize, dfc_ir::NodeId)> = HashMap::new();
+    for (p, partition) in plan.partitions.iter().enumerate() {
+        let graph = &partition.module.graph;
+        for id in graph.node_ids() {
+            if nodes.insert(graph.node(id).name.as_str(), (p, id)).is_some() {
+                return Err(format!("two partitions have a node `{}`", graph.node(id).name));
+            }
+        }
+    }
+    let node = |name: &str| nodes.get(name).map(|&(p, id)| plan.partitions[p].module.graph.node(id));
+    let input_type = |name: &str| match node(name).map(|n| &n.op) {
+        Some(Op::Input { ty }) => Some(ty),
+        _ => None,
+    };
+
+    let split_inputs: HashSet<&str> =
+        plan.replicas.iter().flat_map(|r| &r.inputs).map(|(input, _)| input.as_str()).collect();
+    for input in &plan.inputs {
+        if split_inputs.contains(input.name.as_str()) {
+            continue;
+        }
+        match input_type(&input.name) {
+            Some(ty) if *ty == input.ty => {}
+            Some(ty) => return Err(format!("input `{}` is declared {} but its node takes {ty}", input.name, input.ty)),
+            None => return Err(format!("input `{}` names no input node", input.name)),
+        }
+    }
+
+    let named: HashMap<&str, &TensorType> = plan
+        .partitions
+        .iter()
+        .flat_map(|p| {
+            p.module
+                .outputs
+                .iter()
+                .chain(&p.module.metrics)
+                .map(move |o| (o.name.as_str(), p.module.graph.ty(o.tensor)))
+        })
+        .collect();
+    for (what, list) in [("output", &plan.outputs), ("metric", &plan.metrics)] {
+        for item in list {
+            match named.get(item.name.as_str()) {
+                Some(ty) if **ty == item.ty => {}
+                Some(ty) => return Err(format!("{what} `{}` is declared {} but is {ty}", item.name, item.ty)),
+                None => return Err(format!("{what} `{}` is in no partition", item.name)),
+            }
+        }
+    }
+
+    let scalar_loss = |name: &str| {
+        let ok =
+            node(name).and_then(|n| n.outputs.first()).is_some_and(|ty| ty.shape.rank() == 0 && ty.dtype.is_float());
+        if ok {
+            Ok(())
+        } else {
+            Err(format!("the loss `{name}` is not a node with a floating-point scalar output"))
+        }
+    };
+    let existing = |names: &[String], what: &str| match names.iter().find(|n| node(n).is_none()) {
+        Some(missing) => Err(format!("{what} `{missing}` is in no partition")),
+        None => Ok(()),
+    };
+    if let Some(training) = &plan.training {
+        scalar_loss(&training.loss_node)?;
+        existing(&training.updates, "the update")?;
+    }
+    let replicas = plan.replicas.len();
+    for replica in &plan.replicas {
+        scalar_loss(&replica.loss_node)?;
+        existing(&replica.updates, "the update")?;
+        for (input, node_name) in &replica.inputs {
+            let Some(whole) = plan.inputs.iter().find(|i| i.name == *input) else {
+                return Err(format!(
+                    "a replica's input `{node_name}` is fed from `{input}`, which the plan does not declare"
+                ));
+            };
+            let Some(ty) = input_type(node_name) else {
+                return Err(format!("a replica's input `{node_name}` names no input node"));
+            };
+            let mut rows = whole.ty.shape.dims().to_vec();
+            let fits = rows.first().is_some_and(|&n| n % replicas == 0);
+            if let Some(first) = rows.first_mut() {
+                *first /= replicas;
+            }
+            if !fits || *ty != TensorType::new(whole.ty.dtype, rows) {
+                return Err(format!(
+                    "a replica's input `{node_name}` takes {ty}, not its share of `{input}` ({})",
+                    whole.ty
+                ));
+            }
+        }
+    }
+    Ok(())
+}
