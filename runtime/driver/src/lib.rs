@@ -21,7 +21,7 @@ pub mod session;
 pub mod train;
 
 pub use checkpoint::{Checkpoint, CheckpointError};
-pub use data::{fit, load, load_csv, load_idx, load_npy, shuffled_order, DataError, Dataset};
+pub use data::{fit, load, load_bytes, load_csv, load_idx, load_npy, shuffled_order, DataError, Dataset};
 pub use metrics::{EpochRecord, MetricsLog, WorkerMetrics};
 pub use npy::{save_npy, to_npy_bytes};
 pub use runner::{FreeReplicas, Runner};
