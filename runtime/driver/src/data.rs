@@ -41,6 +41,10 @@ pub enum DataError {
     /// A bad field of a CSV file, at a 1-based row (line) and column.
     #[error("{}:{row}:{column}: {message}", path.display())]
     At { path: PathBuf, row: u64, column: usize, message: String },
+    /// A value of a feed that the model cannot take (a label outside its one_hot's depth, an
+    /// id outside its table), found when the feed is loaded.
+    #[error("input `{input}` ({}): {message}", path.display())]
+    Value { input: String, path: PathBuf, message: String },
     /// A feed does not fit the model, or the feeds do not fit each other.
     #[error("feed `{name}`: {message}")]
     Feed { name: String, message: String },

@@ -90,8 +90,11 @@ pub fn batch_size(plan: &Plan) -> Result<usize, RunError> {
     Ok(batch)
 }
 
-/// Loads the feeds named on the command line and checks them against the model's inputs.
+/// Loads the feeds named on the command line and checks them against the model's inputs: their
+/// types, and the values its ops can take ([`crate::indices`]). Every runner's feeds are loaded
+/// here, in the driver's process, so the checks hold for remote workers too.
 pub fn load_feeds(plan: &Plan, feeds: &[(String, PathBuf)], what: &str) -> Result<Dataset, RunError> {
+    let ranges = crate::indices::index_ranges(plan);
     let mut tensors = Vec::new();
     for (name, path) in feeds {
         let Some(input) = plan.inputs.iter().find(|input| input.name == *name) else {
@@ -104,6 +107,7 @@ pub fn load_feeds(plan: &Plan, feeds: &[(String, PathBuf)], what: &str) -> Resul
         };
         let tensor = data::load(path)?;
         let tensor = data::fit(name, tensor, &input.ty)?;
+        crate::indices::check(&ranges, name, path, &tensor)?;
         tensors.push((name.clone(), tensor));
     }
     Ok(Dataset::new(tensors)?)
