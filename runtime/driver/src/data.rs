@@ -225,6 +225,24 @@ impl Read for Rest<'_> {
     }
 }
 
+/// Text from a file as a message shows it: on one line (control characters escaped), cut to its
+/// first `max` characters (marked with `…`) where it is longer.
+pub(crate) fn shown(text: &str, max: usize) -> String {
+    let mut out = String::new();
+    for (i, c) in text.chars().enumerate() {
+        if i == max {
+            out.push('…');
+            break;
+        }
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 fn io_error(path: &Path, source: std::io::Error) -> DataError {
     DataError::Io { path: path.to_path_buf(), source }
 }
@@ -460,7 +478,7 @@ fn looks_like_a_value(field: &str) -> bool {
 fn push_field(values: &mut Data, field: &str) -> Result<(), String> {
     fn int<T: std::str::FromStr>(field: &str, name: &str) -> Result<T, String> {
         field.parse::<T>().map_err(|_| match field.parse::<f64>() {
-            Ok(_) => format!("`{field}` is not a valid {name} (an integer in range is needed)"),
+            Ok(_) => format!("`{}` is not a valid {name} (an integer in range is needed)", shown(field, 40)),
             Err(_) => not_a_number(field),
         })
     }
@@ -468,7 +486,7 @@ fn push_field(values: &mut Data, field: &str) -> Result<(), String> {
         if field.is_empty() {
             "empty field where a number is needed".to_string()
         } else {
-            format!("`{field}` is not a number")
+            format!("`{}` is not a number", shown(field, 40))
         }
     }
     match values {
@@ -482,7 +500,7 @@ fn push_field(values: &mut Data, field: &str) -> Result<(), String> {
             "1" => true,
             _ if field.eq_ignore_ascii_case("false") => false,
             _ if field.eq_ignore_ascii_case("true") => true,
-            _ => return Err(format!("`{field}` is not a bool (0, 1, true or false)")),
+            _ => return Err(format!("`{}` is not a bool (0, 1, true or false)", shown(field, 40))),
         }),
     }
     Ok(())

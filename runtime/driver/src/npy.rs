@@ -16,7 +16,7 @@ use std::path::Path;
 use dfc_interp::{Data, Tensor};
 use dfc_ir::{DType, Shape};
 
-use crate::data::{DataError, Stream};
+use crate::data::{shown, DataError, Stream};
 
 pub(crate) const MAGIC: &[u8] = b"\x93NUMPY";
 
@@ -223,25 +223,17 @@ impl Parser<'_> {
                         .unwrap_or(w)
                         .parse()
                         .map(Py::Int)
-                        .map_err(|_| format!("unexpected `{}`", shorten(w, 40))),
+                        .map_err(|_| format!("unexpected `{}`", shown(w, 40))),
                 }
             }
-            Some(c) => Err(format!("unexpected `{c}`")),
+            Some(c) => Err(format!("unexpected `{}`", shown(&c.to_string(), 1))),
             None => Err("unexpected end of header".into()),
         }
     }
 }
 
-/// `text`, cut to its first `max` characters (marked with `…`) where it is longer.
-fn shorten(text: &str, max: usize) -> String {
-    match text.char_indices().nth(max) {
-        Some((at, _)) => format!("{}…", &text[..at]),
-        None => text.to_string(),
-    }
-}
-
 fn header_error(path: &Path, header: &str, why: impl std::fmt::Display) -> DataError {
-    DataError::format(path, format!("bad npy header ({why}): {}", shorten(header.trim_end(), 200)))
+    DataError::format(path, format!("bad npy header ({why}): {}", shown(header.trim_end(), 200)))
 }
 
 /// How the data of a supported dtype is laid out and what it becomes.
@@ -371,12 +363,15 @@ pub(crate) fn read(mut stream: Stream) -> Result<Tensor, DataError> {
     };
     let (elem, big) = match get("descr")? {
         Py::Str(descr) => parse_descr(descr).ok_or_else(|| {
-            DataError::format(path, format!("unsupported npy dtype '{descr}' (supported: {SUPPORTED})"))
+            DataError::format(path, format!("unsupported npy dtype '{}' (supported: {SUPPORTED})", shown(descr, 40)))
         })?,
         other => {
             return Err(DataError::format(
                 path,
-                format!("unsupported npy dtype {other}: a structured (record) dtype (supported: {SUPPORTED})"),
+                format!(
+                    "unsupported npy dtype {}: a structured (record) dtype (supported: {SUPPORTED})",
+                    shown(&other.to_string(), 200)
+                ),
             ))
         }
     };
