@@ -81,15 +81,15 @@ pub(crate) struct Stream<'a> {
     reader: Box<dyn Read + 'a>,
     /// The bytes read so far and not yet handed out as a body.
     head: Vec<u8>,
-    /// The size of the file (compressed, for gzip).
-    file_len: u64,
+    /// The size of the file (compressed, for gzip); `None` where it has none (a pipe).
+    file_len: Option<u64>,
     gzip: bool,
 }
 
 impl<'a> Stream<'a> {
-    /// The bytes of `reader` (a file of `file_len` bytes named `path`), gunzipped if they start
-    /// with the gzip magic bytes.
-    fn new(path: &'a Path, mut reader: impl Read + 'a, file_len: u64) -> Result<Stream<'a>, DataError> {
+    /// The bytes of `reader` (a file of `file_len` bytes named `path`, if it has a size),
+    /// gunzipped if they start with the gzip magic bytes.
+    fn new(path: &'a Path, mut reader: impl Read + 'a, file_len: Option<u64>) -> Result<Stream<'a>, DataError> {
         let mut magic = Vec::with_capacity(2);
         (&mut reader).take(2).read_to_end(&mut magic).map_err(|e| io_error(path, e))?;
         let gzip = magic == GZIP_MAGIC;
@@ -102,7 +102,7 @@ impl<'a> Stream<'a> {
     /// The bytes of `bytes` (the content of a file named `path`), gunzipped if they start with
     /// the gzip magic bytes.
     pub(crate) fn of_bytes(path: &'a Path, bytes: &'a [u8]) -> Stream<'a> {
-        Stream::new(path, bytes, bytes.len() as u64).expect("reading a slice cannot fail")
+        Stream::new(path, bytes, Some(bytes.len() as u64)).expect("reading a slice cannot fail")
     }
 
     /// The file's name, for messages.
@@ -132,42 +132,46 @@ impl<'a> Stream<'a> {
     /// The `n` bytes of data that follow a header of `header` bytes, which must end the data:
     /// a body that is shorter or longer is an error naming `what` (e.g. `IDX data: u8[2,3]`)
     /// and the sizes. Checked against the file's size before anything is read: a raw file
-    /// must hold exactly that many bytes; a gzip file must be able to, and is inflated no
-    /// further than one byte past them.
+    /// must hold exactly that many bytes; a gzip file must be able to. Nothing is read past one
+    /// byte after them (a pipe, which has no size, is checked only so).
     pub(crate) fn body(&mut self, header: usize, n: u64, kind: &str, what: &str) -> Result<Vec<u8>, DataError> {
         let path = self.path;
         let truncated = |found: u64| {
             DataError::format(path, format!("truncated {kind} data: {what} needs {n} bytes, found {found}"))
         };
-        if self.gzip {
-            let most = DEFLATE_MAX_RATIO.saturating_mul(self.file_len);
-            if n > most {
-                return Err(DataError::format(
-                    path,
-                    format!(
-                        "the header declares {what}, {n} bytes of data, more than a gzip file of {} bytes can hold \
-                         (at most {most} bytes decompressed)",
-                        self.file_len
-                    ),
-                ));
+        match self.file_len {
+            None => {}
+            Some(file_len) if self.gzip => {
+                let most = DEFLATE_MAX_RATIO.saturating_mul(file_len);
+                if n > most {
+                    return Err(DataError::format(
+                        path,
+                        format!(
+                            "the header declares {what}, {n} bytes of data, more than a gzip file of {file_len} bytes \
+                         can hold (at most {most} bytes decompressed)"
+                        ),
+                    ));
+                }
             }
-        } else {
-            let found = self.file_len.saturating_sub(header as u64);
-            if found < n {
-                return Err(truncated(found));
-            }
-            if found > n {
-                return Err(DataError::format(
-                    path,
-                    format!("{kind} file has {} bytes after the data of {what} ({n} bytes expected)", found - n),
-                ));
+            Some(file_len) => {
+                let found = file_len.saturating_sub(header as u64);
+                if found < n {
+                    return Err(truncated(found));
+                }
+                if found > n {
+                    return Err(DataError::format(
+                        path,
+                        format!("{kind} file has {} bytes after the data of {what} ({n} bytes expected)", found - n),
+                    ));
+                }
             }
         }
         let size = usize::try_from(n)
             .map_err(|_| DataError::format(path, format!("{what} ({n} bytes) does not fit in memory")))?;
         let mut data = self.head.split_off(header.min(self.head.len()));
-        // A raw file holds all of it (checked above); a gzip file grows the buffer as it inflates.
-        data.reserve(if self.gzip { size.min(1 << 20) } else { size }.saturating_sub(data.len()));
+        // A raw file holds all of it (checked above); gzip and pipes grow the buffer as they go.
+        let justified = self.file_len.is_some() && !self.gzip;
+        data.reserve(if justified { size } else { size.min(1 << 20) }.saturating_sub(data.len()));
         let wanted = (size as u64 + 1).saturating_sub(data.len() as u64);
         if let Err(e) = (&mut self.reader).take(wanted).read_to_end(&mut data) {
             return Err(self.read_error(e));
@@ -193,7 +197,7 @@ impl<'a> Stream<'a> {
     /// The rest of the data as a reader (what has been read already first), refusing to yield
     /// more than `CSV_GZIP_MAX_RATIO` times the file's size from a gzip file.
     fn rest(self) -> Rest<'a> {
-        let limit = if self.gzip { Some(CSV_GZIP_MAX_RATIO.saturating_mul(self.file_len)) } else { None };
+        let limit = self.file_len.filter(|_| self.gzip).map(|len| CSV_GZIP_MAX_RATIO.saturating_mul(len));
         Rest { reader: std::io::Cursor::new(self.head).chain(self.reader), left: limit, limit, gzip: self.gzip }
     }
 }
@@ -338,10 +342,12 @@ fn load_stream(mut stream: Stream) -> Result<Tensor, DataError> {
     Ok(tensor)
 }
 
-/// The file at `path`, buffered, and its size.
-fn open(path: &Path) -> Result<(std::io::BufReader<std::fs::File>, u64), DataError> {
+/// The file at `path`, buffered, and its size (`None` for what is not a regular file: a pipe,
+/// `<(zcat …)`).
+fn open(path: &Path) -> Result<(std::io::BufReader<std::fs::File>, Option<u64>), DataError> {
     let file = std::fs::File::open(path).map_err(|e| io_error(path, e))?;
-    let len = file.metadata().map_err(|e| io_error(path, e))?.len();
+    let metadata = file.metadata().map_err(|e| io_error(path, e))?;
+    let len = metadata.is_file().then_some(metadata.len());
     Ok((std::io::BufReader::with_capacity(1 << 16, file), len))
 }
 

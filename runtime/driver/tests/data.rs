@@ -161,6 +161,33 @@ fn idx_errors() {
     contains(&msg, &["cannot read", "nope.idx"]);
 }
 
+/// A pipe has no size: IDX and gzip IDX are read from one all the same (`<(zcat …)`), checked
+/// against what their headers declare.
+#[test]
+fn idx_from_a_pipe() {
+    let dir = tempfile::tempdir().unwrap();
+    let bytes = idx(0x08, &[2, 3], &[1, 2, 3, 4, 5, 6]);
+    for (name, content, expected) in [
+        ("raw", bytes.clone(), Ok(())),
+        ("gz", gzip(&bytes), Ok(())),
+        ("short", bytes[..14].to_vec(), Err("truncated IDX data: u8[2,3] needs 6 bytes, found 2")),
+    ] {
+        let fifo = dir.path().join(format!("{name}-idx3-ubyte"));
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status().expect("mkfifo");
+        assert!(made.success());
+        let writer = {
+            let fifo = fifo.clone();
+            std::thread::spawn(move || std::fs::write(fifo, content).unwrap())
+        };
+        let loaded = data::load(&fifo);
+        writer.join().unwrap();
+        match expected {
+            Ok(()) => assert_eq!(loaded.unwrap(), Tensor::new(vec![2, 3], Data::U8(vec![1, 2, 3, 4, 5, 6])), "{name}"),
+            Err(message) => contains(&err(loaded), &[message]),
+        }
+    }
+}
+
 #[test]
 fn unrecognised_format() {
     let dir = tempfile::tempdir().unwrap();
