@@ -296,12 +296,17 @@ impl<'p> Walk<'p> {
                 }
                 Op::Variable { ty, origin, .. } => {
                     let rows = *ty.shape.dims().first()?;
-                    let shard = origin.as_ref().filter(|o| o.mirror_of.is_none()).and_then(|o| {
-                        Some(Shard { name: o.name.clone(), offset: o.offset, rows: *o.shape.dims().first()? })
-                    });
-                    let name = match origin.as_ref().and_then(|o| o.mirror_of.as_ref()) {
-                        Some(of) => of.clone(),
-                        None => node.name.clone(),
+                    // A shard (or a replica's copy of one) holds some rows of its origin.
+                    let (name, shard) = match origin {
+                        Some(o) => {
+                            let whole = *o.shape.dims().first()?;
+                            let part = whole != rows || o.offset != 0;
+                            (
+                                o.name.clone(),
+                                part.then(|| Shard { name: o.name.clone(), offset: o.offset, rows: whole }),
+                            )
+                        }
+                        None => (node.name.clone(), None),
                     };
                     return Some(Table { name, rows, shard });
                 }

@@ -50,7 +50,7 @@ fn mutate(rng: &mut ChaCha8Rng, original: &[u8]) -> Vec<u8> {
     let below = |rng: &mut ChaCha8Rng, n: usize| (rng.next_u64() % n.max(1) as u64) as usize;
     // Mutations tend to hit headers: half of them within the first 64 bytes.
     let position = |rng: &mut ChaCha8Rng, len: usize| {
-        if rng.next_u32() % 2 == 0 {
+        if rng.next_u32() & 1 == 0 {
             below(rng, len.min(64))
         } else {
             below(rng, len)
@@ -86,8 +86,8 @@ fn mutate(rng: &mut ChaCha8Rng, original: &[u8]) -> Vec<u8> {
                 // A 32- or 64-bit field set to an extreme value, either byte order.
                 let at = position(rng, len - 3);
                 let value: u64 = [u64::MAX, u64::MAX / 2, 1 << 32, 1 << 31, 0, 1][below(rng, 6)];
-                let width = if at + 8 <= len && rng.next_u32() % 2 == 0 { 8 } else { 4 };
-                let field = if rng.next_u32() % 2 == 0 { value.to_le_bytes() } else { value.to_be_bytes() };
+                let width = if at + 8 <= len && rng.next_u32() & 1 == 0 { 8 } else { 4 };
+                let field = if rng.next_u32() & 1 == 0 { value.to_le_bytes() } else { value.to_be_bytes() };
                 bytes[at..at + width].copy_from_slice(&field[..width]);
             }
             6 if len > 0 => {
