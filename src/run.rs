@@ -128,10 +128,10 @@ pub fn run(plan: &dfc_plan::Plan, args: &RunArgs) -> Result<(), String> {
 /// With --checkpoint-dir, the newest checkpoint's variables (which must match the plan's).
 fn restore_for_fetch<R: dfc_driver::Runner>(session: &mut R, train: &TrainOptions) -> Result<(), String> {
     match &train.checkpoint_dir {
-        Some(dir) => match dfc_driver::checkpoint::latest(dir).map_err(|e| format!("checkpoint: {e}"))? {
+        Some(dir) => match dfc_driver::checkpoint::latest(dir).map_err(|e| e.to_string())? {
             Some(found) => {
                 eprintln!("using the variables of {} (step {})", found.path.display(), found.step);
-                session.restore(&found.tensors, &found.path).map_err(|e| e.to_string())
+                dfc_driver::restore(session, &found).map_err(|e| e.to_string())
             }
             None => Err(format!("no checkpoint in {}", dir.display())),
         },

@@ -14,7 +14,8 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 use dfc_interp::{Data, Tensor};
-use dfc_ir::{DType, TensorType};
+use dfc_ir::{DType, Op, TensorType};
+use dfc_plan::Plan;
 use safetensors::{Dtype, SafeTensors, View};
 
 /// The value of the `format` metadata key.
@@ -192,9 +193,27 @@ pub fn latest(dir: &Path) -> Result<Option<Checkpoint>, CheckpointError> {
 /// Loads the checkpoint at `path`: its step, epoch and variables.
 pub fn load(path: &Path) -> Result<Checkpoint, CheckpointError> {
     let bytes = std::fs::read(path).map_err(|source| CheckpointError::Io { path: path.to_path_buf(), source })?;
+    parse(path, &bytes)
+}
+
+/// Parses the bytes of a checkpoint file; `path` is for messages. The entry point for fuzzing
+/// the checkpoint reader.
+pub fn parse(path: &Path, bytes: &[u8]) -> Result<Checkpoint, CheckpointError> {
     let bad =
         |e: safetensors::SafeTensorError| CheckpointError::invalid(path, format!("not a valid safetensors file: {e}"));
-    let (_, metadata) = SafeTensors::read_metadata(&bytes).map_err(bad)?;
+    if let Some(first) = bytes.first_chunk::<8>() {
+        let header = u64::from_le_bytes(*first);
+        if header > bytes.len() as u64 - 8 {
+            return Err(CheckpointError::invalid(
+                path,
+                format!(
+                    "not a valid safetensors file: its header length {header} is more than the {} bytes after it",
+                    bytes.len() - 8
+                ),
+            ));
+        }
+    }
+    let (_, metadata) = SafeTensors::read_metadata(bytes).map_err(bad)?;
     let info = metadata.metadata().clone().unwrap_or_default();
     match info.get("format") {
         Some(f) if f == FORMAT => {}
@@ -211,7 +230,7 @@ pub fn load(path: &Path) -> Result<Checkpoint, CheckpointError> {
         value.parse().map_err(|_| CheckpointError::invalid(path, format!("`{key}` metadata `{value}` is not a number")))
     };
     let (step, epoch) = (number("step")?, number("epoch")?);
-    let file = SafeTensors::deserialize(&bytes).map_err(bad)?;
+    let file = SafeTensors::deserialize(bytes).map_err(bad)?;
     let mut tensors = BTreeMap::new();
     for (name, view) in file.iter() {
         let dtype = match view.dtype() {
@@ -234,4 +253,43 @@ pub fn load(path: &Path) -> Result<Checkpoint, CheckpointError> {
         tensors.insert(name.to_string(), tensor);
     }
     Ok(Checkpoint { path: path.to_path_buf(), step, epoch, tensors })
+}
+
+/// Checks that `checkpoint` holds every logical variable of `plan` (each variable but a
+/// replica's copy, which is restored from the variable it mirrors) with the plan's type, and
+/// says which file and which variable where it does not. The driver checks this before it
+/// restores anything, on whatever runs the plan: a remote worker's own check could not name
+/// the file.
+pub fn check_against(plan: &Plan, checkpoint: &Checkpoint) -> Result<(), CheckpointError> {
+    let path = &checkpoint.path;
+    for partition in &plan.partitions {
+        let graph = &partition.module.graph;
+        for id in graph.node_ids() {
+            let node = graph.node(id);
+            let Op::Variable { ty, origin, .. } = &node.op else { continue };
+            if origin.as_ref().is_some_and(|o| o.mirror_of.is_some()) {
+                continue;
+            }
+            let name = &node.name;
+            match checkpoint.tensors.get(name) {
+                Some(tensor) if tensor.ty() == *ty => {}
+                Some(tensor) => {
+                    return Err(CheckpointError::invalid(
+                        path,
+                        format!(
+                            "holds `{name}` as {}, but the plan's variable is {ty}; was it written for another model?",
+                            tensor.ty()
+                        ),
+                    ))
+                }
+                None => {
+                    return Err(CheckpointError::invalid(
+                        path,
+                        format!("has no variable `{name}`; was it written for another model?"),
+                    ))
+                }
+            }
+        }
+    }
+    Ok(())
 }

@@ -41,6 +41,10 @@ pub enum DataError {
     /// A bad field of a CSV file, at a 1-based row (line) and column.
     #[error("{}:{row}:{column}: {message}", path.display())]
     At { path: PathBuf, row: u64, column: usize, message: String },
+    /// A value of a feed that the model cannot take (a label outside its one_hot's depth, an
+    /// id outside its table), found when the feed is loaded.
+    #[error("input `{input}` ({}): {message}", path.display())]
+    Value { input: String, path: PathBuf, message: String },
     /// A feed does not fit the model, or the feeds do not fit each other.
     #[error("feed `{name}`: {message}")]
     Feed { name: String, message: String },
@@ -58,17 +62,193 @@ impl DataError {
 
 const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
 
-/// The bytes of `path`, gunzipped if they start with the gzip magic bytes.
-pub(crate) fn read_maybe_gzip(path: &Path) -> Result<Vec<u8>, DataError> {
-    let bytes = std::fs::read(path).map_err(|source| DataError::Io { path: path.to_path_buf(), source })?;
-    if !bytes.starts_with(&GZIP_MAGIC) {
-        return Ok(bytes);
+/// The most a deflate stream expands: a 258-byte match in 2 bits. A gzip file of n bytes never
+/// decompresses to more than `DEFLATE_MAX_RATIO · n` bytes, so a header that declares more data
+/// than that is refused before anything is inflated.
+const DEFLATE_MAX_RATIO: u64 = 1032;
+
+/// A gzip-compressed CSV file may decompress to at most this many times its size. CSV has no
+/// header that declares its size, so this is what bounds a CSV gzip bomb; real tables of
+/// numbers compress far less (a more compressible file loads uncompressed).
+pub const CSV_GZIP_MAX_RATIO: u64 = 64;
+
+/// Reads a feed's bytes, from the file itself or from the gzip stream inside it, keeping the
+/// bytes read so far (the header, while a format looks at it) and knowing how many bytes the
+/// file's size allows the rest to hold, so that a format can refuse a header that declares
+/// more data than there is before it reads or allocates for it.
+pub(crate) struct Stream<'a> {
+    path: &'a Path,
+    reader: Box<dyn Read + 'a>,
+    /// The bytes read so far and not yet handed out as a body.
+    head: Vec<u8>,
+    /// The size of the file (compressed, for gzip); `None` where it has none (a pipe).
+    file_len: Option<u64>,
+    gzip: bool,
+}
+
+impl<'a> Stream<'a> {
+    /// The bytes of `reader` (a file of `file_len` bytes named `path`, if it has a size),
+    /// gunzipped if they start with the gzip magic bytes.
+    fn new(path: &'a Path, mut reader: impl Read + 'a, file_len: Option<u64>) -> Result<Stream<'a>, DataError> {
+        let mut magic = Vec::with_capacity(2);
+        (&mut reader).take(2).read_to_end(&mut magic).map_err(|e| io_error(path, e))?;
+        let gzip = magic == GZIP_MAGIC;
+        let whole = std::io::Cursor::new(magic).chain(reader);
+        let reader: Box<dyn Read + 'a> =
+            if gzip { Box::new(flate2::read::MultiGzDecoder::new(whole)) } else { Box::new(whole) };
+        Ok(Stream { path, reader, head: Vec::new(), file_len, gzip })
     }
-    let mut out = Vec::new();
-    flate2::read::MultiGzDecoder::new(&bytes[..])
-        .read_to_end(&mut out)
-        .map_err(|e| DataError::format(path, format!("gzip data is corrupt or truncated: {e}")))?;
-    Ok(out)
+
+    /// The bytes of `bytes` (the content of a file named `path`), gunzipped if they start with
+    /// the gzip magic bytes.
+    pub(crate) fn of_bytes(path: &'a Path, bytes: &'a [u8]) -> Stream<'a> {
+        Stream::new(path, bytes, Some(bytes.len() as u64)).expect("reading a slice cannot fail")
+    }
+
+    /// The file's name, for messages.
+    pub(crate) fn path(&self) -> &'a Path {
+        self.path
+    }
+
+    fn read_error(&self, e: std::io::Error) -> DataError {
+        if self.gzip {
+            DataError::format(self.path, format!("gzip data is corrupt or truncated: {e}"))
+        } else {
+            io_error(self.path, e)
+        }
+    }
+
+    /// The first `n` bytes (fewer if the data ends sooner), reading no more than that.
+    pub(crate) fn head(&mut self, n: usize) -> Result<&[u8], DataError> {
+        if self.head.len() < n {
+            let more = (n - self.head.len()) as u64;
+            if let Err(e) = (&mut self.reader).take(more).read_to_end(&mut self.head) {
+                return Err(self.read_error(e));
+            }
+        }
+        Ok(&self.head[..n.min(self.head.len())])
+    }
+
+    /// The `n` bytes of data that follow a header of `header` bytes, which must end the data:
+    /// a body that is shorter or longer is an error naming `what` (e.g. `IDX data: u8[2,3]`)
+    /// and the sizes. Checked against the file's size before anything is read: a raw file
+    /// must hold exactly that many bytes; a gzip file must be able to. Nothing is read past one
+    /// byte after them (a pipe, which has no size, is checked only so).
+    pub(crate) fn body(&mut self, header: usize, n: u64, kind: &str, what: &str) -> Result<Vec<u8>, DataError> {
+        let path = self.path;
+        let truncated = |found: u64| {
+            DataError::format(path, format!("truncated {kind} data: {what} needs {n} bytes, found {found}"))
+        };
+        match self.file_len {
+            None => {}
+            Some(file_len) if self.gzip => {
+                let most = DEFLATE_MAX_RATIO.saturating_mul(file_len);
+                if n > most {
+                    return Err(DataError::format(
+                        path,
+                        format!(
+                            "the header declares {what}, {n} bytes of data, more than a gzip file of {file_len} bytes \
+                         can hold (at most {most} bytes decompressed)"
+                        ),
+                    ));
+                }
+            }
+            Some(file_len) => {
+                let found = file_len.saturating_sub(header as u64);
+                if found < n {
+                    return Err(truncated(found));
+                }
+                if found > n {
+                    return Err(DataError::format(
+                        path,
+                        format!("{kind} file has {} bytes after the data of {what} ({n} bytes expected)", found - n),
+                    ));
+                }
+            }
+        }
+        let size = usize::try_from(n)
+            .map_err(|_| DataError::format(path, format!("{what} ({n} bytes) does not fit in memory")))?;
+        let mut data = self.head.split_off(header.min(self.head.len()));
+        // A raw file holds all of it (checked above); gzip and pipes grow the buffer as they go.
+        let justified = self.file_len.is_some() && !self.gzip;
+        data.reserve(if justified { size } else { size.min(1 << 20) }.saturating_sub(data.len()));
+        let wanted = (size as u64 + 1).saturating_sub(data.len() as u64);
+        if let Err(e) = (&mut self.reader).take(wanted).read_to_end(&mut data) {
+            return Err(self.read_error(e));
+        }
+        match data.len().cmp(&size) {
+            std::cmp::Ordering::Less => Err(truncated(data.len() as u64)),
+            std::cmp::Ordering::Equal => Ok(data),
+            std::cmp::Ordering::Greater if self.gzip => Err(DataError::format(
+                path,
+                format!(
+                    "gzip data decompresses to more than the {} bytes its header declares ({kind} header and {what})",
+                    header as u64 + n
+                ),
+            )),
+            // The file grew while it was read.
+            std::cmp::Ordering::Greater => Err(DataError::format(
+                path,
+                format!("{kind} file has bytes after the data of {what} ({n} bytes expected)"),
+            )),
+        }
+    }
+
+    /// The rest of the data as a reader (what has been read already first), refusing to yield
+    /// more than `CSV_GZIP_MAX_RATIO` times the file's size from a gzip file.
+    fn rest(self) -> Rest<'a> {
+        let limit = self.file_len.filter(|_| self.gzip).map(|len| CSV_GZIP_MAX_RATIO.saturating_mul(len));
+        Rest { reader: std::io::Cursor::new(self.head).chain(self.reader), left: limit, limit, gzip: self.gzip }
+    }
+}
+
+/// The rest of a [`Stream`] as a reader, stopping (an `io::Error` of kind `FileTooLarge`) where
+/// a gzip file has inflated to more than its limit.
+struct Rest<'a> {
+    reader: std::io::Chain<std::io::Cursor<Vec<u8>>, Box<dyn Read + 'a>>,
+    left: Option<u64>,
+    limit: Option<u64>,
+    gzip: bool,
+}
+
+impl Read for Rest<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let Some(left) = self.left else { return self.reader.read(buf) };
+        if left == 0 {
+            // One byte past the limit means the file is over it; exactly at it is fine.
+            let mut probe = [0u8; 1];
+            return match self.reader.read(&mut probe)? {
+                0 => Ok(0),
+                _ => Err(std::io::Error::new(std::io::ErrorKind::FileTooLarge, "over the decompression limit")),
+            };
+        }
+        let n = buf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
+        let read = self.reader.read(&mut buf[..n])?;
+        self.left = Some(left - read as u64);
+        Ok(read)
+    }
+}
+
+/// Text from a file as a message shows it: on one line (control characters escaped), cut to its
+/// first `max` characters (marked with `…`) where it is longer.
+pub(crate) fn shown(text: &str, max: usize) -> String {
+    let mut out = String::new();
+    for (i, c) in text.chars().enumerate() {
+        if i == max {
+            out.push('…');
+            break;
+        }
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+fn io_error(path: &Path, source: std::io::Error) -> DataError {
+    DataError::Io { path: path.to_path_buf(), source }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -88,8 +268,13 @@ fn extension(path: &Path) -> String {
     }
 }
 
-fn detect(path: &Path, bytes: &[u8]) -> Result<Format, DataError> {
-    if bytes.starts_with(crate::npy::MAGIC) {
+/// How many bytes content detection looks at: enough to tell UTF-8 text from binary.
+const SNIFF: usize = 1024;
+
+fn detect(stream: &mut Stream) -> Result<Format, DataError> {
+    let path = stream.path;
+    let head = stream.head(SNIFF)?;
+    if head.starts_with(crate::npy::MAGIC) {
         return Ok(Format::Npy);
     }
     let name = path.file_name().map(|n| n.to_string_lossy().to_lowercase()).unwrap_or_default();
@@ -101,19 +286,24 @@ fn detect(path: &Path, bytes: &[u8]) -> Result<Format, DataError> {
         _ if name.contains("-idx") => return Ok(Format::Idx),
         _ => {}
     }
-    if bytes.len() >= 4 && bytes[0] == 0 && bytes[1] == 0 {
+    if head.len() >= 4 && head[0] == 0 && head[1] == 0 {
         return Ok(Format::Idx);
     }
-    if !bytes.is_empty() && std::str::from_utf8(bytes).is_ok() {
+    // Text, but for a character cut at the end of what was looked at.
+    let text = match std::str::from_utf8(head) {
+        Ok(_) => true,
+        Err(e) => e.error_len().is_none() && head.len() == SNIFF,
+    };
+    if !head.is_empty() && text {
         return Ok(Format::Csv(b','));
     }
-    let head: Vec<String> = bytes.iter().take(8).map(|b| format!("{b:02x}")).collect();
+    let first: Vec<String> = head.iter().take(8).map(|b| format!("{b:02x}")).collect();
     Err(DataError::format(
         path,
         format!(
             "unrecognised data format (first bytes: {}): expected IDX (magic 00 00 type ndims), \
              NumPy .npy (magic \\x93NUMPY) or CSV text, optionally gzip-compressed",
-            if head.is_empty() { "none, the file is empty".to_string() } else { head.join(" ") }
+            if first.is_empty() { "none, the file is empty".to_string() } else { first.join(" ") }
         ),
     ))
 }
@@ -124,12 +314,27 @@ fn detect(path: &Path, bytes: &[u8]) -> Result<Format, DataError> {
 /// (`.npy`; `.csv`, `.txt`, `.tsv`; `.idx`, `.ubyte` or a name containing `-idx`), then by
 /// content again (`00 00` starts IDX, UTF-8 text is CSV). A `.gz` suffix is ignored for this.
 /// CSV loads as f32; use [`load_csv`] for another element type.
+///
+/// Reading is bounded by the file: IDX and `.npy` headers are checked against the file's size
+/// before their data is read (a gzip file is inflated no further than its header declares),
+/// and a gzip CSV file may decompress to at most [`CSV_GZIP_MAX_RATIO`] times its size.
 pub fn load(path: &Path) -> Result<Tensor, DataError> {
-    let bytes = read_maybe_gzip(path)?;
-    let tensor = match detect(path, &bytes)? {
-        Format::Idx => parse_idx(path, &bytes)?,
-        Format::Npy => crate::npy::parse(path, &bytes)?,
-        Format::Csv(delimiter) => parse_csv(path, &bytes, delimiter, DType::F32)?,
+    let (file, len) = open(path)?;
+    load_stream(Stream::new(path, file, len)?)
+}
+
+/// [`load`] of the bytes of a file named `path` (the name is for format detection and
+/// messages): the entry point for fuzzing every feed format, gzip included.
+pub fn load_bytes(path: &Path, bytes: &[u8]) -> Result<Tensor, DataError> {
+    load_stream(Stream::of_bytes(path, bytes))
+}
+
+fn load_stream(mut stream: Stream) -> Result<Tensor, DataError> {
+    let path = stream.path;
+    let tensor = match detect(&mut stream)? {
+        Format::Idx => read_idx(stream)?,
+        Format::Npy => crate::npy::read(stream)?,
+        Format::Csv(delimiter) => read_csv(stream, delimiter, DType::F32)?,
     };
     if tensor.shape.rank() == 0 {
         return Err(DataError::format(path, "holds a single scalar, with no example axis"));
@@ -137,38 +342,59 @@ pub fn load(path: &Path) -> Result<Tensor, DataError> {
     Ok(tensor)
 }
 
+/// The file at `path`, buffered, and its size (`None` for what is not a regular file: a pipe,
+/// `<(zcat …)`).
+fn open(path: &Path) -> Result<(std::io::BufReader<std::fs::File>, Option<u64>), DataError> {
+    let file = std::fs::File::open(path).map_err(|e| io_error(path, e))?;
+    let metadata = file.metadata().map_err(|e| io_error(path, e))?;
+    let len = metadata.is_file().then_some(metadata.len());
+    Ok((std::io::BufReader::with_capacity(1 << 16, file), len))
+}
+
 /// Loads an IDX file (raw or gzip).
 pub fn load_idx(path: &Path) -> Result<Tensor, DataError> {
-    parse_idx(path, &read_maybe_gzip(path)?)
+    let (file, len) = open(path)?;
+    read_idx(Stream::new(path, file, len)?)
 }
 
 /// Loads a NumPy `.npy` file (raw or gzip).
 pub fn load_npy(path: &Path) -> Result<Tensor, DataError> {
-    crate::npy::parse(path, &read_maybe_gzip(path)?)
+    let (file, len) = open(path)?;
+    crate::npy::read(Stream::new(path, file, len)?)
 }
 
 // ---------------------------------------------------------------------------------------------
 // IDX
 
-fn parse_idx(path: &Path, bytes: &[u8]) -> Result<Tensor, DataError> {
+/// Parses the bytes of an IDX file (raw or gzip); `path` is for messages. The entry point
+/// for fuzzing the IDX reader.
+pub fn parse_idx(path: &Path, bytes: &[u8]) -> Result<Tensor, DataError> {
+    read_idx(Stream::of_bytes(path, bytes))
+}
+
+fn read_idx(mut stream: Stream) -> Result<Tensor, DataError> {
     const TYPES: &str = "08 u8, 09 i8, 0B i16, 0C i32, 0D f32, 0E f64";
-    if bytes.len() < 4 {
-        return Err(DataError::format(
-            path,
-            format!("truncated IDX header: expected at least 4 bytes, found {}", bytes.len()),
-        ));
-    }
-    if bytes[0] != 0 || bytes[1] != 0 {
+    let path = stream.path;
+    let magic: [u8; 4] = match *stream.head(4)? {
+        [a, b, c, d] => [a, b, c, d],
+        ref short => {
+            return Err(DataError::format(
+                path,
+                format!("truncated IDX header: expected at least 4 bytes, found {}", short.len()),
+            ))
+        }
+    };
+    if magic[0] != 0 || magic[1] != 0 {
         return Err(DataError::format(
             path,
             format!(
                 "bad IDX magic {:02x} {:02x} {:02x} {:02x}: an IDX file starts with 00 00, a type byte ({TYPES}) \
                  and the number of dimensions",
-                bytes[0], bytes[1], bytes[2], bytes[3]
+                magic[0], magic[1], magic[2], magic[3]
             ),
         ));
     }
-    let (type_name, size): (&str, usize) = match bytes[2] {
+    let (type_name, size): (&str, u64) = match magic[2] {
         0x08 => ("u8", 1),
         0x09 => ("i8", 1),
         0x0B => ("i16", 2),
@@ -177,54 +403,37 @@ fn parse_idx(path: &Path, bytes: &[u8]) -> Result<Tensor, DataError> {
         0x0E => ("f64", 8),
         t => return Err(DataError::format(path, format!("bad IDX magic: unknown type byte {t:02x} (known: {TYPES})"))),
     };
-    let ndims = usize::from(bytes[3]);
+    let ndims = usize::from(magic[3]);
     if ndims == 0 {
         return Err(DataError::format(path, "IDX file has 0 dimensions; it needs at least one, the example axis"));
     }
     let header_len = 4 + 4 * ndims;
-    if bytes.len() < header_len {
+    let header = stream.head(header_len)?;
+    if header.len() < header_len {
         return Err(DataError::format(
             path,
-            format!("truncated IDX header: {ndims} dimensions need {header_len} header bytes, found {}", bytes.len()),
+            format!("truncated IDX header: {ndims} dimensions need {header_len} header bytes, found {}", header.len()),
         ));
     }
-    let dims: Vec<usize> = bytes[4..header_len]
-        .chunks_exact(4)
-        .map(|c| u32::from_be_bytes(c.try_into().expect("chunks of 4")) as usize)
-        .collect();
+    let dims: Vec<usize> =
+        header[4..].chunks_exact(4).map(|c| u32::from_be_bytes([c[0], c[1], c[2], c[3]]) as usize).collect();
     let shape = Shape(dims);
     let described = format!("{type_name}{shape}");
-    let n_bytes = shape
-        .dims()
-        .iter()
-        .try_fold(size, |n, &d| n.checked_mul(d))
-        .ok_or_else(|| DataError::format(path, format!("IDX shape {described} is too large")))?;
-    let data = &bytes[header_len..];
-    if data.len() < n_bytes {
-        return Err(DataError::format(
-            path,
-            format!("truncated IDX data: {described} needs {n_bytes} bytes, found {}", data.len()),
-        ));
-    }
-    if data.len() > n_bytes {
-        return Err(DataError::format(
-            path,
-            format!(
-                "IDX file has {} bytes after the data of {described} ({n_bytes} bytes expected)",
-                data.len() - n_bytes
-            ),
-        ));
-    }
+    let n_bytes =
+        shape.dims().iter().try_fold(size, |n, &d| n.checked_mul(d as u64)).ok_or_else(|| {
+            DataError::format(path, format!("IDX shape {described} is too large: its size overflows"))
+        })?;
+    let data = stream.body(header_len, n_bytes, "IDX", &described)?;
     fn be<const N: usize, T>(data: &[u8], f: fn([u8; N]) -> T) -> Vec<T> {
-        data.chunks_exact(N).map(|c| f(c.try_into().expect("exact chunks"))).collect()
+        data.chunks_exact(N).map(|c| f(std::array::from_fn(|i| c[i]))).collect()
     }
-    let data = match bytes[2] {
-        0x08 => Data::U8(data.to_vec()),
+    let data = match magic[2] {
+        0x08 => Data::U8(data),
         0x09 => Data::I32(data.iter().map(|&b| i32::from(b as i8)).collect()),
-        0x0B => Data::I32(be(data, i16::from_be_bytes).into_iter().map(i32::from).collect()),
-        0x0C => Data::I32(be(data, i32::from_be_bytes)),
-        0x0D => Data::F32(be(data, f32::from_be_bytes)),
-        _ => Data::F64(be(data, f64::from_be_bytes)),
+        0x0B => Data::I32(be(&data, i16::from_be_bytes).into_iter().map(i32::from).collect()),
+        0x0C => Data::I32(be(&data, i32::from_be_bytes)),
+        0x0D => Data::F32(be(&data, f32::from_be_bytes)),
+        _ => Data::F64(be(&data, f64::from_be_bytes)),
     };
     Ok(Tensor::new(shape, data))
 }
@@ -241,10 +450,27 @@ fn parse_idx(path: &Path, bytes: &[u8]) -> Result<Tensor, DataError> {
 /// - Integers must be written as integers (`3`, not `3.0`) for integer dtypes, and fit;
 ///   bool accepts `0`, `1`, `true` and `false`.
 /// - A file named `*.tsv` is split at tabs, any other at commas.
+/// - A gzip file may decompress to at most [`CSV_GZIP_MAX_RATIO`] times its size.
+///
+/// The file is parsed as it is read: memory grows with the values, never past what the
+/// file's text holds.
 pub fn load_csv(path: &Path, dtype: DType) -> Result<Tensor, DataError> {
-    let bytes = read_maybe_gzip(path)?;
-    let delimiter = if extension(path) == "tsv" { b'\t' } else { b',' };
-    parse_csv(path, &bytes, delimiter, dtype)
+    let (file, len) = open(path)?;
+    read_csv(Stream::new(path, file, len)?, csv_delimiter(path), dtype)
+}
+
+/// Parses the bytes of a CSV file (raw or gzip) named `path` as [`load_csv`] does: the entry
+/// point for fuzzing the CSV reader.
+pub fn parse_csv(path: &Path, bytes: &[u8], dtype: DType) -> Result<Tensor, DataError> {
+    read_csv(Stream::of_bytes(path, bytes), csv_delimiter(path), dtype)
+}
+
+fn csv_delimiter(path: &Path) -> u8 {
+    if extension(path) == "tsv" {
+        b'\t'
+    } else {
+        b','
+    }
 }
 
 fn looks_like_a_value(field: &str) -> bool {
@@ -258,7 +484,7 @@ fn looks_like_a_value(field: &str) -> bool {
 fn push_field(values: &mut Data, field: &str) -> Result<(), String> {
     fn int<T: std::str::FromStr>(field: &str, name: &str) -> Result<T, String> {
         field.parse::<T>().map_err(|_| match field.parse::<f64>() {
-            Ok(_) => format!("`{field}` is not a valid {name} (an integer in range is needed)"),
+            Ok(_) => format!("`{}` is not a valid {name} (an integer in range is needed)", shown(field, 40)),
             Err(_) => not_a_number(field),
         })
     }
@@ -266,7 +492,7 @@ fn push_field(values: &mut Data, field: &str) -> Result<(), String> {
         if field.is_empty() {
             "empty field where a number is needed".to_string()
         } else {
-            format!("`{field}` is not a number")
+            format!("`{}` is not a number", shown(field, 40))
         }
     }
     match values {
@@ -280,19 +506,21 @@ fn push_field(values: &mut Data, field: &str) -> Result<(), String> {
             "1" => true,
             _ if field.eq_ignore_ascii_case("false") => false,
             _ if field.eq_ignore_ascii_case("true") => true,
-            _ => return Err(format!("`{field}` is not a bool (0, 1, true or false)")),
+            _ => return Err(format!("`{}` is not a bool (0, 1, true or false)", shown(field, 40))),
         }),
     }
     Ok(())
 }
 
-fn parse_csv(path: &Path, bytes: &[u8], delimiter: u8, dtype: DType) -> Result<Tensor, DataError> {
+fn read_csv(stream: Stream, delimiter: u8, dtype: DType) -> Result<Tensor, DataError> {
+    let path = stream.path;
+    let rest = stream.rest();
     let mut reader = csv::ReaderBuilder::new()
         .has_headers(false)
         .flexible(true)
         .delimiter(delimiter)
         .trim(csv::Trim::All)
-        .from_reader(bytes);
+        .from_reader(rest);
     // Parsed straight into the target type.
     let mut values = Tensor::zeros(&TensorType::new(dtype, vec![0])).data;
     let mut first: Option<(u64, usize)> = None; // line and field count of the first row
@@ -302,10 +530,7 @@ fn parse_csv(path: &Path, bytes: &[u8], delimiter: u8, dtype: DType) -> Result<T
         match reader.read_record(&mut record) {
             Ok(true) => {}
             Ok(false) => break,
-            Err(e) => {
-                let line = e.position().map(|p| format!("row {}: ", p.line())).unwrap_or_default();
-                return Err(DataError::format(path, format!("{line}not valid CSV: {e}")));
-            }
+            Err(e) => return Err(csv_error(path, reader.get_ref(), e)),
         }
         let line = record.position().map(|p| p.line()).unwrap_or(0);
         match first {
@@ -345,6 +570,28 @@ fn parse_csv(path: &Path, bytes: &[u8], delimiter: u8, dtype: DType) -> Result<T
     }
     let shape = if columns == 1 { vec![rows] } else { vec![rows, columns] };
     Ok(Tensor::new(shape, values))
+}
+
+/// What a CSV reader's error means: text that is not CSV (at a row), or the file's bytes
+/// failing to come (unreadable, corrupt gzip, or inflating past the limit).
+fn csv_error(path: &Path, rest: &Rest, e: csv::Error) -> DataError {
+    let row = e.position().map(|p| format!("row {}: ", p.line())).unwrap_or_default();
+    let message = e.to_string();
+    match e.into_kind() {
+        csv::ErrorKind::Io(e) if e.kind() == std::io::ErrorKind::FileTooLarge => DataError::format(
+            path,
+            format!(
+                "gzip data decompresses to more than {} bytes, {CSV_GZIP_MAX_RATIO} times the file's size; \
+                 a CSV file that compresses this well must be stored uncompressed (gunzip it)",
+                rest.limit.unwrap_or(0)
+            ),
+        ),
+        csv::ErrorKind::Io(e) if rest.gzip => {
+            DataError::format(path, format!("gzip data is corrupt or truncated: {e}"))
+        }
+        csv::ErrorKind::Io(e) => io_error(path, e),
+        _ => DataError::format(path, format!("{row}not valid CSV: {message}")),
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

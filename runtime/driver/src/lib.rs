@@ -2,6 +2,8 @@
 //!
 //! - [`data`]: loading IDX, NumPy `.npy` and CSV files (raw or gzip) into tensors whose leading
 //!   axis is the example axis, fitting them to the model's inputs, and batching them.
+//! - [`indices`]: the ranges a plan's ops need of its integer inputs (one_hot depths, gather
+//!   tables, sharded ones included), checked on every feed when it is loaded.
 //! - [`npy`]: `.npy` reading and writing ([`save_npy`] backs `dfc run --fetch NAME -o out.npy`).
 //! - [`checkpoint`]: atomic safetensors checkpoints of the variables, the last few kept.
 //! - [`metrics`]: the JSON-lines log of one record per epoch.
@@ -13,6 +15,7 @@
 
 pub mod checkpoint;
 pub mod data;
+pub mod indices;
 pub mod memory;
 pub mod metrics;
 pub mod npy;
@@ -22,7 +25,7 @@ pub mod session;
 pub mod train;
 
 pub use checkpoint::{Checkpoint, CheckpointError};
-pub use data::{fit, load, load_csv, load_idx, load_npy, shuffled_order, DataError, Dataset};
+pub use data::{fit, load, load_bytes, load_csv, load_idx, load_npy, shuffled_order, DataError, Dataset};
 pub use metrics::{EpochRecord, MetricsLog, WorkerMetrics};
 pub use npy::{save_npy, to_npy_bytes};
 pub use runner::{FreeReplicas, Runner};

@@ -16,7 +16,7 @@ use std::path::Path;
 use dfc_interp::{Data, Tensor};
 use dfc_ir::{DType, Shape};
 
-use crate::data::DataError;
+use crate::data::{shown, DataError, Stream};
 
 pub(crate) const MAGIC: &[u8] = b"\x93NUMPY";
 
@@ -76,9 +76,48 @@ impl std::fmt::Display for Py {
     }
 }
 
-/// A recursive-descent parser for the Python literals that NumPy writes in headers.
+/// The deepest nesting of brackets a header may have. NumPy's own headers nest two deep (the
+/// dict and its shape tuple); structured dtypes a few more.
+const MAX_DEPTH: usize = 32;
+
+/// The longest header read. NumPy itself refuses headers over 10,000 bytes by default.
+const MAX_HEADER_LEN: usize = 1 << 20;
+
+/// A parser for the Python literals that NumPy writes in headers.
+///
+/// It keeps the open brackets on a stack of its own, at most [`MAX_DEPTH`] deep, rather than
+/// recursing: a header is untrusted input, and one of a hundred thousand `[` must be an error,
+/// not a stack overflow. (The crates that read `.npy` files, `npyz` with nom and `ndarray-npy`
+/// with `py_literal`'s pest grammar, parse headers by unbounded recursion, so dfc keeps this
+/// small parser of its own.)
 struct Parser<'a> {
     chars: std::iter::Peekable<std::str::Chars<'a>>,
+}
+
+/// A bracket being parsed: its items so far.
+enum Open {
+    Tuple(Vec<Py>),
+    List(Vec<Py>),
+    /// The items so far and the key whose value comes next.
+    Dict(Vec<(Py, Py)>, Option<Py>),
+}
+
+impl Open {
+    fn close(&self) -> char {
+        match self {
+            Open::Tuple(_) => ')',
+            Open::List(_) => ']',
+            Open::Dict(..) => '}',
+        }
+    }
+
+    fn into_value(self) -> Py {
+        match self {
+            Open::Tuple(items) => Py::Tuple(items),
+            Open::List(items) => Py::List(items),
+            Open::Dict(items, _) => Py::Dict(items),
+        }
+    }
 }
 
 impl Parser<'_> {
@@ -98,21 +137,63 @@ impl Parser<'_> {
         }
     }
 
-    /// Items up to `close`, separated by commas (a trailing comma allowed).
-    fn seq(&mut self, close: char, mut item: impl FnMut(&mut Self) -> Result<(), String>) -> Result<(), String> {
+    /// One value: a whole literal, brackets and all.
+    fn value(&mut self) -> Result<Py, String> {
+        let mut open: Vec<Open> = Vec::new();
         loop {
-            if self.eat(close) {
-                return Ok(());
-            }
-            item(self)?;
-            if !self.eat(',') {
-                return if self.eat(close) { Ok(()) } else { Err(format!("expected `,` or `{close}`")) };
+            // A value starts here: an opening bracket (whose items follow) or a scalar.
+            self.skip_ws();
+            let bracket = match self.chars.peek() {
+                Some('(') => Some(Open::Tuple(Vec::new())),
+                Some('[') => Some(Open::List(Vec::new())),
+                Some('{') => Some(Open::Dict(Vec::new(), None)),
+                _ => None,
+            };
+            let mut done = match bracket {
+                Some(bracket) => {
+                    if open.len() == MAX_DEPTH {
+                        return Err(format!("brackets nested more than {MAX_DEPTH} deep"));
+                    }
+                    self.chars.next();
+                    let close = bracket.close();
+                    open.push(bracket);
+                    if !self.eat(close) {
+                        continue;
+                    }
+                    open.pop().expect("just pushed").into_value()
+                }
+                None => self.scalar()?,
+            };
+            // A value is done: it goes into the innermost bracket, which may then close too.
+            loop {
+                let Some(innermost) = open.last_mut() else { return Ok(done) };
+                match innermost {
+                    Open::Tuple(items) | Open::List(items) => items.push(done),
+                    Open::Dict(_, key @ None) => {
+                        *key = Some(done);
+                        if !self.eat(':') {
+                            return Err("expected `:` after a dict key".into());
+                        }
+                        break; // the key's value follows
+                    }
+                    Open::Dict(items, key @ Some(_)) => items.push((key.take().expect("matched"), done)),
+                }
+                let close = innermost.close();
+                // Items are separated by commas; a trailing comma is allowed.
+                let comma = self.eat(',');
+                if !self.eat(close) {
+                    if comma {
+                        break; // another item follows
+                    }
+                    return Err(format!("expected `,` or `{close}`"));
+                }
+                done = open.pop().expect("innermost exists").into_value();
             }
         }
     }
 
-    fn value(&mut self) -> Result<Py, String> {
-        self.skip_ws();
+    /// A string, number, `True`, `False` or `None`.
+    fn scalar(&mut self) -> Result<Py, String> {
         match self.chars.peek().copied() {
             Some(q @ ('\'' | '"')) => {
                 self.chars.next();
@@ -126,37 +207,6 @@ impl Parser<'_> {
                     }
                 }
             }
-            Some('(') => {
-                self.chars.next();
-                let mut items = Vec::new();
-                self.seq(')', |p| {
-                    items.push(p.value()?);
-                    Ok(())
-                })?;
-                Ok(Py::Tuple(items))
-            }
-            Some('[') => {
-                self.chars.next();
-                let mut items = Vec::new();
-                self.seq(']', |p| {
-                    items.push(p.value()?);
-                    Ok(())
-                })?;
-                Ok(Py::List(items))
-            }
-            Some('{') => {
-                self.chars.next();
-                let mut items = Vec::new();
-                self.seq('}', |p| {
-                    let key = p.value()?;
-                    if !p.eat(':') {
-                        return Err("expected `:` after a dict key".into());
-                    }
-                    items.push((key, p.value()?));
-                    Ok(())
-                })?;
-                Ok(Py::Dict(items))
-            }
             Some(c) if c.is_ascii_alphanumeric() => {
                 let mut word = String::new();
                 while let Some(&c) = self.chars.peek().filter(|c| c.is_ascii_alphanumeric() || **c == '_') {
@@ -168,17 +218,22 @@ impl Parser<'_> {
                     "False" => Ok(Py::Bool(false)),
                     "None" => Ok(Py::None),
                     // Python 2 wrote long integers with an `L` suffix.
-                    w => w.strip_suffix('L').unwrap_or(w).parse().map(Py::Int).map_err(|_| format!("unexpected `{w}`")),
+                    w => w
+                        .strip_suffix('L')
+                        .unwrap_or(w)
+                        .parse()
+                        .map(Py::Int)
+                        .map_err(|_| format!("unexpected `{}`", shown(w, 40))),
                 }
             }
-            Some(c) => Err(format!("unexpected `{c}`")),
+            Some(c) => Err(format!("unexpected `{}`", shown(&c.to_string(), 1))),
             None => Err("unexpected end of header".into()),
         }
     }
 }
 
 fn header_error(path: &Path, header: &str, why: impl std::fmt::Display) -> DataError {
-    DataError::format(path, format!("bad npy header ({why}): {}", header.trim_end()))
+    DataError::format(path, format!("bad npy header ({why}): {}", shown(header.trim_end(), 200)))
 }
 
 /// How the data of a supported dtype is laid out and what it becomes.
@@ -237,8 +292,16 @@ fn parse_descr(descr: &str) -> Option<(Elem, bool)> {
     Some((elem, big))
 }
 
-/// Parses the bytes of a `.npy` file (already gunzipped); `path` is for messages.
-pub(crate) fn parse(path: &Path, bytes: &[u8]) -> Result<Tensor, DataError> {
+/// Parses the bytes of a `.npy` file (raw or gzip); `path` is for messages. The entry point
+/// for fuzzing the `.npy` reader.
+pub fn parse(path: &Path, bytes: &[u8]) -> Result<Tensor, DataError> {
+    read(Stream::of_bytes(path, bytes))
+}
+
+/// Reads a `.npy` file: the header, checked against the file's size, then the data.
+pub(crate) fn read(mut stream: Stream) -> Result<Tensor, DataError> {
+    let path = stream.path();
+    let bytes = stream.head(12)?;
     if !bytes.starts_with(MAGIC) {
         let head: Vec<String> = bytes.iter().take(6).map(|b| format!("{b:02x}")).collect();
         return Err(DataError::format(
@@ -246,20 +309,21 @@ pub(crate) fn parse(path: &Path, bytes: &[u8]) -> Result<Tensor, DataError> {
             format!("bad npy magic [{}]: a .npy file starts with \\x93NUMPY (93 4e 55 4d 50 59)", head.join(" ")),
         ));
     }
-    let truncated_header = |need: usize| {
-        DataError::format(path, format!("truncated npy header: expected {need} bytes, found {}", bytes.len()))
+    let found = bytes.len();
+    let truncated_header = |need: usize, found: usize| {
+        DataError::format(path, format!("truncated npy header: expected {need} bytes, found {found}"))
     };
-    if bytes.len() < 10 {
-        return Err(truncated_header(10));
+    if found < 10 {
+        return Err(truncated_header(10, found));
     }
     let (major, minor) = (bytes[6], bytes[7]);
     let (header_start, header_len) = match major {
         1 => (10, usize::from(u16::from_le_bytes([bytes[8], bytes[9]]))),
         2 | 3 => {
-            if bytes.len() < 12 {
-                return Err(truncated_header(12));
+            if found < 12 {
+                return Err(truncated_header(12, found));
             }
-            (12, u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes")) as usize)
+            (12, u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize)
         }
         _ => {
             return Err(DataError::format(
@@ -268,9 +332,16 @@ pub(crate) fn parse(path: &Path, bytes: &[u8]) -> Result<Tensor, DataError> {
             ))
         }
     };
+    if header_len > MAX_HEADER_LEN {
+        return Err(DataError::format(
+            path,
+            format!("npy header of {header_len} bytes is longer than the {MAX_HEADER_LEN} bytes dfc reads"),
+        ));
+    }
     let data_start = header_start + header_len;
+    let bytes = stream.head(data_start)?;
     if bytes.len() < data_start {
-        return Err(truncated_header(data_start));
+        return Err(truncated_header(data_start, bytes.len()));
     }
     let raw = &bytes[header_start..data_start];
     let header: String = if major == 3 {
@@ -292,12 +363,15 @@ pub(crate) fn parse(path: &Path, bytes: &[u8]) -> Result<Tensor, DataError> {
     };
     let (elem, big) = match get("descr")? {
         Py::Str(descr) => parse_descr(descr).ok_or_else(|| {
-            DataError::format(path, format!("unsupported npy dtype '{descr}' (supported: {SUPPORTED})"))
+            DataError::format(path, format!("unsupported npy dtype '{}' (supported: {SUPPORTED})", shown(descr, 40)))
         })?,
         other => {
             return Err(DataError::format(
                 path,
-                format!("unsupported npy dtype {other}: a structured (record) dtype (supported: {SUPPORTED})"),
+                format!(
+                    "unsupported npy dtype {}: a structured (record) dtype (supported: {SUPPORTED})",
+                    shown(&other.to_string(), 200)
+                ),
             ))
         }
     };
@@ -333,34 +407,21 @@ pub(crate) fn parse(path: &Path, bytes: &[u8]) -> Result<Tensor, DataError> {
     let n_bytes = shape
         .dims()
         .iter()
-        .try_fold(elem.size(), |n, &d| n.checked_mul(d))
-        .ok_or_else(|| DataError::format(path, format!("npy shape {shape} is too large")))?;
-    let data = &bytes[data_start..];
-    if data.len() < n_bytes {
-        return Err(DataError::format(
-            path,
-            format!("truncated npy data: '{descr}' {shape} needs {n_bytes} bytes, found {}", data.len()),
-        ));
-    }
-    if data.len() > n_bytes {
-        return Err(DataError::format(
-            path,
-            format!(
-                "npy file has {} bytes after the data of '{descr}' {shape} ({n_bytes} bytes expected)",
-                data.len() - n_bytes
-            ),
-        ));
-    }
+        .try_fold(elem.size() as u64, |n, &d| n.checked_mul(d as u64))
+        .ok_or_else(|| DataError::format(path, format!("npy shape {shape} is too large: its size overflows")))?;
+    let data = stream.body(data_start, n_bytes, "npy", &format!("'{descr}' {shape}"))?;
     fn words<const N: usize, T>(data: &[u8], big: bool, le: fn([u8; N]) -> T, be: fn([u8; N]) -> T) -> Vec<T> {
         let f = if big { be } else { le };
-        data.chunks_exact(N).map(|c| f(c.try_into().expect("exact chunks"))).collect()
+        data.chunks_exact(N).map(|c| f(std::array::from_fn(|i| c[i]))).collect()
     }
+    let bytes = data;
+    let data = &bytes[..];
     let data = match elem {
         Elem::F4 => Data::F32(words(data, big, f32::from_le_bytes, f32::from_be_bytes)),
         Elem::F8 => Data::F64(words(data, big, f64::from_le_bytes, f64::from_be_bytes)),
         Elem::I4 => Data::I32(words(data, big, i32::from_le_bytes, i32::from_be_bytes)),
         Elem::I8 => Data::I64(words(data, big, i64::from_le_bytes, i64::from_be_bytes)),
-        Elem::U1 => Data::U8(data.to_vec()),
+        Elem::U1 => Data::U8(bytes),
         Elem::B1 => Data::Bool(data.iter().map(|&b| b != 0).collect()),
         Elem::I1 => Data::I32(data.iter().map(|&b| i32::from(b as i8)).collect()),
         Elem::I2 => {

@@ -52,6 +52,9 @@ pub enum RunError {
     Interp(#[from] InterpError),
     #[error("checkpoint: {0}")]
     Checkpoint(String),
+    /// A checkpoint file that cannot be read or does not fit the plan (the message names it).
+    #[error("{0}")]
+    CheckpointFile(#[from] checkpoint::CheckpointError),
     #[error("{0}")]
     Io(#[from] std::io::Error),
     #[error("{0}")]
@@ -90,8 +93,11 @@ pub fn batch_size(plan: &Plan) -> Result<usize, RunError> {
     Ok(batch)
 }
 
-/// Loads the feeds named on the command line and checks them against the model's inputs.
+/// Loads the feeds named on the command line and checks them against the model's inputs: their
+/// types, and the values its ops can take ([`crate::indices`]). Every runner's feeds are loaded
+/// here, in the driver's process, so the checks hold for remote workers too.
 pub fn load_feeds(plan: &Plan, feeds: &[(String, PathBuf)], what: &str) -> Result<Dataset, RunError> {
+    let ranges = crate::indices::index_ranges(plan);
     let mut tensors = Vec::new();
     for (name, path) in feeds {
         let Some(input) = plan.inputs.iter().find(|input| input.name == *name) else {
@@ -104,6 +110,7 @@ pub fn load_feeds(plan: &Plan, feeds: &[(String, PathBuf)], what: &str) -> Resul
         };
         let tensor = data::load(path)?;
         let tensor = data::fit(name, tensor, &input.ty)?;
+        crate::indices::check(&ranges, name, path, &tensor)?;
         tensors.push((name.clone(), tensor));
     }
     Ok(Dataset::new(tensors)?)
@@ -170,8 +177,8 @@ pub fn train_with<R: Runner>(
     let (mut step, mut start_epoch) = (0u64, 0u64);
     if let Some(dir) = &options.checkpoint_dir {
         std::fs::create_dir_all(dir)?;
-        if let Some(found) = checkpoint::latest(dir).map_err(|e| RunError::Checkpoint(e.to_string()))? {
-            session.restore(&found.tensors, &found.path)?;
+        if let Some(found) = checkpoint::latest(dir)? {
+            restore(session, &found)?;
             step = found.step;
             start_epoch = found.epoch;
             progress.resumed(step, start_epoch, &found.path);
@@ -360,13 +367,11 @@ fn train_free_running(
 }
 
 /// Replaces initial values by a checkpoint's, which must hold every logical variable with
-/// its type (see [`Session::restore`]).
-pub fn restore<R: Runner>(
-    session: &mut R,
-    saved: &BTreeMap<String, Tensor>,
-    path: &std::path::Path,
-) -> Result<(), RunError> {
-    session.restore(saved, path)
+/// its type: checked here, naming the file, before anything changes on whatever runs the plan
+/// (see [`checkpoint::check_against`]).
+pub fn restore<R: Runner>(session: &mut R, checkpoint: &checkpoint::Checkpoint) -> Result<(), RunError> {
+    checkpoint::check_against(session.plan(), checkpoint)?;
+    session.restore(&checkpoint.tensors, &checkpoint.path)
 }
 
 /// Mean loss and metrics over every full batch of `data`, in order.

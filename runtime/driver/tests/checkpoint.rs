@@ -168,6 +168,41 @@ fn damaged_and_foreign_files_are_errors() {
     let path = checkpoint::save(dir.path(), 7, 1, vars.iter().map(|(n, t)| (n.as_str(), t))).unwrap();
     let bytes = std::fs::read(&path).unwrap();
 
+    // Hostile headers: a length past the file, offsets outside the data, a shape whose size
+    // overflows, JSON nested past serde_json's limit.
+    let mut huge = u64::MAX.to_le_bytes().to_vec();
+    huge.extend_from_slice(b"{}");
+    let path = dir.path().join("huge.safetensors");
+    std::fs::write(&path, &huge).unwrap();
+    let msg = load_err(&path);
+    assert!(
+        msg.contains("huge.safetensors") && msg.contains("header length 18446744073709551615 is more than"),
+        "{msg}"
+    );
+    let forged = |name: &str, header: &str, data: usize| {
+        let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+        bytes.extend_from_slice(header.as_bytes());
+        bytes.resize(bytes.len() + data, 0);
+        let path = dir.path().join(name);
+        std::fs::write(&path, &bytes).unwrap();
+        load_err(&path)
+    };
+    let meta = r#""__metadata__":{"format":"dfc-checkpoint-1","step":"1","epoch":"0"}"#;
+    let msg = forged(
+        "offsets.safetensors",
+        &format!(r#"{{{meta},"w":{{"dtype":"F32","shape":[2],"data_offsets":[0,800]}}}}"#),
+        8,
+    );
+    assert!(msg.contains("offsets.safetensors") && msg.contains("not a valid safetensors file"), "{msg}");
+    let msg = forged(
+        "overflow.safetensors",
+        &format!(r#"{{{meta},"w":{{"dtype":"F64","shape":[4294967296,4294967296,4294967296],"data_offsets":[0,8]}}}}"#),
+        8,
+    );
+    assert!(msg.contains("overflow.safetensors") && msg.contains("overflow"), "{msg}");
+    let msg = forged("deep.safetensors", &format!("{}{}", "[".repeat(100_000), "]".repeat(100_000)), 0);
+    assert!(msg.contains("deep.safetensors") && msg.contains("invalid JSON"), "{msg}");
+
     // Truncated at several places: always an error naming the file, never a panic.
     for cut in [0, 4, 8, 20, bytes.len() / 2, bytes.len() - 1] {
         let broken = dir.path().join(format!("cut-{cut}.safetensors"));

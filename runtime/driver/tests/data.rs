@@ -137,9 +137,55 @@ fn idx_errors() {
     let path = write(dir.path(), "cut.idx.gz", &gz);
     contains(&err(data::load(&path)), &["cut.idx.gz", "gzip data is corrupt or truncated"]);
 
+    // Hostile sizes: dims whose product overflows, a gzip file declaring more than it can
+    // hold, a gzip bomb behind a small header (refused after inflating one byte past it).
+    let path = write(dir.path(), "overflow-idx3-ubyte", &idx(0x0E, &[u32::MAX, u32::MAX, u32::MAX], &[]));
+    contains(
+        &err(data::load(&path)),
+        &["overflow-idx3-ubyte", "IDX shape f64[4294967295,4294967295,4294967295] is too large"],
+    );
+    let path = write(dir.path(), "huge-idx1-ubyte", &idx(0x08, &[u32::MAX], &[1, 2]));
+    contains(&err(data::load(&path)), &["truncated IDX data: u8[4294967295] needs 4294967295 bytes, found 2"]);
+    let path = write(dir.path(), "huge-idx1-ubyte.gz", &gzip(&idx(0x08, &[u32::MAX], &[1, 2])));
+    contains(&err(data::load(&path)), &["huge-idx1-ubyte.gz", "4294967295 bytes of data, more than a gzip file of"]);
+    let mut bomb = idx(0x08, &[1000], &[]);
+    bomb.resize(50_000_000, 0);
+    let path = write(dir.path(), "bomb-idx1-ubyte.gz", &gzip(&bomb));
+    contains(
+        &err(data::load(&path)),
+        &["bomb-idx1-ubyte.gz", "decompresses to more than the 1008 bytes its header declares"],
+    );
+
     // Missing file.
     let msg = err(data::load(&dir.path().join("nope.idx")));
     contains(&msg, &["cannot read", "nope.idx"]);
+}
+
+/// A pipe has no size: IDX and gzip IDX are read from one all the same (`<(zcat …)`), checked
+/// against what their headers declare.
+#[test]
+fn idx_from_a_pipe() {
+    let dir = tempfile::tempdir().unwrap();
+    let bytes = idx(0x08, &[2, 3], &[1, 2, 3, 4, 5, 6]);
+    for (name, content, expected) in [
+        ("raw", bytes.clone(), Ok(())),
+        ("gz", gzip(&bytes), Ok(())),
+        ("short", bytes[..14].to_vec(), Err("truncated IDX data: u8[2,3] needs 6 bytes, found 2")),
+    ] {
+        let fifo = dir.path().join(format!("{name}-idx3-ubyte"));
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status().expect("mkfifo");
+        assert!(made.success());
+        let writer = {
+            let fifo = fifo.clone();
+            std::thread::spawn(move || std::fs::write(fifo, content).unwrap())
+        };
+        let loaded = data::load(&fifo);
+        writer.join().unwrap();
+        match expected {
+            Ok(()) => assert_eq!(loaded.unwrap(), Tensor::new(vec![2, 3], Data::U8(vec![1, 2, 3, 4, 5, 6])), "{name}"),
+            Err(message) => contains(&err(loaded), &[message]),
+        }
+    }
 }
 
 #[test]
@@ -235,6 +281,18 @@ fn csv_errors() {
     // Nothing to load.
     let path = write(dir.path(), "empty.csv", b"");
     contains(&err(data::load(&path)), &["empty.csv", "no rows"]);
+    // A gzip CSV bomb is refused after inflating its limit; as much text uncompressed loads.
+    let zeros = "0\n".repeat(1_000_000);
+    let packed = gzip(zeros.as_bytes());
+    assert!(zeros.len() as u64 > data::CSV_GZIP_MAX_RATIO * packed.len() as u64, "the test needs a bomb");
+    let path = write(dir.path(), "bomb.csv.gz", &packed);
+    contains(&err(data::load(&path)), &["bomb.csv.gz", "gzip data decompresses to more than", "gunzip it"]);
+    let path = write(dir.path(), "zeros.csv", zeros.as_bytes());
+    assert_eq!(data::load(&path).unwrap().shape.dims(), [1_000_000]);
+    // Bytes that are not UTF-8 in a CSV file.
+    let path = write(dir.path(), "latin.csv", b"1,2\n3,\xff\n");
+    contains(&err(data::load(&path)), &["latin.csv", "not valid CSV", "UTF-8"]);
+
     let path = write(dir.path(), "only-header.csv", b"a,b\n");
     contains(&err(data::load(&path)), &["only-header.csv", "header but no data rows"]);
 }

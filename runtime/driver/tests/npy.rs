@@ -216,6 +216,35 @@ fn errors() {
         contains(&err(data::load(&path)), &["bad npy header", why]);
     }
 
+    // Hostile headers: deep nesting is an error (not a stack overflow), shown shortened; a
+    // header longer than dfc reads, a shape whose size overflows, a gzip file whose header
+    // declares more than it can hold, or that inflates past what its header declares.
+    let deep = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': {}", "[".repeat(100_000));
+    let path = write(dir.path(), "deep.npy", &npy_file(2, &deep, &f4));
+    let msg = err(data::load(&path));
+    contains(&msg, &["deep.npy", "bad npy header (brackets nested more than 32 deep)", "…"]);
+    assert!(msg.len() < 400, "the header is shortened in the message: {} bytes", msg.len());
+    let ok_depth = format!(
+        "{{'descr': '<f4', 'fortran_order': False, 'x': {}1{}, 'shape': (6,)}}",
+        "[".repeat(31),
+        "]".repeat(31)
+    );
+    let path = write(dir.path(), "nested.npy", &npy_file(1, &ok_depth, &f4));
+    assert_eq!(data::load(&path).unwrap().shape.dims(), [6], "31 levels inside the dict are within the limit");
+    let mut long = b"\x93NUMPY\x02\x00".to_vec();
+    long.extend_from_slice(&u32::MAX.to_le_bytes());
+    let path = write(dir.path(), "long-header.npy", &long);
+    contains(&err(data::load(&path)), &["long-header.npy", "npy header of 4294967295 bytes is longer than"]);
+    let huge = dict("<f8", "(4294967296, 4294967296, 4294967296)");
+    let path = write(dir.path(), "overflow.npy", &npy_file(1, &huge, &f4));
+    contains(&err(data::load(&path)), &["overflow.npy", "too large: its size overflows"]);
+    let path = write(dir.path(), "big.npy.gz", &gzip(&npy_file(1, &dict("<f4", "(1000000000,)"), &f4)));
+    contains(&err(data::load(&path)), &["big.npy.gz", "4000000000 bytes of data, more than a gzip file of"]);
+    let mut bomb = npy_file(1, &dict("|u1", "(1000,)"), &[]);
+    bomb.resize(bomb.len() + 50_000_000, 0);
+    let path = write(dir.path(), "bomb.npy.gz", &gzip(&bomb));
+    contains(&err(data::load(&path)), &["bomb.npy.gz", "decompresses to more than the 1128 bytes its header declares"]);
+
     // A 0-d array has no example axis (load_npy itself reads it).
     let path = write(dir.path(), "scalar.npy", &npy_file(1, &dict("<f4", "()"), &f4[..4]));
     contains(&err(data::load(&path)), &["scalar.npy", "no example axis"]);
