@@ -136,11 +136,21 @@ struct Hosts {
 }
 
 /// A registered plan: its session (this worker's partitions), prepared programs and steps.
+/// Dropping it (a new registration replaces it) frees the plan, its variables and its code.
 struct Registered {
     sha256: prost::bytes::Bytes,
-    running: Mutex<Running>,
+    running: Mutex<PlanSession>,
     host: Arc<StepHost>,
 }
+
+self_cell::self_cell!(
+    /// A registered plan and what runs it, which borrows it.
+    struct PlanSession {
+        owner: Plan,
+        #[covariant]
+        dependent: Running,
+    }
+);
 
 /// What the steps of a registration (or a benchmark) meet through: where keys go, the other
 /// workers, and the rendezvous of the steps under way (created by the first Run or Push of a
@@ -152,8 +162,8 @@ struct StepHost {
     wait: Duration,
 }
 
-struct Running {
-    session: Session<'static>,
+struct Running<'p> {
+    session: Session<'p>,
     programs: HashMap<u64, (SessionProgram, Vec<usize>, Stage)>,
 }
 
@@ -309,13 +319,13 @@ impl Worker for WorkerService {
         let sha256 = request.plan_sha256.clone();
         let count = hosted.len() as u32;
         let registered = blocking(move || {
-            // The session borrows the plan for as long as the registration lives; a worker
-            // serves one job, so the plan of a replaced registration is not reclaimed.
-            let plan: &'static Plan = Box::leak(Box::new(plan));
-            let session = Session::hosting(plan, seed, backend, &hosted).map_err(|e| bad(e.to_string()))?;
+            let running = PlanSession::try_new(plan, |plan| {
+                let session = Session::hosting(plan, seed, backend, &hosted).map_err(|e| bad(e.to_string()))?;
+                Ok::<_, Status>(Running { session, programs: HashMap::new() })
+            })?;
             Ok(Registered {
                 sha256,
-                running: Mutex::new(Running { session, programs: HashMap::new() }),
+                running: Mutex::new(running),
                 host: Arc::new(StepHost { routes, peers, steps: Mutex::new(HashMap::new()), wait }),
             })
         })
@@ -328,24 +338,27 @@ impl Worker for WorkerService {
         let request = request.into_inner();
         let registered = self.current(&request.plan_sha256)?;
         blocking(move || {
-            let mut running = registered.running.lock().unwrap_or_else(|e| e.into_inner());
-            let fetches: Vec<&str> = request.fetches.iter().map(String::as_str).collect();
-            let targets: Vec<&str> = request.targets.iter().map(String::as_str).collect();
-            let stage = match request.stage {
-                0 => Stage::Whole,
-                1 => Stage::BeforeRecvs,
-                2 => Stage::AfterRecvs,
-                other => return Err(bad(format!("no stage {other}"))),
-            };
-            let program = running.session.program_stage(&fetches, &targets, stage).map_err(|e| bad(e.to_string()))?;
-            let provides = program.hosted_fetches();
-            let reply = PrepareReply {
-                takes_part: !program.partitions().is_empty(),
-                inputs: program.inputs(),
-                provides: provides.iter().map(|&i| i as u32).collect(),
-            };
-            running.programs.insert(request.program, (program, provides, stage));
-            Ok(Response::new(reply))
+            let mut cell = registered.running.lock().unwrap_or_else(|e| e.into_inner());
+            cell.with_dependent_mut(|_, running| {
+                let fetches: Vec<&str> = request.fetches.iter().map(String::as_str).collect();
+                let targets: Vec<&str> = request.targets.iter().map(String::as_str).collect();
+                let stage = match request.stage {
+                    0 => Stage::Whole,
+                    1 => Stage::BeforeRecvs,
+                    2 => Stage::AfterRecvs,
+                    other => return Err(bad(format!("no stage {other}"))),
+                };
+                let program =
+                    running.session.program_stage(&fetches, &targets, stage).map_err(|e| bad(e.to_string()))?;
+                let provides = program.hosted_fetches();
+                let reply = PrepareReply {
+                    takes_part: !program.partitions().is_empty(),
+                    inputs: program.inputs(),
+                    provides: provides.iter().map(|&i| i as u32).collect(),
+                };
+                running.programs.insert(request.program, (program, provides, stage));
+                Ok(Response::new(reply))
+            })
         })
         .await
     }
@@ -363,15 +376,17 @@ impl Worker for WorkerService {
             let rendezvous = registered.host.step(step);
             let started = std::time::Instant::now();
             let (result, stage) = {
-                let mut running = registered.running.lock().unwrap_or_else(|e| e.into_inner());
-                let Running { session, programs } = &mut *running;
-                let (program, provides, stage) = programs.get(&request.program).ok_or_else(|| {
-                    Status::failed_precondition(format!("program {} was not prepared", request.program))
-                })?;
-                let result = session.run_with(program, &feeds, &*rendezvous).map(|fetched| {
-                    provides.iter().map(|&i| fetched[i].clone().expect("a hosted fetch")).collect::<Vec<Tensor>>()
-                });
-                (result, *stage)
+                let mut cell = registered.running.lock().unwrap_or_else(|e| e.into_inner());
+                cell.with_dependent_mut(|_, running| {
+                    let Running { session, programs } = running;
+                    let (program, provides, stage) = programs.get(&request.program).ok_or_else(|| {
+                        Status::failed_precondition(format!("program {} was not prepared", request.program))
+                    })?;
+                    let result = session.run_with(program, &feeds, &*rendezvous).map(|fetched| {
+                        provides.iter().map(|&i| fetched[i].clone().expect("a hosted fetch")).collect::<Vec<Tensor>>()
+                    });
+                    Ok::<_, Status>((result, *stage))
+                })?
             };
             // The step goes on in a later Run (its Recvs), which may wait for what this one sent
             // to this worker's own partitions.
@@ -447,8 +462,9 @@ impl Worker for WorkerService {
     async fn get_variables(&self, request: Request<VariablesRequest>) -> Result<Response<VariablesReply>, Status> {
         let registered = self.current(&request.into_inner().plan_sha256)?;
         blocking(move || {
-            let running = registered.running.lock().unwrap_or_else(|e| e.into_inner());
-            let variables = running
+            let cell = registered.running.lock().unwrap_or_else(|e| e.into_inner());
+            let variables = cell
+                .borrow_dependent()
                 .session
                 .variables()
                 .iter()
@@ -468,11 +484,11 @@ impl Worker for WorkerService {
             saved.insert(variable.name.clone(), tensor::from_proto(tensor).map_err(bad)?);
         }
         blocking(move || {
-            let mut running = registered.running.lock().unwrap_or_else(|e| e.into_inner());
-            running
-                .session
-                .restore(&saved, std::path::Path::new("the driver's checkpoint"))
-                .map_err(|e| bad(e.to_string()))?;
+            let mut cell = registered.running.lock().unwrap_or_else(|e| e.into_inner());
+            cell.with_dependent_mut(|_, running| {
+                running.session.restore(&saved, std::path::Path::new("the driver's checkpoint"))
+            })
+            .map_err(|e| bad(e.to_string()))?;
             Ok(Response::new(RestoreReply {}))
         })
         .await

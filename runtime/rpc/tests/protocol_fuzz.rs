@@ -146,10 +146,15 @@ async fn thousands_of_random_calls_never_crash_the_worker() {
                             (bytes.clone(), dfc_rpc::plan_sha256(&bytes))
                         }
                         1 => {
-                            // The real plan with one byte changed, under its new hash.
+                            // The real plan with one byte of its payload changed, its checksum
+                            // made right again (a crafted or badly written plan), under its new
+                            // hash: refused by the plan's validation, or run.
                             let mut bytes = plan.clone();
-                            let at = random.below(bytes.len() as u64) as usize;
+                            let header = dfc_plan::HEADER_LEN;
+                            let at = header + random.below((bytes.len() - header) as u64) as usize;
                             bytes[at] ^= 1 << random.below(8);
+                            let checksum = crc32fast::hash(&bytes[header..]);
+                            bytes[20..24].copy_from_slice(&checksum.to_le_bytes());
                             (bytes.clone(), dfc_rpc::plan_sha256(&bytes))
                         }
                         _ => (plan.clone(), sha),
