@@ -1,5 +1,6 @@
-//! The data plane: TCP connections (TLS with `--tls-dir`) between workers for the ring all-reduce's segments
-//! and the tensors sent to other workers' Recvs, beside gRPC, which keeps every control call.
+//! The data plane: TCP connections (in TLS with `--tls-dir`) between workers for the ring
+//! all-reduce's segments and the tensors sent to other workers' Recvs, beside gRPC, which keeps
+//! every control call.
 //!
 //! Over gRPC a segment cost an HTTP/2 stream, protobuf framing and a copy into one buffer on
 //! arrival; here a segment is written straight from the tensor's memory in chunks
@@ -118,7 +119,7 @@ fn tag(token: &[u8], side: Side, receiver_nonce: &[u8], sender_nonce: &[u8], id:
     let mut mac = HmacSha256::new_from_slice(token).expect("HMAC takes a key of any length");
     mac.update(match side {
         Side::Sender => b"dfc data plane 2: sender\0",
-        Side::Receiver => b"dfc data plane 2: receiver",
+        Side::Receiver => b"dfc data plane 2: receiver\0",
     });
     mac.update(receiver_nonce);
     mac.update(sender_nonce);
@@ -193,7 +194,7 @@ async fn accept(
             let sink = handshake(&mut stream, token, lookup, admitted).await?;
             // What rustls has read beyond the handshake stays in the connection's buffers.
             let (stream, connection) = stream.into_inner();
-            Ok((Wire::Server(Box::new(rustls::StreamOwned::new(connection, blocking(stream)?))), sink))
+            Ok((Wire::Server(Box::new(rustls::StreamOwned::new(connection, Socket::new(blocking(stream)?)))), sink))
         }
     }
 }
@@ -284,17 +285,44 @@ fn receive(stream: Wire, sink: &dyn Deliver) -> Result<(), String> {
 /// the sender's).
 pub(crate) enum Wire {
     Plain(TcpStream),
-    Server(Box<rustls::StreamOwned<rustls::ServerConnection, TcpStream>>),
-    Client(Box<rustls::StreamOwned<rustls::ClientConnection, TcpStream>>),
+    Server(Box<rustls::StreamOwned<rustls::ServerConnection, Socket>>),
+    Client(Box<rustls::StreamOwned<rustls::ClientConnection, Socket>>),
+}
+
+/// TLS's side of a TCP connection, read through a buffer: rustls reads at most 4 KiB at a
+/// time, a system call each, where a chunk is 1 MiB.
+pub(crate) struct Socket(std::io::BufReader<TcpStream>);
+
+impl Socket {
+    fn new(stream: TcpStream) -> Socket {
+        Socket(std::io::BufReader::with_capacity(PIECE, stream))
+    }
+}
+
+impl Read for Socket {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.0.read(buf)
+    }
+}
+
+impl Write for Socket {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.get_mut().write(buf)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.get_mut().flush()
+    }
 }
 
 impl Wire {
-    /// The TCP connection underneath, for its timeouts and to see whether the peer is there.
+    /// The TCP connection underneath, for its timeouts and to see whether the peer is there
+    /// (a queue's connection carries nothing, so nothing waits in the TLS side's buffer).
     fn socket(&self) -> &TcpStream {
         match self {
             Wire::Plain(stream) => stream,
-            Wire::Server(tls) => tls.get_ref(),
-            Wire::Client(tls) => tls.get_ref(),
+            Wire::Server(tls) => tls.get_ref().0.get_ref(),
+            Wire::Client(tls) => tls.get_ref().0.get_ref(),
         }
     }
 
@@ -675,7 +703,7 @@ impl Links {
                     .map_err(|e| Failed::Refused(e.to_string()))?;
                 let connection =
                     rustls::ClientConnection::new(config.clone(), name).map_err(|e| Failed::Refused(e.to_string()))?;
-                Wire::Client(Box::new(rustls::StreamOwned::new(connection, stream)))
+                Wire::Client(Box::new(rustls::StreamOwned::new(connection, Socket::new(stream))))
             }
         };
         self.prove(&mut stream)?;

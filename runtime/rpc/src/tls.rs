@@ -135,11 +135,13 @@ pub fn plaintext_listener(address: SocketAddr) -> Result<(), String> {
 
 /// The address to talk to in clear for `address` (host:port): its host must resolve to
 /// loopback addresses only, and the one returned is the one to connect to (not resolved again,
-/// so that a name cannot point elsewhere the second time).
+/// so that a name cannot point elsewhere the second time): an IPv4 one if there is one, as
+/// workers listen on 127.0.0.1 unless told otherwise, where `localhost` often resolves to ::1
+/// first.
 pub fn plaintext_address(address: &str) -> Result<SocketAddr, String> {
     let resolved: Vec<SocketAddr> =
         address.to_socket_addrs().map_err(|e| format!("worker address `{address}`: {e}"))?.collect();
-    match resolved.first() {
+    match resolved.iter().find(|a| a.is_ipv4()).or(resolved.first()) {
         Some(first) if resolved.iter().all(|a| a.ip().is_loopback()) => Ok(*first),
         Some(_) => Err(format!(
             "worker address `{address}` is not on this machine's loopback, and without TLS the token and the tensors would cross the network in clear: {USE_TLS}"
@@ -183,6 +185,7 @@ mod tests {
         for address in ["127.0.0.1:7000", "[::1]:7000", "localhost:7000", "127.1.2.3:1"] {
             assert!(plaintext_address(address).is_ok_and(|a| a.ip().is_loopback()), "{address}");
         }
+        assert!(plaintext_address("localhost:7000").unwrap().is_ipv4(), "where workers listen by default");
         for address in ["192.0.2.1:7000", "10.0.0.1:1", "[2001:db8::1]:7000", "0.0.0.0:7000"] {
             let error = plaintext_address(address).unwrap_err();
             assert!(error.contains("in clear") && error.contains("dfc certs"), "{address}: {error}");
