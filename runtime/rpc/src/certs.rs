@@ -30,7 +30,9 @@ use std::sync::Arc;
 /// The CA's files in OUT.
 const CA_CERT: &str = "ca.pem";
 const CA_KEY: &str = "ca-key.pem";
-/// The CA's subject: a CA that `dfc certs` made is recognised by it when it is used again.
+/// The CA's subject, followed by a fingerprint of its key: the same CA has the same subject
+/// when `dfc certs` signs more hosts with it, and two CAs have different ones (a certificate
+/// from the other then reads as from an unknown issuer, not as a bad signature).
 const CA_NAME: &str = "dfc cluster CA";
 /// How long certificates are valid, in years.
 const YEARS: i32 = 10;
@@ -77,9 +79,12 @@ fn this_year() -> i32 {
     1970 + (seconds / 31_556_952) as i32
 }
 
-fn ca_params() -> Result<CertificateParams, String> {
+fn ca_params(key: &KeyPair) -> Result<CertificateParams, String> {
+    use sha2::Digest;
+    let fingerprint: String =
+        sha2::Sha256::digest(key.public_key_raw())[..6].iter().map(|b| format!("{b:02x}")).collect();
     let mut params = CertificateParams::new(Vec::<String>::new()).map_err(|e| e.to_string())?;
-    params.distinguished_name.push(DnType::CommonName, CA_NAME);
+    params.distinguished_name.push(DnType::CommonName, format!("{CA_NAME} {fingerprint}"));
     params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
     params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
     params.not_before = rcgen::date_time_ymd(this_year(), 1, 1);
@@ -118,7 +123,7 @@ pub fn make(out: &Path, hosts: &[String]) -> Result<Made, String> {
         }
         (false, false) => {
             let key = KeyPair::generate().map_err(|e| e.to_string())?;
-            let ca = ca_params()?.self_signed(&key).map_err(|e| e.to_string())?;
+            let ca = ca_params(&key)?.self_signed(&key).map_err(|e| e.to_string())?;
             (ca.pem(), key, true)
         }
         _ => {
@@ -128,7 +133,7 @@ pub fn make(out: &Path, hosts: &[String]) -> Result<Made, String> {
             ))
         }
     };
-    let issuer = Issuer::new(ca_params()?, key);
+    let issuer = Issuer::new(ca_params(&key)?, key);
     let ca_der = certificate(&ca_pem, &ca_cert)?;
     // Everything is made and checked before anything is written.
     let mut made = Vec::new();

@@ -597,6 +597,17 @@ enum Failed {
     Transport(String),
 }
 
+impl From<std::io::Error> for Failed {
+    fn from(error: std::io::Error) -> Failed {
+        // rustls reports a failed TLS handshake (a certificate from another CA, say) as data
+        // that is not valid.
+        match error.kind() {
+            std::io::ErrorKind::InvalidData => Failed::Refused(error.to_string()),
+            _ => Failed::Transport(error.to_string()),
+        }
+    }
+}
+
 /// A sender's connection: frames over TCP, or through a queue in shared memory that the
 /// receiver accepted (the TCP connection kept to tell whether the receiver is alive).
 enum Connection {
@@ -683,7 +694,7 @@ impl Links {
     }
 
     fn try_connect(&self, address: &str, timeout: Duration) -> Result<Connection, Failed> {
-        let transport = |e: std::io::Error| Failed::Transport(e.to_string());
+        let transport = Failed::from;
         let target: SocketAddr = match &self.tls {
             Some(_) => address
                 .to_socket_addrs()
@@ -718,9 +729,17 @@ impl Links {
 
     /// The sender's side of the handshake (see the module's documentation).
     fn prove(&self, stream: &mut Wire) -> Result<(), Failed> {
-        let transport = |e: std::io::Error| Failed::Transport(e.to_string());
+        let transport = Failed::from;
         let mut greeting = [0u8; GREETING];
-        stream.read_exact(&mut greeting).map_err(transport)?;
+        stream.read_exact(&mut greeting).map_err(|e| match e.kind() {
+            // A receiver in TLS waits for a TLS handshake this sender does not begin, and closes
+            // the connection at its deadline (or one flooded closed it to make room).
+            std::io::ErrorKind::UnexpectedEof if self.tls.is_none() => Failed::Transport(
+                "closed the connection before greeting it (if that worker runs with --tls-dir, this one needs it too)"
+                    .into(),
+            ),
+            _ => transport(e),
+        })?;
         if &greeting[..8] != MAGIC {
             return Err(Failed::Refused("not a dfc data port (of this version)".into()));
         }
