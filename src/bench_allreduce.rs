@@ -28,6 +28,11 @@ pub struct BenchAllReduceArgs {
     /// Timed all-reduces per size (after one untimed); the median is reported.
     #[arg(long, default_value_t = 5)]
     iterations: u32,
+    /// Run the workers with TLS (DIR as `dfc worker --tls-dir` takes it, with names for
+    /// 127.0.0.1: `dfc certs --out PKI localhost` makes PKI/localhost): the data plane's
+    /// connections then carry TLS records.
+    #[arg(long, value_name = "DIR")]
+    tls_dir: Option<std::path::PathBuf>,
     /// Print the results as JSON.
     #[arg(long)]
     json: bool,
@@ -35,6 +40,8 @@ pub struct BenchAllReduceArgs {
 
 #[derive(serde::Serialize)]
 struct Report {
+    /// Whether the workers ran with TLS (their data plane in TLS records).
+    tls: bool,
     /// What one TCP connection on loopback carries alone.
     loopback_tcp_bytes_per_second: f64,
     /// Per number of workers n: what each of n loopback connections carries when all n stream
@@ -97,19 +104,26 @@ pub fn bench_allreduce(args: &BenchAllReduceArgs) -> Result<std::process::ExitCo
             .flat_map(|&n| args.sizes_mib.iter().map(move |&mib| (n, mib << 20, 0.0)))
             .collect(),
     };
+    let tls = args.tls_dir.as_deref().map(dfc_rpc::Tls::load).transpose()?;
     references.measure("before")?;
     let mut results = Vec::new();
     for &n in &args.workers {
         let token = dfc_rpc::auth::random_token();
-        let workers = dfc_rpc::LocalWorkers::spawn(&exe, n, &token, None)?;
+        let workers = dfc_rpc::LocalWorkers::spawn(&exe, n, &token, args.tls_dir.as_deref())?;
         for &mib in &args.sizes_mib {
             for &transport in &args.transport {
                 let transport = match transport {
                     TransportArg::SharedMemory => Transport::SharedMemory,
                     TransportArg::Tcp => Transport::Tcp,
                 };
-                let result =
-                    dfc_rpc::bench::all_reduce(&workers.addresses, &token, mib << 20, args.iterations, transport)?;
+                let result = dfc_rpc::bench::all_reduce(
+                    &workers.addresses,
+                    &token,
+                    tls.as_ref(),
+                    mib << 20,
+                    args.iterations,
+                    transport,
+                )?;
                 eprintln!(
                     "{n} workers, {mib:>4} MiB, {}: {:8.1} ms, bus bandwidth {:.2} GB/s",
                     transport_name(&result),
@@ -124,6 +138,7 @@ pub fn bench_allreduce(args: &BenchAllReduceArgs) -> Result<std::process::ExitCo
     }
     references.measure("after")?;
     let report = Report {
+        tls: tls.is_some(),
         loopback_tcp_bytes_per_second: references.single,
         loopback_ring_tcp_bytes_per_second: references.rings,
         loopback_ring_tcp_through_memory_bytes_per_second: references.through_memory,
@@ -132,6 +147,9 @@ pub fn bench_allreduce(args: &BenchAllReduceArgs) -> Result<std::process::ExitCo
     if args.json {
         println!("{}", serde_json::to_string(&report).expect("reports serialise"));
         return Ok(std::process::ExitCode::SUCCESS);
+    }
+    if report.tls {
+        println!("workers with TLS: every data-plane frame over TCP is encrypted (shared memory is not)");
     }
     println!("loopback TCP, one link alone: {:.2} GB/s", report.loopback_tcp_bytes_per_second / 1e9);
     for (n, rate) in &report.loopback_ring_tcp_bytes_per_second {

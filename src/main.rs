@@ -172,11 +172,11 @@ enum Command {
         #[arg(long)]
         token_file: Option<PathBuf>,
         /// Serve over TLS and require client certificates: DIR holds ca.pem, cert.pem and key.pem
-        /// (see docs/distributed.md).
+        /// (`dfc certs` makes them). Required to listen beyond loopback.
         #[arg(long, value_name = "DIR")]
         tls_dir: Option<PathBuf>,
-        /// The port of the data plane, the plain TCP connections that carry all-reduce segments
-        /// between workers (on --listen's host; 0 picks a free one). None with --tls-dir.
+        /// The port of the data plane, the TCP connections (in TLS with --tls-dir) that carry
+        /// all-reduce segments between workers (on --listen's host; 0 picks a free one).
         #[arg(long, default_value_t = 0)]
         data_port: u16,
         /// Send every frame of the data plane over TCP, also to workers on this machine (which
@@ -187,6 +187,18 @@ enum Command {
         /// several workers on one machine its share of the cores.
         #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
         threads: Option<u16>,
+    },
+    /// Make the TLS files for workers on several machines: a CA, and for each host a directory
+    /// to give its `dfc worker` (and a driver there) as --tls-dir.
+    Certs {
+        /// Where to write: DIR/ca.pem and DIR/ca-key.pem (the CA, which signs more hosts when run
+        /// again), DIR/HOST/{ca.pem,cert.pem,key.pem} for each host.
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+        /// The hosts, as the cluster file names them: NAME, or NAME,OTHER,... for a host known
+        /// by several names or addresses (all go into its certificate; NAME names its directory).
+        #[arg(value_name = "HOST", required = true)]
+        hosts: Vec<String>,
     },
     /// Time training steps (or with --inference forward passes) of a plan on random data.
     Bench(bench::BenchArgs),
@@ -314,6 +326,7 @@ fn main() -> ExitCode {
         Command::Inspect { plan, json } => inspect(&plan, json),
         Command::Bench(args) => bench::bench(&args),
         Command::BenchAllreduce(args) => bench_allreduce::bench_allreduce(&args).map_err(Failure),
+        Command::Certs { out, hosts } => run::certs(&out, &hosts).map_err(Failure),
         Command::Graph { file, model, distribute, after, collapse, output } => {
             graph(&file, &model, &distribute, &after, collapse, output)
         }

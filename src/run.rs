@@ -97,7 +97,8 @@ pub struct RemoteArgs {
     #[arg(long)]
     pub token_file: Option<PathBuf>,
     /// Talk to the workers over TLS with client certificates: DIR holds ca.pem, cert.pem and
-    /// key.pem (see docs/distributed.md). Spawned workers get the same directory.
+    /// key.pem (`dfc certs` makes them). Spawned workers get the same directory. Required for
+    /// workers beyond loopback.
     #[arg(long, value_name = "DIR")]
     pub tls_dir: Option<PathBuf>,
     /// How long a worker waits for another within a step before the step fails (seconds).
@@ -199,6 +200,9 @@ pub fn worker(
         let listener =
             tokio::net::TcpListener::bind(listen).await.map_err(|e| format!("cannot listen on {listen}: {e}"))?;
         let address = listener.local_addr().map_err(|e| e.to_string())?;
+        if tls.is_none() {
+            dfc_rpc::tls::plaintext_listener(address)?;
+        }
         println!("dfc worker listening on {address}");
         use std::io::Write;
         let _ = std::io::stdout().flush();
@@ -376,4 +380,16 @@ fn start_server(
             }
         });
     }))
+}
+
+/// `dfc certs`: a CA and a `--tls-dir` per host (see `dfc_rpc::certs`); says what to copy where.
+pub fn certs(out: &Path, hosts: &[String]) -> Result<std::process::ExitCode, String> {
+    let made = dfc_rpc::certs::make(out, hosts)?;
+    let ca = if made.new_ca { "made a CA" } else { "used the CA" };
+    eprintln!("{ca} in {} (keep ca-key.pem there: it signs more hosts when this is run again)", out.display());
+    for (dir, names) in &made.hosts {
+        println!("{}: a certificate for {}", dir.display(), names.join(", "));
+    }
+    eprintln!("copy each host's directory to it and give it as --tls-dir to `dfc worker` and `dfc run` there");
+    Ok(std::process::ExitCode::SUCCESS)
 }

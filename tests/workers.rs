@@ -1,7 +1,8 @@
 //! Distributed runs on real `dfc worker` processes on 127.0.0.1: training on workers ends with
 //! the parameters of the same plan run in one process (within float tolerance: the ring sums in
-//! another order), a wrong or missing token is refused, and a killed worker is reported by its
-//! task name.
+//! another order), a wrong or missing token is refused, plain connections beyond loopback are
+//! refused, TLS runs work with the files `dfc certs` makes, a flood of unauthenticated
+//! connections does not stop a worker, and a killed worker is reported by its task name.
 
 use dfc_interp::Tensor;
 use std::io::BufRead;
@@ -451,7 +452,8 @@ impl Drop for TwoHosts {
 }
 
 /// Workers on two hosts (network namespaces), each listening on its own address, with the
-/// data plane between them on the hosts' network: training ends as in one process.
+/// data plane between them on the hosts' network, all of it in TLS with the files `dfc certs`
+/// made: training ends as in one process. Without TLS, a worker will not listen there.
 #[test]
 fn workers_on_two_hosts_train_like_one_process() {
     let Some(hosts) = TwoHosts::new() else {
@@ -460,10 +462,21 @@ fn workers_on_two_hosts_train_like_one_process() {
     };
     let dir = scratch("two-hosts");
     let feeds = regression_data(&dir, 256);
+    let pki = dir.join("pki");
+    certs(&pki, &[&hosts.addresses[0], &hosts.addresses[1]]);
+    let tls_dir = |i: usize| pki.join(&hosts.addresses[i]).display().to_string();
+    let plain = hosts
+        .dfc(0)
+        .args(["worker", "--listen", &format!("{}:7000", hosts.addresses[0])])
+        .env("DFC_TOKEN", TOKEN)
+        .output()
+        .unwrap();
+    assert!(!plain.status.success() && text(&plain.stderr).contains("dfc certs"), "{}", text(&plain.stderr));
     let workers: Vec<Worker> = (0..2)
         .map(|i| {
             let mut command = hosts.dfc(i);
             command.args(["worker", "--listen", &format!("{}:7000", hosts.addresses[i]), "--data-port", "7001"]);
+            command.args(["--tls-dir", &tls_dir(i)]);
             Worker::launch(command, TOKEN, &hosts.addresses[i])
         })
         .collect();
@@ -475,7 +488,7 @@ fn workers_on_two_hosts_train_like_one_process() {
     let output = hosts
         .dfc(0)
         .args(["run", s(&plan), "--cluster", s(&cluster), "--feed", &feeds[0], "--feed", &feeds[1]])
-        .args(["--epochs", "2", "--seed", "3", "--checkpoint-dir", s(&checkpoints)])
+        .args(["--epochs", "2", "--seed", "3", "--checkpoint-dir", s(&checkpoints), "--tls-dir", &tls_dir(0)])
         .env("DFC_TOKEN", TOKEN)
         .output()
         .expect("run dfc");
@@ -689,50 +702,44 @@ fn asynchronous_replicas_do_not_wait_for_each_other() {
     assert!(first > second + 500, "the running replica went on while the other was stopped: {first} vs {second}");
 }
 
-/// A CA and a certificate it signed for localhost and 127.0.0.1, written as `ca.pem`,
-/// `cert.pem` and `key.pem` in `dir`.
-fn certificates(dir: &Path) {
-    std::fs::create_dir_all(dir).unwrap();
-    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    let ca = rcgen::CertifiedIssuer::self_signed(ca_params, rcgen::KeyPair::generate().unwrap()).unwrap();
-    let key = rcgen::KeyPair::generate().unwrap();
-    let node = rcgen::CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()])
-        .unwrap()
-        .signed_by(&key, &ca)
-        .unwrap();
-    std::fs::write(dir.join("ca.pem"), ca.pem()).unwrap();
-    std::fs::write(dir.join("cert.pem"), node.pem()).unwrap();
-    std::fs::write(dir.join("key.pem"), key.serialize_pem()).unwrap();
+/// `dfc certs --out OUT HOSTS...`: a CA in `out` (or the one there) and a directory per host.
+fn certs(out: &Path, hosts: &[&str]) {
+    let mut args = vec!["certs", "--out", s(out)];
+    args.extend_from_slice(hosts);
+    let output = dfc(&args, None);
+    assert!(output.status.success(), "dfc {}: {}", args.join(" "), text(&output.stderr));
 }
 
-/// With --tls-dir the driver and its workers talk TLS with client certificates: the run trains
-/// as over plain connections; a driver without TLS, or with a certificate another CA signed,
-/// does not get through.
+/// With --tls-dir (made by `dfc certs`) the driver and its workers talk TLS with client
+/// certificates, the data plane included: the run trains as over plain connections; a driver
+/// without TLS, or with a certificate another CA signed, does not get through.
 #[test]
 fn tls_with_client_certificates() {
     let dir = scratch("tls");
     let feeds = regression_data(&dir, 256);
-    let (ours, theirs) = (dir.join("pki"), dir.join("other-pki"));
-    certificates(&ours);
-    certificates(&theirs);
+    let (pki, other_pki) = (dir.join("pki"), dir.join("other-pki"));
+    certs(&pki, &["localhost"]);
+    // The driver's directory is signed later by the same CA (`dfc certs` run again).
+    certs(&pki, &["127.0.0.1"]);
+    certs(&other_pki, &["localhost"]);
+    let (workers_tls, driver_tls, theirs) = (pki.join("localhost"), pki.join("127.0.0.1"), other_pki.join("localhost"));
     let plan = compile(&dir, &["--devices", "2", "--strategy", "mirrored"]);
     let plain = train(&plan, &feeds, &dir.join("plain"), &["--spawn", "2"], None);
-    let encrypted = train(&plan, &feeds, &dir.join("tls"), &["--spawn", "2", "--tls-dir", s(&ours)], None);
+    let encrypted = train(&plan, &feeds, &dir.join("tls"), &["--spawn", "2", "--tls-dir", s(&workers_tls)], None);
     assert_eq!(plain.tensors, encrypted.tensors, "TLS changes nothing in the arithmetic");
 
-    // A worker serving TLS, and drivers that are not let in.
-    let mut child = Command::new(env!("CARGO_BIN_EXE_dfc"))
-        .args(["worker", "--listen", "127.0.0.1:0", "--tls-dir", s(&ours)])
-        .env("DFC_TOKEN", TOKEN)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let worker = Worker { child, address: line.trim().rsplit(' ').next().unwrap().to_string() };
-    let cluster = cluster_file(&dir, &[("worker", &[&worker])]);
-    let plan = compile(&dir, &["--cluster", s(&cluster)]);
+    // Two workers serving TLS, sending to each other over the data plane's TCP in TLS (not
+    // through shared memory), and drivers that are not let in.
+    let workers: Vec<Worker> = (0..2)
+        .map(|_| {
+            let mut command = Command::new(env!("CARGO_BIN_EXE_dfc"));
+            command.args(["worker", "--listen", "127.0.0.1:0", "--no-shared-memory", "--tls-dir", s(&workers_tls)]);
+            Worker::launch(command, TOKEN, "127.0.0.1")
+        })
+        .collect();
+    let cluster = cluster_file(&dir, &[("worker", &[&workers[0], &workers[1]])]);
+    let plan = compile(&dir, &["--cluster", s(&cluster), "--strategy", "mirrored"]);
+    let embedded = train(&plan, &feeds, &dir.join("embedded"), &[], None);
     let run = |extra: &[&str]| {
         let mut args = vec!["run", s(&plan), "--feed", &feeds[0], "--feed", &feeds[1], "--cluster", s(&cluster)];
         args.extend_from_slice(extra);
@@ -742,8 +749,148 @@ fn tls_with_client_certificates() {
     assert!(!without.status.success(), "a plain connection to a TLS worker");
     let other_ca = run(&["--tls-dir", s(&theirs)]);
     assert!(!other_ca.status.success(), "a certificate from another CA");
-    let with = run(&["--tls-dir", s(&ours)]);
-    assert!(with.status.success(), "{}", text(&with.stderr));
+    let with = train(
+        &plan,
+        &feeds,
+        &dir.join("remote"),
+        &["--cluster", s(&cluster), "--tls-dir", s(&driver_tls)],
+        Some(TOKEN),
+    );
+    assert_same_parameters("workers in TLS", &embedded, &with);
+}
+
+/// Without TLS nothing crosses the network: a worker will not listen beyond loopback, and a
+/// driver will not send the token to a worker beyond it; both say to use `dfc certs`.
+#[test]
+fn plain_connections_beyond_loopback_are_refused() {
+    let listening = dfc(&["worker", "--listen", "0.0.0.0:0"], Some(TOKEN));
+    let stderr = text(&listening.stderr);
+    assert!(!listening.status.success() && stderr.contains("--tls-dir") && stderr.contains("dfc certs"), "{stderr}");
+    assert!(text(&listening.stdout).is_empty(), "it never said it listens: {}", text(&listening.stdout));
+
+    let dir = scratch("plain-beyond-loopback");
+    let feeds = regression_data(&dir, 64);
+    // A documentation address (TEST-NET-1): the driver refuses before any connection.
+    let cluster = dir.join("cluster.json");
+    std::fs::write(&cluster, r#"{"cluster": {"worker": ["192.0.2.1:7000"]}}"#).unwrap();
+    let plan = compile(&dir, &["--cluster", s(&cluster)]);
+    let started = Instant::now();
+    let run = dfc(&["run", s(&plan), "--feed", &feeds[0], "--feed", &feeds[1], "--cluster", s(&cluster)], Some(TOKEN));
+    let stderr = text(&run.stderr);
+    assert!(!run.status.success() && stderr.contains("in clear") && stderr.contains("dfc certs"), "{stderr}");
+    assert!(started.elapsed() < Duration::from_secs(10), "refused at once, not after trying to connect");
+}
+
+/// The thread count and resident memory of process `pid`, from /proc.
+fn threads_and_rss(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc/PID/status");
+    let field = |name: &str| {
+        let line = status.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("no {name} in {status}"));
+        line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap()
+    };
+    (field("Threads:"), field("VmRSS:") * 1024)
+}
+
+/// Lets this process hold `n` descriptors (CI's default limit may be 1,024).
+fn allow_open_files(n: u64) {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit and setrlimit read and write the one struct passed, which lives here.
+    unsafe {
+        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit), 0);
+        if limit.rlim_cur < n {
+            assert!(limit.rlim_max >= n, "the hard limit of open files ({}) is below {n}", limit.rlim_max);
+            limit.rlim_cur = n;
+            assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &limit), 0);
+        }
+    }
+}
+
+/// Whether the other end closed `stream` (end of stream or reset) within `within`.
+fn closed_by_peer(mut stream: &std::net::TcpStream, within: Duration) -> bool {
+    stream.set_read_timeout(Some(within.max(Duration::from_millis(1)))).unwrap();
+    let mut buffer = [0u8; 4096];
+    loop {
+        match std::io::Read::read(&mut stream, &mut buffer) {
+            Ok(0) => return true,
+            Ok(_) => {}
+            Err(e) => return e.kind() == std::io::ErrorKind::ConnectionReset,
+        }
+    }
+}
+
+/// A thousand connections that never prove the token, held open on each of a worker's two
+/// ports (every other one sending garbage): the worker's threads and memory barely move; an
+/// authenticated training run on it meanwhile ends as the one-process run does; and the worker
+/// closes every one of them within its deadline.
+#[test]
+fn a_thousand_unauthenticated_connections_do_not_stop_a_worker() {
+    const FLOOD: usize = 1000;
+    allow_open_files(4 * FLOOD as u64 + 1024);
+    let dir = scratch("flood");
+    let feeds = regression_data(&dir, 256);
+    let data_address = free_addresses(1).remove(0);
+    let data_port = data_address.rsplit_once(':').unwrap().1;
+    let mut command = Command::new(env!("CARGO_BIN_EXE_dfc"));
+    command.args(["worker", "--listen", "127.0.0.1:0", "--data-port", data_port]);
+    let workers = [Worker::launch(command, TOKEN, "127.0.0.1"), Worker::start(TOKEN)];
+    let cluster = cluster_file(&dir, &[("worker", &[&workers[0], &workers[1]])]);
+    let plan = compile(&dir, &["--cluster", s(&cluster), "--strategy", "mirrored"]);
+    let embedded = train(&plan, &feeds, &dir.join("embedded"), &[], None);
+    // A first run starts the threads a worker keeps (its compute pool, the data plane's readers).
+    train(&plan, &feeds, &dir.join("warm-up"), &["--cluster", s(&cluster)], Some(TOKEN));
+    let pid = workers[0].child.id();
+    std::thread::sleep(Duration::from_millis(500));
+    let before = threads_and_rss(pid);
+
+    // The most threads and memory the worker has while the connections come and are held.
+    let mut during = before;
+    let mut look = || {
+        let (threads, rss) = threads_and_rss(pid);
+        during = (during.0.max(threads), during.1.max(rss));
+    };
+    let flood_started = Instant::now();
+    let mut flood = Vec::new();
+    let mut random = fastrand::Rng::with_seed(7);
+    for port in [workers[0].address.as_str(), data_address.as_str()] {
+        for i in 0..FLOOD {
+            let mut stream = std::net::TcpStream::connect(port).expect("a connection to the worker");
+            if i % 2 == 1 {
+                let garbage: Vec<u8> = (0..1024).map(|_| random.u8(..)).collect();
+                let _ = std::io::Write::write_all(&mut stream, &garbage);
+            }
+            flood.push(stream);
+            if i % 50 == 0 {
+                look();
+            }
+        }
+    }
+    let opened = Instant::now();
+    for _ in 0..10 {
+        std::thread::sleep(Duration::from_millis(100));
+        look();
+    }
+    let run = train(&plan, &feeds, &dir.join("flooded"), &["--cluster", s(&cluster)], Some(TOKEN));
+    assert_same_parameters("a run on a flooded worker", &embedded, &run);
+    // The worker's deadline is 5 s from taking a connection; 3 s more for a loaded machine.
+    let deadline = opened + Duration::from_secs(8);
+    let open = flood.iter().filter(|s| !closed_by_peer(s, deadline.saturating_duration_since(Instant::now()))).count();
+    let after = threads_and_rss(pid);
+    eprintln!(
+        "worker with {} connections held on its two ports (opened in {:.1} s): {} threads before, {} at most during, {} after; RSS {:.1} MiB before, {:.1} MiB at most during, {:.1} MiB after",
+        flood.len(),
+        (opened - flood_started).as_secs_f64(),
+        before.0,
+        during.0,
+        after.0,
+        before.1 as f64 / (1 << 20) as f64,
+        during.1 as f64 / (1 << 20) as f64,
+        after.1 as f64 / (1 << 20) as f64
+    );
+    assert_eq!(open, 0, "every unauthenticated connection is closed within the deadline");
+    // A thread per connection would be 2,000 more; a few may come and go with tokio's pool.
+    assert!(during.0 <= before.0 + 4, "threads: {} before, {} during the flood", before.0, during.0);
+    // At most 256 waiting connections per port, each a socket and a task with small buffers.
+    assert!(during.1 <= before.1 + (16 << 20), "RSS: {} before, {} during the flood", before.1, during.1);
 }
 
 #[test]

@@ -2,6 +2,8 @@
 //! sent; a dfc worker answers only calls that carry the token it was started with
 //! (`authorization: Bearer TOKEN`), compared in constant time, and runs only plans that such a
 //! call registered.
+//!
+//! Where the token may travel this way: see `crate::tls` (TLS beyond loopback, always).
 
 use subtle::ConstantTimeEq;
 use tonic::metadata::MetadataValue;
@@ -35,17 +37,21 @@ pub fn load_token(file: Option<&std::path::Path>) -> Result<String, String> {
     Ok(token)
 }
 
-/// A fresh random token (for the workers `dfc run --spawn` starts).
+/// `N` bytes from the OS's random source (`getrandom`): tokens, nonces, shared-memory names
+/// and secrets.
+pub fn random_bytes<const N: usize>() -> [u8; N] {
+    let mut bytes = [0u8; N];
+    // Linux's getrandom(2) fails only before the kernel's pool is first seeded (long before a
+    // worker starts) or without the call at all (kernels before 3.17, which the crate then
+    // reads /dev/urandom for); with no randomness at all there is nothing safe to go on with.
+    getrandom::fill(&mut bytes).expect("the OS's random source (getrandom) failed");
+    bytes
+}
+
+/// A fresh random token: 256 bits from the OS, as 64 hex digits (for the workers `dfc run
+/// --spawn` starts, and wherever a secret name is needed).
 pub fn random_token() -> String {
-    use std::hash::{BuildHasher, Hasher};
-    // Four SipHash keys drawn by the standard library from the OS's randomness.
-    (0..4)
-        .map(|i| {
-            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-            h.write_u64(i);
-            format!("{:016x}", h.finish())
-        })
-        .collect()
+    random_bytes::<32>().iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Checks each incoming call's token (a tonic interceptor).
@@ -65,6 +71,11 @@ impl tonic::service::Interceptor for CheckToken {
         let given = request.metadata().get("authorization").map(|v| v.as_bytes()).unwrap_or(b"");
         // `ct_eq` on slices of different lengths is false without looking at the bytes.
         if bool::from(given.ct_eq(self.expected.as_slice())) {
+            // The connection has proven the token: it is no longer held to the deadline and
+            // the cap of connections that have not (`crate::limits`).
+            if let Some(caller) = request.extensions().get::<crate::limits::Caller>() {
+                caller.proven();
+            }
             Ok(request)
         } else {
             Err(Status::unauthenticated("missing or wrong token"))

@@ -106,10 +106,12 @@ pub struct AllReduceResult {
     pub bus_bytes_per_second: f64,
 }
 
-/// Times `iterations` all-reduces of `bytes` (f32) across the workers at `addresses`.
+/// Times `iterations` all-reduces of `bytes` (f32) across the workers at `addresses` (over TLS
+/// with `tls`, which the workers must serve too).
 pub fn all_reduce(
     addresses: &[String],
     token: &str,
+    tls: Option<&crate::Tls>,
     bytes: u64,
     iterations: u32,
     transport: Transport,
@@ -126,10 +128,8 @@ pub fn all_reduce(
         let mut clients = Vec::new();
         let mut data_ports = Vec::new();
         for address in addresses {
-            let channel = crate::tls::endpoint(address, None)?
-                .connect()
-                .await
-                .map_err(|e| format!("worker at {address}: {e}"))?;
+            let channel =
+                crate::tls::endpoint(address, tls)?.connect().await.map_err(|e| format!("worker at {address}: {e}"))?;
             let mut client = WorkerClient::with_interceptor(channel, AddToken::new(token))
                 .max_decoding_message_size(MAX_MESSAGE_BYTES);
             let health =

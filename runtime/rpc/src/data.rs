@@ -1,5 +1,6 @@
-//! The data plane: plain TCP connections between workers for the ring all-reduce's segments
-//! and the tensors sent to other workers' Recvs, beside gRPC, which keeps every control call.
+//! The data plane: TCP connections (in TLS with `--tls-dir`) between workers for the ring
+//! all-reduce's segments and the tensors sent to other workers' Recvs, beside gRPC, which keeps
+//! every control call.
 //!
 //! Over gRPC a segment cost an HTTP/2 stream, protobuf framing and a copy into one buffer on
 //! arrival; here a segment is written straight from the tensor's memory in chunks
@@ -10,9 +11,18 @@
 //!   gives every worker the others' ports with the registration.
 //! - A connection goes one way, from a sender to a receiver, and is opened on first use; it
 //!   serves one registration (or benchmark), named in its handshake.
-//! - Handshake: the receiver sends a fresh nonce; the sender answers with SHA-256 of the shared
-//!   token and the nonce (the token itself never crosses the wire) and the registration's id;
-//!   the receiver checks the proof in constant time and answers one status byte.
+//! - Handshake, a mutual proof of the token bound to the connection and the registration:
+//!   the receiver sends a fresh 256-bit nonce; the sender answers with a nonce of its own, the
+//!   registration's id and HMAC-SHA256(token; "sender", both nonces, id); the receiver checks
+//!   it in constant time and answers one status byte and, if it accepts, HMAC-SHA256(token;
+//!   "receiver", both nonces, id), which the sender checks. The token itself never crosses the
+//!   wire; a proof seen once is worth nothing on another connection (other nonces).
+//! - Before the proof, a connection costs its receiver a tokio task, not a thread, for at most
+//!   [`crate::limits::UNPROVEN_DEADLINE`], and at most [`crate::limits::MAX_UNPROVEN`] of them
+//!   wait at once (a new one closes the oldest); a proven connection gets its reader thread.
+//! - With TLS (`--tls-dir`), each connection is TLS 1.3 with client certificates from the
+//!   same CA as gRPC's, and the handshake and frames run inside it. Without it the receiver
+//!   listens on loopback only and senders connect to loopback addresses only (`crate::tls`).
 //! - Then frames: a fixed header (step, key length, the segment's length, the chunk's offset
 //!   and length), the key, the chunk's bytes. A frame that does not parse closes the
 //!   connection; the step it was for then fails on its deadline or by the driver's abort.
@@ -22,16 +32,15 @@
 //!   receiver can open it, every later frame goes through the queue and the TCP connection
 //!   only tells each side that the other is alive. Elsewhere the offer is declined and frames
 //!   go over TCP.
-//!
-//! Not encrypted: with `--tls-dir`, workers offer no data port and segments go over gRPC,
-//! through TLS.
 
+use crate::limits::{Admitted, Unproven, MAX_UNPROVEN, UNPROVEN_DEADLINE};
 use crate::shm;
+use hmac::{Hmac, Mac};
 use std::io::{IoSlice, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use subtle::ConstantTimeEq;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// The bytes of one frame at most, as sent: small enough that a segment is summed while its
 /// rest is in flight, large enough that a frame costs few system calls.
@@ -40,7 +49,16 @@ pub const DATA_CHUNK: usize = 1 << 20;
 /// slots hold [`shm::CHUNK`].
 const MAX_CHUNK: u64 = 16 << 20;
 const MAX_KEY: u32 = 4096;
-const MAGIC: &[u8; 8] = b"dfcdata1";
+/// The first bytes each side sends (the version of the handshake).
+const MAGIC: &[u8; 8] = b"dfcdata2";
+const NONCE: usize = 32;
+const PROOF: usize = 32;
+/// The longest registration (or benchmark) id a handshake names.
+const MAX_ID: usize = 256;
+/// What the receiver sends first: the magic and its nonce.
+const GREETING: usize = 8 + NONCE;
+/// The fixed part of what the sender answers: the magic, its nonce, its proof, the id's length.
+const HELLO: usize = 8 + NONCE + PROOF + 2;
 const FRAME_MAGIC: u32 = 0x6466_6331;
 /// The magic of a frame offering a shared-memory queue: its key is the queue's name, its
 /// chunk the queue's secret; the receiver answers one status byte.
@@ -87,40 +105,153 @@ const PIECE: usize = 256 << 10;
 /// benchmark not set up here yet).
 pub type Lookup = Arc<dyn Fn(&[u8]) -> Option<Arc<dyn Deliver>> + Send + Sync>;
 
-/// The proof of the token for `nonce`.
-fn proof(token: &str, nonce: &[u8]) -> [u8; 32] {
-    use sha2::Digest;
-    let mut hash = sha2::Sha256::new();
-    hash.update(b"dfc data plane\0");
-    hash.update(token.as_bytes());
-    hash.update(nonce);
-    hash.finalize().into()
+type HmacSha256 = Hmac<sha2::Sha256>;
+
+/// Who proves the token with a tag: the two sides' tags differ, so that neither is the other's.
+#[derive(Clone, Copy)]
+enum Side {
+    Sender,
+    Receiver,
 }
 
-/// Accepts data connections on `listener` for as long as the process lives, each on a thread
-/// of its own.
-pub fn serve(listener: TcpListener, token: String, lookup: Lookup) {
-    let token = Arc::new(token);
-    std::thread::Builder::new()
-        .name("dfc-data-accept".into())
-        .spawn(move || {
-            for stream in listener.incoming() {
-                let Ok(stream) = stream else { continue };
-                let (token, lookup) = (token.clone(), lookup.clone());
-                let _ = std::thread::Builder::new().name("dfc-data".into()).spawn(move || {
-                    // A connection ends when its sender closes it or sends what does not parse.
-                    let _ = receive(stream, &token, &lookup);
-                });
-            }
-        })
-        .expect("a thread for the data port");
+/// HMAC-SHA256 keyed by the token over the side, both nonces and the registration's id.
+fn tag(token: &[u8], side: Side, receiver_nonce: &[u8], sender_nonce: &[u8], id: &[u8]) -> HmacSha256 {
+    let mut mac = HmacSha256::new_from_slice(token).expect("HMAC takes a key of any length");
+    mac.update(match side {
+        Side::Sender => b"dfc data plane 2: sender\0",
+        Side::Receiver => b"dfc data plane 2: receiver\0",
+    });
+    mac.update(receiver_nonce);
+    mac.update(sender_nonce);
+    mac.update(&(id.len() as u16).to_le_bytes());
+    mac.update(id);
+    mac
 }
 
-/// One connection, from handshake to end.
-fn receive(mut stream: TcpStream, token: &str, lookup: &Lookup) -> Result<(), String> {
-    let sink = handshake(&mut stream, token, lookup)?;
+/// Accepts data connections on `listener` for as long as the process lives, from the tokio
+/// runtime this is called in: each connection's handshake (in TLS with `tls`) is a task, held to
+/// the deadline and the cap of [`crate::limits`]; a connection that has proven the token gets a
+/// thread of its own to read its frames.
+pub fn serve(
+    listener: tokio::net::TcpListener,
+    token: &str,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    lookup: Lookup,
+) -> Result<(), String> {
+    let runtime = tokio::runtime::Handle::try_current().map_err(|_| "the data plane needs a tokio runtime")?;
+    let token: Arc<[u8]> = token.as_bytes().into();
+    let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
+    let unproven = Unproven::new(MAX_UNPROVEN);
+    runtime.spawn(async move {
+        loop {
+            let Some(stream) = crate::limits::accept(&listener).await else { continue };
+            let admitted = unproven.admit();
+            let (token, lookup, acceptor) = (token.clone(), lookup.clone(), acceptor.clone());
+            tokio::spawn(async move {
+                let handshake =
+                    tokio::time::timeout(UNPROVEN_DEADLINE, accept(stream, &token, &lookup, acceptor, &admitted));
+                let accepted = tokio::select! {
+                    done = handshake => done.ok().and_then(Result::ok),
+                    () = admitted.evicted() => None,
+                };
+                drop(admitted);
+                if let Some((wire, sink)) = accepted {
+                    // Without a thread to be had, the connection closes and the sender's step fails.
+                    let _ = std::thread::Builder::new().name("dfc-data".into()).spawn(move || {
+                        // A connection ends when its sender closes it or sends what does not parse.
+                        let _ = receive(wire, &*sink);
+                    });
+                }
+            });
+        }
+    });
+    Ok(())
+}
+
+/// A connection's handshake, in TLS with `acceptor`: the connection, made blocking for its
+/// reader thread, and where its chunks go.
+async fn accept(
+    stream: tokio::net::TcpStream,
+    token: &[u8],
+    lookup: &Lookup,
+    acceptor: Option<tokio_rustls::TlsAcceptor>,
+    admitted: &Admitted,
+) -> Result<(Wire, Arc<dyn Deliver>), String> {
+    stream.set_nodelay(true).map_err(|e| e.to_string())?;
+    let blocking = |stream: tokio::net::TcpStream| -> Result<TcpStream, String> {
+        let stream = stream.into_std().map_err(|e| e.to_string())?;
+        stream.set_nonblocking(false).map_err(|e| e.to_string())?;
+        Ok(stream)
+    };
+    match acceptor {
+        None => {
+            let mut stream = stream;
+            let sink = handshake(&mut stream, token, lookup, admitted).await?;
+            Ok((Wire::Plain(blocking(stream)?), sink))
+        }
+        Some(acceptor) => {
+            let mut stream = acceptor.accept(stream).await.map_err(|e| e.to_string())?;
+            let sink = handshake(&mut stream, token, lookup, admitted).await?;
+            // What rustls has read beyond the handshake stays in the connection's buffers.
+            let (stream, connection) = stream.into_inner();
+            Ok((Wire::Server(Box::new(rustls::StreamOwned::new(connection, Socket::new(blocking(stream)?)))), sink))
+        }
+    }
+}
+
+/// The receiver's side of the handshake: where the connection's chunks go.
+async fn handshake<S>(
+    stream: &mut S,
+    token: &[u8],
+    lookup: &Lookup,
+    admitted: &Admitted,
+) -> Result<Arc<dyn Deliver>, String>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let io = |e: std::io::Error| e.to_string();
+    let nonce = crate::auth::random_bytes::<NONCE>();
+    stream.write_all(&[MAGIC.as_slice(), &nonce].concat()).await.map_err(io)?;
+    stream.flush().await.map_err(io)?;
+    let mut hello = [0u8; HELLO];
+    stream.read_exact(&mut hello).await.map_err(io)?;
+    if &hello[..8] != MAGIC {
+        return Err("not a dfc data connection (of this version)".into());
+    }
+    let (sender_nonce, proof) = (&hello[8..8 + NONCE], &hello[8 + NONCE..8 + NONCE + PROOF]);
+    let id_len = u16::from_le_bytes([hello[HELLO - 2], hello[HELLO - 1]]) as usize;
+    if id_len > MAX_ID {
+        return Err("a data connection naming an id too long".into());
+    }
+    let mut id = vec![0u8; id_len];
+    stream.read_exact(&mut id).await.map_err(io)?;
+    // `verify_slice` compares in constant time.
+    if tag(token, Side::Sender, &nonce, sender_nonce, &id).verify_slice(proof).is_err() {
+        let _ = stream.write_all(&[BAD_TOKEN]).await;
+        let _ = stream.flush().await;
+        return Err("a data connection without the token".into());
+    }
+    admitted.prove();
+    let lookup = lookup.clone();
+    let found = tokio::task::spawn_blocking({
+        let id = id.clone();
+        move || lookup(&id)
+    });
+    let Some(sink) = found.await.ok().flatten() else {
+        let _ = stream.write_all(&[UNKNOWN_ID]).await;
+        let _ = stream.flush().await;
+        return Err("a data connection for no registration here".into());
+    };
+    let ours = tag(token, Side::Receiver, &nonce, sender_nonce, &id).finalize().into_bytes();
+    stream.write_all(&[&[ACCEPTED], ours.as_slice()].concat()).await.map_err(io)?;
+    stream.flush().await.map_err(io)?;
+    Ok(sink)
+}
+
+/// One proven connection's frames, to the end.
+fn receive(stream: Wire, sink: &dyn Deliver) -> Result<(), String> {
     // Between steps a connection may idle as long as the training loop does.
-    stream.set_read_timeout(None).map_err(|e| e.to_string())?;
+    stream.socket().set_read_timeout(None).map_err(|e| e.to_string())?;
     let mut frames = Frames::Tcp { stream, scratch: vec![0u8; PIECE] };
     let mut key = Vec::new();
     while let Some(header) = frames.header()? {
@@ -150,30 +281,92 @@ fn receive(mut stream: TcpStream, token: &str, lookup: &Lookup) -> Result<(), St
     Ok(())
 }
 
-/// The receiver's side of the handshake: where the connection's chunks go.
-fn handshake(stream: &mut TcpStream, token: &str, lookup: &Lookup) -> Result<Arc<dyn Deliver>, String> {
-    stream.set_nodelay(true).map_err(|e| e.to_string())?;
-    stream.set_read_timeout(Some(Duration::from_secs(10))).map_err(|e| e.to_string())?;
-    let nonce = crate::auth::random_token().into_bytes();
-    stream.write_all(&nonce).map_err(|e| e.to_string())?;
-    let mut hello = [0u8; 8 + 32 + 2];
-    stream.read_exact(&mut hello).map_err(|e| e.to_string())?;
-    if &hello[..8] != MAGIC {
-        return Err("not a dfc data connection".into());
+/// A data connection's bytes: plain TCP on loopback, or TLS over TCP (the receiver's end or
+/// the sender's).
+pub(crate) enum Wire {
+    Plain(TcpStream),
+    Server(Box<rustls::StreamOwned<rustls::ServerConnection, Socket>>),
+    Client(Box<rustls::StreamOwned<rustls::ClientConnection, Socket>>),
+}
+
+/// TLS's side of a TCP connection, read through a buffer: rustls reads at most 4 KiB at a
+/// time, a system call each, where a chunk is 1 MiB.
+pub(crate) struct Socket(std::io::BufReader<TcpStream>);
+
+impl Socket {
+    fn new(stream: TcpStream) -> Socket {
+        Socket(std::io::BufReader::with_capacity(PIECE, stream))
     }
-    let id_len = u16::from_le_bytes([hello[40], hello[41]]) as usize;
-    let mut id = vec![0u8; id_len];
-    stream.read_exact(&mut id).map_err(|e| e.to_string())?;
-    if !bool::from(hello[8..40].ct_eq(&proof(token, &nonce))) {
-        let _ = stream.write_all(&[BAD_TOKEN]);
-        return Err("a data connection without the token".into());
+}
+
+impl Read for Socket {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.0.read(buf)
     }
-    let Some(sink) = lookup(&id) else {
-        let _ = stream.write_all(&[UNKNOWN_ID]);
-        return Err("a data connection for no registration here".into());
-    };
-    stream.write_all(&[ACCEPTED]).map_err(|e| e.to_string())?;
-    Ok(sink)
+}
+
+impl Write for Socket {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.get_mut().write(buf)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.get_mut().flush()
+    }
+}
+
+impl Wire {
+    /// The TCP connection underneath, for its timeouts and to see whether the peer is there
+    /// (a queue's connection carries nothing, so nothing waits in the TLS side's buffer).
+    fn socket(&self) -> &TcpStream {
+        match self {
+            Wire::Plain(stream) => stream,
+            Wire::Server(tls) => tls.get_ref().0.get_ref(),
+            Wire::Client(tls) => tls.get_ref().0.get_ref(),
+        }
+    }
+
+    /// Writes every slice and hands it all to the kernel (TLS records included).
+    fn send(&mut self, slices: &mut [IoSlice<'_>]) -> std::io::Result<()> {
+        write_all_vectored(self, slices)?;
+        self.flush()
+    }
+}
+
+impl Read for Wire {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Wire::Plain(stream) => stream.read(buf),
+            Wire::Server(tls) => tls.read(buf),
+            Wire::Client(tls) => tls.read(buf),
+        }
+    }
+}
+
+impl Write for Wire {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Wire::Plain(stream) => stream.write(buf),
+            Wire::Server(tls) => tls.write(buf),
+            Wire::Client(tls) => tls.write(buf),
+        }
+    }
+
+    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> std::io::Result<usize> {
+        match self {
+            Wire::Plain(stream) => stream.write_vectored(bufs),
+            Wire::Server(tls) => tls.write_vectored(bufs),
+            Wire::Client(tls) => tls.write_vectored(bufs),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Wire::Plain(stream) => stream.flush(),
+            Wire::Server(tls) => tls.flush(),
+            Wire::Client(tls) => tls.flush(),
+        }
+    }
 }
 
 /// A frame's fixed header.
@@ -208,8 +401,8 @@ impl Header {
 /// Where a receiver reads frames from: the TCP connection, or the shared-memory queue its
 /// sender offered (the connection then only tells whether the sender is alive).
 enum Frames {
-    Tcp { stream: TcpStream, scratch: Vec<u8> },
-    Shared { queue: shm::Queue, stream: TcpStream },
+    Tcp { stream: Wire, scratch: Vec<u8> },
+    Shared { queue: shm::Queue, stream: Wire },
 }
 
 impl Frames {
@@ -295,7 +488,7 @@ impl Frames {
     /// whole).
     fn set_chunk_timeout(&mut self, timeout: Option<Duration>) -> Result<(), String> {
         match self {
-            Frames::Tcp { stream, .. } => stream.set_read_timeout(timeout).map_err(|e| e.to_string()),
+            Frames::Tcp { stream, .. } => stream.socket().set_read_timeout(timeout).map_err(|e| e.to_string()),
             Frames::Shared { .. } => Ok(()),
         }
     }
@@ -309,7 +502,8 @@ impl Frames {
         let mut secret = vec![0u8; len];
         stream.read_exact(&mut secret).map_err(|e| e.to_string())?;
         let queue = std::str::from_utf8(name).map_err(|e| e.to_string()).and_then(|n| shm::Queue::open(n, &secret));
-        stream.write_all(&[if queue.is_ok() { ACCEPTED } else { UNKNOWN_ID }]).map_err(|e| e.to_string())?;
+        let answer = [if queue.is_ok() { ACCEPTED } else { UNKNOWN_ID }];
+        stream.send(&mut [IoSlice::new(&answer)]).map_err(|e| e.to_string())?;
         Ok(match queue {
             Ok(queue) => Frames::Shared { queue, stream },
             // Another machine, or another /dev/shm: frames go on over TCP.
@@ -326,8 +520,10 @@ fn queue_chunk(queue: &shm::Queue, len: usize) -> Result<&[u8], String> {
 }
 
 /// Whether the worker at the other end of `stream` is still there: a connection whose peer
-/// has gone reads as ended or reset (a queue's connection carries nothing else).
-fn alive(stream: &TcpStream) -> bool {
+/// has gone reads as ended or reset (a queue's connection carries nothing else, TLS records
+/// included: no session tickets, no close_notify).
+fn alive(stream: &Wire) -> bool {
+    let stream = stream.socket();
     if stream.set_nonblocking(true).is_err() {
         return false;
     }
@@ -388,14 +584,35 @@ pub struct Links {
     has_port: Vec<bool>,
     /// Whether to offer receivers a shared-memory queue.
     shared_memory: bool,
+    /// TLS for every connection; without it, connections only to loopback addresses.
+    tls: Option<Arc<rustls::ClientConfig>>,
     connections: Vec<Mutex<Option<Connection>>>,
+}
+
+/// Why a connection could not be made: a refusal, which trying again would not change, or a
+/// transport failure (a connection closed or reset midway, as a receiver flooded with other
+/// connections may close one), which it may.
+enum Failed {
+    Refused(String),
+    Transport(String),
+}
+
+impl From<std::io::Error> for Failed {
+    fn from(error: std::io::Error) -> Failed {
+        // rustls reports a failed TLS handshake (a certificate from another CA, say) as data
+        // that is not valid.
+        match error.kind() {
+            std::io::ErrorKind::InvalidData => Failed::Refused(error.to_string()),
+            _ => Failed::Transport(error.to_string()),
+        }
+    }
 }
 
 /// A sender's connection: frames over TCP, or through a queue in shared memory that the
 /// receiver accepted (the TCP connection kept to tell whether the receiver is alive).
 enum Connection {
-    Tcp(TcpStream),
-    Shared { queue: shm::Queue, stream: TcpStream },
+    Tcp(Wire),
+    Shared { queue: shm::Queue, stream: Wire },
 }
 
 impl Connection {
@@ -415,7 +632,7 @@ impl Drop for Connection {
 
 impl Links {
     /// Links to the workers at `grpc_addresses` whose data ports are `data_ports` (0: none),
-    /// offering each a shared-memory queue if `shared_memory`.
+    /// offering each a shared-memory queue if `shared_memory`, over TLS with `tls`.
     pub fn new(
         token: &str,
         id: &[u8],
@@ -423,6 +640,7 @@ impl Links {
         grpc_addresses: &[String],
         data_ports: &[u32],
         shared_memory: bool,
+        tls: Option<&crate::Tls>,
     ) -> Links {
         let addresses: Vec<Option<String>> = grpc_addresses
             .iter()
@@ -435,7 +653,8 @@ impl Links {
             .collect();
         let connections = addresses.iter().map(|_| Mutex::new(None)).collect();
         let has_port = (0..grpc_addresses.len()).map(|r| data_ports.get(r).is_some_and(|&p| p != 0)).collect();
-        Links { token: token.to_string(), id: id.to_vec(), addresses, has_port, shared_memory, connections }
+        let tls = tls.map(crate::Tls::data_client);
+        Links { token: token.to_string(), id: id.to_vec(), addresses, has_port, shared_memory, tls, connections }
     }
 
     /// Whether tensors can be sent to worker `rank` on the data plane: it has a data port, and
@@ -457,40 +676,99 @@ impl Links {
             .is_some_and(|c| c.lock().unwrap_or_else(|e| e.into_inner()).as_ref().is_some_and(Connection::is_shared))
     }
 
+    /// A connection to worker `rank`'s data port, tried again a few times after transport
+    /// failures.
     fn connect(&self, rank: usize, timeout: Duration) -> Result<Connection, String> {
         let address = self.addresses[rank].as_deref().expect("a worker with a data port");
-        let target: SocketAddr = address
-            .to_socket_addrs()
-            .map_err(|e| format!("data port {address}: {e}"))?
-            .next()
-            .ok_or_else(|| format!("data port {address}: no address"))?;
-        let mut stream = TcpStream::connect_timeout(&target, Duration::from_secs(10))
-            .map_err(|e| format!("data port {address}: {e}"))?;
-        stream.set_nodelay(true).map_err(|e| e.to_string())?;
-        stream.set_read_timeout(Some(Duration::from_secs(10))).map_err(|e| e.to_string())?;
-        stream.set_write_timeout(Some(timeout)).map_err(|e| e.to_string())?;
-        let mut nonce = [0u8; 64];
-        stream.read_exact(&mut nonce).map_err(|e| format!("data port {address}: {e}"))?;
-        let mut hello = Vec::with_capacity(8 + 32 + 2 + self.id.len());
-        hello.extend_from_slice(MAGIC);
-        hello.extend_from_slice(&proof(&self.token, &nonce));
-        hello.extend_from_slice(&(self.id.len() as u16).to_le_bytes());
-        hello.extend_from_slice(&self.id);
-        stream.write_all(&hello).map_err(|e| format!("data port {address}: {e}"))?;
-        let mut status = [0u8; 1];
-        stream.read_exact(&mut status).map_err(|e| format!("data port {address}: {e}"))?;
-        match status[0] {
-            ACCEPTED => {}
-            BAD_TOKEN => return Err(format!("data port {address} refused the token")),
-            _ => return Err(format!("data port {address} does not know this run")),
+        let mut attempt = 0;
+        loop {
+            match self.try_connect(address, timeout) {
+                Ok(connection) => return Ok(connection),
+                Err(Failed::Transport(_)) if attempt < 3 => {
+                    attempt += 1;
+                    std::thread::sleep(Duration::from_millis(100 * attempt));
+                }
+                Err(Failed::Refused(e) | Failed::Transport(e)) => return Err(format!("data port {address}: {e}")),
+            }
         }
+    }
+
+    fn try_connect(&self, address: &str, timeout: Duration) -> Result<Connection, Failed> {
+        let transport = Failed::from;
+        let target: SocketAddr = match &self.tls {
+            Some(_) => address
+                .to_socket_addrs()
+                .map_err(transport)?
+                .next()
+                .ok_or_else(|| Failed::Refused("no address".into()))?,
+            None => crate::tls::plaintext_address(address).map_err(Failed::Refused)?,
+        };
+        let stream = TcpStream::connect_timeout(&target, Duration::from_secs(10)).map_err(transport)?;
+        stream.set_nodelay(true).map_err(transport)?;
+        stream.set_read_timeout(Some(Duration::from_secs(10))).map_err(transport)?;
+        stream.set_write_timeout(Some(timeout)).map_err(transport)?;
+        let mut stream = match &self.tls {
+            None => Wire::Plain(stream),
+            Some(config) => {
+                let name = rustls::pki_types::ServerName::try_from(crate::tls::host_of(address).to_string())
+                    .map_err(|e| Failed::Refused(e.to_string()))?;
+                let connection =
+                    rustls::ClientConnection::new(config.clone(), name).map_err(|e| Failed::Refused(e.to_string()))?;
+                Wire::Client(Box::new(rustls::StreamOwned::new(connection, Socket::new(stream))))
+            }
+        };
+        self.prove(&mut stream)?;
         if !self.shared_memory {
             return Ok(Connection::Tcp(stream));
         }
-        match offer_queue(&mut stream).map_err(|e| format!("data port {address}: {e}"))? {
+        match offer_queue(&mut stream).map_err(Failed::Transport)? {
             Some(queue) => Ok(Connection::Shared { queue, stream }),
             None => Ok(Connection::Tcp(stream)),
         }
+    }
+
+    /// The sender's side of the handshake (see the module's documentation).
+    fn prove(&self, stream: &mut Wire) -> Result<(), Failed> {
+        let transport = Failed::from;
+        let mut greeting = [0u8; GREETING];
+        stream.read_exact(&mut greeting).map_err(|e| match e.kind() {
+            // A receiver in TLS waits for a TLS handshake this sender does not begin, and closes
+            // the connection at its deadline (or one flooded closed it to make room).
+            std::io::ErrorKind::UnexpectedEof if self.tls.is_none() => Failed::Transport(
+                "closed the connection before greeting it (if that worker runs with --tls-dir, this one needs it too)"
+                    .into(),
+            ),
+            _ => transport(e),
+        })?;
+        if &greeting[..8] != MAGIC {
+            return Err(Failed::Refused("not a dfc data port (of this version)".into()));
+        }
+        let receiver_nonce = &greeting[8..];
+        let nonce = crate::auth::random_bytes::<NONCE>();
+        let token = self.token.as_bytes();
+        let proof = tag(token, Side::Sender, receiver_nonce, &nonce, &self.id).finalize().into_bytes();
+        let id_len = (self.id.len() as u16).to_le_bytes();
+        let mut hello = [
+            IoSlice::new(MAGIC),
+            IoSlice::new(&nonce),
+            IoSlice::new(&proof),
+            IoSlice::new(&id_len),
+            IoSlice::new(&self.id),
+        ];
+        stream.send(&mut hello).map_err(transport)?;
+        let mut status = [0u8; 1];
+        stream.read_exact(&mut status).map_err(transport)?;
+        match status[0] {
+            ACCEPTED => {}
+            BAD_TOKEN => return Err(Failed::Refused("refused the token".into())),
+            _ => return Err(Failed::Refused("does not know this run".into())),
+        }
+        let mut theirs = [0u8; PROOF];
+        stream.read_exact(&mut theirs).map_err(transport)?;
+        // Whoever listens there must hold the token too before it is sent a tensor.
+        tag(token, Side::Receiver, receiver_nonce, &nonce, &self.id)
+            .verify_slice(&theirs)
+            .map_err(|_| Failed::Refused("did not prove the token (is something else listening there?)".into()))
     }
 
     /// Sends `bytes`, which lie at `at` in a segment of `total` bytes, under `key` for `step`
@@ -529,11 +807,9 @@ impl Links {
             }
             let chunk = &bytes[offset..end];
             let sent = match link {
-                Connection::Tcp(stream) => write_all_vectored(
-                    stream,
-                    &mut [IoSlice::new(&header), IoSlice::new(key.as_bytes()), IoSlice::new(chunk)],
-                )
-                .map_err(|e| e.to_string()),
+                Connection::Tcp(stream) => stream
+                    .send(&mut [IoSlice::new(&header), IoSlice::new(key.as_bytes()), IoSlice::new(chunk)])
+                    .map_err(|e| e.to_string()),
                 Connection::Shared { queue, stream } => {
                     queue.push(&[&header, key.as_bytes()], chunk, Instant::now() + timeout, &mut || alive(stream))
                 }
@@ -553,17 +829,15 @@ impl Links {
 
 /// Offers the receiver at the other end of `stream` a shared-memory queue; the queue if it
 /// took it. A machine without POSIX shared memory offers none.
-fn offer_queue(stream: &mut TcpStream) -> Result<Option<shm::Queue>, String> {
+fn offer_queue(stream: &mut Wire) -> Result<Option<shm::Queue>, String> {
     let Ok((queue, name, secret)) = shm::Queue::create() else { return Ok(None) };
     let mut header = [0u8; HEADER];
     header[0..4].copy_from_slice(&OFFER_MAGIC.to_le_bytes());
     header[4..8].copy_from_slice(&(name.len() as u32).to_le_bytes());
     header[16..24].copy_from_slice(&(secret.len() as u64).to_le_bytes());
     header[32..40].copy_from_slice(&(secret.len() as u64).to_le_bytes());
-    let asked = write_all_vectored(
-        stream,
-        &mut [IoSlice::new(&header), IoSlice::new(name.as_bytes()), IoSlice::new(secret.as_bytes())],
-    );
+    let asked =
+        stream.send(&mut [IoSlice::new(&header), IoSlice::new(name.as_bytes()), IoSlice::new(secret.as_bytes())]);
     let mut status = [0u8; 1];
     let answered = asked.and_then(|()| stream.read_exact(&mut status));
     // Both ends have it mapped, or never will: the name is not needed any more.
@@ -573,7 +847,7 @@ fn offer_queue(stream: &mut TcpStream) -> Result<Option<shm::Queue>, String> {
 }
 
 /// Writes every slice (the standard library's `write_all_vectored` is not stable).
-fn write_all_vectored(stream: &mut TcpStream, mut slices: &mut [IoSlice<'_>]) -> std::io::Result<()> {
+fn write_all_vectored(stream: &mut impl Write, mut slices: &mut [IoSlice<'_>]) -> std::io::Result<()> {
     IoSlice::advance_slices(&mut slices, 0);
     while !slices.is_empty() {
         match stream.write_vectored(slices) {
@@ -621,29 +895,39 @@ mod tests {
         }
     }
 
-    /// A data port whose one registration, `run`, records what it is handed.
-    fn data_port() -> (SocketAddr, Arc<Recorder>) {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    /// A data port whose one registration, `run`, records what it is handed, served from the
+    /// runtime returned with it.
+    fn data_port() -> (tokio::runtime::Runtime, SocketAddr, Arc<Recorder>) {
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
         let address = listener.local_addr().unwrap();
         let recorder = Arc::new(Recorder::default());
         let sink = recorder.clone();
-        serve(listener, TOKEN.into(), Arc::new(move |id| (id == b"run").then(|| sink.clone() as Arc<dyn Deliver>)));
-        (address, recorder)
+        let lookup: Lookup = Arc::new(move |id| (id == b"run").then(|| sink.clone() as Arc<dyn Deliver>));
+        runtime.block_on(async { serve(listener, TOKEN, None, lookup) }).unwrap();
+        (runtime, address, recorder)
     }
 
+    /// The hello of a sender holding `token` for the id `run`, after the receiver's `greeting`.
+    fn hello(token: &str, greeting: &[u8]) -> (Vec<u8>, [u8; NONCE]) {
+        assert_eq!(&greeting[..8], MAGIC);
+        let nonce = [7u8; NONCE];
+        let proof = tag(token.as_bytes(), Side::Sender, &greeting[8..], &nonce, b"run").finalize().into_bytes();
+        ([MAGIC.as_slice(), &nonce, &proof, &3u16.to_le_bytes(), b"run"].concat(), nonce)
+    }
+
+    /// A connection through the handshake, done by hand; checks the receiver's proof.
     fn connected(address: SocketAddr) -> TcpStream {
         let mut stream = TcpStream::connect(address).unwrap();
         stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        let mut nonce = [0u8; 64];
-        stream.read_exact(&mut nonce).unwrap();
-        let mut hello = MAGIC.to_vec();
-        hello.extend_from_slice(&proof(TOKEN, &nonce));
-        hello.extend_from_slice(&3u16.to_le_bytes());
-        hello.extend_from_slice(b"run");
+        let mut greeting = [0u8; GREETING];
+        stream.read_exact(&mut greeting).unwrap();
+        let (hello, nonce) = hello(TOKEN, &greeting);
         stream.write_all(&hello).unwrap();
-        let mut status = [0u8];
-        stream.read_exact(&mut status).unwrap();
-        assert_eq!(status[0], ACCEPTED);
+        let mut answer = [0u8; 1 + PROOF];
+        stream.read_exact(&mut answer).unwrap();
+        assert_eq!(answer[0], ACCEPTED);
+        tag(TOKEN.as_bytes(), Side::Receiver, &greeting[8..], &nonce, b"run").verify_slice(&answer[1..]).unwrap();
         stream
     }
 
@@ -668,7 +952,7 @@ mod tests {
 
     #[test]
     fn frames_that_do_not_parse_end_their_connection_and_deliver_nothing() {
-        let (address, recorder) = data_port();
+        let (_runtime, address, recorder) = data_port();
         let max_total = crate::MAX_MESSAGE_BYTES as u64;
         let malformed: Vec<(&str, Vec<u8>)> = vec![
             ("another magic", header(0x1234_5678, 3, 0, 8, 0, 8)),
@@ -718,10 +1002,10 @@ mod tests {
 
     #[test]
     fn a_sender_on_the_same_machine_sends_through_shared_memory() {
-        let (address, recorder) = data_port();
+        let (_runtime, address, recorder) = data_port();
         // The data port above is worker 0's; this process sends as worker 1.
         let workers = ["127.0.0.1:1".to_string(), "127.0.0.1:2".to_string()];
-        let links = Links::new(TOKEN, b"run", 1, &workers, &[u32::from(address.port()), 0], true);
+        let links = Links::new(TOKEN, b"run", 1, &workers, &[u32::from(address.port()), 0], true, None);
         let bytes: Vec<u8> = (0..2 * shm::CHUNK + 100).map(|i| (i % 251) as u8).collect();
         links.send(0, 3, "k#0", &bytes, 0, bytes.len(), Duration::from_secs(10)).unwrap();
         assert!(links.is_shared(0), "the receiver took the queue");
@@ -734,7 +1018,7 @@ mod tests {
 
     #[test]
     fn offers_the_receiver_cannot_take_are_declined_and_frames_go_on_over_tcp() {
-        let (address, recorder) = data_port();
+        let (_runtime, address, recorder) = data_port();
         let mut stream = connected(address);
         let declined = |stream: &mut TcpStream, offer: Vec<u8>| {
             stream.write_all(&offer).unwrap();
@@ -759,14 +1043,16 @@ mod tests {
     #[test]
     fn a_sender_whose_offer_is_declined_sends_over_tcp() {
         // A receiver on "another machine": it does the handshake by hand and declines the queue.
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let receiver = std::thread::spawn(move || {
             let (mut stream, _) = listener.accept().unwrap();
-            stream.write_all(&[b'n'; 64]).unwrap();
-            let mut hello = [0u8; 8 + 32 + 2 + 3];
+            let greeting = [MAGIC.as_slice(), &[b'n'; NONCE]].concat();
+            stream.write_all(&greeting).unwrap();
+            let mut hello = [0u8; HELLO + 3];
             stream.read_exact(&mut hello).unwrap();
-            stream.write_all(&[ACCEPTED]).unwrap();
+            let ours = tag(TOKEN.as_bytes(), Side::Receiver, &greeting[8..], &hello[8..8 + NONCE], b"run");
+            stream.write_all(&[&[ACCEPTED], ours.finalize().into_bytes().as_slice()].concat()).unwrap();
             let mut header = [0u8; HEADER];
             stream.read_exact(&mut header).unwrap();
             let offered = Header::parse(&header).unwrap();
@@ -782,7 +1068,7 @@ mod tests {
             (frame.magic, rest)
         });
         let workers = ["127.0.0.1:1".to_string(), "127.0.0.1:2".to_string()];
-        let links = Links::new(TOKEN, b"run", 1, &workers, &[u32::from(port), 0], true);
+        let links = Links::new(TOKEN, b"run", 1, &workers, &[u32::from(port), 0], true, None);
         links.send(0, 0, "k#0", &[5, 6, 7], 0, 3, Duration::from_secs(10)).unwrap();
         assert!(!links.is_shared(0));
         assert_eq!(receiver.join().unwrap(), (FRAME_MAGIC, b"k#0\x05\x06\x07".to_vec()));

@@ -186,11 +186,16 @@ impl RemoteSession {
                     }
                 }
             };
-            clients.push(
-                WorkerClient::with_interceptor(channel, AddToken::new(token))
-                    .max_decoding_message_size(MAX_MESSAGE_BYTES)
-                    .max_encoding_message_size(MAX_MESSAGE_BYTES),
-            );
+            let client = WorkerClient::with_interceptor(channel, AddToken::new(token))
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES);
+            // A call at once proves the token on the new connection, which the worker would
+            // otherwise close as unproven while this waits for the next workers to listen
+            // (`crate::limits`). Its failures are reported by the `Health` calls below.
+            let mut request = tonic::Request::new(HealthRequest {});
+            request.set_timeout(HEALTH_PATIENCE);
+            let _ = runtime.block_on(client.clone().health(request));
+            clients.push(client);
         }
         let mut session = RemoteSession {
             plan: plan.clone(),

@@ -39,16 +39,20 @@ impl Default for DataPlane {
 }
 
 /// Serves the worker API on `listener` until a `Shutdown` call; every call must carry `token`.
-/// Without TLS, the data plane listens as `data` says, on the same address.
+/// The data plane listens as `data` says, on the same address. Without TLS, `listener` must be
+/// on loopback (see `crate::tls`).
 pub async fn serve(
     listener: TcpListener,
     token: String,
     tls: Option<crate::Tls>,
     data: DataPlane,
 ) -> Result<(), String> {
+    if tls.is_none() {
+        crate::tls::plaintext_listener(listener.local_addr().map_err(|e| e.to_string())?)?;
+    }
     let (stop, stopped) = tokio::sync::oneshot::channel();
     let hosts = Hosts { registered: Arc::new(Mutex::new(None)), benches: Arc::new(Mutex::new(HashMap::new())) };
-    let data_port = if tls.is_some() { 0 } else { serve_data(&listener, data.port, &token, &hosts)? };
+    let data_port = serve_data(&listener, data.port, &token, tls.as_ref(), &hosts).await?;
     let service = WorkerService {
         token: token.clone(),
         tls: tls.clone(),
@@ -71,31 +75,33 @@ pub async fn serve(
         .initial_stream_window_size(Some(crate::STREAM_WINDOW))
         .initial_connection_window_size(Some(crate::CONNECTION_WINDOW))
         .max_frame_size(Some(crate::MAX_FRAME))
-        .tcp_nodelay(true)
+        .max_concurrent_streams(Some(crate::MAX_CALLS_PER_CONNECTION as u32))
+        .concurrency_limit_per_connection(crate::MAX_CALLS_PER_CONNECTION)
+        .http2_max_header_list_size(Some(crate::MAX_HEADER_BYTES))
+        .http2_keepalive_interval(Some(crate::KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(crate::KEEPALIVE_TIMEOUT))
         .add_service(server)
-        .serve_with_incoming_shutdown(incoming(listener), async {
+        // Connections held to the deadline and caps of `crate::limits` until they prove the token.
+        .serve_with_incoming_shutdown(crate::limits::incoming(listener), async {
             let _ = stopped.await;
         })
         .await
         .map_err(|e| format!("the worker's server failed: {e}"))
 }
 
-/// Accepted connections with Nagle's algorithm off: a step's small messages (a scalar loss, a
-/// bias gradient) would otherwise wait for delayed acknowledgements, 40 ms each.
-fn incoming(listener: TcpListener) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
-    use tokio_stream::StreamExt;
-    tokio_stream::wrappers::TcpListenerStream::new(listener).map(|stream| {
-        let stream = stream?;
-        stream.set_nodelay(true)?;
-        Ok(stream)
-    })
-}
-
 /// Starts the data plane on `port` of the gRPC listener's address; the port it listens on.
-fn serve_data(listener: &TcpListener, port: u16, token: &str, hosts: &Hosts) -> Result<u32, String> {
+async fn serve_data(
+    listener: &TcpListener,
+    port: u16,
+    token: &str,
+    tls: Option<&crate::Tls>,
+    hosts: &Hosts,
+) -> Result<u32, String> {
     let ip = listener.local_addr().map_err(|e| e.to_string())?.ip();
+    // tokio's listeners queue 1,024 connections for `accept` where the standard library's queue
+    // 128: a burst of connections waits there rather than for the client's SYN to be sent again.
     let data =
-        std::net::TcpListener::bind((ip, port)).map_err(|e| format!("cannot listen on data port {ip}:{port}: {e}"))?;
+        TcpListener::bind((ip, port)).await.map_err(|e| format!("cannot listen on data port {ip}:{port}: {e}"))?;
     let bound = data.local_addr().map_err(|e| e.to_string())?.port();
     let hosts = hosts.clone();
     let lookup: crate::data::Lookup = Arc::new(move |id: &[u8]| {
@@ -112,7 +118,7 @@ fn serve_data(listener: &TcpListener, port: u16, token: &str, hosts: &Hosts) -> 
             }
         }
     });
-    crate::data::serve(data, token.to_string(), lookup);
+    crate::data::serve(data, token, tls.map(crate::Tls::data_server), lookup)?;
     Ok(u32::from(bound))
 }
 
@@ -260,7 +266,7 @@ impl WorkerService {
         self.hosts.host(id)
     }
 
-    /// Links to the data ports of the workers at `addresses` (none with TLS), through shared
+    /// Links to the data ports of the workers at `addresses` (in TLS with it), through shared
     /// memory where they can be unless `tcp_only`.
     fn links(
         &self,
@@ -270,8 +276,8 @@ impl WorkerService {
         data_ports: &[u32],
         tcp_only: bool,
     ) -> crate::data::Links {
-        let ports: &[u32] = if self.tls.is_some() { &[] } else { data_ports };
-        crate::data::Links::new(&self.token, id, rank, addresses, ports, self.shared_memory && !tcp_only)
+        let shared_memory = self.shared_memory && !tcp_only;
+        crate::data::Links::new(&self.token, id, rank, addresses, data_ports, shared_memory, self.tls.as_ref())
     }
 }
 
