@@ -9,7 +9,7 @@
 //! very deeply nested expressions. Every input comes from a fixed seed, so a failure reproduces:
 //! the report names the seed and the mutations, and writes the input to
 //! `target/tmp/front_end_fuzz/`. `DFC_FUZZ_SCALE=N` runs N times as many inputs (new seeds), for
-//! a longer search than the test suite can afford. For open-ended fuzzing see `compiler/fuzz`.
+//! a longer search than the test suite can afford. For open-ended fuzzing see `fuzz/`.
 
 use std::cell::RefCell;
 use std::fmt::Write as _;
