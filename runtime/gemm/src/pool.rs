@@ -335,6 +335,53 @@ pub fn run_chunks(chunks: usize, helpers: usize, work: &(dyn Fn(usize) + Sync)) 
     assert!(!job.panicked.load(Ordering::Relaxed), "sgemm: a chunk of the product panicked");
 }
 
+#[cfg(all(test, not(feature = "loom")))]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    /// Products whose helpers may start only after their caller has done every chunk and returned: such a helper
+    /// holds a job whose `work` pointer is dangling, and must not touch it (Miri reports it if it does: CI runs
+    /// these tests under Miri).
+    #[test]
+    fn late_helpers_touch_nothing_of_a_finished_product() {
+        for round in 1..=4 {
+            let data = vec![round; 8];
+            let sum = AtomicUsize::new(0);
+            run_chunks(data.len(), 3, &|c| {
+                sum.fetch_add(data[c], std::sync::atomic::Ordering::Relaxed);
+            });
+            assert_eq!(sum.into_inner(), 8 * round);
+        }
+        // Held workers take later products through the board.
+        let _hold = hold();
+        for round in 1..=4 {
+            let data = vec![round; 8];
+            let sum = AtomicUsize::new(0);
+            run_chunks(data.len(), 3, &|c| {
+                sum.fetch_add(data[c], std::sync::atomic::Ordering::Relaxed);
+            });
+            assert_eq!(sum.into_inner(), 8 * round);
+        }
+    }
+
+    #[test]
+    fn a_panicking_chunk_fails_the_caller_once_every_chunk_is_done() {
+        let done = AtomicUsize::new(0);
+        let caught = catch_unwind(AssertUnwindSafe(|| {
+            run_chunks(6, 2, &|c| {
+                if c == 3 {
+                    panic!("chunk 3 fails");
+                }
+                done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            })
+        }));
+        let message = caught.expect_err("the panic reaches the caller");
+        assert_eq!(message.downcast_ref::<&str>(), Some(&"sgemm: a chunk of the product panicked"));
+        assert_eq!(done.into_inner(), 5, "every other chunk ran before the caller went on");
+    }
+}
+
 /// The pool under loom: the real code above over loom's atomics, with a thread for each rayon job. Each product's
 /// `work` writes a loom cell per chunk, which the caller reads and then writes again once `run_chunks` has
 /// returned (as the next use of its frame would): loom reports a chunk run twice, or a worker that touches a cell
