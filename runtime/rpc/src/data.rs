@@ -360,6 +360,14 @@ impl Chunk {
         Chunk { buffer: pooled.unwrap_or_else(|| vec![0; len.max(DATA_CHUNK)]), len }
     }
 
+    /// A chunk holding `bytes`.
+    #[cfg(test)]
+    pub(crate) fn for_tests(bytes: &[u8]) -> Chunk {
+        let mut chunk = Chunk::new(bytes.len());
+        chunk.as_mut_slice().copy_from_slice(bytes);
+        chunk
+    }
+
     pub fn as_slice(&self) -> &[u8] {
         &self.buffer[..self.len]
     }
