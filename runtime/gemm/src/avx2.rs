@@ -324,7 +324,7 @@ mod tests {
     #[test]
     fn products_match_a_naive_one() {
         if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
-            println!("SKIPPED: this CPU has no AVX2 and FMA");
+            crate::skip::skip(crate::skip::Need::Avx2, "this CPU has no AVX2 and FMA");
             return;
         }
         let mut rng = fastrand::Rng::with_seed(7);
