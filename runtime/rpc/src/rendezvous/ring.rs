@@ -58,6 +58,8 @@ pub(super) struct RingProgress {
     /// Per sending step (0: this worker's own segment; s: what step s − 1 received), per chunk:
     /// sent, so that its bytes are no longer read.
     sent: Vec<Vec<bool>>,
+    /// Readers waiting in `lend` for a chunk to be sent (`mark_sent` wakes them only then).
+    awaiting_sends: usize,
     open: bool,
     error: Option<String>,
 }
@@ -171,6 +173,7 @@ impl NetRendezvous {
                     applying: 0,
                     taken,
                     sent,
+                    awaiting_sends: 0,
                     open: true,
                     error: None,
                 },
@@ -239,11 +242,15 @@ impl NetRendezvous {
     /// overwrite it.
     fn mark_sent(&self, key: &str, step: usize, offset: usize) {
         let mut state = self.lock();
-        if let Some(sent) = state.rings.get_mut(key).and_then(|ring| ring.sent.get_mut(step)) {
+        let Some(ring) = state.rings.get_mut(key) else { return };
+        if let Some(sent) = ring.sent.get_mut(step) {
             sent[offset / DATA_CHUNK] = true;
         }
+        let awaited = ring.awaiting_sends > 0;
         drop(state);
-        self.changed.notify_all();
+        if awaited {
+            self.changed.notify_all();
+        }
     }
 
     /// A chunk from the data plane: into its ring's tensor if that ring is under way here (and
@@ -351,7 +358,11 @@ impl NetRendezvous {
                 self.changed.notify_all();
                 return None;
             }
+            state.rings.get_mut(key).expect("looked up above").awaiting_sends += 1;
             state = self.changed.wait_timeout(state, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
+            if let Some(ring) = state.rings.get_mut(key) {
+                ring.awaiting_sends -= 1;
+            }
         }
     }
 
@@ -489,6 +500,7 @@ mod tests {
             arrived: vec![false; 2],
             taken: vec![vec![false]; 2],
             sent: vec![vec![false]; 2],
+            awaiting_sends: 0,
             segments,
             reducing_steps: 1,
             add: adder(DType::U8).unwrap_or(copy),
