@@ -4,6 +4,9 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+#[path = "support/skip.rs"]
+mod skip;
+
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
@@ -371,7 +374,10 @@ fn graphs_are_drawn_as_dot_and_svg() {
     assert_eq!(std::fs::read_to_string(&file).expect("written"), dot);
 
     if Command::new("dot").arg("-V").output().is_err() {
-        println!("SKIPPED: the SVG check needs Graphviz's `dot` (apt-get install graphviz; .ci/run does)");
+        skip::skip(
+            skip::Need::Graphviz,
+            "the SVG check needs Graphviz's `dot` (apt-get install graphviz; .ci/run does)",
+        );
         return;
     }
     let svg = scratch("wide_and_deep.svg");

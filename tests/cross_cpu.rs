@@ -8,6 +8,9 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+#[path = "support/skip.rs"]
+mod skip;
+
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
@@ -43,14 +46,13 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
 
 #[test]
 fn a_plan_compiled_on_one_cpu_trains_on_another() {
-    let Some(_) = qemu() else {
-        assert!(
-            std::env::var("DFC_REQUIRE").is_ok_and(|r| !r.split(',').any(|n| n.trim() == "qemu")),
-            "qemu-x86_64 is required here (DFC_REQUIRE names it)"
+    if qemu().is_none() {
+        skip::skip(
+            skip::Need::Qemu,
+            "no qemu-x86_64 to emulate an AVX2-only CPU (apt-get install qemu-user; .ci/run does)",
         );
-        println!("SKIPPED: no qemu-x86_64 to emulate an AVX2-only CPU (apt-get install qemu-user; .ci/run does)");
         return;
-    };
+    }
     let dir = tempfile::tempdir().unwrap();
     let source = root().join("examples/mlp.df");
     let source = source.to_str().unwrap();

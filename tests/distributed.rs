@@ -12,6 +12,9 @@ use dfc_plan::Plan;
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 
+#[path = "support/close.rs"]
+mod support;
+
 const STEPS: usize = 3;
 
 fn root() -> PathBuf {
@@ -106,6 +109,7 @@ fn assert_same(
     other: &(Vec<f64>, BTreeMap<String, Vec<f64>>),
     tolerance: f64,
 ) {
+    assert_eq!(reference.0.len(), other.0.len(), "{what}: steps");
     for (step, (a, b)) in reference.0.iter().zip(&other.0).enumerate() {
         assert!(close(*a, *b, tolerance), "{what}: the loss of step {step} is {b}, single-device gives {a}");
     }
@@ -113,7 +117,7 @@ fn assert_same(
     assert_eq!(names(&reference.1), names(&other.1), "{what}: other variables");
     for (name, values) in &reference.1 {
         let theirs = &other.1[name];
-        let worst = values.iter().zip(theirs).map(|(a, b)| (a - b).abs() / (1.0 + a.abs())).fold(0.0, f64::max);
+        let worst = support::worst_difference(&format!("{what}: `{name}`"), theirs, values, support::relative);
         assert!(worst <= tolerance, "{what}: `{name}` differs from single-device by up to {worst:e}");
     }
 }
@@ -257,6 +261,7 @@ fn variables_above_a_size_are_partitioned_over_the_parameter_servers() {
     let data = batches(&single);
     let reference = train(&single, &data);
     let (losses, variables) = train(&sharded, &data);
+    assert_eq!(reference.0.len(), losses.len(), "steps");
     for (step, (a, b)) in reference.0.iter().zip(&losses).enumerate() {
         assert!(close(*a, *b, 1e-4), "step {step}: {b} vs {a}");
     }

@@ -6,6 +6,8 @@
 
 #[path = "support/expect_file.rs"]
 mod expect_file;
+#[path = "support/skip.rs"]
+mod skip;
 
 use dfc_compile::{compile, CompileOptions};
 use dfc_ir::{Cluster, DeviceKind};
@@ -83,7 +85,7 @@ fn a_gpu_plan_compiles_and_without_a_gpu_its_run_says_what_is_missing() {
     let images = "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz";
     let labels = "/usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz";
     if !std::path::Path::new(images).exists() {
-        println!("SKIPPED the runs: no Fashion-MNIST (apt-get install dataset-fashion-mnist)");
+        skip::skip(skip::Need::FashionMnist, "the runs: no Fashion-MNIST (apt-get install dataset-fashion-mnist)");
         return;
     }
     let feeds = ["--feed", &format!("images={images}"), "--feed", &format!("labels={labels}")].map(String::from);
@@ -131,8 +133,10 @@ fn ptxas() -> Option<PathBuf> {
 #[test]
 fn ptxas_assembles_every_examples_kernels_for_ampere_and_hopper() {
     let Some(ptxas) = ptxas() else {
-        assert!(std::env::var_os("DFC_PTXAS_REQUIRED").is_none(), "DFC_PTXAS_REQUIRED is set, but there is no ptxas");
-        println!("SKIPPED: no ptxas (pip install --target target/cuda-tools nvidia-cuda-nvcc-cu12; .ci/run does)");
+        skip::skip(
+            skip::Need::Ptxas,
+            "no ptxas (pip install --target target/cuda-tools nvidia-cuda-nvcc-cu12; .ci/run does)",
+        );
         return;
     };
     let dir = tempfile::tempdir().unwrap();

@@ -4,6 +4,8 @@
 
 #[path = "support/lsp_client.rs"]
 mod lsp_client;
+#[path = "support/skip.rs"]
+mod skip;
 
 use lsp_client::Client;
 use serde_json::{json, Value};
@@ -32,12 +34,9 @@ fn python_with_pytest_lsp() -> Option<PathBuf> {
 #[test]
 fn a_real_lsp_client_drives_every_feature() {
     let Some(python) = python_with_pytest_lsp() else {
-        assert!(
-            std::env::var_os("DFC_LSP_CLIENT_REQUIRED").is_none(),
-            "DFC_LSP_CLIENT_REQUIRED is set, but no Python has pytest-lsp"
-        );
-        println!(
-            "SKIPPED: no Python with pytest-lsp (python3 -m venv target/lsp-venv && target/lsp-venv/bin/pip install -r tests/lsp/requirements.txt; .ci/run does)"
+        skip::skip(
+            skip::Need::LspClient,
+            "no Python with pytest-lsp (python3 -m venv target/lsp-venv && target/lsp-venv/bin/pip install -r tests/lsp/requirements.txt; .ci/run does)",
         );
         return;
     };

@@ -114,7 +114,9 @@ fn check_plan(example: &str, plan: &Plan) {
     for (i, (a, b)) in ref_seen.iter().zip(&seen).enumerate() {
         assert_close(&format!("{example} fetch {i}"), a, b);
     }
-    for ((name, a), (_, b)) in ref_vars.iter().zip(&vars) {
+    assert_eq!(ref_vars.len(), vars.len(), "{example}: variables");
+    for ((name, a), (name_b, b)) in ref_vars.iter().zip(&vars) {
+        assert_eq!(name, name_b, "{example}: variables");
         assert_close(&format!("{example} variable {name}"), a, b);
     }
 }

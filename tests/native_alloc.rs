@@ -15,13 +15,16 @@ struct Counting;
 static BYTES: AtomicUsize = AtomicUsize::new(0);
 static LARGEST: AtomicUsize = AtomicUsize::new(0);
 
+// SAFETY: forwards every call to the system allocator, counting on the way.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         BYTES.fetch_add(layout.size(), Ordering::Relaxed);
         LARGEST.fetch_max(layout.size(), Ordering::Relaxed);
+        // SAFETY: `GlobalAlloc::alloc`'s contract, passed on.
         unsafe { System.alloc(layout) }
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` came from `alloc` above, that is from `System`, with `layout`.
         unsafe { System.dealloc(ptr, layout) }
     }
 }

@@ -183,6 +183,8 @@ fn every_op_agrees_with_the_interpreter() {
                         .to_f64_vec()
                         .iter()
                         .zip(native.to_f64_vec())
+                        // Equal types, so equal lengths; NaN in both is the same result (an op's
+                        // edge case, such as the log of a negative), NaN in one alone fails.
                         .all(|(x, y)| (x - y).abs() <= tolerance * (1.0 + x.abs()) || (x.is_nan() && y.is_nan())),
                     _ => reference == native,
                 };

@@ -6,6 +6,11 @@ use dfc_interp::Tensor;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+#[path = "support/close.rs"]
+mod close;
+#[path = "support/skip.rs"]
+mod skip;
+
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
@@ -197,7 +202,7 @@ fn partitioned_plans_train_like_the_single_device_plan() {
     assert_eq!(mirrored.tensors.keys().collect::<Vec<_>>(), single.tensors.keys().collect::<Vec<_>>());
     for (name, tensor) in &single.tensors {
         let (a, b) = (tensor.to_f64_vec(), mirrored.tensors[name].to_f64_vec());
-        let worst = a.iter().zip(&b).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+        let worst = close::worst_difference(&format!("`{name}`"), &b, &a, close::absolute);
         assert!(worst < 1e-4, "`{name}` differs by {worst} between one device and two replicas");
     }
 }
@@ -240,7 +245,7 @@ fn fetch_runs_forward_on_every_example() {
     let prediction = dfc_driver::load(&out).expect("a .npy");
     assert_eq!(prediction.shape.dims(), [250], "250 examples: 7 full batches and a padded one, trimmed");
     let expected = dfc_driver::load(&y).expect("y").to_f64_vec();
-    let worst = prediction.to_f64_vec().iter().zip(&expected).map(|(p, e)| (p - e).abs()).fold(0.0, f64::max);
+    let worst = close::worst_difference("the predictions", &prediction.to_f64_vec(), &expected, close::absolute);
     assert!(worst < 0.05, "the trained model should predict y closely; worst error {worst}");
 
     // Without -o, the values are printed.
@@ -305,7 +310,10 @@ fn bad_feeds_are_refused_before_any_step() {
 fn fashion_mnist_trains_softmax_regression() {
     let data = Path::new("/usr/share/datasets/fashion-mnist");
     if !data.join("train-images-idx3-ubyte.gz").exists() {
-        println!("SKIPPED: Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist; .ci/run does)");
+        skip::skip(
+            skip::Need::FashionMnist,
+            "Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist; .ci/run does)",
+        );
         return;
     }
     let dir = scratch("fashion-mnist");

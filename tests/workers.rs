@@ -10,6 +10,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+#[path = "support/close.rs"]
+mod close;
+#[path = "support/skip.rs"]
+mod skip;
+
 const TOKEN: &str = "test-token-0123456789abcdef";
 
 fn root() -> PathBuf {
@@ -135,7 +140,7 @@ fn assert_same_parameters(what: &str, reference: &dfc_driver::Checkpoint, distri
     assert_eq!(reference.tensors.keys().collect::<Vec<_>>(), distributed.tensors.keys().collect::<Vec<_>>(), "{what}");
     for (name, tensor) in &reference.tensors {
         let (a, b) = (tensor.to_f64_vec(), distributed.tensors[name].to_f64_vec());
-        let worst = a.iter().zip(&b).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+        let worst = close::worst_difference(&format!("{what}: `{name}`"), &b, &a, close::absolute);
         assert!(worst < 1e-4, "{what}: `{name}` differs by {worst} from the one-process run");
     }
 }
@@ -317,7 +322,7 @@ fn a_killed_worker_is_reported_by_name_and_the_run_fails() {
 #[test]
 fn mpirun_launches_a_job_with_one_command() {
     let Ok(version) = Command::new("mpirun").arg("--version").output() else {
-        println!("SKIPPED: mpirun is not installed (apt-get install openmpi-bin; .ci/run does)");
+        skip::skip(skip::Need::Mpirun, "mpirun is not installed (apt-get install openmpi-bin; .ci/run does)");
         return;
     };
     assert!(version.status.success(), "{}", text(&version.stderr));
@@ -335,12 +340,18 @@ fn mpirun_launches_a_job_with_one_command() {
 #[test]
 fn srun_launches_a_job_with_one_command() {
     let Ok(state) = Command::new("sinfo").args(["--noheader", "--format", "%t"]).output() else {
-        println!("SKIPPED: Slurm is not installed (bash .ci/slurm-single-node.sh sets one up; .ci/run does)");
+        skip::skip(
+            skip::Need::Slurm,
+            "Slurm is not installed (bash .ci/slurm-single-node.sh sets one up; .ci/run does)",
+        );
         return;
     };
     let state = text(&state.stdout);
     if !["idle", "mix", "alloc"].iter().any(|s| state.contains(s)) {
-        println!("SKIPPED: no Slurm node is up (sinfo says {state:?}); bash .ci/slurm-single-node.sh starts one");
+        skip::skip(
+            skip::Need::Slurm,
+            &format!("no Slurm node is up (sinfo says {state:?}); bash .ci/slurm-single-node.sh starts one"),
+        );
         return;
     }
     let mut srun = Command::new("srun");
@@ -457,7 +468,7 @@ impl Drop for TwoHosts {
 #[test]
 fn workers_on_two_hosts_train_like_one_process() {
     let Some(hosts) = TwoHosts::new() else {
-        println!("SKIPPED: cannot make network namespaces here (the test needs root, as CI has)");
+        skip::skip(skip::Need::Netns, "cannot make network namespaces here (the test needs root, as CI has)");
         return;
     };
     let dir = scratch("two-hosts");
@@ -612,7 +623,10 @@ fn a_killed_distributed_run_resumes_and_ends_like_an_uninterrupted_one() {
 fn asynchronous_parameter_servers_converge_on_fashion_mnist() {
     let data = Path::new("/usr/share/datasets/fashion-mnist");
     if !data.join("train-images-idx3-ubyte.gz").exists() {
-        println!("SKIPPED: Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist; .ci/run does)");
+        skip::skip(
+            skip::Need::FashionMnist,
+            "Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist; .ci/run does)",
+        );
         return;
     }
     let dir = scratch("ps-async-fashion");

@@ -328,6 +328,8 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
     }
 
     fn arg_pointer(&self, args: PointerValue<'ctx>, i: usize, dtype: DType) -> PointerValue<'ctx> {
+        // SAFETY: the generated code indexes the kernel's `i8** args` at `i`, one of the kernel's
+        // own arguments (`i` < its arity, as the caller numbers them), so the address is in the array.
         let slot = unsafe { self.builder.build_gep(args, &[self.i64(i as i64)], "arg").unwrap() };
         let raw = self.builder.build_load(slot, "raw").unwrap().into_pointer_value();
         let ty = memory_type(self.context, dtype).ptr_type(AddressSpace::default());
@@ -392,6 +394,9 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
     }
 
     fn element(&self, base: PointerValue<'ctx>, offset: IntValue<'ctx>) -> PointerValue<'ctx> {
+        // SAFETY: `offset` is an element's index computed from the loop indices and the access's
+        // strides (`offset`), which stay within the buffer's elements for every point of the
+        // iteration space, so the generated `inbounds` GEP holds.
         unsafe { self.builder.build_in_bounds_gep(base, &[offset], "e").unwrap() }
     }
 

@@ -142,6 +142,8 @@ fn difference(a: &Tensor, b: &Tensor) -> Option<String> {
         let same = if exact {
             x == y
         } else {
+            // NaN in both is the same result (an op's edge case, computed alike before and after
+            // the pass); NaN in one alone fails, as `<=` is false for it.
             (x.is_nan() && y.is_nan()) || x == y || (x - y).abs() <= tolerance * x.abs().max(y.abs()).max(1.0)
         };
         if !same {
@@ -161,6 +163,7 @@ fn compare(what: &str, original: &Step, simplified: &Step, failures: &mut Vec<St
                     failures.push(format!("{what}: fetched value {i} differs: {d}"));
                 }
             }
+            assert_eq!(variables_a.len(), variables_b.len(), "{what}: a different number of variables");
             for ((name, a), (name_b, b)) in variables_a.iter().zip(variables_b) {
                 assert_eq!(name, name_b, "{what}: the variables differ");
                 if let Some(d) = difference(a, b) {

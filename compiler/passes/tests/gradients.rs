@@ -169,7 +169,8 @@ fn gradients_match_finite_differences() {
                 // Through f32 the loss is only as exact as f32, and so are its differences.
                 let relative = if case.expr.contains("f32") { 1e-2 } else { 1e-5 };
                 let tolerance = relative * (1.0 + numeric.abs().max(grad[i].abs()));
-                if (numeric - grad[i]).abs() > tolerance {
+                // Written so that a NaN on either side fails (`NaN > tolerance` would not).
+                if !((numeric - grad[i]).abs() <= tolerance) {
                     failures.push(format!(
                         "{}: d loss / d {name}[{i}] is {} by autodiff but {numeric} by finite differences",
                         case.name, grad[i]

@@ -4,6 +4,9 @@
 use dfc_interp::{Program, Tensor};
 use std::collections::HashMap;
 
+#[path = "../../../tests/support/close.rs"]
+mod close;
+
 /// The loss `sum(w * w * c) / 2` of `w: f64[3]` has the gradient `w * c`: it changes as `w` does,
 /// so slot arithmetic that is off shows up within a few steps.
 const C: [f64; 3] = [1.0, -2.0, 0.5];
@@ -42,9 +45,7 @@ fn reference(mut update: impl FnMut(usize, f64, f64, usize) -> f64) -> Vec<f64> 
 }
 
 fn assert_close(optimizer: &str, actual: &[f64], expected: &[f64]) {
-    for (a, e) in actual.iter().zip(expected) {
-        assert!((a - e).abs() <= 1e-12 * (1.0 + e.abs()), "{optimizer}: w = {actual:?}, expected {expected:?}");
-    }
+    close::assert_close(optimizer, actual, expected, 1e-12);
 }
 
 #[test]

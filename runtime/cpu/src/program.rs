@@ -604,6 +604,13 @@ impl NativeProgram {
                 Slot::Const(i) => const_ptrs[i],
             }
         };
+        // SAFETY: every slot of this program holds a value of the type the program planned
+        // for it, which is the type its steps name with it: feeds and variables were checked
+        // above, constants are the builder's, arena offsets were planned with room for their
+        // values; slots written (arena, variables) are not feeds or constants.
+        let read = |slot: Slot, ty: &TensorType| unsafe { read_tensor(at(slot), ty) };
+        // SAFETY: as for `read`.
+        let write = |slot: Slot, tensor: &Tensor, ty: &TensorType| unsafe { write_tensor(at(slot), tensor, ty) };
         let exchange = |node: &str| rendezvous.ok_or_else(|| InterpError::NoRendezvous { node: node.to_string() });
         // The products of a run start without waking rayon's workers (see `dfc_gemm::hold`).
         let _hold = dfc_gemm::hold();
@@ -613,7 +620,9 @@ impl NativeProgram {
                 Step::Kernel { function, args, rows, parallel } => {
                     arena.args.clear();
                     arena.args.extend(args.iter().map(|s| at(*s)));
-                    run_kernel(*function, &arena.args, *rows, *parallel);
+                    // SAFETY: `args` holds the kernel's buffers in its order, each a slot planned for
+                    // the kernel's types (as for `read`).
+                    unsafe { run_kernel(*function, &arena.args, *rows, *parallel) };
                 }
                 Step::MatMul { a, b, out, m, n, k, ta, tb, batches, update } => {
                     let (pa, pb, po) = (at(*a) as *const f32, at(*b) as *const f32, at(*out) as *mut f32);
@@ -663,11 +672,12 @@ impl NativeProgram {
                     }
                 }
                 Step::Pool { kind, geometry, operands, out, out_len } => {
-                    // SAFETY: as for convolutions.
                     let input = |i: usize| {
                         let (slot, len) = operands[i];
+                        // SAFETY: as for convolutions: the slot holds `len` floats.
                         unsafe { std::slice::from_raw_parts(at(slot) as *const f32, len) }
                     };
+                    // SAFETY: as for convolutions; the output is none of the inputs.
                     let o = unsafe { std::slice::from_raw_parts_mut(at(*out) as *mut f32, *out_len) };
                     match kind {
                         PoolKind::Max => dfc_kernels::max_pool(geometry, input(0), o),
@@ -679,10 +689,14 @@ impl NativeProgram {
                 Step::Layout { node, op, element_bytes, operands, out, ty } => {
                     let inputs: Vec<(*const u8, &TensorType)> =
                         operands.iter().map(|(s, t)| (at(*s) as *const u8, t)).collect();
-                    match element_bytes {
-                        1 => move_elements::<u8>(op, &inputs, at(*out), ty),
-                        4 => move_elements::<u32>(op, &inputs, at(*out), ty),
-                        _ => move_elements::<u64>(op, &inputs, at(*out), ty),
+                    // SAFETY: the operands' and the output's slots hold values of their types (as for
+                    // `read`), whose elements are `element_bytes` wide; the output is not an operand.
+                    unsafe {
+                        match element_bytes {
+                            1 => move_elements::<u8>(op, &inputs, at(*out), ty),
+                            4 => move_elements::<u32>(op, &inputs, at(*out), ty),
+                            _ => move_elements::<u64>(op, &inputs, at(*out), ty),
+                        }
                     }
                     .map_err(|e| InterpError::IndexOutOfRange {
                         node: node.clone(),
@@ -691,31 +705,31 @@ impl NativeProgram {
                     })?;
                 }
                 Step::Library { node, op, operands, out, ty } => {
-                    let tensors: Vec<Tensor> = operands.iter().map(|(s, t)| read_tensor(at(*s), t)).collect();
+                    let tensors: Vec<Tensor> = operands.iter().map(|(s, t)| read(*s, t)).collect();
                     let refs: Vec<&Tensor> = tensors.iter().collect();
                     let result = dfc_interp::eval(op, &refs).map_err(|e| rename(e, node))?;
-                    write_tensor(at(*out), &result, ty);
+                    write(*out, &result, ty);
                 }
                 Step::Update { node, op, variable, value, ty } => {
-                    let v = read_tensor(at(value.0), &value.1);
+                    let v = read(value.0, &value.1);
                     let result = match op {
                         Op::Assign => v,
                         Op::AssignAdd | Op::AssignSub => {
-                            let current = read_tensor(at(*variable), ty);
+                            let current = read(*variable, ty);
                             let kind =
                                 if matches!(op, Op::AssignAdd) { dfc_ir::BinaryOp::Add } else { dfc_ir::BinaryOp::Sub };
                             dfc_interp::eval(&Op::Binary(kind), &[&current, &v]).map_err(|e| rename(e, node))?
                         }
                         _ => unreachable!("updates are assignments"),
                     };
-                    write_tensor(at(*variable), &result, ty);
+                    write(*variable, &result, ty);
                 }
                 Step::Copy { from, to, bytes } => {
                     // SAFETY: distinct buffers of `bytes` each.
                     unsafe { std::ptr::copy_nonoverlapping(at(*from), at(*to), *bytes) };
                 }
                 Step::Send { key, value, ty } => {
-                    exchange(key)?.send(key, read_tensor(at(*value), ty))?;
+                    exchange(key)?.send(key, read(*value, ty))?;
                 }
                 Step::Recv { node, key, out, ty } => {
                     let tensor = exchange(node)?.recv(key)?;
@@ -727,12 +741,12 @@ impl NativeProgram {
                             found: tensor.ty(),
                         });
                     }
-                    write_tensor(at(*out), &tensor, ty);
+                    write(*out, &tensor, ty);
                 }
                 Step::AllReduce { key, group_size, members, ty } => {
                     let rendezvous = exchange(key)?;
                     let contributions: Vec<(usize, u32, Tensor)> =
-                        members.iter().enumerate().map(|(i, m)| (i, m.0, read_tensor(at(m.1), ty))).collect();
+                        members.iter().enumerate().map(|(i, m)| (i, m.0, read(m.1, ty))).collect();
                     let sums = if contributions.len() == 1 {
                         let (_, replica, value) = contributions.into_iter().next().unwrap();
                         vec![(0, rendezvous.all_reduce(key, *group_size, replica, value)?)]
@@ -740,12 +754,12 @@ impl NativeProgram {
                         dfc_interp::reduce_together(rendezvous, key, *group_size, contributions)?
                     };
                     for (i, sum) in sums {
-                        write_tensor(at(members[i].2), &sum, ty);
+                        write(members[i].2, &sum, ty);
                     }
                 }
             }
         }
-        Ok(self.fetches.iter().map(|(slot, ty)| read_tensor(at(*slot), ty)).collect())
+        Ok(self.fetches.iter().map(|(slot, ty)| read(*slot, ty)).collect())
     }
 }
 
@@ -864,16 +878,21 @@ fn batch_offsets(a: &[usize], b: &[usize], out: &[usize], a_matrix: usize, b_mat
 }
 
 /// Transpose, concat, slice, pad or gather on elements of `T`'s size.
-fn move_elements<T: Copy + Default + Send + Sync>(
+///
+/// # Safety
+/// Each input points to a value of its type, and `out` to room for a value of `ty`, elements of
+/// `T`'s size (a gather's indices: i32 or i64, as their type says); `out` overlaps no input.
+unsafe fn move_elements<T: Copy + Default + Send + Sync>(
     op: &Op,
     inputs: &[(*const u8, &TensorType)],
     out: *mut u8,
     ty: &TensorType,
 ) -> Result<(), dfc_kernels::IndexOutOfRange> {
-    // SAFETY: every slot holds a value of its (checked) type, of `T`'s size per element.
-    let slice = |(ptr, ty): (*const u8, &TensorType)| unsafe {
-        std::slice::from_raw_parts(ptr as *const T, ty.shape.n_elements())
+    let slice = |(ptr, ty): (*const u8, &TensorType)| {
+        // SAFETY: the function's contract: a value of `ty`, of `T`'s size per element.
+        unsafe { std::slice::from_raw_parts(ptr as *const T, ty.shape.n_elements()) }
     };
+    // SAFETY: the function's contract: room for `ty`'s elements, overlapping no input.
     let output = unsafe { std::slice::from_raw_parts_mut(out as *mut T, ty.shape.n_elements()) };
     let dims = |i: usize| inputs[i].1.shape.dims();
     match op {
@@ -887,20 +906,17 @@ fn move_elements<T: Copy + Default + Send + Sync>(
         Op::Gather => {
             let rows = dims(0).first().copied().unwrap_or(0);
             let n = inputs[1].1.shape.n_elements();
-            // SAFETY: the indices are i32 or i64, as the step was built for.
             return match inputs[1].1.dtype {
-                DType::I32 => dfc_kernels::gather(
-                    slice(inputs[0]),
-                    rows,
-                    unsafe { std::slice::from_raw_parts(inputs[1].0 as *const i32, n) },
-                    output,
-                ),
-                _ => dfc_kernels::gather(
-                    slice(inputs[0]),
-                    rows,
-                    unsafe { std::slice::from_raw_parts(inputs[1].0 as *const i64, n) },
-                    output,
-                ),
+                DType::I32 => {
+                    // SAFETY: the function's contract: the indices are n i32s, as their type says.
+                    let indices = unsafe { std::slice::from_raw_parts(inputs[1].0 as *const i32, n) };
+                    dfc_kernels::gather(slice(inputs[0]), rows, indices, output)
+                }
+                _ => {
+                    // SAFETY: the function's contract: otherwise the indices are n i64s.
+                    let indices = unsafe { std::slice::from_raw_parts(inputs[1].0 as *const i64, n) };
+                    dfc_kernels::gather(slice(inputs[0]), rows, indices, output)
+                }
             };
         }
         other => unreachable!("`{}` is not a layout step", other.name()),
@@ -920,10 +936,14 @@ fn rename(error: InterpError, node: &str) -> InterpError {
 }
 
 /// Splits a kernel's rows over the rayon pool when it is marked parallel.
-fn run_kernel(function: KernelFn, args: &[*mut u8], rows: u64, parallel: bool) {
+///
+/// # Safety
+/// `args` holds every buffer `function` reads and writes, in its order, each with room for the
+/// kernel's `rows`.
+unsafe fn run_kernel(function: KernelFn, args: &[*mut u8], rows: u64, parallel: bool) {
     let threads = rayon::current_num_threads() as u64;
     if !parallel || threads < 2 || rows < 2 {
-        // SAFETY: `args` holds every buffer the kernel reads and writes, planned for its types.
+        // SAFETY: the function's contract.
         unsafe { function(args.as_ptr(), 0, rows as i64) };
         return;
     }
@@ -931,7 +951,8 @@ fn run_kernel(function: KernelFn, args: &[*mut u8], rows: u64, parallel: bool) {
     let args_addr = args.as_ptr() as usize;
     dfc_gemm::run_chunks(chunks as usize, threads as usize - 1, &|c| {
         let (begin, end) = (rows * c as u64 / chunks, rows * (c as u64 + 1) / chunks);
-        // SAFETY: ranges of rows are disjoint; each writes its own outputs.
+        // SAFETY: the function's contract; ranges of rows are disjoint, and a kernel writes only
+        // its own rows' outputs.
         unsafe { function(args_addr as *const *mut u8, begin as i64, end as i64) };
     });
 }
@@ -959,9 +980,12 @@ fn data_ptr_mut(data: &mut Data) -> *mut u8 {
 }
 
 /// A copy of the `ty` value at `ptr`.
-fn read_tensor(ptr: *const u8, ty: &TensorType) -> Tensor {
+///
+/// # Safety
+/// `ptr` points to a value of `ty` (bools as bytes).
+unsafe fn read_tensor(ptr: *const u8, ty: &TensorType) -> Tensor {
     let n = ty.shape.n_elements();
-    // SAFETY: every slot holds a value of its type; bools are stored as 0 or 1.
+    // SAFETY: the function's contract; any byte is read as a bool (non-zero: true).
     let data = unsafe {
         match ty.dtype {
             DType::F32 => Data::F32(std::slice::from_raw_parts(ptr as *const f32, n).to_vec()),
@@ -975,9 +999,14 @@ fn read_tensor(ptr: *const u8, ty: &TensorType) -> Tensor {
     Tensor::new(ty.shape.clone(), data)
 }
 
-fn write_tensor(ptr: *mut u8, tensor: &Tensor, ty: &TensorType) {
-    debug_assert_eq!(tensor.ty(), *ty);
+/// Writes `tensor`, a value of `ty`, at `ptr`.
+///
+/// # Safety
+/// `ptr` has room for a value of `ty`, and nothing else reads or writes it meanwhile.
+unsafe fn write_tensor(ptr: *mut u8, tensor: &Tensor, ty: &TensorType) {
+    assert_eq!(tensor.ty(), *ty, "a value of the slot's type");
     let bytes = ty.size_in_bytes();
-    // SAFETY: the slot has room for a value of `ty`, which `tensor` is.
+    // SAFETY: the function's contract, and `tensor` is a value of `ty` (asserted): its data has
+    // `bytes` bytes.
     unsafe { std::ptr::copy_nonoverlapping(data_ptr(&tensor.data), ptr, bytes) };
 }

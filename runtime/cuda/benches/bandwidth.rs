@@ -7,6 +7,9 @@ use dfc_compile::{compile, CompileOptions};
 use dfc_interp::Tensor;
 use dfc_ir::{Cluster, DeviceKind, Op};
 
+#[path = "../../../tests/support/skip.rs"]
+mod skip;
+
 fn main() {
     // Compiled everywhere (the kernel is checked); run where there is a GPU.
     let source = "model stream {\n    dim n = 67108864\n    input x: f32[n]\n    input y: f32[n]\n    output relu(x * 1.5 + y) as z\n}\n";
@@ -24,7 +27,8 @@ fn main() {
     match dfc_cuda::device_count() {
         Ok(n) if n > 0 => {}
         other => {
-            println!("SKIPPED: no GPU here ({other:?}; driver present: {})", dfc_cuda::driver_present());
+            let reason = format!("no GPU here ({other:?}; driver present: {})", dfc_cuda::driver_present());
+            skip::skip(skip::Need::Gpu, &reason);
             return;
         }
     }

@@ -217,13 +217,17 @@ impl Kernels<'_> {
 }
 
 #[cfg(test)]
+#[path = "../../../tests/support/skip.rs"]
+mod skip;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn without_a_driver_opening_a_gpu_says_so() {
         if driver_present() {
-            println!("SKIPPED: this machine has a CUDA driver");
+            crate::skip::skip(crate::skip::Need::NoCudaDriver, "this machine has a CUDA driver");
             return;
         }
         assert_eq!(device_count().unwrap(), 0);

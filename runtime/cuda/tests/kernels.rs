@@ -4,8 +4,8 @@
 //! and booleans exactly). An assignment's kernel updates its variable in place, as the CPU's
 //! does.
 //!
-//! Without a GPU (CI) it says SKIPPED; `DFC_GPU_REQUIRED=1` makes that a failure, for runs on
-//! GPU machines. The same check runs everywhere with the CPU's kernels in the GPU's place,
+//! Without a GPU (CI) it records a skip (`tests/support/skip.rs`); `DFC_GPU_REQUIRED=1` (or
+//! `DFC_REQUIRE=gpu`) makes that a failure, for runs on GPU machines. The same check runs everywhere with the CPU's kernels in the GPU's place,
 //! which keeps the harness itself tested.
 
 use dfc_codegen::GpuKernel;
@@ -17,15 +17,16 @@ use std::path::PathBuf;
 
 const F32_TOLERANCE: f64 = 1e-4;
 
+#[path = "../../../tests/support/skip.rs"]
+mod skip;
+
+/// Whether there is a GPU; if not, records the skip (a failure where `DFC_GPU_REQUIRED` is set).
 fn gpu_available() -> bool {
     match dfc_cuda::device_count() {
         Ok(n) if n > 0 => true,
         other => {
-            assert!(
-                std::env::var_os("DFC_GPU_REQUIRED").is_none(),
-                "DFC_GPU_REQUIRED is set, but there is no GPU: {other:?}"
-            );
-            println!("SKIPPED: no GPU here ({})", if dfc_cuda::driver_present() { "no device" } else { "no driver" });
+            let why = if dfc_cuda::driver_present() { "no device" } else { "no driver" };
+            skip::skip(skip::Need::Gpu, &format!("no GPU here ({why}: {other:?})"));
             false
         }
     }

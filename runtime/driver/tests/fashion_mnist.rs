@@ -1,7 +1,11 @@
 //! The real Fashion-MNIST files, as Debian's `dataset-fashion-mnist` package installs them.
-//! Without the package each test prints a SKIPPED line and passes (CI installs it).
+//! Without the package each test records a skip (`tests/support/skip.rs`) and passes, unless
+//! `DFC_REQUIRE` lists `fashion-mnist` (CI installs the package and does).
 
 use std::path::PathBuf;
+
+#[path = "../../../tests/support/skip.rs"]
+mod skip;
 
 use dfc_driver::data::{self, Dataset};
 use dfc_interp::Data;
@@ -10,7 +14,7 @@ use dfc_ir::{DType, TensorType};
 /// Where Debian installs the files; `DFC_FASHION_MNIST_DIR` overrides it.
 const DIR: &str = "/usr/share/datasets/fashion-mnist";
 
-/// The files of one split, or `None` (with a SKIPPED line) if they are not installed.
+/// The files of one split, or `None` (with a skip recorded) if they are not installed.
 fn split(name: &str) -> Option<(PathBuf, PathBuf)> {
     let dir = std::env::var_os("DFC_FASHION_MNIST_DIR").map_or_else(|| PathBuf::from(DIR), PathBuf::from);
     let images = dir.join(format!("{name}-images-idx3-ubyte.gz"));
@@ -18,11 +22,12 @@ fn split(name: &str) -> Option<(PathBuf, PathBuf)> {
     if images.is_file() && labels.is_file() {
         Some((images, labels))
     } else {
-        println!(
-            "SKIPPED: Fashion-MNIST is not installed ({} or {} missing; apt-get install dataset-fashion-mnist)",
+        let reason = format!(
+            "Fashion-MNIST is not installed ({} or {} missing; apt-get install dataset-fashion-mnist)",
             images.display(),
             labels.display()
         );
+        skip::skip(skip::Need::FashionMnist, &reason);
         None
     }
 }

@@ -184,7 +184,7 @@ unsafe fn pack_a(p: &Product, pc: usize, kc: usize, i: usize, mc: usize, dst: *m
 /// The columns and steps are in B; `dst` holds ⌈nc/16⌉ panels of `kc·16` floats and is 32-byte aligned.
 #[target_feature(enable = "avx2,fma")]
 unsafe fn pack_b(p: &Product, pc: usize, kc: usize, j: usize, nc: usize, dst: *mut f32) {
-    // SAFETY (both arms): reads touch only columns j..j+nc, steps pc..pc+kc of B; writes stay in dst's panels.
+    // SAFETY: (both arms) reads touch only columns j..j+nc, steps pc..pc+kc of B; writes stay in dst's panels.
     unsafe {
         for jr in (0..nc).step_by(NR) {
             let nr = NR.min(nc - jr);
@@ -324,7 +324,7 @@ mod tests {
     #[test]
     fn products_match_a_naive_one() {
         if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
-            println!("SKIPPED: this CPU has no AVX2 and FMA");
+            crate::skip::skip(crate::skip::Need::Avx2, "this CPU has no AVX2 and FMA");
             return;
         }
         let mut rng = fastrand::Rng::with_seed(7);

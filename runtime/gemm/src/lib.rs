@@ -11,6 +11,10 @@ mod avx2;
 mod avx512;
 mod pool;
 
+#[cfg(test)]
+#[path = "../../../tests/support/skip.rs"]
+mod skip;
+
 pub use pool::{hold, run_chunks, Hold};
 
 /// `c = a·b` (or `c += a·b` when `accumulate`), all row-major and contiguous: `a` is m×k

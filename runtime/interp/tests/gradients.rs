@@ -11,6 +11,7 @@ use dfc_ir::{Op, Padding, Shape};
 
 /// `Σ a · b` over all elements.
 fn dot(a: &Tensor, b: &Tensor) -> f64 {
+    assert_eq!(a.shape, b.shape, "a dot product of tensors of one shape");
     a.to_vec::<f64>().iter().zip(b.to_vec::<f64>()).map(|(x, y)| x * y).sum()
 }
 

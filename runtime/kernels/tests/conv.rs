@@ -3,6 +3,8 @@
 //! magnitudes (`common::assert_close`): the kernels add in `sgemm`'s order, not the
 //! interpreter's.
 
+#[path = "../../../tests/support/close.rs"]
+mod close;
 mod common;
 
 use common::*;
@@ -159,9 +161,7 @@ fn a_smaller_scratch_uses_fewer_tasks() {
 
 /// Other chunkings may round differently (`sgemm` may sum in another order for other sizes).
 fn assert_near(got: &[f32], want: &[f32]) {
-    for (a, b) in got.iter().zip(want) {
-        assert!((a - b).abs() <= 1e-4 * (1.0 + b.abs()), "{a} vs {b}");
-    }
+    close::assert_close("the gradient", &close::f64s(got), &close::f64s(want), 1e-4);
 }
 
 #[test]

@@ -402,7 +402,7 @@ impl Header {
 /// sender offered (the connection then only tells whether the sender is alive).
 enum Frames {
     Tcp { stream: Wire, scratch: Vec<u8> },
-    Shared { queue: shm::Queue, stream: Wire },
+    Shared { queue: shm::Receiver, stream: Wire },
 }
 
 impl Frames {
@@ -457,11 +457,11 @@ impl Frames {
             }
             .map_err(|e| e.to_string()),
             Frames::Shared { queue, .. } => {
-                let chunk = queue_chunk(queue, into.len())?;
-                match combine {
+                fits_a_slot(into.len())?;
+                queue.read_chunk(into.len(), |chunk| match combine {
                     None => into.copy_from_slice(chunk),
                     Some(combine) => combine(into, chunk),
-                }
+                });
                 Ok(())
             }
         }
@@ -472,7 +472,10 @@ impl Frames {
         let mut chunk = Chunk::new(len);
         match self {
             Frames::Tcp { stream, .. } => stream.read_exact(chunk.as_mut_slice()).map_err(|e| e.to_string())?,
-            Frames::Shared { queue, .. } => chunk.as_mut_slice().copy_from_slice(queue_chunk(queue, len)?),
+            Frames::Shared { queue, .. } => {
+                fits_a_slot(len)?;
+                queue.read_chunk(len, |bytes| chunk.as_mut_slice().copy_from_slice(bytes));
+            }
         }
         Ok(chunk)
     }
@@ -501,7 +504,7 @@ impl Frames {
         };
         let mut secret = vec![0u8; len];
         stream.read_exact(&mut secret).map_err(|e| e.to_string())?;
-        let queue = std::str::from_utf8(name).map_err(|e| e.to_string()).and_then(|n| shm::Queue::open(n, &secret));
+        let queue = std::str::from_utf8(name).map_err(|e| e.to_string()).and_then(|n| shm::Receiver::open(n, &secret));
         let answer = [if queue.is_ok() { ACCEPTED } else { UNKNOWN_ID }];
         stream.send(&mut [IoSlice::new(&answer)]).map_err(|e| e.to_string())?;
         Ok(match queue {
@@ -512,11 +515,12 @@ impl Frames {
     }
 }
 
-fn queue_chunk(queue: &shm::Queue, len: usize) -> Result<&[u8], String> {
+/// Whether a chunk of `len` bytes fits a queue's slot (a sender's header may claim more).
+fn fits_a_slot(len: usize) -> Result<(), String> {
     if len > shm::CHUNK {
         return Err("a chunk longer than a queue's slot holds".into());
     }
-    Ok(queue.chunk(len))
+    Ok(())
 }
 
 /// Whether the worker at the other end of `stream` is still there: a connection whose peer
@@ -550,6 +554,14 @@ impl Chunk {
     fn new(len: usize) -> Chunk {
         let pooled = if len <= DATA_CHUNK { POOL.lock().unwrap_or_else(|e| e.into_inner()).pop() } else { None };
         Chunk { buffer: pooled.unwrap_or_else(|| vec![0; len.max(DATA_CHUNK)]), len }
+    }
+
+    /// A chunk holding `bytes`.
+    #[cfg(test)]
+    pub(crate) fn for_tests(bytes: &[u8]) -> Chunk {
+        let mut chunk = Chunk::new(bytes.len());
+        chunk.as_mut_slice().copy_from_slice(bytes);
+        chunk
     }
 
     pub fn as_slice(&self) -> &[u8] {
@@ -609,24 +621,17 @@ impl From<std::io::Error> for Failed {
 }
 
 /// A sender's connection: frames over TCP, or through a queue in shared memory that the
-/// receiver accepted (the TCP connection kept to tell whether the receiver is alive).
+/// receiver accepted (the TCP connection kept to tell whether the receiver is alive; dropping
+/// the queue's sender closes the queue).
 enum Connection {
     Tcp(Wire),
-    Shared { queue: shm::Queue, stream: Wire },
+    Shared { queue: shm::Sender, stream: Wire },
 }
 
 impl Connection {
     /// Whether frames go through shared memory.
     fn is_shared(&self) -> bool {
         matches!(self, Connection::Shared { .. })
-    }
-}
-
-impl Drop for Connection {
-    fn drop(&mut self) {
-        if let Connection::Shared { queue, .. } = self {
-            queue.close();
-        }
     }
 }
 
@@ -829,8 +834,8 @@ impl Links {
 
 /// Offers the receiver at the other end of `stream` a shared-memory queue; the queue if it
 /// took it. A machine without POSIX shared memory offers none.
-fn offer_queue(stream: &mut Wire) -> Result<Option<shm::Queue>, String> {
-    let Ok((queue, name, secret)) = shm::Queue::create() else { return Ok(None) };
+fn offer_queue(stream: &mut Wire) -> Result<Option<shm::Sender>, String> {
+    let Ok((queue, name, secret)) = shm::Sender::create() else { return Ok(None) };
     let mut header = [0u8; HEADER];
     header[0..4].copy_from_slice(&OFFER_MAGIC.to_le_bytes());
     header[4..8].copy_from_slice(&(name.len() as u32).to_le_bytes());
@@ -1029,7 +1034,7 @@ mod tests {
         // A queue on another machine: no such name here.
         assert!(declined(&mut stream, offer(b"/dfc-0-onanothermachine", &[b'7'; shm::SECRET])));
         // A queue here, offered with another secret.
-        let (_queue, name, _) = shm::Queue::create().unwrap();
+        let (_queue, name, _) = shm::Sender::create().unwrap();
         assert!(declined(&mut stream, offer(name.as_bytes(), &[b'7'; shm::SECRET])));
         rustix::shm::unlink(name.as_str()).unwrap();
         // A name that is no queue's.

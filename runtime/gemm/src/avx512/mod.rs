@@ -115,9 +115,11 @@ pub(crate) struct Product {
     pub id: u64,
 }
 
-// SAFETY: a `Product` is only shared between the threads of one `sgemm` call, which read A and B and write
-// disjoint parts of C (or their own partial sums).
+// SAFETY: a `Product` is plain data: its pointers are dereferenced only inside `unsafe` code under `sgemm`'s
+// contract (every element addressed is in bounds; the threads of one call read A and B and write disjoint parts
+// of C, or partial sums of their own). Moving or sharing the pointers themselves does nothing.
 unsafe impl Send for Product {}
+// SAFETY: as for `Send`.
 unsafe impl Sync for Product {}
 
 impl Product {
@@ -193,7 +195,8 @@ pub(crate) unsafe fn sgemm(p: Product, parallel: bool) {
     match plan(&p, threads) {
         // SAFETY: the caller's contract.
         None => unsafe { block(&p, 0, p.m, 0, p.n, 0, p.k, p.c, p.ldc, p.accumulate) },
-        Some((split, chunks)) => parallel_product(&p, split, chunks, threads),
+        // SAFETY: the caller's contract.
+        Some((split, chunks)) => unsafe { parallel_product(&p, split, chunks, threads) },
     }
 }
 
@@ -252,14 +255,20 @@ fn range(len: usize, unit: usize, parts: usize, t: usize) -> (usize, usize) {
     ((units * t / parts * unit).min(len), (units * (t + 1) / parts * unit).min(len))
 }
 
+/// A partial sum's buffer, handed to the chunk that writes it.
 #[derive(Clone, Copy)]
 struct SendPtr(*mut f32);
-// SAFETY: each partial buffer is written by one chunk, then read by the calling thread after all are done.
+// SAFETY: plain data, dereferenced only in `parallel_product`'s `unsafe` code: each partial buffer is written by
+// one chunk, then read by the calling thread after `run_chunks` has returned (every chunk done).
 unsafe impl Send for SendPtr {}
+// SAFETY: as for `Send`.
 unsafe impl Sync for SendPtr {}
 
 /// Computes `p` in `chunks` chunks cut along `split`, on this thread and `threads - 1` rayon workers.
-fn parallel_product(p: &Product, split: Split, chunks: usize, threads: usize) {
+///
+/// # Safety
+/// As `sgemm`.
+unsafe fn parallel_product(p: &Product, split: Split, chunks: usize, threads: usize) {
     // Partial sums of the reduction chunks past the first, laid out like C with a packed leading dimension.
     let mut partials = Vec::new();
     let mut part = [SendPtr(std::ptr::null_mut()); MAX_CHUNKS];

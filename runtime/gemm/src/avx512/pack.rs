@@ -54,7 +54,7 @@ pub(super) unsafe fn pack_a(
 /// The columns and steps are in B; `dst` holds ⌈nc/32⌉ panels of `kc·32` floats and is 64-byte aligned.
 #[target_feature(enable = "avx512f")]
 pub(super) unsafe fn pack_b(p: &Product, pc: usize, kc: usize, j: usize, nc: usize, dst: *mut f32) {
-    // SAFETY (both arms): loads touch only elements of columns j..j+nc, steps pc..pc+kc of B (masked at the
+    // SAFETY: (both arms) loads touch only elements of columns j..j+nc, steps pc..pc+kc of B (masked at the
     // edge); the stores stay in dst's panels.
     unsafe {
         if !p.tb {

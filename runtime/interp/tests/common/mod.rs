@@ -42,7 +42,9 @@ pub fn random_f32(rng: &mut ChaCha8Rng, dims: &[usize]) -> Tensor {
     t(dims, (0..n).map(|_| rng.random::<f32>() * 2.0 - 1.0).collect())
 }
 
-/// Asserts `|a - b| <= tol * max(1, |b|)` elementwise.
+/// Asserts `|a - b| <= tol * max(1, |b|)` elementwise, on slices of one length. NaN matches NaN
+/// (the ops' edge cases expect NaN results, and the expected values spell them out); a NaN on
+/// one side alone fails.
 #[track_caller]
 pub fn assert_close(actual: &[f64], expected: &[f64], tol: f64) {
     assert_eq!(actual.len(), expected.len(), "lengths differ");

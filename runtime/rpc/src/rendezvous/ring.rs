@@ -13,12 +13,21 @@
 //! Why the tensor's memory may be shared this way: the ranges applied and sent at the same
 //! time never overlap. A segment is written again (its final sum, in the all-gather) only after
 //! every worker's share of it has been summed, which needs this worker's partial sum of it to
-//! have been sent (and so read) first. This holds chunk by chunk, since a segment is cut into
-//! chunks once, by the worker that sends it first, and every worker passes it on with the same
-//! cuts.
+//! have been sent (and so read) first. This holds chunk by chunk, since every segment is cut in
+//! chunks of [`DATA_CHUNK`] from its start, and every worker passes them on with the same cuts.
+//!
+//! That argument rests on the other workers keeping to the protocol; the ring does not take it
+//! on trust, since a chunk written while the same bytes are being sent would be a data race:
+//! - a chunk must lie on the grid of the cuts, and each chunk of a step is taken once (a
+//!   duplicate fails the ring);
+//! - a chunk of the all-gather, which overwrites a chunk this worker sent in the reduce-scatter,
+//!   is applied only once that send has returned: the reader waits for it (a correct ring
+//!   sends it back only after it has left, so the wait is the moment between the bytes leaving
+//!   and the send's return), and a chunk that came before the ring was under way here fails it;
+//! - the ring's thread sends each chunk from a slice of that chunk alone, and marks it sent.
 
 use super::{NetRendezvous, Received, State};
-use crate::data::{Chunk, Placement};
+use crate::data::{Chunk, Placement, DATA_CHUNK};
 use dfc_interp::{InterpError, Tensor};
 use dfc_ir::{DType, TensorType};
 use std::collections::{HashMap, VecDeque};
@@ -44,15 +53,30 @@ pub(super) struct RingProgress {
     forwards: VecDeque<(usize, usize, usize)>,
     /// Chunks being applied outside the lock.
     applying: usize,
+    /// Per receiving step, per chunk: lent to be applied (or applied).
+    taken: Vec<Vec<bool>>,
+    /// Per sending step (0: this worker's own segment; s: what step s − 1 received), per chunk:
+    /// sent, so that its bytes are no longer read.
+    sent: Vec<Vec<bool>>,
+    /// Readers waiting in `lend` for a chunk to be sent (`mark_sent` wakes them only then).
+    awaiting_sends: usize,
     open: bool,
     error: Option<String>,
 }
 
 #[derive(Clone, Copy)]
 struct SharedBytes(*mut u8);
-// SAFETY: see the module's comment: the threads that share the pointer touch ranges that do
-// not overlap, and only while the ring is open, before the lending thread's borrow ends.
+// SAFETY: the pointer is the start of the tensor the ring's thread lends (`pipelined_ring`);
+// every use of it is an `unsafe` block that keeps to the module's rules (ranges lent once,
+// all-gather chunks only after their send, nothing after `close_ring`, which returns before
+// the lending borrow ends). Moving the pointer to the data plane's reader thread does nothing
+// of itself.
 unsafe impl Send for SharedBytes {}
+
+/// The chunks of a segment of `len` bytes (one, empty, for an empty segment).
+fn chunks_of(len: usize) -> usize {
+    len.div_ceil(DATA_CHUNK).max(1)
+}
 
 impl RingProgress {
     fn complete(&self, step: usize) -> bool {
@@ -131,6 +155,9 @@ impl NetRendezvous {
     ) -> Result<(), InterpError> {
         let steps = segments.len();
         let base = SharedBytes(buffer.as_mut_ptr());
+        let taken = segments.iter().map(|s| vec![false; chunks_of(s.len())]).collect();
+        let sent =
+            std::iter::once(&own).chain(&segments[..steps - 1]).map(|s| vec![false; chunks_of(s.len())]).collect();
         let early: Vec<(usize, u64, u64, Chunk)> = {
             let mut state = self.lock();
             state.rings.insert(
@@ -144,6 +171,9 @@ impl NetRendezvous {
                     add,
                     forwards: VecDeque::new(),
                     applying: 0,
+                    taken,
+                    sent,
+                    awaiting_sends: 0,
                     open: true,
                     error: None,
                 },
@@ -156,7 +186,8 @@ impl NetRendezvous {
                 .collect()
         };
         for (step, total, offset, chunk) in early {
-            self.apply_chunk(key, step, total, offset, chunk);
+            // This thread sends what all-gather chunks wait for: it must not wait itself.
+            self.apply_chunk(key, step, total, offset, chunk, false);
         }
         let result = self.send_ring(key, next, base, own);
         // Closed before `buffer`'s borrow ends: nothing is applied into it after this.
@@ -172,10 +203,19 @@ impl NetRendezvous {
     /// Sends this worker's own segment, then each chunk the data plane's reader has applied, as
     /// the next step's, until every step's segment has come and all are passed on.
     fn send_ring(&self, key: &str, next: usize, base: SharedBytes, own: Range<usize>) -> Result<(), InterpError> {
-        // SAFETY: the module's comment: this range is not written until it has been sent.
-        let bytes = unsafe { std::slice::from_raw_parts(base.0.add(own.start), own.len()) };
         let links = &self.peers.links;
-        links.send(next, self.step, &wire_key(key, 0), bytes, 0, bytes.len(), self.wait).map_err(|e| self.fail(e))?;
+        for c in 0..chunks_of(own.len()) {
+            let offset = c * DATA_CHUNK;
+            let len = DATA_CHUNK.min(own.len() - offset);
+            // SAFETY: a chunk of this worker's own segment, within the tensor, which nothing
+            // writes until the chunk is marked sent (`lend` holds all-gather chunks until then;
+            // the reduce-scatter never writes this segment).
+            let chunk = unsafe { std::slice::from_raw_parts(base.0.add(own.start + offset), len) };
+            links
+                .send(next, self.step, &wire_key(key, 0), chunk, offset, own.len(), self.wait)
+                .map_err(|e| self.fail(e))?;
+            self.mark_sent(key, 0, offset);
+        }
         loop {
             let job = self.wait_for(key, |state| {
                 let ring = state.rings.get_mut(key).expect("a ring stays while it sends");
@@ -188,12 +228,28 @@ impl NetRendezvous {
                 }
             })?;
             let Some((step, offset, len, segment)) = job.map_err(|message| self.fail(message))? else { return Ok(()) };
-            // SAFETY: the module's comment: the chunk was applied and is not written again until
-            // it has been sent.
+            // SAFETY: the chunk was applied (it is taken once) and is not written again until it
+            // is marked sent (see the module's comment).
             let chunk = unsafe { std::slice::from_raw_parts(base.0.add(segment.start + offset), len) };
             links
                 .send(next, self.step, &wire_key(key, step), chunk, offset, segment.len(), self.wait)
                 .map_err(|e| self.fail(e))?;
+            self.mark_sent(key, step, offset);
+        }
+    }
+
+    /// The chunk at `offset` of step `step`'s segment has been sent: an all-gather chunk may now
+    /// overwrite it.
+    fn mark_sent(&self, key: &str, step: usize, offset: usize) {
+        let mut state = self.lock();
+        let Some(ring) = state.rings.get_mut(key) else { return };
+        if let Some(sent) = ring.sent.get_mut(step) {
+            sent[offset / DATA_CHUNK] = true;
+        }
+        let awaited = ring.awaiting_sends > 0;
+        drop(state);
+        if awaited {
+            self.changed.notify_all();
         }
     }
 
@@ -205,17 +261,18 @@ impl NetRendezvous {
         match ring {
             Some((key, step)) => {
                 drop(state);
-                self.apply_chunk(key, step, total, offset, chunk);
+                self.apply_chunk(key, step, total, offset, chunk, true);
             }
             None => state.early.entry(wire.to_string()).or_default().push((total, offset, chunk)),
         }
     }
 
-    /// Sums (or copies) a chunk of step `step` into the ring `key`'s tensor.
-    fn apply_chunk(&self, key: &str, step: usize, total: u64, offset: u64, chunk: Chunk) {
+    /// Sums (or copies) a chunk of step `step` into the ring `key`'s tensor (`may_wait`: see
+    /// `lend`).
+    fn apply_chunk(&self, key: &str, step: usize, total: u64, offset: u64, chunk: Chunk, may_wait: bool) {
         let bytes = chunk.as_slice();
-        let Some((into, add)) = self.lend(key, step, total, offset, bytes.len() as u64) else { return };
-        // SAFETY: lent by `lend` until `applied`.
+        let Some((into, add)) = self.lend(key, step, total, offset, bytes.len() as u64, may_wait) else { return };
+        // SAFETY: `lend` lent these bytes to this thread alone until `applied` (see there).
         let into = unsafe { std::slice::from_raw_parts_mut(into, bytes.len()) };
         match add {
             Some(add) => add(into, bytes),
@@ -231,7 +288,7 @@ impl NetRendezvous {
         if !self.lock().rings.get(key).is_some_and(|r| r.open) {
             return None;
         }
-        let (at, add) = self.lend(key, step, total, offset, len)?;
+        let (at, add) = self.lend(key, step, total, offset, len, true)?;
         Some(Placement { at, len: len as usize, combine: add })
     }
 
@@ -242,28 +299,71 @@ impl NetRendezvous {
     }
 
     /// Lends the bytes of a chunk of step `step` in the ring `key`'s tensor (with the sum to
-    /// apply the chunk by, `None` where it is copied), if the ring is under way and the chunk
-    /// fits; the ring does not close until they are `applied`.
-    fn lend(&self, key: &str, step: usize, total: u64, offset: u64, len: u64) -> Option<(*mut u8, Option<AddInto>)> {
+    /// apply the chunk by, `None` where it is copied), if the ring is under way, the chunk is
+    /// one of the step's cuts and was not taken before; the ring does not close until they are
+    /// `applied`. An all-gather chunk is lent only once this worker has sent the bytes it
+    /// overwrites: until then the caller waits if `may_wait`, else the ring fails.
+    fn lend(
+        &self,
+        key: &str,
+        step: usize,
+        total: u64,
+        offset: u64,
+        len: u64,
+        may_wait: bool,
+    ) -> Option<(*mut u8, Option<AddInto>)> {
         let mut state = self.lock();
-        let ring = state.rings.get_mut(key).filter(|r| r.open && r.error.is_none())?;
         let (offset, total, len) = (offset as usize, total as usize, len as usize);
-        let fits = step < ring.segments.len()
-            && total == ring.segments[step].len()
-            && offset.checked_add(len).is_some_and(|end| end <= total)
-            && ring.filled[step] + len <= total;
-        if !fits {
-            ring.error = Some(format!(
-                "all-reduce `{key}`: a chunk of {len} bytes at {offset} of {total} for step {step}, which does not fit"
-            ));
-            drop(state);
-            self.changed.notify_all();
-            return None;
+        let deadline = std::time::Instant::now() + self.wait;
+        loop {
+            let ring = state.rings.get_mut(key).filter(|r| r.open && r.error.is_none())?;
+            let fits = step < ring.segments.len()
+                && total == ring.segments[step].len()
+                && offset % DATA_CHUNK == 0
+                && offset <= total
+                && len == DATA_CHUNK.min(total - offset)
+                && (offset < total || total == 0);
+            let chunk = offset / DATA_CHUNK;
+            let problem = if !fits {
+                Some("which is not one of its segment's chunks")
+            } else if ring.taken[step][chunk] {
+                Some("which came twice")
+            } else {
+                None
+            };
+            if let Some(problem) = problem {
+                ring.error = Some(format!(
+                    "all-reduce `{key}`: a chunk of {len} bytes at {offset} of {total} for step {step}, {problem}"
+                ));
+                drop(state);
+                self.changed.notify_all();
+                return None;
+            }
+            // An all-gather step's segment is the one sent at step `step - reducing_steps`.
+            let sent = step < ring.reducing_steps || ring.sent[step - ring.reducing_steps][chunk];
+            if sent {
+                ring.taken[step][chunk] = true;
+                let add = (step < ring.reducing_steps).then_some(ring.add);
+                ring.applying += 1;
+                // SAFETY: within the tensor (the segment lies in it, the chunk in the segment).
+                return Some((unsafe { ring.buffer.0.add(ring.segments[step].start + offset) }, add));
+            }
+            let now = std::time::Instant::now();
+            if !may_wait || now >= deadline || state.aborted.is_some() {
+                let ring = state.rings.get_mut(key).expect("looked up above");
+                ring.error = Some(format!(
+                    "all-reduce `{key}`: the all-gather's chunk at {offset} of step {step} came before this worker sent it"
+                ));
+                drop(state);
+                self.changed.notify_all();
+                return None;
+            }
+            state.rings.get_mut(key).expect("looked up above").awaiting_sends += 1;
+            state = self.changed.wait_timeout(state, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
+            if let Some(ring) = state.rings.get_mut(key) {
+                ring.awaiting_sends -= 1;
+            }
         }
-        let add = (step < ring.reducing_steps).then_some(ring.add);
-        ring.applying += 1;
-        // SAFETY: within the tensor (the segment lies in it, the chunk in the segment).
-        Some((unsafe { ring.buffer.0.add(ring.segments[step].start + offset) }, add))
     }
 
     /// A lent chunk is applied (or, `ok` false, its connection failed midway): it counts, and
@@ -368,3 +468,95 @@ fn adder(dtype: DType) -> Option<AddInto> {
 /// Chunks that came before their ring was under way here, by their data-plane key: (the
 /// segment's bytes, the chunk's offset, the chunk).
 pub(super) type EarlyChunks = HashMap<String, Vec<(u64, u64, Chunk)>>;
+
+#[cfg(test)]
+mod tests {
+    //! What the ring takes from the previous worker: only its segments' chunks, each once, and
+    //! an all-gather chunk only once this worker has sent the bytes it overwrites.
+
+    use super::*;
+    use crate::data::Links;
+    use crate::rendezvous::{Peers, Routes};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    /// Worker 0 of 2, with a ring `k` over `buffer` under way: it receives bytes 8..16 in the
+    /// reduce-scatter (step 0) and 0..8, its own segment, in the all-gather (step 1).
+    fn ring_here(buffer: &mut [u8; 16], wait: Duration) -> (tokio::runtime::Runtime, NetRendezvous) {
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let names = vec!["127.0.0.1:1".to_string(), "127.0.0.1:2".to_string()];
+        let peers = Peers {
+            clients: Vec::new(),
+            links: Links::new("token", b"run", 0, &names, &[0, 0], false),
+            names,
+            plan_sha256: Default::default(),
+            runtime: runtime.handle().clone(),
+        };
+        let rendezvous = NetRendezvous::new(0, Arc::new(Routes::default()), Arc::new(peers), wait);
+        let segments = vec![8..16, 0..8];
+        let progress = RingProgress {
+            buffer: SharedBytes(buffer.as_mut_ptr()),
+            filled: vec![0; 2],
+            arrived: vec![false; 2],
+            taken: vec![vec![false]; 2],
+            sent: vec![vec![false]; 2],
+            awaiting_sends: 0,
+            segments,
+            reducing_steps: 1,
+            add: adder(DType::U8).unwrap_or(copy),
+            forwards: VecDeque::new(),
+            applying: 0,
+            open: true,
+            error: None,
+        };
+        rendezvous.lock().rings.insert("k".to_string(), progress);
+        (runtime, rendezvous)
+    }
+
+    fn error(rendezvous: &NetRendezvous) -> String {
+        rendezvous.lock().rings["k"].error.clone().unwrap_or_default()
+    }
+
+    #[test]
+    fn a_chunk_off_the_cuts_or_sent_twice_fails_the_ring() {
+        let mut buffer = [0u8; 16];
+        let (_runtime, rendezvous) = ring_here(&mut buffer, Duration::from_secs(5));
+        assert!(rendezvous.place_ring_chunk("k#0", 8, 4, 4).is_none());
+        assert!(error(&rendezvous).contains("not one of its segment's chunks"), "{}", error(&rendezvous));
+
+        let (_runtime, rendezvous) = ring_here(&mut buffer, Duration::from_secs(5));
+        let placed = rendezvous.place_ring_chunk("k#0", 8, 0, 8).expect("the step's chunk");
+        assert_eq!(placed.at, buffer[8..].as_mut_ptr());
+        rendezvous.placed_ring_chunk("k#0", 0, 8, true);
+        assert!(rendezvous.place_ring_chunk("k#0", 8, 0, 8).is_none());
+        assert!(error(&rendezvous).contains("came twice"), "{}", error(&rendezvous));
+    }
+
+    #[test]
+    fn an_all_gather_chunk_waits_for_the_send_of_the_bytes_it_overwrites() {
+        let mut buffer = [0u8; 16];
+        // Never sent: the chunk fails the ring once the wait is over.
+        let (_runtime, rendezvous) = ring_here(&mut buffer, Duration::from_millis(50));
+        assert!(rendezvous.place_ring_chunk("k#1", 8, 0, 8).is_none());
+        assert!(error(&rendezvous).contains("came before this worker sent it"), "{}", error(&rendezvous));
+
+        // Sent while the reader waits: it is lent then.
+        let (_runtime, rendezvous) = ring_here(&mut buffer, Duration::from_secs(30));
+        let started = std::time::Instant::now();
+        let placed = std::thread::scope(|scope| {
+            let reader = scope.spawn(|| rendezvous.place_ring_chunk("k#1", 8, 0, 8).map(|p| p.at as usize));
+            std::thread::sleep(Duration::from_millis(100));
+            assert!(!reader.is_finished(), "the reader waits for the send");
+            rendezvous.mark_sent("k", 0, 0);
+            reader.join().unwrap()
+        });
+        assert_eq!(placed, Some(buffer.as_mut_ptr() as usize));
+        assert!(started.elapsed() < Duration::from_secs(10));
+
+        // Early (applied by the ring's own thread, which must not wait): it fails the ring.
+        let (_runtime, rendezvous) = ring_here(&mut buffer, Duration::from_secs(30));
+        let chunk = crate::data::Chunk::for_tests(&[1; 8]);
+        rendezvous.apply_chunk("k", 1, 8, 0, chunk, false);
+        assert!(error(&rendezvous).contains("came before this worker sent it"), "{}", error(&rendezvous));
+    }
+}
