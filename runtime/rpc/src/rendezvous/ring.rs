@@ -487,7 +487,7 @@ mod tests {
         let names = vec!["127.0.0.1:1".to_string(), "127.0.0.1:2".to_string()];
         let peers = Peers {
             clients: Vec::new(),
-            links: Links::new("token", b"run", 0, &names, &[0, 0], false),
+            links: Links::new("token", b"run", 0, &names, &[0, 0], false, None),
             names,
             plan_sha256: Default::default(),
             runtime: runtime.handle().clone(),
