@@ -115,24 +115,45 @@ fn random_tensor(ty: &TensorType, rng: &mut fastrand::Rng) -> Tensor {
     }
 }
 
-/// What a decoded plan must survive: the summary, and two training steps (or a forward pass)
-/// on `backend`. Errors are fine; the caller catches panics.
-fn exercise(plan: &Plan, backend: Backend, rng: &mut fastrand::Rng) {
+/// What a decoded plan must survive: the summary, and two training steps (or forward passes)
+/// on `backend`, whose fetched values it returns if both ran. Errors are fine; the caller
+/// catches panics.
+fn exercise(plan: &Plan, backend: Backend, rng: &mut fastrand::Rng) -> Option<Vec<Tensor>> {
     let summary = dfc_plan::summary(plan);
     let _ = summary.to_string();
     let _ = serde_json::to_string(&summary);
-    let Ok(mut session) = Session::with_backend(plan, 0, backend) else { return };
+    let mut session = Session::with_backend(plan, 0, backend).ok()?;
     let (fetches, targets): (Vec<&str>, Vec<&str>) = match &plan.training {
         Some(t) => (vec![t.loss_node.as_str()], t.updates.iter().map(String::as_str).collect()),
         None => (plan.outputs.iter().map(|o| o.name.as_str()).collect(), Vec::new()),
     };
-    let Ok(program) = session.program(&fetches, &targets) else { return };
+    let program = session.program(&fetches, &targets).ok()?;
     let feeds = random_feeds(plan, rng);
+    let mut fetched = Vec::new();
     for _ in 0..2 {
-        if session.run(&program, &feeds).is_err() {
-            return;
+        fetched.extend(session.run(&program, &feeds).ok()?);
+    }
+    Some(fetched)
+}
+
+/// Where the two backends' values of a plan that both ran differ by more than rounding (a
+/// product sums in another order natively); NaNs must be NaNs on both sides.
+fn disagreement(interp: &[Tensor], native: &[Tensor]) -> Option<String> {
+    if interp.len() != native.len() {
+        return Some(format!("{} values from the interpreter, {} natively", interp.len(), native.len()));
+    }
+    for (i, (a, b)) in interp.iter().zip(native).enumerate() {
+        if a.ty() != b.ty() {
+            return Some(format!("value {i}: {} from the interpreter, {} natively", a.ty(), b.ty()));
+        }
+        for (j, (x, y)) in a.to_f64_vec().into_iter().zip(b.to_f64_vec()).enumerate() {
+            let same = (x.is_nan() && y.is_nan()) || x == y || (x - y).abs() <= 1e-3 * (1.0 + x.abs());
+            if !same {
+                return Some(format!("value {i}, element {j}: {x} from the interpreter, {y} natively"));
+            }
         }
     }
+    None
 }
 
 #[test]
@@ -142,7 +163,7 @@ fn mutated_plans_are_refused_or_run_in_process() {
     std::env::set_var(dfc_codegen::CACHE_DIR_VARIABLE, "off");
     let plans = plans();
     let mut rng = fastrand::Rng::with_seed(0x706c_616e);
-    let (mut accepted, mut panics) = (0, Vec::new());
+    let (mut accepted, mut panics, mut disagreements, mut ran_both) = (0, Vec::new(), Vec::new(), 0);
     let started = Instant::now();
     for i in 0..mutations {
         let (name, good) = &plans[i % plans.len()];
@@ -150,22 +171,44 @@ fn mutated_plans_are_refused_or_run_in_process() {
         let Ok(plan) = dfc_plan::decode(&bytes) else { continue };
         accepted += 1;
         // Both backends: the interpreter always, native code for one plan in four (each
-        // generates code, which takes a while).
+        // generates code, which takes a while), on the same inputs; where both run, they
+        // agree, so that "runs" means "runs correctly".
         let backends: &[Backend] =
             if accepted % 4 == 0 { &[Backend::Interp, Backend::Llvm] } else { &[Backend::Interp] };
+        let seed = rng.u64(..);
+        let mut results = Vec::new();
         for &backend in backends {
-            let seed = rng.u64(..);
             let result =
                 catch_unwind(AssertUnwindSafe(|| exercise(&plan, backend, &mut fastrand::Rng::with_seed(seed))));
-            if result.is_err() {
-                let path = scratch().join(format!("panic-{i}.plan"));
+            match result {
+                Ok(values) => results.push(values),
+                Err(_) => {
+                    let path = scratch().join(format!("panic-{i}.plan"));
+                    std::fs::write(&path, &bytes).expect("write the plan");
+                    panics.push(format!("mutation {i} of {name} ({backend:?}): see {}", path.display()));
+                }
+            }
+        }
+        if let [Some(interp), Some(native)] = &results[..] {
+            ran_both += 1;
+            // Asynchronous replicas update shared variables without waiting for each other:
+            // which replica's update another's second step reads first is theirs to race for
+            // (the interpreter stages a run's updates, native code makes them in place), so
+            // only their first step is compared.
+            let compared = if plan.replicas.is_empty() { interp.len() } else { interp.len() / 2 };
+            if let Some(why) = disagreement(&interp[..compared], &native[..compared.min(native.len())]) {
+                let path = scratch().join(format!("disagreement-{i}.plan"));
                 std::fs::write(&path, &bytes).expect("write the plan");
-                panics.push(format!("mutation {i} of {name} ({backend:?}): see {}", path.display()));
+                disagreements.push(format!("mutation {i} of {name}: {why}; see {}", path.display()));
             }
         }
     }
-    println!("{mutations} mutations, {accepted} decoded, in {:.1} s", started.elapsed().as_secs_f64());
+    println!(
+        "{mutations} mutations, {accepted} decoded, {ran_both} ran on both backends, in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
     assert!(panics.is_empty(), "{} panics:\n{}", panics.len(), panics.join("\n"));
+    assert!(disagreements.is_empty(), "{} disagreements:\n{}", disagreements.len(), disagreements.join("\n"));
     assert!(accepted > 0, "no mutation decoded: the test exercises nothing past decode");
 }
 
