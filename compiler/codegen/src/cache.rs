@@ -19,6 +19,8 @@
 //! | SHA-256 of everything before | 32 |
 //!
 //! A damaged entry (a bad disk, a write cut short) fails its checksum and is generated again.
+//! The cache keeps to [`MAX_CACHE_BYTES`]: a write past it removes the entries used longest ago
+//! (a hit marks its entry used by its modification time).
 //! The directory is the user's own (mode 0700): whoever can write it can already run code as
 //! that user, so its entries are trusted once their checksum holds.
 
@@ -38,6 +40,9 @@ pub const CACHE_DIR_VARIABLE: &str = "DFC_CACHE_DIR";
 const MAGIC: &[u8; 8] = b"dfccode1";
 /// An entry larger than this is not read (no partition's code comes near it).
 const MAX_ENTRY_BYTES: u64 = 1 << 30;
+/// The cache's size at most: past it, the entries used longest ago are removed (a rebuilt dfc
+/// makes new keys, so old entries are never used again).
+pub const MAX_CACHE_BYTES: u64 = 512 << 20;
 
 /// What code generation reads, and its SHA-256.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -114,17 +119,18 @@ pub enum Origin {
 #[derive(Clone, Debug)]
 pub struct CodeCache {
     dir: Option<PathBuf>,
+    max_bytes: u64,
 }
 
 impl CodeCache {
     /// The cache in `dir` (created when first written).
     pub fn in_dir(dir: impl Into<PathBuf>) -> CodeCache {
-        CodeCache { dir: Some(dir.into()) }
+        CodeCache { dir: Some(dir.into()), max_bytes: MAX_CACHE_BYTES }
     }
 
     /// No disk cache: every load generates its code.
     pub fn disabled() -> CodeCache {
-        CodeCache { dir: None }
+        CodeCache { dir: None, max_bytes: MAX_CACHE_BYTES }
     }
 
     /// The user's cache: see [`CACHE_DIR_VARIABLE`].
@@ -138,7 +144,12 @@ impl CodeCache {
                 .or_else(|| var("HOME").map(|home| home.join(".cache")))
                 .map(|d| d.join("dfc").join("code")),
         };
-        CodeCache { dir }
+        CodeCache { dir, max_bytes: MAX_CACHE_BYTES }
+    }
+
+    /// The same cache, holding at most `max_bytes` (see [`MAX_CACHE_BYTES`]).
+    pub fn with_max_bytes(self, max_bytes: u64) -> CodeCache {
+        CodeCache { max_bytes, ..self }
     }
 
     pub fn dir(&self) -> Option<&Path> {
@@ -173,12 +184,43 @@ impl CodeCache {
         };
         let path = dir.join(format!("{}.code", key.hex()));
         if let Some(code) = read_entry(&path, key) {
+            // Its modification time says when it was last used, for eviction.
+            let _ = std::fs::File::open(&path).and_then(|f| f.set_modified(std::time::SystemTime::now()));
             return Ok((code, Origin::Cached));
         }
         let code = make()?;
         // A cache that cannot be written (read-only home, full disk) only costs time.
-        let _ = write_entry(dir, &path, key, &code);
+        if write_entry(dir, &path, key, &code).is_ok() {
+            evict(dir, self.max_bytes);
+        }
         Ok((code, Origin::Generated))
+    }
+}
+
+/// Removes the entries of `dir` used longest ago while it holds more than `max_bytes`, down to
+/// three quarters of it. Entries another process removes meanwhile are simply gone.
+fn evict(dir: &Path, max_bytes: u64) {
+    let Ok(listing) = std::fs::read_dir(dir) else { return };
+    let mut entries: Vec<(std::time::SystemTime, u64, PathBuf)> = listing
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "code"))
+        .filter_map(|e| {
+            let meta = e.metadata().ok()?;
+            Some((meta.modified().ok()?, meta.len(), e.path()))
+        })
+        .collect();
+    let mut total: u64 = entries.iter().map(|e| e.1).sum();
+    if total <= max_bytes {
+        return;
+    }
+    entries.sort();
+    for (_, len, path) in entries {
+        if total <= max_bytes / 4 * 3 {
+            break;
+        }
+        if std::fs::remove_file(&path).is_ok() {
+            total -= len;
+        }
     }
 }
 
@@ -290,5 +332,35 @@ mod tests {
         std::fs::copy(&path, &other_path).unwrap();
         assert!(read_entry::<NativeCode>(&other_path, &other_key).is_none());
         assert!(read_entry::<NativeCode>(&path, &key).is_some());
+    }
+
+    #[test]
+    fn the_cache_keeps_to_its_size_by_removing_what_was_used_longest_ago() {
+        let dir = tempfile::tempdir().unwrap();
+        let module = module();
+        let target = crate::host_target();
+        // Distinct keys for the same code: other kept roots.
+        let keys: Vec<Vec<NodeId>> = module.graph.node_ids().map(|id| vec![id]).take(4).collect();
+        let cache = CodeCache::in_dir(dir.path());
+        let (code, _) =
+            cache.native(&CacheKey::native(&module, &keys[0], &target), &module, &keys[0], &target).unwrap();
+        let entry_bytes = std::fs::read_dir(dir.path()).unwrap().next().unwrap().unwrap().metadata().unwrap().len();
+        assert!(entry_bytes > code.object.len() as u64);
+        // Room for three entries: the fourth write evicts down to two, the oldest-used first.
+        let cache = cache.with_max_bytes(3 * entry_bytes + entry_bytes / 2);
+        let used = |i: usize| {
+            let key = CacheKey::native(&module, &keys[i], &target);
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            cache.native(&key, &module, &keys[i], &target).unwrap().1
+        };
+        assert_eq!(used(1), Origin::Generated);
+        assert_eq!(used(2), Origin::Generated);
+        assert_eq!(used(0), Origin::Cached, "entry 0 is used again, so 1 is the oldest used");
+        assert_eq!(used(3), Origin::Generated);
+        let left = std::fs::read_dir(dir.path()).unwrap().count();
+        assert_eq!(left, 2, "down to three quarters of the limit");
+        assert_eq!(used(0), Origin::Cached);
+        assert_eq!(used(3), Origin::Cached);
+        assert_eq!(used(1), Origin::Generated, "evicted");
     }
 }

@@ -23,7 +23,7 @@ mod gpu;
 mod kernel;
 mod target;
 
-pub use cache::{CacheKey, CodeCache, Origin, CACHE_DIR_VARIABLE};
+pub use cache::{CacheKey, CodeCache, Origin, CACHE_DIR_VARIABLE, MAX_CACHE_BYTES};
 pub use code::{GpuCode, GpuKernel, NativeCode, NativeKernel, NativeTarget};
 pub use gpu::{compile_gpu, launch, GPU_ARCH};
 
