@@ -45,13 +45,19 @@ for name, (reader, data) in seeds.items():
 PY
 
 status=0
+out=$(mktemp)
+trap 'rm -f "$out"' EXIT
 for target in front_end plan feeds worker; do
     echo "fuzzing $target for ${seconds} s"
     # -rss_limit_mb: an input that makes dfc allocate past 2 GiB is a failure, as the issue's
     # bar for data files says; -timeout: one input may take at most 30 s.
-    if ! cargo fuzz run --fuzz-dir fuzz -s none "$target" "$corpus/$target" -- \
-        -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=30 -print_final_stats=1 2>&1 | tail -n 25; then
-        echo "error: fuzzing $target found a failing input: fuzz/artifacts/$target/" >&2
+    if cargo fuzz run --fuzz-dir fuzz -s none "$target" "$corpus/$target" -- \
+        -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=30 -print_final_stats=1 >"$out" 2>&1; then
+        grep '^stat::\|^Done' "$out"
+    else
+        # The failure (a panic's message and backtrace, or libFuzzer's report) and the input.
+        grep -m1 -B2 -A40 'panicked\|ERROR: libFuzzer\|==ERROR' "$out" || tail -n 60 "$out"
+        echo "error: fuzzing $target found a failing input: $(ls fuzz/artifacts/"$target"/ 2>/dev/null | head -3)" >&2
         status=1
     fi
 done

@@ -68,6 +68,7 @@ pub enum Edge {
 /// table beside the graph, not in the nodes.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Graph {
+    #[serde(with = "wire")]
     graph: StableGraph<Node, Edge>,
     spans: BTreeMap<NodeId, Span>,
     /// Where a node's device request was written (the `@device` or `device` block), when the
@@ -368,6 +369,132 @@ impl Graph {
             Ok(order)
         } else {
             Err(pending.into_keys().collect())
+        }
+    }
+}
+
+/// The graph's serialized form: its nodes in index order (`None` for a removed node's index,
+/// so that node ids survive), then its edges by endpoints. Decoding checks every endpoint
+/// instead of trusting the input: a plan file comes from outside, and petgraph's own
+/// deserializer panics (a debug assertion) on inconsistent holes.
+mod wire {
+    use super::{Edge, Node};
+    use crate::op::Op;
+    use crate::types::{DType, TensorType};
+    use petgraph::stable_graph::{NodeIndex, StableGraph};
+    use petgraph::visit::{EdgeRef, IntoEdgeReferences};
+    use serde::de::Error as _;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    #[derive(Serialize)]
+    struct Borrowed<'a> {
+        nodes: Vec<Option<&'a Node>>,
+        edges: Vec<(u32, u32, &'a Edge)>,
+    }
+
+    #[derive(Deserialize)]
+    struct Owned {
+        nodes: Vec<Option<Node>>,
+        edges: Vec<(u32, u32, Edge)>,
+    }
+
+    pub fn serialize<S: Serializer>(graph: &StableGraph<Node, Edge>, serializer: S) -> Result<S::Ok, S::Error> {
+        let bound = graph.node_indices().map(|i| i.index() + 1).max().unwrap_or(0);
+        let nodes = (0..bound).map(|i| graph.node_weight(NodeIndex::new(i))).collect();
+        let edges = graph
+            .edge_references()
+            .map(|e| (e.source().index() as u32, e.target().index() as u32, e.weight()))
+            .collect();
+        Borrowed { nodes, edges }.serialize(serializer)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<StableGraph<Node, Edge>, D::Error> {
+        let Owned { nodes, edges } = Owned::deserialize(deserializer)?;
+        if nodes.len() >= u32::MAX as usize || edges.len() >= u32::MAX as usize {
+            return Err(D::Error::custom("the graph has more nodes or edges than a graph can"));
+        }
+        let mut graph = StableGraph::with_capacity(nodes.len(), edges.len());
+        let is_hole: Vec<bool> = nodes.iter().map(Option::is_none).collect();
+        for node in nodes {
+            // A removed node's index is taken by a placeholder, removed again below.
+            graph.add_node(node.unwrap_or_else(placeholder));
+        }
+        for (source, target, edge) in edges {
+            let [source, target] = [source, target].map(|i| NodeIndex::new(i as usize));
+            let exists = |i: NodeIndex| is_hole.get(i.index()) == Some(&false);
+            if !exists(source) || !exists(target) {
+                return Err(D::Error::custom(format!(
+                    "an edge joins node {} and node {}, which the graph does not both have",
+                    source.index(),
+                    target.index()
+                )));
+            }
+            graph.add_edge(source, target, edge);
+        }
+        for (index, _) in is_hole.iter().enumerate().filter(|(_, &hole)| hole) {
+            graph.remove_node(NodeIndex::new(index));
+        }
+        Ok(graph)
+    }
+
+    fn placeholder() -> Node {
+        Node {
+            op: Op::Input { ty: TensorType::new(DType::F32, Vec::<usize>::new()) },
+            name: String::new(),
+            outputs: Vec::new(),
+            requested_device: None,
+            device: None,
+            colocate_with: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::DType;
+
+    fn input(graph: &mut Graph, name: &str) -> NodeId {
+        graph.add(Op::Input { ty: TensorType::new(DType::F32, vec![2]) }, &[], name, None).unwrap()
+    }
+
+    #[test]
+    fn a_graph_with_removed_nodes_round_trips_with_its_ids() {
+        let mut graph = Graph::new();
+        let a = input(&mut graph, "a");
+        let gone = input(&mut graph, "gone");
+        let b = input(&mut graph, "b");
+        let sum = graph.add(Op::Binary(crate::op::BinaryOp::Add), &[a.into(), b.into()], "sum", None).unwrap();
+        graph.add_control_edge(a, sum);
+        graph.remove(gone);
+        let text = serde_json::to_string(&graph).unwrap();
+        let back: Graph = serde_json::from_str(&text).unwrap();
+        let ids: Vec<NodeId> = back.node_ids().collect();
+        assert_eq!(ids, graph.node_ids().collect::<Vec<_>>());
+        assert!(!back.contains(gone));
+        for id in ids {
+            assert_eq!(back.node(id), graph.node(id));
+            assert_eq!(back.inputs(id), graph.inputs(id));
+        }
+        assert_eq!(serde_json::to_string(&back).unwrap(), text, "encoding again gives the same text");
+    }
+
+    /// Node lists and edges that do not fit (as a damaged or crafted plan has them) are errors,
+    /// never a panic.
+    #[test]
+    fn edges_to_nodes_the_graph_lacks_are_errors() {
+        let mut graph = Graph::new();
+        let a = input(&mut graph, "a");
+        let b = input(&mut graph, "b");
+        graph.add(Op::Binary(crate::op::BinaryOp::Add), &[a.into(), b.into()], "sum", None).unwrap();
+        graph.remove(b);
+        let text = serde_json::to_string(&graph).unwrap();
+        // The edge from `b` was removed with it; put one back, to the hole and past the end.
+        for bad in [r#"[1,2,{"Data":{"output":0,"input":1}}]"#, r#"[9,2,{"Data":{"output":0,"input":1}}]"#] {
+            let damaged = text.replacen(r#""edges":["#, &format!(r#""edges":[{bad},"#), 1);
+            assert_ne!(damaged, text);
+            let error = serde_json::from_str::<Graph>(&damaged).unwrap_err().to_string();
+            assert!(error.contains("which the graph does not both have"), "{error}");
         }
     }
 }
