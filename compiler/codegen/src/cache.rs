@@ -345,7 +345,7 @@ mod tests {
         let (code, _) =
             cache.native(&CacheKey::native(&module, &keys[0], &target), &module, &keys[0], &target).unwrap();
         let entry_bytes = std::fs::read_dir(dir.path()).unwrap().next().unwrap().unwrap().metadata().unwrap().len();
-        assert!(entry_bytes > code.object.len() as u64);
+        assert!(entry_bytes > code.objects.iter().map(Vec::len).sum::<usize>() as u64);
         // Room for three entries: the fourth write evicts down to two, the oldest-used first.
         let cache = cache.with_max_bytes(3 * entry_bytes + entry_bytes / 2);
         let used = |i: usize| {

@@ -28,13 +28,14 @@ pub struct GpuKernel {
     pub grid: u32,
 }
 
-/// A CPU partition's kernels as machine code for `target`: a relocatable ELF object (large
-/// code model, static relocations) that a JIT linker places anywhere in memory.
+/// A CPU partition's kernels as machine code for `target`: relocatable ELF objects (large code
+/// model, static relocations) that a JIT linker places anywhere in memory, one per share of
+/// the kernels that was compiled on its own thread.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct NativeCode {
     pub target: NativeTarget,
-    pub object: Vec<u8>,
-    /// One per kernel of `dfc_passes::fuse`: its function in the object.
+    pub objects: Vec<Vec<u8>>,
+    /// One per kernel of `dfc_passes::fuse`: its function in one of the objects.
     pub kernels: Vec<NativeKernel>,
 }
 

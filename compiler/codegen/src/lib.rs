@@ -1,7 +1,8 @@
 //! Lowers the fused kernels of a CPU partition (`dfc_passes::fuse`) to LLVM IR through
-//! inkwell, optimises them at O3 for a target CPU, and returns them as an object file in a
-//! [`NativeCode`] that `dfc_cpu` links into the process (LLVM's ORC JIT). A GPU partition's kernels become PTX the same
-//! way (`gpu.rs`). Code is generated where a plan runs, from its verified IR, never carried in
+//! inkwell, optimises them at O3 (without LLVM's loop unroller) for a target CPU, one share of
+//! the kernels per core, and returns them as object files in a [`NativeCode`] that `dfc_cpu`
+//! links into the process (LLVM's ORC JIT). A GPU partition's kernels become PTX the same way
+//! (`gpu.rs`). Code is generated where a plan runs, from its verified IR, never carried in
 //! the plan; [`CodeCache`] keeps it on disk between runs (`cache.rs`).
 //!
 //! Every kernel becomes `void kN(i8** args, i64 begin, i64 end)`: `args` holds the kernel's
@@ -30,6 +31,7 @@ pub use gpu::{compile_gpu, launch, GPU_ARCH};
 pub use target::{host_target, target_machine};
 
 use dfc_ir::{Module, NodeId};
+use dfc_passes::Kernel;
 use inkwell::context::Context;
 use inkwell::passes::PassBuilderOptions;
 
@@ -43,18 +45,98 @@ pub enum CodegenError {
 
 /// The fused kernels of `module` (a partition placed on a CPU) compiled for `target`. Nodes
 /// in `keep` stay kernel roots, so that their values can be fetched.
+///
+/// The kernels are shared out among the machine's cores, each share one LLVM module optimised
+/// and compiled on its own thread (LLVM's contexts are independent), so a partition's code is
+/// ready in about the time of its largest share.
 pub fn compile(module: &Module, keep: &[NodeId], target: &NativeTarget) -> Result<NativeCode, CodegenError> {
     let fusion = dfc_passes::fuse(module, keep);
+    let shares = shares(module, &fusion.kernels, target);
+    let compiled = std::thread::scope(|scope| {
+        let threads: Vec<_> =
+            shares.iter().map(|share| scope.spawn(|| compile_share(module, &fusion.kernels, share, target))).collect();
+        threads
+            .into_iter()
+            .map(|thread| thread.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
+            .collect::<Result<Vec<_>, _>>()
+    })?;
+    let mut kernels: Vec<Option<NativeKernel>> = vec![None; fusion.kernels.len()];
+    let mut objects = Vec::with_capacity(compiled.len());
+    for (share, (object, made)) in shares.iter().zip(compiled) {
+        objects.push(object);
+        for (&i, kernel) in share.iter().zip(made) {
+            kernels[i] = Some(kernel);
+        }
+    }
+    let kernels = kernels.into_iter().map(|k| k.expect("every kernel is in one share")).collect();
+    Ok(NativeCode { target: target.clone(), objects, kernels })
+}
+
+/// Fewer kernels than this per share and a thread's set-up (a context, a target machine, a
+/// pass pipeline) outweighs what it saves.
+const KERNELS_PER_SHARE_MIN: usize = 4;
+
+/// The kernels' indices, in shares of about equal work (the largest kernel first to the least
+/// loaded share), one share per available core.
+fn shares(module: &Module, kernels: &[Kernel], target: &NativeTarget) -> Vec<Vec<usize>> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let count = cores.min(kernels.len().div_ceil(KERNELS_PER_SHARE_MIN)).max(1);
+    if count == 1 {
+        return vec![(0..kernels.len()).collect()];
+    }
+    let work = work(module, kernels, target);
+    let mut order: Vec<usize> = (0..kernels.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(work[i]));
+    let mut shares = vec![(0usize, Vec::new()); count];
+    for i in order {
+        let lightest = shares.iter_mut().min_by_key(|(load, _)| *load).expect("at least one share");
+        lightest.0 += work[i];
+        lightest.1.push(i);
+    }
+    shares
+        .into_iter()
+        .map(|(_, mut share)| {
+            share.sort_unstable();
+            share
+        })
+        .collect()
+}
+
+/// What optimising and compiling each kernel will cost, estimated by the instructions it has
+/// before optimisation (a row op's unrolled folds outweigh an element-wise kernel's loop many
+/// times over; member counts do not see that). Emitting them all is about 1% of compiling them.
+fn work(module: &Module, kernels: &[Kernel], target: &NativeTarget) -> Vec<usize> {
+    let context = Context::create();
+    let llvm = context.create_module("estimate");
+    kernels
+        .iter()
+        .enumerate()
+        .map(|(i, kernel)| {
+            kernel::emit(&context, &llvm, module, kernel, &format!("k{i}"), kernel::Flavor::Cpu(target));
+            let function = llvm.get_function(&format!("k{i}")).expect("the kernel just emitted");
+            function.get_basic_blocks().iter().map(|block| block.get_instructions().count()).sum()
+        })
+        .collect()
+}
+
+/// One share of the kernels as one object file, with their descriptions in `share`'s order.
+fn compile_share(
+    module: &Module,
+    kernels: &[Kernel],
+    share: &[usize],
+    target: &NativeTarget,
+) -> Result<(Vec<u8>, Vec<NativeKernel>), CodegenError> {
     let context = Context::create();
     let llvm = context.create_module("dfc");
     let machine = target_machine(target)?;
     llvm.set_triple(&machine.get_triple());
     llvm.set_data_layout(&machine.get_target_data().get_data_layout());
-    let mut kernels = Vec::with_capacity(fusion.kernels.len());
-    for (i, kernel) in fusion.kernels.iter().enumerate() {
+    let mut made = Vec::with_capacity(share.len());
+    for &i in share {
+        let kernel = &kernels[i];
         let function = format!("k{i}_{}", sanitize(&module.graph.node(kernel.root).name));
         let shape = kernel::emit(&context, &llvm, module, kernel, &function, kernel::Flavor::Cpu(target));
-        kernels.push(NativeKernel {
+        made.push(NativeKernel {
             function,
             root: kernel.root,
             members: kernel.members.clone(),
@@ -64,12 +146,22 @@ pub fn compile(module: &Module, keep: &[NodeId], target: &NativeTarget) -> Resul
         });
     }
     llvm.verify().map_err(|e| CodegenError::Llvm(e.to_string()))?;
-    llvm.run_passes("default<O3>", &machine, PassBuilderOptions::create())
-        .map_err(|e| CodegenError::Llvm(e.to_string()))?;
+    llvm.run_passes("default<O3>", &machine, optimisation()).map_err(|e| CodegenError::Llvm(e.to_string()))?;
     let object = machine
         .write_to_memory_buffer(&llvm, inkwell::targets::FileType::Object)
         .map_err(|e| CodegenError::Llvm(e.to_string()))?;
-    Ok(NativeCode { target: target.clone(), object: object.as_slice().to_vec(), kernels })
+    Ok((object.as_slice().to_vec(), made))
+}
+
+/// O3 without LLVM's loop unroller: its partial and runtime unrolling of the vectorised loops
+/// (eight copies of a loop already interleaved four times) made the code ten times larger and
+/// loading a plan four times slower (mlp: 540 against 120 ms, on one core) for no faster step;
+/// the small loops whose full unrolling pays, codegen writes out itself
+/// (`kernel::UNROLLED_MAX`).
+fn optimisation() -> PassBuilderOptions {
+    let options = PassBuilderOptions::create();
+    options.set_loop_unrolling(false);
+    options
 }
 
 /// A symbol-safe rendering of a node name.

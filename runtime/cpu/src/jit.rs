@@ -2,7 +2,7 @@
 //! when no session uses it any more.
 //!
 //! [`load_partition`] generates the code of a partition (from its verified IR, through the
-//! disk cache, `dfc_codegen::CodeCache`) as an object file and links it into the process with
+//! disk cache, `dfc_codegen::CodeCache`) as object files and links them into the process with
 //! LLVM's ORC JIT (`LLJIT`): loading cached code is a link, not a compilation. Sessions that
 //! load the same partition share one [`Jitted`]: the in-memory table holds it weakly, by its
 //! cache key (compared in full), so a worker that serves registration after registration
@@ -60,7 +60,7 @@ impl std::fmt::Debug for Jitted {
 
 impl Jitted {
     pub fn function(&self, name: &str) -> Option<KernelFn> {
-        // SAFETY: every address was looked up in the linked object for a function that codegen
+        // SAFETY: every address was looked up in the linked objects for a function that codegen
         // emitted with the signature `KernelFn`, and `_linked` keeps its code mapped while
         // `self` lives.
         self.functions.get(name).map(|&address| unsafe { std::mem::transmute::<usize, KernelFn>(address) })
@@ -150,13 +150,15 @@ fn link(key: CacheKey, code: NativeCode, origin: Origin) -> Result<Jitted, CpuEr
             LLVMOrcCreateDynamicLibrarySearchGeneratorForProcess(&mut generator, prefix, None, std::ptr::null_mut());
         take_error(made).map_err(failed("resolving the C library"))?;
         LLVMOrcJITDylibAddGenerator(dylib, generator);
-        // The object is copied into a buffer that the JIT takes ownership of.
-        let buffer = llvm_sys::core::LLVMCreateMemoryBufferWithMemoryRangeCopy(
-            code.object.as_ptr().cast(),
-            code.object.len(),
-            c"partition".as_ptr(),
-        );
-        take_error(LLVMOrcLLJITAddObjectFile(jit, dylib, buffer)).map_err(failed("linking the kernels"))?;
+        // Each object is copied into a buffer that the JIT takes ownership of.
+        for object in &code.objects {
+            let buffer = llvm_sys::core::LLVMCreateMemoryBufferWithMemoryRangeCopy(
+                object.as_ptr().cast(),
+                object.len(),
+                c"partition".as_ptr(),
+            );
+            take_error(LLVMOrcLLJITAddObjectFile(jit, dylib, buffer)).map_err(failed("linking the kernels"))?;
+        }
     }
     let mut functions = HashMap::new();
     for kernel in &code.kernels {
