@@ -497,20 +497,6 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
         self.builder.build_call(decl, &[x.into()], "f").unwrap().try_as_basic_value().unwrap_basic().into_float_value()
     }
 
-    /// `exp` or `log` in a row op. On a CPU, a plain call of the C library's function, which
-    /// LLVM cannot vectorise, rather than its intrinsic, which it can: vectorised across rows,
-    /// a row op's unrolled folds became sixteen copies of every call (the C library has no
-    /// vector `expf`), a tenth of a partition's code and a third of its compile time, for no
-    /// faster step (measured on the examples).
-    fn row_math(&self, name: &str, x: FloatValue<'ctx>) -> FloatValue<'ctx> {
-        match name {
-            _ if self.nvptx => self.float_intrinsic(name, x),
-            "llvm.exp" => self.libm("expf", "exp", x),
-            "llvm.log" => self.libm("logf", "log", x),
-            _ => unreachable!("a row op's math is exp or log"),
-        }
-    }
-
     /// A C library function of one float (`tanhf`, `log1p` …).
     fn libm(&self, name32: &str, name64: &str, x: FloatValue<'ctx>) -> FloatValue<'ctx> {
         if self.nvptx {
@@ -1028,7 +1014,7 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
                     let sum = self.fold(zero, classes, &mut |j, s| {
                         let v = at(j, 0).into_float_value();
                         let d = b.build_float_sub(v, max.into_float_value(), "d").unwrap();
-                        let e = self.row_math("llvm.exp", d);
+                        let e = self.float_intrinsic("llvm.exp", d);
                         self.store(row_out(j, prefix), dtype, e.into());
                         b.build_float_add(s.into_float_value(), e, "s").unwrap().into()
                     });
@@ -1044,10 +1030,10 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
                     let sum = self.fold(zero, classes, &mut |j, s| {
                         let v = at(j, 0).into_float_value();
                         let d = b.build_float_sub(v, max.into_float_value(), "d").unwrap();
-                        let e = self.row_math("llvm.exp", d);
+                        let e = self.float_intrinsic("llvm.exp", d);
                         b.build_float_add(s.into_float_value(), e, "s").unwrap().into()
                     });
-                    let log_sum = self.row_math("llvm.log", sum.into_float_value());
+                    let log_sum = self.float_intrinsic("llvm.log", sum.into_float_value());
                     let shifted = |v: FloatValue<'ctx>| {
                         let d = b.build_float_sub(v, max.into_float_value(), "d").unwrap();
                         b.build_float_sub(d, log_sum, "ls").unwrap()
