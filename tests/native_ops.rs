@@ -26,6 +26,8 @@ const DECLS: &str = "
     input img: f32[2,6,6,3]
     input f: f32[3,3,3,4]
     input table: f32[6,4]
+    input wide: f32[3,20]
+    input wide_i: i32[3,20]
 ";
 
 const EXPRESSIONS: &[&str] = &[
@@ -109,6 +111,14 @@ const EXPRESSIONS: &[&str] = &[
     "one_hot<f64>(k, 5)",
     "softmax(m)",
     "softmax(a, axis = 0)",
+    // rows longer than codegen writes out in full (`UNROLLED_MAX`, 16): loops instead
+    "softmax(wide)",
+    "log_softmax(wide * 2.0)",
+    "argmax(wide)",
+    "argmax(wide_i)",
+    "softmax_cross_entropy(wide, one_hot(k, 20))",
+    "sum(wide, axis = 1)",
+    "max(wide, axis = 1)",
     // matrix products
     "a @ slice(n, [0, 0], [4, 3]) + 1.0",
     "matmul(a, a, transpose_b = true)",
