@@ -20,6 +20,7 @@
 
 mod cache;
 mod code;
+mod distinct;
 mod gpu;
 mod kernel;
 mod target;
@@ -34,6 +35,7 @@ use dfc_ir::{Module, NodeId};
 use dfc_passes::Kernel;
 use inkwell::context::Context;
 use inkwell::passes::PassBuilderOptions;
+use std::collections::HashMap;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CodegenError {
@@ -46,12 +48,15 @@ pub enum CodegenError {
 /// The fused kernels of `module` (a partition placed on a CPU) compiled for `target`. Nodes
 /// in `keep` stay kernel roots, so that their values can be fetched.
 ///
-/// The kernels are shared out among the machine's cores, each share one LLVM module optimised
-/// and compiled on its own thread (LLVM's contexts are independent), so a partition's code is
+/// Kernels with the same canonical form share one function (`distinct.rs`). The distinct
+/// kernels are shared out among the machine's cores, each share one LLVM module optimised and
+/// compiled on its own thread (LLVM's contexts are independent), so a partition's code is
 /// ready in about the time of its largest share.
 pub fn compile(module: &Module, keep: &[NodeId], target: &NativeTarget) -> Result<NativeCode, CodegenError> {
     let fusion = dfc_passes::fuse(module, keep);
-    let shares = shares(module, &fusion.kernels, target);
+    let representative = distinct::representatives(module, &fusion.kernels);
+    let distinct: Vec<usize> = (0..fusion.kernels.len()).filter(|&i| representative[i] == i).collect();
+    let shares = shares(module, &fusion.kernels, &distinct, target);
     let compiled = std::thread::scope(|scope| {
         let threads: Vec<_> =
             shares.iter().map(|share| scope.spawn(|| compile_share(module, &fusion.kernels, share, target))).collect();
@@ -60,15 +65,28 @@ pub fn compile(module: &Module, keep: &[NodeId], target: &NativeTarget) -> Resul
             .map(|thread| thread.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
             .collect::<Result<Vec<_>, _>>()
     })?;
-    let mut kernels: Vec<Option<NativeKernel>> = vec![None; fusion.kernels.len()];
+    let mut functions: HashMap<usize, NativeKernel> = HashMap::new();
     let mut objects = Vec::with_capacity(compiled.len());
     for (share, (object, made)) in shares.iter().zip(compiled) {
         objects.push(object);
-        for (&i, kernel) in share.iter().zip(made) {
-            kernels[i] = Some(kernel);
-        }
+        functions.extend(share.iter().copied().zip(made));
     }
-    let kernels = kernels.into_iter().map(|k| k.expect("every kernel is in one share")).collect();
+    let kernels = fusion
+        .kernels
+        .iter()
+        .zip(&representative)
+        .map(|(kernel, r)| {
+            let function = &functions[r];
+            NativeKernel {
+                function: function.function.clone(),
+                root: kernel.root,
+                members: kernel.members.clone(),
+                inputs: kernel.inputs.clone(),
+                rows: function.rows,
+                parallel: function.parallel,
+            }
+        })
+        .collect();
     Ok(NativeCode { target: target.clone(), objects, kernels })
 }
 
@@ -76,21 +94,20 @@ pub fn compile(module: &Module, keep: &[NodeId], target: &NativeTarget) -> Resul
 /// pass pipeline) outweighs what it saves.
 const KERNELS_PER_SHARE_MIN: usize = 4;
 
-/// The kernels' indices, in shares of about equal work (the largest kernel first to the least
-/// loaded share), one share per available core.
-fn shares(module: &Module, kernels: &[Kernel], target: &NativeTarget) -> Vec<Vec<usize>> {
+/// The kernels of `which`, in shares of about equal work (the largest kernel first to the
+/// least loaded share), one share per available core.
+fn shares(module: &Module, kernels: &[Kernel], which: &[usize], target: &NativeTarget) -> Vec<Vec<usize>> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let count = cores.min(kernels.len().div_ceil(KERNELS_PER_SHARE_MIN)).max(1);
+    let count = cores.min(which.len().div_ceil(KERNELS_PER_SHARE_MIN)).max(1);
     if count == 1 {
-        return vec![(0..kernels.len()).collect()];
+        return vec![which.to_vec()];
     }
-    let work = work(module, kernels, target);
-    let mut order: Vec<usize> = (0..kernels.len()).collect();
-    order.sort_by_key(|&i| std::cmp::Reverse(work[i]));
+    let mut order: Vec<(usize, usize)> = which.iter().map(|&i| (work(module, &kernels[i], target), i)).collect();
+    order.sort_by_key(|&(work, _)| std::cmp::Reverse(work));
     let mut shares = vec![(0usize, Vec::new()); count];
-    for i in order {
+    for (work, i) in order {
         let lightest = shares.iter_mut().min_by_key(|(load, _)| *load).expect("at least one share");
-        lightest.0 += work[i];
+        lightest.0 += work;
         lightest.1.push(i);
     }
     shares
@@ -102,21 +119,15 @@ fn shares(module: &Module, kernels: &[Kernel], target: &NativeTarget) -> Vec<Vec
         .collect()
 }
 
-/// What optimising and compiling each kernel will cost, estimated by the instructions it has
+/// What optimising and compiling a kernel will cost, estimated by the instructions it has
 /// before optimisation (a row op's unrolled folds outweigh an element-wise kernel's loop many
-/// times over; member counts do not see that). Emitting them all is about 1% of compiling them.
-fn work(module: &Module, kernels: &[Kernel], target: &NativeTarget) -> Vec<usize> {
+/// times over; member counts do not see that). Emitting is about 1% of compiling.
+fn work(module: &Module, kernel: &Kernel, target: &NativeTarget) -> usize {
     let context = Context::create();
     let llvm = context.create_module("estimate");
-    kernels
-        .iter()
-        .enumerate()
-        .map(|(i, kernel)| {
-            kernel::emit(&context, &llvm, module, kernel, &format!("k{i}"), kernel::Flavor::Cpu(target));
-            let function = llvm.get_function(&format!("k{i}")).expect("the kernel just emitted");
-            function.get_basic_blocks().iter().map(|block| block.get_instructions().count()).sum()
-        })
-        .collect()
+    kernel::emit(&context, &llvm, module, kernel, "k", kernel::Flavor::Cpu(target));
+    let function = llvm.get_function("k").expect("the kernel just emitted");
+    function.get_basic_blocks().iter().map(|block| block.get_instructions().count()).sum()
 }
 
 /// One share of the kernels as one object file, with their descriptions in `share`'s order.
