@@ -117,6 +117,11 @@ enum Command {
         /// received per step, predicted step time and its critical path.
         #[arg(long)]
         report: bool,
+        /// Print, on stderr, the time of every stage of the compile (parsing, each pass,
+        /// writing the plan) and the process's resident memory after it, then the total and
+        /// the peak.
+        #[arg(long)]
+        timings: bool,
     },
     /// Train a plan on data files, or run it forward with --fetch.
     Run {
@@ -320,8 +325,8 @@ fn main() -> ExitCode {
         Command::Lsp { stdio: _ } => lsp::serve_stdio().map(|()| ExitCode::SUCCESS).map_err(Failure),
         Command::Check { files, model, message_format } => check(&files, &model, message_format),
         Command::Ir { file, model, distribute, after } => ir(&file, &model, &distribute, &after),
-        Command::Compile { file, model, distribute, output, report } => {
-            compile(&file, &model, &distribute, output, report)
+        Command::Compile { file, model, distribute, output, report, timings } => {
+            compile(&file, &model, &distribute, output, report, timings)
         }
         Command::Inspect { plan, json } => inspect(&plan, json),
         Command::Bench(args) => bench::bench(&args),
@@ -646,7 +651,9 @@ fn compile(
     distribute: &DistributeArgs,
     output: Option<PathBuf>,
     show_report: bool,
+    show_timings: bool,
 ) -> Outcome {
+    let started = std::time::Instant::now();
     let source = match read_checked(path)? {
         Ok(source) => source,
         Err(code) => return Ok(code),
@@ -659,9 +666,24 @@ fn compile(
     };
     report(&source, &compiled.warnings, MessageFormat::Human);
     let plan = compiled.plan;
+    let mut timings = compiled.timings;
+    // Reading the source and the options came before the compile's own stages.
+    let read = started.elapsed().as_secs_f64() - timings.total_seconds();
+    timings
+        .stages
+        .insert(0, dfc_compile::StageTiming { stage: "read the source".into(), seconds: read, resident_bytes: None });
     let output = output.unwrap_or_else(|| path.with_extension("plan"));
+    let writing = std::time::Instant::now();
     dfc_plan::write(&output, &plan)
         .map_err(|e| Failure(format!("cannot write `{}`: {}", output.display(), io_reason(&e))))?;
+    timings.stages.push(dfc_compile::StageTiming {
+        stage: "encode and write the plan".into(),
+        seconds: writing.elapsed().as_secs_f64(),
+        resident_bytes: dfc_compile::resident_bytes(),
+    });
+    if show_timings {
+        eprint!("{timings}");
+    }
     if show_report {
         if let Some(report) = &plan.report {
             print!("{report}");

@@ -405,3 +405,57 @@ fn a_closed_pipe_ends_printing_without_a_panic() {
     let quiet = output.status.success() || output.status.signal() == Some(libc::SIGPIPE);
     assert!(quiet, "{:?}: {}", output.status, text(&output.stderr));
 }
+
+/// `--timings`: a line per stage, in pipeline order, the replication stages under a data
+/// parallel strategy, and a total whose time is the sum of the stages'.
+#[test]
+fn compile_timings_list_every_stage() {
+    let path = scratch("mlp-timings.plan");
+    let source = root().join("examples/mlp.df");
+    let output = dfc(&[
+        "compile",
+        source.to_str().expect("utf-8"),
+        "--devices",
+        "2",
+        "--strategy",
+        "mirrored",
+        "--timings",
+        "-o",
+        path.to_str().expect("utf-8"),
+    ]);
+    let stderr = text(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let lines: Vec<(f64, &str)> = stderr
+        .lines()
+        .filter_map(|line| {
+            let rest = line.strip_prefix("time:")?;
+            let (seconds, _) = rest.trim_start().split_once(" s ")?;
+            let stage = line.rsplit("  ").next()?;
+            Some((seconds.parse().expect("a time"), stage))
+        })
+        .collect();
+    let stages: Vec<&str> = lines.iter().map(|(_, stage)| *stage).collect();
+    let expected = [
+        "read the source",
+        "parse and analyse",
+        "shard",
+        "autodiff",
+        "optimizer",
+        "simplify",
+        "the replicas' module",
+        "replicate",
+        "fuse all-reduces",
+        "place",
+        "partition",
+        "verify the partitions",
+        "cost model",
+        "build the plan",
+        "encode and write the plan",
+        "total",
+    ];
+    assert_eq!(stages, expected, "{stderr}");
+    let (total, stages) = lines.split_last().expect("lines");
+    let sum: f64 = stages.iter().map(|(seconds, _)| seconds).sum();
+    assert!((total.0 - sum).abs() < 0.01, "{stderr}");
+    assert!(stderr.contains("peak rss:"), "{stderr}");
+}

@@ -10,6 +10,11 @@
 //! the number of replicas), so that every shape in a replica is its own, then `replicate`
 //! joins the copies. The batch dim is the dim that sizes every input's first axis.
 
+mod timings;
+
+use timings::Clock;
+pub use timings::{peak_resident_bytes, resident_bytes, StageTiming, Timings};
+
 use dfc_diag::{Code, Diagnostic, Span};
 use dfc_ir::{Cluster, DeviceKind, DeviceSpec, Module};
 use dfc_passes::{CostModel, ReplicateOptions, Replication, ShardOptions, VariablePlacement};
@@ -102,6 +107,8 @@ pub struct Compiled {
     pub plan: Plan,
     pub combined: Module,
     pub warnings: Vec<Diagnostic>,
+    /// How long each stage took, and the memory after it.
+    pub timings: Timings,
 }
 
 /// The passes of `--after`, in pipeline order.
@@ -158,9 +165,17 @@ fn verify_after(module: &Module, pass: &str) {
 
 /// Compiles `source` into a plan for `options.cluster` under `options.strategy`.
 pub fn compile(source: &str, source_name: &str, options: &CompileOptions) -> Result<Compiled, CompileError> {
+    let mut clock = Clock::start();
     let (mut full, mut warnings) = front(source, options)?;
+    clock.lap("parse and analyse");
     let shard = shard_options(options);
-    local_passes(&mut full, None, &shard);
+    dfc_passes::shard_variables(&mut full, &shard);
+    verify_after(&full, "shard");
+    clock.lap("shard");
+    for &pass in dfc_passes::PASSES.iter().filter(|&&pass| pass != "sema") {
+        dfc_passes::run_pass(&mut full, pass);
+        clock.lap(pass);
+    }
 
     let cluster = &options.cluster;
     let devices: Vec<DeviceSpec> = cluster.devices().into_iter().cloned().collect();
@@ -183,6 +198,7 @@ pub fn compile(source: &str, source_name: &str, options: &CompileOptions) -> Res
                 )));
             }
             let per_replica = per_replica_module(source, &full, layout.replicas.len(), options, &shard)?;
+            clock.lap("the replicas' module");
             let replicate = ReplicateOptions {
                 replication,
                 devices: &layout.replicas,
@@ -196,9 +212,11 @@ pub fn compile(source: &str, source_name: &str, options: &CompileOptions) -> Res
             }
             warnings.extend(found);
             verify_after(&module, "replicate");
+            clock.lap("replicate");
             let mut module = module;
             dfc_passes::fuse_all_reduces(&mut module, &options.fusion);
             verify_after(&module, "fuse_all_reduces");
+            clock.lap("fuse all-reduces");
             module
         }
     };
@@ -218,12 +236,16 @@ pub fn compile(source: &str, source_name: &str, options: &CompileOptions) -> Res
         let problems = dfc_ir::verify(&placed.module, dfc_ir::VerifyOptions { require_devices: true });
         assert!(problems.is_empty(), "the IR is broken after `place`: {problems:?}");
     }
+    clock.lap("place");
 
     let partitioned = dfc_passes::partition(placed, &devices);
+    clock.lap("partition");
     let parts: Vec<(&DeviceSpec, &Module)> = partitioned.parts.iter().map(|(d, m)| (d, m)).collect();
     let problems = dfc_ir::verify_partitions(&parts);
     assert!(problems.is_empty(), "the partitions are broken: {problems:?}");
+    clock.lap("verify the partitions");
     let report = dfc_passes::cost::estimate(&parts.iter().map(|(_, m)| *m).collect::<Vec<_>>(), &options.cost_model);
+    clock.lap("cost model");
 
     let strategy = StrategySpec {
         name: options.strategy.name().into(),
@@ -249,7 +271,8 @@ pub fn compile(source: &str, source_name: &str, options: &CompileOptions) -> Res
             .collect();
     }
     plan.report = Some(report);
-    Ok(Compiled { plan, combined: partitioned.combined, warnings })
+    clock.lap("build the plan");
+    Ok(Compiled { plan, combined: partitioned.combined, warnings, timings: clock.timings })
 }
 
 /// Which devices a strategy uses for what.

@@ -37,18 +37,23 @@ pub const PASSES: &[&str] = &["sema", "autodiff", "optimizer", "simplify"];
 /// after every pass and panic on a broken invariant, naming the pass: that is a compiler bug.
 pub fn run_pipeline(module: &mut Module, last: Option<&str>) {
     for &pass in PASSES {
-        match pass {
-            "autodiff" => autodiff(module),
-            "optimizer" => apply_optimizer(module),
-            "simplify" => simplify(module),
-            _ => {}
-        }
-        if cfg!(debug_assertions) {
-            let problems = dfc_ir::verify(module, dfc_ir::VerifyOptions::default());
-            assert!(problems.is_empty(), "the IR is broken after `{pass}`: {problems:?}");
-        }
+        run_pass(module, pass);
         if Some(pass) == last {
             break;
         }
+    }
+}
+
+/// Runs one pass of `PASSES` (`sema` has run already: nothing to do), verified as above.
+pub fn run_pass(module: &mut Module, pass: &str) {
+    match pass {
+        "autodiff" => autodiff(module),
+        "optimizer" => apply_optimizer(module),
+        "simplify" => simplify(module),
+        _ => {}
+    }
+    if cfg!(debug_assertions) {
+        let problems = dfc_ir::verify(module, dfc_ir::VerifyOptions::default());
+        assert!(problems.is_empty(), "the IR is broken after `{pass}`: {problems:?}");
     }
 }
