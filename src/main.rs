@@ -553,6 +553,7 @@ fn compile_options(model: &ModelArgs, args: &DistributeArgs) -> Result<dfc_compi
         soft_placement: args.soft_placement,
         cost_model,
         fusion: dfc_passes::FusionOptions { threshold_bytes: args.fusion_threshold },
+        replica_instances: true,
     })
 }
 
@@ -689,7 +690,7 @@ fn compile(
             print!("{report}");
         }
     }
-    let devices = plan.partitions.len();
+    let devices = plan.partitions.len() + plan.instances.len();
     eprintln!(
         "compiled `{}` (model `{}`, {} on {}) to `{}`",
         source.path,

@@ -57,7 +57,11 @@ fn plan_with(example: &str, options: CompileOptions) -> Plan {
         ..options
     };
     match compile(&source, &format!("{example}.df"), &options) {
-        Ok(compiled) => compiled.plan,
+        Ok(compiled) => {
+            let mut plan = compiled.plan;
+            plan.expand_instances().expect("replica instances build");
+            plan
+        }
         Err(e) => panic!("{example} ({}): does not compile: {e:?}", strategy.name()),
     }
 }

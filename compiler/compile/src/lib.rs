@@ -75,6 +75,10 @@ pub struct CompileOptions {
     /// `--fusion-threshold`: all-reduces of tensors up to this size share buffers (Horovod's
     /// tensor fusion).
     pub fusion: dfc_passes::FusionOptions,
+    /// Mirrored on 3 or more devices: build replicas 0 and 1 in full and every other as an
+    /// instance of replica 1's partition (`Plan::instances`). Off, every replica is built: what
+    /// `dfc ir` and `dfc graph` show.
+    pub replica_instances: bool,
 }
 
 impl Default for CompileOptions {
@@ -89,6 +93,7 @@ impl Default for CompileOptions {
             soft_placement: false,
             cost_model: CostModel::default(),
             fusion: dfc_passes::FusionOptions::default(),
+            replica_instances: true,
         }
     }
 }
@@ -135,7 +140,8 @@ pub fn module_after(
         local_passes(&mut module, Some(stage), &shard_options(options));
         return Ok((module, warnings));
     }
-    let compiled = compile(source, "", options)?;
+    let whole = CompileOptions { replica_instances: false, ..options.clone() };
+    let compiled = compile(source, "", &whole)?;
     Ok((compiled.combined, compiled.warnings))
 }
 
@@ -182,6 +188,7 @@ pub fn compile(source: &str, source_name: &str, options: &CompileOptions) -> Res
     let layout = Layout::new(cluster, options.strategy)?;
 
     let mut replica_interfaces = Vec::new();
+    let mut instances: Vec<dfc_ir::Instance> = Vec::new();
     let full_inputs: Vec<IoSpec> = full
         .inputs
         .iter()
@@ -199,11 +206,22 @@ pub fn compile(source: &str, source_name: &str, options: &CompileOptions) -> Res
             }
             let per_replica = per_replica_module(source, &full, layout.replicas.len(), options, &shard)?;
             clock.lap("the replicas' module");
+            if replication == Replication::Mirrored && options.replica_instances {
+                instances = (2..layout.replicas.len())
+                    .map(|r| dfc_ir::Instance {
+                        template: 0, // the partition's index, known after partitioning
+                        template_replica: 1,
+                        replica: r as u32,
+                        device: layout.replicas[r].clone(),
+                    })
+                    .collect();
+            }
             let replicate = ReplicateOptions {
                 replication,
                 devices: &layout.replicas,
                 variable_device: layout.variable_home.as_ref(),
                 soft: options.soft_placement,
+                built_replicas: (!instances.is_empty()).then_some(2),
             };
             let (module, found) =
                 dfc_passes::replicate(&per_replica, &full, &replicate).map_err(CompileError::Diagnostics)?;
@@ -214,7 +232,8 @@ pub fn compile(source: &str, source_name: &str, options: &CompileOptions) -> Res
             verify_after(&module, "replicate");
             clock.lap("replicate");
             let mut module = module;
-            dfc_passes::fuse_all_reduces(&mut module, &options.fusion);
+            let built = (!instances.is_empty()).then_some(2);
+            dfc_passes::fuse_all_reduces(&mut module, &options.fusion, built);
             verify_after(&module, "fuse_all_reduces");
             clock.lap("fuse all-reduces");
             module
@@ -240,11 +259,29 @@ pub fn compile(source: &str, source_name: &str, options: &CompileOptions) -> Res
 
     let partitioned = dfc_passes::partition(placed, &devices);
     clock.lap("partition");
-    let parts: Vec<(&DeviceSpec, &Module)> = partitioned.parts.iter().map(|(d, m)| (d, m)).collect();
+    if let Some(template) = layout.replicas.get(1).filter(|_| !instances.is_empty()) {
+        let index = partitioned.parts.iter().position(|(d, _)| d == template).expect("replica 1 has a partition");
+        for instance in &mut instances {
+            instance.template = index as u32;
+        }
+    }
+    let built_parts = partitioned.parts.len();
+    let (checked, costed) = instance_stand_ins(&partitioned.parts, &instances);
+    let parts: Vec<(&DeviceSpec, &Module)> =
+        partitioned.parts.iter().chain(&checked).map(|(d, m)| (d, m)).collect();
     let problems = dfc_ir::verify_partitions(&parts);
     assert!(problems.is_empty(), "the partitions are broken: {problems:?}");
     clock.lap("verify the partitions");
-    let report = dfc_passes::cost::estimate(&parts.iter().map(|(_, m)| *m).collect::<Vec<_>>(), &options.cost_model);
+    let simulated: Vec<&Module> = partitioned.parts.iter().map(|(_, m)| m).chain(costed.iter().map(|(_, m, _)| m)).collect();
+    let mut report = dfc_passes::cost::estimate(&simulated, &options.cost_model);
+    // An instance simulated by its transfers alone costs what the partition standing for it does.
+    for (k, (device, _, stands_for)) in costed.iter().enumerate() {
+        if let Some(p) = stands_for {
+            let mut cost = report.devices[*p].clone();
+            cost.device = device.to_string();
+            report.devices[built_parts + k] = cost;
+        }
+    }
     clock.lap("cost model");
 
     let strategy = StrategySpec {
@@ -256,6 +293,7 @@ pub fn compile(source: &str, source_name: &str, options: &CompileOptions) -> Res
     let partitions: Vec<Partition> =
         partitioned.parts.into_iter().map(|(device, module)| Partition { device, module }).collect();
     let mut plan = Plan::build(&partitioned.combined, partitions, cluster.clone(), strategy, source_name, source);
+    plan.add_instances(instances);
     if !replica_interfaces.is_empty() {
         // The replicas' own inputs are fed from the model's, split by rows.
         plan.inputs = full_inputs;
@@ -273,6 +311,52 @@ pub fn compile(source: &str, source_name: &str, options: &CompileOptions) -> Res
     plan.report = Some(report);
     clock.lap("build the plan");
     Ok(Compiled { plan, combined: partitioned.combined, warnings, timings: clock.timings })
+}
+
+/// What stands for each instance, beside the built `parts`: for checking, its transfers and
+/// all-reduces alone; for the cost model, the same, except that one instance of each way of
+/// meeting its peers (within the template's task or not) is built in full, so that remote
+/// replicas are simulated as remote. Each costed entry names the partition (by its index in
+/// the simulation) whose cost it takes, if it is not built.
+#[allow(clippy::type_complexity)]
+fn instance_stand_ins(
+    parts: &[(DeviceSpec, Module)],
+    instances: &[dfc_ir::Instance],
+) -> (Vec<(DeviceSpec, Module)>, Vec<(DeviceSpec, Module, Option<usize>)>) {
+    let Some(first) = instances.first() else { return (Vec::new(), Vec::new()) };
+    let (template_device, template) = &parts[first.template as usize];
+    let graph = &template.graph;
+    let peers: Vec<&DeviceSpec> = graph
+        .node_ids()
+        .filter_map(|id| match &graph.node(id).op {
+            dfc_ir::Op::Send { to, .. } => Some(to),
+            dfc_ir::Op::Recv { from, .. } => Some(from),
+            _ => None,
+        })
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let signature =
+        |d: &DeviceSpec| peers.iter().map(|p| dfc_passes::cost::same_task(d, p)).collect::<Vec<bool>>();
+    let mut standing: Vec<(Vec<bool>, usize)> = vec![(signature(template_device), first.template as usize)];
+    let transfers = |i: &dfc_ir::Instance| {
+        dfc_ir::instance_transfers(template, template_device, i).expect("replica 1's partition instantiates")
+    };
+    let checked = instances.iter().map(|i| (i.device.clone(), transfers(i))).collect();
+    let mut costed = Vec::new();
+    for (k, instance) in instances.iter().enumerate() {
+        let key = signature(&instance.device);
+        match standing.iter().find(|(s, _)| *s == key) {
+            Some(&(_, p)) => costed.push((instance.device.clone(), transfers(instance), Some(p))),
+            None => {
+                let module = dfc_ir::instantiate(template, template_device, instance)
+                    .expect("replica 1's partition instantiates");
+                standing.push((key, parts.len() + k));
+                costed.push((instance.device.clone(), module, None));
+            }
+        }
+    }
+    (checked, costed)
 }
 
 /// Which devices a strategy uses for what.

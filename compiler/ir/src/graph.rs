@@ -127,6 +127,12 @@ impl Graph {
         self.free_name(base)
     }
 
+    /// Drops the set of names after nodes were renamed in place; it is rebuilt when next needed.
+    pub(crate) fn forget_names(&mut self) {
+        self.names.clear();
+        self.next_suffix.clear();
+    }
+
     /// Rebuilds the set of names where it is stale (a graph read from a plan has none).
     fn refresh_names(&mut self) {
         if self.names.len() != self.graph.node_count() {

@@ -24,6 +24,7 @@ mod device;
 mod dot;
 mod graph;
 mod infer;
+mod instance;
 mod module;
 mod op;
 mod print;
@@ -35,6 +36,7 @@ pub use device::{DeviceKind, DeviceSpec};
 pub use dot::{human_bytes, to_dot, DotOptions};
 pub use graph::{Edge, Graph, Node, NodeId, TensorRef};
 pub use infer::{broadcast_shapes, infer, TypeError};
+pub use instance::{device_slug, instance_transfers, instantiate, replica_prefix, Instance, Renamer};
 pub use module::{Module, Optimizer, OptimizerKind, Output, Training};
 pub use op::{
     BinaryOp, CompareOp, ConstData, ConstValue, Initializer, Op, Padding, ReduceKind, UnaryOp, VariableOrigin,

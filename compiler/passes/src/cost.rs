@@ -204,7 +204,8 @@ pub fn tensor_bytes(ty: &TensorType) -> u64 {
 }
 
 /// Whether two devices are in the same task (job and task equal): they share a process.
-fn same_task(a: &DeviceSpec, b: &DeviceSpec) -> bool {
+/// Whether two devices are of one task (transfers between them are local).
+pub fn same_task(a: &DeviceSpec, b: &DeviceSpec) -> bool {
     a.job == b.job && a.task == b.task
 }
 

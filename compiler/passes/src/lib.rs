@@ -20,7 +20,7 @@ pub use autodiff::autodiff;
 pub use cost::{CostModel, CostReport, DeviceCost};
 pub use fuse::{fuse, Fusion, Kernel};
 pub use optimizer::apply_optimizer;
-pub use partition::{partition, Partitioned};
+pub use partition::{partition, transfer_names, Partitioned};
 pub use place::{balance, place, PlaceOptions, Placed, VariablePlacement};
 pub use prune::{prune, PruneError};
 pub use replicate::{replica_interfaces, replica_name, replicate, ReplicaInterface, ReplicateOptions, Replication};

@@ -16,7 +16,7 @@
 //! reads another's tensor.
 
 use crate::place::Placed;
-use dfc_ir::{ConstValue, DType, DeviceSpec, Graph, Module, NodeId, Op, Output, TensorRef};
+use dfc_ir::{device_slug, ConstValue, DType, DeviceSpec, Graph, Module, NodeId, Op, Output, TensorRef};
 use std::collections::{BTreeMap, HashMap};
 
 pub struct Partitioned {
@@ -38,11 +38,6 @@ pub fn partition(placed: Placed, devices: &[DeviceSpec]) -> Partitioned {
         })
         .collect();
     Partitioned { combined: module, parts }
-}
-
-/// The short form of a device for names: `worker_1_cpu_0`.
-fn short(device: &DeviceSpec) -> String {
-    device.to_string().trim_start_matches('/').replace("job:", "").replace("task:", "").replace(['/', ':'], "_")
 }
 
 fn device_of(graph: &Graph, id: NodeId) -> DeviceSpec {
@@ -68,7 +63,7 @@ fn insert_transfers(graph: &mut Graph) {
                         && graph.control_inputs(source.node).is_empty();
                     let recv = if standalone {
                         let node = graph.node(source.node).clone();
-                        let name = format!("{}/on_{}", node.name, short(&here));
+                        let name = format!("{}/on_{}", node.name, device_slug(&here));
                         let copy = graph.add_with_types(node.op, &[], node.outputs, &name, graph.span(source.node));
                         graph.node_mut(copy).device = Some(here.clone());
                         copy
@@ -112,20 +107,24 @@ fn insert_transfers(graph: &mut Graph) {
     }
 }
 
+/// What a transfer of output `port` of the node `name` from `from` to `to` is called: the
+/// rendezvous key, the Send's name and the Recv's. Data parallelism's replica stubs and
+/// `dfc_ir::instantiate` name transfers this way too.
+pub fn transfer_names(name: &str, port: u32, from: &DeviceSpec, to: &DeviceSpec) -> (String, String, String) {
+    let shown = if port == 0 { name.to_string() } else { format!("{name}:{port}") };
+    let slug = device_slug(to);
+    (format!("{from};{shown};{to}"), format!("{name}/send_to_{slug}"), format!("{name}/recv_on_{slug}"))
+}
+
 /// A Send of `tensor` on `from` and its Recv on `to`; returns the Recv.
 fn transfer(graph: &mut Graph, tensor: TensorRef, from: &DeviceSpec, to: &DeviceSpec) -> NodeId {
-    let name = graph.node(tensor.node).name.clone();
-    let shown = if tensor.port == 0 { name.clone() } else { format!("{name}:{}", tensor.port) };
-    let key = format!("{from};{shown};{to}");
+    let (key, send_name, recv_name) = transfer_names(&graph.node(tensor.node).name, tensor.port, from, to);
     let span = graph.span(tensor.node);
     let ty = graph.ty(tensor).clone();
-    let send = graph
-        .add(Op::Send { key: key.clone(), to: to.clone() }, &[tensor], &format!("{name}/send_to_{}", short(to)), span)
-        .expect("sends type");
+    let send =
+        graph.add(Op::Send { key: key.clone(), to: to.clone() }, &[tensor], &send_name, span).expect("sends type");
     graph.node_mut(send).device = Some(from.clone());
-    let recv = graph
-        .add(Op::Recv { key, from: from.clone(), ty }, &[], &format!("{name}/recv_on_{}", short(to)), span)
-        .expect("recvs type");
+    let recv = graph.add(Op::Recv { key, from: from.clone(), ty }, &[], &recv_name, span).expect("recvs type");
     graph.node_mut(recv).device = Some(to.clone());
     recv
 }

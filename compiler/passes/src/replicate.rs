@@ -28,6 +28,7 @@
 //! Replica r's nodes are named `replica_<r>/...` and requested on its device; a source
 //! request that the replica's device does not satisfy is a diagnostic at its line.
 
+use crate::partition::transfer_names;
 use dfc_diag::{Code, Diagnostic, Span};
 use dfc_ir::{
     BinaryOp, ConstValue, DeviceSpec, Graph, Module, NodeId, Op, Output, TensorRef, Training, VariableOrigin,
@@ -48,6 +49,11 @@ pub struct ReplicateOptions<'a> {
     pub variable_device: Option<&'a DeviceSpec>,
     /// Requests that contradict the strategy are warnings and set aside, not errors.
     pub soft: bool,
+    /// `Mirrored` only: how many replicas to build in full (at least 2, or all). The others
+    /// are stubs: the Sends of their slices of the inputs and the Recvs of their parts of the
+    /// loss, outputs and metrics, named as `partition` names them; their partitions are
+    /// instances of replica 1's (`dfc_ir::instantiate`). `None`: every replica in full.
+    pub built_replicas: Option<usize>,
 }
 
 /// The replicated module, or diagnostics when source requests contradict the strategy.
@@ -115,6 +121,8 @@ struct Builder<'a> {
     /// Requests already reported (by where they are written), so that the R copies of the
     /// nodes of one device block give one report.
     reported: BTreeSet<(u32, u32, String)>,
+    /// The Recvs (or copied constants) that stand for a stub replica's tensors.
+    stub_parts: HashMap<(usize, TensorRef), TensorRef>,
 }
 
 impl<'a> Builder<'a> {
@@ -138,11 +146,25 @@ impl<'a> Builder<'a> {
             combined: HashMap::new(),
             diagnostics: Vec::new(),
             reported: BTreeSet::new(),
+            stub_parts: HashMap::new(),
         }
     }
 
     fn replicas(&self) -> usize {
         self.options.devices.len()
+    }
+
+    /// The replicas built in full: all, or the first few when the others are stubs.
+    fn built(&self) -> usize {
+        match (self.options.replication, self.options.built_replicas) {
+            (Replication::Mirrored, Some(built)) => built.max(2).min(self.replicas()),
+            _ => self.replicas(),
+        }
+    }
+
+    /// Where the inputs and the combined loss, outputs and metrics live: replica 0's device.
+    fn home(&self) -> DeviceSpec {
+        self.options.devices[0].clone()
     }
 
     /// Whether a source node has one copy for all replicas.
@@ -201,6 +223,9 @@ impl<'a> Builder<'a> {
                 let s = self.out.graph.add(slice, &[id.into()], &name, graph.span(input)).expect("slices type");
                 self.out.graph.node_mut(s).requested_device = home.clone();
                 self.copies[r].insert(input, s);
+                if r >= self.built() {
+                    self.stub_send(s, home.clone().expect("replicas request their devices"), r);
+                }
             }
         }
 
@@ -212,7 +237,7 @@ impl<'a> Builder<'a> {
                 let copy = self.copy(id, None);
                 self.shared.insert(id, copy);
             } else {
-                for r in 0..self.replicas() {
+                for r in 0..self.built() {
                     let copy = self.copy(id, Some(r));
                     self.copies[r].insert(id, copy);
                 }
@@ -420,13 +445,14 @@ impl<'a> Builder<'a> {
 
     fn control_edges(&mut self, order: &[NodeId]) {
         let graph = &self.src.graph;
+        let built = &self.copies[..self.built()];
         for &after in order {
             for before in graph.control_inputs(after) {
                 let pairs: Vec<(NodeId, NodeId)> = match (self.is_shared(before), self.is_shared(after)) {
                     (true, true) => vec![(self.shared[&before], self.shared[&after])],
-                    (true, false) => self.copies.iter().map(|c| (self.shared[&before], c[&after])).collect(),
-                    (false, true) => self.copies.iter().map(|c| (c[&before], self.shared[&after])).collect(),
-                    (false, false) => self.copies.iter().map(|c| (c[&before], c[&after])).collect(),
+                    (true, false) => built.iter().map(|c| (self.shared[&before], c[&after])).collect(),
+                    (false, true) => built.iter().map(|c| (c[&before], self.shared[&after])).collect(),
+                    (false, false) => built.iter().map(|c| (c[&before], c[&after])).collect(),
                 };
                 for (b, a) in pairs {
                     self.out.graph.add_control_edge(b, a);
@@ -450,12 +476,13 @@ impl<'a> Builder<'a> {
             let full_ty = full.metrics.iter().find(|f| f.name == m.name).map(|f| full.graph.ty(f.tensor).clone());
             metrics.push(Output { name: m.name.clone(), tensor: self.combine(m.tensor, &m.name, full_ty) });
         }
+        let built = &self.copies[..self.built()];
         let mut params = Vec::new();
         for &p in &src.params {
             if self.is_shared(p) {
                 params.push(self.shared[&p]);
             } else {
-                params.extend(self.copies.iter().map(|c| c[&p]));
+                params.extend(built.iter().map(|c| c[&p]));
             }
         }
         let mut updates = Vec::new();
@@ -463,7 +490,7 @@ impl<'a> Builder<'a> {
             if self.is_shared(u) {
                 updates.push(self.shared[&u]);
             } else {
-                updates.extend(self.copies.iter().map(|c| c[&u]));
+                updates.extend(built.iter().map(|c| c[&u]));
             }
         }
         let gradients = training
@@ -484,38 +511,36 @@ impl<'a> Builder<'a> {
     /// One tensor from the replicas' copies of `tensor`: joined along axis 0 if the full
     /// model's is the replicas' stacked, else their mean (floats) or replica 0's.
     fn combine(&mut self, tensor: TensorRef, name: &str, full_ty: Option<dfc_ir::TensorType>) -> TensorRef {
-        let parts: Vec<TensorRef> = (0..self.replicas())
-            .map(|r| {
-                let node =
-                    if self.is_shared(tensor.node) { self.shared[&tensor.node] } else { self.copies[r][&tensor.node] };
-                TensorRef { node, port: tensor.port }
-            })
-            .collect();
         if self.is_shared(tensor.node) {
-            return parts[0];
+            return TensorRef { node: self.shared[&tensor.node], port: tensor.port };
         }
         let ty = self.src.graph.ty(tensor).clone();
         let span = self.src.graph.span(tensor.node);
-        let n = parts.len();
-        let g: &mut Graph = &mut self.out.graph;
+        let n = self.replicas();
         let stacked = full_ty.as_ref().is_some_and(|f| {
             f.shape.rank() == ty.shape.rank()
                 && f.shape.rank() > 0
                 && f.shape.dims()[0] == ty.shape.dims()[0] * n
                 && f.shape.dims()[1..] == ty.shape.dims()[1..]
         });
-        if stacked {
-            return g.add(Op::Concat { axis: 0 }, &parts, name, span).expect("replicas stack").into();
+        if !stacked && !ty.dtype.is_float() {
+            return self.part(tensor, 0);
         }
-        if !ty.dtype.is_float() {
-            return parts[0];
+        let parts: Vec<TensorRef> = (0..n).map(|r| self.part(tensor, r)).collect();
+        let home = Some(self.home());
+        let g: &mut Graph = &mut self.out.graph;
+        if stacked {
+            let id = g.add(Op::Concat { axis: 0 }, &parts, name, span).expect("replicas stack");
+            g.node_mut(id).requested_device = home;
+            return id.into();
         }
         let mut sum = parts[0];
         for (r, part) in parts.iter().enumerate().skip(1) {
-            sum = g
+            let id = g
                 .add(Op::Binary(BinaryOp::Add), &[sum, *part], &format!("{name}/replica_sum_{r}"), span)
-                .expect("typed")
-                .into();
+                .expect("typed");
+            g.node_mut(id).requested_device = home.clone();
+            sum = id.into();
         }
         let k = g
             .add(
@@ -525,6 +550,49 @@ impl<'a> Builder<'a> {
                 span,
             )
             .expect("typed");
-        g.add(Op::Binary(BinaryOp::Mul), &[sum, k.into()], name, span).expect("typed").into()
+        let mean = g.add(Op::Binary(BinaryOp::Mul), &[sum, k.into()], name, span).expect("typed");
+        for id in [k, mean] {
+            g.node_mut(id).requested_device = home.clone();
+        }
+        mean.into()
+    }
+
+    /// Replica `r`'s copy of `tensor`, or for a stub replica what `partition` would make of
+    /// it on the home device: a Recv, or a copy of a constant.
+    fn part(&mut self, tensor: TensorRef, r: usize) -> TensorRef {
+        if r < self.built() {
+            return TensorRef { node: self.copies[r][&tensor.node], port: tensor.port };
+        }
+        if let Some(&done) = self.stub_parts.get(&(r, tensor)) {
+            return done;
+        }
+        let graph = &self.src.graph;
+        let node = graph.node(tensor.node);
+        let span = graph.span(tensor.node);
+        let name = replica_name(r, &node.name);
+        let home = self.home();
+        let standalone = matches!(node.op, Op::Const { .. }) && graph.control_inputs(tensor.node).is_empty();
+        let id = if standalone {
+            let name = format!("{name}/on_{}", dfc_ir::device_slug(&home));
+            self.out.graph.add_with_types(node.op.clone(), &[], node.outputs.clone(), &name, span)
+        } else {
+            let (key, _, recv_name) = transfer_names(&name, tensor.port, &self.options.devices[r], &home);
+            let recv = Op::Recv { key, from: self.options.devices[r].clone(), ty: graph.ty(tensor).clone() };
+            self.out.graph.add(recv, &[], &recv_name, span).expect("recvs type")
+        };
+        // Unrequested, as `partition` leaves them: placement puts them with their users.
+        let part = if standalone { TensorRef { node: id, port: tensor.port } } else { id.into() };
+        self.stub_parts.insert((r, tensor), part);
+        part
+    }
+
+    /// The Send of stub replica `r`'s slice `slice` of an input, on `home`.
+    fn stub_send(&mut self, slice: NodeId, home: DeviceSpec, r: usize) {
+        let name = self.out.graph.node(slice).name.clone();
+        let to = self.options.devices[r].clone();
+        let (key, send_name, _) = transfer_names(&name, 0, &home, &to);
+        let span = self.out.graph.span(slice);
+        // Unrequested, as `partition` leaves it: placement puts it with its operand.
+        self.out.graph.add(Op::Send { key, to }, &[slice.into()], &send_name, span).expect("sends type");
     }
 }

@@ -49,27 +49,45 @@ pub fn simplify(module: &mut Module) {
     }
 }
 
-/// Makes every use of `old` (operands and the module's references) a use of `new`. The
-/// outputs, metrics, loss and gradients are not moved to an input: a caller that feeds the input
-/// could not fetch them (a tensor may not be both fed and fetched), so `old` stays for them.
-fn replace(module: &mut Module, old: TensorRef, new: TensorRef) -> bool {
-    let mut changed = module.graph.replace_uses(old, new) > 0;
-    if matches!(module.graph.node(new.node).op, Op::Input { .. }) {
-        return changed;
+/// Makes every operand use of `old` a use of `new`, and records the move for the module's
+/// references (`retarget`, once per rule: scanning every gradient per replacement made
+/// simplifying quadratic in the layers).
+fn replace(module: &mut Module, old: TensorRef, new: TensorRef, moved: &mut HashMap<TensorRef, TensorRef>) -> bool {
+    let changed = module.graph.replace_uses(old, new) > 0;
+    moved.insert(old, new);
+    changed
+}
+
+/// Moves the module's references (outputs, metrics, loss, gradients) along `moved`. They are
+/// not moved to an input: a caller that feeds the input could not fetch them (a tensor may not
+/// be both fed and fetched), so the old tensor stays for them.
+fn retarget(module: &mut Module, moved: &HashMap<TensorRef, TensorRef>) -> bool {
+    if moved.is_empty() {
+        return false;
     }
-    let outputs = module.outputs.iter_mut().chain(module.metrics.iter_mut());
-    for output in outputs.filter(|o| o.tensor == old) {
-        output.tensor = new;
-        changed = true;
+    let graph = &module.graph;
+    let target = |mut t: TensorRef| {
+        while let Some(&next) = moved.get(&t) {
+            if matches!(graph.node(next.node).op, Op::Input { .. }) {
+                break;
+            }
+            t = next;
+        }
+        t
+    };
+    let mut changed = false;
+    let mut update = |t: &mut TensorRef| {
+        let new = target(*t);
+        changed |= new != *t;
+        *t = new;
+    };
+    for output in module.outputs.iter_mut().chain(module.metrics.iter_mut()) {
+        update(&mut output.tensor);
     }
     if let Some(training) = &mut module.training {
-        if training.loss == old {
-            training.loss = new;
-            changed = true;
-        }
-        for (_, gradient) in training.gradients.iter_mut().filter(|(_, g)| *g == old) {
-            *gradient = new;
-            changed = true;
+        update(&mut training.loss);
+        for (_, gradient) in training.gradients.iter_mut() {
+            update(gradient);
         }
     }
     changed
@@ -400,12 +418,13 @@ fn reduce_values(kind: ReduceKind, axes: &[usize], shape: &Shape, values: &Value
 
 fn apply_identities(module: &mut Module) -> bool {
     let mut changed = false;
+    let mut moved = HashMap::new();
     for id in order(&module.graph) {
         if let Some(x) = identity_operand(&module.graph, id) {
-            changed |= replace(module, id.into(), x);
+            changed |= replace(module, id.into(), x, &mut moved);
         }
     }
-    changed
+    changed | retarget(module, &moved)
 }
 
 /// The operand `x` that node `id` equals by an algebraic identity, with the same type.
@@ -455,6 +474,7 @@ fn identity_operand(graph: &Graph, id: NodeId) -> Option<TensorRef> {
 
 fn merge_common_subexpressions(module: &mut Module) -> bool {
     let mut changed = false;
+    let mut moved = HashMap::new();
     // Candidates by (op fingerprint, operands, control inputs).
     let mut seen: HashMap<(u64, Vec<TensorRef>, Vec<NodeId>), Vec<NodeId>> = HashMap::new();
     for id in order(&module.graph) {
@@ -476,13 +496,14 @@ fn merge_common_subexpressions(module: &mut Module) -> bool {
         match twin {
             Some(first) => {
                 for port in 0..ports {
-                    changed |= replace(module, TensorRef { node: id, port }, TensorRef { node: first, port });
+                    let (old, new) = (TensorRef { node: id, port }, TensorRef { node: first, port });
+                    changed |= replace(module, old, new, &mut moved);
                 }
             }
             None => candidates.push(id),
         }
     }
-    changed
+    changed | retarget(module, &moved)
 }
 
 /// A hash of the op with its attributes; constants by the bits of their values.

@@ -6,7 +6,8 @@
 //!
 //! The arithmetic does not change (an all-reduce sums elementwise), so a fused plan trains to
 //! the same bits. Every replica builds the same buckets: members are ordered by key and buckets
-//! filled greedily up to `threshold_bytes`, from the keys alone, and a key is fused only when
+//! filled greedily up to `threshold_bytes`, from the keys alone (so that replicas left as
+//! instances of replica 1 get replica 1's buckets), and a key is fused only when
 //! every replica of its group has it once, with one size, and when its all-reduce does not
 //! depend on another all-reduce (fusing the two would make a cycle). Fused keys are
 //! `fused_all_reduce/<i>`, numbered in that order and never one the module already uses.
@@ -52,7 +53,9 @@ struct KeyInfo {
     dependent: bool,
 }
 
-pub fn fuse_all_reduces(module: &mut Module, options: &FusionOptions) {
+/// `built`: how many replicas of each group the module holds, when the others are instances
+/// of replica 1 (built like it, `dfc_ir::instantiate`); `None`: all of them.
+pub fn fuse_all_reduces(module: &mut Module, options: &FusionOptions, built: Option<u32>) {
     if options.threshold_bytes == 0 {
         return;
     }
@@ -97,12 +100,13 @@ pub fn fuse_all_reduces(module: &mut Module, options: &FusionOptions) {
             }
         }
         // Keys with one member of one size on each of the group's replicas, in key order.
-        let every_replica: BTreeSet<u32> = (0..group_size).collect();
+        let present = built.map_or(group_size, |b| b.min(group_size));
+        let every_replica: BTreeSet<u32> = (0..present).collect();
         let keys: Vec<(&str, usize)> = keys
             .iter()
             .filter(|(_, info)| {
                 info.replicas == every_replica
-                    && info.members == group_size as usize
+                    && info.members == present as usize
                     && info.elements.len() == 1
                     && !info.dependent
             })
@@ -127,7 +131,7 @@ pub fn fuse_all_reduces(module: &mut Module, options: &FusionOptions) {
                     break key;
                 }
             };
-            for replica in 0..group_size {
+            for replica in 0..present {
                 let members = &replicas[&replica];
                 let by_key: HashMap<&str, &Member> = members.iter().map(|m| (m.key.as_str(), m)).collect();
                 let chosen: Vec<&Member> = bucket.iter().map(|k| by_key[k]).collect();

@@ -50,14 +50,20 @@ fn mirrored(example: &str, replicas: usize) -> Module {
     let devices = devices(replicas);
     // wide_and_deep asks for ps and worker jobs the local cluster lacks.
     let options =
-        ReplicateOptions { replication: Replication::Mirrored, devices: &devices, variable_device: None, soft: true };
+        ReplicateOptions {
+            replication: Replication::Mirrored,
+            devices: &devices,
+            variable_device: None,
+            soft: true,
+            built_replicas: None,
+        };
     let (module, _) = dfc_passes::replicate(&per_replica, &full, &options).expect("replicates");
     module
 }
 
 fn fused(module: &Module, threshold_bytes: usize) -> Module {
     let mut module = module.clone();
-    fuse_all_reduces(&mut module, &FusionOptions { threshold_bytes });
+    fuse_all_reduces(&mut module, &FusionOptions { threshold_bytes }, None);
     let problems = dfc_ir::verify(&module, dfc_ir::VerifyOptions::default());
     assert!(problems.is_empty(), "the IR is broken after fusion at {threshold_bytes} bytes: {problems:?}");
     module

@@ -19,7 +19,7 @@ use thiserror::Error;
 pub const MAGIC: [u8; 8] = *b"DFCPLAN\0";
 /// Bump on any change to the header or to the serialized types (postcard is not
 /// self-describing: adding a field changes the format).
-pub const FORMAT_VERSION: u32 = 6;
+pub const FORMAT_VERSION: u32 = 7;
 pub const HEADER_LEN: usize = 24;
 
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
@@ -94,10 +94,11 @@ pub fn decode(bytes: &[u8]) -> Result<Plan, PlanError> {
     }
 
     let malformed = |e: postcard::Error| PlanError::Malformed(e.to_string());
-    let (plan, rest): (Plan, &[u8]) = postcard::take_from_bytes(payload).map_err(malformed)?;
+    let (mut plan, rest): (Plan, &[u8]) = postcard::take_from_bytes(payload).map_err(malformed)?;
     if !rest.is_empty() {
         return Err(PlanError::Malformed(format!("{} bytes follow the plan", rest.len())));
     }
+    plan.expand_instances().map_err(PlanError::Invalid)?;
     crate::validate::validate(&plan).map_err(PlanError::Invalid)?;
     Ok(plan)
 }

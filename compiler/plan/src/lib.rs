@@ -18,6 +18,7 @@ pub use dfc_ir::{Cluster, Job, Task};
 use dfc_ir::{DeviceKind, DeviceSpec, Initializer, Module, NodeId, Op, Optimizer, TensorRef, TensorType};
 use dfc_passes::cost::tensor_bytes;
 use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Plan {
@@ -38,6 +39,10 @@ pub struct Plan {
     /// modules list their own inputs, params, outputs and metrics; `training` is `None` in
     /// them: the plan's `training` names the loss and the updates across partitions.
     pub partitions: Vec<Partition>,
+    /// Partitions stored as copies of another one (data parallelism's replicas): `decode`
+    /// builds each with `dfc_ir::instantiate` and appends it to `partitions`, so that a read
+    /// plan has none left. A plan for 64 replicas stores two of them.
+    pub instances: Vec<dfc_ir::Instance>,
     pub inputs: Vec<IoSpec>,
     pub outputs: Vec<IoSpec>,
     pub metrics: Vec<IoSpec>,
@@ -74,6 +79,10 @@ impl Default for StrategySpec {
 /// The part of the model one device runs; every node of `module.graph` has `device` set to
 /// `device`. A plan carries no code: native code and PTX are generated from `module` where the
 /// plan runs (`dfc_codegen`), after `decode` has verified it.
+/// At most this many nodes in the partitions a plan's instances make (8 Mi, a few GiB of
+/// graph): a larger expansion is a crafted plan, refused before it takes the memory.
+pub const MAX_INSTANCE_NODES: usize = 1 << 23;
+
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Partition {
     pub device: DeviceSpec,
@@ -177,8 +186,80 @@ impl Plan {
             training,
             replicas: Vec::new(),
             partitions,
+            instances: Vec::new(),
             report: None,
         }
+    }
+
+    /// Adds `instances` of its partitions, with their replicas' parameters and updates: each
+    /// listed after its template's, as if every replica had been built.
+    pub fn add_instances(&mut self, instances: Vec<dfc_ir::Instance>) {
+        for instance in &instances {
+            assert!((instance.template as usize) < self.partitions.len(), "an instance copies a partition of the plan");
+        }
+        let Some(first) = instances.first() else { return };
+        let template = &self.partitions[first.template as usize];
+        let template_device = template.device.to_string();
+        let renamers: Vec<dfc_ir::Renamer> = instances
+            .iter()
+            .map(|i| dfc_ir::Renamer::new(i.template_replica, &template.device, i.replica, &i.device))
+            .collect();
+        if let Some(training) = &mut self.training {
+            let mut updates = Vec::with_capacity(training.updates.len() * (instances.len() + 1));
+            for update in training.updates.drain(..) {
+                let copies: Vec<String> = renamers.iter().filter_map(|r| r.name(&update).ok()).collect();
+                updates.push(update);
+                updates.extend(copies);
+            }
+            training.updates = updates;
+        }
+        // Each copy of the template's (of each shard's, for a partitioned parameter) is followed by the instances'.
+        for param in &mut self.params {
+            let mut devices = Vec::with_capacity(param.devices.len() * (instances.len() + 1));
+            for device in param.devices.drain(..) {
+                let template = device == template_device;
+                devices.push(device);
+                if template {
+                    devices.extend(instances.iter().map(|i| i.device.to_string()));
+                }
+            }
+            param.devices = devices;
+        }
+        self.instances = instances;
+    }
+
+    /// Builds the partitions that `instances` describe and appends them to `partitions`; a
+    /// plan whose copies would hold more than `MAX_INSTANCE_NODES` nodes is refused before
+    /// any is made.
+    pub fn expand_instances(&mut self) -> Result<(), String> {
+        let instances = std::mem::take(&mut self.instances);
+        if instances.len() > self.cluster.devices().len() {
+            return Err(format!(
+                "the plan has {} instances of partitions but its cluster only {} devices",
+                instances.len(),
+                self.cluster.devices().len()
+            ));
+        }
+        let mut nodes = 0usize;
+        for (i, instance) in instances.iter().enumerate() {
+            let template = self.partitions.get(instance.template as usize).ok_or_else(|| {
+                format!("instance {i} copies partition {}, which the plan does not have", instance.template)
+            })?;
+            nodes = nodes.saturating_add(template.module.graph.len());
+        }
+        if nodes > MAX_INSTANCE_NODES {
+            return Err(format!(
+                "the plan's instances would make {nodes} nodes, more than the {MAX_INSTANCE_NODES} a plan may hold"
+            ));
+        }
+        self.partitions.reserve(instances.len());
+        for instance in &instances {
+            let template = &self.partitions[instance.template as usize];
+            let module = dfc_ir::instantiate(&template.module, &template.device, instance)
+                .map_err(|e| format!("instance of replica {} on {}: {e}", instance.replica, instance.device))?;
+            self.partitions.push(Partition { device: instance.device.clone(), module });
+        }
+        Ok(())
     }
 
     /// The nodes of partition `p` whose values a run of the plan may fetch: the partition's
@@ -220,6 +301,7 @@ impl Plan {
 fn param_specs(module: &Module) -> Vec<ParamSpec> {
     let graph = &module.graph;
     let mut specs: Vec<ParamSpec> = Vec::new();
+    let mut by_name: HashMap<String, usize> = HashMap::new();
     for &id in &module.params {
         let node = graph.node(id);
         let Op::Variable { ty, init, trainable, partitions, origin } = &node.op else {
@@ -230,7 +312,7 @@ fn param_specs(module: &Module) -> Vec<ParamSpec> {
             None => (node.name.clone(), ty.clone()),
         };
         let device = node.device.as_ref().map(|d| d.to_string());
-        if let Some(spec) = specs.iter_mut().find(|s| s.name == name) {
+        if let Some(spec) = by_name.get(&name).map(|&i| &mut specs[i]) {
             spec.devices.extend(device);
             if origin.as_ref().is_some_and(|o| o.mirror_of.is_none()) {
                 spec.partitions += 1;
@@ -238,6 +320,7 @@ fn param_specs(module: &Module) -> Vec<ParamSpec> {
             continue;
         }
         let is_shard = origin.as_ref().is_some_and(|o| o.mirror_of.is_none() && o.shape != ty.shape);
+        by_name.insert(name.clone(), specs.len());
         specs.push(ParamSpec {
             name,
             bytes: tensor_bytes(&full),

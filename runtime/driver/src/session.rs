@@ -183,6 +183,9 @@ impl<'p> Session<'p> {
     /// partitions only: a copy whose original is elsewhere starts from the original's initial
     /// value (or restored value), computed here, as every worker computes it alike.
     pub fn hosting(plan: &'p Plan, seed: u64, backend: Backend, hosted: &[usize]) -> Result<Session<'p>, RunError> {
+        if !plan.instances.is_empty() {
+            return Err(malformed("the plan's replica instances are not built: `Plan::expand_instances` builds them, as `dfc_plan::decode` does".into()));
+        }
         if let Some(&p) = hosted.iter().find(|&&p| p >= plan.partitions.len()) {
             return Err(malformed(format!("there is no partition {p}")));
         }

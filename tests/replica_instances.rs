@@ -1,0 +1,167 @@
+//! Replica instances against replicas built in full: a mirrored plan on 3 or more devices
+//! stores replica 1's partition once and the others as instances of it; decoded, every
+//! partition, parameter and update must be exactly what building every replica gives.
+
+use dfc_compile::{compile, CompileOptions, Strategy};
+use dfc_ir::{Cluster, DeviceKind, Module};
+use dfc_plan::Plan;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn cluster(spec: &str) -> Cluster {
+    match spec {
+        "local 3" => Cluster::local(3, DeviceKind::Cpu),
+        "local 4" => Cluster::local(4, DeviceKind::Cpu),
+        // Two tasks of two devices: transfers and all-reduces between tasks.
+        _ => Cluster::from_json(
+            r#"{"cluster": {"worker": [{"address": "localhost:3100", "devices": ["cpu:0", "cpu:1"]},
+                                      {"address": "localhost:3101", "devices": ["cpu:0", "cpu:1"]}]}}"#,
+        )
+        .expect("a valid cluster"),
+    }
+}
+
+/// The plan as `dfc compile` writes it and a reader gets it back.
+fn compiled(example: &str, cluster: Cluster, instances: bool) -> (Plan, usize) {
+    let source = std::fs::read_to_string(root().join("examples").join(format!("{example}.df"))).expect("example");
+    let mut dims = vec![("batch".to_string(), 24)];
+    if example == "wide_and_deep" {
+        dims.push(("users".to_string(), 200));
+    }
+    let options = CompileOptions {
+        sema: dfc_sema::Options { dims, optimizer: None },
+        cluster,
+        strategy: Strategy::Mirrored,
+        soft_placement: true,
+        replica_instances: instances,
+        ..CompileOptions::default()
+    };
+    let plan = compile(&source, &format!("{example}.df"), &options).unwrap_or_else(|e| panic!("{example}: {e:?}")).plan;
+    let stored = plan.partitions.len();
+    (dfc_plan::decode(&dfc_plan::encode(&plan)).expect("the plan reads back"), stored)
+}
+
+/// A partition's nodes by name, each with everything that defines it, operands by name.
+fn canonical(module: &Module) -> BTreeMap<String, String> {
+    let graph = &module.graph;
+    let name = |id| graph.node(id).name.clone();
+    let listed = |ids: &[dfc_ir::NodeId]| ids.iter().map(|&id| name(id)).collect::<Vec<_>>();
+    let mut nodes: BTreeMap<String, String> = graph
+        .node_ids()
+        .map(|id| {
+            let node = graph.node(id);
+            let operands: Vec<String> = graph.inputs(id).iter().map(|t| format!("{}:{}", name(t.node), t.port)).collect();
+            let mut after: Vec<String> = graph.control_inputs(id).into_iter().map(name).collect();
+            after.sort();
+            let text = format!(
+                "{:?} {:?} ({}) ^({}) on {:?} asked {:?} with {:?} at {:?}",
+                node.op,
+                node.outputs,
+                operands.join(", "),
+                after.join(", "),
+                node.device,
+                node.requested_device,
+                node.colocate_with.map(name),
+                graph.span(id),
+            );
+            (node.name.clone(), text)
+        })
+        .collect();
+    let outputs = |list: &[dfc_ir::Output]| {
+        list.iter().map(|o| format!("{}={}:{}", o.name, name(o.tensor.node), o.tensor.port)).collect::<Vec<_>>()
+    };
+    nodes.insert(
+        " lists".into(),
+        format!(
+            "inputs {:?} params {:?} outputs {:?} metrics {:?}",
+            listed(&module.inputs),
+            listed(&module.params),
+            outputs(&module.outputs),
+            outputs(&module.metrics)
+        ),
+    );
+    nodes
+}
+
+#[test]
+fn instances_are_the_replicas_built_in_full() {
+    for example in ["linear_regression", "mlp", "cnn", "softmax_regression", "wide_and_deep"] {
+        for spec in ["local 3", "local 4", "two tasks of two"] {
+            let what = format!("{example} mirrored on {spec}");
+            let (compact, stored) = compiled(example, cluster(spec), true);
+            let (full, _) = compiled(example, cluster(spec), false);
+            assert_eq!(stored, 2, "{what}: the plan stores replica 0's and replica 1's partitions only");
+            assert_eq!(compact.partitions.len(), full.partitions.len(), "{what}");
+            let by_device = |plan: &Plan| {
+                plan.partitions.iter().map(|p| (p.device.to_string(), canonical(&p.module))).collect::<BTreeMap<_, _>>()
+            };
+            let (a, b) = (by_device(&compact), by_device(&full));
+            for (device, nodes) in &b {
+                let built = &a[device];
+                for (name, text) in nodes {
+                    assert_eq!(built.get(name), Some(text), "{what}: `{name}` on {device}");
+                }
+                assert_eq!(built.len(), nodes.len(), "{what}: {device} has nodes the full build lacks");
+            }
+            assert_eq!(compact.params, full.params, "{what}");
+            assert_eq!(compact.training, full.training, "{what}");
+            assert_eq!((&compact.inputs, &compact.outputs, &compact.metrics), (&full.inputs, &full.outputs, &full.metrics));
+            let (a, b) = (compact.report.expect("a report"), full.report.expect("a report"));
+            assert!(
+                (a.step_seconds - b.step_seconds).abs() <= 1e-9 * b.step_seconds.max(1e-9),
+                "{what}: predicted {} s against {} s",
+                a.step_seconds,
+                b.step_seconds
+            );
+            assert_eq!(a.devices, b.devices, "{what}");
+        }
+    }
+}
+
+/// A crafted plan whose instances would build more than a plan may hold is refused, and so is
+/// one whose template is not a replica's partition, each with a message.
+#[test]
+fn damaged_instances_are_refused() {
+    let (plan, _) = compiled("linear_regression", cluster("local 4"), true);
+    let source = std::fs::read_to_string(root().join("examples/linear_regression.df")).unwrap();
+    let options = CompileOptions {
+        cluster: cluster("local 4"),
+        strategy: Strategy::Mirrored,
+        sema: dfc_sema::Options { dims: vec![("batch".into(), 24)], optimizer: None },
+        ..CompileOptions::default()
+    };
+    let stored = compile(&source, "linear_regression.df", &options).unwrap().plan;
+    assert_eq!(plan.partitions.len(), 4);
+    let refused = |plan: &Plan| match dfc_plan::decode(&dfc_plan::encode(plan)) {
+        Ok(_) => panic!("a damaged plan was read"),
+        Err(e) => e.to_string(),
+    };
+
+    let mut many = stored.clone();
+    let one = many.instances[0].clone();
+    many.instances = vec![one.clone(); 9];
+    assert!(refused(&many).contains("only 4 devices"), "{}", refused(&many));
+
+    let mut missing = stored.clone();
+    missing.instances[0].template = 7;
+    assert!(refused(&missing).contains("does not have"), "{}", refused(&missing));
+
+    // Replica 0's partition (the inputs, the combined loss) is no replica 1's.
+    let mut head = stored.clone();
+    head.instances[0].template = 0;
+    assert!(refused(&head).contains("is not a node of replica 1"), "{}", refused(&head));
+
+    // Two instances on one device.
+    let mut twice = stored.clone();
+    twice.instances[1].device = twice.instances[0].device.clone();
+    assert!(refused(&twice).contains("two partitions are on"), "{}", refused(&twice));
+
+    // A wrong replica index: its all-reduces join no group.
+    let mut wrong = stored;
+    wrong.instances[0].replica = 9;
+    assert!(refused(&wrong).contains("do not fit together"), "{}", refused(&wrong));
+}
