@@ -11,6 +11,12 @@ use clap::{Parser, Subcommand, ValueEnum};
 use dfc_diag::{Code, Diagnostic, LineIndex, Span};
 use render::Source;
 use std::path::{Path, PathBuf};
+
+/// mimalloc: compiling a large model allocates and frees millions of small nodes, names and
+/// vectors; glibc's allocator spent a quarter of a 10,000-layer compile consolidating its free
+/// lists (1.45 s against 2.0 s with it).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use std::process::ExitCode;
 
 #[derive(Parser)]

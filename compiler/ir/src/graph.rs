@@ -348,14 +348,15 @@ impl Graph {
     /// A topological order, stable: among ready nodes the oldest comes first, so the same
     /// graph always prints the same. `Err` holds the nodes on or behind a cycle.
     pub fn topo_order(&self) -> Result<Vec<NodeId>, Vec<NodeId>> {
-        let mut pending: BTreeMap<NodeId, usize> = BTreeMap::new();
+        // Pending operand counts by node index (a Vec: this runs after every pass).
+        let mut pending: Vec<u32> = vec![0; petgraph::visit::NodeIndexable::node_bound(&self.graph)];
         let mut ready = BinaryHeap::new();
         for id in self.node_ids() {
             let n = self.graph.edges_directed(id.to_petgraph(), Direction::Incoming).count();
             if n == 0 {
                 ready.push(Reverse(id));
             } else {
-                pending.insert(id, n);
+                pending[id.index()] = n as u32;
             }
         }
         let mut order = Vec::with_capacity(self.len());
@@ -363,18 +364,17 @@ impl Graph {
             order.push(id);
             for edge in self.graph.edges_directed(id.to_petgraph(), Direction::Outgoing) {
                 let target = NodeId::from_petgraph(edge.target());
-                let n = pending.get_mut(&target).expect("counted above");
+                let n = &mut pending[target.index()];
                 *n -= 1;
                 if *n == 0 {
-                    pending.remove(&target);
                     ready.push(Reverse(target));
                 }
             }
         }
-        if pending.is_empty() {
+        if order.len() == self.len() {
             Ok(order)
         } else {
-            Err(pending.into_keys().collect())
+            Err(self.node_ids().filter(|id| pending[id.index()] > 0).collect())
         }
     }
 }
