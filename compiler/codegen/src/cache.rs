@@ -54,7 +54,7 @@ pub struct CacheKey {
 impl CacheKey {
     /// The key of a CPU partition's code for `target`.
     pub fn native(module: &Module, keep: &[NodeId], target: &NativeTarget) -> CacheKey {
-        CacheKey::new("cpu", &[&target.triple, &target.cpu, &target.features], module, keep)
+        CacheKey::new("cpu", &[&target.triple, &target.cpu, &target.features, crate::llvm_pipeline()], module, keep)
     }
 
     /// The key of a GPU partition's PTX.

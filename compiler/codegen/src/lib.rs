@@ -157,11 +157,25 @@ fn compile_share(
         });
     }
     llvm.verify().map_err(|e| CodegenError::Llvm(e.to_string()))?;
-    llvm.run_passes("default<O3>", &machine, optimisation()).map_err(|e| CodegenError::Llvm(e.to_string()))?;
+    llvm.run_passes(llvm_pipeline(), &machine, optimisation()).map_err(|e| CodegenError::Llvm(e.to_string()))?;
     let object = machine
         .write_to_memory_buffer(&llvm, inkwell::targets::FileType::Object)
         .map_err(|e| CodegenError::Llvm(e.to_string()))?;
     Ok((object.as_slice().to_vec(), made))
+}
+
+/// Names another LLVM pass pipeline for the kernels, in `opt -passes=` syntax, for measuring
+/// pipelines against each other (`benches/pipelines.sh`); it is part of the code cache's key.
+pub const PIPELINE_VARIABLE: &str = "DFC_LLVM_PASSES";
+
+/// The pipeline kernels are optimised with: `default<O3>` (chosen by `benches/pipelines.sh`:
+/// O2 and a short hand-picked list gave no faster load and slower steps), or what
+/// `DFC_LLVM_PASSES` says.
+pub fn llvm_pipeline() -> &'static str {
+    static PIPELINE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    PIPELINE.get_or_init(|| {
+        std::env::var(PIPELINE_VARIABLE).ok().filter(|p| !p.trim().is_empty()).unwrap_or_else(|| "default<O3>".into())
+    })
 }
 
 /// O3 without LLVM's loop unroller: its partial and runtime unrolling of the vectorised loops

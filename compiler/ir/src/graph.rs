@@ -189,6 +189,43 @@ impl Graph {
         moved.len()
     }
 
+    /// Many `set_input`s at once: each `(node, operand, tensor)` makes `tensor` that operand of
+    /// the node. Linear in the graph's edges, where `set_input` one at a time walks the old
+    /// source's list of edges each time: quadratic for a tensor with thousands of users (a
+    /// learning rate all updates share, sent to each device).
+    pub fn set_inputs(&mut self, changes: &[(NodeId, u32, TensorRef)]) {
+        if changes.len() < 64 {
+            for &(id, input, tensor) in changes {
+                self.set_input(id, input, tensor);
+            }
+            return;
+        }
+        let mut moved: HashMap<(NodeId, u32), TensorRef> =
+            changes.iter().map(|&(id, input, tensor)| ((id, input), tensor)).collect();
+        let mut edges: Vec<(NodeIndex, NodeIndex, Edge)> = Vec::with_capacity(self.graph.edge_count());
+        for e in self.graph.edge_indices() {
+            let (source, target) = self.graph.edge_endpoints(e).expect("an edge of the graph");
+            let weight = self.graph[e];
+            match weight {
+                Edge::Data { input, .. } => match moved.remove(&(NodeId::from_petgraph(target), input)) {
+                    Some(t) => edges.push((t.node.to_petgraph(), target, Edge::Data { output: t.port, input })),
+                    None => edges.push((source, target, weight)),
+                },
+                Edge::Control => edges.push((source, target, weight)),
+            }
+        }
+        // Operands that had no edge yet.
+        let mut added: Vec<_> = moved.into_iter().collect();
+        added.sort_by_key(|((id, input), _)| (*id, *input));
+        for ((id, input), t) in added {
+            edges.push((t.node.to_petgraph(), id.to_petgraph(), Edge::Data { output: t.port, input }));
+        }
+        self.graph.clear_edges();
+        for (source, target, weight) in edges {
+            self.graph.add_edge(source, target, weight);
+        }
+    }
+
     /// Makes operand `input` of `id` read `tensor` instead (the caller keeps types equal and
     /// the graph acyclic).
     pub fn set_input(&mut self, id: NodeId, input: u32, tensor: TensorRef) {

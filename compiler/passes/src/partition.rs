@@ -17,7 +17,7 @@
 
 use crate::place::Placed;
 use dfc_ir::{device_slug, ConstValue, DType, DeviceSpec, Graph, Module, NodeId, Op, Output, TensorRef};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 pub struct Partitioned {
     /// The whole graph with the Send/Recv pairs in it: what pictures and reports show.
@@ -30,63 +30,115 @@ pub struct Partitioned {
 pub fn partition(placed: Placed, devices: &[DeviceSpec]) -> Partitioned {
     let mut module = placed.module;
     insert_transfers(&mut module.graph);
+    // Each node's partition, in one pass: scanning the graph once per device made
+    // partitioning quadratic in nodes × devices.
+    let index: HashMap<&DeviceSpec, usize> = devices.iter().enumerate().map(|(i, d)| (d, i)).collect();
+    let mut members: Vec<Vec<NodeId>> = vec![Vec::new(); devices.len()];
+    for id in module.graph.node_ids() {
+        if let Some(&i) = module.graph.node(id).device.as_ref().and_then(|d| index.get(d)) {
+            members[i].push(id);
+        }
+    }
     let parts = devices
         .iter()
-        .filter_map(|d| {
-            let part = extract(&module, d);
-            (!part.graph.is_empty()).then(|| (d.clone(), part))
-        })
+        .zip(&members)
+        .filter(|(_, mine)| !mine.is_empty())
+        .map(|(d, mine)| (d.clone(), extract(&module, mine)))
         .collect();
     Partitioned { combined: module, parts }
 }
 
-fn device_of(graph: &Graph, id: NodeId) -> DeviceSpec {
-    graph.node(id).device.clone().unwrap_or_else(|| panic!("`{}` is not placed", graph.node(id).name))
+/// Each node's device, as an index into a table of the graph's devices (comparing and hashing
+/// small numbers, not device strings, per edge).
+struct Devices {
+    table: Vec<DeviceSpec>,
+    of: Vec<u32>,
+}
+
+impl Devices {
+    fn new(graph: &Graph) -> Devices {
+        let mut table: Vec<DeviceSpec> = Vec::new();
+        let mut index: HashMap<DeviceSpec, u32> = HashMap::new();
+        let mut of = vec![u32::MAX; petgraph_bound(graph)];
+        for id in graph.node_ids() {
+            let node = graph.node(id);
+            let device = node.device.as_ref().unwrap_or_else(|| panic!("`{}` is not placed", node.name));
+            let i = *index.entry(device.clone()).or_insert_with(|| {
+                table.push(device.clone());
+                table.len() as u32 - 1
+            });
+            of[id.index()] = i;
+        }
+        Devices { table, of }
+    }
+
+    fn of(&self, id: NodeId) -> u32 {
+        self.of[id.index()]
+    }
+
+    /// Records the device of a node added after `new`.
+    fn set(&mut self, id: NodeId, device: u32) {
+        if self.of.len() <= id.index() {
+            self.of.resize(id.index() + 1, u32::MAX);
+        }
+        self.of[id.index()] = device;
+    }
+}
+
+fn petgraph_bound(graph: &Graph) -> usize {
+    graph.node_ids().map(|id| id.index() + 1).max().unwrap_or(0)
 }
 
 fn insert_transfers(graph: &mut Graph) {
     let ids: Vec<NodeId> = graph.node_ids().collect();
+    let mut devices = Devices::new(graph);
     // (tensor, destination) -> the Recv there.
-    let mut received: HashMap<(TensorRef, DeviceSpec), NodeId> = HashMap::new();
+    let mut received: HashMap<(TensorRef, u32), NodeId> = HashMap::new();
+    let mut moves: Vec<(NodeId, u32, TensorRef)> = Vec::new();
     for &consumer in &ids {
-        let here = device_of(graph, consumer);
+        let here = devices.of(consumer);
         for (input, source) in graph.data_edges_into(consumer) {
-            let there = device_of(graph, source.node);
+            let there = devices.of(source.node);
             if there == here {
                 continue;
             }
-            let recv = match received.get(&(source, here.clone())) {
+            let recv = match received.get(&(source, here)) {
                 Some(&recv) => recv,
                 None => {
+                    let to = &devices.table[here as usize];
                     // A constant is cheaper to copy than to send.
                     let standalone = matches!(graph.node(source.node).op, Op::Const { .. })
                         && graph.control_inputs(source.node).is_empty();
                     let recv = if standalone {
                         let node = graph.node(source.node).clone();
-                        let name = format!("{}/on_{}", node.name, device_slug(&here));
+                        let name = format!("{}/on_{}", node.name, device_slug(to));
                         let copy = graph.add_with_types(node.op, &[], node.outputs, &name, graph.span(source.node));
-                        graph.node_mut(copy).device = Some(here.clone());
+                        graph.node_mut(copy).device = Some(to.clone());
                         copy
                     } else {
-                        transfer(graph, source, &there, &here)
+                        let (send, recv) = transfer(graph, source, &devices.table[there as usize], to);
+                        devices.set(send, there);
+                        recv
                     };
-                    received.insert((source, here.clone()), recv);
+                    devices.set(recv, here);
+                    received.insert((source, here), recv);
                     recv
                 }
             };
-            graph.set_input(consumer, input, recv.into());
+            moves.push((consumer, input, recv.into()));
         }
     }
+    graph.set_inputs(&moves);
     // Control edges: one dummy tensor per (source node, destination device).
-    let mut signalled: HashMap<(NodeId, DeviceSpec), NodeId> = HashMap::new();
+    let mut signalled: HashMap<(NodeId, u32), NodeId> = HashMap::new();
     for &after in &ids {
-        let here = device_of(graph, after);
+        let here = devices.of(after);
         for before in graph.control_inputs(after) {
-            let there = device_of(graph, before);
+            let there = devices.of(before);
             if there == here {
                 continue;
             }
-            let recv = match signalled.get(&(before, here.clone())) {
+            let recv = match signalled.get(&(before, here)) {
                 Some(&recv) => recv,
                 None => {
                     let name = format!("{}/done", graph.node(before).name);
@@ -94,10 +146,14 @@ fn insert_transfers(graph: &mut Graph) {
                     let dummy = graph
                         .add(Op::Const { value: ConstValue::scalar(DType::F32, 0.0) }, &[], &name, span)
                         .expect("typed");
-                    graph.node_mut(dummy).device = Some(there.clone());
+                    let (from, to) = (devices.table[there as usize].clone(), devices.table[here as usize].clone());
+                    graph.node_mut(dummy).device = Some(from.clone());
                     graph.add_control_edge(before, dummy);
-                    let recv = transfer(graph, dummy.into(), &there, &here);
-                    signalled.insert((before, here.clone()), recv);
+                    let (send, recv) = transfer(graph, dummy.into(), &from, &to);
+                    for (id, device) in [(dummy, there), (send, there), (recv, here)] {
+                        devices.set(id, device);
+                    }
+                    signalled.insert((before, here), recv);
                     recv
                 }
             };
@@ -116,8 +172,8 @@ pub fn transfer_names(name: &str, port: u32, from: &DeviceSpec, to: &DeviceSpec)
     (format!("{from};{shown};{to}"), format!("{name}/send_to_{slug}"), format!("{name}/recv_on_{slug}"))
 }
 
-/// A Send of `tensor` on `from` and its Recv on `to`; returns the Recv.
-fn transfer(graph: &mut Graph, tensor: TensorRef, from: &DeviceSpec, to: &DeviceSpec) -> NodeId {
+/// A Send of `tensor` on `from` and its Recv on `to`.
+fn transfer(graph: &mut Graph, tensor: TensorRef, from: &DeviceSpec, to: &DeviceSpec) -> (NodeId, NodeId) {
     let (key, send_name, recv_name) = transfer_names(&graph.node(tensor.node).name, tensor.port, from, to);
     let span = graph.span(tensor.node);
     let ty = graph.ty(tensor).clone();
@@ -126,16 +182,15 @@ fn transfer(graph: &mut Graph, tensor: TensorRef, from: &DeviceSpec, to: &Device
     graph.node_mut(send).device = Some(from.clone());
     let recv = graph.add(Op::Recv { key, from: from.clone(), ty }, &[], &recv_name, span).expect("recvs type");
     graph.node_mut(recv).device = Some(to.clone());
-    recv
+    (send, recv)
 }
 
-/// The nodes of `device`, copied into a module of their own.
-fn extract(module: &Module, device: &DeviceSpec) -> Module {
+/// The nodes `mine` (one device's), copied into a module of their own.
+fn extract(module: &Module, mine: &[NodeId]) -> Module {
     let graph = &module.graph;
-    let mine: Vec<NodeId> = graph.node_ids().filter(|&id| graph.node(id).device.as_ref() == Some(device)).collect();
     let mut part = Module { name: module.name.clone(), dims: module.dims.clone(), ..Module::default() };
-    let mut map: BTreeMap<NodeId, NodeId> = BTreeMap::new();
-    for &id in &mine {
+    let mut map: HashMap<NodeId, NodeId> = HashMap::with_capacity(mine.len());
+    for &id in mine {
         let node = graph.node(id);
         let copy = part.graph.add_with_types(node.op.clone(), &[], node.outputs.clone(), &node.name, graph.span(id));
         let n = part.graph.node_mut(copy);
@@ -143,7 +198,7 @@ fn extract(module: &Module, device: &DeviceSpec) -> Module {
         n.device = node.device.clone();
         map.insert(id, copy);
     }
-    for &id in &mine {
+    for &id in mine {
         for (input, source) in graph.data_edges_into(id) {
             let source = TensorRef { node: map[&source.node], port: source.port };
             part.graph.set_input(map[&id], input, source);
