@@ -3,7 +3,10 @@
 //!
 //! An entry is found by the SHA-256 of its key and used only if the key it stores equals the
 //! one asked for, byte for byte. The key is everything code generation reads: the partition's
-//! IR (its postcard encoding), the kernel roots kept, the target (CPU triple, name and
+//! IR (its postcard encoding, without what names the partition's place in the plan: node
+//! names, devices, transfer keys and replica indices, which no kernel reads; so data
+//! parallelism's replicas, alike but for those, share one entry and, in a process, one linked
+//! copy of their code), the kernel roots kept, the target (CPU triple, name and
 //! features, or the GPU architecture), LLVM's version and this dfc build (its version and its
 //! executable's identity, so that a rebuilt dfc never runs code an older build generated).
 //!
@@ -26,7 +29,7 @@
 
 use crate::code::{GpuCode, NativeCode, NativeTarget};
 use crate::CodegenError;
-use dfc_ir::{Module, NodeId};
+use dfc_ir::{DeviceSpec, Module, NodeId, Op};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
@@ -76,7 +79,7 @@ impl CacheKey {
         let keep: Vec<u8> = keep.iter().flat_map(|id| (id.index() as u64).to_le_bytes()).collect();
         field(&keep);
         // Serializing our own IR into memory cannot fail for want of data.
-        field(&postcard::to_allocvec(module).expect("a Module always serializes"));
+        field(&postcard::to_allocvec(&anonymous(module)).expect("a Module always serializes"));
         let digest = Sha256::digest(&material).into();
         CacheKey { material, digest }
     }
@@ -287,6 +290,36 @@ fn write_entry<T: Serialize>(dir: &Path, path: &Path, key: &CacheKey, code: &T) 
     result
 }
 
+/// `module` without what places it in a plan: node names (kernels' function names come from
+/// them, but nothing finds a kernel by them outside its own code), devices, the keys and peers
+/// of transfers and all-reduces, and replica indices. Kernels read none of these.
+fn anonymous(module: &Module) -> Module {
+    let mut module = module.clone();
+    let ids: Vec<NodeId> = module.graph.node_ids().collect();
+    for id in ids {
+        let node = module.graph.node_mut(id);
+        node.name.clear();
+        node.device = None;
+        node.requested_device = None;
+        match &mut node.op {
+            Op::Send { key, to } => {
+                key.clear();
+                *to = DeviceSpec::default();
+            }
+            Op::Recv { key, from, .. } => {
+                key.clear();
+                *from = DeviceSpec::default();
+            }
+            Op::AllReduce { key, replica, .. } => {
+                key.clear();
+                *replica = 0;
+            }
+            _ => {}
+        }
+    }
+    module
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -308,6 +341,16 @@ mod tests {
         assert_eq!(origin, Origin::Generated);
         let (again, origin) = cache.native(&key, &module, &[], &target).unwrap();
         assert_eq!((origin, &again), (Origin::Cached, &code));
+
+        // Names are not part of it; what a kernel computes is.
+        let mut renamed = module.clone();
+        let first = renamed.graph.node_ids().next().unwrap();
+        renamed.graph.node_mut(first).name = "replica_7/x".into();
+        assert_eq!(CacheKey::native(&renamed, &[], &target), key);
+        let mut changed = module.clone();
+        let exp = changed.graph.node_ids().find(|&id| matches!(changed.graph.node(id).op, Op::Unary(_))).unwrap();
+        changed.graph.node_mut(exp).op = Op::Unary(dfc_ir::UnaryOp::Log);
+        assert_ne!(CacheKey::native(&changed, &[], &target), key);
 
         // Another target is another key.
         let other = NativeTarget { features: format!("{},-avx512f", target.features), ..target.clone() };

@@ -168,9 +168,10 @@ fn compile_share(
 /// pipelines against each other (`benches/pipelines.sh`); it is part of the code cache's key.
 pub const PIPELINE_VARIABLE: &str = "DFC_LLVM_PASSES";
 
-/// The pipeline kernels are optimised with: `default<O3>` (chosen by `benches/pipelines.sh`:
-/// O2 and a short hand-picked list gave no faster load and slower steps), or what
-/// `DFC_LLVM_PASSES` says.
+/// The pipeline kernels are optimised with: `default<O3>`, or what `DFC_LLVM_PASSES` says.
+/// `benches/pipelines.sh` (docs/benchmarks.md) found the examples' steps alike under O3, O2 and
+/// a short hand-picked list, which loads 10–15% faster; O3 stays, as the pipeline that also
+/// serves kernels the examples lack.
 pub fn llvm_pipeline() -> &'static str {
     static PIPELINE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     PIPELINE.get_or_init(|| {
