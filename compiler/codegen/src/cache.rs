@@ -2,7 +2,8 @@
 //! plan's kernels are generated once per machine, not at every load.
 //!
 //! An entry is found by the SHA-256 of its key and used only if the key it stores equals the
-//! one asked for, byte for byte. The key is everything code generation reads: the partition's
+//! one asked for, byte for byte. An entry holds the code of the partitions one process runs,
+//! compiled together. The key is everything code generation reads: each partition's
 //! IR (its postcard encoding, without what names the partition's place in the plan: node
 //! names, devices, transfer keys and replica indices, which no kernel reads; so data
 //! parallelism's replicas, alike but for those, share one entry and, in a process, one linked
@@ -57,29 +58,40 @@ pub struct CacheKey {
 impl CacheKey {
     /// The key of a CPU partition's code for `target`.
     pub fn native(module: &Module, keep: &[NodeId], target: &NativeTarget) -> CacheKey {
-        CacheKey::new("cpu", &[&target.triple, &target.cpu, &target.features, crate::llvm_pipeline()], module, keep)
+        CacheKey::native_group(&[(module, keep)], target)
+    }
+
+    /// The key of the code of CPU partitions compiled together (`dfc_codegen::compile_group`).
+    pub fn native_group(parts: &[(&Module, &[NodeId])], target: &NativeTarget) -> CacheKey {
+        CacheKey::new("cpu", &[&target.triple, &target.cpu, &target.features, crate::llvm_pipeline()], parts)
     }
 
     /// The key of a GPU partition's PTX.
     pub fn gpu(module: &Module, keep: &[NodeId]) -> CacheKey {
-        CacheKey::new("gpu", &[crate::GPU_ARCH], module, keep)
+        CacheKey::new("gpu", &[crate::GPU_ARCH], &[(module, keep)])
     }
 
-    fn new(kind: &str, target: &[&str], module: &Module, keep: &[NodeId]) -> CacheKey {
+    /// What a partition contributes to a key: its kernel roots kept and its IR without names
+    /// (`anonymous`). Equal material, equal code.
+    pub fn partition_material(module: &Module, keep: &[NodeId]) -> Vec<u8> {
         let mut material = Vec::new();
-        let mut field = |bytes: &[u8]| {
-            material.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
-            material.extend_from_slice(bytes);
-        };
-        field(build_identity().as_bytes());
-        field(kind.as_bytes());
-        for part in target {
-            field(part.as_bytes());
-        }
-        let keep: Vec<u8> = keep.iter().flat_map(|id| (id.index() as u64).to_le_bytes()).collect();
-        field(&keep);
+        push_field(&mut material, &keep.iter().flat_map(|id| (id.index() as u64).to_le_bytes()).collect::<Vec<u8>>());
         // Serializing our own IR into memory cannot fail for want of data.
-        field(&postcard::to_allocvec(&anonymous(module)).expect("a Module always serializes"));
+        push_field(&mut material, &postcard::to_allocvec(&anonymous(module)).expect("a Module always serializes"));
+        material
+    }
+
+    fn new(kind: &str, target: &[&str], parts: &[(&Module, &[NodeId])]) -> CacheKey {
+        let mut material = Vec::new();
+        push_field(&mut material, build_identity().as_bytes());
+        push_field(&mut material, kind.as_bytes());
+        for part in target {
+            push_field(&mut material, part.as_bytes());
+        }
+        push_field(&mut material, &(parts.len() as u64).to_le_bytes());
+        for (module, keep) in parts {
+            push_field(&mut material, &CacheKey::partition_material(module, keep));
+        }
         let digest = Sha256::digest(&material).into();
         CacheKey { material, digest }
     }
@@ -168,7 +180,17 @@ impl CodeCache {
         keep: &[NodeId],
         target: &NativeTarget,
     ) -> Result<(NativeCode, Origin), CodegenError> {
-        self.get_or_make(key, || crate::compile(module, keep, target))
+        self.native_group(key, &[(module, keep)], target)
+    }
+
+    /// The code of CPU partitions compiled together (key from [`CacheKey::native_group`]).
+    pub fn native_group(
+        &self,
+        key: &CacheKey,
+        parts: &[(&Module, &[NodeId])],
+        target: &NativeTarget,
+    ) -> Result<(NativeCode, Origin), CodegenError> {
+        self.get_or_make(key, || crate::compile_group(parts, target))
     }
 
     /// A GPU partition's PTX, from the cache or generated.
@@ -288,6 +310,12 @@ fn write_entry<T: Serialize>(dir: &Path, path: &Path, key: &CacheKey, code: &T) 
         let _ = std::fs::remove_file(&tmp);
     }
     result
+}
+
+/// `bytes`' length, then `bytes`: fields that delimit themselves.
+fn push_field(material: &mut Vec<u8>, bytes: &[u8]) {
+    material.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
+    material.extend_from_slice(bytes);
 }
 
 /// `module` without what places it in a plan: node names (kernels' function names come from

@@ -28,15 +28,16 @@ pub struct GpuKernel {
     pub grid: u32,
 }
 
-/// A CPU partition's kernels as machine code for `target`: relocatable ELF objects (large code
-/// model, static relocations) that a JIT linker places anywhere in memory, one per share of
-/// the kernels that was compiled on its own thread.
+/// The kernels of one or more CPU partitions (compiled together: `dfc_codegen::compile_group`)
+/// as machine code for `target`: relocatable ELF objects (large code model, static
+/// relocations) that a JIT linker places anywhere in memory, one per share of the kernels that
+/// was compiled on its own thread.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct NativeCode {
     pub target: NativeTarget,
     pub objects: Vec<Vec<u8>>,
-    /// One per kernel of `dfc_passes::fuse`: its function in one of the objects.
-    pub kernels: Vec<NativeKernel>,
+    /// Per partition, one per kernel of `dfc_passes::fuse`: its function in one of the objects.
+    pub partitions: Vec<Vec<NativeKernel>>,
 }
 
 /// The CPU code is generated for: LLVM's triple, CPU name and feature string (`+avx512f,...`).

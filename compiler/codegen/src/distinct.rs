@@ -6,17 +6,25 @@
 //! ids replaced by positions: each input's type (and, for a constant, its value, which codegen
 //! may fold into the code), then each member's op, output types and operands (an earlier
 //! member's output or an input, by position). Names and ids are left out; two kernels with
-//! equal forms get equal code.
+//! equal forms get equal code, in one partition or in two compiled together.
 
 use dfc_ir::{Module, NodeId, Op, TensorRef};
 use dfc_passes::Kernel;
 use serde::Serialize;
 use std::collections::HashMap;
 
-/// For each kernel, the first kernel with its canonical form (itself if it is the first).
-pub fn representatives(module: &Module, kernels: &[Kernel]) -> Vec<usize> {
-    let mut first: HashMap<Vec<u8>, usize> = HashMap::new();
-    kernels.iter().enumerate().map(|(i, kernel)| *first.entry(form(module, kernel)).or_insert(i)).collect()
+/// For each kernel of each module, the first kernel with its canonical form, as (module,
+/// kernel) indices (itself if it is the first).
+pub fn representatives(modules: &[&Module], kernels: &[Vec<Kernel>]) -> Vec<Vec<(usize, usize)>> {
+    let mut first: HashMap<Vec<u8>, (usize, usize)> = HashMap::new();
+    modules
+        .iter()
+        .zip(kernels)
+        .enumerate()
+        .map(|(p, (module, kernels))| {
+            kernels.iter().enumerate().map(|(i, kernel)| *first.entry(form(module, p, kernel)).or_insert((p, i))).collect()
+        })
+        .collect()
 }
 
 /// Where a member's operand comes from, by position within the kernel.
@@ -24,10 +32,11 @@ pub fn representatives(module: &Module, kernels: &[Kernel]) -> Vec<usize> {
 enum Operand {
     Member { index: usize, port: u32 },
     Input(usize),
-    Outside { node: usize, port: u32 },
+    Outside { module: usize, node: usize, port: u32 },
 }
 
-fn form(module: &Module, kernel: &Kernel) -> Vec<u8> {
+/// The canonical form of `kernel`, of module number `p`.
+fn form(module: &Module, p: usize, kernel: &Kernel) -> Vec<u8> {
     let graph = &module.graph;
     let member_index: HashMap<NodeId, usize> = kernel.members.iter().enumerate().map(|(i, &m)| (m, i)).collect();
     let operand = |tensor: TensorRef| match member_index.get(&tensor.node) {
@@ -36,7 +45,7 @@ fn form(module: &Module, kernel: &Kernel) -> Vec<u8> {
             Some(position) => Operand::Input(position),
             // Not expected (fusion lists every outside operand); a form that names the node
             // matches no other kernel's, so the kernel still gets its own code.
-            None => Operand::Outside { node: tensor.node.index(), port: tensor.port },
+            None => Operand::Outside { module: p, node: tensor.node.index(), port: tensor.port },
         },
     };
     let mut bytes = Vec::new();
@@ -98,8 +107,8 @@ mod tests {
     #[test]
     fn kernels_alike_up_to_their_buffers_share_a_representative() {
         let (module, kernels, at) = kernels();
-        let representative = representatives(&module, &kernels);
-        let of = |name: &str| representative[at[name]];
+        let representative = representatives(&[&module], std::slice::from_ref(&kernels));
+        let of = |name: &str| representative[0][at[name]].1;
         assert_eq!(of("same_as_x"), of("from_x"));
         for other in ["other_constant", "other_shape", "reads_twice"] {
             assert_ne!(of(other), of("from_x"), "{other}");
@@ -108,12 +117,25 @@ mod tests {
     }
 
     #[test]
+    fn kernels_alike_in_partitions_compiled_together_are_one_function() {
+        let (module, _, at) = kernels();
+        let other = "model n { input a: f32[4, 3]\n let b = exp(a) * 2.0 + 1.0\n output b }";
+        let (other, diagnostics) = dfc_sema::compile_source(other, None, &Default::default());
+        let other = other.unwrap_or_else(|| panic!("{diagnostics:?}"));
+        let code = crate::compile_group(&[(&module, &[]), (&other, &[])], &crate::host_target()).unwrap();
+        assert_eq!(code.partitions.len(), 2);
+        assert_eq!(code.partitions[1].len(), 1);
+        assert_eq!(code.partitions[1][0].function, code.partitions[0][at["from_x"]].function);
+    }
+
+    #[test]
     fn kernels_alike_are_one_function_in_the_code() {
         let (module, _, at) = kernels();
         let code = crate::compile(&module, &[], &crate::host_target()).expect("the module compiles");
-        let function = |name: &str| code.kernels[at[name]].function.clone();
+        let kernels = &code.partitions[0];
+        let function = |name: &str| kernels[at[name]].function.clone();
         assert_eq!(function("same_as_x"), function("from_x"));
         assert_ne!(function("other_constant"), function("from_x"));
-        assert_ne!(code.kernels[at["same_as_x"]].inputs, code.kernels[at["from_x"]].inputs);
+        assert_ne!(kernels[at["same_as_x"]].inputs, kernels[at["from_x"]].inputs);
     }
 }

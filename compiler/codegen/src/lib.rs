@@ -47,48 +47,69 @@ pub enum CodegenError {
 
 /// The fused kernels of `module` (a partition placed on a CPU) compiled for `target`. Nodes
 /// in `keep` stay kernel roots, so that their values can be fetched.
-///
-/// Kernels with the same canonical form share one function (`distinct.rs`). The distinct
-/// kernels are shared out among the machine's cores, each share one LLVM module optimised and
-/// compiled on its own thread (LLVM's contexts are independent), so a partition's code is
-/// ready in about the time of its largest share.
 pub fn compile(module: &Module, keep: &[NodeId], target: &NativeTarget) -> Result<NativeCode, CodegenError> {
-    let fusion = dfc_passes::fuse(module, keep);
-    let representative = distinct::representatives(module, &fusion.kernels);
-    let distinct: Vec<usize> = (0..fusion.kernels.len()).filter(|&i| representative[i] == i).collect();
-    let shares = shares(module, &fusion.kernels, &distinct, target);
+    compile_group(&[(module, keep)], target)
+}
+
+/// The fused kernels of several CPU partitions (those one process runs) compiled together for
+/// `target`: `NativeCode::partitions[i]` describes `parts[i]`'s kernels.
+///
+/// Kernels with the same canonical form, in one partition or across them, share one function
+/// (`distinct.rs`): the layers of a model spread over many devices have a handful of distinct
+/// kernels, each compiled once. The distinct kernels are shared out among the machine's
+/// cores, each share one LLVM module optimised and compiled on its own thread (LLVM's contexts
+/// are independent), so the code is ready in about the time of the largest share.
+pub fn compile_group(parts: &[(&Module, &[NodeId])], target: &NativeTarget) -> Result<NativeCode, CodegenError> {
+    let fused: Vec<Vec<Kernel>> = parts.iter().map(|(module, keep)| dfc_passes::fuse(module, keep).kernels).collect();
+    let modules: Vec<&Module> = parts.iter().map(|(module, _)| *module).collect();
+    let representative = distinct::representatives(&modules, &fused);
+    let distinct: Vec<Site> = representative
+        .iter()
+        .enumerate()
+        .flat_map(|(p, kernels)| kernels.iter().enumerate().map(move |(k, &r)| (r == (p, k)).then_some((p, k))))
+        .flatten()
+        .collect();
+    let shares = shares(&modules, &fused, &distinct, target);
     let compiled = std::thread::scope(|scope| {
         let threads: Vec<_> =
-            shares.iter().map(|share| scope.spawn(|| compile_share(module, &fusion.kernels, share, target))).collect();
+            shares.iter().map(|share| scope.spawn(|| compile_share(&modules, &fused, share, target))).collect();
         threads
             .into_iter()
             .map(|thread| thread.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
             .collect::<Result<Vec<_>, _>>()
     })?;
-    let mut functions: HashMap<usize, NativeKernel> = HashMap::new();
+    let mut functions: HashMap<Site, NativeKernel> = HashMap::new();
     let mut objects = Vec::with_capacity(compiled.len());
     for (share, (object, made)) in shares.iter().zip(compiled) {
         objects.push(object);
         functions.extend(share.iter().copied().zip(made));
     }
-    let kernels = fusion
-        .kernels
+    let partitions = fused
         .iter()
         .zip(&representative)
-        .map(|(kernel, r)| {
-            let function = &functions[r];
-            NativeKernel {
-                function: function.function.clone(),
-                root: kernel.root,
-                members: kernel.members.clone(),
-                inputs: kernel.inputs.clone(),
-                rows: function.rows,
-                parallel: function.parallel,
-            }
+        .map(|(kernels, representative)| {
+            kernels
+                .iter()
+                .zip(representative)
+                .map(|(kernel, r)| {
+                    let function = &functions[r];
+                    NativeKernel {
+                        function: function.function.clone(),
+                        root: kernel.root,
+                        members: kernel.members.clone(),
+                        inputs: kernel.inputs.clone(),
+                        rows: function.rows,
+                        parallel: function.parallel,
+                    }
+                })
+                .collect()
         })
         .collect();
-    Ok(NativeCode { target: target.clone(), objects, kernels })
+    Ok(NativeCode { target: target.clone(), objects, partitions })
 }
+
+/// A kernel of a group: (partition, kernel) indices.
+type Site = (usize, usize);
 
 /// Fewer kernels than this per share and a thread's set-up (a context, a target machine, a
 /// pass pipeline) outweighs what it saves.
@@ -96,19 +117,20 @@ const KERNELS_PER_SHARE_MIN: usize = 4;
 
 /// The kernels of `which`, in shares of about equal work (the largest kernel first to the
 /// least loaded share), one share per available core.
-fn shares(module: &Module, kernels: &[Kernel], which: &[usize], target: &NativeTarget) -> Vec<Vec<usize>> {
+fn shares(modules: &[&Module], kernels: &[Vec<Kernel>], which: &[Site], target: &NativeTarget) -> Vec<Vec<Site>> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let count = cores.min(which.len().div_ceil(KERNELS_PER_SHARE_MIN)).max(1);
     if count == 1 {
         return vec![which.to_vec()];
     }
-    let mut order: Vec<(usize, usize)> = which.iter().map(|&i| (work(module, &kernels[i], target), i)).collect();
+    let mut order: Vec<(usize, Site)> =
+        which.iter().map(|&(p, k)| (work(modules[p], &kernels[p][k], target), (p, k))).collect();
     order.sort_by_key(|&(work, _)| std::cmp::Reverse(work));
     let mut shares = vec![(0usize, Vec::new()); count];
-    for (work, i) in order {
+    for (work, site) in order {
         let lightest = shares.iter_mut().min_by_key(|(load, _)| *load).expect("at least one share");
         lightest.0 += work;
-        lightest.1.push(i);
+        lightest.1.push(site);
     }
     shares
         .into_iter()
@@ -132,9 +154,9 @@ fn work(module: &Module, kernel: &Kernel, target: &NativeTarget) -> usize {
 
 /// One share of the kernels as one object file, with their descriptions in `share`'s order.
 fn compile_share(
-    module: &Module,
-    kernels: &[Kernel],
-    share: &[usize],
+    modules: &[&Module],
+    kernels: &[Vec<Kernel>],
+    share: &[Site],
     target: &NativeTarget,
 ) -> Result<(Vec<u8>, Vec<NativeKernel>), CodegenError> {
     let context = Context::create();
@@ -143,9 +165,9 @@ fn compile_share(
     llvm.set_triple(&machine.get_triple());
     llvm.set_data_layout(&machine.get_target_data().get_data_layout());
     let mut made = Vec::with_capacity(share.len());
-    for &i in share {
-        let kernel = &kernels[i];
-        let function = format!("k{i}_{}", sanitize(&module.graph.node(kernel.root).name));
+    for &(p, i) in share {
+        let (module, kernel) = (modules[p], &kernels[p][i]);
+        let function = format!("k{p}_{i}_{}", sanitize(&module.graph.node(kernel.root).name));
         let shape = kernel::emit(&context, &llvm, module, kernel, &function, kernel::Flavor::Cpu(target));
         made.push(NativeKernel {
             function,

@@ -3,10 +3,12 @@
 //!
 //! [`load_partition`] generates the code of a partition (from its verified IR, through the
 //! disk cache, `dfc_codegen::CodeCache`) as object files and links them into the process with
-//! LLVM's ORC JIT (`LLJIT`): loading cached code is a link, not a compilation. Sessions that
-//! load the same partition share one [`Jitted`]: the in-memory table holds it weakly, by its
-//! cache key (compared in full), so a worker that serves registration after registration
-//! keeps only the code its live registrations use.
+//! LLVM's ORC JIT (`LLJIT`): loading cached code is a link, not a compilation.
+//! [`load_partitions`] compiles and links the partitions a session runs together, so that the
+//! kernels they share are compiled once. Sessions that load the same partitions share their
+//! linked code: the in-memory table holds it weakly, by its cache key (compared in full), so a
+//! worker that serves registration after registration keeps only the code its live
+//! registrations use.
 
 use crate::CpuError;
 use dfc_codegen::{CacheKey, CodeCache, NativeCode, NativeKernel, NativeTarget, Origin};
@@ -24,11 +26,13 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 /// `kernel(args, begin, end)`: see `dfc_codegen`.
 pub type KernelFn = unsafe extern "C" fn(*const *mut u8, i64, i64);
 
-/// One ORC JIT instance holding one partition's linked code; disposing of it unmaps the code.
+/// One ORC JIT instance holding a group of partitions' linked code; disposing of it unmaps the
+/// code.
 struct Linked(LLVMOrcLLJITRef);
 
 // SAFETY: an LLJIT is thread-safe (its execution session locks), and `Linked` only disposes
-// of it, once, in `drop`, after every user of its code (holders of the `Arc<Jitted>`) is gone.
+// of it, once, in `drop`, after every user of its code (holders of an `Arc<Jitted>`, each of
+// which holds the `Arc<Group>` that owns the `Linked`) is gone.
 unsafe impl Send for Linked {}
 // SAFETY: no method of `Linked` is callable through `&Linked`.
 unsafe impl Sync for Linked {}
@@ -41,10 +45,11 @@ impl Drop for Linked {
     }
 }
 
-/// The machine code of one partition's kernels, by function name, and the kernel table.
-pub struct Jitted {
+/// The linked code of partitions compiled together (those one session runs), shared by each.
+struct Group {
     key: CacheKey,
-    kernels: Vec<NativeKernel>,
+    /// Per distinct partition of the group, its kernel table.
+    partitions: Vec<Vec<NativeKernel>>,
     functions: HashMap<String, usize>,
     /// Whether the code came from the disk cache.
     origin: Origin,
@@ -52,28 +57,39 @@ pub struct Jitted {
     _linked: Linked,
 }
 
+/// The machine code of one partition's kernels, by function name, and the kernel table.
+pub struct Jitted {
+    group: Arc<Group>,
+    /// Which of the group's partitions this is.
+    index: usize,
+}
+
 impl std::fmt::Debug for Jitted {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Jitted").field("key", &self.key.hex()).field("kernels", &self.kernels.len()).finish()
+        f.debug_struct("Jitted")
+            .field("key", &self.group.key.hex())
+            .field("partition", &self.index)
+            .field("kernels", &self.kernels().len())
+            .finish()
     }
 }
 
 impl Jitted {
     pub fn function(&self, name: &str) -> Option<KernelFn> {
         // SAFETY: every address was looked up in the linked objects for a function that codegen
-        // emitted with the signature `KernelFn`, and `_linked` keeps its code mapped while
-        // `self` lives.
-        self.functions.get(name).map(|&address| unsafe { std::mem::transmute::<usize, KernelFn>(address) })
+        // emitted with the signature `KernelFn`, and the group's `_linked`, which `self` keeps
+        // alive, keeps its code mapped.
+        self.group.functions.get(name).map(|&address| unsafe { std::mem::transmute::<usize, KernelFn>(address) })
     }
 
     /// One per fused kernel (`dfc_passes::fuse`), with its function's name.
     pub fn kernels(&self) -> &[NativeKernel] {
-        &self.kernels
+        &self.group.partitions[self.index]
     }
 
     /// Whether the code was read from the disk cache rather than generated now.
     pub fn origin(&self) -> Origin {
-        self.origin
+        self.group.origin
     }
 }
 
@@ -86,31 +102,62 @@ pub fn load_partition(
     keep: &[NodeId],
     target: &NativeTarget,
 ) -> Result<Arc<Jitted>, CpuError> {
-    let key = CacheKey::native(module, keep, target);
-    // Holding the lock while generating keeps two sessions from generating the same code twice.
-    let mut live = live_table().lock().unwrap_or_else(|e| e.into_inner());
-    live.retain(|_, jitted| jitted.strong_count() > 0);
-    if let Some(found) = live.get(key.digest()).and_then(Weak::upgrade) {
-        if found.key == key {
-            return Ok(found);
-        }
-    }
-    let (code, origin) = cache.native(&key, module, keep, target).map_err(|e| CpuError::Jit(e.to_string()))?;
-    let jitted = Arc::new(link(key, code, origin)?);
-    live.insert(*jitted.key.digest(), Arc::downgrade(&jitted));
-    Ok(jitted)
+    Ok(load_partitions(cache, &[(module, keep)], target)?.remove(0))
 }
 
-/// How many partitions' code is linked and in use in this process: what a long-lived worker's
-/// memory for code grows with.
+/// The kernels of several verified CPU partitions, compiled and linked together, so that a
+/// kernel they have in common is compiled once (`dfc_codegen::compile_group`): one per part.
+/// Parts alike but for their names (data parallelism's replicas) get one `Jitted`. The group
+/// is shared with any live session that loaded the same, else from the disk cache or
+/// generated, then linked.
+pub fn load_partitions(
+    cache: &CodeCache,
+    parts: &[(&Module, &[NodeId])],
+    target: &NativeTarget,
+) -> Result<Vec<Arc<Jitted>>, CpuError> {
+    // The distinct parts, and which each part is.
+    let mut seen: HashMap<Vec<u8>, usize> = HashMap::new();
+    let mut distinct: Vec<(&Module, &[NodeId])> = Vec::new();
+    let which: Vec<usize> = parts
+        .iter()
+        .map(|&(module, keep)| {
+            *seen.entry(CacheKey::partition_material(module, keep)).or_insert_with(|| {
+                distinct.push((module, keep));
+                distinct.len() - 1
+            })
+        })
+        .collect();
+    let key = CacheKey::native_group(&distinct, target);
+    let group = {
+        // Holding the lock while generating keeps two sessions from generating the same code twice.
+        let mut live = live_table().lock().unwrap_or_else(|e| e.into_inner());
+        live.retain(|_, group| group.strong_count() > 0);
+        match live.get(key.digest()).and_then(Weak::upgrade).filter(|found| found.key == key) {
+            Some(found) => found,
+            None => {
+                let (code, origin) =
+                    cache.native_group(&key, &distinct, target).map_err(|e| CpuError::Jit(e.to_string()))?;
+                let group = Arc::new(link(key, code, origin)?);
+                live.insert(*group.key.digest(), Arc::downgrade(&group));
+                group
+            }
+        }
+    };
+    let jitted: Vec<Arc<Jitted>> =
+        (0..distinct.len()).map(|index| Arc::new(Jitted { group: Arc::clone(&group), index })).collect();
+    Ok(which.into_iter().map(|i| Arc::clone(&jitted[i])).collect())
+}
+
+/// How many groups of partitions' code are linked and in use in this process: what a
+/// long-lived worker's memory for code grows with.
 pub fn live_count() -> usize {
     let live = live_table().lock().unwrap_or_else(|e| e.into_inner());
-    live.values().filter(|jitted| jitted.strong_count() > 0).count()
+    live.values().filter(|group| group.strong_count() > 0).count()
 }
 
-/// The partitions linked and still used, by their cache key's digest.
-fn live_table() -> &'static Mutex<HashMap<[u8; 32], Weak<Jitted>>> {
-    static LIVE: OnceLock<Mutex<HashMap<[u8; 32], Weak<Jitted>>>> = OnceLock::new();
+/// The groups linked and still used, by their cache key's digest.
+fn live_table() -> &'static Mutex<HashMap<[u8; 32], Weak<Group>>> {
+    static LIVE: OnceLock<Mutex<HashMap<[u8; 32], Weak<Group>>>> = OnceLock::new();
     LIVE.get_or_init(Default::default)
 }
 
@@ -129,7 +176,7 @@ fn take_error(error: LLVMErrorRef) -> Result<(), String> {
     }
 }
 
-fn link(key: CacheKey, code: NativeCode, origin: Origin) -> Result<Jitted, CpuError> {
+fn link(key: CacheKey, code: NativeCode, origin: Origin) -> Result<Group, CpuError> {
     fn failed(what: impl std::fmt::Display) -> impl FnOnce(String) -> CpuError {
         move |message| CpuError::Jit(format!("{what}: {message}"))
     }
@@ -161,7 +208,10 @@ fn link(key: CacheKey, code: NativeCode, origin: Origin) -> Result<Jitted, CpuEr
         }
     }
     let mut functions = HashMap::new();
-    for kernel in &code.kernels {
+    for kernel in code.partitions.iter().flatten() {
+        if functions.contains_key(&kernel.function) {
+            continue;
+        }
         let name = CString::new(kernel.function.as_str())
             .map_err(|_| CpuError::Jit(format!("kernel `{}` has a NUL in its name", kernel.function)))?;
         let mut address = 0;
@@ -172,5 +222,5 @@ fn link(key: CacheKey, code: NativeCode, origin: Origin) -> Result<Jitted, CpuEr
         let address = address.ok_or_else(|| CpuError::Jit(format!("kernel `{}` has no address", kernel.function)))?;
         functions.insert(kernel.function.clone(), address);
     }
-    Ok(Jitted { key, kernels: code.kernels, functions, origin, _linked: linked })
+    Ok(Group { key, partitions: code.partitions, functions, origin, _linked: linked })
 }

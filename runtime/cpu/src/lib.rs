@@ -21,7 +21,7 @@ pub mod jit;
 mod memory;
 mod program;
 
-pub use jit::{live_count, load_partition, Jitted};
+pub use jit::{live_count, load_partition, load_partitions, Jitted};
 pub use program::NativeProgram;
 
 #[derive(Debug, thiserror::Error)]

@@ -253,18 +253,19 @@ impl<'p> Session<'p> {
         if backend == Backend::Llvm {
             let host = dfc_codegen::host_target();
             let cache = dfc_codegen::CodeCache::from_env();
-            for (p, partition) in plan.partitions.iter().enumerate() {
-                if !hosted[p] {
-                    native.push(None);
-                    continue;
-                }
-                if partition.device.kind == Some(dfc_ir::DeviceKind::Gpu) {
-                    return Err(gpu_partition_error(plan, p));
-                }
-                let jit = dfc_cpu::load_partition(&cache, &partition.module, &plan.kept_nodes(p), &host)
-                    .map_err(|e| RunError::Plan(format!("compiling partition {}: {e}", partition.device)))?;
-                native.push(Some(jit));
+            // The hosted partitions compiled together: what they have in common, once.
+            let mine: Vec<usize> = (0..plan.partitions.len()).filter(|&p| hosted[p]).collect();
+            if let Some(&p) = mine.iter().find(|&&p| plan.partitions[p].device.kind == Some(dfc_ir::DeviceKind::Gpu)) {
+                return Err(gpu_partition_error(plan, p));
             }
+            let keeps: Vec<Vec<NodeId>> = mine.iter().map(|&p| plan.kept_nodes(p)).collect();
+            let parts: Vec<(&dfc_ir::Module, &[NodeId])> =
+                mine.iter().zip(&keeps).map(|(&p, keep)| (&plan.partitions[p].module, keep.as_slice())).collect();
+            let devices = || mine.iter().map(|&p| plan.partitions[p].device.to_string()).collect::<Vec<_>>().join(", ");
+            let mut jits = dfc_cpu::load_partitions(&cache, &parts, &host)
+                .map_err(|e| RunError::Plan(format!("compiling the partitions of {}: {e}", devices())))?
+                .into_iter();
+            native.extend((0..plan.partitions.len()).map(|p| if hosted[p] { jits.next() } else { None }));
         } else {
             native.resize_with(plan.partitions.len(), || None);
         }
