@@ -87,6 +87,12 @@ impl Graph {
         Graph::default()
     }
 
+    /// An empty graph with room for `nodes` nodes and `edges` edges: building a large graph
+    /// of known size without regrowing (and copying) its tables.
+    pub fn with_capacity(nodes: usize, edges: usize) -> Graph {
+        Graph { graph: StableGraph::with_capacity(nodes, edges), ..Graph::default() }
+    }
+
     /// Adds a node whose output types are inferred from `inputs`. The name is made unique by a
     /// numeric suffix where needed.
     pub fn add(&mut self, op: Op, inputs: &[TensorRef], name: &str, span: Option<Span>) -> Result<NodeId, TypeError> {

@@ -188,7 +188,13 @@ fn transfer(graph: &mut Graph, tensor: TensorRef, from: &DeviceSpec, to: &Device
 /// The nodes `mine` (one device's), copied into a module of their own.
 fn extract(module: &Module, mine: &[NodeId]) -> Module {
     let graph = &module.graph;
-    let mut part = Module { name: module.name.clone(), dims: module.dims.clone(), ..Module::default() };
+    let edges = mine.iter().map(|&id| graph.data_edges_into(id).len() + graph.control_inputs(id).len()).sum();
+    let mut part = Module {
+        name: module.name.clone(),
+        dims: module.dims.clone(),
+        graph: Graph::with_capacity(mine.len(), edges),
+        ..Module::default()
+    };
     let mut map: HashMap<NodeId, NodeId> = HashMap::with_capacity(mine.len());
     for &id in mine {
         let node = graph.node(id);
