@@ -35,11 +35,13 @@ fn scratch() -> PathBuf {
 /// Plans of every strategy: the examples on one device, the MLP mirrored and model-parallel,
 /// wide_and_deep on parameter servers (sync and async).
 fn plans() -> Vec<(String, Vec<u8>)> {
-    let cases: [(&str, &str, Option<&str>, Strategy); 7] = [
+    let cases: [(&str, &str, Option<&str>, Strategy); 8] = [
         ("mlp", "mlp", None, Strategy::Single),
         ("cnn", "cnn", None, Strategy::Single),
         ("linear_regression", "linear_regression", None, Strategy::Single),
         ("mlp mirrored on 2", "mlp", Some("2"), Strategy::Mirrored),
+        // Replicas 2 and 3 as instances of replica 1's partition.
+        ("mlp mirrored on 4", "mlp", Some("4"), Strategy::Mirrored),
         ("mlp model-parallel on 3", "mlp", Some("3"), Strategy::Model),
         ("wide_and_deep ps sync", "wide_and_deep", Some("ps"), Strategy::ParameterServer { sync: true }),
         ("wide_and_deep ps async", "wide_and_deep", Some("ps"), Strategy::ParameterServer { sync: false }),
