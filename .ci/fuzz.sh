@@ -31,6 +31,9 @@ for source in examples/*.df; do
     "$dfc" compile "$source" --soft-placement --dim batch=4 -o "$corpus/plan/$name.plan" >/dev/null 2>&1 \
         || "$dfc" compile "$source" --soft-placement -o "$corpus/plan/$name.plan" >/dev/null
 done
+# A plan with replica instances (replicas 2 and 3 stored as copies of replica 1's partition).
+"$dfc" compile examples/linear_regression.df --devices 4 --strategy mirrored --dim batch=4 \
+    -o "$corpus/plan/linear_regression_mirrored_4.plan" >/dev/null
 # The first byte picks the reader (fuzz_targets/feeds.rs).
 python3 - "$corpus/feeds" <<'PY'
 import gzip, struct, sys
