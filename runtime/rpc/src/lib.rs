@@ -39,7 +39,7 @@ pub use driver::{assign, Assignment, LocalWorkers, RemoteSession};
 pub use tls::Tls;
 pub use worker::{serve, DataPlane};
 
-/// The largest message either side accepts (a plan with its bitcode, or a chunk). A worker
+/// The largest message either side accepts (a plan, or a chunk). A worker
 /// decodes a message only after its call has passed the token's check.
 pub const MAX_MESSAGE_BYTES: usize = 1 << 30;
 /// The calls a worker serves at once on one connection, and the HTTP/2 streams it lets a
