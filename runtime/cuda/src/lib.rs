@@ -4,9 +4,12 @@
 //! says so, never a panic.
 //!
 //! `Kernels::run` runs one fused kernel on buffers given by the host: what the per-kernel tests
-//! against the interpreter (tests/kernels.rs) and the bandwidth benchmark use. Not here yet:
+//! against the interpreter (tests/kernels.rs) and the bandwidth benchmark use. `emulator` runs
+//! a kernel's launch on the CPU with the GPU's semantics, one call per thread of the grid. Not here yet:
 //! running a whole partition (a memory pool, launches in order, cuBLAS, NCCL) — see
 //! docs/gpu.md for what is and is not done.
+
+pub mod emulator;
 
 use cudarc::driver::{CudaContext, CudaModule, DevicePtr, DriverError, LaunchConfig, PushKernelArg};
 use dfc_codegen::{GpuCode, GpuKernel};

@@ -6,7 +6,8 @@
 //!
 //! Without a GPU (CI) it records a skip (`tests/support/skip.rs`); `DFC_GPU_REQUIRED=1` (or
 //! `DFC_REQUIRE=gpu`) makes that a failure, for runs on GPU machines. The same check runs everywhere with the CPU's kernels in the GPU's place,
-//! which keeps the harness itself tested.
+//! which keeps the harness itself tested, and with the grid emulator (`dfc_cuda::emulator`),
+//! which runs each kernel as its GPU launch would.
 
 use dfc_codegen::GpuKernel;
 use dfc_compile::{compile, CompileOptions};
@@ -40,10 +41,16 @@ fn gpu_code(plan: &dfc_plan::Plan) -> dfc_codegen::GpuCode {
 fn gpu_plan(example: &str) -> dfc_plan::Plan {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples");
     let source = std::fs::read_to_string(root.join(format!("{example}.df"))).unwrap();
-    let dims = if example == "cnn" { vec![("batch".to_string(), 8)] } else { vec![] };
+    let dims: &[(&str, i64)] = match example {
+        "cnn" => &[("batch", 8)],
+        "wide_and_deep" => &[("batch", 16), ("users", 200)],
+        _ => &[],
+    };
     let options = CompileOptions {
-        sema: dfc_sema::Options { dims, optimizer: None },
+        sema: dfc_sema::Options { dims: dims.iter().map(|(n, v)| (n.to_string(), *v)).collect(), optimizer: None },
         cluster: Cluster::local(1, DeviceKind::Gpu),
+        // wide_and_deep asks for ps and worker jobs that one GPU's cluster lacks.
+        soft_placement: true,
         ..CompileOptions::default()
     };
     compile(&source, &format!("{example}.df"), &options).unwrap_or_else(|_| panic!("{example} compiles")).plan
@@ -94,11 +101,12 @@ fn close(what: &str, want: &Tensor, got: &Tensor) -> Result<(), String> {
 type Runner<'r> = dyn Fn(usize, &GpuKernel, &[Vec<u8>], &[usize]) -> Result<Vec<Vec<u8>>, String> + 'r;
 
 /// Every kernel of every example through `run` (loaded by `load` for each example), against
-/// the interpreter. Returns how many kernels were checked.
-fn check_every_kernel<'g>(load: &dyn Fn(&dfc_plan::Plan) -> Box<Runner<'g>>) -> usize {
+/// the interpreter. Returns how many kernels were checked, and what disagreed, as
+/// (example, kernel function, root op, message).
+fn check_every_kernel<'g>(load: &dyn Fn(&dfc_plan::Plan) -> Box<Runner<'g>>) -> (usize, Vec<Failure>) {
     let mut failures = Vec::new();
     let mut checked = 0;
-    for example in ["softmax_regression", "mlp", "cnn", "linear_regression", "ridge_regression"] {
+    for example in ["softmax_regression", "mlp", "cnn", "linear_regression", "ridge_regression", "wide_and_deep"] {
         let plan = gpu_plan(example);
         let partition = &plan.partitions[0];
         let module = &partition.module;
@@ -146,18 +154,37 @@ fn check_every_kernel<'g>(load: &dyn Fn(&dfc_plan::Plan) -> Box<Runner<'g>>) -> 
                 (buffers.len() - 1, value[&TensorRef { node: kernel.root, port: 0 }].clone())
             };
             args.push(out);
+            let failure = |message: String| Failure {
+                example: example.to_string(),
+                function: kernel.function.clone(),
+                root: root.op.clone(),
+                message,
+            };
             match run(index, kernel, &buffers, &args) {
                 Ok(after) => {
                     let got = Tensor::from_le_bytes(&want.ty(), &after[out]).expect("the output's size");
-                    failures.extend(close(&what, &want, &got).err());
+                    failures.extend(close(&what, &want, &got).err().map(failure));
                 }
-                Err(e) => failures.push(format!("{what}: {e}")),
+                Err(e) => failures.push(failure(format!("{what}: {e}"))),
             }
             checked += 1;
         }
     }
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
-    checked
+    (checked, failures)
+}
+
+/// A kernel that disagreed with the interpreter.
+#[derive(Debug)]
+struct Failure {
+    example: String,
+    function: String,
+    root: Op,
+    message: String,
+}
+
+fn assert_none(failures: &[Failure]) {
+    let messages: Vec<&str> = failures.iter().map(|f| f.message.as_str()).collect();
+    assert!(failures.is_empty(), "{}", messages.join("\n"));
 }
 
 #[test]
@@ -167,12 +194,13 @@ fn every_kernel_of_every_example_agrees_with_the_interpreter() {
     }
     let gpu = dfc_cuda::Gpu::open(0).expect("GPU 0 opens");
     println!("on {}", gpu.describe());
-    let checked = check_every_kernel(&|plan| {
+    let (checked, failures) = check_every_kernel(&|plan| {
         let partition = &plan.partitions[0];
         let kernels = gpu.load(&gpu_code(plan), &partition.device.to_string()).expect("the PTX loads");
         Box::new(move |_, kernel, buffers, args| kernels.run(kernel, buffers, args).map_err(|e| e.to_string()))
     });
     println!("{checked} kernels checked");
+    assert_none(&failures);
 }
 
 /// The check above, with each kernel run by the CPU's code for the same fusion instead of the
@@ -180,31 +208,72 @@ fn every_kernel_of_every_example_agrees_with_the_interpreter() {
 /// the interpreter's values) honest for the GPU runs.
 #[test]
 fn the_kernel_harness_agrees_with_the_interpreter_on_the_cpu() {
-    let checked = check_every_kernel(&|plan| {
-        let partition = &plan.partitions[0];
-        let cache = dfc_codegen::CodeCache::disabled();
-        let host = dfc_codegen::host_target();
-        let jit = dfc_cpu::load_partition(&cache, &partition.module, &plan.kept_nodes(0), &host).unwrap();
-        let gpu = gpu_code(plan);
-        // The same kernels in the same order (their functions' names differ: the CPU's code has
-        // one function per distinct kernel).
-        let fused: Vec<_> = jit.kernels().iter().map(|k| (k.root, &k.members, &k.inputs)).collect();
-        let gpu_fused: Vec<_> = gpu.kernels.iter().map(|k| (k.root, &k.members, &k.inputs)).collect();
-        assert_eq!(fused, gpu_fused, "the CPU and GPU code fuse alike");
-        Box::new(move |index, kernel, buffers, args| {
-            let function = jit.function(&jit.kernels()[index].function).ok_or("no such kernel")?;
-            // 16-byte aligned copies, as the CPU's arena gives.
-            let mut aligned: Vec<Vec<u128>> = buffers.iter().map(|b| vec![0u128; b.len().div_ceil(16)]).collect();
-            for (a, b) in aligned.iter_mut().zip(buffers) {
-                bytemuck_copy(a, b);
-            }
-            let pointers: Vec<*mut u8> = args.iter().map(|&i| aligned[i].as_mut_ptr() as *mut u8).collect();
-            // SAFETY: the kernel reads and writes its arguments' types' sizes, which the buffers have.
-            unsafe { function(pointers.as_ptr(), 0, kernel.rows as i64) };
-            Ok(aligned.iter().zip(buffers).map(|(a, b)| as_bytes(a)[..b.len()].to_vec()).collect())
-        })
-    });
+    let (checked, failures) = check_every_kernel(&|plan| cpu_runner(plan, Launch::Whole));
+    assert_none(&failures);
     assert!(checked > 50, "{checked} kernels");
+}
+
+/// The grid emulator (`dfc_cuda::emulator`) runs each kernel as its GPU launch would: the
+/// kernel's loop nest once per thread of the grid, over that thread's row, threads in a
+/// shuffled order. It must catch the class of bug that running a kernel once over all its rows
+/// hides: today's GPU kernels reduce over the launch axis by having every thread initialise the
+/// shared output, add its own row and finish it (linear_regression's mean loss: each thread
+/// stores 0, adds one squared error and scales by 1/32). So the emulator reports those, and
+/// only those: every kernel that writes its own rows (elementwise, row ops, assignments)
+/// agrees with the interpreter. Once reductions are right by construction (issue 21), this
+/// becomes "every kernel agrees".
+#[test]
+fn the_grid_emulator_reports_the_reductions_every_thread_redoes() {
+    let (checked, failures) = check_every_kernel(&|plan| cpu_runner(plan, Launch::Grid { seed: 5 }));
+    assert!(checked > 50, "{checked} kernels");
+    let across_rows = |op: &Op| matches!(op, Op::Reduce { axes, .. } if axes.contains(&0));
+    let others: Vec<&Failure> = failures.iter().filter(|f| !across_rows(&f.root)).collect();
+    assert!(others.is_empty(), "kernels that write their own rows disagree under the emulator: {others:#?}");
+    assert!(
+        failures.iter().any(|f| f.example == "linear_regression" && f.function.contains("loss")),
+        "the emulator did not catch linear_regression's mean loss: {failures:#?}"
+    );
+    println!("{checked} kernels emulated; {} reductions across the launch axis caught", failures.len());
+}
+
+/// How the CPU runs a kernel: once over all its rows (what a CPU does), or as a GPU's grid.
+#[derive(Clone, Copy)]
+enum Launch {
+    Whole,
+    Grid { seed: u64 },
+}
+
+/// A runner with the CPU's code for the plan's one partition (the same fusion as the GPU's).
+fn cpu_runner<'g>(plan: &dfc_plan::Plan, launch: Launch) -> Box<Runner<'g>> {
+    let partition = &plan.partitions[0];
+    let cache = dfc_codegen::CodeCache::disabled();
+    let host = dfc_codegen::host_target();
+    let jit = dfc_cpu::load_partition(&cache, &partition.module, &plan.kept_nodes(0), &host).unwrap();
+    let gpu = gpu_code(plan);
+    // The same kernels in the same order (their functions' names differ: the CPU's code has
+    // one function per distinct kernel).
+    let fused: Vec<_> = jit.kernels().iter().map(|k| (k.root, &k.members, &k.inputs)).collect();
+    let gpu_fused: Vec<_> = gpu.kernels.iter().map(|k| (k.root, &k.members, &k.inputs)).collect();
+    assert_eq!(fused, gpu_fused, "the CPU and GPU code fuse alike");
+    Box::new(move |index, kernel, buffers, args| {
+        let function = jit.function(&jit.kernels()[index].function).ok_or("no such kernel")?;
+        // 16-byte aligned copies, as the CPU's arena gives.
+        let mut aligned: Vec<Vec<u128>> = buffers.iter().map(|b| vec![0u128; b.len().div_ceil(16)]).collect();
+        for (a, b) in aligned.iter_mut().zip(buffers) {
+            bytemuck_copy(a, b);
+        }
+        let pointers: Vec<*mut u8> = args.iter().map(|&i| aligned[i].as_mut_ptr() as *mut u8).collect();
+        let call = |begin: u64, end: u64| {
+            // SAFETY: the kernel reads and writes its arguments' types' sizes, which the buffers
+            // have, for rows within its `rows`.
+            unsafe { function(pointers.as_ptr(), begin as i64, end as i64) }
+        };
+        match launch {
+            Launch::Whole => call(0, kernel.rows),
+            Launch::Grid { seed } => dfc_cuda::emulator::run_grid(kernel, seed, call),
+        }
+        Ok(aligned.iter().zip(buffers).map(|(a, b)| as_bytes(a)[..b.len()].to_vec()).collect())
+    })
 }
 
 fn bytemuck_copy(to: &mut [u128], from: &[u8]) {
