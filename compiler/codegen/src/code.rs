@@ -15,8 +15,9 @@ pub struct GpuCode {
 }
 
 /// A fused kernel on a GPU: the entry `function(args, rows)` computes `root` (from `members`,
-/// reading `inputs`), one row of its outermost loop per thread, in `grid` blocks of `block`
-/// threads.
+/// reading `inputs`), in `grid` blocks of `block` threads: one row of its outermost loop per
+/// thread where the rows are `split` (each writes its own part of the output), else every row
+/// in one thread (a reduction over the outermost loop, which every row adds to).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct GpuKernel {
     pub function: String,
@@ -24,6 +25,7 @@ pub struct GpuKernel {
     pub members: Vec<NodeId>,
     pub inputs: Vec<TensorRef>,
     pub rows: u64,
+    pub split: bool,
     pub block: u32,
     pub grid: u32,
 }

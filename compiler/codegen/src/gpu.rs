@@ -4,7 +4,8 @@
 //! transcendentals), as an internal function over a range of rows of its outermost loop; the
 //! entry, `.entry kN(i8** args, i64 rows)`, runs one row per thread and is inlined into at O3.
 //! So an elementwise kernel whose dimensions merge into one loop runs one element per thread,
-//! and a reduction or row op one output row per thread.
+//! and a row op, or a reduction over inner axes, one output row per thread. A reduction over
+//! the outermost loop (every row adds to one output) runs in one thread: right, not yet fast.
 
 use crate::code::{GpuCode, GpuKernel};
 use crate::kernel::{self, Flavor};
@@ -52,7 +53,9 @@ pub fn compile_gpu(module: &Module, keep: &[NodeId]) -> Result<GpuCode, CodegenE
             context.create_enum_attribute(Attribute::get_named_enum_kind_id("alwaysinline"), 0),
         );
 
-        // The entry: row = blockIdx.x · blockDim.x + threadIdx.x; rows past the end do nothing.
+        // The entry: row = blockIdx.x · blockDim.x + threadIdx.x. Split rows: each thread runs
+        // its row, rows past the end do nothing. Otherwise (a reduction over the outermost
+        // loop: every row adds to the one output) thread 0 runs them all, the others nothing.
         let args_type = body.get_type().get_param_types()[0];
         let entry = llvm.add_function(&function, context.void_type().fn_type(&[args_type, i64t.into()], false), None);
         entry.set_call_conventions(PTX_KERNEL_CALLING_CONVENTION);
@@ -79,22 +82,28 @@ pub fn compile_gpu(module: &Module, keep: &[NodeId]) -> Result<GpuCode, CodegenE
         let row = builder.build_int_add(first, builder.build_int_z_extend(thread, i64t, "t").unwrap(), "row").unwrap();
         let args = entry.get_nth_param(0).unwrap();
         let rows = entry.get_nth_param(1).unwrap().into_int_value();
-        let inside = builder.build_int_compare(IntPredicate::ULT, row, rows, "in").unwrap();
+        let (inside, begin, end) = if shape.split {
+            let inside = builder.build_int_compare(IntPredicate::ULT, row, rows, "in").unwrap();
+            (inside, row, builder.build_int_add(row, i64t.const_int(1, false), "next").unwrap())
+        } else {
+            let first = builder.build_int_compare(IntPredicate::EQ, row, i64t.const_zero(), "first").unwrap();
+            (first, i64t.const_zero(), rows)
+        };
         builder.build_conditional_branch(inside, run, done).unwrap();
         builder.position_at_end(run);
-        let next = builder.build_int_add(row, i64t.const_int(1, false), "next").unwrap();
-        builder.build_call(body, &[args.into(), row.into(), next.into()], "").unwrap();
+        builder.build_call(body, &[args.into(), begin.into(), end.into()], "").unwrap();
         builder.build_unconditional_branch(done).unwrap();
         builder.position_at_end(done);
         builder.build_return(None).unwrap();
 
-        let (block, grid) = launch(shape.rows);
+        let (block, grid) = if shape.split { launch(shape.rows) } else { (1, 1) };
         kernels.push(GpuKernel {
             function,
             root: kernel.root,
             members: kernel.members.clone(),
             inputs: kernel.inputs.clone(),
             rows: shape.rows,
+            split: shape.split,
             block,
             grid,
         });

@@ -21,6 +21,10 @@ mod nvptx;
 pub struct KernelShape {
     /// Iterations of the outermost loop: `begin..end` ranges over these.
     pub rows: u64,
+    /// Whether each row writes only its own part of the output, so that ranges of rows may
+    /// run apart (not a reduction over the outermost loop, which every row adds to).
+    pub split: bool,
+    /// Whether the CPU should split the rows among threads: `split`, and large enough to pay.
     pub parallel: bool,
 }
 
@@ -97,13 +101,12 @@ pub fn emit<'ctx>(
         Root::Row(_) if nest.extents.len() < 2 => 1,
         _ => nest.extents[0],
     };
-    let parallel = rows >= 2
-        && total >= PARALLEL_MIN_ELEMENTS
-        && match &root {
-            Root::Reduce { .. } => !nest.reduced[0],
-            Root::Row(_) => nest.extents.len() >= 2,
-            _ => true,
-        };
+    let split = match &root {
+        Root::Reduce { .. } => !nest.reduced[0],
+        Root::Row(_) => nest.extents.len() >= 2,
+        _ => true,
+    };
+    let parallel = split && rows >= 2 && total >= PARALLEL_MIN_ELEMENTS;
 
     let i8_ptr = context.i8_type().ptr_type(AddressSpace::default());
     let i64t = context.i64_type();
@@ -147,7 +150,7 @@ pub fn emit<'ctx>(
         Root::Row(op) => gen.emit_row(begin, end, op, out_dtype),
     }
     gen.builder.build_return(None).unwrap();
-    KernelShape { rows, parallel }
+    KernelShape { rows, split, parallel }
 }
 
 /// The iteration space of the kernel and the strides of every access in it, merged.

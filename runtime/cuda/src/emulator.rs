@@ -3,16 +3,18 @@
 //!
 //! A GPU kernel's entry (`dfc_codegen::compile_gpu`) computes `row = block · block_dim +
 //! thread` and, for a row inside the kernel's `rows`, runs the kernel's loop nest over that one
-//! row. The emulator does exactly that for every (block, thread) of the launch (`grid` blocks
-//! of `block` threads), calling `body(row, row + 1)`: the caller passes the same loop nest
+//! row (or, for a kernel whose rows are not split, thread 0 runs them all). The emulator does
+//! exactly that for every (block, thread) of the launch (`grid` blocks of `block` threads),
+//! calling `body(row, row + 1)`: the caller passes the same loop nest
 //! compiled for the host (`kernel::emit`'s CPU flavour, which differs from the GPU's only in
 //! its transcendentals). The threads run in a shuffled order, seeded, so that a kernel whose
-//! result depends on which thread runs last (every thread initialising a shared output, as a
-//! reduction over the launch axis does today) gives a wrong value, as it would on a GPU.
+//! result depends on which thread runs last (every thread initialising a shared output, as
+//! reductions over the launch axis did when every thread ran its own row of them) gives a
+//! wrong value, as it would on a GPU.
 //!
-//! Not yet: running the shuffled threads from several host threads, and barriers. Today's
-//! kernels have no barriers and share no memory between threads, and the kernels that do race
-//! (the reductions above) would make that a data race on the host too.
+//! Not yet: running the shuffled threads from several host threads, and barriers, shared
+//! memory and shuffles, for the block-wide reductions to come. Today's kernels have none of
+//! them and share no output between threads.
 
 use dfc_codegen::GpuKernel;
 
@@ -26,9 +28,17 @@ pub fn thread_rows(rows: u64, block: u32, grid: u32, seed: u64) -> Vec<u64> {
     order
 }
 
-/// Runs `kernel`'s launch: `body(row, row + 1)` once per thread of the grid, in a shuffled
-/// order (see [`thread_rows`]). `body` is the kernel's loop nest over a range of rows.
+/// Runs `kernel`'s launch as its entry does: for split rows, `body(row, row + 1)` once per
+/// thread of the grid, in a shuffled order (see [`thread_rows`]); otherwise `body(0, rows)` in
+/// thread 0 and nothing in the others. `body` is the kernel's loop nest over a range of rows.
 pub fn run_grid(kernel: &GpuKernel, seed: u64, mut body: impl FnMut(u64, u64)) {
+    if !kernel.split {
+        for row in thread_rows(1, kernel.block, kernel.grid, seed) {
+            debug_assert_eq!(row, 0);
+            body(0, kernel.rows);
+        }
+        return;
+    }
     for row in thread_rows(kernel.rows, kernel.block, kernel.grid, seed) {
         body(row, row + 1);
     }

@@ -214,18 +214,25 @@ fn the_kernel_harness_agrees_with_the_interpreter_on_the_cpu() {
 }
 
 /// The grid emulator (`dfc_cuda::emulator`) runs each kernel as its GPU launch would: the
-/// kernel's loop nest once per thread of the grid, over that thread's row, threads in a
-/// shuffled order. It must catch the class of bug that running a kernel once over all its rows
-/// hides: today's GPU kernels reduce over the launch axis by having every thread initialise the
-/// shared output, add its own row and finish it (linear_regression's mean loss: each thread
-/// stores 0, adds one squared error and scales by 1/32). So the emulator reports those, and
-/// only those: every kernel that writes its own rows (elementwise, row ops, assignments)
-/// agrees with the interpreter. Once reductions are right by construction (issue 21), this
-/// becomes "every kernel agrees".
+/// kernel's loop nest once per thread of the grid, over that thread's row (or, for a
+/// reduction over the outermost loop, every row in thread 0), threads in a shuffled order.
+/// Every kernel of every example agrees with the interpreter so.
 #[test]
-fn the_grid_emulator_reports_the_reductions_every_thread_redoes() {
-    let (checked, failures) = check_every_kernel(&|plan| cpu_runner(plan, Launch::Grid { seed: 5 }));
-    assert!(checked > 50, "{checked} kernels");
+fn the_grid_emulator_runs_every_kernel_as_its_launch_does() {
+    let (checked, failures) = check_every_kernel(&|plan| cpu_runner(plan, Launch::Grid { seed: 5, split_all: false }));
+    assert_none(&failures);
+    assert!(checked > 100, "{checked} kernels");
+}
+
+/// The emulator catches the class of bug that running a kernel once over all its rows hides:
+/// with every kernel's rows split one per thread (what the GPU entry did for every kernel
+/// before reductions ran in one thread), each thread of a reduction over the outermost loop
+/// initialises the shared output, adds its own row and finishes it (linear_regression's mean
+/// loss: stores 0, adds one squared error, scales by 1/32). The emulator reports exactly those
+/// kernels, and no other.
+#[test]
+fn the_grid_emulator_catches_a_reduction_split_among_threads() {
+    let (checked, failures) = check_every_kernel(&|plan| cpu_runner(plan, Launch::Grid { seed: 5, split_all: true }));
     let across_rows = |op: &Op| matches!(op, Op::Reduce { axes, .. } if axes.contains(&0));
     let others: Vec<&Failure> = failures.iter().filter(|f| !across_rows(&f.root)).collect();
     assert!(others.is_empty(), "kernels that write their own rows disagree under the emulator: {others:#?}");
@@ -233,14 +240,15 @@ fn the_grid_emulator_reports_the_reductions_every_thread_redoes() {
         failures.iter().any(|f| f.example == "linear_regression" && f.function.contains("loss")),
         "the emulator did not catch linear_regression's mean loss: {failures:#?}"
     );
-    println!("{checked} kernels emulated; {} reductions across the launch axis caught", failures.len());
+    println!("{checked} kernels emulated; {} reductions split among threads caught", failures.len());
 }
 
-/// How the CPU runs a kernel: once over all its rows (what a CPU does), or as a GPU's grid.
+/// How the CPU runs a kernel: once over all its rows (what a CPU does), or as a GPU's grid
+/// (`split_all`: every kernel's rows one per thread, reductions over them included).
 #[derive(Clone, Copy)]
 enum Launch {
     Whole,
-    Grid { seed: u64 },
+    Grid { seed: u64, split_all: bool },
 }
 
 /// A runner with the CPU's code for the plan's one partition (the same fusion as the GPU's).
@@ -270,7 +278,12 @@ fn cpu_runner<'g>(plan: &dfc_plan::Plan, launch: Launch) -> Box<Runner<'g>> {
         };
         match launch {
             Launch::Whole => call(0, kernel.rows),
-            Launch::Grid { seed } => dfc_cuda::emulator::run_grid(kernel, seed, call),
+            Launch::Grid { seed, split_all: false } => dfc_cuda::emulator::run_grid(kernel, seed, call),
+            Launch::Grid { seed, split_all: true } => {
+                let (block, grid) = dfc_codegen::launch(kernel.rows);
+                let split = GpuKernel { split: true, block, grid, ..kernel.clone() };
+                dfc_cuda::emulator::run_grid(&split, seed, call)
+            }
         }
         Ok(aligned.iter().zip(buffers).map(|(a, b)| as_bytes(a)[..b.len()].to_vec()).collect())
     })
