@@ -17,6 +17,9 @@ use std::collections::HashMap;
 
 mod nvptx;
 
+/// NVPTX's global address space.
+const GLOBAL_ADDRESS_SPACE: u16 = 1;
+
 /// What the runtime needs to know of a kernel's loop nest.
 pub struct KernelShape {
     /// Iterations of the outermost loop: `begin..end` ranges over these.
@@ -342,7 +345,14 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
         let slot = unsafe { self.builder.build_gep(args, &[self.i64(i as i64)], "arg").unwrap() };
         let raw = self.builder.build_load(slot, "raw").unwrap().into_pointer_value();
         let ty = memory_type(self.context, dtype).ptr_type(AddressSpace::default());
-        self.builder.build_pointer_cast(raw, ty, "p").unwrap()
+        let pointer = self.builder.build_pointer_cast(raw, ty, "p").unwrap();
+        if !self.nvptx {
+            return pointer;
+        }
+        // A GPU kernel's buffers are all in global memory: loads and stores through the global
+        // address space (`ld.global`), not generic addresses the hardware must resolve.
+        let global = memory_type(self.context, dtype).ptr_type(AddressSpace::from(GLOBAL_ADDRESS_SPACE));
+        self.builder.build_address_space_cast(pointer, global, "global").unwrap()
     }
 
     /// `for i in start..end { body(i) }`, leaving the builder after the loop.
