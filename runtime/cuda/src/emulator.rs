@@ -12,11 +12,27 @@
 //! reductions over the launch axis did when every thread ran its own row of them) gives a
 //! wrong value, as it would on a GPU.
 //!
-//! Not yet: running the shuffled threads from several host threads, and barriers, shared
-//! memory and shuffles, for the block-wide reductions to come. Today's kernels have none of
-//! them and share no output between threads.
+//! [`run_grid_threaded`] also deals the shuffled threads out to several host threads. Not yet:
+//! barriers, shared memory and shuffles, for the block-wide reductions to come. Today's
+//! kernels have none of them and share no output between threads.
 
 use dfc_codegen::GpuKernel;
+
+/// A kernel's launch: `grid` blocks of `block` threads over `rows` rows, one per thread where
+/// they are `split`, else all of them in thread 0 (`GpuKernel`'s fields of the same names).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Grid {
+    pub rows: u64,
+    pub block: u32,
+    pub grid: u32,
+    pub split: bool,
+}
+
+impl From<&GpuKernel> for Grid {
+    fn from(kernel: &GpuKernel) -> Grid {
+        Grid { rows: kernel.rows, block: kernel.block, grid: kernel.grid, split: kernel.split }
+    }
+}
 
 /// Every thread of a launch of `grid` blocks of `block` threads over `rows` rows, as its row,
 /// in an order shuffled by `seed`; threads past the last row (the last block's spare ones) do
@@ -28,18 +44,40 @@ pub fn thread_rows(rows: u64, block: u32, grid: u32, seed: u64) -> Vec<u64> {
     order
 }
 
-/// Runs `kernel`'s launch as its entry does: for split rows, `body(row, row + 1)` once per
+/// [`run_grid`], with the shuffled threads dealt out round-robin to `workers` host threads
+/// running side by side, so that the GPU's threads also interleave. Only for kernels whose
+/// threads write disjoint elements (every kernel codegen makes: a `split` kernel's rows write
+/// their own parts of the output, and an unsplit one runs in one thread): `body` is called
+/// concurrently.
+pub fn run_grid_threaded(launch: Grid, seed: u64, workers: usize, body: impl Fn(u64, u64) + Sync) {
+    if !launch.split || workers <= 1 {
+        return run_grid(launch, seed, body);
+    }
+    let order = thread_rows(launch.rows, launch.block, launch.grid, seed);
+    std::thread::scope(|scope| {
+        for w in 0..workers {
+            let (order, body) = (&order, &body);
+            scope.spawn(move || {
+                for &row in order.iter().skip(w).step_by(workers) {
+                    body(row, row + 1);
+                }
+            });
+        }
+    });
+}
+
+/// Runs a kernel's launch as its entry does: for split rows, `body(row, row + 1)` once per
 /// thread of the grid, in a shuffled order (see [`thread_rows`]); otherwise `body(0, rows)` in
 /// thread 0 and nothing in the others. `body` is the kernel's loop nest over a range of rows.
-pub fn run_grid(kernel: &GpuKernel, seed: u64, mut body: impl FnMut(u64, u64)) {
-    if !kernel.split {
-        for row in thread_rows(1, kernel.block, kernel.grid, seed) {
+pub fn run_grid(launch: Grid, seed: u64, mut body: impl FnMut(u64, u64)) {
+    if !launch.split {
+        for row in thread_rows(1, launch.block, launch.grid, seed) {
             debug_assert_eq!(row, 0);
-            body(0, kernel.rows);
+            body(0, launch.rows);
         }
         return;
     }
-    for row in thread_rows(kernel.rows, kernel.block, kernel.grid, seed) {
+    for row in thread_rows(launch.rows, launch.block, launch.grid, seed) {
         body(row, row + 1);
     }
 }
@@ -47,6 +85,18 @@ pub fn run_grid(kernel: &GpuKernel, seed: u64, mut body: impl FnMut(u64, u64)) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn threaded_grids_run_every_row_once() {
+        let rows = 10_000u64;
+        let (block, grid) = dfc_codegen::launch(rows);
+        let seen: Vec<std::sync::atomic::AtomicU32> = (0..rows).map(|_| Default::default()).collect();
+        run_grid_threaded(Grid { rows, block, grid, split: true }, 3, 4, |begin, end| {
+            assert_eq!(end, begin + 1);
+            seen[begin as usize].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        });
+        assert!(seen.iter().all(|n| n.load(std::sync::atomic::Ordering::Relaxed) == 1));
+    }
 
     #[test]
     fn every_row_runs_once_in_a_shuffled_order() {

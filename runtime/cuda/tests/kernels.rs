@@ -10,6 +10,7 @@
 //! which runs each kernel as its GPU launch would.
 
 use dfc_codegen::GpuKernel;
+use dfc_cuda::emulator;
 use dfc_compile::{compile, CompileOptions};
 use dfc_interp::{Program, Tensor, Variables};
 use dfc_ir::{Cluster, DType, DeviceKind, Module, NodeId, Op, TensorRef};
@@ -271,23 +272,39 @@ fn cpu_runner<'g>(plan: &dfc_plan::Plan, launch: Launch) -> Box<Runner<'g>> {
             bytemuck_copy(a, b);
         }
         let pointers: Vec<*mut u8> = args.iter().map(|&i| aligned[i].as_mut_ptr() as *mut u8).collect();
+        let arguments = Arguments(pointers);
         let call = |begin: u64, end: u64| {
             // SAFETY: the kernel reads and writes its arguments' types' sizes, which the buffers
-            // have, for rows within its `rows`.
-            unsafe { function(pointers.as_ptr(), begin as i64, end as i64) }
+            // have, for rows within its `rows`; called from several threads only for a split
+            // kernel, whose rows write disjoint elements (see `run_grid_threaded`).
+            unsafe { function(arguments.as_ptr(), begin as i64, end as i64) }
         };
         match launch {
             Launch::Whole => call(0, kernel.rows),
-            Launch::Grid { seed, split_all: false } => dfc_cuda::emulator::run_grid(kernel, seed, call),
+            // Two host threads: the GPU's threads interleave.
+            Launch::Grid { seed, split_all: false } => emulator::run_grid_threaded(kernel.into(), seed, 2, call),
+            // One host thread: forced apart, a reduction's rows race for its output.
             Launch::Grid { seed, split_all: true } => {
                 let (block, grid) = dfc_codegen::launch(kernel.rows);
-                let split = GpuKernel { split: true, block, grid, ..kernel.clone() };
-                dfc_cuda::emulator::run_grid(&split, seed, call)
+                emulator::run_grid(emulator::Grid { rows: kernel.rows, block, grid, split: true }, seed, call)
             }
         }
         Ok(aligned.iter().zip(buffers).map(|(a, b)| as_bytes(a)[..b.len()].to_vec()).collect())
     })
 }
+
+/// A kernel's argument pointers, shared by the host threads that emulate its GPU threads.
+struct Arguments(Vec<*mut u8>);
+
+impl Arguments {
+    fn as_ptr(&self) -> *const *mut u8 {
+        self.0.as_ptr()
+    }
+}
+
+// SAFETY: the pointers are only passed to the kernel, whose concurrent calls (split kernels'
+// rows) write disjoint elements; the buffers outlive every call (the threads are scoped).
+unsafe impl Sync for Arguments {}
 
 fn bytemuck_copy(to: &mut [u128], from: &[u8]) {
     let bytes = as_bytes_mut(to);
