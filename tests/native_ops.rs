@@ -171,10 +171,10 @@ fn every_op_agrees_with_the_interpreter() {
         let source = format!("model t {{\n{DECLS}\n    let y = {expression}\n    output y\n}}\n");
         let plan = match compile(&source, "t.df", &CompileOptions::default()) {
             Ok(compiled) => {
-            let mut plan = compiled.plan;
-            plan.expand_instances().expect("replica instances build");
-            plan
-        }
+                let mut plan = compiled.plan;
+                plan.expand_instances().expect("replica instances build");
+                plan
+            }
             Err(e) => panic!("`{expression}` does not compile: {e:?}"),
         };
         for _ in 0..3 {

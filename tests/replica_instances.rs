@@ -54,7 +54,8 @@ fn canonical(module: &Module) -> BTreeMap<String, String> {
         .node_ids()
         .map(|id| {
             let node = graph.node(id);
-            let operands: Vec<String> = graph.inputs(id).iter().map(|t| format!("{}:{}", name(t.node), t.port)).collect();
+            let operands: Vec<String> =
+                graph.inputs(id).iter().map(|t| format!("{}:{}", name(t.node), t.port)).collect();
             let mut after: Vec<String> = graph.control_inputs(id).into_iter().map(name).collect();
             after.sort();
             let text = format!(
@@ -109,7 +110,10 @@ fn instances_are_the_replicas_built_in_full() {
             }
             assert_eq!(compact.params, full.params, "{what}");
             assert_eq!(compact.training, full.training, "{what}");
-            assert_eq!((&compact.inputs, &compact.outputs, &compact.metrics), (&full.inputs, &full.outputs, &full.metrics));
+            assert_eq!(
+                (&compact.inputs, &compact.outputs, &compact.metrics),
+                (&full.inputs, &full.outputs, &full.metrics)
+            );
             let (a, b) = (compact.report.expect("a report"), full.report.expect("a report"));
             assert!(
                 (a.step_seconds - b.step_seconds).abs() <= 1e-9 * b.step_seconds.max(1e-9),

@@ -22,7 +22,11 @@ pub fn representatives(modules: &[&Module], kernels: &[Vec<Kernel>]) -> Vec<Vec<
         .zip(kernels)
         .enumerate()
         .map(|(p, (module, kernels))| {
-            kernels.iter().enumerate().map(|(i, kernel)| *first.entry(form(module, p, kernel)).or_insert((p, i))).collect()
+            kernels
+                .iter()
+                .enumerate()
+                .map(|(i, kernel)| *first.entry(form(module, p, kernel)).or_insert((p, i)))
+                .collect()
         })
         .collect()
 }

@@ -267,12 +267,12 @@ pub fn compile(source: &str, source_name: &str, options: &CompileOptions) -> Res
     }
     let built_parts = partitioned.parts.len();
     let (checked, costed) = instance_stand_ins(&partitioned.parts, &instances);
-    let parts: Vec<(&DeviceSpec, &Module)> =
-        partitioned.parts.iter().chain(&checked).map(|(d, m)| (d, m)).collect();
+    let parts: Vec<(&DeviceSpec, &Module)> = partitioned.parts.iter().chain(&checked).map(|(d, m)| (d, m)).collect();
     let problems = dfc_ir::verify_partitions(&parts);
     assert!(problems.is_empty(), "the partitions are broken: {problems:?}");
     clock.lap("verify the partitions");
-    let simulated: Vec<&Module> = partitioned.parts.iter().map(|(_, m)| m).chain(costed.iter().map(|(_, m, _)| m)).collect();
+    let simulated: Vec<&Module> =
+        partitioned.parts.iter().map(|(_, m)| m).chain(costed.iter().map(|(_, m, _)| m)).collect();
     let mut report = dfc_passes::cost::estimate(&simulated, &options.cost_model);
     // An instance simulated by its transfers alone costs what the partition standing for it does.
     for (k, (device, _, stands_for)) in costed.iter().enumerate() {
@@ -336,8 +336,7 @@ fn instance_stand_ins(
         .collect::<std::collections::BTreeSet<_>>()
         .into_iter()
         .collect();
-    let signature =
-        |d: &DeviceSpec| peers.iter().map(|p| dfc_passes::cost::same_task(d, p)).collect::<Vec<bool>>();
+    let signature = |d: &DeviceSpec| peers.iter().map(|p| dfc_passes::cost::same_task(d, p)).collect::<Vec<bool>>();
     let mut standing: Vec<(Vec<bool>, usize)> = vec![(signature(template_device), first.template as usize)];
     let transfers = |i: &dfc_ir::Instance| {
         dfc_ir::instance_transfers(template, template_device, i).expect("replica 1's partition instantiates")

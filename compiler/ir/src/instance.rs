@@ -145,7 +145,11 @@ pub fn instantiate(template: &Module, template_device: &DeviceSpec, instance: &I
 /// The transfers and all-reduces of `instance` alone, each Send fed by an `Input` of its
 /// tensor's type: enough to check and simulate how the instance meets the other partitions
 /// without building it.
-pub fn instance_transfers(template: &Module, template_device: &DeviceSpec, instance: &Instance) -> Result<Module, String> {
+pub fn instance_transfers(
+    template: &Module,
+    template_device: &DeviceSpec,
+    instance: &Instance,
+) -> Result<Module, String> {
     let renamer = Renamer::new(instance.template_replica, template_device, instance.replica, &instance.device);
     let graph = &template.graph;
     let mut module = Module { name: template.name.clone(), dims: template.dims.clone(), ..Module::default() };
@@ -158,7 +162,10 @@ pub fn instance_transfers(template: &Module, template_device: &DeviceSpec, insta
             .into_iter()
             .map(|operand| {
                 let ty = graph.ty(operand).clone();
-                module.graph.add_with_types(Op::Input { ty: ty.clone() }, &[], vec![ty], &format!("{name}/operand"), None).into()
+                module
+                    .graph
+                    .add_with_types(Op::Input { ty: ty.clone() }, &[], vec![ty], &format!("{name}/operand"), None)
+                    .into()
             })
             .collect();
         let copy = module.graph.add_with_types(op, &inputs, node.outputs.clone(), &name, graph.span(id));
@@ -179,7 +186,8 @@ mod tests {
 
     #[test]
     fn keys_and_names_move_to_the_instance() {
-        let (d0, d1, d5) = (device("/job:w/task:0/cpu:0"), device("/job:w/task:0/cpu:1"), device("/job:w/task:0/cpu:5"));
+        let (d0, d1, d5) =
+            (device("/job:w/task:0/cpu:0"), device("/job:w/task:0/cpu:1"), device("/job:w/task:0/cpu:5"));
         let renamer = Renamer::new(1, &d1, 5, &d5);
         assert_eq!(renamer.name("replica_1/w/read").unwrap(), "replica_5/w/read");
         assert!(renamer.name("replica_10/w").is_err(), "replica_10 is not replica 1");

@@ -49,14 +49,13 @@ fn mirrored(example: &str, replicas: usize) -> Module {
     let per_replica = training_module(example, &dims(batch / replicas as i64));
     let devices = devices(replicas);
     // wide_and_deep asks for ps and worker jobs the local cluster lacks.
-    let options =
-        ReplicateOptions {
-            replication: Replication::Mirrored,
-            devices: &devices,
-            variable_device: None,
-            soft: true,
-            built_replicas: None,
-        };
+    let options = ReplicateOptions {
+        replication: Replication::Mirrored,
+        devices: &devices,
+        variable_device: None,
+        soft: true,
+        built_replicas: None,
+    };
     let (module, _) = dfc_passes::replicate(&per_replica, &full, &options).expect("replicates");
     module
 }

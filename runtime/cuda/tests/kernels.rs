@@ -10,8 +10,8 @@
 //! which runs each kernel as its GPU launch would.
 
 use dfc_codegen::GpuKernel;
-use dfc_cuda::emulator;
 use dfc_compile::{compile, CompileOptions};
+use dfc_cuda::emulator;
 use dfc_interp::{Program, Tensor, Variables};
 use dfc_ir::{Cluster, DType, DeviceKind, Module, NodeId, Op, TensorRef};
 use std::collections::HashMap;
