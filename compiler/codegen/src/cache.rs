@@ -63,12 +63,20 @@ impl CacheKey {
 
     /// The key of the code of CPU partitions compiled together (`dfc_codegen::compile_group`).
     pub fn native_group(parts: &[(&Module, &[NodeId])], target: &NativeTarget) -> CacheKey {
-        CacheKey::new("cpu", &[&target.triple, &target.cpu, &target.features, crate::llvm_pipeline()], parts)
+        let materials: Vec<Vec<u8>> =
+            parts.iter().map(|(module, keep)| CacheKey::partition_material(module, keep)).collect();
+        CacheKey::native_of(&materials, target)
+    }
+
+    /// [`CacheKey::native_group`] from the parts' [`CacheKey::partition_material`]s, for a
+    /// caller that has them already.
+    pub fn native_of(materials: &[Vec<u8>], target: &NativeTarget) -> CacheKey {
+        CacheKey::new("cpu", &[&target.triple, &target.cpu, &target.features, crate::llvm_pipeline()], materials)
     }
 
     /// The key of a GPU partition's PTX.
     pub fn gpu(module: &Module, keep: &[NodeId]) -> CacheKey {
-        CacheKey::new("gpu", &[crate::GPU_ARCH], &[(module, keep)])
+        CacheKey::new("gpu", &[crate::GPU_ARCH], &[CacheKey::partition_material(module, keep)])
     }
 
     /// What a partition contributes to a key: its kernel roots kept and its IR without names
@@ -81,7 +89,7 @@ impl CacheKey {
         material
     }
 
-    fn new(kind: &str, target: &[&str], parts: &[(&Module, &[NodeId])]) -> CacheKey {
+    fn new(kind: &str, target: &[&str], parts: &[Vec<u8>]) -> CacheKey {
         let mut material = Vec::new();
         push_field(&mut material, build_identity().as_bytes());
         push_field(&mut material, kind.as_bytes());
@@ -89,8 +97,8 @@ impl CacheKey {
             push_field(&mut material, part.as_bytes());
         }
         push_field(&mut material, &(parts.len() as u64).to_le_bytes());
-        for (module, keep) in parts {
-            push_field(&mut material, &CacheKey::partition_material(module, keep));
+        for part in parts {
+            push_field(&mut material, part);
         }
         let digest = Sha256::digest(&material).into();
         CacheKey { material, digest }

@@ -115,19 +115,22 @@ pub fn load_partitions(
     parts: &[(&Module, &[NodeId])],
     target: &NativeTarget,
 ) -> Result<Vec<Arc<Jitted>>, CpuError> {
-    // The distinct parts, and which each part is.
+    // The distinct parts (with their key material), and which each part is.
     let mut seen: HashMap<Vec<u8>, usize> = HashMap::new();
     let mut distinct: Vec<(&Module, &[NodeId])> = Vec::new();
+    let mut materials: Vec<Vec<u8>> = Vec::new();
     let which: Vec<usize> = parts
         .iter()
         .map(|&(module, keep)| {
-            *seen.entry(CacheKey::partition_material(module, keep)).or_insert_with(|| {
+            let material = CacheKey::partition_material(module, keep);
+            *seen.entry(material.clone()).or_insert_with(|| {
                 distinct.push((module, keep));
+                materials.push(material);
                 distinct.len() - 1
             })
         })
         .collect();
-    let key = CacheKey::native_group(&distinct, target);
+    let key = CacheKey::native_of(&materials, target);
     let group = {
         // Holding the lock while generating keeps two sessions from generating the same code twice.
         let mut live = live_table().lock().unwrap_or_else(|e| e.into_inner());
