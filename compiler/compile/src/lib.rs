@@ -206,6 +206,7 @@ pub fn compile(source: &str, source_name: &str, options: &CompileOptions) -> Res
             }
             let per_replica = per_replica_module(source, &full, layout.replicas.len(), options, &shard)?;
             clock.lap("the replicas' module");
+            // Mirrored on 3 or more devices: replicas 0 and 1 built, the others instances of 1.
             if replication == Replication::Mirrored && options.replica_instances {
                 instances = (2..layout.replicas.len())
                     .map(|r| dfc_ir::Instance {
@@ -216,12 +217,13 @@ pub fn compile(source: &str, source_name: &str, options: &CompileOptions) -> Res
                     })
                     .collect();
             }
+            let built = (!instances.is_empty()).then_some(2);
             let replicate = ReplicateOptions {
                 replication,
                 devices: &layout.replicas,
                 variable_device: layout.variable_home.as_ref(),
                 soft: options.soft_placement,
-                built_replicas: (!instances.is_empty()).then_some(2),
+                built_replicas: built,
             };
             let (module, found) =
                 dfc_passes::replicate(&per_replica, &full, &replicate).map_err(CompileError::Diagnostics)?;
@@ -232,8 +234,7 @@ pub fn compile(source: &str, source_name: &str, options: &CompileOptions) -> Res
             verify_after(&module, "replicate");
             clock.lap("replicate");
             let mut module = module;
-            let built = (!instances.is_empty()).then_some(2);
-            dfc_passes::fuse_all_reduces(&mut module, &options.fusion, built);
+            dfc_passes::fuse_all_reduces(&mut module, &options.fusion, built.map(|b| b as u32));
             verify_after(&module, "fuse_all_reduces");
             clock.lap("fuse all-reduces");
             module
@@ -266,19 +267,31 @@ pub fn compile(source: &str, source_name: &str, options: &CompileOptions) -> Res
         }
     }
     let built_parts = partitioned.parts.len();
-    let (checked, costed) = instance_stand_ins(&partitioned.parts, &instances);
-    let parts: Vec<(&DeviceSpec, &Module)> = partitioned.parts.iter().chain(&checked).map(|(d, m)| (d, m)).collect();
+    let stand_ins = instance_stand_ins(&partitioned.parts, &instances);
+    let parts: Vec<(&DeviceSpec, &Module)> = partitioned
+        .parts
+        .iter()
+        .map(|(d, m)| (d, m))
+        .chain(instances.iter().zip(&stand_ins).map(|(i, s)| (&i.device, &s.transfers)))
+        .collect();
     let problems = dfc_ir::verify_partitions(&parts);
     assert!(problems.is_empty(), "the partitions are broken: {problems:?}");
     clock.lap("verify the partitions");
-    let simulated: Vec<&Module> =
-        partitioned.parts.iter().map(|(_, m)| m).chain(costed.iter().map(|(_, m, _)| m)).collect();
+    let simulated: Vec<&Module> = partitioned
+        .parts
+        .iter()
+        .map(|(_, m)| m)
+        .chain(stand_ins.iter().map(|s| match &s.costed {
+            Costed::Built(module) => module,
+            Costed::As(_) => &s.transfers,
+        }))
+        .collect();
     let mut report = dfc_passes::cost::estimate(&simulated, &options.cost_model);
     // An instance simulated by its transfers alone costs what the partition standing for it does.
-    for (k, (device, _, stands_for)) in costed.iter().enumerate() {
-        if let Some(p) = stands_for {
-            let mut cost = report.devices[*p].clone();
-            cost.device = device.to_string();
+    for (k, (instance, stand_in)) in instances.iter().zip(&stand_ins).enumerate() {
+        if let Costed::As(p) = stand_in.costed {
+            let mut cost = report.devices[p].clone();
+            cost.device = instance.device.to_string();
             report.devices[built_parts + k] = cost;
         }
     }
@@ -313,17 +326,26 @@ pub fn compile(source: &str, source_name: &str, options: &CompileOptions) -> Res
     Ok(Compiled { plan, combined: partitioned.combined, warnings, timings: clock.timings })
 }
 
-/// What stands for each instance, beside the built `parts`: for checking, its transfers and
-/// all-reduces alone; for the cost model, the same, except that one instance of each way of
-/// meeting its peers (within the template's task or not) is built in full, so that remote
-/// replicas are simulated as remote. Each costed entry names the partition (by its index in
-/// the simulation) whose cost it takes, if it is not built.
-#[allow(clippy::type_complexity)]
-fn instance_stand_ins(
-    parts: &[(DeviceSpec, Module)],
-    instances: &[dfc_ir::Instance],
-) -> (Vec<(DeviceSpec, Module)>, Vec<(DeviceSpec, Module, Option<usize>)>) {
-    let Some(first) = instances.first() else { return (Vec::new(), Vec::new()) };
+/// What stands for an instance beside the built partitions.
+struct StandIn {
+    /// Its transfers and all-reduces alone: what checking needs.
+    transfers: Module,
+    costed: Costed,
+}
+
+/// How the cost model sees an instance.
+enum Costed {
+    /// Built in full: the first instance of its way of meeting its peers.
+    Built(Box<Module>),
+    /// By its transfers, costing what partition `p` of the simulation does.
+    As(usize),
+}
+
+/// The stand-in of each instance: one instance of each way of meeting its peers (within the
+/// template's task or not) is built in full for the cost model, so that remote replicas are
+/// simulated as remote; the others cost what it (or the template) does.
+fn instance_stand_ins(parts: &[(DeviceSpec, Module)], instances: &[dfc_ir::Instance]) -> Vec<StandIn> {
+    let Some(first) = instances.first() else { return Vec::new() };
     let (template_device, template) = &parts[first.template as usize];
     let graph = &template.graph;
     let peers: Vec<&DeviceSpec> = graph
@@ -338,24 +360,23 @@ fn instance_stand_ins(
         .collect();
     let signature = |d: &DeviceSpec| peers.iter().map(|p| dfc_passes::cost::same_task(d, p)).collect::<Vec<bool>>();
     let mut standing: Vec<(Vec<bool>, usize)> = vec![(signature(template_device), first.template as usize)];
-    let transfers = |i: &dfc_ir::Instance| {
-        dfc_ir::instance_transfers(template, template_device, i).expect("replica 1's partition instantiates")
-    };
-    let checked = instances.iter().map(|i| (i.device.clone(), transfers(i))).collect();
-    let mut costed = Vec::new();
-    for (k, instance) in instances.iter().enumerate() {
-        let key = signature(&instance.device);
-        match standing.iter().find(|(s, _)| *s == key) {
-            Some(&(_, p)) => costed.push((instance.device.clone(), transfers(instance), Some(p))),
-            None => {
-                let module = dfc_ir::instantiate(template, template_device, instance)
-                    .expect("replica 1's partition instantiates");
-                standing.push((key, parts.len() + k));
-                costed.push((instance.device.clone(), module, None));
-            }
-        }
-    }
-    (checked, costed)
+    let expect = "replica 1's partition instantiates";
+    instances
+        .iter()
+        .enumerate()
+        .map(|(k, instance)| {
+            let transfers = dfc_ir::instance_transfers(template, template_device, instance).expect(expect);
+            let key = signature(&instance.device);
+            let costed = match standing.iter().find(|(s, _)| *s == key) {
+                Some(&(_, p)) => Costed::As(p),
+                None => {
+                    standing.push((key, parts.len() + k));
+                    Costed::Built(Box::new(dfc_ir::instantiate(template, template_device, instance).expect(expect)))
+                }
+            };
+            StandIn { transfers, costed }
+        })
+        .collect()
 }
 
 /// Which devices a strategy uses for what.

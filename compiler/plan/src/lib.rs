@@ -76,13 +76,13 @@ impl Default for StrategySpec {
     }
 }
 
-/// The part of the model one device runs; every node of `module.graph` has `device` set to
-/// `device`. A plan carries no code: native code and PTX are generated from `module` where the
-/// plan runs (`dfc_codegen`), after `decode` has verified it.
 /// At most this many nodes in the partitions a plan's instances make (8 Mi, a few GiB of
 /// graph): a larger expansion is a crafted plan, refused before it takes the memory.
 pub const MAX_INSTANCE_NODES: usize = 1 << 23;
 
+/// The part of the model one device runs; every node of `module.graph` has `device` set to
+/// `device`. A plan carries no code: native code and PTX are generated from `module` where the
+/// plan runs (`dfc_codegen`), after `decode` has verified it.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Partition {
     pub device: DeviceSpec,
