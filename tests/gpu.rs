@@ -53,20 +53,24 @@ fn every_examples_kernels_have_their_expected_ptx() {
         assert_eq!(gpu.arch, "sm_80");
         assert!(gpu.ptx.contains(".target sm_80"), "{example}: {}", &gpu.ptx[..gpu.ptx.len().min(400)]);
         for kernel in &gpu.kernels {
-            assert!(
-                gpu.ptx.contains(&format!(".entry {}(", kernel.function)),
-                "{example}: no entry {}",
-                kernel.function
-            );
-            if kernel.split {
-                // A thread per row, in whole warps.
-                assert!(u64::from(kernel.block) * u64::from(kernel.grid) >= kernel.rows, "{example}: {kernel:?}");
-                assert_eq!(kernel.block % 32, 0);
-            } else {
-                // A reduction over the outermost loop: one thread runs every row.
-                assert_eq!((kernel.block, kernel.grid), (1, 1), "{example}: {kernel:?}");
+            for launch in kernel.launches() {
+                assert!(gpu.ptx.contains(&format!(".entry {}(", launch.function)), "{example}: no entry {launch:?}");
+                // Whole warps.
+                assert_eq!(launch.block % 32, 0, "{example}: {launch:?}");
+            }
+            // A thread per row, or per lane of a reduction over the outermost loop.
+            let threads = kernel.reduction.as_ref().map_or(kernel.rows, |r| r.lanes);
+            assert!(u64::from(kernel.block) * u64::from(kernel.grid) >= threads, "{example}: {kernel:?}");
+            if let Some(reduction) = &kernel.reduction {
+                assert!(reduction.lanes * reduction.chunk >= kernel.rows, "{example}: {kernel:?}");
+                assert!(
+                    (reduction.lanes - 1) * reduction.chunk < kernel.rows,
+                    "{example}: a lane without rows: {kernel:?}"
+                );
             }
         }
+        // Every kernel's arguments stay in registers: no stack in local memory.
+        assert!(!gpu.ptx.contains(".local"), "{example} uses local memory");
         // The C library does not exist on a GPU: nothing may call it.
         assert!(!gpu.ptx.contains(".extern .func"), "{example} calls an external function");
         let expected = root().join("tests/ptx").join(format!("{example}.ptx"));

@@ -14,10 +14,12 @@ pub struct GpuCode {
     pub kernels: Vec<GpuKernel>,
 }
 
-/// A fused kernel on a GPU: the entry `function(args, rows)` computes `root` (from `members`,
-/// reading `inputs`), in `grid` blocks of `block` threads: one row of its outermost loop per
-/// thread where the rows are `split` (each writes its own part of the output), else every row
-/// in one thread (a reduction over the outermost loop, which every row adds to).
+/// A fused kernel on a GPU: its launches ([`GpuKernel::launches`]) compute `root` (from
+/// `members`, reading `inputs`) over the `rows` of its outermost loop. Without a `reduction`
+/// each row writes its own part of the output, and the entry `function(args, rows)` runs one
+/// row per thread, in `grid` blocks of `block` threads. A reduction over the outermost loop
+/// (every row adds to the one output) runs as a [`GridReduction`]: `function` is its first
+/// pass, of `grid` × `block` threads for its lanes.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct GpuKernel {
     pub function: String,
@@ -25,9 +27,107 @@ pub struct GpuKernel {
     pub members: Vec<NodeId>,
     pub inputs: Vec<TensorRef>,
     pub rows: u64,
-    pub split: bool,
     pub block: u32,
     pub grid: u32,
+    pub reduction: Option<GridReduction>,
+}
+
+/// A reduction over the outermost loop, run by a grid in passes. In the first (the kernel's
+/// `function`), lane `t` of `lanes` folds rows `t·chunk..(t+1)·chunk` into its own partial
+/// output of `out_len` elements in scratch memory. Each further pass, `combine(args, count)`
+/// with `args` = [partials, output], folds each group of `fan_in` partials (of the `count`
+/// left) into one, a thread per element of a group, until one partial is left: the output,
+/// finished by the last pass (a mean divided by its count). Every thread writes its own
+/// elements, and the fold's order is fixed, so the result does not depend on which thread runs
+/// when.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GridReduction {
+    pub lanes: u64,
+    pub chunk: u64,
+    pub out_len: u64,
+    pub element_bytes: u64,
+    pub combine: String,
+    pub fan_in: u64,
+}
+
+/// A buffer of a launch: argument `i` of the kernel (its inputs, then its output), or one of a
+/// reduction's two scratch buffers ([`GpuKernel::scratch_bytes`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LaunchBuffer {
+    Arg(usize),
+    Scratch(usize),
+}
+
+/// One launch of an entry: `function(args, count)` with the pointers of `args` in device
+/// memory, in `grid` blocks of `block` threads.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GpuLaunch {
+    pub function: String,
+    pub args: Vec<LaunchBuffer>,
+    pub count: u64,
+    pub block: u32,
+    pub grid: u32,
+}
+
+/// The suffix of a GPU entry's per-thread function, `fn(args, count, thread)` with the
+/// thread's index in the grid: on a GPU the entry calls it with `blockIdx.x · blockDim.x +
+/// threadIdx.x`; the grid emulator calls it for every thread of a launch
+/// (`dfc_codegen::compile_gpu_emulated`).
+pub const THREAD_SUFFIX: &str = "_thread";
+
+impl GpuKernel {
+    /// The launches that compute the kernel, in order (each sees the previous ones' writes).
+    pub fn launches(&self) -> Vec<GpuLaunch> {
+        let output = LaunchBuffer::Arg(self.inputs.len());
+        let mut args: Vec<LaunchBuffer> = (0..self.inputs.len()).map(LaunchBuffer::Arg).collect();
+        let Some(reduction) = &self.reduction else {
+            args.push(output);
+            return vec![GpuLaunch {
+                function: self.function.clone(),
+                args,
+                count: self.rows,
+                block: self.block,
+                grid: self.grid,
+            }];
+        };
+        args.push(LaunchBuffer::Scratch(0));
+        let mut launches = vec![GpuLaunch {
+            function: self.function.clone(),
+            args,
+            count: self.rows,
+            block: self.block,
+            grid: self.grid,
+        }];
+        let (mut count, mut from) = (reduction.lanes, 0);
+        loop {
+            let groups = count.div_ceil(reduction.fan_in);
+            let to = if groups == 1 { output } else { LaunchBuffer::Scratch(1 - from) };
+            let (block, grid) = crate::launch(groups * reduction.out_len);
+            launches.push(GpuLaunch {
+                function: reduction.combine.clone(),
+                args: vec![LaunchBuffer::Scratch(from), to],
+                count,
+                block,
+                grid,
+            });
+            if groups == 1 {
+                return launches;
+            }
+            (count, from) = (groups, 1 - from);
+        }
+    }
+
+    /// Bytes of the two scratch buffers its launches use: a reduction's partials, and the
+    /// fewer of its second pass (none without a reduction).
+    pub fn scratch_bytes(&self) -> [u64; 2] {
+        match &self.reduction {
+            None => [0, 0],
+            Some(r) => {
+                let partial = r.out_len * r.element_bytes;
+                [r.lanes * partial, r.lanes.div_ceil(r.fan_in) * partial]
+            }
+        }
+    }
 }
 
 /// The kernels of one or more CPU partitions (compiled together: `dfc_codegen::compile_group`)

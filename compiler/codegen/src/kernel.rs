@@ -29,6 +29,12 @@ pub struct KernelShape {
     pub split: bool,
     /// Whether the CPU should split the rows among threads: `split`, and large enough to pay.
     pub parallel: bool,
+    /// Elements of the output: what a reduction keeps.
+    pub out_len: u64,
+    /// Elements of the iteration space.
+    pub total: u64,
+    /// The output's element type.
+    pub out_dtype: DType,
 }
 
 /// Below this many elements a kernel runs on one thread: waking the pool costs more than it
@@ -79,6 +85,7 @@ pub enum Flavor<'t> {
     Nvptx,
 }
 
+/// Emits `void name(i8** args, i64 begin, i64 end)`: the kernel over rows `begin..end`.
 pub fn emit<'ctx>(
     context: &'ctx Context,
     llvm: &LlvmModule<'ctx>,
@@ -87,30 +94,43 @@ pub fn emit<'ctx>(
     name: &str,
     flavor: Flavor<'_>,
 ) -> KernelShape {
-    let graph = &module.graph;
-    let root_node = graph.node(kernel.root);
-    let root = match &root_node.op {
-        Op::Assign | Op::AssignAdd | Op::AssignSub => Root::Assign(root_node.op.clone()),
+    emit_kernel(context, llvm, module, kernel, name, flavor, false)
+}
+
+/// [`emit`], for a GPU's grid: a reduction over the outermost loop, which runs in passes
+/// (`GridReduction`), folds its rows into the output (a lane's partial) and leaves a mean
+/// undivided: the last combining pass divides it ([`emit_combine`]).
+pub fn emit_lane<'ctx>(
+    context: &'ctx Context,
+    llvm: &LlvmModule<'ctx>,
+    module: &Module,
+    kernel: &Kernel,
+    name: &str,
+    flavor: Flavor<'_>,
+) -> KernelShape {
+    emit_kernel(context, llvm, module, kernel, name, flavor, true)
+}
+
+fn root_of(op: &Op) -> Root {
+    match op {
+        Op::Assign | Op::AssignAdd | Op::AssignSub => Root::Assign(op.clone()),
         Op::Reduce { kind, axes, .. } => Root::Reduce { kind: *kind, axes: axes.clone() },
         Op::Softmax { .. } => Root::Row(RowOp::Softmax),
         Op::LogSoftmax { .. } => Root::Row(RowOp::LogSoftmax),
         Op::SoftmaxCrossEntropy => Root::Row(RowOp::CrossEntropy),
         Op::ArgMax { .. } => Root::Row(RowOp::ArgMax),
         _ => Root::Loop,
-    };
-    let nest = plan_nest(module, kernel, &root);
-    let total: u64 = nest.extents.iter().product();
-    let rows = match &root {
-        Root::Row(_) if nest.extents.len() < 2 => 1,
-        _ => nest.extents[0],
-    };
-    let split = match &root {
-        Root::Reduce { .. } => !nest.reduced[0],
-        Root::Row(_) => nest.extents.len() >= 2,
-        _ => true,
-    };
-    let parallel = split && rows >= 2 && total >= PARALLEL_MIN_ELEMENTS;
+    }
+}
 
+/// A function `void name(i8** args, i64, i64)` with the flavour's attributes, and a builder at
+/// its entry.
+fn kernel_function<'ctx>(
+    context: &'ctx Context,
+    llvm: &LlvmModule<'ctx>,
+    name: &str,
+    flavor: Flavor<'_>,
+) -> (FunctionValue<'ctx>, Builder<'ctx>) {
     let i8_ptr = context.i8_type().ptr_type(AddressSpace::default());
     let i64t = context.i64_type();
     let fn_type = context
@@ -131,19 +151,102 @@ pub fn emit<'ctx>(
     let builder = context.create_builder();
     let entry = context.append_basic_block(function, "entry");
     builder.position_at_end(entry);
+    (function, builder)
+}
+
+/// Emits `void name(i8** args, i64 count, i64 thread)`, a thread of one pass of a reduction
+/// over the outermost loop run in passes (`GridReduction`): `args` = [partials, output],
+/// `count` partials of `out_len` elements each are left, and thread `g·out_len + o` folds
+/// element `o` of partials `g·fan_in..` (at most `fan_in` of them, in order) into element `o`
+/// of partial `g` of the output. Threads past the last group do nothing. The last pass (one
+/// group: `count ≤ fan_in`) also finishes a mean.
+pub fn emit_combine<'ctx>(
+    context: &'ctx Context,
+    llvm: &LlvmModule<'ctx>,
+    module: &Module,
+    kernel: &Kernel,
+    name: &str,
+    flavor: Flavor<'_>,
+    fan_in: u64,
+) {
+    let root_node = module.graph.node(kernel.root);
+    let root = root_of(&root_node.op);
+    let Root::Reduce { kind, .. } = root else {
+        panic!("a combining pass of a kernel that is no reduction");
+    };
+    let nest = plan_nest(module, kernel, &root);
+    let (function, builder) = kernel_function(context, llvm, name, flavor);
+    let nvptx = matches!(flavor, Flavor::Nvptx);
+    let gen = Gen {
+        context,
+        llvm,
+        builder,
+        function,
+        module,
+        kernel,
+        nest,
+        pointers: HashMap::new(),
+        out: None,
+        nvptx,
+        partial: false,
+    };
+    gen.emit_combine(kind, root_node.outputs[0].dtype, fan_in);
+    gen.builder.build_return(None).unwrap();
+}
+
+fn emit_kernel<'ctx>(
+    context: &'ctx Context,
+    llvm: &LlvmModule<'ctx>,
+    module: &Module,
+    kernel: &Kernel,
+    name: &str,
+    flavor: Flavor<'_>,
+    partial: bool,
+) -> KernelShape {
+    let graph = &module.graph;
+    let root_node = graph.node(kernel.root);
+    let root = root_of(&root_node.op);
+    let nest = plan_nest(module, kernel, &root);
+    let total: u64 = nest.extents.iter().product();
+    let rows = match &root {
+        Root::Row(_) if nest.extents.len() < 2 => 1,
+        _ => nest.extents[0],
+    };
+    let split = match &root {
+        Root::Reduce { .. } => !nest.reduced[0],
+        Root::Row(_) => nest.extents.len() >= 2,
+        _ => true,
+    };
+    let parallel = split && rows >= 2 && total >= PARALLEL_MIN_ELEMENTS;
+    let out_len: u64 = match &root {
+        Root::Reduce { .. } => nest.extents.iter().zip(&nest.reduced).filter(|(_, r)| !**r).map(|(e, _)| e).product(),
+        _ => root_node.outputs[0].shape.n_elements() as u64,
+    };
+    let out_dtype = root_node.outputs[0].dtype;
+    let (function, builder) = kernel_function(context, llvm, name, flavor);
 
     let args = function.get_nth_param(0).unwrap().into_pointer_value();
     let begin = function.get_nth_param(1).unwrap().into_int_value();
     let end = function.get_nth_param(2).unwrap().into_int_value();
     let nvptx = matches!(flavor, Flavor::Nvptx);
-    let mut gen =
-        Gen { context, llvm, builder, function, module, kernel, nest, pointers: HashMap::new(), out: None, nvptx };
+    let mut gen = Gen {
+        context,
+        llvm,
+        builder,
+        function,
+        module,
+        kernel,
+        nest,
+        pointers: HashMap::new(),
+        out: None,
+        nvptx,
+        partial: partial && !split,
+    };
     for (i, input) in kernel.inputs.iter().enumerate() {
         let dtype = graph.ty(*input).dtype;
         let pointer = gen.arg_pointer(args, i, dtype);
         gen.pointers.insert(*input, pointer);
     }
-    let out_dtype = root_node.outputs[0].dtype;
     gen.out = Some(gen.arg_pointer(args, kernel.inputs.len(), out_dtype));
 
     match root.clone() {
@@ -153,7 +256,7 @@ pub fn emit<'ctx>(
         Root::Row(op) => gen.emit_row(begin, end, op, out_dtype),
     }
     gen.builder.build_return(None).unwrap();
-    KernelShape { rows, split, parallel }
+    KernelShape { rows, split, parallel, out_len, total, out_dtype }
 }
 
 /// The iteration space of the kernel and the strides of every access in it, merged.
@@ -319,6 +422,8 @@ struct Gen<'a, 'ctx> {
     out: Option<PointerValue<'ctx>>,
     /// Code for a GPU: no C library (see `Flavor`).
     nvptx: bool,
+    /// A lane of a reduction run in passes: a mean is not divided (see `emit_lane`).
+    partial: bool,
 }
 
 fn memory_type<'ctx>(context: &'ctx Context, dtype: DType) -> BasicTypeEnum<'ctx> {
@@ -830,20 +935,7 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
             ReduceKind::Min => self.extreme(dtype, true),
         };
         self.emit_for(lo, hi, &mut |i| self.store(self.element(out, i), dtype, identity));
-        let combine = |acc: BasicValueEnum<'ctx>, v: BasicValueEnum<'ctx>| -> BasicValueEnum<'ctx> {
-            match kind {
-                ReduceKind::Sum | ReduceKind::Mean => self.scalar_op(
-                    &Op::Binary(BinaryOp::Add),
-                    self.kernel.root,
-                    &[acc, v],
-                    &[dtype, dtype],
-                    dtype,
-                    &Vec::new(),
-                ),
-                ReduceKind::Max => self.maximum(acc, v, dtype, true),
-                ReduceKind::Min => self.maximum(acc, v, dtype, false),
-            }
-        };
+        let combine = |acc, v| self.combine(kind, dtype, acc, v);
         let n = self.nest.extents.len();
         let inner_reduced = self.nest.reduced[n - 1] && n >= 1;
         if inner_reduced && n >= 2 {
@@ -870,7 +962,7 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
                 self.store(at, dtype, combine(acc, v));
             });
         }
-        if kind == ReduceKind::Mean {
+        if kind == ReduceKind::Mean && !self.partial {
             let count: u64 =
                 self.nest.extents.iter().zip(&self.nest.reduced).filter(|(_, r)| **r).map(|(e, _)| e).product();
             let c = self.constant(dtype, count as f64).into_float_value();
@@ -881,6 +973,85 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
                 self.store(at, dtype, mean.into());
             });
         }
+    }
+
+    /// `combine(acc, v)` of a reduction of `kind` over `dtype`.
+    fn combine(
+        &self,
+        kind: ReduceKind,
+        dtype: DType,
+        acc: BasicValueEnum<'ctx>,
+        v: BasicValueEnum<'ctx>,
+    ) -> BasicValueEnum<'ctx> {
+        match kind {
+            ReduceKind::Sum | ReduceKind::Mean => self.scalar_op(
+                &Op::Binary(BinaryOp::Add),
+                self.kernel.root,
+                &[acc, v],
+                &[dtype, dtype],
+                dtype,
+                &Vec::new(),
+            ),
+            ReduceKind::Max => self.maximum(acc, v, dtype, true),
+            ReduceKind::Min => self.maximum(acc, v, dtype, false),
+        }
+    }
+
+    /// The body of `emit_combine`'s function: its parameters are (args, count, thread).
+    fn emit_combine(&self, kind: ReduceKind, dtype: DType, fan_in: u64) {
+        let b = &self.builder;
+        let args = self.function.get_nth_param(0).unwrap().into_pointer_value();
+        let count = self.function.get_nth_param(1).unwrap().into_int_value();
+        let thread = self.function.get_nth_param(2).unwrap().into_int_value();
+        let out_len: u64 =
+            self.nest.extents.iter().zip(&self.nest.reduced).filter(|(_, r)| !**r).map(|(e, _)| e).product();
+        let reduced: u64 =
+            self.nest.extents.iter().zip(&self.nest.reduced).filter(|(_, r)| **r).map(|(e, _)| e).product();
+        let partials = self.arg_pointer(args, 0, dtype);
+        let out = self.arg_pointer(args, 1, dtype);
+        let fan = self.i64(fan_in as i64);
+        let width = self.i64(out_len as i64);
+        let groups = b
+            .build_int_unsigned_div(b.build_int_add(count, self.i64(fan_in as i64 - 1), "c").unwrap(), fan, "groups")
+            .unwrap();
+        let threads = b.build_int_mul(groups, width, "threads").unwrap();
+        let work = self.context.append_basic_block(self.function, "work");
+        let done = self.context.append_basic_block(self.function, "done");
+        let inside = b.build_int_compare(IntPredicate::ULT, thread, threads, "inside").unwrap();
+        b.build_conditional_branch(inside, work, done).unwrap();
+        b.position_at_end(work);
+        let group = b.build_int_unsigned_div(thread, width, "g").unwrap();
+        let element = b.build_int_unsigned_rem(thread, width, "o").unwrap();
+        let first = b.build_int_mul(group, fan, "first").unwrap();
+        let past = b.build_int_add(first, fan, "past").unwrap();
+        let more = b.build_int_compare(IntPredicate::ULT, past, count, "more").unwrap();
+        let last = b.build_select(more, past, count, "last").unwrap().into_int_value();
+        let at = |partial: IntValue<'ctx>| {
+            let row = self.builder.build_int_mul(partial, width, "r").unwrap();
+            let index = self.builder.build_int_add(row, element, "i").unwrap();
+            self.load(self.element(partials, index), dtype)
+        };
+        let start = at(first);
+        let next = b.build_int_add(first, self.i64(1), "n").unwrap();
+        let mut folded = self.fold_between(start, next, last, &mut |t, acc| self.combine(kind, dtype, acc, at(t)));
+        if kind == ReduceKind::Mean {
+            // The last pass (one group left) finishes the mean.
+            let b = &self.builder;
+            let divided = b
+                .build_float_div(
+                    folded.into_float_value(),
+                    self.constant(dtype, reduced as f64).into_float_value(),
+                    "mean",
+                )
+                .unwrap();
+            let last_pass = b.build_int_compare(IntPredicate::ULE, count, fan, "final").unwrap();
+            folded = b.build_select(last_pass, BasicValueEnum::from(divided), folded, "v").unwrap();
+        }
+        let b = &self.builder;
+        let target = b.build_int_add(b.build_int_mul(group, width, "gw").unwrap(), element, "t").unwrap();
+        self.store(self.element(out, target), dtype, folded);
+        b.build_unconditional_branch(done).unwrap();
+        b.position_at_end(done);
     }
 
     /// The largest (`highest`) or smallest value of `dtype`: -inf/+inf for floats.
@@ -910,12 +1081,21 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
         if count <= UNROLLED_MAX {
             return (0..count as i64).fold(start, |acc, j| step(self.i64(j), acc));
         }
-        let from = self.i64(0);
+        self.fold_between(start, self.i64(0), self.i64(count as i64), step)
+    }
+
+    /// `acc = start; for j in from..end { acc = step(j, acc) }`, in a register.
+    fn fold_between(
+        &self,
+        start: BasicValueEnum<'ctx>,
+        from: IntValue<'ctx>,
+        end: IntValue<'ctx>,
+        step: &mut dyn FnMut(IntValue<'ctx>, BasicValueEnum<'ctx>) -> BasicValueEnum<'ctx>,
+    ) -> BasicValueEnum<'ctx> {
         let b = &self.builder;
         let pre = b.get_insert_block().unwrap();
         let head = self.context.append_basic_block(self.function, "fold");
         let exit = self.context.append_basic_block(self.function, "folded");
-        let end = self.i64(count as i64);
         let enter = b.build_int_compare(IntPredicate::SLT, from, end, "enter").unwrap();
         b.build_conditional_branch(enter, head, exit).unwrap();
         b.position_at_end(head);

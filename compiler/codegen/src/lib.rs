@@ -26,8 +26,10 @@ mod kernel;
 mod target;
 
 pub use cache::{CacheKey, CodeCache, Origin, CACHE_DIR_VARIABLE, MAX_CACHE_BYTES};
-pub use code::{GpuCode, GpuKernel, NativeCode, NativeKernel, NativeTarget};
-pub use gpu::{compile_gpu, launch, GPU_ARCH};
+pub use code::{
+    GpuCode, GpuKernel, GpuLaunch, GridReduction, LaunchBuffer, NativeCode, NativeKernel, NativeTarget, THREAD_SUFFIX,
+};
+pub use gpu::{compile_gpu, compile_gpu_emulated, launch, FAN_IN, GPU_ARCH};
 
 pub use target::{host_target, target_machine};
 

@@ -151,6 +151,14 @@ pub fn load_partitions(
     Ok(which.into_iter().map(|i| Arc::clone(&jitted[i])).collect())
 }
 
+/// Links code generated elsewhere, outside the cache and the table of live groups: the grid
+/// emulator's per-thread functions of a GPU partition (`dfc_codegen::compile_gpu_emulated`),
+/// which have `KernelFn`'s signature. The `Jitted` is its first partition.
+pub fn link_code(code: NativeCode) -> Result<Arc<Jitted>, CpuError> {
+    let key = CacheKey::native_of(&[], &code.target);
+    Ok(Arc::new(Jitted { group: Arc::new(link(key, code, Origin::Generated)?), index: 0 }))
+}
+
 /// How many groups of partitions' code are linked and in use in this process: what a
 /// long-lived worker's memory for code grows with.
 pub fn live_count() -> usize {

@@ -21,7 +21,7 @@ pub mod jit;
 mod memory;
 mod program;
 
-pub use jit::{live_count, load_partition, load_partitions, Jitted};
+pub use jit::{link_code, live_count, load_partition, load_partitions, Jitted, KernelFn};
 pub use program::NativeProgram;
 
 #[derive(Debug, thiserror::Error)]

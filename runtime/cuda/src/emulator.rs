@@ -1,85 +1,148 @@
-//! The grid emulator: a GPU kernel's launch, run on the CPU with the GPU's semantics, so that
+//! The grid emulator: a GPU kernel's launches, run on the CPU with the GPU's semantics, so that
 //! CI (which has no GPU) sees what a grid of threads does with a kernel.
 //!
-//! A GPU kernel's entry (`dfc_codegen::compile_gpu`) computes `row = block · block_dim +
-//! thread` and, for a row inside the kernel's `rows`, runs the kernel's loop nest over that one
-//! row (or, for a kernel whose rows are not split, thread 0 runs them all). The emulator does
-//! exactly that for every (block, thread) of the launch (`grid` blocks of `block` threads),
-//! calling `body(row, row + 1)`: the caller passes the same loop nest
-//! compiled for the host (`kernel::emit`'s CPU flavour, which differs from the GPU's only in
-//! its transcendentals). The threads run in a shuffled order, seeded, so that a kernel whose
-//! result depends on which thread runs last (every thread initialising a shared output, as
-//! reductions over the launch axis did when every thread ran its own row of them) gives a
-//! wrong value, as it would on a GPU.
+//! Every GPU entry (`dfc_codegen::compile_gpu`) calls a per-thread function, `fn(args, count,
+//! thread)`, with the thread's index in the grid; all that a GPU thread does is in it (which
+//! row it runs, a reduction's lane and its partial, a combining pass's group).
+//! `dfc_codegen::compile_gpu_emulated` compiles the same per-thread functions for the host
+//! (the CPU flavour of the same code, which differs from the GPU's only in its
+//! transcendentals), and [`Emulated::run`] calls them once per thread of each launch
+//! (`GpuKernel::launches`), in the launches' order, on host copies of the buffers and of the
+//! scratch memory a reduction's passes use. The threads of a launch run in a shuffled order,
+//! seeded, dealt out to several host threads running side by side
+//! ([`run_threads`]), so that a kernel whose result depends on which thread runs when (every
+//! thread initialising a shared output, as reductions over the launch axis did when every
+//! thread ran its own row of them) gives a wrong value, as it would on a GPU. Scratch memory
+//! starts filled with all-ones bytes (NaN for floats), as a GPU's is not zeroed: a pass that
+//! reads a partial no earlier pass wrote gives NaN.
 //!
-//! [`run_grid_threaded`] also deals the shuffled threads out to several host threads. Not yet:
-//! barriers, shared memory and shuffles, for the block-wide reductions to come. Today's
-//! kernels have none of them and share no output between threads.
+//! Not here: barriers, shared memory and shuffles. The kernels use none of them; every thread
+//! writes only its own elements.
 
-use dfc_codegen::GpuKernel;
+use crate::{check_arguments, CudaError};
+use dfc_codegen::{GpuKernel, LaunchBuffer, THREAD_SUFFIX};
+use dfc_cpu::{Jitted, KernelFn};
+use dfc_ir::{Module, NodeId};
+use std::sync::Arc;
 
-/// A kernel's launch: `grid` blocks of `block` threads over `rows` rows, one per thread where
-/// they are `split`, else all of them in thread 0 (`GpuKernel`'s fields of the same names).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Grid {
-    pub rows: u64,
-    pub block: u32,
-    pub grid: u32,
-    pub split: bool,
+/// Host threads that run a launch's GPU threads side by side.
+const HOST_THREADS: usize = 2;
+
+/// A GPU partition's kernels, compiled for this CPU to run as their launches would.
+pub struct Emulated {
+    jit: Arc<Jitted>,
+    kernels: Vec<dfc_codegen::GpuKernel>,
 }
 
-impl From<&GpuKernel> for Grid {
-    fn from(kernel: &GpuKernel) -> Grid {
-        Grid { rows: kernel.rows, block: kernel.block, grid: kernel.grid, split: kernel.split }
+impl Emulated {
+    /// The kernels of `module` (a GPU partition), keeping the nodes of `keep` as kernel roots,
+    /// as `dfc_codegen::compile_gpu` makes them.
+    pub fn load(module: &Module, keep: &[NodeId]) -> Result<Emulated, CudaError> {
+        let target = dfc_codegen::host_target();
+        let (code, kernels) =
+            dfc_codegen::compile_gpu_emulated(module, keep, &target).map_err(|e| CudaError::Emulator(e.to_string()))?;
+        let jit = dfc_cpu::link_code(code).map_err(|e| CudaError::Emulator(e.to_string()))?;
+        Ok(Emulated { jit, kernels })
+    }
+
+    /// One per fused kernel, as `compile_gpu` describes them.
+    pub fn kernels(&self) -> &[GpuKernel] {
+        &self.kernels
+    }
+
+    /// [`crate::Kernels::run`] on the CPU: runs `kernel`'s launches over copies of `buffers`
+    /// (argument `i` of the kernel is buffer `args[i]`), each launch's threads in an order
+    /// shuffled by `seed`, and returns every buffer after the run.
+    pub fn run(
+        &self,
+        kernel: &GpuKernel,
+        buffers: &[Vec<u8>],
+        args: &[usize],
+        seed: u64,
+    ) -> Result<Vec<Vec<u8>>, CudaError> {
+        check_arguments(kernel, buffers, args, "the emulated GPU")?;
+        // 16-byte aligned copies, as device memory is (more than) aligned.
+        let mut memory: Vec<Vec<u128>> = buffers.iter().map(|b| aligned(b, 0)).collect();
+        let mut scratch: Vec<Vec<u128>> =
+            kernel.scratch_bytes().iter().map(|&bytes| aligned(&vec![0xff; bytes as usize], 0xff)).collect();
+        for (n, launch) in kernel.launches().iter().enumerate() {
+            let name = format!("{}{THREAD_SUFFIX}", launch.function);
+            let function = self.jit.function(&name).ok_or_else(|| CudaError::MissingKernel {
+                device: "the emulated GPU".to_string(),
+                kernel: launch.function.clone(),
+            })?;
+            let pointers: Vec<*mut u8> = launch
+                .args
+                .iter()
+                .map(|buffer| match *buffer {
+                    LaunchBuffer::Arg(i) => memory[args[i]].as_mut_ptr() as *mut u8,
+                    LaunchBuffer::Scratch(s) => scratch[s].as_mut_ptr() as *mut u8,
+                })
+                .collect();
+            let table = Arguments(pointers);
+            let threads = u64::from(launch.block) * u64::from(launch.grid);
+            let count = launch.count as i64;
+            run_threads(threads, seed.wrapping_add(n as u64), HOST_THREADS, |thread| {
+                call(function, &table, count, thread)
+            });
+        }
+        Ok(memory.iter().zip(buffers).map(|(m, b)| as_bytes(m)[..b.len()].to_vec()).collect())
     }
 }
 
-/// Every thread of a launch of `grid` blocks of `block` threads over `rows` rows, as its row,
-/// in an order shuffled by `seed`; threads past the last row (the last block's spare ones) do
-/// nothing, as the entry does.
-pub fn thread_rows(rows: u64, block: u32, grid: u32, seed: u64) -> Vec<u64> {
-    let threads = u64::from(grid) * u64::from(block);
-    let mut order: Vec<u64> = (0..threads).filter(|&row| row < rows).collect();
+fn call(function: KernelFn, table: &Arguments, count: i64, thread: u64) {
+    // SAFETY: `function` is a per-thread function of the kernel whose launch built `table`: its
+    // pointers are the launch's buffers, each as large as the kernel's types say (checked by
+    // `check_arguments`) or as `scratch_bytes` says, alive until every call returns (the host
+    // threads are scoped). Concurrent calls write disjoint elements: each GPU thread of
+    // dfc's kernels writes only its own rows, partial or group.
+    unsafe { function(table.0.as_ptr(), count, thread as i64) }
+}
+
+/// A launch's argument pointers, shared by the host threads that emulate its GPU threads.
+struct Arguments(Vec<*mut u8>);
+
+// SAFETY: the pointers are only passed to the kernel's per-thread function (see `call`).
+unsafe impl Sync for Arguments {}
+
+fn aligned(bytes: &[u8], fill: u8) -> Vec<u128> {
+    let mut words = vec![u128::from_ne_bytes([fill; 16]); bytes.len().div_ceil(16)];
+    as_bytes_mut(&mut words)[..bytes.len()].copy_from_slice(bytes);
+    words
+}
+
+fn as_bytes(words: &[u128]) -> &[u8] {
+    // SAFETY: u128 has no padding; every byte is initialised.
+    unsafe { std::slice::from_raw_parts(words.as_ptr() as *const u8, words.len() * 16) }
+}
+
+fn as_bytes_mut(words: &mut [u128]) -> &mut [u8] {
+    // SAFETY: as above; any byte pattern is a valid u128.
+    unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr() as *mut u8, words.len() * 16) }
+}
+
+/// The threads `0..threads` of a launch in an order shuffled by `seed`.
+pub fn thread_order(threads: u64, seed: u64) -> Vec<u64> {
+    let mut order: Vec<u64> = (0..threads).collect();
     fastrand::Rng::with_seed(seed).shuffle(&mut order);
     order
 }
 
-/// [`run_grid`], with the shuffled threads dealt out round-robin to `workers` host threads
-/// running side by side, so that the GPU's threads also interleave. Only for kernels whose
-/// threads write disjoint elements (every kernel codegen makes: a `split` kernel's rows write
-/// their own parts of the output, and an unsplit one runs in one thread): `body` is called
-/// concurrently.
-pub fn run_grid_threaded(launch: Grid, seed: u64, workers: usize, body: impl Fn(u64, u64) + Sync) {
-    if !launch.split || workers <= 1 {
-        return run_grid(launch, seed, body);
+/// Calls `body(thread)` for every thread of a launch of `threads` threads, in an order
+/// shuffled by `seed`, dealt out round-robin to `workers` host threads running side by side.
+/// With more than one worker `body` is called concurrently: only for kernels whose threads
+/// write disjoint elements (dfc's do).
+pub fn run_threads(threads: u64, seed: u64, workers: usize, body: impl Fn(u64) + Sync) {
+    let order = thread_order(threads, seed);
+    if workers <= 1 {
+        return order.into_iter().for_each(body);
     }
-    let order = thread_rows(launch.rows, launch.block, launch.grid, seed);
     std::thread::scope(|scope| {
         for w in 0..workers {
             let (order, body) = (&order, &body);
-            scope.spawn(move || {
-                for &row in order.iter().skip(w).step_by(workers) {
-                    body(row, row + 1);
-                }
-            });
+            scope.spawn(move || order.iter().skip(w).step_by(workers).for_each(|&thread| body(thread)));
         }
     });
-}
-
-/// Runs a kernel's launch as its entry does: for split rows, `body(row, row + 1)` once per
-/// thread of the grid, in a shuffled order (see [`thread_rows`]); otherwise `body(0, rows)` in
-/// thread 0 and nothing in the others. `body` is the kernel's loop nest over a range of rows.
-pub fn run_grid(launch: Grid, seed: u64, mut body: impl FnMut(u64, u64)) {
-    if !launch.split {
-        for row in thread_rows(1, launch.block, launch.grid, seed) {
-            debug_assert_eq!(row, 0);
-            body(0, launch.rows);
-        }
-        return;
-    }
-    for row in thread_rows(launch.rows, launch.block, launch.grid, seed) {
-        body(row, row + 1);
-    }
 }
 
 #[cfg(test)]
@@ -87,29 +150,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn threaded_grids_run_every_row_once() {
-        let rows = 10_000u64;
-        let (block, grid) = dfc_codegen::launch(rows);
-        let seen: Vec<std::sync::atomic::AtomicU32> = (0..rows).map(|_| Default::default()).collect();
-        run_grid_threaded(Grid { rows, block, grid, split: true }, 3, 4, |begin, end| {
-            assert_eq!(end, begin + 1);
-            seen[begin as usize].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        });
-        assert!(seen.iter().all(|n| n.load(std::sync::atomic::Ordering::Relaxed) == 1));
-    }
-
-    #[test]
-    fn every_row_runs_once_in_a_shuffled_order() {
-        for rows in [1, 31, 32, 33, 1000, 70_000] {
-            let (block, grid) = dfc_codegen::launch(rows);
-            let order = thread_rows(rows, block, grid, 7);
-            let mut seen = vec![0u32; rows as usize];
-            for &row in &order {
-                seen[row as usize] += 1;
-            }
-            assert!(seen.iter().all(|&n| n == 1), "{rows} rows");
-            if rows > 8 {
-                assert!(order.windows(2).any(|w| w[0] > w[1]), "{rows} rows: not shuffled");
+    fn every_thread_runs_once_in_a_shuffled_order() {
+        for threads in [1, 31, 32, 33, 1000, 70_000] {
+            let seen: Vec<std::sync::atomic::AtomicU32> = (0..threads).map(|_| Default::default()).collect();
+            run_threads(threads, 3, 4, |thread| {
+                seen[thread as usize].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            });
+            assert!(seen.iter().all(|n| n.load(std::sync::atomic::Ordering::Relaxed) == 1), "{threads} threads");
+            if threads > 8 {
+                let order = thread_order(threads, 7);
+                assert!(order.windows(2).any(|w| w[0] > w[1]), "{threads} threads: not shuffled");
             }
         }
     }

@@ -3,16 +3,17 @@
 //! so that dfc builds and runs where there is no CUDA: a missing driver or GPU is an error that
 //! says so, never a panic.
 //!
-//! `Kernels::run` runs one fused kernel on buffers given by the host: what the per-kernel tests
-//! against the interpreter (tests/kernels.rs) and the bandwidth benchmark use. `emulator` runs
-//! a kernel's launch on the CPU with the GPU's semantics, one call per thread of the grid. Not here yet:
+//! `Kernels::run` runs one fused kernel (its launches: `GpuKernel::launches`) on buffers given
+//! by the host: what the per-kernel tests against the interpreter (tests/kernels.rs) and the
+//! bandwidth benchmark use. `emulator` runs a kernel's launches on the CPU with the GPU's
+//! semantics, one call per thread of the grid. Not here yet:
 //! running a whole partition (a memory pool, launches in order, cuBLAS, NCCL) — see
 //! docs/gpu.md for what is and is not done.
 
 pub mod emulator;
 
 use cudarc::driver::{CudaContext, CudaModule, DevicePtr, DriverError, LaunchConfig, PushKernelArg};
-use dfc_codegen::{GpuCode, GpuKernel};
+use dfc_codegen::{GpuCode, GpuKernel, LaunchBuffer};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -48,6 +49,24 @@ pub enum CudaError {
     },
     #[error("kernel `{kernel}` of {device}: {message}")]
     Arguments { device: String, kernel: String, message: String },
+    #[error("the grid emulator: {0}")]
+    Emulator(String),
+}
+
+/// Refuses arguments a kernel cannot run on: it takes one buffer per input, then its output.
+fn check_arguments(kernel: &GpuKernel, buffers: &[Vec<u8>], args: &[usize], device: &str) -> Result<(), CudaError> {
+    let wanted = kernel.inputs.len() + 1;
+    if args.len() != wanted || args.iter().any(|&i| i >= buffers.len()) || buffers.iter().any(Vec::is_empty) {
+        return Err(CudaError::Arguments {
+            device: device.to_string(),
+            kernel: kernel.function.clone(),
+            message: format!(
+                "it takes {wanted} arguments (inputs, then output), each one of {} non-empty buffers; given {args:?}",
+                buffers.len()
+            ),
+        });
+    }
+    Ok(())
 }
 
 fn driver(what: &str) -> impl FnOnce(DriverError) -> CudaError + '_ {
@@ -122,11 +141,14 @@ impl Gpu {
             gpu: self.describe(),
             source,
         })?;
-        for kernel in &code.kernels {
-            module.load_function(&kernel.function).map_err(|_| CudaError::MissingKernel {
-                device: device.to_string(),
-                kernel: kernel.function.clone(),
-            })?;
+        let entries = code
+            .kernels
+            .iter()
+            .flat_map(|k| std::iter::once(&k.function).chain(k.reduction.as_ref().map(|r| &r.combine)));
+        for entry in entries {
+            module
+                .load_function(entry)
+                .map_err(|_| CudaError::MissingKernel { device: device.to_string(), kernel: entry.clone() })?;
         }
         Ok(module)
     }
@@ -174,42 +196,52 @@ impl Kernels<'_> {
                 source,
             }
         };
-        let wanted = kernel.inputs.len() + 1;
-        if args.len() != wanted || args.iter().any(|&i| i >= buffers.len()) || buffers.iter().any(Vec::is_empty) {
-            return Err(CudaError::Arguments {
-                device: self.device.clone(),
-                kernel: kernel.function.clone(),
-                message: format!(
-                    "it takes {wanted} arguments (inputs, then output), each one of {} non-empty buffers; given {args:?}",
-                    buffers.len()
-                ),
-            });
-        }
+        check_arguments(kernel, buffers, args, &self.device)?;
         let stream = self.gpu.context.default_stream();
-        let function = self.module.load_function(&kernel.function).map_err(failed("finding it"))?;
         let on_device = buffers.iter().map(|b| stream.memcpy_stod(b)).collect::<Result<Vec<_>, _>>();
         let on_device = on_device.map_err(failed("copying its arguments to the GPU"))?;
-        // The kernel's first parameter is an array of pointers, in device memory.
-        let pointers: Vec<u64> = args.iter().map(|&i| on_device[i].device_ptr(&stream).0).collect();
-        let table = stream.memcpy_stod(&pointers).map_err(failed("copying its argument table to the GPU"))?;
-        let config =
-            LaunchConfig { grid_dim: (kernel.grid, 1, 1), block_dim: (kernel.block, 1, 1), shared_mem_bytes: 0 };
-        let rows = kernel.rows;
-        let launch = || {
-            let mut builder = stream.launch_builder(&function);
-            builder.arg(&table);
-            builder.arg(&rows);
-            // SAFETY: the arguments are the entry's (`i8** args, i64 rows`); every pointer in
-            // the table is a live buffer of the size the kernel's types give (the caller's).
-            unsafe { builder.launch(config) }.map(|_| ())
+        let scratch = kernel
+            .scratch_bytes()
+            .iter()
+            .map(|&bytes| stream.alloc_zeros::<u8>(bytes.max(1) as usize))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(failed("allocating its scratch memory"))?;
+        // Each launch's first parameter is an array of pointers, in device memory.
+        let mut launches = Vec::new();
+        for launch in kernel.launches() {
+            let function = self.module.load_function(&launch.function).map_err(failed("finding it"))?;
+            let pointers: Vec<u64> = launch
+                .args
+                .iter()
+                .map(|buffer| match *buffer {
+                    LaunchBuffer::Arg(i) => on_device[args[i]].device_ptr(&stream).0,
+                    LaunchBuffer::Scratch(s) => scratch[s].device_ptr(&stream).0,
+                })
+                .collect();
+            let table = stream.memcpy_stod(&pointers).map_err(failed("copying its argument table to the GPU"))?;
+            let config =
+                LaunchConfig { grid_dim: (launch.grid, 1, 1), block_dim: (launch.block, 1, 1), shared_mem_bytes: 0 };
+            launches.push((function, table, launch.count, config));
+        }
+        let run = || {
+            for (function, table, count, config) in &launches {
+                let mut builder = stream.launch_builder(function);
+                builder.arg(table);
+                builder.arg(count);
+                // SAFETY: the arguments are the entry's (`i8** args, i64 count`); every pointer
+                // in the table is a live buffer of the size the kernel's types give (the
+                // caller's) or its scratch (`scratch_bytes`).
+                unsafe { builder.launch(*config) }?;
+            }
+            Ok(())
         };
-        launch().map_err(failed("launching it"))?;
+        run().map_err(failed("launching it"))?;
         stream.synchronize().map_err(failed("running it"))?;
         let mut seconds = 0.0;
         if timed > 0 {
             let start = Instant::now();
             for _ in 0..timed {
-                launch().map_err(failed("launching it"))?;
+                run().map_err(failed("launching it"))?;
             }
             stream.synchronize().map_err(failed("running it"))?;
             seconds = start.elapsed().as_secs_f64() / f64::from(timed);
