@@ -33,6 +33,9 @@ pub(crate) enum RunBackend {
     Llvm,
     /// The reference interpreter: slow, plainly right.
     Interp,
+    /// Native code, but GPU partitions run their GPU kernels on this CPU, thread by thread as
+    /// a GPU launch would (the grid emulator): slow; checks a GPU plan without a GPU.
+    GridEmulator,
 }
 
 impl RunBackend {
@@ -40,6 +43,7 @@ impl RunBackend {
         match self {
             RunBackend::Llvm => dfc_driver::Backend::Llvm,
             RunBackend::Interp => dfc_driver::Backend::Interp,
+            RunBackend::GridEmulator => dfc_driver::Backend::GridEmulator,
         }
     }
 
@@ -47,6 +51,7 @@ impl RunBackend {
         match self {
             RunBackend::Llvm => "llvm",
             RunBackend::Interp => "interp",
+            RunBackend::GridEmulator => "grid-emulator",
         }
     }
 }
@@ -162,7 +167,8 @@ enum Command {
         /// With --fetch: the .npy file to write.
         #[arg(short, long, requires = "fetch")]
         output: Option<PathBuf>,
-        /// What runs the plan: native code (LLVM) or the reference interpreter.
+        /// What runs the plan: native code (LLVM), the reference interpreter, or native code with
+        /// GPU partitions on the grid emulator.
         #[arg(long, value_enum, default_value_t = RunBackend::Llvm)]
         backend: RunBackend,
         /// Step an asynchronous ps plan's replicas together, as one process does (repeatable

@@ -115,11 +115,19 @@ fn a_gpu_plan_compiles_and_without_a_gpu_its_run_says_what_is_missing() {
     if !dfc_cuda::driver_present() {
         assert!(stderr.contains("no NVIDIA driver") && stderr.contains("libcuda.so.1"), "{stderr}");
     }
-    assert!(stderr.contains("--backend interp"), "{stderr}");
+    assert!(stderr.contains("--backend interp") && stderr.contains("--backend grid-emulator"), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
-    // The reference interpreter runs any partition, GPU ones included, on the CPU.
-    let (ok, _, stderr) = dfc(&[&["run", plan, "--steps", "2", "--backend", "interp"][..], &feeds].concat());
-    assert!(ok, "{stderr}");
+    // The reference interpreter runs any partition, GPU ones included, on the CPU; the grid
+    // emulator runs the GPU partitions' own kernels on it, and both replicas train alike.
+    let mut losses = Vec::new();
+    for backend in ["interp", "grid-emulator"] {
+        let (ok, stdout, stderr) = dfc(&[&["run", plan, "--steps", "30", "--backend", backend][..], &feeds].concat());
+        assert!(ok, "{backend}: {stderr}");
+        let text = format!("{stdout}{stderr}");
+        let loss = text.split("train loss ").nth(1).and_then(|rest| rest.split(',').next()).map(str::to_string);
+        losses.push(loss.unwrap_or_else(|| panic!("{backend}: no loss in {text}")));
+    }
+    assert_eq!(losses[0], losses[1], "the interpreter's and the grid emulator's training losses");
 }
 
 #[test]

@@ -1,5 +1,6 @@
 //! Differential tests of the LLVM backend against the reference interpreter: every example's
-//! forward pass (outputs, loss, metrics) and training steps, on one device and partitioned.
+//! forward pass (outputs, loss, metrics) and training steps, on one device and partitioned;
+//! and of GPU plans run by the grid emulator (their GPU kernels, thread by thread, on this CPU).
 //!
 //! Tolerances: f32 results within 1e-5 relative (matrix products and convolutions sum in
 //! another order than the interpreter; elementwise kernels and reductions sum in its order);
@@ -106,10 +107,15 @@ fn check(example: &str, cluster: Cluster, strategy: Strategy) {
 }
 
 fn check_plan(example: &str, plan: &Plan) {
+    check_backend(example, plan, Backend::Llvm);
+}
+
+/// `plan` run by `backend` against the interpreter.
+fn check_backend(example: &str, plan: &Plan, backend: Backend) {
     let plan = plan.clone();
     let data = batches(&plan);
     let (ref_seen, ref_vars) = run(&plan, Backend::Interp, &data);
-    let (seen, vars) = run(&plan, Backend::Llvm, &data);
+    let (seen, vars) = run(&plan, backend, &data);
     assert_eq!(ref_seen.len(), seen.len());
     for (i, (a, b)) in ref_seen.iter().zip(&seen).enumerate() {
         assert_close(&format!("{example} fetch {i}"), a, b);
@@ -153,6 +159,21 @@ fn ridge_regression() {
 #[test]
 fn wide_and_deep() {
     single("wide_and_deep");
+}
+
+/// Every example's GPU plan, on one GPU and mirrored on two (their gradients all-reduced), run
+/// by the grid emulator: each GPU kernel's launches thread by thread (reductions over the
+/// outermost loop in their passes), every other step as on the CPU.
+#[test]
+fn gpu_plans_run_on_the_grid_emulator() {
+    for example in ["softmax_regression", "mlp", "cnn", "linear_regression", "ridge_regression", "wide_and_deep"] {
+        let on_one = plan(example, Cluster::local(1, DeviceKind::Gpu), Strategy::Single);
+        assert!(on_one.partitions.iter().all(|p| p.device.kind == Some(DeviceKind::Gpu)), "{example}");
+        check_backend(example, &on_one, Backend::GridEmulator);
+    }
+    let mirrored = plan("mlp", Cluster::local(2, DeviceKind::Gpu), Strategy::Mirrored);
+    assert_eq!(mirrored.partitions.len(), 2);
+    check_backend("mlp mirrored on 2 GPUs", &mirrored, Backend::GridEmulator);
 }
 
 #[test]

@@ -26,6 +26,8 @@ pub struct GpuKernel {
     pub root: NodeId,
     pub members: Vec<NodeId>,
     pub inputs: Vec<TensorRef>,
+    /// Bytes of each argument: its inputs' values, then its output's.
+    pub arg_bytes: Vec<u64>,
     pub rows: u64,
     pub block: u32,
     pub grid: u32,

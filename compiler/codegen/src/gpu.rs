@@ -156,11 +156,15 @@ fn emit_kernels<'ctx>(
         }
         let threads = reduction.as_ref().map_or(shape.rows, |r| r.lanes);
         let (block, grid) = launch(threads);
+        let graph = &module.graph;
+        let output = &graph.node(kernel.root).outputs[0];
+        let arg_bytes = kernel.inputs.iter().map(|t| graph.ty(*t)).chain([output]).map(|ty| ty.size_in_bytes() as u64);
         kernels.push(GpuKernel {
             function,
             root: kernel.root,
             members: kernel.members.clone(),
             inputs: kernel.inputs.clone(),
+            arg_bytes: arg_bytes.collect(),
             rows: shape.rows,
             block,
             grid,

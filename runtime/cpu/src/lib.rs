@@ -5,10 +5,12 @@
 //!
 //! - [`jit::load_partition`] generates and JIT-compiles a partition's kernels, shared by the
 //!   sessions that load the same partition and freed with the last of them.
-//! - [`NativeProgram::new`] selects the steps some fetches and targets need (whole kernels:
+//! - [`Schedule::new`] selects the steps some fetches and targets need (whole kernels:
 //!   see `dfc_passes::fuse`), aliases what needs no copy (reads of variables, reshapes,
 //!   assignments, which update the variable in place) and plans one arena for every other
-//!   value by liveness, so that a run allocates nothing but its fetched results.
+//!   value by liveness, so that a run allocates nothing but its fetched results;
+//!   [`NativeProgram::new`] gives it the JIT-compiled kernels (the grid emulator's GPU
+//!   programs, in `dfc_cuda`, give it theirs).
 //! - [`NativeProgram::run`] runs it on feeds and variables, with subnormal floats flushed to zero
 //!   (`denormals`), as TensorFlow does.
 //!
@@ -20,9 +22,11 @@ mod denormals;
 pub mod jit;
 mod memory;
 mod program;
+pub mod schedule;
 
 pub use jit::{link_code, live_count, load_partition, load_partitions, Jitted, KernelFn};
-pub use program::NativeProgram;
+pub use program::{read_tensor, run_host_step, Bindings, HostArena, NativeProgram};
+pub use schedule::{KernelSite, Schedule, Slot, Step};
 
 #[derive(Debug, thiserror::Error)]
 pub enum CpuError {

@@ -63,8 +63,28 @@ impl Emulated {
         check_arguments(kernel, buffers, args, "the emulated GPU")?;
         // 16-byte aligned copies, as device memory is (more than) aligned.
         let mut memory: Vec<Vec<u128>> = buffers.iter().map(|b| aligned(b, 0)).collect();
-        let mut scratch: Vec<Vec<u128>> =
-            kernel.scratch_bytes().iter().map(|&bytes| aligned(&vec![0xff; bytes as usize], 0xff)).collect();
+        let mut scratch = Scratch::for_kernels(std::slice::from_ref(kernel));
+        let pointers: Vec<*mut u8> = args.iter().map(|&i| memory[i].as_mut_ptr() as *mut u8).collect();
+        // SAFETY: the pointers are copies of the buffers, which `check_arguments` found to be
+        // one per argument, each as large as the kernel's value there.
+        unsafe { self.launch(kernel, &pointers, &mut scratch, seed)? };
+        Ok(memory.iter().zip(buffers).map(|(m, b)| as_bytes(m)[..b.len()].to_vec()).collect())
+    }
+
+    /// Runs `kernel`'s launches over `args` (its inputs, then its output), with `scratch` for
+    /// a reduction's passes, each launch's threads in an order shuffled by `seed`.
+    ///
+    /// # Safety
+    /// `args` are the kernel's arguments, each pointing to a value of the type the kernel
+    /// reads or writes there, alive and used by nothing else until this returns; `scratch` was
+    /// made for kernels including this one.
+    pub unsafe fn launch(
+        &self,
+        kernel: &GpuKernel,
+        args: &[*mut u8],
+        scratch: &mut Scratch,
+        seed: u64,
+    ) -> Result<(), CudaError> {
         for (n, launch) in kernel.launches().iter().enumerate() {
             let name = format!("{}{THREAD_SUFFIX}", launch.function);
             let function = self.jit.function(&name).ok_or_else(|| CudaError::MissingKernel {
@@ -75,8 +95,8 @@ impl Emulated {
                 .args
                 .iter()
                 .map(|buffer| match *buffer {
-                    LaunchBuffer::Arg(i) => memory[args[i]].as_mut_ptr() as *mut u8,
-                    LaunchBuffer::Scratch(s) => scratch[s].as_mut_ptr() as *mut u8,
+                    LaunchBuffer::Arg(i) => args[i],
+                    LaunchBuffer::Scratch(s) => scratch.buffers[s].as_mut_ptr() as *mut u8,
                 })
                 .collect();
             let table = Arguments(pointers);
@@ -86,7 +106,22 @@ impl Emulated {
                 call(function, &table, count, thread)
             });
         }
-        Ok(memory.iter().zip(buffers).map(|(m, b)| as_bytes(m)[..b.len()].to_vec()).collect())
+        Ok(())
+    }
+}
+
+/// Scratch memory for reductions' passes: two buffers, as large as the largest of some
+/// kernels' (`GpuKernel::scratch_bytes`), filled at first with all-ones bytes (NaN for floats),
+/// as a GPU's memory is not zeroed.
+pub struct Scratch {
+    buffers: [Vec<u128>; 2],
+}
+
+impl Scratch {
+    pub fn for_kernels(kernels: &[GpuKernel]) -> Scratch {
+        let most = |i: usize| kernels.iter().map(|k| k.scratch_bytes()[i]).max().unwrap_or(0) as usize;
+        let filled = |bytes: usize| vec![u128::MAX; bytes.div_ceil(16)];
+        Scratch { buffers: [filled(most(0)), filled(most(1))] }
     }
 }
 

@@ -11,6 +11,7 @@
 //! docs/gpu.md for what is and is not done.
 
 pub mod emulator;
+pub mod program;
 
 use cudarc::driver::{CudaContext, CudaModule, DevicePtr, DriverError, LaunchConfig, PushKernelArg};
 use dfc_codegen::{GpuCode, GpuKernel, LaunchBuffer};
@@ -53,15 +54,23 @@ pub enum CudaError {
     Emulator(String),
 }
 
-/// Refuses arguments a kernel cannot run on: it takes one buffer per input, then its output.
+/// Refuses arguments a kernel cannot run on: it takes one buffer per input, then its output,
+/// each at least as large as its value.
 fn check_arguments(kernel: &GpuKernel, buffers: &[Vec<u8>], args: &[usize], device: &str) -> Result<(), CudaError> {
     let wanted = kernel.inputs.len() + 1;
-    if args.len() != wanted || args.iter().any(|&i| i >= buffers.len()) || buffers.iter().any(Vec::is_empty) {
+    let small = |(&i, &bytes): (&usize, &u64)| (buffers[i].len() as u64) < bytes;
+    if args.len() != wanted
+        || kernel.arg_bytes.len() != wanted
+        || args.iter().any(|&i| i >= buffers.len())
+        || buffers.iter().any(Vec::is_empty)
+        || args.iter().zip(&kernel.arg_bytes).any(small)
+    {
         return Err(CudaError::Arguments {
             device: device.to_string(),
             kernel: kernel.function.clone(),
             message: format!(
-                "it takes {wanted} arguments (inputs, then output), each one of {} non-empty buffers; given {args:?}",
+                "it takes {wanted} arguments (inputs, then output) of {:?} bytes, each one of {} non-empty buffers; given {args:?}",
+                kernel.arg_bytes,
                 buffers.len()
             ),
         });

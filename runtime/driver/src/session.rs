@@ -46,6 +46,10 @@ pub enum Backend {
     Llvm,
     /// The reference interpreter (`dfc_interp`): slow, plainly right.
     Interp,
+    /// As `Llvm`, but a GPU partition runs on this CPU with its GPU kernels, each launch thread
+    /// by thread through the grid emulator (`dfc_cuda::program`): slow; for checking a GPU
+    /// plan where there is no GPU.
+    GridEmulator,
 }
 
 /// The variables of a plan's partitions, and the programs that run over them.
@@ -68,6 +72,9 @@ pub struct Session<'p> {
     mirrors: Vec<(usize, &'p str, usize, &'p str)>,
     /// Per hosted partition, with the LLVM backend: its kernels' machine code.
     native: Vec<Option<Arc<Jitted>>>,
+    /// Per partition, its GPU kernels compiled for the grid emulator (hosted GPU partitions,
+    /// `GridEmulator` backend).
+    emulated: Vec<Option<Arc<dfc_cuda::emulator::Emulated>>>,
     /// The partitions this session runs (all, but on a worker of a distributed run).
     hosted: Vec<bool>,
 }
@@ -92,6 +99,7 @@ struct Part {
 enum Executable {
     Interp(Program),
     Native(NativeProgram),
+    Emulated(dfc_cuda::program::GpuProgram),
 }
 
 impl Executable {
@@ -99,6 +107,7 @@ impl Executable {
         match self {
             Executable::Interp(program) => program.inputs(),
             Executable::Native(program) => program.inputs(),
+            Executable::Emulated(program) => program.inputs(),
         }
     }
 }
@@ -122,6 +131,7 @@ impl SessionProgram {
             .iter()
             .flat_map(|p| match &p.program {
                 Executable::Native(program) => program.library_ops(),
+                Executable::Emulated(program) => program.schedule().library_ops(),
                 Executable::Interp(_) => Vec::new(),
             })
             .collect()
@@ -133,6 +143,7 @@ impl SessionProgram {
             .iter()
             .flat_map(|p| match &p.program {
                 Executable::Native(program) => program.folded_updates(),
+                Executable::Emulated(program) => program.schedule().folded_updates.clone(),
                 Executable::Interp(_) => Vec::new(),
             })
             .collect()
@@ -250,14 +261,25 @@ impl<'p> Session<'p> {
         let modules: Vec<&dfc_ir::Module> = plan.partitions.iter().map(|p| &p.module).collect();
         let orders = dfc_interp::schedule(&modules)?;
         let mut native = Vec::with_capacity(plan.partitions.len());
-        if backend == Backend::Llvm {
+        let mut emulated: Vec<Option<Arc<dfc_cuda::emulator::Emulated>>> = vec![None; plan.partitions.len()];
+        if backend != Backend::Interp {
             let host = dfc_codegen::host_target();
             let cache = dfc_codegen::CodeCache::from_env();
-            // The hosted partitions compiled together: what they have in common, once.
-            let mine: Vec<usize> = (0..plan.partitions.len()).filter(|&p| hosted[p]).collect();
-            if let Some(&p) = mine.iter().find(|&&p| plan.partitions[p].device.kind == Some(dfc_ir::DeviceKind::Gpu)) {
-                return Err(gpu_partition_error(plan, p));
+            let on_gpu = |p: usize| plan.partitions[p].device.kind == Some(dfc_ir::DeviceKind::Gpu);
+            let mut mine: Vec<usize> = (0..plan.partitions.len()).filter(|&p| hosted[p]).collect();
+            if let Some(&p) = mine.iter().find(|&&p| on_gpu(p)) {
+                if backend == Backend::Llvm {
+                    return Err(gpu_partition_error(plan, p));
+                }
             }
+            for &p in mine.iter().filter(|&&p| on_gpu(p)) {
+                let partition = &plan.partitions[p];
+                let code = dfc_cuda::emulator::Emulated::load(&partition.module, &plan.kept_nodes(p))
+                    .map_err(|e| RunError::Plan(format!("compiling partition {}: {e}", partition.device)))?;
+                emulated[p] = Some(Arc::new(code));
+            }
+            // The hosted CPU partitions compiled together: what they have in common, once.
+            mine.retain(|&p| !on_gpu(p));
             let keeps: Vec<Vec<NodeId>> = mine.iter().map(|&p| plan.kept_nodes(p)).collect();
             let parts: Vec<(&dfc_ir::Module, &[NodeId])> =
                 mine.iter().zip(&keeps).map(|(&p, keep)| (&plan.partitions[p].module, keep.as_slice())).collect();
@@ -281,6 +303,7 @@ impl<'p> Session<'p> {
             logical,
             mirrors,
             native,
+            emulated,
             hosted,
         };
         // Copies start as their originals do; make sure of it.
@@ -394,10 +417,17 @@ impl<'p> Session<'p> {
             }
             let targets: Vec<NodeId> = partition_roots.iter().copied().collect();
             let module = &self.plan.partitions[p].module;
-            let program = match &self.native[p] {
-                None if self.backend == Backend::Llvm => unreachable!("hosted partitions have native code"),
-                None => Executable::Interp(Program::with_order(module, &part_fetches[p], &targets, &self.orders[p])?),
-                Some(jit) => Executable::Native(self.native_program(p, jit, &part_fetches[p], &targets)?),
+            let program = match (&self.native[p], &self.emulated[p]) {
+                (Some(jit), _) => Executable::Native(self.native_program(p, jit, &part_fetches[p], &targets)?),
+                (None, Some(kernels)) => {
+                    Executable::Emulated(self.emulated_program(p, kernels, &part_fetches[p], &targets)?)
+                }
+                (None, None) if self.backend != Backend::Interp => {
+                    unreachable!("hosted partitions have native code")
+                }
+                (None, None) => {
+                    Executable::Interp(Program::with_order(module, &part_fetches[p], &targets, &self.orders[p])?)
+                }
             };
             part_index[p] = parts.len();
             parts.push(Part { partition: p, program });
@@ -436,6 +466,34 @@ impl<'p> Session<'p> {
                 let jit = dfc_cpu::load_partition(&cache, module, &keep, &dfc_codegen::host_target())
                     .map_err(backend_error)?;
                 NativeProgram::new(module, jit, fetches, targets, order).map_err(backend_error)
+            }
+            other => other.map_err(backend_error),
+        }
+    }
+
+    /// The grid emulator's program of GPU partition `p`, as `native_program` makes the CPU's.
+    fn emulated_program(
+        &self,
+        p: usize,
+        kernels: &Arc<dfc_cuda::emulator::Emulated>,
+        fetches: &[TensorRef],
+        targets: &[NodeId],
+    ) -> Result<dfc_cuda::program::GpuProgram, RunError> {
+        let module = &self.plan.partitions[p].module;
+        let order = &self.orders[p];
+        let backend_error = |e: CpuError| match e {
+            CpuError::Interp(e) => RunError::Interp(e),
+            other => RunError::Plan(other.to_string()),
+        };
+        match dfc_cuda::program::GpuProgram::emulated(module, kernels.clone(), fetches, targets, order) {
+            Err(CpuError::NotStored(_)) => {
+                let mut keep = self.plan.kept_nodes(p);
+                keep.extend(fetches.iter().map(|f| f.node));
+                let kernels = dfc_cuda::emulator::Emulated::load(module, &keep).map_err(|e| {
+                    RunError::Plan(format!("compiling partition {}: {e}", self.plan.partitions[p].device))
+                })?;
+                dfc_cuda::program::GpuProgram::emulated(module, Arc::new(kernels), fetches, targets, order)
+                    .map_err(backend_error)
             }
             other => other.map_err(backend_error),
         }
@@ -483,6 +541,7 @@ impl<'p> Session<'p> {
                     program.run_staged(module, variables, feeds, rendezvous).map(PartRun::Staged)
                 }
                 Executable::Native(program) => program.run(variables, feeds, Some(rendezvous)).map(PartRun::Done),
+                Executable::Emulated(program) => program.run(variables, feeds, Some(rendezvous)).map(PartRun::Done),
             }
         };
         let run_aborting = |part: &Part, variables: &mut Variables| {
@@ -672,7 +731,8 @@ impl Drop for AbortOnPanic<'_> {
 fn gpu_partition_error(plan: &Plan, p: usize) -> RunError {
     let partition = &plan.partitions[p];
     let device = &partition.device;
-    let fallback = "`--backend interp` runs it on this machine's CPU with the reference interpreter";
+    let fallback = "`--backend interp` runs it on this machine's CPU with the reference interpreter, \
+        `--backend grid-emulator` with its GPU kernels run thread by thread as on a GPU";
     let gpu = match dfc_cuda::Gpu::open(device.index.unwrap_or(0) as usize) {
         Ok(gpu) => gpu,
         Err(e) => return RunError::Plan(format!("partition {device} runs on a GPU, but {e}; {fallback}")),

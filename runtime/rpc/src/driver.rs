@@ -235,6 +235,7 @@ impl RemoteSession {
                 backend: match backend {
                     Backend::Llvm => "llvm".into(),
                     Backend::Interp => "interp".into(),
+                    Backend::GridEmulator => "grid-emulator".into(),
                 },
                 wait_ms: wait.as_millis() as u64,
                 data_ports: data_ports.clone(),

@@ -307,6 +307,7 @@ impl Worker for WorkerService {
         let backend = match request.backend.as_str() {
             "llvm" => Backend::Llvm,
             "interp" => Backend::Interp,
+            "grid-emulator" => Backend::GridEmulator,
             other => return Err(bad(format!("unknown backend `{other}`"))),
         };
         let worker_of: Vec<usize> = request.partition_worker.iter().map(|&w| w as usize).collect();

@@ -1,0 +1,654 @@
+//! A partition's schedule: the steps some fetches and targets need (whole fused kernels,
+//! matrix products, convolutions, exchanges, …), which values alias which, and every other
+//! value's place in one arena planned by liveness. The CPU's `NativeProgram` runs it with its
+//! JIT-compiled kernels over host memory; the GPU's program (`dfc_cuda::program`) runs the same
+//! schedule with its kernels' launches. Planning knows nothing of how kernels run.
+
+use crate::memory::{self, Lifetime};
+use crate::CpuError;
+use dfc_interp::{Data, InterpError, Tensor};
+use dfc_ir::{DType, Module, NodeId, Op, TensorRef, TensorType};
+use dfc_kernels::{Conv2dGeometry, PoolGeometry};
+use std::collections::{HashMap, HashSet};
+
+/// A fused kernel as a schedule sees it: the node it computes, the nodes it computes inside
+/// itself, and the values it reads (`dfc_passes::Kernel`'s fields, which the compiled kernel
+/// descriptions of both back ends repeat).
+#[derive(Clone, Copy, Debug)]
+pub struct KernelSite<'k> {
+    pub root: NodeId,
+    pub members: &'k [NodeId],
+    pub inputs: &'k [TensorRef],
+}
+
+/// The planned steps of a partition for some fetches and targets, with every value's slot.
+#[derive(Debug)]
+pub struct Schedule {
+    pub steps: Vec<Step>,
+    /// The updates run as one GEMM into their variable (`folded_update`), by node name.
+    pub folded_updates: Vec<String>,
+    /// Each fetched value's slot and type.
+    pub fetches: Vec<(Slot, TensorType)>,
+    /// `Slot::Feed(i)` is input `feeds[i]`.
+    pub feeds: Vec<(String, TensorType)>,
+    /// `Slot::Variable(i)` is variable `variables[i]`.
+    pub variables: Vec<(String, TensorType)>,
+    /// `Slot::Const(i)` is `consts[i]`.
+    pub consts: Vec<Tensor>,
+    /// Bytes of the arena: `Slot::Arena(offset)` is at `offset` in it (aligned to `memory::ALIGN`).
+    pub arena_bytes: usize,
+}
+
+/// Where a value lives during a run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Slot {
+    /// A planned buffer (an index into `buffers` until offsets are assigned).
+    Arena(usize),
+    Feed(usize),
+    Variable(usize),
+    Const(usize),
+}
+
+#[derive(Debug)]
+pub enum Step {
+    /// Fused kernel `kernel` (an index into the schedule's kernels) over `args`: its inputs,
+    /// then its output.
+    Kernel {
+        kernel: usize,
+        args: Vec<Slot>,
+    },
+    MatMul {
+        a: Slot,
+        b: Slot,
+        out: Slot,
+        m: usize,
+        n: usize,
+        k: usize,
+        ta: bool,
+        tb: bool,
+        batches: Vec<(usize, usize)>,
+        /// `Some(α)`: the product is folded into an update of the variable at `out`, `out += α·a·b`.
+        update: Option<f32>,
+    },
+    /// A convolution or its gradients (im2col and GEMM): `(a, b)` are `(input, filter)`,
+    /// `(filter, grad_out)` or `(input, grad_out)`.
+    Conv {
+        kind: ConvKind,
+        geometry: Conv2dGeometry,
+        a: Slot,
+        b: Slot,
+        out: Slot,
+        out_len: usize,
+    },
+    /// Pooling or its gradients on f32: `operands` are `[input]`, `[input, grad_out]` (max) or
+    /// `[grad_out]` (avg).
+    Pool {
+        kind: PoolKind,
+        geometry: PoolGeometry,
+        operands: Vec<(Slot, usize)>,
+        out: Slot,
+        out_len: usize,
+    },
+    /// Data movement (transpose, concat, slice, pad, gather): copies of elements of
+    /// `element_bytes` each, whatever their type.
+    Layout {
+        node: String,
+        op: Op,
+        element_bytes: usize,
+        operands: Vec<(Slot, TensorType)>,
+        out: Slot,
+        ty: TensorType,
+    },
+    Library {
+        node: String,
+        op: Op,
+        operands: Vec<(Slot, TensorType)>,
+        out: Slot,
+        ty: TensorType,
+    },
+    /// A stateful op the kernels do not cover: the interpreter's semantics on the variable.
+    Update {
+        node: String,
+        op: Op,
+        variable: Slot,
+        value: (Slot, TensorType),
+        ty: TensorType,
+    },
+    Copy {
+        from: Slot,
+        to: Slot,
+        bytes: usize,
+    },
+    Send {
+        key: String,
+        value: Slot,
+        ty: TensorType,
+    },
+    Recv {
+        node: String,
+        key: String,
+        out: Slot,
+        ty: TensorType,
+    },
+    AllReduce {
+        key: String,
+        group_size: u32,
+        members: Vec<(u32, Slot, Slot)>,
+        ty: TensorType,
+    },
+}
+
+#[derive(Clone, Copy, Debug)]
+pub enum ConvKind {
+    Forward,
+    BackpropInput,
+    BackpropFilter,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub enum PoolKind {
+    Max,
+    MaxGrad,
+    Avg,
+    AvgGrad,
+}
+
+impl Step {
+    /// The slots the step reads, and those it writes.
+    pub fn reads_writes(&self) -> (Vec<Slot>, Vec<Slot>) {
+        match self {
+            Step::Kernel { args, .. } => (args[..args.len() - 1].to_vec(), vec![*args.last().unwrap()]),
+            Step::MatMul { a, b, out, .. } => (vec![*a, *b], vec![*out]),
+            Step::Library { operands, out, .. } | Step::Layout { operands, out, .. } => {
+                (operands.iter().map(|o| o.0).collect(), vec![*out])
+            }
+            Step::Conv { a, b, out, .. } => (vec![*a, *b], vec![*out]),
+            Step::Pool { operands, out, .. } => (operands.iter().map(|o| o.0).collect(), vec![*out]),
+            Step::Update { variable, value, .. } => (vec![*variable, value.0], vec![*variable]),
+            Step::Copy { from, to, .. } => (vec![*from], vec![*to]),
+            Step::Send { value, .. } => (vec![*value], vec![]),
+            Step::Recv { out, .. } => (vec![], vec![*out]),
+            Step::AllReduce { members, .. } => {
+                (members.iter().map(|m| m.1).collect(), members.iter().map(|m| m.2).collect())
+            }
+        }
+    }
+
+    fn slots_mut(&mut self) -> Vec<&mut Slot> {
+        match self {
+            Step::Kernel { args, .. } => args.iter_mut().collect(),
+            Step::MatMul { a, b, out, .. } => vec![a, b, out],
+            Step::Library { operands, out, .. } | Step::Layout { operands, out, .. } => {
+                operands.iter_mut().map(|o| &mut o.0).chain([out]).collect()
+            }
+            Step::Conv { a, b, out, .. } => vec![a, b, out],
+            Step::Pool { operands, out, .. } => operands.iter_mut().map(|o| &mut o.0).chain([out]).collect(),
+            Step::Update { variable, value, .. } => vec![variable, &mut value.0],
+            Step::Copy { from, to, .. } => vec![from, to],
+            Step::Send { value, .. } => vec![value],
+            Step::Recv { out, .. } => vec![out],
+            Step::AllReduce { members, .. } => members.iter_mut().flat_map(|m| [&mut m.1, &mut m.2]).collect(),
+        }
+    }
+}
+
+fn malformed(module: &Module, id: NodeId, message: impl Into<String>) -> CpuError {
+    CpuError::Interp(InterpError::Malformed { node: module.graph.node(id).name.clone(), message: message.into() })
+}
+
+impl Schedule {
+    /// The ops that run through the interpreter's kernels (no native step), one per node.
+    pub fn library_ops(&self) -> Vec<String> {
+        self.steps
+            .iter()
+            .filter_map(|s| match s {
+                Step::Library { op, .. } | Step::Update { op, .. } => Some(op.name().to_string()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The schedule computing `fetches` and running `targets` over `module` (a partition)
+    /// whose fused kernels are `kernels` (`dfc_passes::fuse` of this module, as compiled), nodes
+    /// in `order` (see `dfc_interp::Program::with_order`).
+    pub fn new(
+        module: &Module,
+        kernels: &[KernelSite<'_>],
+        fetches: &[TensorRef],
+        targets: &[NodeId],
+        order: &[NodeId],
+    ) -> Result<Schedule, CpuError> {
+        let graph = &module.graph;
+        // The interpreter's program checks every node: the same checks hold here.
+        dfc_interp::Program::with_order(module, fetches, targets, order)?;
+        let roots: Vec<NodeId> = fetches.iter().map(|f| f.node).chain(targets.iter().copied()).collect();
+        let needed = graph.ancestors(&roots);
+        let order: Vec<NodeId> = {
+            let mut seen = HashSet::new();
+            order.iter().copied().filter(|id| needed.contains(id) && seen.insert(*id)).collect()
+        };
+        let index_of: HashMap<NodeId, usize> = kernels.iter().enumerate().map(|(i, k)| (k.root, i)).collect();
+        let kernels: HashMap<NodeId, &KernelSite> = kernels.iter().map(|k| (k.root, k)).collect();
+        // Nodes computed inside the kernels the program runs, and those kernels' roots.
+        let mut inside: HashMap<NodeId, Vec<NodeId>> = HashMap::new();
+        for &id in &order {
+            if let Some(kernel) = kernels.get(&id) {
+                for &m in kernel.members {
+                    if m != id {
+                        inside.entry(m).or_default().push(id);
+                    }
+                }
+            }
+        }
+        // Updates whose value is a scaled product, run as one GEMM into the variable; the product is not stored.
+        let fetched: HashSet<NodeId> = fetches.iter().map(|f| f.node).collect();
+        let folded: HashMap<NodeId, (NodeId, f32)> = order
+            .iter()
+            .filter_map(|id| kernels.get(id))
+            .filter_map(|kernel| folded_update(module, kernel, &needed, &fetched).map(|f| (kernel.root, f)))
+            .collect();
+        let folded_products: HashSet<NodeId> = folded.values().map(|f| f.0).collect();
+        let computed_inside =
+            |id: NodeId| (inside.contains_key(&id) && !kernels.contains_key(&id)) || folded_products.contains(&id);
+        for fetch in fetches {
+            if computed_inside(fetch.node) {
+                return Err(CpuError::NotStored(graph.node(fetch.node).name.clone()));
+            }
+        }
+        let position: HashMap<NodeId, usize> = order.iter().enumerate().map(|(i, &id)| (id, i)).collect();
+
+        // A read aliases its variable unless the variable is assigned before the read's last
+        // use: then it is copied.
+        let aliases_operand = |id: NodeId| {
+            matches!(graph.node(id).op, Op::Reshape { .. } | Op::Identity | Op::StopGradient) && !computed_inside(id)
+        };
+        let mut last_use: HashMap<NodeId, usize> = HashMap::new();
+        for &id in &order {
+            if computed_inside(id) {
+                continue;
+            }
+            let inputs = match (folded.get(&id), kernels.get(&id)) {
+                (Some(&(product, _)), _) => [graph.inputs(id)[0]].into_iter().chain(graph.inputs(product)).collect(),
+                (None, Some(kernel)) => kernel.inputs.to_vec(),
+                (None, None) => graph.inputs(id),
+            };
+            let at = position[&id];
+            for t in inputs {
+                let entry = last_use.entry(t.node).or_insert(at);
+                *entry = (*entry).max(at);
+            }
+        }
+        // Through aliases, a read is used as long as its aliases are.
+        for &id in order.iter().rev() {
+            if aliases_operand(id) {
+                let operand = graph.inputs(id)[0].node;
+                if let Some(&l) = last_use.get(&id) {
+                    let e = last_use.entry(operand).or_insert(l);
+                    *e = (*e).max(l);
+                }
+            }
+        }
+        let mut assigns_of: HashMap<NodeId, Vec<usize>> = HashMap::new();
+        for &id in &order {
+            if matches!(graph.node(id).op, Op::Assign | Op::AssignAdd | Op::AssignSub) {
+                assigns_of.entry(graph.inputs(id)[0].node).or_default().push(position[&id]);
+            }
+        }
+        let copied_reads: HashSet<NodeId> = order
+            .iter()
+            .copied()
+            .filter(|&id| matches!(graph.node(id).op, Op::Read))
+            .filter(|&id| {
+                let variable = graph.inputs(id)[0].node;
+                let at = position[&id];
+                let next_assign = assigns_of.get(&variable).and_then(|a| a.iter().copied().filter(|&p| p > at).min());
+                matches!((next_assign, last_use.get(&id)), (Some(a), Some(&l)) if l > a)
+            })
+            .collect();
+
+        let mut builder = Builder::default();
+        let mut slot_of: HashMap<NodeId, Slot> = HashMap::new();
+        let mut steps: Vec<Step> = Vec::new();
+        // Replicas of an all-reduce that an earlier one of this program contributes.
+        let mut reduced_later: HashSet<NodeId> = HashSet::new();
+        for &id in &order {
+            if reduced_later.contains(&id) || computed_inside(id) {
+                continue;
+            }
+            let node = graph.node(id);
+            let operand_slots = |ids: &[TensorRef], slot_of: &HashMap<NodeId, Slot>| -> Vec<Slot> {
+                ids.iter().map(|t| slot_of[&t.node]).collect()
+            };
+            let ty = node.outputs.first().cloned();
+            if let Some(&(product, alpha)) = folded.get(&id) {
+                let out = slot_of[&graph.inputs(id)[0].node];
+                steps.push(product_step(module, product, &slot_of, out, Some(alpha)));
+                slot_of.insert(id, out);
+                continue;
+            }
+            if let Some(kernel) = kernels.get(&id) {
+                let mut args = operand_slots(kernel.inputs, &slot_of);
+                let out = match node.op {
+                    Op::Assign | Op::AssignAdd | Op::AssignSub => slot_of[&graph.inputs(id)[0].node],
+                    _ => builder.buffer(ty.as_ref().unwrap()),
+                };
+                args.push(out);
+                slot_of.insert(id, out);
+                steps.push(Step::Kernel { kernel: index_of[&id], args });
+                continue;
+            }
+            let operands = graph.inputs(id);
+            match &node.op {
+                Op::Input { ty } => {
+                    slot_of.insert(id, Slot::Feed(builder.feeds.len()));
+                    builder.feeds.push((node.name.clone(), ty.clone()));
+                }
+                Op::Const { value } => {
+                    slot_of.insert(id, Slot::Const(builder.consts.len()));
+                    builder.consts.push(Tensor::new(value.shape.clone(), value.data.clone()));
+                }
+                Op::Variable { ty, .. } => {
+                    slot_of.insert(id, Slot::Variable(builder.variables.len()));
+                    builder.variables.push((node.name.clone(), ty.clone()));
+                }
+                Op::Read if copied_reads.contains(&id) => {
+                    let ty = ty.unwrap();
+                    let out = builder.buffer(&ty);
+                    steps.push(Step::Copy { from: slot_of[&operands[0].node], to: out, bytes: ty.size_in_bytes() });
+                    slot_of.insert(id, out);
+                }
+                Op::Read | Op::Reshape { .. } | Op::Identity | Op::StopGradient => {
+                    slot_of.insert(id, slot_of[&operands[0].node]);
+                }
+                Op::Assign | Op::AssignAdd | Op::AssignSub => {
+                    let variable = slot_of[&operands[0].node];
+                    let value = (slot_of[&operands[1].node], graph.ty(operands[1]).clone());
+                    steps.push(Step::Update {
+                        node: node.name.clone(),
+                        op: node.op.clone(),
+                        variable,
+                        value,
+                        ty: ty.unwrap(),
+                    });
+                    slot_of.insert(id, variable);
+                }
+                Op::MatMul { .. } if ty.as_ref().unwrap().dtype == DType::F32 => {
+                    let out = builder.buffer(ty.as_ref().unwrap());
+                    steps.push(product_step(module, id, &slot_of, out, None));
+                    slot_of.insert(id, out);
+                }
+                Op::Conv2d { strides, padding }
+                | Op::Conv2dBackpropInput { strides, padding, .. }
+                | Op::Conv2dBackpropFilter { strides, padding, .. }
+                    if ty.as_ref().unwrap().dtype == DType::F32 =>
+                {
+                    let ty = ty.unwrap();
+                    let (x, y) = (graph.ty(operands[0]).shape.dims(), graph.ty(operands[1]).shape.dims());
+                    let out_dims = ty.shape.dims();
+                    let (kind, input, filter) = match node.op {
+                        Op::Conv2d { .. } => (ConvKind::Forward, x, y),
+                        Op::Conv2dBackpropInput { .. } => (ConvKind::BackpropInput, out_dims, x),
+                        _ => (ConvKind::BackpropFilter, x, out_dims),
+                    };
+                    let geometry = Conv2dGeometry::from_dims(input, filter, *strides, *padding);
+                    let out = builder.buffer(&ty);
+                    let (a, b) = (slot_of[&operands[0].node], slot_of[&operands[1].node]);
+                    steps.push(Step::Conv { kind, geometry, a, b, out, out_len: ty.shape.n_elements() });
+                    slot_of.insert(id, out);
+                }
+                Op::MaxPool { window, strides, padding }
+                | Op::MaxPoolGrad { window, strides, padding }
+                | Op::AvgPool { window, strides, padding }
+                | Op::AvgPoolGrad { window, strides, padding, .. }
+                    if ty.as_ref().unwrap().dtype == DType::F32
+                        && operands.iter().all(|t| graph.ty(*t).dtype == DType::F32) =>
+                {
+                    let ty = ty.unwrap();
+                    let (kind, input_dims) = match &node.op {
+                        Op::MaxPool { .. } => (PoolKind::Max, graph.ty(operands[0]).shape.dims().to_vec()),
+                        Op::MaxPoolGrad { .. } => (PoolKind::MaxGrad, graph.ty(operands[0]).shape.dims().to_vec()),
+                        Op::AvgPool { .. } => (PoolKind::Avg, graph.ty(operands[0]).shape.dims().to_vec()),
+                        Op::AvgPoolGrad { input_shape, .. } => (PoolKind::AvgGrad, input_shape.dims().to_vec()),
+                        _ => unreachable!(),
+                    };
+                    let geometry = PoolGeometry::from_dims(&input_dims, *window, *strides, *padding);
+                    let out = builder.buffer(&ty);
+                    let operands =
+                        operands.iter().map(|t| (slot_of[&t.node], graph.ty(*t).shape.n_elements())).collect();
+                    steps.push(Step::Pool { kind, geometry, operands, out, out_len: ty.shape.n_elements() });
+                    slot_of.insert(id, out);
+                }
+                Op::Send { key, .. } => {
+                    let value = slot_of[&operands[0].node];
+                    steps.push(Step::Send { key: key.clone(), value, ty: graph.ty(operands[0]).clone() });
+                }
+                Op::Recv { key, ty, .. } => {
+                    let out = builder.buffer(ty);
+                    steps.push(Step::Recv { node: node.name.clone(), key: key.clone(), out, ty: ty.clone() });
+                    slot_of.insert(id, out);
+                }
+                Op::AllReduce { key, group_size, .. } => {
+                    // Replicas of one key in this program contribute together, at the first.
+                    let ty = ty.unwrap();
+                    let mut members = Vec::new();
+                    for &other in &order[position[&id]..] {
+                        if let Op::AllReduce { key: k, replica, .. } = &graph.node(other).op {
+                            if k == key {
+                                let value = *slot_of.get(&graph.inputs(other)[0].node).ok_or_else(|| {
+                                    malformed(
+                                        module,
+                                        other,
+                                        "its operand is not computed when the first replica reduces",
+                                    )
+                                })?;
+                                let out = builder.buffer(&ty);
+                                slot_of.insert(other, out);
+                                reduced_later.insert(other);
+                                members.push((*replica, value, out));
+                            }
+                        }
+                    }
+                    steps.push(Step::AllReduce { key: key.clone(), group_size: *group_size, members, ty });
+                }
+                op => {
+                    let ty = ty.unwrap();
+                    let out = builder.buffer(&ty);
+                    let operands: Vec<(Slot, TensorType)> =
+                        operands.iter().map(|t| (slot_of[&t.node], graph.ty(*t).clone())).collect();
+                    let element_bytes = ty.dtype.size_in_bytes();
+                    let layout = match op {
+                        Op::Transpose { .. } | Op::Concat { .. } | Op::Slice { .. } | Op::Pad { .. } => true,
+                        Op::Gather => matches!(operands[1].1.dtype, DType::I32 | DType::I64),
+                        _ => false,
+                    };
+                    let node = node.name.clone();
+                    let op = op.clone();
+                    steps.push(if layout {
+                        Step::Layout { node, op, element_bytes, operands, out, ty }
+                    } else {
+                        Step::Library { node, op, operands, out, ty }
+                    });
+                    slot_of.insert(id, out);
+                }
+            }
+        }
+
+        let fetches: Vec<(Slot, TensorType)> = fetches
+            .iter()
+            .map(|f| {
+                let ty = match &graph.node(f.node).op {
+                    Op::Variable { ty, .. } => ty.clone(),
+                    _ => graph.ty(*f).clone(),
+                };
+                (slot_of[&f.node], ty)
+            })
+            .collect();
+
+        // Lifetimes of the planned buffers, then their offsets.
+        let mut lifetimes: Vec<Option<(usize, usize)>> = vec![None; builder.buffers.len()];
+        let mut touch = |slot: Slot, at: usize| {
+            if let Slot::Arena(b) = slot {
+                let l = lifetimes[b].get_or_insert((at, at));
+                l.0 = l.0.min(at);
+                l.1 = l.1.max(at);
+            }
+        };
+        for (i, step) in steps.iter().enumerate() {
+            let (reads, writes) = step.reads_writes();
+            for s in reads.into_iter().chain(writes) {
+                touch(s, i);
+            }
+        }
+        for (slot, _) in &fetches {
+            touch(*slot, steps.len());
+        }
+        let values: Vec<Lifetime> = builder
+            .buffers
+            .iter()
+            .zip(&lifetimes)
+            .map(|(&bytes, l)| {
+                let (first, last) = l.unwrap_or((0, 0));
+                Lifetime { bytes: bytes.max(1), first, last }
+            })
+            .collect();
+        let (offsets, arena_bytes) = memory::assign(&values);
+        let relocate = |slot: &mut Slot| {
+            if let Slot::Arena(b) = *slot {
+                *slot = Slot::Arena(offsets[b]);
+            }
+        };
+        for step in &mut steps {
+            for slot in step.slots_mut() {
+                relocate(slot);
+            }
+        }
+        let mut fetches = fetches;
+        for (slot, _) in &mut fetches {
+            relocate(slot);
+        }
+        let folded_updates = order.iter().filter(|id| folded.contains_key(id)).map(|&id| graph.node(id).name.clone());
+        Ok(Schedule {
+            steps,
+            folded_updates: folded_updates.collect(),
+            fetches,
+            feeds: builder.feeds,
+            variables: builder.variables,
+            consts: builder.consts,
+            arena_bytes,
+        })
+    }
+}
+
+#[derive(Default)]
+struct Builder {
+    buffers: Vec<usize>,
+    feeds: Vec<(String, TensorType)>,
+    variables: Vec<(String, TensorType)>,
+    consts: Vec<Tensor>,
+}
+
+impl Builder {
+    fn buffer(&mut self, ty: &TensorType) -> Slot {
+        self.buffers.push(ty.size_in_bytes());
+        Slot::Arena(self.buffers.len() - 1)
+    }
+}
+
+/// The step of the f32 product `id` into `out`, or with `update`, added to `out` scaled by α.
+fn product_step(module: &Module, id: NodeId, slot_of: &HashMap<NodeId, Slot>, out: Slot, update: Option<f32>) -> Step {
+    let graph = &module.graph;
+    let Op::MatMul { transpose_a: ta, transpose_b: tb } = graph.node(id).op else {
+        unreachable!("a product step is built for a matmul")
+    };
+    let operands = graph.inputs(id);
+    let (a_dims, b_dims) = (graph.ty(operands[0]).shape.dims(), graph.ty(operands[1]).shape.dims());
+    let o_dims = graph.node(id).outputs[0].shape.dims();
+    let (ra, rb, ro) = (a_dims.len(), b_dims.len(), o_dims.len());
+    let (m, n) = (o_dims[ro - 2], o_dims[ro - 1]);
+    let k = if ta { a_dims[ra - 2] } else { a_dims[ra - 1] };
+    let batches = batch_offsets(&a_dims[..ra - 2], &b_dims[..rb - 2], &o_dims[..ro - 2], m * k, k * n);
+    let (a, b) = (slot_of[&operands[0].node], slot_of[&operands[1].node]);
+    Step::MatMul { a, b, out, m, n, k, ta, tb, batches, update }
+}
+
+/// The product and α when the assignment kernel `kernel` computes `v -= c·(a·b)` or `v += c·(a·b)` (c a scalar
+/// constant, or absent) of an f32 matrix product that nothing else needs, which reads nothing stored in `v`: run as
+/// `v += α·a·b`, one GEMM that writes `v` once and stores no gradient (SGD's update of a dense layer's weights).
+fn folded_update(
+    module: &Module,
+    kernel: &KernelSite<'_>,
+    needed: &std::collections::BTreeSet<NodeId>,
+    fetched: &HashSet<NodeId>,
+) -> Option<(NodeId, f32)> {
+    let graph = &module.graph;
+    let root = kernel.root;
+    let sign = match graph.node(root).op {
+        Op::AssignSub => -1.0,
+        Op::AssignAdd => 1.0,
+        _ => return None,
+    };
+    let [variable, value] = graph.inputs(root)[..] else { return None };
+    let only_user = |id: NodeId, user: NodeId| {
+        !fetched.contains(&id) && graph.users(id).into_iter().filter(|u| needed.contains(u)).eq([user])
+    };
+    let scalar_const = |t: TensorRef| match &graph.node(t.node).op {
+        Op::Const { value } if value.shape.n_elements() == 1 => match &value.data {
+            Data::F32(v) => Some(v[0]),
+            _ => None,
+        },
+        _ => None,
+    };
+    let is_product = |t: TensorRef| matches!(graph.node(t.node).op, Op::MatMul { .. });
+    let (product, scale) = match graph.node(value.node).op {
+        Op::MatMul { .. } if kernel.members == [root] => (value.node, 1.0),
+        Op::Binary(dfc_ir::BinaryOp::Mul) if kernel.members == [value.node, root] && only_user(value.node, root) => {
+            match graph.inputs(value.node)[..] {
+                [c, p] | [p, c] if is_product(p) && scalar_const(c).is_some() => (p.node, scalar_const(c)?),
+                _ => return None,
+            }
+        }
+        _ => return None,
+    };
+    let ty = &graph.node(product).outputs[0];
+    let stored = |t: TensorRef| {
+        let mut id = t.node;
+        while matches!(graph.node(id).op, Op::Read | Op::Reshape { .. } | Op::Identity | Op::StopGradient) {
+            id = graph.inputs(id)[0].node;
+        }
+        id == variable.node
+    };
+    let fits = ty.dtype == DType::F32 && ty.shape.rank() == 2 && *ty == *graph.ty(variable);
+    let operands = graph.inputs(product);
+    let plain = operands.iter().all(|t| graph.ty(*t).shape.rank() == 2 && !stored(*t));
+    let user = if product == value.node { root } else { value.node };
+    (fits && plain && only_user(product, user)).then_some((product, sign * scale))
+}
+
+/// Element offsets of `a` and `b` for each batch of a batched product, batch axes broadcast.
+fn batch_offsets(a: &[usize], b: &[usize], out: &[usize], a_matrix: usize, b_matrix: usize) -> Vec<(usize, usize)> {
+    let count: usize = out.iter().product();
+    let strides = |dims: &[usize], matrix: usize| -> Vec<usize> {
+        // Right-aligned to `out`; broadcast axes have stride 0.
+        let mut strides = vec![0; out.len()];
+        let mut s = matrix;
+        for j in (0..dims.len()).rev() {
+            let o = j + out.len() - dims.len();
+            strides[o] = if dims[j] == 1 { 0 } else { s };
+            s *= dims[j];
+        }
+        strides
+    };
+    let (sa, sb) = (strides(a, a_matrix), strides(b, b_matrix));
+    (0..count)
+        .map(|mut i| {
+            let (mut oa, mut ob) = (0, 0);
+            for d in (0..out.len()).rev() {
+                let idx = i % out[d];
+                i /= out[d];
+                oa += idx * sa[d];
+                ob += idx * sb[d];
+            }
+            (oa, ob)
+        })
+        .collect()
+}
