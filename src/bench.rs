@@ -188,11 +188,13 @@ fn human(report: &Report) -> String {
     line
 }
 
-/// `generated` if any partition's code was generated at this load, else `cached`; `none`
-/// without native code.
+/// `generated` if any partition's code was generated at this load (the grid emulator's always
+/// is), else `cached`; `none` without native code.
 fn code_origin(session: &Session) -> &'static str {
     let code: Vec<_> = session.native_code().iter().flatten().collect();
-    if code.is_empty() {
+    if session.emulated_code().iter().any(Option::is_some) {
+        "generated"
+    } else if code.is_empty() {
         "none"
     } else if code.iter().any(|jit| jit.origin() == dfc_codegen::Origin::Generated) {
         "generated"

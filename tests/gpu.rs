@@ -118,16 +118,22 @@ fn a_gpu_plan_compiles_and_without_a_gpu_its_run_says_what_is_missing() {
     assert!(stderr.contains("--backend interp") && stderr.contains("--backend grid-emulator"), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
     // The reference interpreter runs any partition, GPU ones included, on the CPU; the grid
-    // emulator runs the GPU partitions' own kernels on it, and both replicas train alike.
+    // emulator runs the GPU partitions' own kernels on it, in one process or on two spawned
+    // workers (one replica each, all-reducing through the ring), and all train alike.
     let mut losses = Vec::new();
-    for backend in ["interp", "grid-emulator"] {
-        let (ok, stdout, stderr) = dfc(&[&["run", plan, "--steps", "30", "--backend", backend][..], &feeds].concat());
-        assert!(ok, "{backend}: {stderr}");
+    let runs: [&[&str]; 3] =
+        [&["--backend", "interp"], &["--backend", "grid-emulator"], &["--backend", "grid-emulator", "--spawn", "2"]];
+    for run in runs {
+        let (ok, stdout, stderr) = dfc(&[&["run", plan, "--steps", "30"][..], run, &feeds].concat());
+        assert!(ok, "{run:?}: {stderr}");
         let text = format!("{stdout}{stderr}");
         let loss = text.split("train loss ").nth(1).and_then(|rest| rest.split(',').next()).map(str::to_string);
-        losses.push(loss.unwrap_or_else(|| panic!("{backend}: no loss in {text}")));
+        losses.push(loss.unwrap_or_else(|| panic!("{run:?}: no loss in {text}")));
     }
-    assert_eq!(losses[0], losses[1], "the interpreter's and the grid emulator's training losses");
+    assert!(
+        losses.iter().all(|l| *l == losses[0]),
+        "training losses: interpreter, emulator, emulator on workers: {losses:?}"
+    );
 }
 
 #[test]

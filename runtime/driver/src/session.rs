@@ -319,6 +319,12 @@ impl<'p> Session<'p> {
         self.backend
     }
 
+    /// Per partition, its GPU kernels compiled for the grid emulator (hosted GPU partitions,
+    /// `GridEmulator` backend); generated at every load, never cached.
+    pub fn emulated_code(&self) -> &[Option<Arc<dfc_cuda::emulator::Emulated>>] {
+        &self.emulated
+    }
+
     /// Per partition, the machine code of its kernels (hosted partitions, LLVM backend).
     pub fn native_code(&self) -> &[Option<Arc<Jitted>>] {
         &self.native
