@@ -232,7 +232,7 @@ fn emit_thread<'ctx>(
     let own = builder.build_pointer_cast(own, pointer.ptr_type(AddressSpace::default()), "own_args").unwrap();
     for i in 0..arity {
         let index = i64t.const_int(u64::from(i), false);
-        // SAFETY (of the generated code): `i` < the kernel's arity, the length of both `args`
+        // SAFETY: (of the generated code) `i` < the kernel's arity, the length of both `args`
         // (the launch's argument table) and `own` (allocated with that length just above).
         let from = unsafe { builder.build_gep(args, &[index], "from").unwrap() };
         // SAFETY: as above.
