@@ -192,7 +192,7 @@ fn human(report: &Report) -> String {
 /// is), else `cached`; `none` without native code.
 fn code_origin(session: &Session) -> &'static str {
     let code: Vec<_> = session.native_code().iter().flatten().collect();
-    if session.emulated_code().iter().any(Option::is_some) {
+    if session.gpu_code().iter().any(Option::is_some) {
         "generated"
     } else if code.is_empty() {
         "none"

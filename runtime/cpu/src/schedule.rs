@@ -21,6 +21,9 @@ pub struct KernelSite<'k> {
     pub inputs: &'k [TensorRef],
 }
 
+/// A slot a step reads or writes, and its value's bytes.
+pub type Access = (Slot, usize);
+
 /// The planned steps of a partition for some fetches and targets, with every value's slot.
 #[derive(Debug)]
 pub struct Schedule {
@@ -170,6 +173,54 @@ impl Step {
             Step::Recv { out, .. } => (vec![], vec![*out]),
             Step::AllReduce { members, .. } => {
                 (members.iter().map(|m| m.1).collect(), members.iter().map(|m| m.2).collect())
+            }
+        }
+    }
+
+    /// The slots the step reads and those it writes, each with its value's bytes (what a back
+    /// end whose memory is elsewhere copies to run the step on the host).
+    pub fn accesses(&self) -> (Vec<Access>, Vec<Access>) {
+        let typed = |operands: &[(Slot, TensorType)]| -> Vec<Access> {
+            operands.iter().map(|(s, t)| (*s, t.size_in_bytes())).collect()
+        };
+        const F32: usize = 4;
+        match self {
+            Step::Kernel { .. } => (Vec::new(), Vec::new()),
+            Step::MatMul { a, b, out, m, n, k, batches, update, .. } => {
+                // The furthest any batch reaches into each operand.
+                let a_len = batches.iter().map(|&(oa, _)| oa + m * k).max().unwrap_or(0);
+                let b_len = batches.iter().map(|&(_, ob)| ob + k * n).max().unwrap_or(0);
+                let out_len = batches.len() * m * n;
+                let mut reads = vec![(*a, a_len * F32), (*b, b_len * F32)];
+                if update.is_some() {
+                    reads.push((*out, out_len * F32));
+                }
+                (reads, vec![(*out, out_len * F32)])
+            }
+            Step::Conv { kind, geometry: g, a, b, out, out_len } => {
+                let (a_len, b_len) = match kind {
+                    ConvKind::Forward => (g.input_len(), g.filter_len()),
+                    ConvKind::BackpropInput => (g.filter_len(), g.output_len()),
+                    ConvKind::BackpropFilter => (g.input_len(), g.output_len()),
+                };
+                (vec![(*a, a_len * F32), (*b, b_len * F32)], vec![(*out, out_len * F32)])
+            }
+            Step::Pool { operands, out, out_len, .. } => {
+                (operands.iter().map(|&(s, len)| (s, len * F32)).collect(), vec![(*out, out_len * F32)])
+            }
+            Step::Layout { operands, out, ty, .. } | Step::Library { operands, out, ty, .. } => {
+                (typed(operands), vec![(*out, ty.size_in_bytes())])
+            }
+            Step::Update { variable, value, ty, .. } => {
+                let bytes = ty.size_in_bytes();
+                (vec![(*variable, bytes), (value.0, value.1.size_in_bytes())], vec![(*variable, bytes)])
+            }
+            Step::Copy { from, to, bytes } => (vec![(*from, *bytes)], vec![(*to, *bytes)]),
+            Step::Send { value, ty, .. } => (vec![(*value, ty.size_in_bytes())], Vec::new()),
+            Step::Recv { out, ty, .. } => (Vec::new(), vec![(*out, ty.size_in_bytes())]),
+            Step::AllReduce { members, ty, .. } => {
+                let bytes = ty.size_in_bytes();
+                (members.iter().map(|m| (m.1, bytes)).collect(), members.iter().map(|m| (m.2, bytes)).collect())
             }
         }
     }

@@ -34,6 +34,12 @@ pub struct Emulated {
     kernels: Vec<dfc_codegen::GpuKernel>,
 }
 
+impl std::fmt::Debug for Emulated {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Emulated").field("kernels", &self.kernels.len()).finish()
+    }
+}
+
 impl Emulated {
     /// The kernels of `module` (a GPU partition), keeping the nodes of `keep` as kernel roots,
     /// as `dfc_codegen::compile_gpu` makes them.

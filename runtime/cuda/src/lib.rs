@@ -10,8 +10,11 @@
 //! running a whole partition (a memory pool, launches in order, cuBLAS, NCCL) — see
 //! docs/gpu.md for what is and is not done.
 
+mod device;
 pub mod emulator;
 pub mod program;
+
+pub use device::DeviceKernels;
 
 use cudarc::driver::{CudaContext, CudaModule, DevicePtr, DriverError, LaunchConfig, PushKernelArg};
 use dfc_codegen::{GpuCode, GpuKernel, LaunchBuffer};
@@ -52,6 +55,12 @@ pub enum CudaError {
     Arguments { device: String, kernel: String, message: String },
     #[error("the grid emulator: {0}")]
     Emulator(String),
+    #[error("no cuBLAS: the CUDA BLAS library (libcublas.so.12) is not installed or not on the library path; dfc's GPU partitions run their matrix products through it")]
+    NoCublas,
+    #[error("cuBLAS for {device}: {message}")]
+    Blas { device: String, message: String },
+    #[error("{device} plans {planned} of device memory, but the GPU has {} MiB free of {} MiB", free >> 20, total >> 20)]
+    OutOfMemory { device: String, planned: String, free: u64, total: u64 },
 }
 
 /// Refuses arguments a kernel cannot run on: it takes one buffer per input, then its output,
@@ -98,6 +107,7 @@ pub fn device_count() -> Result<usize, CudaError> {
 }
 
 /// One GPU, its primary context retained.
+#[derive(Clone)]
 pub struct Gpu {
     context: Arc<CudaContext>,
     ordinal: usize,
@@ -143,7 +153,7 @@ impl Gpu {
         Ok(Kernels { gpu: self, module, device: device.to_string() })
     }
 
-    fn load_module(&self, code: &GpuCode, device: &str) -> Result<Arc<CudaModule>, CudaError> {
+    pub(crate) fn load_module(&self, code: &GpuCode, device: &str) -> Result<Arc<CudaModule>, CudaError> {
         let ptx = cudarc::nvrtc::Ptx::from_src(code.ptx.clone());
         let module = self.context.load_module(ptx).map_err(|source| CudaError::Ptx {
             device: device.to_string(),

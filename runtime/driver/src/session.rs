@@ -21,6 +21,7 @@
 
 use crate::train::RunError;
 use dfc_cpu::{CpuError, Jitted, NativeProgram};
+use dfc_cuda::program::{GpuKernels, GpuProgram, ProgramError};
 use dfc_interp::{InProcessRendezvous, InterpError, Program, Rendezvous, StagedRun, Tensor, Variables};
 use dfc_ir::{DeviceSpec, Module, NodeId, Op, TensorRef};
 use dfc_plan::Plan;
@@ -72,9 +73,9 @@ pub struct Session<'p> {
     mirrors: Vec<(usize, &'p str, usize, &'p str)>,
     /// Per hosted partition, with the LLVM backend: its kernels' machine code.
     native: Vec<Option<Arc<Jitted>>>,
-    /// Per partition, its GPU kernels compiled for the grid emulator (hosted GPU partitions,
-    /// `GridEmulator` backend).
-    emulated: Vec<Option<Arc<dfc_cuda::emulator::Emulated>>>,
+    /// Per partition, its GPU kernels, loaded into its GPU (`Llvm`) or compiled for the grid
+    /// emulator (`GridEmulator`) (hosted GPU partitions).
+    gpu: Vec<Option<GpuKernels>>,
     /// The partitions this session runs (all, but on a worker of a distributed run).
     hosted: Vec<bool>,
 }
@@ -99,7 +100,7 @@ struct Part {
 enum Executable {
     Interp(Program),
     Native(NativeProgram),
-    Emulated(dfc_cuda::program::GpuProgram),
+    Gpu(GpuProgram),
 }
 
 impl Executable {
@@ -107,7 +108,7 @@ impl Executable {
         match self {
             Executable::Interp(program) => program.inputs(),
             Executable::Native(program) => program.inputs(),
-            Executable::Emulated(program) => program.inputs(),
+            Executable::Gpu(program) => program.inputs(),
         }
     }
 }
@@ -131,7 +132,7 @@ impl SessionProgram {
             .iter()
             .flat_map(|p| match &p.program {
                 Executable::Native(program) => program.library_ops(),
-                Executable::Emulated(program) => program.schedule().library_ops(),
+                Executable::Gpu(program) => program.schedule().library_ops(),
                 Executable::Interp(_) => Vec::new(),
             })
             .collect()
@@ -143,7 +144,7 @@ impl SessionProgram {
             .iter()
             .flat_map(|p| match &p.program {
                 Executable::Native(program) => program.folded_updates(),
-                Executable::Emulated(program) => program.schedule().folded_updates.clone(),
+                Executable::Gpu(program) => program.schedule().folded_updates.clone(),
                 Executable::Interp(_) => Vec::new(),
             })
             .collect()
@@ -261,22 +262,14 @@ impl<'p> Session<'p> {
         let modules: Vec<&dfc_ir::Module> = plan.partitions.iter().map(|p| &p.module).collect();
         let orders = dfc_interp::schedule(&modules)?;
         let mut native = Vec::with_capacity(plan.partitions.len());
-        let mut emulated: Vec<Option<Arc<dfc_cuda::emulator::Emulated>>> = vec![None; plan.partitions.len()];
+        let mut gpu: Vec<Option<GpuKernels>> = vec![None; plan.partitions.len()];
         if backend != Backend::Interp {
             let host = dfc_codegen::host_target();
             let cache = dfc_codegen::CodeCache::from_env();
             let on_gpu = |p: usize| plan.partitions[p].device.kind == Some(dfc_ir::DeviceKind::Gpu);
             let mut mine: Vec<usize> = (0..plan.partitions.len()).filter(|&p| hosted[p]).collect();
-            if let Some(&p) = mine.iter().find(|&&p| on_gpu(p)) {
-                if backend == Backend::Llvm {
-                    return Err(gpu_partition_error(plan, p));
-                }
-            }
             for &p in mine.iter().filter(|&&p| on_gpu(p)) {
-                let partition = &plan.partitions[p];
-                let code = dfc_cuda::emulator::Emulated::load(&partition.module, &plan.kept_nodes(p))
-                    .map_err(|e| RunError::Plan(format!("compiling partition {}: {e}", partition.device)))?;
-                emulated[p] = Some(Arc::new(code));
+                gpu[p] = Some(gpu_kernels(plan, p, &plan.kept_nodes(p), backend)?);
             }
             // The hosted CPU partitions compiled together: what they have in common, once.
             mine.retain(|&p| !on_gpu(p));
@@ -303,7 +296,7 @@ impl<'p> Session<'p> {
             logical,
             mirrors,
             native,
-            emulated,
+            gpu,
             hosted,
         };
         // Copies start as their originals do; make sure of it.
@@ -319,10 +312,10 @@ impl<'p> Session<'p> {
         self.backend
     }
 
-    /// Per partition, its GPU kernels compiled for the grid emulator (hosted GPU partitions,
-    /// `GridEmulator` backend); generated at every load, never cached.
-    pub fn emulated_code(&self) -> &[Option<Arc<dfc_cuda::emulator::Emulated>>] {
-        &self.emulated
+    /// Per partition, its GPU kernels (hosted GPU partitions): loaded into its GPU, or
+    /// compiled for the grid emulator (generated at every load, never cached).
+    pub fn gpu_code(&self) -> &[Option<GpuKernels>] {
+        &self.gpu
     }
 
     /// Per partition, the machine code of its kernels (hosted partitions, LLVM backend).
@@ -423,11 +416,9 @@ impl<'p> Session<'p> {
             }
             let targets: Vec<NodeId> = partition_roots.iter().copied().collect();
             let module = &self.plan.partitions[p].module;
-            let program = match (&self.native[p], &self.emulated[p]) {
+            let program = match (&self.native[p], &self.gpu[p]) {
                 (Some(jit), _) => Executable::Native(self.native_program(p, jit, &part_fetches[p], &targets)?),
-                (None, Some(kernels)) => {
-                    Executable::Emulated(self.emulated_program(p, kernels, &part_fetches[p], &targets)?)
-                }
+                (None, Some(kernels)) => Executable::Gpu(self.gpu_program(p, kernels, &part_fetches[p], &targets)?),
                 (None, None) if self.backend != Backend::Interp => {
                     unreachable!("hosted partitions have native code")
                 }
@@ -477,29 +468,26 @@ impl<'p> Session<'p> {
         }
     }
 
-    /// The grid emulator's program of GPU partition `p`, as `native_program` makes the CPU's.
-    fn emulated_program(
+    /// The program of GPU partition `p`, as `native_program` makes the CPU's.
+    fn gpu_program(
         &self,
         p: usize,
-        kernels: &Arc<dfc_cuda::emulator::Emulated>,
+        kernels: &GpuKernels,
         fetches: &[TensorRef],
         targets: &[NodeId],
-    ) -> Result<dfc_cuda::program::GpuProgram, RunError> {
+    ) -> Result<GpuProgram, RunError> {
         let module = &self.plan.partitions[p].module;
         let order = &self.orders[p];
-        let backend_error = |e: CpuError| match e {
-            CpuError::Interp(e) => RunError::Interp(e),
+        let backend_error = |e: ProgramError| match e {
+            ProgramError::Schedule(CpuError::Interp(e)) => RunError::Interp(e),
             other => RunError::Plan(other.to_string()),
         };
-        match dfc_cuda::program::GpuProgram::emulated(module, kernels.clone(), fetches, targets, order) {
-            Err(CpuError::NotStored(_)) => {
+        match GpuProgram::new(module, kernels, fetches, targets, order) {
+            Err(ProgramError::Schedule(CpuError::NotStored(_))) => {
                 let mut keep = self.plan.kept_nodes(p);
                 keep.extend(fetches.iter().map(|f| f.node));
-                let kernels = dfc_cuda::emulator::Emulated::load(module, &keep).map_err(|e| {
-                    RunError::Plan(format!("compiling partition {}: {e}", self.plan.partitions[p].device))
-                })?;
-                dfc_cuda::program::GpuProgram::emulated(module, Arc::new(kernels), fetches, targets, order)
-                    .map_err(backend_error)
+                let kernels = gpu_kernels(self.plan, p, &keep, self.backend)?;
+                GpuProgram::new(module, &kernels, fetches, targets, order).map_err(backend_error)
             }
             other => other.map_err(backend_error),
         }
@@ -547,7 +535,7 @@ impl<'p> Session<'p> {
                     program.run_staged(module, variables, feeds, rendezvous).map(PartRun::Staged)
                 }
                 Executable::Native(program) => program.run(variables, feeds, Some(rendezvous)).map(PartRun::Done),
-                Executable::Emulated(program) => program.run(variables, feeds, Some(rendezvous)).map(PartRun::Done),
+                Executable::Gpu(program) => program.run(variables, feeds, Some(rendezvous)).map(PartRun::Done),
             }
         };
         let run_aborting = |part: &Part, variables: &mut Variables| {
@@ -731,29 +719,27 @@ impl Drop for AbortOnPanic<'_> {
     }
 }
 
-/// Why a GPU partition does not run: no driver or GPU (named), PTX the driver refuses, or —
-/// where the GPU and its PTX are fine — that dfc does not run GPU partitions yet. The
-/// interpreter runs any partition on the CPU.
-fn gpu_partition_error(plan: &Plan, p: usize) -> RunError {
+/// The kernels of GPU partition `p`, keeping the nodes of `keep` as kernel roots: its PTX
+/// (through the code cache) loaded into the partition's GPU, or under `GridEmulator` compiled
+/// for this CPU. Without a GPU (or driver, or cuBLAS), says which and what runs the partition
+/// instead.
+fn gpu_kernels(plan: &Plan, p: usize, keep: &[NodeId], backend: Backend) -> Result<GpuKernels, RunError> {
     let partition = &plan.partitions[p];
     let device = &partition.device;
+    if backend == Backend::GridEmulator {
+        let code = dfc_cuda::emulator::Emulated::load(&partition.module, keep)
+            .map_err(|e| RunError::Plan(format!("compiling partition {device}: {e}")))?;
+        return Ok(GpuKernels::Emulated(Arc::new(code)));
+    }
     let fallback = "`--backend interp` runs it on this machine's CPU with the reference interpreter, \
         `--backend grid-emulator` with its GPU kernels run thread by thread as on a GPU";
-    let gpu = match dfc_cuda::Gpu::open(device.index.unwrap_or(0) as usize) {
-        Ok(gpu) => gpu,
-        Err(e) => return RunError::Plan(format!("partition {device} runs on a GPU, but {e}; {fallback}")),
-    };
+    let gpu = dfc_cuda::Gpu::open(device.index.unwrap_or(0) as usize)
+        .map_err(|e| RunError::Plan(format!("partition {device} runs on a GPU, but {e}; {fallback}")))?;
     let cache = dfc_codegen::CodeCache::from_env();
-    let code = match cache.gpu(&partition.module, &plan.kept_nodes(p)) {
-        Ok((code, _)) => code,
-        Err(e) => return RunError::Plan(format!("generating the PTX of partition {device}: {e}")),
-    };
-    match gpu.load(&code, &device.to_string()) {
-        Err(e) => RunError::Plan(e.to_string()),
-        Ok(_) => RunError::Plan(format!(
-            "{} loaded the {} kernels of partition {device}, but this dfc does not run GPU partitions yet (docs/gpu.md); {fallback}",
-            gpu.describe(),
-            code.kernels.len()
-        )),
-    }
+    let (code, _) = cache
+        .gpu(&partition.module, keep)
+        .map_err(|e| RunError::Plan(format!("generating the PTX of partition {device}: {e}")))?;
+    let kernels = dfc_cuda::DeviceKernels::load(&gpu, code, &partition.module, &device.to_string())
+        .map_err(|e| RunError::Plan(format!("partition {device}: {e}; {fallback}")))?;
+    Ok(GpuKernels::Device(Arc::new(kernels)))
 }

@@ -121,6 +121,9 @@ pub enum InterpError {
     /// The node breaks an invariant of the IR (the verifier would report it too).
     #[error("`{node}` is malformed: {message}")]
     Malformed { node: String, message: String },
+    /// A device failed to run a step: a launch, a copy, a library call.
+    #[error("{device}: {message}")]
+    Device { device: String, message: String },
     /// `eval` was given an op that only a program can run (inputs, variables, assignments).
     #[error("`{op}` needs a program to run")]
     Stateful { op: String },
