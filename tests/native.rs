@@ -16,6 +16,11 @@ use std::path::PathBuf;
 
 const STEPS: usize = 3;
 const F32_TOLERANCE: f64 = 1e-5;
+/// On a GPU: exp and log are PTX's approximations, and products sum in cuBLAS's order.
+const GPU_F32_TOLERANCE: f64 = 1e-4;
+
+#[path = "support/skip.rs"]
+mod skip;
 
 fn plan(example: &str, cluster: Cluster, strategy: Strategy) -> Plan {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples").join(format!("{example}.df"));
@@ -89,13 +94,17 @@ fn run(plan: &Plan, backend: Backend, data: &[HashMap<String, Tensor>]) -> (Vec<
 }
 
 fn assert_close(what: &str, reference: &Tensor, native: &Tensor) {
+    assert_within(what, reference, native, F32_TOLERANCE)
+}
+
+fn assert_within(what: &str, reference: &Tensor, native: &Tensor, tolerance: f64) {
     assert_eq!(reference.ty(), native.ty(), "{what}: type");
     match reference.ty().dtype {
         DType::F32 | DType::F64 => {
             let (a, b) = (reference.to_f64_vec(), native.to_f64_vec());
             for (i, (x, y)) in a.iter().zip(&b).enumerate() {
                 let err = (x - y).abs() / (1.0 + x.abs());
-                assert!(err <= F32_TOLERANCE, "{what}[{i}]: interpreter {x}, llvm {y}");
+                assert!(err <= tolerance, "{what}[{i}]: interpreter {x}, backend {y}");
             }
         }
         _ => assert_eq!(reference, native, "{what}"),
@@ -112,18 +121,22 @@ fn check_plan(example: &str, plan: &Plan) {
 
 /// `plan` run by `backend` against the interpreter.
 fn check_backend(example: &str, plan: &Plan, backend: Backend) {
+    check_within(example, plan, backend, F32_TOLERANCE)
+}
+
+fn check_within(example: &str, plan: &Plan, backend: Backend, tolerance: f64) {
     let plan = plan.clone();
     let data = batches(&plan);
     let (ref_seen, ref_vars) = run(&plan, Backend::Interp, &data);
     let (seen, vars) = run(&plan, backend, &data);
     assert_eq!(ref_seen.len(), seen.len());
     for (i, (a, b)) in ref_seen.iter().zip(&seen).enumerate() {
-        assert_close(&format!("{example} fetch {i}"), a, b);
+        assert_within(&format!("{example} fetch {i}"), a, b, tolerance);
     }
     assert_eq!(ref_vars.len(), vars.len(), "{example}: variables");
     for ((name, a), (name_b, b)) in ref_vars.iter().zip(&vars) {
         assert_eq!(name, name_b, "{example}: variables");
-        assert_close(&format!("{example} variable {name}"), a, b);
+        assert_within(&format!("{example} variable {name}"), a, b, tolerance);
     }
 }
 
@@ -174,6 +187,29 @@ fn gpu_plans_run_on_the_grid_emulator() {
     let mirrored = plan("mlp", Cluster::local(2, DeviceKind::Gpu), Strategy::Mirrored);
     assert_eq!(mirrored.partitions.len(), 2);
     check_backend("mlp mirrored on 2 GPUs", &mirrored, Backend::GridEmulator);
+}
+
+/// On a machine with an NVIDIA GPU: every example's GPU plan, on one GPU and mirrored on two
+/// where there are two, run on the GPU (device memory, the kernels' launches, cuBLAS, the other
+/// steps on the host) against the interpreter. Elsewhere a skip (`DFC_GPU_REQUIRED=1` makes it
+/// a failure).
+#[test]
+fn gpu_plans_run_on_a_gpu() {
+    let gpus = dfc_cuda::device_count().unwrap_or(0);
+    if gpus == 0 {
+        let why = if dfc_cuda::driver_present() { "no device" } else { "no driver" };
+        skip::skip(skip::Need::Gpu, &format!("no GPU here ({why})"));
+        return;
+    }
+    for example in ["softmax_regression", "mlp", "cnn", "linear_regression", "ridge_regression", "wide_and_deep"] {
+        let on_one = plan(example, Cluster::local(1, DeviceKind::Gpu), Strategy::Single);
+        check_within(example, &on_one, Backend::Llvm, GPU_F32_TOLERANCE);
+        println!("{example}: the GPU agrees with the interpreter");
+    }
+    if gpus >= 2 {
+        let mirrored = plan("mlp", Cluster::local(2, DeviceKind::Gpu), Strategy::Mirrored);
+        check_within("mlp mirrored on 2 GPUs", &mirrored, Backend::Llvm, GPU_F32_TOLERANCE);
+    }
 }
 
 #[test]

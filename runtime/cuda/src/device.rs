@@ -180,7 +180,8 @@ impl DeviceRun {
                 _ => Vec::new(),
             };
             run.launches.push(prepared);
-            for (slot, _) in step.accesses().1 {
+            // Assignment kernels write their variable too: `reads_writes`, not `accesses`.
+            for slot in step.reads_writes().1 {
                 if let Slot::Variable(i) = slot {
                     run.written.push(i);
                 }
@@ -246,6 +247,12 @@ impl DeviceRun {
         bindings: &Bindings,
         rendezvous: Option<&dyn Rendezvous>,
     ) -> Result<Vec<Tensor>, InterpError> {
+        // The raw driver and cuBLAS calls below act on the thread's current context.
+        self.kernels
+            .gpu
+            .context
+            .bind_to_thread()
+            .map_err(|e| self.device_error(format!("binding its context: {e}")))?;
         let host_base = self.host.base();
         let host = |slot: Slot| bindings.at(host_base, slot);
         let stream = self.stream.cu_stream();
