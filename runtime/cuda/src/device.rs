@@ -1,23 +1,24 @@
-//! A GPU partition's schedule on a GPU: its arena, scratch, feeds, variables and constants in
+//! A GPU partition's schedule on a device: its arena, scratch, feeds, variables and constants in
 //! device memory (allocated once, when the program is made, so that a run allocates nothing),
-//! its fused kernels launched on one stream with their argument tables prepared in device
-//! memory, matrix products through cuBLAS, copies on the device, and every other step
-//! (convolutions, pooling, layout ops, exchanges, all-reduces) on the host: its operands copied
-//! down, the CPU's implementation run, its results copied up.
+//! its fused kernels launched with their arguments prepared then, matrix products as GEMMs,
+//! copies on the device, and every other step (convolutions, pooling, layout ops, exchanges,
+//! all-reduces) on the host: its operands copied down, the CPU's implementation run, its
+//! results copied up.
 //!
 //! A run copies the feeds and the variables up first and the variables it assigns down last:
 //! the session keeps variables on the host (checkpoints, mirrors, fetches read them there).
 //! Variables resident on the GPU between runs are the next step.
 //!
-//! Written against cudarc's driver and cuBLAS bindings; no GPU was lent to the sessions that
-//! wrote it, so it has not run (docs/gpu.md). The same schedule and kernels run in CI on the
-//! grid emulator (`program.rs`).
+//! [`DeviceRun`] is that run, over a [`Device`]: a GPU ([`Cuda`]: cudarc's driver, one stream,
+//! cuBLAS), or the grid emulator's model of one ([`EmulatedDevice`]: memory of its own, apart
+//! from the host's, kernels run thread by thread, GEMMs by dfc's). The emulated device runs in
+//! CI, so all of the run but `Cuda`'s few calls is tested there; `Cuda` has not run yet, as no
+//! GPU was lent to the sessions that wrote it (docs/gpu.md).
 
+use crate::emulator::Emulated;
 use crate::{CudaError, Gpu};
 use cudarc::cublas::sys::cublasOperation_t;
-use cudarc::driver::{
-    CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DriverError, LaunchConfig, PushKernelArg,
-};
+use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
 use dfc_codegen::{GpuCode, GpuKernel, LaunchBuffer};
 use dfc_cpu::{Bindings, HostArena, Schedule, Slot, Step};
 use dfc_interp::{InterpError, Rendezvous, Tensor};
@@ -67,6 +68,301 @@ fn cublas_present() -> bool {
     unsafe { cudarc::cublas::sys::is_culib_present() }
 }
 
+/// A GEMM of f32 matrices at device addresses, row-major: `c = α·op(a)·op(b) + β·c`, `op(a)`
+/// m×k, `op(b)` k×n.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Gemm {
+    pub a: u64,
+    pub b: u64,
+    pub c: u64,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub ta: bool,
+    pub tb: bool,
+    pub alpha: f32,
+    pub beta: f32,
+}
+
+/// What a GPU program's memory and launches are on. Addresses are the device's; every call
+/// but `alloc` and `prepare` is on the stream of a run, in order.
+pub(crate) trait Device: Send {
+    /// `partition … on …`, for messages.
+    fn describe(&self) -> String;
+    /// Refuses device memory of `planned` bytes that the device cannot give.
+    fn check_fits(&self, planned: &Planned) -> Result<(), CudaError>;
+    /// Device memory of `bytes` (at least one), zeroed; its address. It lives as long as the device.
+    fn alloc(&mut self, bytes: u64) -> Result<u64, CudaError>;
+    /// Kernel `kernel`'s launches over its arguments at `args` and the scratch at `scratch`,
+    /// ready for `launch`: a handle.
+    fn prepare(&mut self, kernel: usize, args: Vec<u64>, scratch: [u64; 2]) -> Result<usize, CudaError>;
+    /// Makes the device current on this thread, before a run.
+    fn begin(&self) -> Result<(), String>;
+    fn upload(&self, to: u64, from: &[u8]) -> Result<(), String>;
+    fn download(&self, from: u64, to: &mut [u8]) -> Result<(), String>;
+    fn copy(&self, from: u64, to: u64, bytes: usize) -> Result<(), String>;
+    fn launch(&mut self, prepared: usize) -> Result<(), String>;
+    fn gemm(&self, gemm: Gemm) -> Result<(), String>;
+}
+
+/// A GPU: cudarc's driver, one stream, cuBLAS.
+pub(crate) struct Cuda {
+    kernels: Arc<DeviceKernels>,
+    stream: Arc<CudaStream>,
+    blas: cudarc::cublas::CudaBlas,
+    buffers: Vec<CudaSlice<u8>>,
+    prepared: Vec<Vec<Prepared>>,
+}
+
+// SAFETY: cudarc's stream, buffers and cuBLAS handle are used from one thread at a time (a
+// run holds the program's lock), each call after binding the context to that thread (`begin`).
+unsafe impl Send for Cuda {}
+
+impl Cuda {
+    pub(crate) fn new(kernels: Arc<DeviceKernels>) -> Result<Cuda, CudaError> {
+        let failed = |what: &str| {
+            let what = format!("{}, {what}", kernels.describe());
+            move |source| CudaError::Driver { what, source }
+        };
+        kernels.gpu.context.bind_to_thread().map_err(failed("binding its context"))?;
+        let stream = kernels.gpu.context.new_stream().map_err(failed("making a stream"))?;
+        let blas = cudarc::cublas::CudaBlas::new(stream.clone())
+            .map_err(|e| CudaError::Blas { device: kernels.describe(), message: e.to_string() })?;
+        Ok(Cuda { kernels, stream, blas, buffers: Vec::new(), prepared: Vec::new() })
+    }
+
+    fn synchronize(&self) -> Result<(), String> {
+        self.stream.synchronize().map_err(|e| e.to_string())
+    }
+}
+
+impl Device for Cuda {
+    fn describe(&self) -> String {
+        self.kernels.describe()
+    }
+
+    fn check_fits(&self, planned: &Planned) -> Result<(), CudaError> {
+        let (free, total) = cudarc::driver::result::mem_get_info().map_err(|source| CudaError::Driver {
+            what: format!("{}, reading its free memory", self.describe()),
+            source,
+        })?;
+        if planned.total() > free as u64 {
+            return Err(CudaError::OutOfMemory {
+                device: self.describe(),
+                planned: planned.describe(),
+                free: free as u64,
+                total: total as u64,
+            });
+        }
+        Ok(())
+    }
+
+    fn alloc(&mut self, bytes: u64) -> Result<u64, CudaError> {
+        let buffer = self.stream.alloc_zeros::<u8>(bytes.max(1) as usize).map_err(|source| CudaError::Driver {
+            what: format!("{}, allocating {bytes} bytes", self.describe()),
+            source,
+        })?;
+        let address = buffer.device_ptr(&self.stream).0;
+        self.buffers.push(buffer);
+        Ok(address)
+    }
+
+    fn prepare(&mut self, index: usize, args: Vec<u64>, scratch: [u64; 2]) -> Result<usize, CudaError> {
+        let kernels = &self.kernels;
+        let kernel = &kernels.kernels()[index];
+        let name = format!("`{}` (computing `{}`)", kernel.function, kernels.roots[index]);
+        let failed = |what: &'static str| {
+            let (device, kernel, gpu) = (kernels.device.clone(), kernel.function.clone(), kernels.gpu.describe());
+            move |source| CudaError::Kernel { device, kernel, gpu, what, source }
+        };
+        let mut prepared = Vec::new();
+        for launch in kernel.launches() {
+            let function = kernels.module.load_function(&launch.function).map_err(failed("finding it"))?;
+            let table: Vec<u64> = launch
+                .args
+                .iter()
+                .map(|buffer| match *buffer {
+                    LaunchBuffer::Arg(i) => args[i],
+                    LaunchBuffer::Scratch(s) => scratch[s],
+                })
+                .collect();
+            let table = self.stream.memcpy_stod(&table).map_err(failed("copying its argument table"))?;
+            let config =
+                LaunchConfig { grid_dim: (launch.grid, 1, 1), block_dim: (launch.block, 1, 1), shared_mem_bytes: 0 };
+            prepared.push(Prepared { function, table, count: launch.count, config, name: name.clone() });
+        }
+        self.prepared.push(prepared);
+        Ok(self.prepared.len() - 1)
+    }
+
+    fn begin(&self) -> Result<(), String> {
+        self.kernels.gpu.context.bind_to_thread().map_err(|e| format!("binding its context: {e}"))
+    }
+
+    fn upload(&self, to: u64, from: &[u8]) -> Result<(), String> {
+        // SAFETY: `to` is a device buffer of at least `from.len()` bytes (the caller's: a
+        // slot's); the copy completes before returning (synchronised), while `from` lives.
+        unsafe { cudarc::driver::result::memcpy_htod_async(to, from, self.stream.cu_stream()) }
+            .map_err(|e| e.to_string())?;
+        self.synchronize()
+    }
+
+    fn download(&self, from: u64, to: &mut [u8]) -> Result<(), String> {
+        // SAFETY: `from` is a device buffer of at least `to.len()` bytes (a slot's); the copy
+        // completes before returning (synchronised), after everything before it on the stream.
+        unsafe { cudarc::driver::result::memcpy_dtoh_async(to, from, self.stream.cu_stream()) }
+            .map_err(|e| e.to_string())?;
+        self.synchronize()
+    }
+
+    fn copy(&self, from: u64, to: u64, bytes: usize) -> Result<(), String> {
+        // SAFETY: distinct device buffers of `bytes` each (the schedule's slots).
+        unsafe { cudarc::driver::result::memcpy_dtod_async(to, from, bytes, self.stream.cu_stream()) }
+            .map_err(|e| e.to_string())
+    }
+
+    fn launch(&mut self, prepared: usize) -> Result<(), String> {
+        for launch in &self.prepared[prepared] {
+            let mut builder = self.stream.launch_builder(&launch.function);
+            builder.arg(&launch.table);
+            builder.arg(&launch.count);
+            // SAFETY: the entry takes (`i8** args`, `i64 count`); the table holds the device
+            // addresses of the kernel's buffers, each allocated for the value the schedule
+            // planned there, or its scratch, sized for it.
+            unsafe { builder.launch(launch.config) }.map_err(|e| format!("launching kernel {}: {e}", launch.name))?;
+        }
+        Ok(())
+    }
+
+    fn gemm(&self, g: Gemm) -> Result<(), String> {
+        let operation = |t: bool| if t { cublasOperation_t::CUBLAS_OP_T } else { cublasOperation_t::CUBLAS_OP_N };
+        let (lda, ldb) = (if g.ta { g.m } else { g.k }, if g.tb { g.k } else { g.n });
+        // Row-major C = op(A)·op(B) is column-major Cᵀ = op(B)ᵀ·op(A)ᵀ: cuBLAS computes the
+        // product with the operands swapped.
+        // SAFETY: the addresses are of device buffers holding the operands' f32 values (the
+        // schedule's slots, offsets within them as on the CPU); the handle's stream is the run's.
+        unsafe {
+            cudarc::cublas::result::sgemm(
+                *self.blas.handle(),
+                operation(g.tb),
+                operation(g.ta),
+                g.n as i32,
+                g.m as i32,
+                g.k as i32,
+                &g.alpha,
+                g.b as *const f32,
+                ldb as i32,
+                g.a as *const f32,
+                lda as i32,
+                &g.beta,
+                g.c as *mut f32,
+                g.n as i32,
+            )
+        }
+        .map_err(|e| format!("a matrix product through cuBLAS: {e}"))
+    }
+}
+
+/// The grid emulator's model of a GPU: memory of its own (host memory, apart from the
+/// session's), kernels run thread by thread (`Emulated::launch`), GEMMs by dfc's. Addresses are
+/// host addresses of its buffers.
+pub(crate) struct EmulatedDevice {
+    kernels: Arc<Emulated>,
+    buffers: Vec<Vec<u128>>,
+    prepared: Vec<(usize, Vec<u64>, [u64; 2])>,
+    /// Launches so far: each launch's threads are shuffled by a new seed.
+    launches: u64,
+}
+
+impl EmulatedDevice {
+    pub(crate) fn new(kernels: Arc<Emulated>) -> EmulatedDevice {
+        EmulatedDevice { kernels, buffers: Vec::new(), prepared: Vec::new(), launches: 0 }
+    }
+}
+
+impl Device for EmulatedDevice {
+    fn describe(&self) -> String {
+        "the grid emulator".to_string()
+    }
+
+    fn check_fits(&self, _: &Planned) -> Result<(), CudaError> {
+        Ok(())
+    }
+
+    fn alloc(&mut self, bytes: u64) -> Result<u64, CudaError> {
+        // Zeroed, as `Cuda`'s (cudarc's `alloc_zeros`).
+        let mut buffer = vec![0u128; (bytes.max(1) as usize).div_ceil(16)];
+        let address = buffer.as_mut_ptr() as u64;
+        self.buffers.push(buffer);
+        Ok(address)
+    }
+
+    fn prepare(&mut self, kernel: usize, args: Vec<u64>, scratch: [u64; 2]) -> Result<usize, CudaError> {
+        self.prepared.push((kernel, args, scratch));
+        Ok(self.prepared.len() - 1)
+    }
+
+    fn begin(&self) -> Result<(), String> {
+        Ok(())
+    }
+
+    fn upload(&self, to: u64, from: &[u8]) -> Result<(), String> {
+        // SAFETY: `to` is one of this device's buffers with room for `from` (a slot's), which
+        // is host memory apart from it.
+        unsafe { std::ptr::copy_nonoverlapping(from.as_ptr(), to as *mut u8, from.len()) };
+        Ok(())
+    }
+
+    fn download(&self, from: u64, to: &mut [u8]) -> Result<(), String> {
+        // SAFETY: as for `upload`, the other way.
+        unsafe { std::ptr::copy_nonoverlapping(from as *const u8, to.as_mut_ptr(), to.len()) };
+        Ok(())
+    }
+
+    fn copy(&self, from: u64, to: u64, bytes: usize) -> Result<(), String> {
+        // SAFETY: distinct buffers of this device of `bytes` each (the schedule's slots).
+        unsafe { std::ptr::copy_nonoverlapping(from as *const u8, to as *mut u8, bytes) };
+        Ok(())
+    }
+
+    fn launch(&mut self, prepared: usize) -> Result<(), String> {
+        let (kernel, args, scratch) = &self.prepared[prepared];
+        let pointers: Vec<*mut u8> = args.iter().map(|&a| a as *mut u8).collect();
+        self.launches += 1;
+        // SAFETY: the arguments are this device's buffers holding the kernel's values (the
+        // schedule's slots), the scratch sized for its kernels; a run is the only user.
+        unsafe {
+            self.kernels.launch(
+                &self.kernels.kernels()[*kernel],
+                &pointers,
+                [scratch[0] as *mut u8, scratch[1] as *mut u8],
+                self.launches,
+            )
+        }
+        .map_err(|e| e.to_string())
+    }
+
+    fn gemm(&self, g: Gemm) -> Result<(), String> {
+        let (a_len, b_len, c_len) = (g.m * g.k, g.k * g.n, g.m * g.n);
+        // SAFETY: the addresses are this device's buffers holding the operands' f32 values
+        // (the schedule's slots); `c` overlaps neither operand (a product's output is its own
+        // slot, or a folded update's variable, which its operands do not read).
+        let (a, b, c) = unsafe {
+            (
+                std::slice::from_raw_parts(g.a as *const f32, a_len),
+                std::slice::from_raw_parts(g.b as *const f32, b_len),
+                std::slice::from_raw_parts_mut(g.c as *mut f32, c_len),
+            )
+        };
+        if g.beta == 0.0 && g.alpha == 1.0 {
+            dfc_gemm::sgemm(g.m, g.n, g.k, a, g.ta, b, g.tb, c, false, true);
+        } else {
+            dfc_gemm::sgemm_update(g.m, g.n, g.k, g.alpha, a, g.ta, b, g.tb, c, true);
+        }
+        Ok(())
+    }
+}
+
 /// One kernel launch, ready: its function, its argument table in device memory.
 struct Prepared {
     function: CudaFunction,
@@ -77,86 +373,46 @@ struct Prepared {
     name: String,
 }
 
-/// Device memory and launches of one program.
-pub(crate) struct DeviceRun {
-    kernels: Arc<DeviceKernels>,
-    stream: Arc<CudaStream>,
-    blas: cudarc::cublas::CudaBlas,
-    /// Owned device buffers (freed with the run) and their addresses.
-    _buffers: Vec<CudaSlice<u8>>,
+/// A program's run on a device: the schedule's memory there, its kernels prepared.
+pub(crate) struct DeviceRun<D> {
+    device: D,
     arena: u64,
     feeds: Vec<u64>,
     variables: Vec<u64>,
     consts: Vec<u64>,
-    /// Per step, a kernel step's launches (empty for other steps).
-    launches: Vec<Vec<Prepared>>,
+    /// Per step, a kernel step's prepared launches.
+    launches: Vec<Option<usize>>,
     /// The variables some step writes, copied down after a run.
     written: Vec<usize>,
-    /// The host's copy of the arena, for steps that run on the host.
+    /// The host's copy of the arena, for steps that run on the host and for fetches.
     host: HostArena,
     /// The host's convolutions' im2col columns.
-    columns: std::sync::Mutex<dfc_kernels::Scratch>,
+    columns: dfc_kernels::Scratch,
 }
 
-// SAFETY: the raw device addresses are of buffers the run owns; a run uses them under the
-// program's lock, from one thread at a time.
-unsafe impl Send for DeviceRun {}
-
-impl DeviceRun {
+impl<D: Device> DeviceRun<D> {
     /// Device memory for `schedule` (the arena, reductions' scratch, feeds, variables and
-    /// constants) and its kernels' launches prepared. Refuses, naming the planned bytes, a
-    /// schedule that does not fit the GPU's free memory.
-    pub(crate) fn new(kernels: Arc<DeviceKernels>, schedule: &Schedule) -> Result<DeviceRun, CudaError> {
-        let gpu = &kernels.gpu;
-        let failed = |what: &'static str| {
-            let device = kernels.describe();
-            move |source: DriverError| CudaError::Driver { what: format!("{device}, {what}"), source }
-        };
-        gpu.context.bind_to_thread().map_err(failed("binding its context"))?;
-        let stream = gpu.context.new_stream().map_err(failed("making a stream"))?;
-        let blas = cudarc::cublas::CudaBlas::new(stream.clone())
-            .map_err(|e| CudaError::Blas { device: kernels.describe(), message: e.to_string() })?;
-        let scratch = [0, 1].map(|i| kernels.kernels().iter().map(|k| k.scratch_bytes()[i]).max().unwrap_or(0));
-        let sizes = Planned {
+    /// constants; refused, naming the planned bytes, where the device has too little), the
+    /// constants copied up, and its kernels' launches prepared.
+    pub(crate) fn new(mut device: D, kernels: &[GpuKernel], schedule: &Schedule) -> Result<DeviceRun<D>, CudaError> {
+        let scratch_bytes = [0, 1].map(|i| kernels.iter().map(|k| k.scratch_bytes()[i]).max().unwrap_or(0));
+        let planned = Planned {
             arena: schedule.arena_bytes as u64,
-            scratch: scratch[0] + scratch[1],
+            scratch: scratch_bytes[0] + scratch_bytes[1],
             feeds: schedule.feeds.iter().map(|f| f.1.size_in_bytes() as u64).sum(),
             variables: schedule.variables.iter().map(|v| v.1.size_in_bytes() as u64).sum(),
             consts: schedule.consts.iter().map(|c| c.ty().size_in_bytes() as u64).sum(),
         };
-        let (free, total) = cudarc::driver::result::mem_get_info().map_err(failed("reading its free memory"))?;
-        if sizes.total() > free as u64 {
-            return Err(CudaError::OutOfMemory {
-                device: kernels.describe(),
-                planned: sizes.describe(),
-                free: free as u64,
-                total: total as u64,
-            });
-        }
-        let mut buffers = Vec::new();
-        let mut allocate = |bytes: u64| -> Result<u64, CudaError> {
-            let buffer = stream.alloc_zeros::<u8>(bytes.max(1) as usize).map_err(|_| CudaError::OutOfMemory {
-                device: kernels.describe(),
-                planned: sizes.describe(),
-                free: free as u64,
-                total: total as u64,
-            })?;
-            let address = buffer.device_ptr(&stream).0;
-            buffers.push(buffer);
-            Ok(address)
-        };
-        let arena = allocate(sizes.arena)?;
-        let scratch = [allocate(scratch[0])?, allocate(scratch[1])?];
-        let feeds = schedule.feeds.iter().map(|f| allocate(f.1.size_in_bytes() as u64)).collect::<Result<_, _>>()?;
-        let variables =
-            schedule.variables.iter().map(|v| allocate(v.1.size_in_bytes() as u64)).collect::<Result<_, _>>()?;
-        let consts: Vec<u64> =
-            schedule.consts.iter().map(|c| allocate(c.ty().size_in_bytes() as u64)).collect::<Result<_, _>>()?;
+        device.check_fits(&planned)?;
+        let arena = device.alloc(planned.arena)?;
+        let scratch = [device.alloc(scratch_bytes[0])?, device.alloc(scratch_bytes[1])?];
+        let mut sized =
+            |types: Vec<usize>| types.into_iter().map(|b| device.alloc(b as u64)).collect::<Result<Vec<_>, _>>();
+        let feeds = sized(schedule.feeds.iter().map(|f| f.1.size_in_bytes()).collect())?;
+        let variables = sized(schedule.variables.iter().map(|v| v.1.size_in_bytes()).collect())?;
+        let consts = sized(schedule.consts.iter().map(|c| c.ty().size_in_bytes()).collect())?;
         let mut run = DeviceRun {
-            kernels: kernels.clone(),
-            stream,
-            blas,
-            _buffers: buffers,
+            device,
             arena,
             feeds,
             variables,
@@ -164,20 +420,21 @@ impl DeviceRun {
             launches: Vec::new(),
             written: Vec::new(),
             host: HostArena::new(schedule.arena_bytes),
-            columns: std::sync::Mutex::new(dfc_kernels::Scratch::new()),
+            columns: dfc_kernels::Scratch::new(),
         };
+        let description = run.device.describe();
+        let failed = |message: String| CudaError::Device { device: description.clone(), message };
+        run.device.begin().map_err(&failed)?;
         for (constant, &address) in schedule.consts.iter().zip(&run.consts) {
-            let bytes = constant.to_le_bytes();
-            // SAFETY: `address` is a buffer of the constant's size, allocated above; the copy
-            // completes before `bytes` is dropped (synchronised below).
-            unsafe { cudarc::driver::result::memcpy_htod_async(address, &bytes, run.stream.cu_stream()) }
-                .map_err(failed("copying a constant to the GPU"))?;
-            run.stream.synchronize().map_err(failed("copying a constant to the GPU"))?;
+            run.device.upload(address, &constant.to_le_bytes()).map_err(&failed)?;
         }
         for step in &schedule.steps {
             let prepared = match step {
-                Step::Kernel { kernel, args } => run.prepare(*kernel, args, scratch)?,
-                _ => Vec::new(),
+                Step::Kernel { kernel, args } => {
+                    let addresses = args.iter().map(|&slot| run.address(slot)).collect();
+                    Some(run.device.prepare(*kernel, addresses, scratch)?)
+                }
+                _ => None,
             };
             run.launches.push(prepared);
             // Assignment kernels write their variable too: `reads_writes`, not `accesses`.
@@ -192,40 +449,6 @@ impl DeviceRun {
         Ok(run)
     }
 
-    /// The launches of `kernel` over `args` (slots), their tables in device memory.
-    fn prepare(&self, index: usize, args: &[Slot], scratch: [u64; 2]) -> Result<Vec<Prepared>, CudaError> {
-        let kernel = &self.kernels.kernels()[index];
-        let name = format!("`{}` (computing `{}`)", kernel.function, self.kernels.roots[index]);
-        let failed = |what: &'static str| {
-            let device = self.kernels.device.clone();
-            let kernel = kernel.function.clone();
-            let gpu = self.kernels.gpu.describe();
-            move |source: DriverError| CudaError::Kernel { device, kernel, gpu, what, source }
-        };
-        kernel
-            .launches()
-            .into_iter()
-            .map(|launch| {
-                let function = self.kernels.module.load_function(&launch.function).map_err(failed("finding it"))?;
-                let table: Vec<u64> = launch
-                    .args
-                    .iter()
-                    .map(|buffer| match *buffer {
-                        LaunchBuffer::Arg(i) => self.address(args[i]),
-                        LaunchBuffer::Scratch(s) => scratch[s],
-                    })
-                    .collect();
-                let table = self.stream.memcpy_stod(&table).map_err(failed("copying its argument table"))?;
-                let config = LaunchConfig {
-                    grid_dim: (launch.grid, 1, 1),
-                    block_dim: (launch.block, 1, 1),
-                    shared_mem_bytes: 0,
-                };
-                Ok(Prepared { function, table, count: launch.count, config, name: name.clone() })
-            })
-            .collect()
-    }
-
     /// The device address of `slot`.
     fn address(&self, slot: Slot) -> u64 {
         match slot {
@@ -236,8 +459,8 @@ impl DeviceRun {
         }
     }
 
-    fn device_error(&self, what: impl std::fmt::Display) -> InterpError {
-        InterpError::Device { device: self.kernels.describe(), message: what.to_string() }
+    fn device_error(&self, message: String) -> InterpError {
+        InterpError::Device { device: self.device.describe(), message }
     }
 
     /// Runs `schedule` (the one this run was made for) with `bindings` (its host values).
@@ -247,154 +470,112 @@ impl DeviceRun {
         bindings: &Bindings,
         rendezvous: Option<&dyn Rendezvous>,
     ) -> Result<Vec<Tensor>, InterpError> {
-        // The raw driver and cuBLAS calls below act on the thread's current context.
-        self.kernels
-            .gpu
-            .context
-            .bind_to_thread()
-            .map_err(|e| self.device_error(format!("binding its context: {e}")))?;
+        self.device.begin().map_err(|e| self.device_error(e))?;
         let host_base = self.host.base();
         let host = |slot: Slot| bindings.at(host_base, slot);
-        let stream = self.stream.cu_stream();
         // Feeds and variables up.
         for (i, (_, ty)) in schedule.feeds.iter().enumerate() {
-            self.upload(host(Slot::Feed(i)), self.feeds[i], ty.size_in_bytes())?;
+            self.upload(Slot::Feed(i), host(Slot::Feed(i)), ty.size_in_bytes())?;
         }
         for (i, (_, ty)) in schedule.variables.iter().enumerate() {
-            self.upload(host(Slot::Variable(i)), self.variables[i], ty.size_in_bytes())?;
+            self.upload(Slot::Variable(i), host(Slot::Variable(i)), ty.size_in_bytes())?;
         }
-        let mut columns = self.columns.lock().unwrap_or_else(|e| e.into_inner());
-        for (step, launches) in schedule.steps.iter().zip(&self.launches) {
+        for (at, step) in schedule.steps.iter().enumerate() {
             match step {
                 Step::Kernel { .. } => {
-                    for launch in launches {
-                        let mut builder = self.stream.launch_builder(&launch.function);
-                        builder.arg(&launch.table);
-                        builder.arg(&launch.count);
-                        // SAFETY: the entry takes (`i8** args`, `i64 count`); the table holds
-                        // the device addresses of the kernel's buffers, each allocated for the
-                        // value the schedule planned there, or its scratch, sized for it.
-                        unsafe { builder.launch(launch.config) }
-                            .map_err(|e| self.device_error(format!("launching kernel {}: {e}", launch.name)))?;
-                    }
+                    let prepared = self.launches[at].expect("prepared for every kernel step");
+                    self.device.launch(prepared).map_err(|e| self.device_error(e))?;
                 }
                 Step::MatMul { a, b, out, m, n, k, ta, tb, batches, update } => {
                     let (alpha, beta) = match update {
                         Some(alpha) => (*alpha, 1.0f32),
                         None => (1.0, 0.0),
                     };
-                    let operation =
-                        |t: bool| if t { cublasOperation_t::CUBLAS_OP_T } else { cublasOperation_t::CUBLAS_OP_N };
-                    let (lda, ldb) = (if *ta { *m } else { *k }, if *tb { *k } else { *n });
                     for (bi, &(oa, ob)) in batches.iter().enumerate() {
-                        let a = self.address(*a) + 4 * oa as u64;
-                        let b = self.address(*b) + 4 * ob as u64;
-                        let c = self.address(*out) + 4 * (bi * m * n) as u64;
-                        // Row-major C = op(A)·op(B) is column-major Cᵀ = op(B)ᵀ·op(A)ᵀ: cuBLAS
-                        // computes the product with the operands swapped.
-                        // SAFETY: the addresses are of device buffers holding the operands'
-                        // f32 values (the schedule's slots), the offsets within them as on the
-                        // CPU; the handle's stream is this run's.
-                        unsafe {
-                            cudarc::cublas::result::sgemm(
-                                *self.blas.handle(),
-                                operation(*tb),
-                                operation(*ta),
-                                *n as i32,
-                                *m as i32,
-                                *k as i32,
-                                &alpha,
-                                b as *const f32,
-                                ldb as i32,
-                                a as *const f32,
-                                lda as i32,
-                                &beta,
-                                c as *mut f32,
-                                *n as i32,
-                            )
-                        }
-                        .map_err(|e| self.device_error(format!("a matrix product through cuBLAS: {e}")))?;
+                        let gemm = Gemm {
+                            a: self.address(*a) + 4 * oa as u64,
+                            b: self.address(*b) + 4 * ob as u64,
+                            c: self.address(*out) + 4 * (bi * m * n) as u64,
+                            m: *m,
+                            n: *n,
+                            k: *k,
+                            ta: *ta,
+                            tb: *tb,
+                            alpha,
+                            beta,
+                        };
+                        self.device.gemm(gemm).map_err(|e| self.device_error(e))?;
                     }
                 }
                 Step::Copy { from, to, bytes } => {
-                    // SAFETY: distinct device buffers of `bytes` each (the schedule's slots).
-                    unsafe {
-                        cudarc::driver::result::memcpy_dtod_async(
-                            self.address(*to),
-                            self.address(*from),
-                            *bytes,
-                            stream,
-                        )
-                    }
-                    .map_err(|e| self.device_error(format!("a copy on the GPU: {e}")))?;
+                    let (from, to) = (self.address(*from), self.address(*to));
+                    self.device.copy(from, to, *bytes).map_err(|e| self.device_error(format!("a copy: {e}")))?;
                 }
-                other => self.on_host(other, &host, &mut columns, rendezvous)?,
+                other => self.on_host(other, &host, rendezvous)?,
             }
         }
         // Fetches and assigned variables down.
         let mut fetched = Vec::with_capacity(schedule.fetches.len());
         for (slot, ty) in &schedule.fetches {
             if matches!(slot, Slot::Arena(_) | Slot::Variable(_)) {
-                self.download(self.address(*slot), host(*slot), ty.size_in_bytes())?;
+                self.download(*slot, host(*slot), ty.size_in_bytes())?;
             }
             // SAFETY: the host's copy of the slot holds the fetched value (just copied down,
-            // or a feed or constant, which live on the host).
+            // or a feed or constant, which live on the host), of its type.
             fetched.push(unsafe { dfc_cpu::read_tensor(host(*slot), ty) });
         }
         for &i in &self.written {
-            self.download(self.variables[i], host(Slot::Variable(i)), schedule.variables[i].1.size_in_bytes())?;
+            self.download(Slot::Variable(i), host(Slot::Variable(i)), schedule.variables[i].1.size_in_bytes())?;
         }
         Ok(fetched)
     }
 
-    /// A step with no GPU implementation, on the host: what it reads copied down, the CPU's
+    /// A step with no device implementation, on the host: what it reads copied down, the CPU's
     /// implementation run, what it writes copied up.
     fn on_host(
-        &self,
+        &mut self,
         step: &Step,
         host: &dyn Fn(Slot) -> *mut u8,
-        columns: &mut dfc_kernels::Scratch,
         rendezvous: Option<&dyn Rendezvous>,
     ) -> Result<(), InterpError> {
         let (reads, writes) = step.accesses();
         for (slot, bytes) in reads {
             if matches!(slot, Slot::Arena(_) | Slot::Variable(_)) {
-                self.download(self.address(slot), host(slot), bytes)?;
+                self.download(slot, host(slot), bytes)?;
             }
         }
         // SAFETY: the host's copies of the step's slots hold its operands (copied down above,
         // or feeds and constants, which live on the host), each of its planned type.
-        unsafe { dfc_cpu::run_host_step(step, host, columns, rendezvous)? };
+        unsafe { dfc_cpu::run_host_step(step, host, &mut self.columns, rendezvous)? };
         for (slot, bytes) in writes {
-            self.upload(host(slot), self.address(slot), bytes)?;
+            self.upload(slot, host(slot), bytes)?;
         }
         Ok(())
     }
 
-    fn upload(&self, from: *const u8, to: u64, bytes: usize) -> Result<(), InterpError> {
-        // SAFETY: `from` is the host's copy of a value of `bytes` bytes (a slot's), `to` a device
-        // buffer of that size; the copy completes before returning (synchronised).
+    /// Copies `bytes` of the host's copy of `slot`, at `from`, to the device.
+    fn upload(&self, slot: Slot, from: *const u8, bytes: usize) -> Result<(), InterpError> {
+        // SAFETY: `from` is the host's copy of the slot's value, of `bytes` bytes (see
+        // `Bindings::at`), alive for the run.
         let source = unsafe { std::slice::from_raw_parts(from, bytes) };
-        // SAFETY: as above.
-        unsafe { cudarc::driver::result::memcpy_htod_async(to, source, self.stream.cu_stream()) }
-            .and_then(|_| self.stream.synchronize())
-            .map_err(|e| self.device_error(format!("copying {bytes} bytes to the GPU: {e}")))
+        self.device
+            .upload(self.address(slot), source)
+            .map_err(|e| self.device_error(format!("copying {bytes} bytes to the device: {e}")))
     }
 
-    fn download(&self, from: u64, to: *mut u8, bytes: usize) -> Result<(), InterpError> {
-        // SAFETY: `to` is the host's copy of a value of `bytes` bytes (a slot's), `from` a device
-        // buffer of that size; the copy completes before returning (synchronised), after
-        // everything launched before it on the stream.
+    /// Copies `bytes` of `slot` from the device to the host's copy of it, at `to`.
+    fn download(&self, slot: Slot, to: *mut u8, bytes: usize) -> Result<(), InterpError> {
+        // SAFETY: `to` is the host's copy of the slot's value, of `bytes` bytes (see
+        // `Bindings::at`), alive for the run and written by nothing else meanwhile.
         let target = unsafe { std::slice::from_raw_parts_mut(to, bytes) };
-        // SAFETY: as above.
-        unsafe { cudarc::driver::result::memcpy_dtoh_async(target, from, self.stream.cu_stream()) }
-            .and_then(|_| self.stream.synchronize())
-            .map_err(|e| self.device_error(format!("copying {bytes} bytes from the GPU: {e}")))
+        self.device
+            .download(self.address(slot), target)
+            .map_err(|e| self.device_error(format!("copying {bytes} bytes from the device: {e}")))
     }
 }
 
 /// Device memory a program plans, by kind.
-struct Planned {
+pub(crate) struct Planned {
     arena: u64,
     scratch: u64,
     feeds: u64,

@@ -69,26 +69,29 @@ impl Emulated {
         check_arguments(kernel, buffers, args, "the emulated GPU")?;
         // 16-byte aligned copies, as device memory is (more than) aligned.
         let mut memory: Vec<Vec<u128>> = buffers.iter().map(|b| aligned(b, 0)).collect();
-        let mut scratch = Scratch::for_kernels(std::slice::from_ref(kernel));
+        let mut partials = Scratch::for_kernels(std::slice::from_ref(kernel));
+        let scratch = partials.pointers();
         let pointers: Vec<*mut u8> = args.iter().map(|&i| memory[i].as_mut_ptr() as *mut u8).collect();
         // SAFETY: the pointers are copies of the buffers, which `check_arguments` found to be
-        // one per argument, each as large as the kernel's value there.
-        unsafe { self.launch(kernel, &pointers, &mut scratch, seed)? };
+        // one per argument, each as large as the kernel's value there; the scratch was made
+        // for this kernel.
+        unsafe { self.launch(kernel, &pointers, scratch, seed)? };
         Ok(memory.iter().zip(buffers).map(|(m, b)| as_bytes(m)[..b.len()].to_vec()).collect())
     }
 
-    /// Runs `kernel`'s launches over `args` (its inputs, then its output), with `scratch` for
-    /// a reduction's passes, each launch's threads in an order shuffled by `seed`.
+    /// Runs `kernel`'s launches over `args` (its inputs, then its output), with the two
+    /// buffers at `scratch` for a reduction's passes, each launch's threads in an order
+    /// shuffled by `seed`.
     ///
     /// # Safety
     /// `args` are the kernel's arguments, each pointing to a value of the type the kernel
-    /// reads or writes there, alive and used by nothing else until this returns; `scratch` was
-    /// made for kernels including this one.
+    /// reads or writes there, alive and used by nothing else until this returns; `scratch`
+    /// points to buffers of at least the kernel's `scratch_bytes`.
     pub unsafe fn launch(
         &self,
         kernel: &GpuKernel,
         args: &[*mut u8],
-        scratch: &mut Scratch,
+        scratch: [*mut u8; 2],
         seed: u64,
     ) -> Result<(), CudaError> {
         for (n, launch) in kernel.launches().iter().enumerate() {
@@ -102,7 +105,7 @@ impl Emulated {
                 .iter()
                 .map(|buffer| match *buffer {
                     LaunchBuffer::Arg(i) => args[i],
-                    LaunchBuffer::Scratch(s) => scratch.buffers[s].as_mut_ptr() as *mut u8,
+                    LaunchBuffer::Scratch(s) => scratch[s],
                 })
                 .collect();
             let table = Arguments(pointers);
@@ -128,6 +131,12 @@ impl Scratch {
         let most = |i: usize| kernels.iter().map(|k| k.scratch_bytes()[i]).max().unwrap_or(0) as usize;
         let filled = |bytes: usize| vec![u128::MAX; bytes.div_ceil(16)];
         Scratch { buffers: [filled(most(0)), filled(most(1))] }
+    }
+
+    /// Where the two buffers are.
+    pub fn pointers(&mut self) -> [*mut u8; 2] {
+        let [first, second] = &mut self.buffers;
+        [first.as_mut_ptr() as *mut u8, second.as_mut_ptr() as *mut u8]
     }
 }
 

@@ -55,6 +55,8 @@ pub enum CudaError {
     Arguments { device: String, kernel: String, message: String },
     #[error("the grid emulator: {0}")]
     Emulator(String),
+    #[error("{device}: {message}")]
+    Device { device: String, message: String },
     #[error("no cuBLAS: the CUDA BLAS library (libcublas.so.12) is not installed or not on the library path; dfc's GPU partitions run their matrix products through it")]
     NoCublas,
     #[error("cuBLAS for {device}: {message}")]
