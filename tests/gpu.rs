@@ -134,6 +134,24 @@ fn a_gpu_plan_compiles_and_without_a_gpu_its_run_says_what_is_missing() {
         losses.iter().all(|l| *l == losses[0]),
         "training losses: interpreter, emulator, emulator on workers: {losses:?}"
     );
+    // Resuming from a checkpoint restores the variables a GPU device holds: the emulator (its
+    // device's variables replaced by the checkpoint's) continues as the interpreter does.
+    let mut resumed = Vec::new();
+    for backend in ["interp", "grid-emulator"] {
+        let checkpoints = dir.path().join(format!("checkpoints-{backend}"));
+        let checkpoints = checkpoints.to_str().unwrap();
+        for steps in ["20", "40"] {
+            let run = ["run", plan, "--steps", steps, "--backend", backend, "--checkpoint-dir", checkpoints];
+            let (ok, stdout, stderr) = dfc(&[&run[..], &feeds].concat());
+            assert!(ok, "{backend}, {steps} steps: {stderr}");
+            if steps == "40" {
+                let text = format!("{stdout}{stderr}");
+                assert!(text.contains("resuming from"), "{backend}: {text}");
+                resumed.push(text.split("train loss ").nth(1).and_then(|r| r.split(',').next()).map(str::to_string));
+            }
+        }
+    }
+    assert!(resumed[0].is_some() && resumed[0] == resumed[1], "losses after resuming: {resumed:?}");
 }
 
 #[test]

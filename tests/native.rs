@@ -89,7 +89,8 @@ fn run(plan: &Plan, backend: Backend, data: &[HashMap<String, Tensor>]) -> (Vec<
         seen.extend(session.run(&forward, feeds).expect("forward runs"));
         seen.extend(session.run(&step, feeds).expect("a step runs"));
     }
-    let variables = session.all_variables().iter().map(|(n, t)| (n.clone(), t.clone())).collect();
+    let variables =
+        session.all_variables().expect("the variables").iter().map(|(n, t)| (n.clone(), t.clone())).collect();
     (seen, variables)
 }
 

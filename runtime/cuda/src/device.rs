@@ -62,6 +62,22 @@ impl DeviceKernels {
     }
 }
 
+/// A GPU partition's kernels, on a GPU or for the grid emulator.
+#[derive(Clone, Debug)]
+pub enum GpuKernels {
+    Device(Arc<DeviceKernels>),
+    Emulated(Arc<Emulated>),
+}
+
+impl GpuKernels {
+    pub fn kernels(&self) -> &[GpuKernel] {
+        match self {
+            GpuKernels::Device(code) => code.kernels(),
+            GpuKernels::Emulated(code) => code.kernels(),
+        }
+    }
+}
+
 /// Whether cuBLAS can be loaded here.
 fn cublas_present() -> bool {
     // SAFETY: only tries to open the library; nothing is called.
@@ -93,9 +109,15 @@ pub(crate) trait Device: Send {
     fn check_fits(&self, planned: &Planned) -> Result<(), CudaError>;
     /// Device memory of `bytes` (at least one), zeroed; its address. It lives as long as the device.
     fn alloc(&mut self, bytes: u64) -> Result<u64, CudaError>;
-    /// Kernel `kernel`'s launches over its arguments at `args` and the scratch at `scratch`,
-    /// ready for `launch`: a handle.
-    fn prepare(&mut self, kernel: usize, args: Vec<u64>, scratch: [u64; 2]) -> Result<usize, CudaError>;
+    /// Kernel `kernel` of `kernels`' launches over its arguments at `args` and the scratch at
+    /// `scratch`, ready for `launch`: a handle.
+    fn prepare(
+        &mut self,
+        kernels: &GpuKernels,
+        kernel: usize,
+        args: Vec<u64>,
+        scratch: [u64; 2],
+    ) -> Result<usize, CudaError>;
     /// Makes the device current on this thread, before a run.
     fn begin(&self) -> Result<(), String>;
     fn upload(&self, to: u64, from: &[u8]) -> Result<(), String>;
@@ -107,7 +129,9 @@ pub(crate) trait Device: Send {
 
 /// A GPU: cudarc's driver, one stream, cuBLAS.
 pub(crate) struct Cuda {
-    kernels: Arc<DeviceKernels>,
+    gpu: Gpu,
+    /// `partition … on GPU …`, for messages.
+    description: String,
     stream: Arc<CudaStream>,
     blas: cudarc::cublas::CudaBlas,
     buffers: Vec<CudaSlice<u8>>,
@@ -119,16 +143,18 @@ pub(crate) struct Cuda {
 unsafe impl Send for Cuda {}
 
 impl Cuda {
-    pub(crate) fn new(kernels: Arc<DeviceKernels>) -> Result<Cuda, CudaError> {
+    pub(crate) fn new(kernels: &DeviceKernels) -> Result<Cuda, CudaError> {
+        let description = kernels.describe();
         let failed = |what: &str| {
-            let what = format!("{}, {what}", kernels.describe());
+            let what = format!("{description}, {what}");
             move |source| CudaError::Driver { what, source }
         };
-        kernels.gpu.context.bind_to_thread().map_err(failed("binding its context"))?;
-        let stream = kernels.gpu.context.new_stream().map_err(failed("making a stream"))?;
+        let gpu = kernels.gpu.clone();
+        gpu.context.bind_to_thread().map_err(failed("binding its context"))?;
+        let stream = gpu.context.new_stream().map_err(failed("making a stream"))?;
         let blas = cudarc::cublas::CudaBlas::new(stream.clone())
-            .map_err(|e| CudaError::Blas { device: kernels.describe(), message: e.to_string() })?;
-        Ok(Cuda { kernels, stream, blas, buffers: Vec::new(), prepared: Vec::new() })
+            .map_err(|e| CudaError::Blas { device: description.clone(), message: e.to_string() })?;
+        Ok(Cuda { gpu, description, stream, blas, buffers: Vec::new(), prepared: Vec::new() })
     }
 
     fn synchronize(&self) -> Result<(), String> {
@@ -138,7 +164,7 @@ impl Cuda {
 
 impl Device for Cuda {
     fn describe(&self) -> String {
-        self.kernels.describe()
+        self.description.clone()
     }
 
     fn check_fits(&self, planned: &Planned) -> Result<(), CudaError> {
@@ -167,8 +193,19 @@ impl Device for Cuda {
         Ok(address)
     }
 
-    fn prepare(&mut self, index: usize, args: Vec<u64>, scratch: [u64; 2]) -> Result<usize, CudaError> {
-        let kernels = &self.kernels;
+    fn prepare(
+        &mut self,
+        kernels: &GpuKernels,
+        index: usize,
+        args: Vec<u64>,
+        scratch: [u64; 2],
+    ) -> Result<usize, CudaError> {
+        let GpuKernels::Device(kernels) = kernels else {
+            return Err(CudaError::Device {
+                device: self.describe(),
+                message: "kernels compiled for the grid emulator, not for this GPU".to_string(),
+            });
+        };
         let kernel = &kernels.kernels()[index];
         let name = format!("`{}` (computing `{}`)", kernel.function, kernels.roots[index]);
         let failed = |what: &'static str| {
@@ -196,7 +233,7 @@ impl Device for Cuda {
     }
 
     fn begin(&self) -> Result<(), String> {
-        self.kernels.gpu.context.bind_to_thread().map_err(|e| format!("binding its context: {e}"))
+        self.gpu.context.bind_to_thread().map_err(|e| format!("binding its context: {e}"))
     }
 
     fn upload(&self, to: u64, from: &[u8]) -> Result<(), String> {
@@ -267,16 +304,15 @@ impl Device for Cuda {
 /// session's), kernels run thread by thread (`Emulated::launch`), GEMMs by dfc's. Addresses are
 /// host addresses of its buffers.
 pub(crate) struct EmulatedDevice {
-    kernels: Arc<Emulated>,
     buffers: Vec<Vec<u128>>,
-    prepared: Vec<(usize, Vec<u64>, [u64; 2])>,
+    prepared: Vec<(Arc<Emulated>, usize, Vec<u64>, [u64; 2])>,
     /// Launches so far: each launch's threads are shuffled by a new seed.
     launches: u64,
 }
 
 impl EmulatedDevice {
-    pub(crate) fn new(kernels: Arc<Emulated>) -> EmulatedDevice {
-        EmulatedDevice { kernels, buffers: Vec::new(), prepared: Vec::new(), launches: 0 }
+    pub(crate) fn new() -> EmulatedDevice {
+        EmulatedDevice { buffers: Vec::new(), prepared: Vec::new(), launches: 0 }
     }
 }
 
@@ -297,8 +333,17 @@ impl Device for EmulatedDevice {
         Ok(address)
     }
 
-    fn prepare(&mut self, kernel: usize, args: Vec<u64>, scratch: [u64; 2]) -> Result<usize, CudaError> {
-        self.prepared.push((kernel, args, scratch));
+    fn prepare(
+        &mut self,
+        kernels: &GpuKernels,
+        kernel: usize,
+        args: Vec<u64>,
+        scratch: [u64; 2],
+    ) -> Result<usize, CudaError> {
+        let GpuKernels::Emulated(kernels) = kernels else {
+            return Err(CudaError::Emulator("kernels loaded into a GPU, not compiled for the emulator".to_string()));
+        };
+        self.prepared.push((kernels.clone(), kernel, args, scratch));
         Ok(self.prepared.len() - 1)
     }
 
@@ -326,14 +371,14 @@ impl Device for EmulatedDevice {
     }
 
     fn launch(&mut self, prepared: usize) -> Result<(), String> {
-        let (kernel, args, scratch) = &self.prepared[prepared];
+        let (kernels, kernel, args, scratch) = &self.prepared[prepared];
         let pointers: Vec<*mut u8> = args.iter().map(|&a| a as *mut u8).collect();
         self.launches += 1;
         // SAFETY: the arguments are this device's buffers holding the kernel's values (the
         // schedule's slots), the scratch sized for its kernels; a run is the only user.
         unsafe {
-            self.kernels.launch(
-                &self.kernels.kernels()[*kernel],
+            kernels.launch(
+                &kernels.kernels()[*kernel],
                 &pointers,
                 [scratch[0] as *mut u8, scratch[1] as *mut u8],
                 self.launches,
@@ -373,16 +418,98 @@ struct Prepared {
     name: String,
 }
 
-/// A program's run on a device: the schedule's memory there, its kernels prepared.
-pub(crate) struct DeviceRun<D> {
-    device: D,
+/// A GPU partition's device, which all its programs share, with the partition's variables
+/// resident there: a program's run copies up only the variables the host's copy of which is
+/// newer (the session initialised, restored or wrote them), and copies down none: the session
+/// asks for the device's newer values when it reads its variables ([`GpuPartition::download_newer`]).
+pub struct GpuPartition {
+    state: std::sync::Mutex<PartitionState>,
+}
+
+struct PartitionState {
+    device: Box<dyn Device>,
+    /// Each variable on the device, by name.
+    variables: std::collections::HashMap<String, Resident>,
+}
+
+struct Resident {
+    address: u64,
+    bytes: usize,
+    newer: Newer,
+}
+
+/// Which copy of a variable was written last.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Newer {
+    Host,
+    Device,
+    Neither,
+}
+
+impl std::fmt::Debug for GpuPartition {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuPartition").finish_non_exhaustive()
+    }
+}
+
+impl GpuPartition {
+    /// The device that `kernels` are for: the GPU they were loaded into (a stream and cuBLAS
+    /// on it), or the grid emulator's model of one.
+    pub fn new(kernels: &GpuKernels) -> Result<GpuPartition, CudaError> {
+        let device: Box<dyn Device> = match kernels {
+            GpuKernels::Device(code) => Box::new(Cuda::new(code)?),
+            GpuKernels::Emulated(_) => Box::new(EmulatedDevice::new()),
+        };
+        Ok(GpuPartition { state: std::sync::Mutex::new(PartitionState { device, variables: Default::default() }) })
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, PartitionState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Copies into `host` (the session's copies of the partition's variables, or a copy of
+    /// them) every value the device holds newer; with `in_sync`, `host` is the session's own,
+    /// which then holds what the device does.
+    pub fn download_newer(&self, host: &mut dfc_interp::Variables, in_sync: bool) -> Result<(), InterpError> {
+        let mut state = self.state();
+        let state = &mut *state;
+        for (name, resident) in state.variables.iter_mut().filter(|(_, r)| r.newer == Newer::Device) {
+            let Some(tensor) = host.get_mut(name) else { continue };
+            let mut bytes = vec![0u8; resident.bytes];
+            state.device.begin().and_then(|_| state.device.download(resident.address, &mut bytes)).map_err(|e| {
+                InterpError::Device { device: state.device.describe(), message: format!("copying `{name}` down: {e}") }
+            })?;
+            *tensor = Tensor::from_le_bytes(&tensor.ty(), &bytes).ok_or_else(|| InterpError::Device {
+                device: state.device.describe(),
+                message: format!("`{name}` copied down is not a value of its type"),
+            })?;
+            if in_sync {
+                resident.newer = Newer::Neither;
+            }
+        }
+        Ok(())
+    }
+
+    /// The session wrote the host's copies of every variable: runs copy them up first.
+    pub fn host_wrote(&self) {
+        for resident in self.state().variables.values_mut() {
+            resident.newer = Newer::Host;
+        }
+    }
+}
+
+/// A program's run on its partition's device: the schedule's memory there (variables shared
+/// with the partition's other programs), its kernels prepared.
+pub(crate) struct DeviceRun {
+    partition: Arc<GpuPartition>,
     arena: u64,
     feeds: Vec<u64>,
-    variables: Vec<u64>,
+    /// Per schedule variable, its name and address (the partition's).
+    variables: Vec<(String, u64)>,
     consts: Vec<u64>,
     /// Per step, a kernel step's prepared launches.
     launches: Vec<Option<usize>>,
-    /// The variables some step writes, copied down after a run.
+    /// The variables some step writes.
     written: Vec<usize>,
     /// The host's copy of the arena, for steps that run on the host and for fetches.
     host: HostArena,
@@ -390,63 +517,98 @@ pub(crate) struct DeviceRun<D> {
     columns: dfc_kernels::Scratch,
 }
 
-impl<D: Device> DeviceRun<D> {
-    /// Device memory for `schedule` (the arena, reductions' scratch, feeds, variables and
-    /// constants; refused, naming the planned bytes, where the device has too little), the
-    /// constants copied up, and its kernels' launches prepared.
-    pub(crate) fn new(mut device: D, kernels: &[GpuKernel], schedule: &Schedule) -> Result<DeviceRun<D>, CudaError> {
-        let scratch_bytes = [0, 1].map(|i| kernels.iter().map(|k| k.scratch_bytes()[i]).max().unwrap_or(0));
+impl DeviceRun {
+    /// Device memory for `schedule` (the arena, reductions' scratch, feeds and constants, and
+    /// the variables it uses that the partition has not placed yet; refused, naming the planned
+    /// bytes, where the device has too little), the constants copied up, and `kernels`'
+    /// launches prepared.
+    pub(crate) fn new(
+        partition: Arc<GpuPartition>,
+        kernels: &GpuKernels,
+        schedule: &Schedule,
+    ) -> Result<DeviceRun, CudaError> {
+        let shared = partition.clone();
+        let mut state = shared.state();
+        let state = &mut *state;
+        let device = &mut state.device;
+        let scratch_bytes = [0, 1].map(|i| kernels.kernels().iter().map(|k| k.scratch_bytes()[i]).max().unwrap_or(0));
+        let new_variables = schedule.variables.iter().filter(|(name, _)| !state.variables.contains_key(name));
         let planned = Planned {
             arena: schedule.arena_bytes as u64,
             scratch: scratch_bytes[0] + scratch_bytes[1],
             feeds: schedule.feeds.iter().map(|f| f.1.size_in_bytes() as u64).sum(),
-            variables: schedule.variables.iter().map(|v| v.1.size_in_bytes() as u64).sum(),
+            variables: new_variables.map(|v| v.1.size_in_bytes() as u64).sum(),
             consts: schedule.consts.iter().map(|c| c.ty().size_in_bytes() as u64).sum(),
         };
         device.check_fits(&planned)?;
         let arena = device.alloc(planned.arena)?;
         let scratch = [device.alloc(scratch_bytes[0])?, device.alloc(scratch_bytes[1])?];
-        let mut sized =
-            |types: Vec<usize>| types.into_iter().map(|b| device.alloc(b as u64)).collect::<Result<Vec<_>, _>>();
-        let feeds = sized(schedule.feeds.iter().map(|f| f.1.size_in_bytes()).collect())?;
-        let variables = sized(schedule.variables.iter().map(|v| v.1.size_in_bytes()).collect())?;
-        let consts = sized(schedule.consts.iter().map(|c| c.ty().size_in_bytes()).collect())?;
-        let mut run = DeviceRun {
-            device,
+        let feeds =
+            schedule.feeds.iter().map(|f| device.alloc(f.1.size_in_bytes() as u64)).collect::<Result<Vec<_>, _>>()?;
+        let consts = schedule
+            .consts
+            .iter()
+            .map(|c| device.alloc(c.ty().size_in_bytes() as u64))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut variables = Vec::with_capacity(schedule.variables.len());
+        for (name, ty) in &schedule.variables {
+            let bytes = ty.size_in_bytes();
+            let resident = match state.variables.get(name) {
+                Some(resident) => resident,
+                None => {
+                    let address = device.alloc(bytes as u64)?;
+                    state.variables.entry(name.clone()).or_insert(Resident { address, bytes, newer: Newer::Host })
+                }
+            };
+            if resident.bytes != bytes {
+                return Err(CudaError::Device {
+                    device: device.describe(),
+                    message: format!("variable `{name}` is {bytes} bytes here but {} on the device", resident.bytes),
+                });
+            }
+            variables.push((name.clone(), resident.address));
+        }
+        let description = device.describe();
+        let failed = |message: String| CudaError::Device { device: description.clone(), message };
+        device.begin().map_err(&failed)?;
+        for (constant, &address) in schedule.consts.iter().zip(&consts) {
+            device.upload(address, &constant.to_le_bytes()).map_err(&failed)?;
+        }
+        let address = |slot: Slot| match slot {
+            Slot::Arena(offset) => arena + offset as u64,
+            Slot::Feed(i) => feeds[i],
+            Slot::Variable(i) => variables[i].1,
+            Slot::Const(i) => consts[i],
+        };
+        let mut launches = Vec::with_capacity(schedule.steps.len());
+        let mut written = Vec::new();
+        for step in &schedule.steps {
+            launches.push(match step {
+                Step::Kernel { kernel, args } => {
+                    Some(device.prepare(kernels, *kernel, args.iter().map(|&slot| address(slot)).collect(), scratch)?)
+                }
+                _ => None,
+            });
+            // Assignment kernels write their variable too: `reads_writes`, not `accesses`.
+            for slot in step.reads_writes().1 {
+                if let Slot::Variable(i) = slot {
+                    written.push(i);
+                }
+            }
+        }
+        written.sort_unstable();
+        written.dedup();
+        Ok(DeviceRun {
+            partition,
             arena,
             feeds,
             variables,
             consts,
-            launches: Vec::new(),
-            written: Vec::new(),
+            launches,
+            written,
             host: HostArena::new(schedule.arena_bytes),
             columns: dfc_kernels::Scratch::new(),
-        };
-        let description = run.device.describe();
-        let failed = |message: String| CudaError::Device { device: description.clone(), message };
-        run.device.begin().map_err(&failed)?;
-        for (constant, &address) in schedule.consts.iter().zip(&run.consts) {
-            run.device.upload(address, &constant.to_le_bytes()).map_err(&failed)?;
-        }
-        for step in &schedule.steps {
-            let prepared = match step {
-                Step::Kernel { kernel, args } => {
-                    let addresses = args.iter().map(|&slot| run.address(slot)).collect();
-                    Some(run.device.prepare(*kernel, addresses, scratch)?)
-                }
-                _ => None,
-            };
-            run.launches.push(prepared);
-            // Assignment kernels write their variable too: `reads_writes`, not `accesses`.
-            for slot in step.reads_writes().1 {
-                if let Slot::Variable(i) = slot {
-                    run.written.push(i);
-                }
-            }
-        }
-        run.written.sort_unstable();
-        run.written.dedup();
-        Ok(run)
+        })
     }
 
     /// The device address of `slot`.
@@ -454,13 +616,9 @@ impl<D: Device> DeviceRun<D> {
         match slot {
             Slot::Arena(offset) => self.arena + offset as u64,
             Slot::Feed(i) => self.feeds[i],
-            Slot::Variable(i) => self.variables[i],
+            Slot::Variable(i) => self.variables[i].1,
             Slot::Const(i) => self.consts[i],
         }
-    }
-
-    fn device_error(&self, message: String) -> InterpError {
-        InterpError::Device { device: self.device.describe(), message }
     }
 
     /// Runs `schedule` (the one this run was made for) with `bindings` (its host values).
@@ -470,21 +628,60 @@ impl<D: Device> DeviceRun<D> {
         bindings: &Bindings,
         rendezvous: Option<&dyn Rendezvous>,
     ) -> Result<Vec<Tensor>, InterpError> {
-        self.device.begin().map_err(|e| self.device_error(e))?;
-        let host_base = self.host.base();
-        let host = |slot: Slot| bindings.at(host_base, slot);
-        // Feeds and variables up.
-        for (i, (_, ty)) in schedule.feeds.iter().enumerate() {
-            self.upload(Slot::Feed(i), host(Slot::Feed(i)), ty.size_in_bytes())?;
+        let partition = self.partition.clone();
+        let mut state = partition.state();
+        let state = &mut *state;
+        let mut run = Running { run: self, device: &mut *state.device, bindings };
+        let fetched = run.steps(schedule, &mut state.variables, rendezvous);
+        // Whatever happened, the device may hold newer values of the variables the steps write.
+        for &i in &self.written {
+            if let Some(resident) = state.variables.get_mut(&self.variables[i].0) {
+                resident.newer = Newer::Device;
+            }
         }
-        for (i, (_, ty)) in schedule.variables.iter().enumerate() {
-            self.upload(Slot::Variable(i), host(Slot::Variable(i)), ty.size_in_bytes())?;
+        fetched
+    }
+}
+
+/// A run in progress: the program's memory, the partition's device, the host's values.
+struct Running<'r> {
+    run: &'r mut DeviceRun,
+    device: &'r mut dyn Device,
+    bindings: &'r Bindings,
+}
+
+impl Running<'_> {
+    fn host(&mut self, slot: Slot) -> *mut u8 {
+        self.bindings.at(self.run.host.base(), slot)
+    }
+
+    fn error(&self, message: String) -> InterpError {
+        InterpError::Device { device: self.device.describe(), message }
+    }
+
+    fn steps(
+        &mut self,
+        schedule: &Schedule,
+        resident: &mut std::collections::HashMap<String, Resident>,
+        rendezvous: Option<&dyn Rendezvous>,
+    ) -> Result<Vec<Tensor>, InterpError> {
+        self.device.begin().map_err(|e| self.error(e))?;
+        // Feeds up, and the variables whose host copies are newer.
+        for (i, (_, ty)) in schedule.feeds.iter().enumerate() {
+            self.upload(Slot::Feed(i), ty.size_in_bytes())?;
+        }
+        for (i, (name, ty)) in schedule.variables.iter().enumerate() {
+            let variable = resident.get_mut(name).expect("placed when the program was made");
+            if variable.newer == Newer::Host {
+                self.upload(Slot::Variable(i), ty.size_in_bytes())?;
+                variable.newer = Newer::Neither;
+            }
         }
         for (at, step) in schedule.steps.iter().enumerate() {
             match step {
                 Step::Kernel { .. } => {
-                    let prepared = self.launches[at].expect("prepared for every kernel step");
-                    self.device.launch(prepared).map_err(|e| self.device_error(e))?;
+                    let prepared = self.run.launches[at].expect("prepared for every kernel step");
+                    self.device.launch(prepared).map_err(|e| self.error(e))?;
                 }
                 Step::MatMul { a, b, out, m, n, k, ta, tb, batches, update } => {
                     let (alpha, beta) = match update {
@@ -493,9 +690,9 @@ impl<D: Device> DeviceRun<D> {
                     };
                     for (bi, &(oa, ob)) in batches.iter().enumerate() {
                         let gemm = Gemm {
-                            a: self.address(*a) + 4 * oa as u64,
-                            b: self.address(*b) + 4 * ob as u64,
-                            c: self.address(*out) + 4 * (bi * m * n) as u64,
+                            a: self.run.address(*a) + 4 * oa as u64,
+                            b: self.run.address(*b) + 4 * ob as u64,
+                            c: self.run.address(*out) + 4 * (bi * m * n) as u64,
                             m: *m,
                             n: *n,
                             k: *k,
@@ -504,73 +701,70 @@ impl<D: Device> DeviceRun<D> {
                             alpha,
                             beta,
                         };
-                        self.device.gemm(gemm).map_err(|e| self.device_error(e))?;
+                        self.device.gemm(gemm).map_err(|e| self.error(e))?;
                     }
                 }
                 Step::Copy { from, to, bytes } => {
-                    let (from, to) = (self.address(*from), self.address(*to));
-                    self.device.copy(from, to, *bytes).map_err(|e| self.device_error(format!("a copy: {e}")))?;
+                    let (from, to) = (self.run.address(*from), self.run.address(*to));
+                    self.device.copy(from, to, *bytes).map_err(|e| self.error(format!("a copy: {e}")))?;
                 }
-                other => self.on_host(other, &host, rendezvous)?,
+                other => self.on_host(other, rendezvous)?,
             }
         }
-        // Fetches and assigned variables down.
+        // Fetches down (variables stay on the device).
         let mut fetched = Vec::with_capacity(schedule.fetches.len());
         for (slot, ty) in &schedule.fetches {
             if matches!(slot, Slot::Arena(_) | Slot::Variable(_)) {
-                self.download(*slot, host(*slot), ty.size_in_bytes())?;
+                self.download(*slot, ty.size_in_bytes())?;
             }
+            let at = self.host(*slot);
             // SAFETY: the host's copy of the slot holds the fetched value (just copied down,
             // or a feed or constant, which live on the host), of its type.
-            fetched.push(unsafe { dfc_cpu::read_tensor(host(*slot), ty) });
-        }
-        for &i in &self.written {
-            self.download(Slot::Variable(i), host(Slot::Variable(i)), schedule.variables[i].1.size_in_bytes())?;
+            fetched.push(unsafe { dfc_cpu::read_tensor(at, ty) });
         }
         Ok(fetched)
     }
 
     /// A step with no device implementation, on the host: what it reads copied down, the CPU's
     /// implementation run, what it writes copied up.
-    fn on_host(
-        &mut self,
-        step: &Step,
-        host: &dyn Fn(Slot) -> *mut u8,
-        rendezvous: Option<&dyn Rendezvous>,
-    ) -> Result<(), InterpError> {
+    fn on_host(&mut self, step: &Step, rendezvous: Option<&dyn Rendezvous>) -> Result<(), InterpError> {
         let (reads, writes) = step.accesses();
         for (slot, bytes) in reads {
             if matches!(slot, Slot::Arena(_) | Slot::Variable(_)) {
-                self.download(slot, host(slot), bytes)?;
+                self.download(slot, bytes)?;
             }
         }
+        let (bindings, base) = (self.bindings, self.run.host.base());
+        let host = |slot: Slot| bindings.at(base, slot);
         // SAFETY: the host's copies of the step's slots hold its operands (copied down above,
         // or feeds and constants, which live on the host), each of its planned type.
-        unsafe { dfc_cpu::run_host_step(step, host, &mut self.columns, rendezvous)? };
+        unsafe { dfc_cpu::run_host_step(step, &host, &mut self.run.columns, rendezvous)? };
         for (slot, bytes) in writes {
-            self.upload(slot, host(slot), bytes)?;
+            self.upload(slot, bytes)?;
         }
         Ok(())
     }
 
-    /// Copies `bytes` of the host's copy of `slot`, at `from`, to the device.
-    fn upload(&self, slot: Slot, from: *const u8, bytes: usize) -> Result<(), InterpError> {
+    /// Copies the host's copy of `slot` (`bytes`) to the device.
+    fn upload(&mut self, slot: Slot, bytes: usize) -> Result<(), InterpError> {
+        let from = self.host(slot);
         // SAFETY: `from` is the host's copy of the slot's value, of `bytes` bytes (see
         // `Bindings::at`), alive for the run.
         let source = unsafe { std::slice::from_raw_parts(from, bytes) };
         self.device
-            .upload(self.address(slot), source)
-            .map_err(|e| self.device_error(format!("copying {bytes} bytes to the device: {e}")))
+            .upload(self.run.address(slot), source)
+            .map_err(|e| self.error(format!("copying {bytes} bytes to the device: {e}")))
     }
 
-    /// Copies `bytes` of `slot` from the device to the host's copy of it, at `to`.
-    fn download(&self, slot: Slot, to: *mut u8, bytes: usize) -> Result<(), InterpError> {
+    /// Copies `slot` (`bytes`) from the device to the host's copy of it.
+    fn download(&mut self, slot: Slot, bytes: usize) -> Result<(), InterpError> {
+        let to = self.host(slot);
         // SAFETY: `to` is the host's copy of the slot's value, of `bytes` bytes (see
         // `Bindings::at`), alive for the run and written by nothing else meanwhile.
         let target = unsafe { std::slice::from_raw_parts_mut(to, bytes) };
         self.device
-            .download(self.address(slot), target)
-            .map_err(|e| self.device_error(format!("copying {bytes} bytes from the device: {e}")))
+            .download(self.run.address(slot), target)
+            .map_err(|e| self.error(format!("copying {bytes} bytes from the device: {e}")))
     }
 }
 

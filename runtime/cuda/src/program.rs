@@ -9,8 +9,8 @@
 //! GPU's kernels and memory traffic on a machine without a GPU, and the tests check whole
 //! training steps of GPU plans against the interpreter.
 
-use crate::device::{Cuda, DeviceKernels, DeviceRun, EmulatedDevice};
-use crate::emulator::Emulated;
+use crate::device::DeviceRun;
+pub use crate::device::{GpuKernels, GpuPartition};
 use crate::CudaError;
 use dfc_cpu::{Bindings, KernelSite, Schedule};
 use dfc_interp::{InterpError, Rendezvous, Tensor, Variables};
@@ -22,28 +22,7 @@ use std::sync::{Arc, Mutex};
 /// run at a time).
 pub struct GpuProgram {
     schedule: Schedule,
-    engine: Engine,
-}
-
-/// A GPU partition's kernels, on a GPU or for the grid emulator.
-#[derive(Clone, Debug)]
-pub enum GpuKernels {
-    Device(Arc<DeviceKernels>),
-    Emulated(Arc<Emulated>),
-}
-
-impl GpuKernels {
-    fn kernels(&self) -> &[dfc_codegen::GpuKernel] {
-        match self {
-            GpuKernels::Device(code) => code.kernels(),
-            GpuKernels::Emulated(code) => code.kernels(),
-        }
-    }
-}
-
-enum Engine {
-    Device(Mutex<DeviceRun<Cuda>>),
-    Emulated(Mutex<DeviceRun<EmulatedDevice>>),
+    run: Mutex<DeviceRun>,
 }
 
 impl std::fmt::Debug for GpuProgram {
@@ -53,11 +32,13 @@ impl std::fmt::Debug for GpuProgram {
 }
 
 impl GpuProgram {
-    /// The program computing `fetches` and running `targets` over `module` (a GPU partition)
-    /// with `kernels` (its kernels, loaded into a GPU or compiled for the emulator), nodes in
-    /// `order` (see `dfc_interp::Program::with_order`). Its device memory is allocated here.
+    /// The program computing `fetches` and running `targets` over `module` (a GPU partition,
+    /// whose device and resident variables are `partition`) with `kernels` (its kernels, loaded
+    /// into that GPU or compiled for the emulator), nodes in `order` (see
+    /// `dfc_interp::Program::with_order`). Its device memory is allocated here.
     pub fn new(
         module: &Module,
+        partition: &Arc<GpuPartition>,
         kernels: &GpuKernels,
         fetches: &[TensorRef],
         targets: &[NodeId],
@@ -69,17 +50,8 @@ impl GpuProgram {
             .map(|k| KernelSite { root: k.root, members: &k.members, inputs: &k.inputs })
             .collect();
         let schedule = Schedule::new(module, &sites, fetches, targets, order)?;
-        let engine = match kernels {
-            GpuKernels::Device(code) => {
-                let device = Cuda::new(code.clone())?;
-                Engine::Device(Mutex::new(DeviceRun::new(device, code.kernels(), &schedule)?))
-            }
-            GpuKernels::Emulated(code) => {
-                let device = EmulatedDevice::new(code.clone());
-                Engine::Emulated(Mutex::new(DeviceRun::new(device, code.kernels(), &schedule)?))
-            }
-        };
-        Ok(GpuProgram { schedule, engine })
+        let run = DeviceRun::new(partition.clone(), kernels, &schedule)?;
+        Ok(GpuProgram { schedule, run: Mutex::new(run) })
     }
 
     /// The schedule the program runs.
@@ -101,14 +73,7 @@ impl GpuProgram {
         rendezvous: Option<&dyn Rendezvous>,
     ) -> Result<Vec<Tensor>, InterpError> {
         let bindings = Bindings::new(&self.schedule, variables, feeds)?;
-        match &self.engine {
-            Engine::Device(run) => {
-                run.lock().unwrap_or_else(|e| e.into_inner()).run(&self.schedule, &bindings, rendezvous)
-            }
-            Engine::Emulated(run) => {
-                run.lock().unwrap_or_else(|e| e.into_inner()).run(&self.schedule, &bindings, rendezvous)
-            }
-        }
+        self.run.lock().unwrap_or_else(|e| e.into_inner()).run(&self.schedule, &bindings, rendezvous)
     }
 }
 

@@ -71,7 +71,7 @@ impl<'p> Runner for Session<'p> {
     }
 
     fn variables(&mut self) -> Result<Variables, RunError> {
-        Ok(Session::variables(self))
+        Session::variables(self)
     }
 
     fn restore(&mut self, saved: &BTreeMap<String, Tensor>, path: &Path) -> Result<(), RunError> {

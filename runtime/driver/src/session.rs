@@ -21,7 +21,7 @@
 
 use crate::train::RunError;
 use dfc_cpu::{CpuError, Jitted, NativeProgram};
-use dfc_cuda::program::{GpuKernels, GpuProgram, ProgramError};
+use dfc_cuda::program::{GpuKernels, GpuPartition, GpuProgram, ProgramError};
 use dfc_interp::{InProcessRendezvous, InterpError, Program, Rendezvous, StagedRun, Tensor, Variables};
 use dfc_ir::{DeviceSpec, Module, NodeId, Op, TensorRef};
 use dfc_plan::Plan;
@@ -75,7 +75,7 @@ pub struct Session<'p> {
     native: Vec<Option<Arc<Jitted>>>,
     /// Per partition, its GPU kernels, loaded into its GPU (`Llvm`) or compiled for the grid
     /// emulator (`GridEmulator`) (hosted GPU partitions).
-    gpu: Vec<Option<GpuKernels>>,
+    gpu: Vec<Option<(Arc<GpuPartition>, GpuKernels)>>,
     /// The partitions this session runs (all, but on a worker of a distributed run).
     hosted: Vec<bool>,
 }
@@ -262,14 +262,17 @@ impl<'p> Session<'p> {
         let modules: Vec<&dfc_ir::Module> = plan.partitions.iter().map(|p| &p.module).collect();
         let orders = dfc_interp::schedule(&modules)?;
         let mut native = Vec::with_capacity(plan.partitions.len());
-        let mut gpu: Vec<Option<GpuKernels>> = vec![None; plan.partitions.len()];
+        let mut gpu: Vec<Option<(Arc<GpuPartition>, GpuKernels)>> = vec![None; plan.partitions.len()];
         if backend != Backend::Interp {
             let host = dfc_codegen::host_target();
             let cache = dfc_codegen::CodeCache::from_env();
             let on_gpu = |p: usize| plan.partitions[p].device.kind == Some(dfc_ir::DeviceKind::Gpu);
             let mut mine: Vec<usize> = (0..plan.partitions.len()).filter(|&p| hosted[p]).collect();
             for &p in mine.iter().filter(|&&p| on_gpu(p)) {
-                gpu[p] = Some(gpu_kernels(plan, p, &plan.kept_nodes(p), backend)?);
+                let kernels = gpu_kernels(plan, p, &plan.kept_nodes(p), backend)?;
+                let partition = GpuPartition::new(&kernels)
+                    .map_err(|e| RunError::Plan(format!("partition {}: {e}", plan.partitions[p].device)))?;
+                gpu[p] = Some((Arc::new(partition), kernels));
             }
             // The hosted CPU partitions compiled together: what they have in common, once.
             mine.retain(|&p| !on_gpu(p));
@@ -314,7 +317,7 @@ impl<'p> Session<'p> {
 
     /// Per partition, its GPU kernels (hosted GPU partitions): loaded into its GPU, or
     /// compiled for the grid emulator (generated at every load, never cached).
-    pub fn gpu_code(&self) -> &[Option<GpuKernels>] {
+    pub fn gpu_code(&self) -> &[Option<(Arc<GpuPartition>, GpuKernels)>] {
         &self.gpu
     }
 
@@ -418,7 +421,9 @@ impl<'p> Session<'p> {
             let module = &self.plan.partitions[p].module;
             let program = match (&self.native[p], &self.gpu[p]) {
                 (Some(jit), _) => Executable::Native(self.native_program(p, jit, &part_fetches[p], &targets)?),
-                (None, Some(kernels)) => Executable::Gpu(self.gpu_program(p, kernels, &part_fetches[p], &targets)?),
+                (None, Some((partition, kernels))) => {
+                    Executable::Gpu(self.gpu_program(p, partition, kernels, &part_fetches[p], &targets)?)
+                }
                 (None, None) if self.backend != Backend::Interp => {
                     unreachable!("hosted partitions have native code")
                 }
@@ -472,6 +477,7 @@ impl<'p> Session<'p> {
     fn gpu_program(
         &self,
         p: usize,
+        partition: &Arc<GpuPartition>,
         kernels: &GpuKernels,
         fetches: &[TensorRef],
         targets: &[NodeId],
@@ -482,12 +488,12 @@ impl<'p> Session<'p> {
             ProgramError::Schedule(CpuError::Interp(e)) => RunError::Interp(e),
             other => RunError::Plan(other.to_string()),
         };
-        match GpuProgram::new(module, kernels, fetches, targets, order) {
+        match GpuProgram::new(module, partition, kernels, fetches, targets, order) {
             Err(ProgramError::Schedule(CpuError::NotStored(_))) => {
                 let mut keep = self.plan.kept_nodes(p);
                 keep.extend(fetches.iter().map(|f| f.node));
                 let kernels = gpu_kernels(self.plan, p, &keep, self.backend)?;
-                GpuProgram::new(module, &kernels, fetches, targets, order).map_err(backend_error)
+                GpuProgram::new(module, partition, &kernels, fetches, targets, order).map_err(backend_error)
             }
             other => other.map_err(backend_error),
         }
@@ -602,24 +608,42 @@ impl<'p> Session<'p> {
 
     /// The logical variables of the hosted partitions (of all of them in one process), what a
     /// checkpoint holds: every variable that is not a replica's copy, by node name.
-    pub fn variables(&self) -> Variables {
+    pub fn variables(&self) -> Result<Variables, RunError> {
+        let current = self.current_variables()?;
         let mut logical = Variables::new();
         for &(p, name) in self.logical.iter().filter(|(p, _)| self.hosted[*p]) {
-            let value = self.variables[p].get(name).expect("hosted variables are initialised");
+            let value = current[p].get(name).expect("hosted variables are initialised");
             logical.insert(name.to_string(), value.clone());
         }
-        logical
+        Ok(logical)
     }
 
     /// Every variable of the hosted partitions, replicas' copies included.
-    pub fn all_variables(&self) -> Variables {
+    pub fn all_variables(&self) -> Result<Variables, RunError> {
         let mut all = Variables::new();
-        for variables in &self.variables {
+        for variables in self.current_variables()? {
             for (name, value) in variables.iter() {
                 all.insert(name.clone(), value.clone());
             }
         }
-        all
+        Ok(all)
+    }
+
+    /// Per partition, its variables as they are now: a GPU partition's, with the values its
+    /// device holds newer (the host's copies are brought up to date only here, on request).
+    fn current_variables(&self) -> Result<Vec<std::borrow::Cow<'_, Variables>>, RunError> {
+        let mut current = Vec::with_capacity(self.variables.len());
+        for (variables, gpu) in self.variables.iter().zip(&self.gpu) {
+            current.push(match gpu {
+                Some((partition, _)) => {
+                    let mut copy = variables.clone();
+                    partition.download_newer(&mut copy, false)?;
+                    std::borrow::Cow::Owned(copy)
+                }
+                None => std::borrow::Cow::Borrowed(variables),
+            });
+        }
+        Ok(current)
     }
 
     /// Sets the logical variables from `saved` (a checkpoint read from `path`), which must
@@ -650,6 +674,10 @@ impl<'p> Session<'p> {
         }
         for &(p, name, _, of) in &self.mirrors {
             self.variables[p].insert(name.to_string(), saved[of].clone());
+        }
+        // The host's copies are now the newer: runs copy them to the devices.
+        for (partition, _) in self.gpu.iter().flatten() {
+            partition.host_wrote();
         }
         Ok(())
     }

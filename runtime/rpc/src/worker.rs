@@ -474,6 +474,7 @@ impl Worker for WorkerService {
                 .borrow_dependent()
                 .session
                 .variables()
+                .map_err(|e| Status::internal(format!("reading the variables: {e}")))?
                 .iter()
                 .map(|(name, value)| NamedTensor { name: name.clone(), tensor: Some(tensor::to_proto(value)) })
                 .collect();
