@@ -300,12 +300,15 @@ impl Device for Cuda {
     }
 }
 
+/// A kernel of some emulated kernels, its argument addresses and scratch: ready to launch.
+type EmulatedLaunch = (Arc<Emulated>, usize, Vec<u64>, [u64; 2]);
+
 /// The grid emulator's model of a GPU: memory of its own (host memory, apart from the
 /// session's), kernels run thread by thread (`Emulated::launch`), GEMMs by dfc's. Addresses are
 /// host addresses of its buffers.
 pub(crate) struct EmulatedDevice {
     buffers: Vec<Vec<u128>>,
-    prepared: Vec<(Arc<Emulated>, usize, Vec<u64>, [u64; 2])>,
+    prepared: Vec<EmulatedLaunch>,
     /// Launches so far: each launch's threads are shuffled by a new seed.
     launches: u64,
 }
