@@ -268,16 +268,16 @@ fn two_partitions_train_exactly_like_one() {
 
     let mut one = Session::new(&single, 7).unwrap();
     let mut two = Session::new(&split, 7).unwrap();
-    assert_eq!(one.variables(), two.variables(), "the same initial values");
+    assert_eq!(one.variables().unwrap(), two.variables().unwrap(), "the same initial values");
     let (losses_one, metrics_one) = train_steps(&mut one, 6);
     let (losses_two, metrics_two) = train_steps(&mut two, 6);
     assert_eq!(losses_one, losses_two);
     assert_eq!(metrics_one, metrics_two);
-    assert_eq!(one.variables(), two.variables());
+    assert_eq!(one.variables().unwrap(), two.variables().unwrap());
     let first = f32::from_bits(losses_one[0]);
     let last = f32::from_bits(losses_one[5]);
     assert!(last < first, "training should lower the loss: {first} then {last}");
-    let names: Vec<String> = two.variables().iter().map(|(n, _)| n.clone()).collect();
+    let names: Vec<String> = two.variables().unwrap().iter().map(|(n, _)| n.clone()).collect();
     assert_eq!(names, ["v", "w"]);
 }
 
@@ -354,7 +354,7 @@ fn the_training_loop_runs_a_partitioned_plan_and_resumes_it() {
     let saved = dfc_driver::checkpoint::latest(&dir.path().join("two")).unwrap().unwrap();
     let mut session = Session::new(&single, 0).unwrap();
     session.restore(&saved.tensors, &saved.path).unwrap();
-    assert_eq!(session.variables(), two.variables);
+    assert_eq!(session.variables().unwrap(), two.variables);
 }
 
 /// On the first device: `ids` (fed), sent to the second, which gathers rows of `table` and
@@ -399,7 +399,7 @@ fn a_failing_partition_is_the_error_and_nothing_hangs() {
     let feeds = |ids: Vec<i32>| HashMap::from([("ids".to_string(), Tensor::from_vec(vec![3], ids))]);
     let good = session.run(&program, &feeds(vec![0, 4, 4])).unwrap();
     assert!(good[0].to_vec::<f32>()[0].is_finite());
-    assert_eq!(session.variables().get("runs").unwrap(), &Tensor::scalar(1.0f32));
+    assert_eq!(session.variables().unwrap().get("runs").unwrap(), &Tensor::scalar(1.0f32));
 
     // Index 9 of 5 rows, fed on the first device, fails on the second while the first waits
     // for the rows.
@@ -413,10 +413,10 @@ fn a_failing_partition_is_the_error_and_nothing_hangs() {
         other => panic!("expected the gather's error, got {other}"),
     }
     // The step is atomic across partitions: the first device's count was not written.
-    assert_eq!(session.variables().get("runs").unwrap(), &Tensor::scalar(1.0f32));
+    assert_eq!(session.variables().unwrap().get("runs").unwrap(), &Tensor::scalar(1.0f32));
     let again = session.run(&program, &feeds(vec![0, 4, 4])).unwrap();
     assert_eq!(again, good);
-    assert_eq!(session.variables().get("runs").unwrap(), &Tensor::scalar(2.0f32));
+    assert_eq!(session.variables().unwrap().get("runs").unwrap(), &Tensor::scalar(2.0f32));
 }
 
 #[test]
@@ -511,10 +511,10 @@ fn mirrored_copies_stay_identical_and_checkpoints_ignore_the_replica_count() {
     let (one_plan, two_plan) = (mirrored_plan(1), mirrored_plan(2));
     let mut one = Session::new(&one_plan, 11).unwrap();
     let mut two = Session::new(&two_plan, 11).unwrap();
-    let all = two.all_variables();
+    let all = two.all_variables().unwrap();
     assert_eq!(all.get("replica_1/w"), all.get("w"), "a copy starts as its original");
-    assert_eq!(one.variables(), two.variables());
-    let names: Vec<String> = two.variables().iter().map(|(n, _)| n.clone()).collect();
+    assert_eq!(one.variables().unwrap(), two.variables().unwrap());
+    let names: Vec<String> = two.variables().unwrap().iter().map(|(n, _)| n.clone()).collect();
     assert_eq!(names, ["w"], "checkpoints hold no copies");
 
     let run = |session: &mut Session<'_>, replicas: usize| -> Vec<f32> {
@@ -528,24 +528,25 @@ fn mirrored_copies_stay_identical_and_checkpoints_ignore_the_replica_count() {
     for (a, b) in losses_one.iter().zip(&losses_two) {
         assert!((a - b).abs() <= 1e-5 * a.abs().max(1.0), "{losses_one:?} vs {losses_two:?}");
     }
-    let all = two.all_variables();
+    let all = two.all_variables().unwrap();
     assert_eq!(all.get("replica_1/w"), all.get("w"), "every copy takes the same update");
 
     // A checkpoint of two replicas restores into one, and into two (copies included).
-    let saved: BTreeMap<String, Tensor> = two.variables().iter().map(|(n, t)| (n.clone(), t.clone())).collect();
+    let saved: BTreeMap<String, Tensor> =
+        two.variables().unwrap().iter().map(|(n, t)| (n.clone(), t.clone())).collect();
     let path = std::path::Path::new("saved.safetensors");
     let mut fresh_one = Session::new(&one_plan, 0).unwrap();
     fresh_one.restore(&saved, path).unwrap();
-    assert_eq!(fresh_one.variables(), two.variables());
+    assert_eq!(fresh_one.variables().unwrap(), two.variables().unwrap());
     let mut fresh_two = Session::new(&two_plan, 0).unwrap();
     fresh_two.restore(&saved, path).unwrap();
-    assert_eq!(fresh_two.all_variables(), two.all_variables());
+    assert_eq!(fresh_two.all_variables().unwrap(), two.all_variables().unwrap());
 
     // A checkpoint that lacks a variable changes nothing.
-    let before = fresh_two.all_variables();
+    let before = fresh_two.all_variables().unwrap();
     let error = fresh_two.restore(&BTreeMap::new(), path).unwrap_err();
     assert!(error.to_string().contains("has no variable `w`"), "{error}");
-    assert_eq!(fresh_two.all_variables(), before);
+    assert_eq!(fresh_two.all_variables().unwrap(), before);
 }
 
 #[test]
@@ -554,17 +555,22 @@ fn a_worker_holds_the_variables_of_its_own_partitions_only() {
     let whole = Session::new(&plan, 11).unwrap();
     let first = Session::hosting(&plan, 11, dfc_driver::Backend::Interp, &[0]).unwrap();
     let mut second = Session::hosting(&plan, 11, dfc_driver::Backend::Interp, &[1]).unwrap();
-    let names =
-        |session: &Session<'_>| -> Vec<String> { session.all_variables().iter().map(|(n, _)| n.clone()).collect() };
+    let names = |session: &Session<'_>| -> Vec<String> {
+        session.all_variables().unwrap().iter().map(|(n, _)| n.clone()).collect()
+    };
     assert_eq!(names(&first), ["w"]);
     assert_eq!(names(&second), ["replica_1/w"], "not the original, which the other worker holds");
-    assert_eq!(second.all_variables().get("replica_1/w"), whole.variables().get("w"), "a copy starts as its original");
-    assert_eq!(first.variables(), whole.variables());
-    assert!(second.variables().iter().next().is_none(), "checkpoints take the original from its own worker");
+    assert_eq!(
+        second.all_variables().unwrap().get("replica_1/w"),
+        whole.variables().unwrap().get("w"),
+        "a copy starts as its original"
+    );
+    assert_eq!(first.variables().unwrap(), whole.variables().unwrap());
+    assert!(second.variables().unwrap().iter().next().is_none(), "checkpoints take the original from its own worker");
 
     // A checkpoint restores the copy from the original's saved value.
     let saved = BTreeMap::from([("w".to_string(), Tensor::from_vec(vec![3, 1], vec![1f32, 2.0, 3.0]))]);
     second.restore(&saved, std::path::Path::new("saved.safetensors")).unwrap();
-    assert_eq!(second.all_variables().get("replica_1/w"), Some(&saved["w"]));
+    assert_eq!(second.all_variables().unwrap().get("replica_1/w"), Some(&saved["w"]));
     assert_eq!(names(&second), ["replica_1/w"]);
 }
