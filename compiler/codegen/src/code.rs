@@ -71,6 +71,20 @@ pub struct GpuLaunch {
     pub grid: u32,
 }
 
+impl GpuLaunch {
+    /// The launch's arguments from the kernel's (`args`: its inputs, then its output) and the
+    /// two scratch buffers, whatever stands for a buffer (an address, a pointer).
+    pub fn buffers<T: Copy>(&self, args: &[T], scratch: [T; 2]) -> Vec<T> {
+        self.args
+            .iter()
+            .map(|buffer| match *buffer {
+                LaunchBuffer::Arg(i) => args[i],
+                LaunchBuffer::Scratch(s) => scratch[s],
+            })
+            .collect()
+    }
+}
+
 /// The suffix of a GPU entry's per-thread function, `fn(args, count, thread)` with the
 /// thread's index in the grid: on a GPU the entry calls it with `blockIdx.x · blockDim.x +
 /// threadIdx.x`; the grid emulator calls it for every thread of a launch

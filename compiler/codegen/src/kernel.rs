@@ -175,21 +175,7 @@ pub fn emit_combine<'ctx>(
         panic!("a combining pass of a kernel that is no reduction");
     };
     let nest = plan_nest(module, kernel, &root);
-    let (function, builder) = kernel_function(context, llvm, name, flavor);
-    let nvptx = matches!(flavor, Flavor::Nvptx);
-    let gen = Gen {
-        context,
-        llvm,
-        builder,
-        function,
-        module,
-        kernel,
-        nest,
-        pointers: HashMap::new(),
-        out: None,
-        nvptx,
-        partial: false,
-    };
+    let gen = Gen::new(context, llvm, module, kernel, nest, name, flavor, false);
     gen.emit_combine(kind, root_node.outputs[0].dtype, fan_in);
     gen.builder.build_return(None).unwrap();
 }
@@ -223,25 +209,11 @@ fn emit_kernel<'ctx>(
         _ => root_node.outputs[0].shape.n_elements() as u64,
     };
     let out_dtype = root_node.outputs[0].dtype;
-    let (function, builder) = kernel_function(context, llvm, name, flavor);
-
+    let mut gen = Gen::new(context, llvm, module, kernel, nest, name, flavor, partial && !split);
+    let function = gen.function;
     let args = function.get_nth_param(0).unwrap().into_pointer_value();
     let begin = function.get_nth_param(1).unwrap().into_int_value();
     let end = function.get_nth_param(2).unwrap().into_int_value();
-    let nvptx = matches!(flavor, Flavor::Nvptx);
-    let mut gen = Gen {
-        context,
-        llvm,
-        builder,
-        function,
-        module,
-        kernel,
-        nest,
-        pointers: HashMap::new(),
-        out: None,
-        nvptx,
-        partial: partial && !split,
-    };
     for (i, input) in kernel.inputs.iter().enumerate() {
         let dtype = graph.ty(*input).dtype;
         let pointer = gen.arg_pointer(args, i, dtype);
@@ -440,6 +412,35 @@ fn memory_type<'ctx>(context: &'ctx Context, dtype: DType) -> BasicTypeEnum<'ctx
 type Index<'ctx> = Vec<IntValue<'ctx>>;
 
 impl<'a, 'ctx> Gen<'a, 'ctx> {
+    /// A generator for the new function `name` (`void name(i8** args, i64, i64)`), at its entry.
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        context: &'ctx Context,
+        llvm: &'a LlvmModule<'ctx>,
+        module: &'a Module,
+        kernel: &'a Kernel,
+        nest: Nest,
+        name: &str,
+        flavor: Flavor<'_>,
+        partial: bool,
+    ) -> Gen<'a, 'ctx> {
+        let (function, builder) = kernel_function(context, llvm, name, flavor);
+        let nvptx = matches!(flavor, Flavor::Nvptx);
+        Gen {
+            context,
+            llvm,
+            builder,
+            function,
+            module,
+            kernel,
+            nest,
+            pointers: HashMap::new(),
+            out: None,
+            nvptx,
+            partial,
+        }
+    }
+
     fn i64(&self, v: i64) -> IntValue<'ctx> {
         self.context.i64_type().const_int(v as u64, true)
     }

@@ -19,7 +19,7 @@ use crate::emulator::Emulated;
 use crate::{CudaError, Gpu};
 use cudarc::cublas::sys::cublasOperation_t;
 use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
-use dfc_codegen::{GpuCode, GpuKernel, LaunchBuffer};
+use dfc_codegen::{GpuCode, GpuKernel};
 use dfc_cpu::{Bindings, HostArena, Schedule, Slot, Step};
 use dfc_interp::{InterpError, Rendezvous, Tensor};
 use dfc_ir::Module;
@@ -215,14 +215,7 @@ impl Device for Cuda {
         let mut prepared = Vec::new();
         for launch in kernel.launches() {
             let function = kernels.module.load_function(&launch.function).map_err(failed("finding it"))?;
-            let table: Vec<u64> = launch
-                .args
-                .iter()
-                .map(|buffer| match *buffer {
-                    LaunchBuffer::Arg(i) => args[i],
-                    LaunchBuffer::Scratch(s) => scratch[s],
-                })
-                .collect();
+            let table: Vec<u64> = launch.buffers(&args, scratch);
             let table = self.stream.memcpy_stod(&table).map_err(failed("copying its argument table"))?;
             let config =
                 LaunchConfig { grid_dim: (launch.grid, 1, 1), block_dim: (launch.block, 1, 1), shared_mem_bytes: 0 };

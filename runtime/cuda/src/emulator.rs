@@ -20,7 +20,7 @@
 //! writes only its own elements.
 
 use crate::{check_arguments, CudaError};
-use dfc_codegen::{GpuKernel, LaunchBuffer, THREAD_SUFFIX};
+use dfc_codegen::{GpuKernel, THREAD_SUFFIX};
 use dfc_cpu::{Jitted, KernelFn};
 use dfc_ir::{Module, NodeId};
 use std::sync::Arc;
@@ -100,14 +100,7 @@ impl Emulated {
                 device: "the emulated GPU".to_string(),
                 kernel: launch.function.clone(),
             })?;
-            let pointers: Vec<*mut u8> = launch
-                .args
-                .iter()
-                .map(|buffer| match *buffer {
-                    LaunchBuffer::Arg(i) => args[i],
-                    LaunchBuffer::Scratch(s) => scratch[s],
-                })
-                .collect();
+            let pointers: Vec<*mut u8> = launch.buffers(args, scratch);
             let table = Arguments(pointers);
             let threads = u64::from(launch.block) * u64::from(launch.grid);
             let count = launch.count as i64;

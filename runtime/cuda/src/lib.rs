@@ -17,7 +17,7 @@ pub mod program;
 pub use device::DeviceKernels;
 
 use cudarc::driver::{CudaContext, CudaModule, DevicePtr, DriverError, LaunchConfig, PushKernelArg};
-use dfc_codegen::{GpuCode, GpuKernel, LaunchBuffer};
+use dfc_codegen::{GpuCode, GpuKernel};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -221,24 +221,19 @@ impl Kernels<'_> {
         let stream = self.gpu.context.default_stream();
         let on_device = buffers.iter().map(|b| stream.memcpy_stod(b)).collect::<Result<Vec<_>, _>>();
         let on_device = on_device.map_err(failed("copying its arguments to the GPU"))?;
-        let scratch = kernel
+        let scratch_buffers = kernel
             .scratch_bytes()
             .iter()
             .map(|&bytes| stream.alloc_zeros::<u8>(bytes.max(1) as usize))
             .collect::<Result<Vec<_>, _>>()
             .map_err(failed("allocating its scratch memory"))?;
         // Each launch's first parameter is an array of pointers, in device memory.
+        let addresses: Vec<u64> = args.iter().map(|&i| on_device[i].device_ptr(&stream).0).collect();
+        let scratch = [scratch_buffers[0].device_ptr(&stream).0, scratch_buffers[1].device_ptr(&stream).0];
         let mut launches = Vec::new();
         for launch in kernel.launches() {
             let function = self.module.load_function(&launch.function).map_err(failed("finding it"))?;
-            let pointers: Vec<u64> = launch
-                .args
-                .iter()
-                .map(|buffer| match *buffer {
-                    LaunchBuffer::Arg(i) => on_device[args[i]].device_ptr(&stream).0,
-                    LaunchBuffer::Scratch(s) => scratch[s].device_ptr(&stream).0,
-                })
-                .collect();
+            let pointers: Vec<u64> = launch.buffers(&addresses, scratch);
             let table = stream.memcpy_stod(&pointers).map_err(failed("copying its argument table to the GPU"))?;
             let config =
                 LaunchConfig { grid_dim: (launch.grid, 1, 1), block_dim: (launch.block, 1, 1), shared_mem_bytes: 0 };
