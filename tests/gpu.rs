@@ -52,7 +52,14 @@ fn every_examples_kernels_have_their_expected_ptx() {
         let gpu = &gpu_code(&plan);
         assert_eq!(gpu.arch, "sm_80");
         assert!(gpu.ptx.contains(".target sm_80"), "{example}: {}", &gpu.ptx[..gpu.ptx.len().min(400)]);
-        for kernel in &gpu.kernels {
+        let convolutions = plan.partitions[0]
+            .module
+            .graph
+            .node_ids()
+            .filter(|&id| matches!(plan.partitions[0].module.graph.node(id).op, dfc_ir::Op::Conv2d { .. }))
+            .count();
+        assert_eq!(gpu.convolutions.len(), convolutions, "{example}: an im2col kernel per forward convolution");
+        for kernel in gpu.kernels.iter().chain(&gpu.convolutions) {
             for launch in kernel.launches() {
                 assert!(gpu.ptx.contains(&format!(".entry {}(", launch.function)), "{example}: no entry {launch:?}");
                 // Whole warps.

@@ -190,6 +190,26 @@ fn gpu_plans_run_on_the_grid_emulator() {
     check_backend("mlp mirrored on 2 GPUs", &mirrored, Backend::GridEmulator);
 }
 
+/// A strided, padded convolution with a non-square filter on a non-square input: its im2col
+/// kernel (on the device) and GEMM give the interpreter's values, forward and trained.
+#[test]
+fn strided_padded_convolutions_run_on_the_grid_emulator() {
+    let source = r#"
+        model strided {
+            input images: f32[4, 9, 10, 3]
+            input labels: i32[4]
+            param k: f32[3, 2, 3, 5] = glorot_uniform
+            param w: f32[125, 10] = glorot_uniform
+            let c = relu(conv2d(images, k, strides = 2, padding = "same"))
+            let logits = flatten(c) @ w
+            let loss = mean(softmax_cross_entropy(logits, one_hot(labels, 10)))
+            output logits
+            minimize loss with sgd(lr = 0.1)
+        }"#;
+    let on_gpu = plan_of(source, "strided", Cluster::local(1, DeviceKind::Gpu), Strategy::Single);
+    check_backend("strided", &on_gpu, Backend::GridEmulator);
+}
+
 /// On a machine with an NVIDIA GPU: every example's GPU plan, on one GPU and mirrored on two
 /// where there are two, run on the GPU (device memory, the kernels' launches, cuBLAS, the other
 /// steps on the host) against the interpreter. Elsewhere a skip (`DFC_GPU_REQUIRED=1` makes it

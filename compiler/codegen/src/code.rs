@@ -12,6 +12,10 @@ pub struct GpuCode {
     pub arch: String,
     pub ptx: String,
     pub kernels: Vec<GpuKernel>,
+    /// Per forward convolution (f32) of the partition, its im2col kernel: `root` is the
+    /// convolution, `inputs` its input; argument 1 is the columns, `rows` of `(ky, kx, c)`
+    /// patches, which one GEMM with the filter turns into the output.
+    pub convolutions: Vec<GpuKernel>,
 }
 
 /// A fused kernel on a GPU: its launches ([`GpuKernel::launches`]) compute `root` (from

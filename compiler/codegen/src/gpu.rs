@@ -16,9 +16,10 @@
 //! runs.
 
 use crate::code::{GpuCode, GpuKernel, GridReduction, NativeCode, NativeKernel, NativeTarget, THREAD_SUFFIX};
-use crate::kernel::{self, Flavor};
+use crate::kernel::{self, Flavor, GLOBAL_ADDRESS_SPACE};
 use crate::{sanitize, CodegenError};
-use dfc_ir::{Module, NodeId};
+use dfc_ir::{DType, Module, NodeId, Op};
+use dfc_kernels::Conv2dGeometry;
 use dfc_passes::Kernel;
 use inkwell::attributes::{Attribute, AttributeLoc};
 use inkwell::context::Context;
@@ -60,7 +61,8 @@ pub fn compile_gpu(module: &Module, keep: &[NodeId]) -> Result<GpuCode, CodegenE
     llvm.set_triple(&machine.get_triple());
     llvm.set_data_layout(&machine.get_target_data().get_data_layout());
     let kernels = emit_kernels(&context, &llvm, module, &fusion.kernels, Flavor::Nvptx);
-    for kernel in &kernels {
+    let convolutions = emit_im2cols(&context, &llvm, module, Flavor::Nvptx);
+    for kernel in kernels.iter().chain(&convolutions) {
         add_entry(&context, &llvm, &kernel.function);
         if let Some(reduction) = &kernel.reduction {
             add_entry(&context, &llvm, &reduction.combine);
@@ -72,18 +74,19 @@ pub fn compile_gpu(module: &Module, keep: &[NodeId]) -> Result<GpuCode, CodegenE
     let ptx =
         machine.write_to_memory_buffer(&llvm, FileType::Assembly).map_err(|e| CodegenError::Llvm(e.to_string()))?;
     let ptx = String::from_utf8_lossy(ptx.as_slice()).trim_end_matches('\0').to_string();
-    Ok(GpuCode { arch: GPU_ARCH.to_string(), ptx, kernels })
+    Ok(GpuCode { arch: GPU_ARCH.to_string(), ptx, kernels, convolutions })
 }
 
-/// The kernels [`compile_gpu`] makes for `module`, described alike, with their per-thread
-/// functions (each launch's function followed by [`THREAD_SUFFIX`], of the signature of
-/// `NativeKernel`'s functions: `(args, count, thread)`) compiled for `target`, for the grid
-/// emulator. `NativeCode::partitions` has one partition, listing every per-thread function.
+/// The kernels [`compile_gpu`] makes for `module`, described alike (a `GpuCode` without PTX),
+/// with their per-thread functions (each launch's function followed by [`THREAD_SUFFIX`], of
+/// the signature of `NativeKernel`'s functions: `(args, count, thread)`) compiled for
+/// `target`, for the grid emulator. `NativeCode::partitions` has one partition, listing every
+/// per-thread function.
 pub fn compile_gpu_emulated(
     module: &Module,
     keep: &[NodeId],
     target: &NativeTarget,
-) -> Result<(NativeCode, Vec<GpuKernel>), CodegenError> {
+) -> Result<(NativeCode, GpuCode), CodegenError> {
     let fusion = dfc_passes::fuse(module, keep);
     let context = Context::create();
     let llvm = context.create_module("dfc_gpu_emulated");
@@ -91,6 +94,7 @@ pub fn compile_gpu_emulated(
     llvm.set_triple(&machine.get_triple());
     llvm.set_data_layout(&machine.get_target_data().get_data_layout());
     let kernels = emit_kernels(&context, &llvm, module, &fusion.kernels, Flavor::Cpu(target));
+    let convolutions = emit_im2cols(&context, &llvm, module, Flavor::Cpu(target));
     llvm.verify().map_err(|e| CodegenError::Llvm(e.to_string()))?;
     llvm.run_passes(crate::llvm_pipeline(), &machine, crate::optimisation())
         .map_err(|e| CodegenError::Llvm(e.to_string()))?;
@@ -98,6 +102,7 @@ pub fn compile_gpu_emulated(
         machine.write_to_memory_buffer(&llvm, FileType::Object).map_err(|e| CodegenError::Llvm(e.to_string()))?;
     let threads = kernels
         .iter()
+        .chain(&convolutions)
         .flat_map(|kernel| {
             let entries = std::iter::once(&kernel.function).chain(kernel.reduction.as_ref().map(|r| &r.combine));
             entries.map(|entry| NativeKernel {
@@ -112,7 +117,7 @@ pub fn compile_gpu_emulated(
         .collect();
     let code =
         NativeCode { target: target.clone(), objects: vec![object.as_slice().to_vec()], partitions: vec![threads] };
-    Ok((code, kernels))
+    Ok((code, GpuCode { arch: target.cpu.clone(), ptx: String::new(), kernels, convolutions }))
 }
 
 /// Each kernel's loop nest and per-thread functions (internal on a GPU, where the entries call
@@ -172,6 +177,133 @@ fn emit_kernels<'ctx>(
         });
     }
     kernels
+}
+
+/// One im2col kernel per forward convolution (f32) of `module`, in the graph's order: thread
+/// `t` of `count` (the columns' elements) writes element `t` of the columns, row
+/// `(n, oy, ox)`, column `(ky, kx, c)`: the input at `(n, oy·sh + ky − pad_top, ox·sw + kx −
+/// pad_left, c)`, or 0 in the padding. One GEMM of the columns with the filter (HWIO, flattened
+/// to `(ky, kx, c)` × filters) is the convolution, as on the CPU (`dfc_kernels::conv2d`).
+fn emit_im2cols<'ctx>(
+    context: &'ctx Context,
+    llvm: &LlvmModule<'ctx>,
+    module: &Module,
+    flavor: Flavor<'_>,
+) -> Vec<GpuKernel> {
+    let graph = &module.graph;
+    let mut convolutions = Vec::new();
+    for id in graph.node_ids() {
+        let node = graph.node(id);
+        let Op::Conv2d { strides, padding } = node.op else { continue };
+        let operands = graph.inputs(id);
+        let (input, filter) = (graph.ty(operands[0]), graph.ty(operands[1]));
+        if node.outputs[0].dtype != DType::F32 || input.dtype != DType::F32 || filter.dtype != DType::F32 {
+            continue;
+        }
+        let g = Conv2dGeometry::from_dims(input.shape.dims(), filter.shape.dims(), strides, padding);
+        let function = format!("i{}_{}_im2col", convolutions.len(), sanitize(&node.name));
+        let count = (g.rows() * g.patch_len()) as u64;
+        let thread = emit_im2col(context, llvm, &format!("{function}{THREAD_SUFFIX}"), &g, flavor);
+        if matches!(flavor, Flavor::Nvptx) {
+            thread.set_linkage(Linkage::Internal);
+            thread.add_attribute(
+                AttributeLoc::Function,
+                context.create_enum_attribute(Attribute::get_named_enum_kind_id("alwaysinline"), 0),
+            );
+        }
+        let (block, grid) = launch(count);
+        convolutions.push(GpuKernel {
+            function,
+            root: id,
+            members: Vec::new(),
+            inputs: vec![operands[0]],
+            arg_bytes: vec![input.size_in_bytes() as u64, 4 * count],
+            rows: count,
+            block,
+            grid,
+            reduction: None,
+        });
+    }
+    convolutions
+}
+
+/// The per-thread function of an im2col kernel for `g` (see [`emit_im2cols`]).
+fn emit_im2col<'ctx>(
+    context: &'ctx Context,
+    llvm: &LlvmModule<'ctx>,
+    name: &str,
+    g: &Conv2dGeometry,
+    flavor: Flavor<'_>,
+) -> FunctionValue<'ctx> {
+    let (function, b) = kernel::kernel_function(context, llvm, name, flavor);
+    let i64t = context.i64_type();
+    let f32t = context.f32_type();
+    let int = |v: usize| i64t.const_int(v as u64, false);
+    let args = function.get_nth_param(0).unwrap().into_pointer_value();
+    let count = function.get_nth_param(1).unwrap().into_int_value();
+    let thread = function.get_nth_param(2).unwrap().into_int_value();
+    let work = context.append_basic_block(function, "work");
+    let load = context.append_basic_block(function, "load");
+    let store = context.append_basic_block(function, "store");
+    let done = context.append_basic_block(function, "done");
+    let inside = b.build_int_compare(IntPredicate::ULT, thread, count, "inside").unwrap();
+    b.build_conditional_branch(inside, work, done).unwrap();
+    b.position_at_end(work);
+    let pointer = |i: u64| {
+        // SAFETY: (of the generated code) `i` < 2, the im2col kernel's arity (input, columns).
+        let slot = unsafe { b.build_gep(args, &[i64t.const_int(i, false)], "arg").unwrap() };
+        let raw = b.build_load(slot, "raw").unwrap().into_pointer_value();
+        let typed = b.build_pointer_cast(raw, f32t.ptr_type(AddressSpace::default()), "p").unwrap();
+        match flavor {
+            // Device buffers: loads and stores through the global address space.
+            Flavor::Nvptx => {
+                b.build_address_space_cast(typed, f32t.ptr_type(AddressSpace::from(GLOBAL_ADDRESS_SPACE)), "g").unwrap()
+            }
+            Flavor::Cpu(_) => typed,
+        }
+    };
+    let (x, columns) = (pointer(0), pointer(1));
+    let div = |a, d: usize| b.build_int_unsigned_div(a, int(d), "q").unwrap();
+    let rem = |a, d: usize| b.build_int_unsigned_rem(a, int(d), "r").unwrap();
+    let patch = g.patch_len();
+    let (row, column) = (div(thread, patch), rem(thread, patch));
+    let c = rem(column, g.c);
+    let kx = rem(div(column, g.c), g.kw);
+    let ky = div(column, g.c * g.kw);
+    let ox = rem(row, g.out_w);
+    let oy = rem(div(row, g.out_w), g.out_h);
+    let n = div(row, g.out_w * g.out_h);
+    // The input's coordinates, below zero in the top and left padding: an unsigned compare
+    // with the size is false for those too.
+    let at = |o, k, stride: usize, pad: usize| {
+        let scaled = b.build_int_mul(o, int(stride), "s").unwrap();
+        let shifted = b.build_int_add(scaled, k, "k").unwrap();
+        b.build_int_sub(shifted, int(pad), "at").unwrap()
+    };
+    let (iy, ix) = (at(oy, ky, g.stride_h, g.pad_top), at(ox, kx, g.stride_w, g.pad_left));
+    let in_y = b.build_int_compare(IntPredicate::ULT, iy, int(g.h), "in_y").unwrap();
+    let in_x = b.build_int_compare(IntPredicate::ULT, ix, int(g.w), "in_x").unwrap();
+    let within = b.build_and(in_y, in_x, "within").unwrap();
+    b.build_conditional_branch(within, load, store).unwrap();
+    b.position_at_end(load);
+    let image_row = b.build_int_add(b.build_int_mul(n, int(g.h), "nh").unwrap(), iy, "y").unwrap();
+    let pixel = b.build_int_add(b.build_int_mul(image_row, int(g.w), "yw").unwrap(), ix, "x").unwrap();
+    let index = b.build_int_add(b.build_int_mul(pixel, int(g.c), "xc").unwrap(), c, "i").unwrap();
+    // SAFETY: (of the generated code) `index` is an element of the input: n < N, iy < H, ix < W
+    // (checked just above), c < C.
+    let element = unsafe { b.build_in_bounds_gep(x, &[index], "e").unwrap() };
+    let value = b.build_load(element, "v").unwrap();
+    b.build_unconditional_branch(store).unwrap();
+    b.position_at_end(store);
+    let phi = b.build_phi(f32t, "value").unwrap();
+    phi.add_incoming(&[(&value, load), (&f32t.const_zero(), work)]);
+    // SAFETY: (of the generated code) `thread` < `count`, the columns' elements.
+    let target = unsafe { b.build_in_bounds_gep(columns, &[thread], "t").unwrap() };
+    b.build_store(target, phi.as_basic_value()).unwrap();
+    b.build_unconditional_branch(done).unwrap();
+    b.position_at_end(done);
+    b.build_return(None).unwrap();
+    function
 }
 
 /// Lanes and rows per lane for a reduction over `rows` rows (`total` elements) into `out_len`

@@ -18,7 +18,7 @@ use std::collections::HashMap;
 mod nvptx;
 
 /// NVPTX's global address space.
-const GLOBAL_ADDRESS_SPACE: u16 = 1;
+pub(crate) const GLOBAL_ADDRESS_SPACE: u16 = 1;
 
 /// What the runtime needs to know of a kernel's loop nest.
 pub struct KernelShape {
@@ -125,7 +125,7 @@ fn root_of(op: &Op) -> Root {
 
 /// A function `void name(i8** args, i64, i64)` with the flavour's attributes, and a builder at
 /// its entry.
-fn kernel_function<'ctx>(
+pub(crate) fn kernel_function<'ctx>(
     context: &'ctx Context,
     llvm: &LlvmModule<'ctx>,
     name: &str,

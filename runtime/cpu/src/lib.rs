@@ -26,7 +26,7 @@ pub mod schedule;
 
 pub use jit::{link_code, live_count, load_partition, load_partitions, Jitted, KernelFn};
 pub use program::{read_tensor, run_host_step, Bindings, HostArena, NativeProgram};
-pub use schedule::{KernelSite, Schedule, Slot, Step};
+pub use schedule::{ConvKind, KernelSite, Schedule, Slot, Step};
 
 #[derive(Debug, thiserror::Error)]
 pub enum CpuError {

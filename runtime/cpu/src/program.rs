@@ -241,7 +241,7 @@ pub unsafe fn run_host_step(
                 }
             }
         }
-        Step::Conv { kind, geometry, a, b, out, out_len } => {
+        Step::Conv { kind, geometry, a, b, out, out_len, .. } => {
             let g = geometry;
             let (a_len, b_len) = match kind {
                 ConvKind::Forward => (g.input_len(), g.filter_len()),

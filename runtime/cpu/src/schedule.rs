@@ -76,6 +76,8 @@ pub enum Step {
     /// A convolution or its gradients (im2col and GEMM): `(a, b)` are `(input, filter)`,
     /// `(filter, grad_out)` or `(input, grad_out)`.
     Conv {
+        /// The convolution node.
+        node: NodeId,
         kind: ConvKind,
         geometry: Conv2dGeometry,
         a: Slot,
@@ -197,7 +199,7 @@ impl Step {
                 }
                 (reads, vec![(*out, out_len * F32)])
             }
-            Step::Conv { kind, geometry: g, a, b, out, out_len } => {
+            Step::Conv { kind, geometry: g, a, b, out, out_len, .. } => {
                 let (a_len, b_len) = match kind {
                     ConvKind::Forward => (g.input_len(), g.filter_len()),
                     ConvKind::BackpropInput => (g.filter_len(), g.output_len()),
@@ -444,7 +446,7 @@ impl Schedule {
                     let geometry = Conv2dGeometry::from_dims(input, filter, *strides, *padding);
                     let out = builder.buffer(&ty);
                     let (a, b) = (slot_of[&operands[0].node], slot_of[&operands[1].node]);
-                    steps.push(Step::Conv { kind, geometry, a, b, out, out_len: ty.shape.n_elements() });
+                    steps.push(Step::Conv { node: id, kind, geometry, a, b, out, out_len: ty.shape.n_elements() });
                     slot_of.insert(id, out);
                 }
                 Op::MaxPool { window, strides, padding }

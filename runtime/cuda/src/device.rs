@@ -20,7 +20,7 @@ use crate::{CudaError, Gpu};
 use cudarc::cublas::sys::cublasOperation_t;
 use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
 use dfc_codegen::{GpuCode, GpuKernel};
-use dfc_cpu::{Bindings, HostArena, Schedule, Slot, Step};
+use dfc_cpu::{Bindings, ConvKind, HostArena, Schedule, Slot, Step};
 use dfc_interp::{InterpError, Rendezvous, Tensor};
 use dfc_ir::Module;
 use std::sync::Arc;
@@ -49,12 +49,21 @@ impl DeviceKernels {
             return Err(CudaError::NoCublas);
         }
         let module = gpu.load_module(&code, device)?;
-        let roots = code.kernels.iter().map(|k| partition.graph.node(k.root).name.clone()).collect();
+        let launchable = code.kernels.iter().chain(&code.convolutions);
+        let roots = launchable.map(|k| partition.graph.node(k.root).name.clone()).collect();
         Ok(DeviceKernels { gpu: gpu.clone(), module, code, roots, device: device.to_string() })
     }
 
     pub fn kernels(&self) -> &[GpuKernel] {
         &self.code.kernels
+    }
+
+    pub fn convolutions(&self) -> &[GpuKernel] {
+        &self.code.convolutions
+    }
+
+    fn launchable(&self, index: usize) -> &GpuKernel {
+        crate::emulator::launchable(&self.code, index)
     }
 
     pub fn describe(&self) -> String {
@@ -70,10 +79,19 @@ pub enum GpuKernels {
 }
 
 impl GpuKernels {
+    /// The fused kernels, one per `dfc_passes::fuse` kernel.
     pub fn kernels(&self) -> &[GpuKernel] {
         match self {
             GpuKernels::Device(code) => code.kernels(),
             GpuKernels::Emulated(code) => code.kernels(),
+        }
+    }
+
+    /// The im2col kernels of the forward convolutions.
+    pub fn convolutions(&self) -> &[GpuKernel] {
+        match self {
+            GpuKernels::Device(code) => code.convolutions(),
+            GpuKernels::Emulated(code) => code.convolutions(),
         }
     }
 }
@@ -206,7 +224,7 @@ impl Device for Cuda {
                 message: "kernels compiled for the grid emulator, not for this GPU".to_string(),
             });
         };
-        let kernel = &kernels.kernels()[index];
+        let kernel = kernels.launchable(index);
         let name = format!("`{}` (computing `{}`)", kernel.function, kernels.roots[index]);
         let failed = |what: &'static str| {
             let (device, kernel, gpu) = (kernels.device.clone(), kernel.function.clone(), kernels.gpu.describe());
@@ -374,7 +392,7 @@ impl Device for EmulatedDevice {
         // schedule's slots), the scratch sized for its kernels; a run is the only user.
         unsafe {
             kernels.launch(
-                &kernels.kernels()[*kernel],
+                kernels.launchable(*kernel),
                 &pointers,
                 [scratch[0] as *mut u8, scratch[1] as *mut u8],
                 self.launches,
@@ -499,6 +517,8 @@ impl GpuPartition {
 pub(crate) struct DeviceRun {
     partition: Arc<GpuPartition>,
     arena: u64,
+    /// The im2col columns of the forward convolutions run on the device.
+    columns: u64,
     feeds: Vec<u64>,
     /// Per schedule variable, its name and address (the partition's).
     variables: Vec<(String, u64)>,
@@ -510,7 +530,7 @@ pub(crate) struct DeviceRun {
     /// The host's copy of the arena, for steps that run on the host and for fetches.
     host: HostArena,
     /// The host's convolutions' im2col columns.
-    columns: dfc_kernels::Scratch,
+    host_columns: dfc_kernels::Scratch,
 }
 
 impl DeviceRun {
@@ -529,9 +549,18 @@ impl DeviceRun {
         let device = &mut state.device;
         let scratch_bytes = [0, 1].map(|i| kernels.kernels().iter().map(|k| k.scratch_bytes()[i]).max().unwrap_or(0));
         let new_variables = schedule.variables.iter().filter(|(name, _)| !state.variables.contains_key(name));
+        // Forward convolutions with an im2col kernel run on the device, their columns in one buffer.
+        let im2col = |step: &Step| match step {
+            Step::Conv { node, kind: ConvKind::Forward, .. } => {
+                kernels.convolutions().iter().position(|k| k.root == *node)
+            }
+            _ => None,
+        };
+        let columns_bytes =
+            schedule.steps.iter().filter_map(im2col).map(|j| kernels.convolutions()[j].arg_bytes[1]).max().unwrap_or(0);
         let planned = Planned {
             arena: schedule.arena_bytes as u64,
-            scratch: scratch_bytes[0] + scratch_bytes[1],
+            scratch: scratch_bytes[0] + scratch_bytes[1] + columns_bytes,
             feeds: schedule.feeds.iter().map(|f| f.1.size_in_bytes() as u64).sum(),
             variables: new_variables.map(|v| v.1.size_in_bytes() as u64).sum(),
             consts: schedule.consts.iter().map(|c| c.ty().size_in_bytes() as u64).sum(),
@@ -539,6 +568,7 @@ impl DeviceRun {
         device.check_fits(&planned)?;
         let arena = device.alloc(planned.arena)?;
         let scratch = [device.alloc(scratch_bytes[0])?, device.alloc(scratch_bytes[1])?];
+        let columns = device.alloc(columns_bytes)?;
         let feeds =
             schedule.feeds.iter().map(|f| device.alloc(f.1.size_in_bytes() as u64)).collect::<Result<Vec<_>, _>>()?;
         let consts = schedule
@@ -579,9 +609,13 @@ impl DeviceRun {
         let mut launches = Vec::with_capacity(schedule.steps.len());
         let mut written = Vec::new();
         for step in &schedule.steps {
-            launches.push(match step {
-                Step::Kernel { kernel, args } => {
+            launches.push(match (step, im2col(step)) {
+                (Step::Kernel { kernel, args }, _) => {
                     Some(device.prepare(kernels, *kernel, args.iter().map(|&slot| address(slot)).collect(), scratch)?)
+                }
+                (Step::Conv { a, .. }, Some(j)) => {
+                    let index = kernels.kernels().len() + j;
+                    Some(device.prepare(kernels, index, vec![address(*a), columns], scratch)?)
                 }
                 _ => None,
             });
@@ -597,13 +631,14 @@ impl DeviceRun {
         Ok(DeviceRun {
             partition,
             arena,
+            columns,
             feeds,
             variables,
             consts,
             launches,
             written,
             host: HostArena::new(schedule.arena_bytes),
-            columns: dfc_kernels::Scratch::new(),
+            host_columns: dfc_kernels::Scratch::new(),
         })
     }
 
@@ -700,6 +735,24 @@ impl Running<'_> {
                         self.device.gemm(gemm).map_err(|e| self.error(e))?;
                     }
                 }
+                Step::Conv { kind: ConvKind::Forward, geometry: g, b, out, .. } if self.run.launches[at].is_some() => {
+                    // im2col on the device, then one GEMM of the columns with the filter.
+                    let im2col = self.run.launches[at].expect("checked");
+                    self.device.launch(im2col).map_err(|e| self.error(e))?;
+                    let gemm = Gemm {
+                        a: self.run.columns,
+                        b: self.run.address(*b),
+                        c: self.run.address(*out),
+                        m: g.rows(),
+                        n: g.filters,
+                        k: g.patch_len(),
+                        ta: false,
+                        tb: false,
+                        alpha: 1.0,
+                        beta: 0.0,
+                    };
+                    self.device.gemm(gemm).map_err(|e| self.error(e))?;
+                }
                 Step::Copy { from, to, bytes } => {
                     let (from, to) = (self.run.address(*from), self.run.address(*to));
                     self.device.copy(from, to, *bytes).map_err(|e| self.error(format!("a copy: {e}")))?;
@@ -734,7 +787,7 @@ impl Running<'_> {
         let host = |slot: Slot| bindings.at(base, slot);
         // SAFETY: the host's copies of the step's slots hold its operands (copied down above,
         // or feeds and constants, which live on the host), each of its planned type.
-        unsafe { dfc_cpu::run_host_step(step, &host, &mut self.run.columns, rendezvous)? };
+        unsafe { dfc_cpu::run_host_step(step, &host, &mut self.run.host_columns, rendezvous)? };
         for (slot, bytes) in writes {
             self.upload(slot, bytes)?;
         }

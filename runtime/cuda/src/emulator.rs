@@ -31,12 +31,13 @@ const HOST_THREADS: usize = 2;
 /// A GPU partition's kernels, compiled for this CPU to run as their launches would.
 pub struct Emulated {
     jit: Arc<Jitted>,
-    kernels: Vec<dfc_codegen::GpuKernel>,
+    /// The kernels as `compile_gpu` describes them (no PTX).
+    code: dfc_codegen::GpuCode,
 }
 
 impl std::fmt::Debug for Emulated {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Emulated").field("kernels", &self.kernels.len()).finish()
+        f.debug_struct("Emulated").field("kernels", &self.code.kernels.len()).finish()
     }
 }
 
@@ -45,15 +46,25 @@ impl Emulated {
     /// as `dfc_codegen::compile_gpu` makes them.
     pub fn load(module: &Module, keep: &[NodeId]) -> Result<Emulated, CudaError> {
         let target = dfc_codegen::host_target();
-        let (code, kernels) =
+        let (native, code) =
             dfc_codegen::compile_gpu_emulated(module, keep, &target).map_err(|e| CudaError::Emulator(e.to_string()))?;
-        let jit = dfc_cpu::link_code(code).map_err(|e| CudaError::Emulator(e.to_string()))?;
-        Ok(Emulated { jit, kernels })
+        let jit = dfc_cpu::link_code(native).map_err(|e| CudaError::Emulator(e.to_string()))?;
+        Ok(Emulated { jit, code })
     }
 
     /// One per fused kernel, as `compile_gpu` describes them.
     pub fn kernels(&self) -> &[GpuKernel] {
-        &self.kernels
+        &self.code.kernels
+    }
+
+    /// The im2col kernels of its forward convolutions, as `compile_gpu` describes them.
+    pub fn convolutions(&self) -> &[GpuKernel] {
+        &self.code.convolutions
+    }
+
+    /// Launchable kernel `index`: a fused kernel, or past them an im2col kernel.
+    pub fn launchable(&self, index: usize) -> &GpuKernel {
+        launchable(&self.code, index)
     }
 
     /// [`crate::Kernels::run`] on the CPU: runs `kernel`'s launches over copies of `buffers`
@@ -110,6 +121,11 @@ impl Emulated {
         }
         Ok(())
     }
+}
+
+/// Kernel `index` of `code`: a fused kernel, or past them an im2col kernel.
+pub(crate) fn launchable(code: &dfc_codegen::GpuCode, index: usize) -> &GpuKernel {
+    code.kernels.get(index).unwrap_or_else(|| &code.convolutions[index - code.kernels.len()])
 }
 
 /// Scratch memory for reductions' passes: two buffers, as large as the largest of some
