@@ -56,9 +56,16 @@ fn every_examples_kernels_have_their_expected_ptx() {
             .module
             .graph
             .node_ids()
-            .filter(|&id| matches!(plan.partitions[0].module.graph.node(id).op, dfc_ir::Op::Conv2d { .. }))
+            .filter(|&id| {
+                let op = &plan.partitions[0].module.graph.node(id).op;
+                matches!(op, dfc_ir::Op::Conv2d { .. } | dfc_ir::Op::Conv2dBackpropFilter { .. })
+            })
             .count();
-        assert_eq!(gpu.convolutions.len(), convolutions, "{example}: an im2col kernel per forward convolution");
+        assert_eq!(
+            gpu.convolutions.len(),
+            convolutions,
+            "{example}: an im2col kernel per convolution and filter gradient"
+        );
         for kernel in gpu.kernels.iter().chain(&gpu.convolutions) {
             for launch in kernel.launches() {
                 assert!(gpu.ptx.contains(&format!(".entry {}(", launch.function)), "{example}: no entry {launch:?}");

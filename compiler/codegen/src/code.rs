@@ -12,9 +12,10 @@ pub struct GpuCode {
     pub arch: String,
     pub ptx: String,
     pub kernels: Vec<GpuKernel>,
-    /// Per forward convolution (f32) of the partition, its im2col kernel: `root` is the
-    /// convolution, `inputs` its input; argument 1 is the columns, `rows` of `(ky, kx, c)`
-    /// patches, which one GEMM with the filter turns into the output.
+    /// Per convolution (f32) of the partition and per filter gradient of one, its im2col
+    /// kernel: `root` is that node, `inputs` its input; argument 1 is the columns, `rows` of
+    /// `(ky, kx, c)` patches, which one GEMM turns into the output (with the filter) or the
+    /// filter's gradient (transposed, with the output's gradient).
     pub convolutions: Vec<GpuKernel>,
 }
 

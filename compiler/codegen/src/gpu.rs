@@ -179,11 +179,13 @@ fn emit_kernels<'ctx>(
     kernels
 }
 
-/// One im2col kernel per forward convolution (f32) of `module`, in the graph's order: thread
-/// `t` of `count` (the columns' elements) writes element `t` of the columns, row
-/// `(n, oy, ox)`, column `(ky, kx, c)`: the input at `(n, oy·sh + ky − pad_top, ox·sw + kx −
-/// pad_left, c)`, or 0 in the padding. One GEMM of the columns with the filter (HWIO, flattened
-/// to `(ky, kx, c)` × filters) is the convolution, as on the CPU (`dfc_kernels::conv2d`).
+/// One im2col kernel per convolution (f32) of `module` and per filter gradient of one, in the
+/// graph's order: thread `t` of `count` (the columns' elements) writes element `t` of the
+/// columns, row `(n, oy, ox)`, column `(ky, kx, c)`: the input at `(n, oy·sh + ky − pad_top,
+/// ox·sw + kx − pad_left, c)`, or 0 in the padding. One GEMM of the columns with the filter
+/// (HWIO, flattened to `(ky, kx, c)` × filters) is the convolution, and one of the columns,
+/// transposed, with the output's gradient is the filter's gradient, as on the CPU
+/// (`dfc_kernels::conv2d`, `conv2d_backprop_filter`).
 fn emit_im2cols<'ctx>(
     context: &'ctx Context,
     llvm: &LlvmModule<'ctx>,
@@ -194,10 +196,16 @@ fn emit_im2cols<'ctx>(
     let mut convolutions = Vec::new();
     for id in graph.node_ids() {
         let node = graph.node(id);
-        let Op::Conv2d { strides, padding } = node.op else { continue };
         let operands = graph.inputs(id);
-        let (input, filter) = (graph.ty(operands[0]), graph.ty(operands[1]));
-        if node.outputs[0].dtype != DType::F32 || input.dtype != DType::F32 || filter.dtype != DType::F32 {
+        // (input, filter dims): the filter's gradient has the filter's dims.
+        let (strides, padding, filter) = match &node.op {
+            Op::Conv2d { strides, padding } => (*strides, *padding, graph.ty(operands[1])),
+            Op::Conv2dBackpropFilter { strides, padding, .. } => (*strides, *padding, &node.outputs[0]),
+            _ => continue,
+        };
+        let input = graph.ty(operands[0]);
+        let floats = [&node.outputs[0], input, graph.ty(operands[1])].iter().all(|t| t.dtype == DType::F32);
+        if !floats {
             continue;
         }
         let g = Conv2dGeometry::from_dims(input.shape.dims(), filter.shape.dims(), strides, padding);

@@ -549,9 +549,10 @@ impl DeviceRun {
         let device = &mut state.device;
         let scratch_bytes = [0, 1].map(|i| kernels.kernels().iter().map(|k| k.scratch_bytes()[i]).max().unwrap_or(0));
         let new_variables = schedule.variables.iter().filter(|(name, _)| !state.variables.contains_key(name));
-        // Forward convolutions with an im2col kernel run on the device, their columns in one buffer.
+        // Convolutions and filter gradients with an im2col kernel run on the device, their
+        // columns in one buffer.
         let im2col = |step: &Step| match step {
-            Step::Conv { node, kind: ConvKind::Forward, .. } => {
+            Step::Conv { node, kind: ConvKind::Forward | ConvKind::BackpropFilter, .. } => {
                 kernels.convolutions().iter().position(|k| k.root == *node)
             }
             _ => None,
@@ -735,18 +736,24 @@ impl Running<'_> {
                         self.device.gemm(gemm).map_err(|e| self.error(e))?;
                     }
                 }
-                Step::Conv { kind: ConvKind::Forward, geometry: g, b, out, .. } if self.run.launches[at].is_some() => {
-                    // im2col on the device, then one GEMM of the columns with the filter.
+                Step::Conv { kind, geometry: g, b, out, .. } if self.run.launches[at].is_some() => {
+                    // im2col on the device, then one GEMM: the columns with the filter (a
+                    // convolution), or the columns transposed with the output's gradient (the
+                    // filter's gradient).
                     let im2col = self.run.launches[at].expect("checked");
                     self.device.launch(im2col).map_err(|e| self.error(e))?;
+                    let (m, k, ta) = match kind {
+                        ConvKind::BackpropFilter => (g.patch_len(), g.rows(), true),
+                        _ => (g.rows(), g.patch_len(), false),
+                    };
                     let gemm = Gemm {
                         a: self.run.columns,
                         b: self.run.address(*b),
                         c: self.run.address(*out),
-                        m: g.rows(),
+                        m,
                         n: g.filters,
-                        k: g.patch_len(),
-                        ta: false,
+                        k,
+                        ta,
                         tb: false,
                         alpha: 1.0,
                         beta: 0.0,
