@@ -58,13 +58,18 @@ fn every_examples_kernels_have_their_expected_ptx() {
             .node_ids()
             .filter(|&id| {
                 let op = &plan.partitions[0].module.graph.node(id).op;
-                matches!(op, dfc_ir::Op::Conv2d { .. } | dfc_ir::Op::Conv2dBackpropFilter { .. })
+                matches!(
+                    op,
+                    dfc_ir::Op::Conv2d { .. }
+                        | dfc_ir::Op::Conv2dBackpropFilter { .. }
+                        | dfc_ir::Op::Conv2dBackpropInput { .. }
+                )
             })
             .count();
         assert_eq!(
             gpu.convolutions.len(),
             convolutions,
-            "{example}: an im2col kernel per convolution and filter gradient"
+            "{example}: an im2col kernel per convolution and filter gradient, a col2im one per input gradient"
         );
         for kernel in gpu.kernels.iter().chain(&gpu.convolutions) {
             for launch in kernel.launches() {

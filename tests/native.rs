@@ -190,8 +190,10 @@ fn gpu_plans_run_on_the_grid_emulator() {
     check_backend("mlp mirrored on 2 GPUs", &mirrored, Backend::GridEmulator);
 }
 
-/// A strided, padded convolution with a non-square filter on a non-square input: its im2col
-/// kernel (on the device) and GEMM give the interpreter's values, forward and trained.
+/// Strided, padded convolutions with non-square filters on non-square inputs: their im2col
+/// kernels and GEMMs (forward and the filters' gradients) and the second one's input gradient
+/// (a GEMM and the col2im kernel), on the device, give the interpreter's values, forward and
+/// trained.
 #[test]
 fn strided_padded_convolutions_run_on_the_grid_emulator() {
     let source = r#"
@@ -199,9 +201,11 @@ fn strided_padded_convolutions_run_on_the_grid_emulator() {
             input images: f32[4, 9, 10, 3]
             input labels: i32[4]
             param k: f32[3, 2, 3, 5] = glorot_uniform
-            param w: f32[125, 10] = glorot_uniform
+            param k2: f32[2, 3, 5, 4] = glorot_uniform
+            param w: f32[36, 10] = glorot_uniform
             let c = relu(conv2d(images, k, strides = 2, padding = "same"))
-            let logits = flatten(c) @ w
+            let c2 = relu(conv2d(c, k2, strides = 2, padding = "same"))
+            let logits = flatten(c2) @ w
             let loss = mean(softmax_cross_entropy(logits, one_hot(labels, 10)))
             output logits
             minimize loss with sgd(lr = 0.1)

@@ -15,7 +15,9 @@ pub struct GpuCode {
     /// Per convolution (f32) of the partition and per filter gradient of one, its im2col
     /// kernel: `root` is that node, `inputs` its input; argument 1 is the columns, `rows` of
     /// `(ky, kx, c)` patches, which one GEMM turns into the output (with the filter) or the
-    /// filter's gradient (transposed, with the output's gradient).
+    /// filter's gradient (transposed, with the output's gradient). Per input gradient, its
+    /// col2im kernel: argument 0 is the columns that one GEMM of `inputs` (the output's
+    /// gradient) with the filter, transposed, makes, and argument 1 the input's gradient.
     pub convolutions: Vec<GpuKernel>,
 }
 

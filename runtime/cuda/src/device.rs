@@ -87,7 +87,7 @@ impl GpuKernels {
         }
     }
 
-    /// The im2col kernels of the forward convolutions.
+    /// The im2col and col2im kernels of the convolutions.
     pub fn convolutions(&self) -> &[GpuKernel] {
         match self {
             GpuKernels::Device(code) => code.convolutions(),
@@ -517,7 +517,7 @@ impl GpuPartition {
 pub(crate) struct DeviceRun {
     partition: Arc<GpuPartition>,
     arena: u64,
-    /// The im2col columns of the forward convolutions run on the device.
+    /// The columns of the convolutions (and gradients) that run on the device.
     columns: u64,
     feeds: Vec<u64>,
     /// Per schedule variable, its name and address (the partition's).
@@ -549,16 +549,22 @@ impl DeviceRun {
         let device = &mut state.device;
         let scratch_bytes = [0, 1].map(|i| kernels.kernels().iter().map(|k| k.scratch_bytes()[i]).max().unwrap_or(0));
         let new_variables = schedule.variables.iter().filter(|(name, _)| !state.variables.contains_key(name));
-        // Convolutions and filter gradients with an im2col kernel run on the device, their
-        // columns in one buffer.
-        let im2col = |step: &Step| match step {
-            Step::Conv { node, kind: ConvKind::Forward | ConvKind::BackpropFilter, .. } => {
-                kernels.convolutions().iter().position(|k| k.root == *node)
-            }
+        // Convolutions and their gradients with an im2col or col2im kernel run on the device,
+        // their columns in one buffer.
+        let on_device = |step: &Step| match step {
+            Step::Conv { node, .. } => kernels.convolutions().iter().position(|k| k.root == *node),
             _ => None,
         };
-        let columns_bytes =
-            schedule.steps.iter().filter_map(im2col).map(|j| kernels.convolutions()[j].arg_bytes[1]).max().unwrap_or(0);
+        let columns_bytes = schedule
+            .steps
+            .iter()
+            .filter(|step| on_device(step).is_some())
+            .map(|step| match step {
+                Step::Conv { geometry: g, .. } => 4 * (g.rows() * g.patch_len()) as u64,
+                _ => 0,
+            })
+            .max()
+            .unwrap_or(0);
         let planned = Planned {
             arena: schedule.arena_bytes as u64,
             scratch: scratch_bytes[0] + scratch_bytes[1] + columns_bytes,
@@ -610,13 +616,17 @@ impl DeviceRun {
         let mut launches = Vec::with_capacity(schedule.steps.len());
         let mut written = Vec::new();
         for step in &schedule.steps {
-            launches.push(match (step, im2col(step)) {
+            launches.push(match (step, on_device(step)) {
                 (Step::Kernel { kernel, args }, _) => {
                     Some(device.prepare(kernels, *kernel, args.iter().map(|&slot| address(slot)).collect(), scratch)?)
                 }
-                (Step::Conv { a, .. }, Some(j)) => {
+                (Step::Conv { kind, a, out, .. }, Some(j)) => {
                     let index = kernels.kernels().len() + j;
-                    Some(device.prepare(kernels, index, vec![address(*a), columns], scratch)?)
+                    let args = match kind {
+                        ConvKind::BackpropInput => vec![columns, address(*out)],
+                        _ => vec![address(*a), columns],
+                    };
+                    Some(device.prepare(kernels, index, args, scratch)?)
                 }
                 _ => None,
             });
@@ -736,29 +746,9 @@ impl Running<'_> {
                         self.device.gemm(gemm).map_err(|e| self.error(e))?;
                     }
                 }
-                Step::Conv { kind, geometry: g, b, out, .. } if self.run.launches[at].is_some() => {
-                    // im2col on the device, then one GEMM: the columns with the filter (a
-                    // convolution), or the columns transposed with the output's gradient (the
-                    // filter's gradient).
-                    let im2col = self.run.launches[at].expect("checked");
-                    self.device.launch(im2col).map_err(|e| self.error(e))?;
-                    let (m, k, ta) = match kind {
-                        ConvKind::BackpropFilter => (g.patch_len(), g.rows(), true),
-                        _ => (g.rows(), g.patch_len(), false),
-                    };
-                    let gemm = Gemm {
-                        a: self.run.columns,
-                        b: self.run.address(*b),
-                        c: self.run.address(*out),
-                        m,
-                        n: g.filters,
-                        k,
-                        ta,
-                        tb: false,
-                        alpha: 1.0,
-                        beta: 0.0,
-                    };
-                    self.device.gemm(gemm).map_err(|e| self.error(e))?;
+                Step::Conv { kind, geometry: g, a, b, out, .. } if self.run.launches[at].is_some() => {
+                    let kernel = self.run.launches[at].expect("checked");
+                    self.convolution(*kind, g, [*a, *b, *out], kernel)?;
                 }
                 Step::Copy { from, to, bytes } => {
                     let (from, to) = (self.run.address(*from), self.run.address(*to));
@@ -779,6 +769,36 @@ impl Running<'_> {
             fetched.push(unsafe { dfc_cpu::read_tensor(at, ty) });
         }
         Ok(fetched)
+    }
+
+    /// A convolution or one of its gradients on the device, `slots` its `[a, b, out]` (see
+    /// `Step::Conv`), `kernel` its prepared im2col or col2im launch. A convolution: im2col,
+    /// then the columns times the filter. A filter's gradient: im2col, then the columns,
+    /// transposed, times the output's gradient. An input's gradient: the output's gradient
+    /// times the filter, transposed, into columns, then col2im.
+    fn convolution(
+        &mut self,
+        kind: ConvKind,
+        g: &dfc_kernels::Conv2dGeometry,
+        slots: [Slot; 3],
+        kernel: usize,
+    ) -> Result<(), InterpError> {
+        let [a, b, out] = slots.map(|slot| self.run.address(slot));
+        let columns = self.run.columns;
+        let gemm = |a, b, c, m, n, k, ta, tb| Gemm { a, b, c, m, n, k, ta, tb, alpha: 1.0, beta: 0.0 };
+        let (before, product) = match kind {
+            ConvKind::Forward => (true, gemm(columns, b, out, g.rows(), g.filters, g.patch_len(), false, false)),
+            ConvKind::BackpropFilter => (true, gemm(columns, b, out, g.patch_len(), g.filters, g.rows(), true, false)),
+            ConvKind::BackpropInput => (false, gemm(b, a, columns, g.rows(), g.patch_len(), g.filters, false, true)),
+        };
+        if before {
+            self.device.launch(kernel).map_err(|e| self.error(e))?;
+        }
+        self.device.gemm(product).map_err(|e| self.error(e))?;
+        if !before {
+            self.device.launch(kernel).map_err(|e| self.error(e))?;
+        }
+        Ok(())
     }
 
     /// A step with no device implementation, on the host: what it reads copied down, the CPU's

@@ -57,12 +57,12 @@ impl Emulated {
         &self.code.kernels
     }
 
-    /// The im2col kernels of its forward convolutions, as `compile_gpu` describes them.
+    /// The im2col and col2im kernels of its convolutions, as `compile_gpu` describes them.
     pub fn convolutions(&self) -> &[GpuKernel] {
         &self.code.convolutions
     }
 
-    /// Launchable kernel `index`: a fused kernel, or past them an im2col kernel.
+    /// Launchable kernel `index`: a fused kernel, or past them a convolution's kernel.
     pub fn launchable(&self, index: usize) -> &GpuKernel {
         launchable(&self.code, index)
     }
@@ -123,7 +123,7 @@ impl Emulated {
     }
 }
 
-/// Kernel `index` of `code`: a fused kernel, or past them an im2col kernel.
+/// Kernel `index` of `code`: a fused kernel, or past them a convolution's kernel.
 pub(crate) fn launchable(code: &dfc_codegen::GpuCode, index: usize) -> &GpuKernel {
     code.kernels.get(index).unwrap_or_else(|| &code.convolutions[index - code.kernels.len()])
 }
