@@ -52,26 +52,31 @@ fn every_examples_kernels_have_their_expected_ptx() {
         let gpu = &gpu_code(&plan);
         assert_eq!(gpu.arch, "sm_80");
         assert!(gpu.ptx.contains(".target sm_80"), "{example}: {}", &gpu.ptx[..gpu.ptx.len().min(400)]);
-        let convolutions = plan.partitions[0]
+        let windowed = plan.partitions[0]
             .module
             .graph
             .node_ids()
             .filter(|&id| {
+                use dfc_ir::Op;
                 let op = &plan.partitions[0].module.graph.node(id).op;
                 matches!(
                     op,
-                    dfc_ir::Op::Conv2d { .. }
-                        | dfc_ir::Op::Conv2dBackpropFilter { .. }
-                        | dfc_ir::Op::Conv2dBackpropInput { .. }
+                    Op::Conv2d { .. }
+                        | Op::Conv2dBackpropFilter { .. }
+                        | Op::Conv2dBackpropInput { .. }
+                        | Op::MaxPool { .. }
+                        | Op::MaxPoolGrad { .. }
+                        | Op::AvgPool { .. }
+                        | Op::AvgPoolGrad { .. }
                 )
             })
             .count();
         assert_eq!(
-            gpu.convolutions.len(),
-            convolutions,
-            "{example}: an im2col kernel per convolution and filter gradient, a col2im one per input gradient"
+            gpu.windows.len(),
+            windowed,
+            "{example}: a window kernel per convolution, pooling and their gradients"
         );
-        for kernel in gpu.kernels.iter().chain(&gpu.convolutions) {
+        for kernel in gpu.kernels.iter().chain(&gpu.windows) {
             for launch in kernel.launches() {
                 assert!(gpu.ptx.contains(&format!(".entry {}(", launch.function)), "{example}: no entry {launch:?}");
                 // Whole warps.

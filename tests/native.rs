@@ -214,6 +214,31 @@ fn strided_padded_convolutions_run_on_the_grid_emulator() {
     check_backend("strided", &on_gpu, Backend::GridEmulator);
 }
 
+/// Overlapping, padded max and average pooling (3×3 windows, stride 2, `same`) on a
+/// non-square input: their window kernels and their gradients' (which gather, per input
+/// element, what the covering windows give it) on the device give the interpreter's values,
+/// forward and trained.
+#[test]
+fn overlapping_pooling_runs_on_the_grid_emulator() {
+    let source = r#"
+        model pooled {
+            input images: f32[4, 9, 10, 3]
+            input labels: i32[4]
+            param k: f32[2, 2, 3, 4] = glorot_uniform
+            param w: f32[100, 10] = glorot_uniform
+            param v: f32[100, 10] = glorot_uniform
+            let c = conv2d(images, k, padding = "same")
+            let m = max_pool(c, window = 3, strides = 2, padding = "same")
+            let a = avg_pool(c * 2.0, window = 3, strides = 2, padding = "same")
+            let logits = flatten(m) @ w + flatten(a) @ v
+            let loss = mean(softmax_cross_entropy(logits, one_hot(labels, 10)))
+            output logits
+            minimize loss with sgd(lr = 0.1)
+        }"#;
+    let on_gpu = plan_of(source, "pooled", Cluster::local(1, DeviceKind::Gpu), Strategy::Single);
+    check_backend("pooled", &on_gpu, Backend::GridEmulator);
+}
+
 /// On a machine with an NVIDIA GPU: every example's GPU plan, on one GPU and mirrored on two
 /// where there are two, run on the GPU (device memory, the kernels' launches, cuBLAS, the other
 /// steps on the host) against the interpreter. Elsewhere a skip (`DFC_GPU_REQUIRED=1` makes it

@@ -1,7 +1,7 @@
-//! Every op on the LLVM backend against the reference interpreter: each expression below is
-//! a one-output model run forward on both, on random inputs (broadcasting, every element type,
-//! fused chains, reductions over each axis, row ops, matrix products, convolution, pooling,
-//! layout ops).
+//! Every op on the LLVM backend, and placed on a GPU under the grid emulator, against the
+//! reference interpreter: each expression below is a one-output model run forward on both, on
+//! random inputs (broadcasting, every element type, fused chains, reductions over each axis,
+//! row ops, matrix products, convolution, pooling, layout ops).
 //!
 //! Tolerances: floats within 1e-6 relative (the same operations in the same order; products
 //! and convolutions within 1e-5, GEMM sums in blocks); integers and booleans exactly.
@@ -9,7 +9,7 @@
 use dfc_compile::{compile, CompileOptions};
 use dfc_driver::{Backend, Session};
 use dfc_interp::Tensor;
-use dfc_ir::DType;
+use dfc_ir::{Cluster, DType, DeviceKind};
 use std::collections::HashMap;
 
 const DECLS: &str = "
@@ -132,6 +132,7 @@ const EXPRESSIONS: &[&str] = &[
     "max_pool(img)",
     "max_pool(img, window = 3, strides = 2, padding = \"same\")",
     "avg_pool(img, window = 2)",
+    "avg_pool(img, window = 3, strides = 2, padding = \"same\")",
     // layout
     "transpose(a)",
     "transpose(m, perm = [2, 0, 1])",
@@ -163,13 +164,15 @@ fn feeds(rng: &mut fastrand::Rng, plan: &dfc_plan::Plan) -> HashMap<String, Tens
         .collect()
 }
 
-#[test]
-fn every_op_agrees_with_the_interpreter() {
+/// Each expression as a one-output model, compiled for `cluster`, run on `backend` and on the
+/// interpreter over three random feeds: the expressions whose results disagree.
+fn disagreements(cluster: Cluster, backend: Backend) -> Vec<String> {
     let mut rng = fastrand::Rng::with_seed(3);
     let mut failures = Vec::new();
+    let options = CompileOptions { cluster, soft_placement: true, ..CompileOptions::default() };
     for expression in EXPRESSIONS {
         let source = format!("model t {{\n{DECLS}\n    let y = {expression}\n    output y\n}}\n");
-        let plan = match compile(&source, "t.df", &CompileOptions::default()) {
+        let plan = match compile(&source, "t.df", &options) {
             Ok(compiled) => {
                 let mut plan = compiled.plan;
                 plan.expand_instances().expect("replica instances build");
@@ -184,7 +187,7 @@ fn every_op_agrees_with_the_interpreter() {
                 let program = session.program(&["y"], &[]).unwrap();
                 session.run(&program, &data).unwrap().remove(0)
             };
-            let (reference, native) = (run(Backend::Interp), run(Backend::Llvm));
+            let (reference, native) = (run(Backend::Interp), run(backend));
             let tolerance = if expression.contains('@') || expression.contains("matmul") || expression.contains("conv")
             {
                 1e-5
@@ -203,10 +206,25 @@ fn every_op_agrees_with_the_interpreter() {
                     _ => reference == native,
                 };
             if !agree {
-                failures.push(format!("`{expression}`:\n  interpreter {:?}\n  llvm        {:?}", reference, native));
+                failures.push(format!("`{expression}`:\n  interpreter {:?}\n  {backend:?} {:?}", reference, native));
                 break;
             }
         }
     }
+    failures
+}
+
+#[test]
+fn every_op_agrees_with_the_interpreter() {
+    let failures = disagreements(Cluster::local(1, DeviceKind::Cpu), Backend::Llvm);
+    assert!(failures.is_empty(), "{} of {} ops disagree:\n{}", failures.len(), EXPRESSIONS.len(), failures.join("\n"));
+}
+
+/// Every op placed on a GPU, run by the grid emulator on its emulated device: the fused
+/// kernels' and window kernels' (convolution, pooling) launches thread by thread in a shuffled
+/// order, the products as GEMMs, the rest on the host.
+#[test]
+fn every_op_agrees_with_the_interpreter_on_the_grid_emulator() {
+    let failures = disagreements(Cluster::local(1, DeviceKind::Gpu), Backend::GridEmulator);
     assert!(failures.is_empty(), "{} of {} ops disagree:\n{}", failures.len(), EXPRESSIONS.len(), failures.join("\n"));
 }

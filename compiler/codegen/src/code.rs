@@ -12,13 +12,15 @@ pub struct GpuCode {
     pub arch: String,
     pub ptx: String,
     pub kernels: Vec<GpuKernel>,
-    /// Per convolution (f32) of the partition and per filter gradient of one, its im2col
-    /// kernel: `root` is that node, `inputs` its input; argument 1 is the columns, `rows` of
-    /// `(ky, kx, c)` patches, which one GEMM turns into the output (with the filter) or the
-    /// filter's gradient (transposed, with the output's gradient). Per input gradient, its
-    /// col2im kernel: argument 0 is the columns that one GEMM of `inputs` (the output's
-    /// gradient) with the filter, transposed, makes, and argument 1 the input's gradient.
-    pub convolutions: Vec<GpuKernel>,
+    /// Per convolution, convolution gradient and pooling op (f32) of the partition, its
+    /// window kernel (`windows.rs`); `root` is that node. An im2col kernel (a convolution's or
+    /// a filter gradient's): `inputs` its input, and argument 1 the columns, `rows` of `(ky,
+    /// kx, c)` patches, which one GEMM turns into the output (with the filter) or the filter's
+    /// gradient (transposed, with the output's gradient). A col2im kernel (an input
+    /// gradient's): argument 0 is the columns that one GEMM of `inputs` (the output's
+    /// gradient) with the filter, transposed, makes, and argument 1 the input's gradient. A
+    /// pooling kernel: `inputs` the op's operands, then its output.
+    pub windows: Vec<GpuKernel>,
 }
 
 /// A fused kernel on a GPU: its launches ([`GpuKernel::launches`]) compute `root` (from

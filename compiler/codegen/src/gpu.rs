@@ -16,18 +16,16 @@
 //! runs.
 
 use crate::code::{GpuCode, GpuKernel, GridReduction, NativeCode, NativeKernel, NativeTarget, THREAD_SUFFIX};
-use crate::kernel::{self, Flavor, GLOBAL_ADDRESS_SPACE};
+use crate::kernel::{self, Flavor};
 use crate::{sanitize, CodegenError};
-use dfc_ir::{DType, Module, NodeId, Op};
-use dfc_kernels::Conv2dGeometry;
+use dfc_ir::{Module, NodeId};
 use dfc_passes::Kernel;
 use inkwell::attributes::{Attribute, AttributeLoc};
-use inkwell::builder::Builder;
 use inkwell::context::Context;
 use inkwell::module::{Linkage, Module as LlvmModule};
 use inkwell::passes::PassBuilderOptions;
 use inkwell::targets::{CodeModel, FileType, InitializationConfig, RelocMode, Target, TargetMachine, TargetTriple};
-use inkwell::values::{FunctionValue, PointerValue};
+use inkwell::values::FunctionValue;
 use inkwell::{AddressSpace, IntPredicate, OptimizationLevel};
 
 /// The architecture the PTX is generated for: Ampere (A100). LLVM 14 knows none newer than
@@ -62,8 +60,8 @@ pub fn compile_gpu(module: &Module, keep: &[NodeId]) -> Result<GpuCode, CodegenE
     llvm.set_triple(&machine.get_triple());
     llvm.set_data_layout(&machine.get_target_data().get_data_layout());
     let kernels = emit_kernels(&context, &llvm, module, &fusion.kernels, Flavor::Nvptx);
-    let convolutions = emit_convolutions(&context, &llvm, module, Flavor::Nvptx);
-    for kernel in kernels.iter().chain(&convolutions) {
+    let windows = crate::windows::emit_windows(&context, &llvm, module, Flavor::Nvptx);
+    for kernel in kernels.iter().chain(&windows) {
         add_entry(&context, &llvm, &kernel.function);
         if let Some(reduction) = &kernel.reduction {
             add_entry(&context, &llvm, &reduction.combine);
@@ -75,7 +73,7 @@ pub fn compile_gpu(module: &Module, keep: &[NodeId]) -> Result<GpuCode, CodegenE
     let ptx =
         machine.write_to_memory_buffer(&llvm, FileType::Assembly).map_err(|e| CodegenError::Llvm(e.to_string()))?;
     let ptx = String::from_utf8_lossy(ptx.as_slice()).trim_end_matches('\0').to_string();
-    Ok(GpuCode { arch: GPU_ARCH.to_string(), ptx, kernels, convolutions })
+    Ok(GpuCode { arch: GPU_ARCH.to_string(), ptx, kernels, windows })
 }
 
 /// The kernels [`compile_gpu`] makes for `module`, described alike (a `GpuCode` without PTX),
@@ -95,7 +93,7 @@ pub fn compile_gpu_emulated(
     llvm.set_triple(&machine.get_triple());
     llvm.set_data_layout(&machine.get_target_data().get_data_layout());
     let kernels = emit_kernels(&context, &llvm, module, &fusion.kernels, Flavor::Cpu(target));
-    let convolutions = emit_convolutions(&context, &llvm, module, Flavor::Cpu(target));
+    let windows = crate::windows::emit_windows(&context, &llvm, module, Flavor::Cpu(target));
     llvm.verify().map_err(|e| CodegenError::Llvm(e.to_string()))?;
     llvm.run_passes(crate::llvm_pipeline(), &machine, crate::optimisation())
         .map_err(|e| CodegenError::Llvm(e.to_string()))?;
@@ -103,7 +101,7 @@ pub fn compile_gpu_emulated(
         machine.write_to_memory_buffer(&llvm, FileType::Object).map_err(|e| CodegenError::Llvm(e.to_string()))?;
     let threads = kernels
         .iter()
-        .chain(&convolutions)
+        .chain(&windows)
         .flat_map(|kernel| {
             let entries = std::iter::once(&kernel.function).chain(kernel.reduction.as_ref().map(|r| &r.combine));
             entries.map(|entry| NativeKernel {
@@ -118,7 +116,7 @@ pub fn compile_gpu_emulated(
         .collect();
     let code =
         NativeCode { target: target.clone(), objects: vec![object.as_slice().to_vec()], partitions: vec![threads] };
-    Ok((code, GpuCode { arch: target.cpu.clone(), ptx: String::new(), kernels, convolutions }))
+    Ok((code, GpuCode { arch: target.cpu.clone(), ptx: String::new(), kernels, windows }))
 }
 
 /// Each kernel's loop nest and per-thread functions (internal on a GPU, where the entries call
@@ -178,258 +176,6 @@ fn emit_kernels<'ctx>(
         });
     }
     kernels
-}
-
-/// The kernels of `module`'s convolutions (f32), in the graph's order: an im2col kernel per
-/// convolution and per filter gradient, a col2im kernel per input gradient.
-///
-/// Thread `t` of an im2col kernel (`count`: the columns' elements) writes element `t` of the
-/// columns, row `(n, oy, ox)`, column `(ky, kx, c)`: the input at `(n, oy·sh + ky − pad_top,
-/// ox·sw + kx − pad_left, c)`, or 0 in the padding. One GEMM of the columns with the filter
-/// (HWIO, flattened to `(ky, kx, c)` × filters) is the convolution, and one of the columns,
-/// transposed, with the output's gradient is the filter's gradient, as on the CPU
-/// (`dfc_kernels::conv2d`, `conv2d_backprop_filter`).
-///
-/// An input's gradient is one GEMM of the output's gradient with the filter, transposed, into
-/// columns (each row the gradient of one window), then its col2im kernel: thread `t` (`count`:
-/// the input's elements) sums, in `(ky, kx)` order, the columns' elements of the windows that
-/// cover input element `t`. A gather, not a scatter: every thread writes only its own element,
-/// with no atomics, so the sum's order is fixed.
-fn emit_convolutions<'ctx>(
-    context: &'ctx Context,
-    llvm: &LlvmModule<'ctx>,
-    module: &Module,
-    flavor: Flavor<'_>,
-) -> Vec<GpuKernel> {
-    let graph = &module.graph;
-    let mut convolutions = Vec::new();
-    for id in graph.node_ids() {
-        let node = graph.node(id);
-        let operands = graph.inputs(id);
-        // (input, filter) dims: the input's gradient has the input's dims, the filter's
-        // gradient the filter's.
-        let (strides, padding, input, filter) = match &node.op {
-            Op::Conv2d { strides, padding } => (*strides, *padding, graph.ty(operands[0]), graph.ty(operands[1])),
-            Op::Conv2dBackpropInput { strides, padding, .. } => {
-                (*strides, *padding, &node.outputs[0], graph.ty(operands[0]))
-            }
-            Op::Conv2dBackpropFilter { strides, padding, .. } => {
-                (*strides, *padding, graph.ty(operands[0]), &node.outputs[0])
-            }
-            _ => continue,
-        };
-        let floats =
-            [&node.outputs[0], graph.ty(operands[0]), graph.ty(operands[1])].iter().all(|t| t.dtype == DType::F32);
-        if !floats {
-            continue;
-        }
-        let g = Conv2dGeometry::from_dims(input.shape.dims(), filter.shape.dims(), strides, padding);
-        let columns = 4 * (g.rows() * g.patch_len()) as u64;
-        let image = input.size_in_bytes() as u64;
-        // (name, threads, the graph's value the kernel reads, its arguments' bytes)
-        let (kind, count, reads, arg_bytes) = match node.op {
-            Op::Conv2dBackpropInput { .. } => ("col2im", g.input_len() as u64, operands[1], vec![columns, image]),
-            _ => ("im2col", columns / 4, operands[0], vec![image, columns]),
-        };
-        let function = format!("i{}_{}_{kind}", convolutions.len(), sanitize(&node.name));
-        let thread_name = format!("{function}{THREAD_SUFFIX}");
-        let thread = match node.op {
-            Op::Conv2dBackpropInput { .. } => emit_col2im(context, llvm, &thread_name, &g, flavor),
-            _ => emit_im2col(context, llvm, &thread_name, &g, flavor),
-        };
-        if matches!(flavor, Flavor::Nvptx) {
-            thread.set_linkage(Linkage::Internal);
-            thread.add_attribute(
-                AttributeLoc::Function,
-                context.create_enum_attribute(Attribute::get_named_enum_kind_id("alwaysinline"), 0),
-            );
-        }
-        let (block, grid) = launch(count);
-        convolutions.push(GpuKernel {
-            function,
-            root: id,
-            members: Vec::new(),
-            inputs: vec![reads],
-            arg_bytes,
-            rows: count,
-            block,
-            grid,
-            reduction: None,
-        });
-    }
-    convolutions
-}
-
-/// The per-thread function of an im2col kernel for `g` (see [`emit_im2cols`]).
-fn emit_im2col<'ctx>(
-    context: &'ctx Context,
-    llvm: &LlvmModule<'ctx>,
-    name: &str,
-    g: &Conv2dGeometry,
-    flavor: Flavor<'_>,
-) -> FunctionValue<'ctx> {
-    let (function, b) = kernel::kernel_function(context, llvm, name, flavor);
-    let i64t = context.i64_type();
-    let f32t = context.f32_type();
-    let int = |v: usize| i64t.const_int(v as u64, false);
-    let args = function.get_nth_param(0).unwrap().into_pointer_value();
-    let count = function.get_nth_param(1).unwrap().into_int_value();
-    let thread = function.get_nth_param(2).unwrap().into_int_value();
-    let work = context.append_basic_block(function, "work");
-    let load = context.append_basic_block(function, "load");
-    let store = context.append_basic_block(function, "store");
-    let done = context.append_basic_block(function, "done");
-    let inside = b.build_int_compare(IntPredicate::ULT, thread, count, "inside").unwrap();
-    b.build_conditional_branch(inside, work, done).unwrap();
-    b.position_at_end(work);
-    let (x, columns) = (float_argument(context, &b, args, 0, flavor), float_argument(context, &b, args, 1, flavor));
-    let div = |a, d: usize| b.build_int_unsigned_div(a, int(d), "q").unwrap();
-    let rem = |a, d: usize| b.build_int_unsigned_rem(a, int(d), "r").unwrap();
-    let patch = g.patch_len();
-    let (row, column) = (div(thread, patch), rem(thread, patch));
-    let c = rem(column, g.c);
-    let kx = rem(div(column, g.c), g.kw);
-    let ky = div(column, g.c * g.kw);
-    let ox = rem(row, g.out_w);
-    let oy = rem(div(row, g.out_w), g.out_h);
-    let n = div(row, g.out_w * g.out_h);
-    // The input's coordinates, below zero in the top and left padding: an unsigned compare
-    // with the size is false for those too.
-    let at = |o, k, stride: usize, pad: usize| {
-        let scaled = b.build_int_mul(o, int(stride), "s").unwrap();
-        let shifted = b.build_int_add(scaled, k, "k").unwrap();
-        b.build_int_sub(shifted, int(pad), "at").unwrap()
-    };
-    let (iy, ix) = (at(oy, ky, g.stride_h, g.pad_top), at(ox, kx, g.stride_w, g.pad_left));
-    let in_y = b.build_int_compare(IntPredicate::ULT, iy, int(g.h), "in_y").unwrap();
-    let in_x = b.build_int_compare(IntPredicate::ULT, ix, int(g.w), "in_x").unwrap();
-    let within = b.build_and(in_y, in_x, "within").unwrap();
-    b.build_conditional_branch(within, load, store).unwrap();
-    b.position_at_end(load);
-    let image_row = b.build_int_add(b.build_int_mul(n, int(g.h), "nh").unwrap(), iy, "y").unwrap();
-    let pixel = b.build_int_add(b.build_int_mul(image_row, int(g.w), "yw").unwrap(), ix, "x").unwrap();
-    let index = b.build_int_add(b.build_int_mul(pixel, int(g.c), "xc").unwrap(), c, "i").unwrap();
-    // SAFETY: (of the generated code) `index` is an element of the input: n < N, iy < H, ix < W
-    // (checked just above), c < C.
-    let element = unsafe { b.build_in_bounds_gep(x, &[index], "e").unwrap() };
-    let value = b.build_load(element, "v").unwrap();
-    b.build_unconditional_branch(store).unwrap();
-    b.position_at_end(store);
-    let phi = b.build_phi(f32t, "value").unwrap();
-    phi.add_incoming(&[(&value, load), (&f32t.const_zero(), work)]);
-    // SAFETY: (of the generated code) `thread` < `count`, the columns' elements.
-    let target = unsafe { b.build_in_bounds_gep(columns, &[thread], "t").unwrap() };
-    b.build_store(target, phi.as_basic_value()).unwrap();
-    b.build_unconditional_branch(done).unwrap();
-    b.position_at_end(done);
-    b.build_return(None).unwrap();
-    function
-}
-
-/// Argument `i` (< 2) of a convolution's kernel, an array of `f32`, in the global address
-/// space on a GPU.
-fn float_argument<'ctx>(
-    context: &'ctx Context,
-    b: &Builder<'ctx>,
-    args: PointerValue<'ctx>,
-    i: u64,
-    flavor: Flavor<'_>,
-) -> PointerValue<'ctx> {
-    let f32t = context.f32_type();
-    // SAFETY: (of the generated code) `i` < 2, the arity of the convolutions' kernels.
-    let slot = unsafe { b.build_gep(args, &[context.i64_type().const_int(i, false)], "arg").unwrap() };
-    let raw = b.build_load(slot, "raw").unwrap().into_pointer_value();
-    let typed = b.build_pointer_cast(raw, f32t.ptr_type(AddressSpace::default()), "p").unwrap();
-    match flavor {
-        // Device buffers: loads and stores through the global address space.
-        Flavor::Nvptx => {
-            b.build_address_space_cast(typed, f32t.ptr_type(AddressSpace::from(GLOBAL_ADDRESS_SPACE)), "g").unwrap()
-        }
-        Flavor::Cpu(_) => typed,
-    }
-}
-
-/// The per-thread function of a col2im kernel for `g` (see [`emit_convolutions`]): thread `t`
-/// sums into input element `t = (n, y, x, c)` the columns' elements `((n, oy, ox), (ky, kx,
-/// c))` of the windows that cover it, `oy·sh + ky − pad_top = y` and `ox·sw + kx − pad_left =
-/// x`. The taps are unrolled (a filter has few), each behind its test.
-fn emit_col2im<'ctx>(
-    context: &'ctx Context,
-    llvm: &LlvmModule<'ctx>,
-    name: &str,
-    g: &Conv2dGeometry,
-    flavor: Flavor<'_>,
-) -> FunctionValue<'ctx> {
-    let (function, b) = kernel::kernel_function(context, llvm, name, flavor);
-    let i64t = context.i64_type();
-    let f32t = context.f32_type();
-    let int = |v: usize| i64t.const_int(v as u64, false);
-    let args = function.get_nth_param(0).unwrap().into_pointer_value();
-    let count = function.get_nth_param(1).unwrap().into_int_value();
-    let thread = function.get_nth_param(2).unwrap().into_int_value();
-    // The running sum, in a stack slot that LLVM promotes to a register.
-    let sum = b.build_alloca(f32t, "sum").unwrap();
-    b.build_store(sum, f32t.const_zero()).unwrap();
-    let work = context.append_basic_block(function, "work");
-    let done = context.append_basic_block(function, "done");
-    let inside = b.build_int_compare(IntPredicate::ULT, thread, count, "inside").unwrap();
-    b.build_conditional_branch(inside, work, done).unwrap();
-    b.position_at_end(work);
-    let (columns, image) = (float_argument(context, &b, args, 0, flavor), float_argument(context, &b, args, 1, flavor));
-    let div = |a, d: usize| b.build_int_unsigned_div(a, int(d), "q").unwrap();
-    let rem = |a, d: usize| b.build_int_unsigned_rem(a, int(d), "r").unwrap();
-    let c = rem(thread, g.c);
-    let x = rem(div(thread, g.c), g.w);
-    let y = rem(div(thread, g.c * g.w), g.h);
-    let n = div(thread, g.c * g.w * g.h);
-    // `y + pad_top`: with `ky`, the window's row `oy = (y + pad_top − ky) / sh`, when that is
-    // a whole row of the output.
-    let y_padded = b.build_int_add(y, int(g.pad_top), "yp").unwrap();
-    let x_padded = b.build_int_add(x, int(g.pad_left), "xp").unwrap();
-    // The output position `o` of tap `k` on axis (`padded`, `stride`, `out`), and whether the
-    // tap covers the element: `padded ≥ k`, `(padded − k) mod stride = 0`, `o < out`.
-    let tap = |padded, k: usize, stride: usize, out: usize| {
-        let reaches = b.build_int_compare(IntPredicate::UGE, padded, int(k), "reaches").unwrap();
-        let offset = b.build_int_sub(padded, int(k), "offset").unwrap();
-        let whole = b.build_int_compare(IntPredicate::EQ, rem(offset, stride), int(0), "whole").unwrap();
-        let o = div(offset, stride);
-        let within = b.build_int_compare(IntPredicate::ULT, o, int(out), "within").unwrap();
-        let covers = b.build_and(b.build_and(reaches, whole, "rw").unwrap(), within, "covers").unwrap();
-        (o, covers)
-    };
-    let window_row = b.build_int_mul(n, int(g.out_h), "nh").unwrap();
-    for ky in 0..g.kh {
-        let (oy, covers_y) = tap(y_padded, ky, g.stride_h, g.out_h);
-        let row = b.build_int_mul(b.build_int_add(window_row, oy, "r").unwrap(), int(g.out_w), "rw").unwrap();
-        for kx in 0..g.kw {
-            let (ox, covers_x) = tap(x_padded, kx, g.stride_w, g.out_w);
-            let covers = b.build_and(covers_y, covers_x, "covers").unwrap();
-            let add = context.append_basic_block(function, "add");
-            let next = context.append_basic_block(function, "next");
-            b.build_conditional_branch(covers, add, next).unwrap();
-            b.position_at_end(add);
-            let window = b.build_int_add(row, ox, "window").unwrap();
-            let start = b.build_int_mul(window, int(g.patch_len()), "start").unwrap();
-            let index = b.build_int_add(start, int((ky * g.kw + kx) * g.c), "tap").unwrap();
-            let index = b.build_int_add(index, c, "i").unwrap();
-            // SAFETY: (of the generated code) the window `(n, oy, ox)` is a row of the columns
-            // (n < N, oy < out_h and ox < out_w, checked by `covers`), and `(ky, kx, c)` a
-            // column (ky < kh, kx < kw, c < C).
-            let element = unsafe { b.build_in_bounds_gep(columns, &[index], "e").unwrap() };
-            let value = b.build_load(element, "v").unwrap().into_float_value();
-            let total = b.build_load(sum, "s").unwrap().into_float_value();
-            b.build_store(sum, b.build_float_add(total, value, "added").unwrap()).unwrap();
-            b.build_unconditional_branch(next).unwrap();
-            b.position_at_end(next);
-        }
-    }
-    // SAFETY: (of the generated code) `thread` < `count`, the input's elements.
-    let target = unsafe { b.build_in_bounds_gep(image, &[thread], "t").unwrap() };
-    b.build_store(target, b.build_load(sum, "s").unwrap()).unwrap();
-    b.build_unconditional_branch(done).unwrap();
-    b.position_at_end(done);
-    b.build_return(None).unwrap();
-    function
 }
 
 /// Lanes and rows per lane for a reduction over `rows` rows (`total` elements) into `out_len`

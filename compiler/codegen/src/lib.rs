@@ -24,6 +24,7 @@ mod distinct;
 mod gpu;
 mod kernel;
 mod target;
+mod windows;
 
 pub use cache::{CacheKey, CodeCache, Origin, CACHE_DIR_VARIABLE, MAX_CACHE_BYTES};
 pub use code::{

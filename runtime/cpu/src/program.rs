@@ -272,7 +272,7 @@ pub unsafe fn run_host_step(
                 }
             }
         }
-        Step::Pool { kind, geometry, operands, out, out_len } => {
+        Step::Pool { kind, geometry, operands, out, out_len, .. } => {
             let input = |i: usize| {
                 let (slot, len) = operands[i];
                 // SAFETY: as for convolutions: the slot holds `len` floats.

@@ -88,6 +88,8 @@ pub enum Step {
     /// Pooling or its gradients on f32: `operands` are `[input]`, `[input, grad_out]` (max) or
     /// `[grad_out]` (avg).
     Pool {
+        /// The pooling node.
+        node: NodeId,
         kind: PoolKind,
         geometry: PoolGeometry,
         operands: Vec<(Slot, usize)>,
@@ -468,7 +470,7 @@ impl Schedule {
                     let out = builder.buffer(&ty);
                     let operands =
                         operands.iter().map(|t| (slot_of[&t.node], graph.ty(*t).shape.n_elements())).collect();
-                    steps.push(Step::Pool { kind, geometry, operands, out, out_len: ty.shape.n_elements() });
+                    steps.push(Step::Pool { node: id, kind, geometry, operands, out, out_len: ty.shape.n_elements() });
                     slot_of.insert(id, out);
                 }
                 Op::Send { key, .. } => {

@@ -1,13 +1,14 @@
-//! A GPU partition's schedule on a device: its arena, scratch, feeds, variables and constants in
-//! device memory (allocated once, when the program is made, so that a run allocates nothing),
-//! its fused kernels launched with their arguments prepared then, matrix products as GEMMs,
-//! copies on the device, and every other step (convolutions, pooling, layout ops, exchanges,
-//! all-reduces) on the host: its operands copied down, the CPU's implementation run, its
-//! results copied up.
+//! A GPU partition's schedule on a device: its arena, scratch, feeds and constants in device
+//! memory (allocated once, when the program is made, so that a run allocates nothing), its
+//! fused kernels and window kernels (convolutions' im2col and col2im, pooling) launched with
+//! their arguments prepared then, matrix products and convolutions' products as GEMMs, copies
+//! on the device, and every other step (layout ops, exchanges, all-reduces) on the host: its
+//! operands copied down, the CPU's implementation run, its results copied up.
 //!
-//! A run copies the feeds and the variables up first and the variables it assigns down last:
-//! the session keeps variables on the host (checkpoints, mirrors, fetches read them there).
-//! Variables resident on the GPU between runs are the next step.
+//! Variables are resident on the device ([`GpuPartition`], one per GPU partition, shared by
+//! its programs): a run copies up only those whose host copy is newer, and down only what it
+//! fetches; the session copies the device's newer values down when it needs them
+//! (checkpoints, a worker's reply).
 //!
 //! [`DeviceRun`] is that run, over a [`Device`]: a GPU ([`Cuda`]: cudarc's driver, one stream,
 //! cuBLAS), or the grid emulator's model of one ([`EmulatedDevice`]: memory of its own, apart
@@ -49,7 +50,7 @@ impl DeviceKernels {
             return Err(CudaError::NoCublas);
         }
         let module = gpu.load_module(&code, device)?;
-        let launchable = code.kernels.iter().chain(&code.convolutions);
+        let launchable = code.kernels.iter().chain(&code.windows);
         let roots = launchable.map(|k| partition.graph.node(k.root).name.clone()).collect();
         Ok(DeviceKernels { gpu: gpu.clone(), module, code, roots, device: device.to_string() })
     }
@@ -58,8 +59,8 @@ impl DeviceKernels {
         &self.code.kernels
     }
 
-    pub fn convolutions(&self) -> &[GpuKernel] {
-        &self.code.convolutions
+    pub fn windows(&self) -> &[GpuKernel] {
+        &self.code.windows
     }
 
     fn launchable(&self, index: usize) -> &GpuKernel {
@@ -87,11 +88,11 @@ impl GpuKernels {
         }
     }
 
-    /// The im2col and col2im kernels of the convolutions.
-    pub fn convolutions(&self) -> &[GpuKernel] {
+    /// The window kernels: the convolutions' im2col and col2im, pooling.
+    pub fn windows(&self) -> &[GpuKernel] {
         match self {
-            GpuKernels::Device(code) => code.convolutions(),
-            GpuKernels::Emulated(code) => code.convolutions(),
+            GpuKernels::Device(code) => code.windows(),
+            GpuKernels::Emulated(code) => code.windows(),
         }
     }
 }
@@ -552,7 +553,7 @@ impl DeviceRun {
         // Convolutions and their gradients with an im2col or col2im kernel run on the device,
         // their columns in one buffer.
         let on_device = |step: &Step| match step {
-            Step::Conv { node, .. } => kernels.convolutions().iter().position(|k| k.root == *node),
+            Step::Conv { node, .. } | Step::Pool { node, .. } => kernels.windows().iter().position(|k| k.root == *node),
             _ => None,
         };
         let columns_bytes = schedule
@@ -626,6 +627,11 @@ impl DeviceRun {
                         ConvKind::BackpropInput => vec![columns, address(*out)],
                         _ => vec![address(*a), columns],
                     };
+                    Some(device.prepare(kernels, index, args, scratch)?)
+                }
+                (Step::Pool { operands, out, .. }, Some(j)) => {
+                    let index = kernels.kernels().len() + j;
+                    let args = operands.iter().map(|o| address(o.0)).chain([address(*out)]).collect();
                     Some(device.prepare(kernels, index, args, scratch)?)
                 }
                 _ => None,
@@ -721,8 +727,8 @@ impl Running<'_> {
         }
         for (at, step) in schedule.steps.iter().enumerate() {
             match step {
-                Step::Kernel { .. } => {
-                    let prepared = self.run.launches[at].expect("prepared for every kernel step");
+                Step::Kernel { .. } | Step::Pool { .. } if self.run.launches[at].is_some() => {
+                    let prepared = self.run.launches[at].expect("checked");
                     self.device.launch(prepared).map_err(|e| self.error(e))?;
                 }
                 Step::MatMul { a, b, out, m, n, k, ta, tb, batches, update } => {

@@ -58,8 +58,8 @@ impl Emulated {
     }
 
     /// The im2col and col2im kernels of its convolutions, as `compile_gpu` describes them.
-    pub fn convolutions(&self) -> &[GpuKernel] {
-        &self.code.convolutions
+    pub fn windows(&self) -> &[GpuKernel] {
+        &self.code.windows
     }
 
     /// Launchable kernel `index`: a fused kernel, or past them a convolution's kernel.
@@ -125,7 +125,7 @@ impl Emulated {
 
 /// Kernel `index` of `code`: a fused kernel, or past them a convolution's kernel.
 pub(crate) fn launchable(code: &dfc_codegen::GpuCode, index: usize) -> &GpuKernel {
-    code.kernels.get(index).unwrap_or_else(|| &code.convolutions[index - code.kernels.len()])
+    code.kernels.get(index).unwrap_or_else(|| &code.windows[index - code.kernels.len()])
 }
 
 /// Scratch memory for reductions' passes: two buffers, as large as the largest of some
