@@ -68,15 +68,20 @@ fn every_examples_kernels_have_their_expected_ptx() {
                         | Op::MaxPoolGrad { .. }
                         | Op::AvgPool { .. }
                         | Op::AvgPoolGrad { .. }
+                        | Op::Transpose { .. }
+                        | Op::Concat { .. }
+                        | Op::Slice { .. }
+                        | Op::Pad { .. }
+                        | Op::Gather
                 )
             })
             .count();
         assert_eq!(
-            gpu.windows.len(),
+            gpu.ops.len(),
             windowed,
-            "{example}: a window kernel per convolution, pooling and their gradients"
+            "{example}: a kernel per convolution, pooling, their gradients and layout op"
         );
-        for kernel in gpu.kernels.iter().chain(&gpu.windows) {
+        for kernel in gpu.kernels.iter().chain(&gpu.ops) {
             for launch in kernel.launches() {
                 assert!(gpu.ptx.contains(&format!(".entry {}(", launch.function)), "{example}: no entry {launch:?}");
                 // Whole warps.

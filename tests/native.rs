@@ -55,6 +55,7 @@ fn batches(plan: &Plan) -> Vec<HashMap<String, Tensor>> {
                     let dims = input.ty.shape.dims().to_vec();
                     let tensor = match input.ty.dtype {
                         DType::I32 => Tensor::from_vec(dims, (0..n).map(|_| rng.i32(0..10)).collect::<Vec<i32>>()),
+                        DType::I64 => Tensor::from_vec(dims, (0..n).map(|_| rng.i64(0..10)).collect::<Vec<i64>>()),
                         DType::U8 => Tensor::from_vec(dims, (0..n).map(|_| rng.u8(..)).collect::<Vec<u8>>()),
                         DType::F32 => {
                             Tensor::from_vec(dims, (0..n).map(|_| rng.f32() * 2.0 - 1.0).collect::<Vec<f32>>())
@@ -237,6 +238,52 @@ fn overlapping_pooling_runs_on_the_grid_emulator() {
         }"#;
     let on_gpu = plan_of(source, "pooled", Cluster::local(1, DeviceKind::Gpu), Strategy::Single);
     check_backend("pooled", &on_gpu, Backend::GridEmulator);
+}
+
+/// A model of layout ops: a gather by i64 ids, slices, a concat and transposes, whose
+/// gradients add pads (a slice's), slices (a concat's) and transposes: their layout kernels on
+/// the device give the interpreter's values, forward and trained.
+const LAYOUT_MODEL: &str = r#"
+    model layout {
+        input x: f32[4, 6]
+        input ids: i64[4]
+        input labels: i32[4]
+        param table: f32[10, 3] = glorot_uniform
+        param v: f32[7, 4] = glorot_uniform
+        param w: f32[4, 10] = glorot_uniform
+        let e = gather(table, ids)
+        let h = concat([e, slice(x, [0, 1], [4, 2])], axis = 1)
+        let z = transpose(h @ slice(v, [1, 0], [5, 4]))
+        let logits = transpose(z) @ w
+        let loss = mean(softmax_cross_entropy(logits, one_hot(labels, 10)))
+        output logits
+        minimize loss with sgd(lr = 0.1)
+    }"#;
+
+#[test]
+fn layout_ops_run_on_the_grid_emulator() {
+    let on_gpu = plan_of(LAYOUT_MODEL, "layout", Cluster::local(1, DeviceKind::Gpu), Strategy::Single);
+    check_backend("layout", &on_gpu, Backend::GridEmulator);
+}
+
+/// A gather's index out of range on the device is an error naming the node, the index and the
+/// table's rows, as on the CPU, for an index too large and a negative one.
+#[test]
+fn a_gather_index_out_of_range_on_the_grid_emulator_is_an_error() {
+    let plan = plan_of(LAYOUT_MODEL, "layout", Cluster::local(1, DeviceKind::Gpu), Strategy::Single);
+    let mut feeds = batches(&plan).remove(0);
+    for bad in [10i64, -3] {
+        feeds.insert("ids".into(), Tensor::from_vec(vec![4], vec![1i64, bad, 2, 0]));
+        for backend in [Backend::Interp, Backend::GridEmulator] {
+            let mut session = Session::with_backend(&plan, 0, backend).expect("the plan loads");
+            let forward = session.program(&["logits"], &[]).expect("a forward pass");
+            let error = session.run(&forward, &feeds).expect_err("an index out of range").to_string();
+            assert!(
+                error.contains(&format!("`e`: index {bad} is out of range for a size of 10")),
+                "{backend:?}: {error}"
+            );
+        }
+    }
 }
 
 /// On a machine with an NVIDIA GPU: every example's GPU plan, on one GPU and mirrored on two

@@ -12,15 +12,18 @@ pub struct GpuCode {
     pub arch: String,
     pub ptx: String,
     pub kernels: Vec<GpuKernel>,
-    /// Per convolution, convolution gradient and pooling op (f32) of the partition, its
-    /// window kernel (`windows.rs`); `root` is that node. An im2col kernel (a convolution's or
+    /// Per op of the partition that has a kernel of its own rather than a fused one, that
+    /// kernel; `root` is that op's node. Per convolution, convolution gradient and pooling op
+    /// (f32), its window kernel (`windows.rs`); per transpose, concat, slice, pad and gather,
+    /// its layout kernel (`layout.rs`: `inputs` the op's operands, then its output, then for a
+    /// gather its status, `GpuKernel::checks`). An im2col kernel (a convolution's or
     /// a filter gradient's): `inputs` its input, and argument 1 the columns, `rows` of `(ky,
     /// kx, c)` patches, which one GEMM turns into the output (with the filter) or the filter's
     /// gradient (transposed, with the output's gradient). A col2im kernel (an input
     /// gradient's): argument 0 is the columns that one GEMM of `inputs` (the output's
     /// gradient) with the filter, transposed, makes, and argument 1 the input's gradient. A
     /// pooling kernel: `inputs` the op's operands, then its output.
-    pub windows: Vec<GpuKernel>,
+    pub ops: Vec<GpuKernel>,
 }
 
 /// A fused kernel on a GPU: its launches ([`GpuKernel::launches`]) compute `root` (from
@@ -41,7 +44,15 @@ pub struct GpuKernel {
     pub block: u32,
     pub grid: u32,
     pub reduction: Option<GridReduction>,
+    /// Whether the kernel checks values it reads (a gather's indices). Then it takes one more
+    /// argument after its output, its status: [`STATUS_BYTES`], zero before the launch, where
+    /// a thread that meets an index out of range sets word 0 to 1 and raises word 1 (an
+    /// unsigned maximum) to that index.
+    pub checks: bool,
 }
+
+/// Bytes of a checking kernel's status (`GpuKernel::checks`): two u64 words.
+pub const STATUS_BYTES: u64 = 16;
 
 /// A reduction over the outermost loop, run by a grid in passes. In the first (the kernel's
 /// `function`), lane `t` of `lanes` folds rows `t·chunk..(t+1)·chunk` into its own partial
@@ -107,6 +118,9 @@ impl GpuKernel {
         let mut args: Vec<LaunchBuffer> = (0..self.inputs.len()).map(LaunchBuffer::Arg).collect();
         let Some(reduction) = &self.reduction else {
             args.push(output);
+            if self.checks {
+                args.push(LaunchBuffer::Arg(self.inputs.len() + 1));
+            }
             return vec![GpuLaunch {
                 function: self.function.clone(),
                 args,

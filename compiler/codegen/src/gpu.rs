@@ -60,8 +60,8 @@ pub fn compile_gpu(module: &Module, keep: &[NodeId]) -> Result<GpuCode, CodegenE
     llvm.set_triple(&machine.get_triple());
     llvm.set_data_layout(&machine.get_target_data().get_data_layout());
     let kernels = emit_kernels(&context, &llvm, module, &fusion.kernels, Flavor::Nvptx);
-    let windows = crate::windows::emit_windows(&context, &llvm, module, Flavor::Nvptx);
-    for kernel in kernels.iter().chain(&windows) {
+    let ops = op_kernels(&context, &llvm, module, Flavor::Nvptx);
+    for kernel in kernels.iter().chain(&ops) {
         add_entry(&context, &llvm, &kernel.function);
         if let Some(reduction) = &kernel.reduction {
             add_entry(&context, &llvm, &reduction.combine);
@@ -73,7 +73,7 @@ pub fn compile_gpu(module: &Module, keep: &[NodeId]) -> Result<GpuCode, CodegenE
     let ptx =
         machine.write_to_memory_buffer(&llvm, FileType::Assembly).map_err(|e| CodegenError::Llvm(e.to_string()))?;
     let ptx = String::from_utf8_lossy(ptx.as_slice()).trim_end_matches('\0').to_string();
-    Ok(GpuCode { arch: GPU_ARCH.to_string(), ptx, kernels, windows })
+    Ok(GpuCode { arch: GPU_ARCH.to_string(), ptx, kernels, ops })
 }
 
 /// The kernels [`compile_gpu`] makes for `module`, described alike (a `GpuCode` without PTX),
@@ -93,7 +93,7 @@ pub fn compile_gpu_emulated(
     llvm.set_triple(&machine.get_triple());
     llvm.set_data_layout(&machine.get_target_data().get_data_layout());
     let kernels = emit_kernels(&context, &llvm, module, &fusion.kernels, Flavor::Cpu(target));
-    let windows = crate::windows::emit_windows(&context, &llvm, module, Flavor::Cpu(target));
+    let ops = op_kernels(&context, &llvm, module, Flavor::Cpu(target));
     llvm.verify().map_err(|e| CodegenError::Llvm(e.to_string()))?;
     llvm.run_passes(crate::llvm_pipeline(), &machine, crate::optimisation())
         .map_err(|e| CodegenError::Llvm(e.to_string()))?;
@@ -101,7 +101,7 @@ pub fn compile_gpu_emulated(
         machine.write_to_memory_buffer(&llvm, FileType::Object).map_err(|e| CodegenError::Llvm(e.to_string()))?;
     let threads = kernels
         .iter()
-        .chain(&windows)
+        .chain(&ops)
         .flat_map(|kernel| {
             let entries = std::iter::once(&kernel.function).chain(kernel.reduction.as_ref().map(|r| &r.combine));
             entries.map(|entry| NativeKernel {
@@ -116,7 +116,19 @@ pub fn compile_gpu_emulated(
         .collect();
     let code =
         NativeCode { target: target.clone(), objects: vec![object.as_slice().to_vec()], partitions: vec![threads] };
-    Ok((code, GpuCode { arch: target.cpu.clone(), ptx: String::new(), kernels, windows }))
+    Ok((code, GpuCode { arch: target.cpu.clone(), ptx: String::new(), kernels, ops }))
+}
+
+/// The kernels of single ops (`GpuCode::ops`): window kernels, then layout kernels.
+fn op_kernels<'ctx>(
+    context: &'ctx Context,
+    llvm: &LlvmModule<'ctx>,
+    module: &Module,
+    flavor: Flavor<'_>,
+) -> Vec<GpuKernel> {
+    let mut ops = crate::windows::emit_windows(context, llvm, module, flavor);
+    ops.extend(crate::layout::emit_layouts(context, llvm, module, flavor));
+    ops
 }
 
 /// Each kernel's loop nest and per-thread functions (internal on a GPU, where the entries call
@@ -173,6 +185,7 @@ fn emit_kernels<'ctx>(
             block,
             grid,
             reduction,
+            checks: false,
         });
     }
     kernels

@@ -287,7 +287,7 @@ pub unsafe fn run_host_step(
                 PoolKind::AvgGrad => dfc_kernels::avg_pool_grad(geometry, input(0), o),
             }
         }
-        Step::Layout { node, op, element_bytes, operands, out, ty } => {
+        Step::Layout { node, op, element_bytes, operands, out, ty, .. } => {
             let inputs: Vec<(*const u8, &TensorType)> =
                 operands.iter().map(|(s, t)| (at(*s) as *const u8, t)).collect();
             // SAFETY: the operands' and the output's slots hold values of their types (as for

@@ -99,6 +99,8 @@ pub enum Step {
     /// Data movement (transpose, concat, slice, pad, gather): copies of elements of
     /// `element_bytes` each, whatever their type.
     Layout {
+        /// The node, and its name.
+        id: NodeId,
         node: String,
         op: Op,
         element_bytes: usize,
@@ -519,7 +521,7 @@ impl Schedule {
                     let node = node.name.clone();
                     let op = op.clone();
                     steps.push(if layout {
-                        Step::Layout { node, op, element_bytes, operands, out, ty }
+                        Step::Layout { id, node, op, element_bytes, operands, out, ty }
                     } else {
                         Step::Library { node, op, operands, out, ty }
                     });

@@ -1,9 +1,11 @@
 //! A GPU partition's schedule on a device: its arena, scratch, feeds and constants in device
 //! memory (allocated once, when the program is made, so that a run allocates nothing), its
-//! fused kernels and window kernels (convolutions' im2col and col2im, pooling) launched with
-//! their arguments prepared then, matrix products and convolutions' products as GEMMs, copies
-//! on the device, and every other step (layout ops, exchanges, all-reduces) on the host: its
-//! operands copied down, the CPU's implementation run, its results copied up.
+//! fused kernels and op kernels (convolutions' im2col and col2im, pooling, layout ops)
+//! launched with their arguments prepared then, matrix products and convolutions' products as
+//! GEMMs, copies on the device, and every other step (`scatter_add`, ops no kernel covers,
+//! exchanges, all-reduces) on the host: its operands copied down, the CPU's implementation
+//! run, its results copied up. Kernels that check what they read (a gather's indices) report
+//! in statuses read once at the end of a run.
 //!
 //! Variables are resident on the device ([`GpuPartition`], one per GPU partition, shared by
 //! its programs): a run copies up only those whose host copy is newer, and down only what it
@@ -20,7 +22,7 @@ use crate::emulator::Emulated;
 use crate::{CudaError, Gpu};
 use cudarc::cublas::sys::cublasOperation_t;
 use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
-use dfc_codegen::{GpuCode, GpuKernel};
+use dfc_codegen::{GpuCode, GpuKernel, STATUS_BYTES};
 use dfc_cpu::{Bindings, ConvKind, HostArena, Schedule, Slot, Step};
 use dfc_interp::{InterpError, Rendezvous, Tensor};
 use dfc_ir::Module;
@@ -50,7 +52,7 @@ impl DeviceKernels {
             return Err(CudaError::NoCublas);
         }
         let module = gpu.load_module(&code, device)?;
-        let launchable = code.kernels.iter().chain(&code.windows);
+        let launchable = code.kernels.iter().chain(&code.ops);
         let roots = launchable.map(|k| partition.graph.node(k.root).name.clone()).collect();
         Ok(DeviceKernels { gpu: gpu.clone(), module, code, roots, device: device.to_string() })
     }
@@ -59,8 +61,8 @@ impl DeviceKernels {
         &self.code.kernels
     }
 
-    pub fn windows(&self) -> &[GpuKernel] {
-        &self.code.windows
+    pub fn ops(&self) -> &[GpuKernel] {
+        &self.code.ops
     }
 
     fn launchable(&self, index: usize) -> &GpuKernel {
@@ -88,11 +90,11 @@ impl GpuKernels {
         }
     }
 
-    /// The window kernels: the convolutions' im2col and col2im, pooling.
-    pub fn windows(&self) -> &[GpuKernel] {
+    /// The op kernels (`GpuCode::ops`): convolutions' im2col and col2im, pooling, layout ops.
+    pub fn ops(&self) -> &[GpuKernel] {
         match self {
-            GpuKernels::Device(code) => code.windows(),
-            GpuKernels::Emulated(code) => code.windows(),
+            GpuKernels::Device(code) => code.ops(),
+            GpuKernels::Emulated(code) => code.ops(),
         }
     }
 }
@@ -520,6 +522,10 @@ pub(crate) struct DeviceRun {
     arena: u64,
     /// The columns of the convolutions (and gradients) that run on the device.
     columns: u64,
+    /// The statuses of the checking kernels (`GpuKernel::checks`), `STATUS_BYTES` each, and
+    /// the node of each with its table's rows.
+    status: u64,
+    checked: Vec<(String, usize)>,
     feeds: Vec<u64>,
     /// Per schedule variable, its name and address (the partition's).
     variables: Vec<(String, u64)>,
@@ -553,9 +559,22 @@ impl DeviceRun {
         // Convolutions and their gradients with an im2col or col2im kernel run on the device,
         // their columns in one buffer.
         let on_device = |step: &Step| match step {
-            Step::Conv { node, .. } | Step::Pool { node, .. } => kernels.windows().iter().position(|k| k.root == *node),
+            Step::Conv { node, .. } | Step::Pool { node, .. } | Step::Layout { id: node, .. } => {
+                kernels.ops().iter().position(|k| k.root == *node)
+            }
             _ => None,
         };
+        // Per step whose kernel checks what it reads, its status's place among the statuses.
+        let mut checked = Vec::new();
+        for (at, step) in schedule.steps.iter().enumerate() {
+            if let (Step::Layout { node, operands, .. }, Some(j)) = (step, on_device(step)) {
+                if kernels.ops()[j].checks {
+                    let rows = operands[0].1.shape.dims().first().copied().unwrap_or(0);
+                    checked.push((at, (node.clone(), rows)));
+                }
+            }
+        }
+        let status_bytes = checked.len() as u64 * STATUS_BYTES;
         let columns_bytes = schedule
             .steps
             .iter()
@@ -568,7 +587,7 @@ impl DeviceRun {
             .unwrap_or(0);
         let planned = Planned {
             arena: schedule.arena_bytes as u64,
-            scratch: scratch_bytes[0] + scratch_bytes[1] + columns_bytes,
+            scratch: scratch_bytes[0] + scratch_bytes[1] + columns_bytes + status_bytes,
             feeds: schedule.feeds.iter().map(|f| f.1.size_in_bytes() as u64).sum(),
             variables: new_variables.map(|v| v.1.size_in_bytes() as u64).sum(),
             consts: schedule.consts.iter().map(|c| c.ty().size_in_bytes() as u64).sum(),
@@ -577,6 +596,7 @@ impl DeviceRun {
         let arena = device.alloc(planned.arena)?;
         let scratch = [device.alloc(scratch_bytes[0])?, device.alloc(scratch_bytes[1])?];
         let columns = device.alloc(columns_bytes)?;
+        let status = device.alloc(status_bytes)?;
         let feeds =
             schedule.feeds.iter().map(|f| device.alloc(f.1.size_in_bytes() as u64)).collect::<Result<Vec<_>, _>>()?;
         let consts = schedule
@@ -616,7 +636,7 @@ impl DeviceRun {
         };
         let mut launches = Vec::with_capacity(schedule.steps.len());
         let mut written = Vec::new();
-        for step in &schedule.steps {
+        for (at, step) in schedule.steps.iter().enumerate() {
             launches.push(match (step, on_device(step)) {
                 (Step::Kernel { kernel, args }, _) => {
                     Some(device.prepare(kernels, *kernel, args.iter().map(|&slot| address(slot)).collect(), scratch)?)
@@ -634,6 +654,12 @@ impl DeviceRun {
                     let args = operands.iter().map(|o| address(o.0)).chain([address(*out)]).collect();
                     Some(device.prepare(kernels, index, args, scratch)?)
                 }
+                (Step::Layout { operands, out, .. }, Some(j)) => {
+                    let index = kernels.kernels().len() + j;
+                    let own_status = checked.iter().position(|c| c.0 == at).map(|i| status + i as u64 * STATUS_BYTES);
+                    let args = operands.iter().map(|o| address(o.0)).chain([address(*out)]).chain(own_status).collect();
+                    Some(device.prepare(kernels, index, args, scratch)?)
+                }
                 _ => None,
             });
             // Assignment kernels write their variable too: `reads_writes`, not `accesses`.
@@ -649,6 +675,8 @@ impl DeviceRun {
             partition,
             arena,
             columns,
+            status,
+            checked: checked.into_iter().map(|c| c.1).collect(),
             feeds,
             variables,
             consts,
@@ -714,6 +742,10 @@ impl Running<'_> {
         rendezvous: Option<&dyn Rendezvous>,
     ) -> Result<Vec<Tensor>, InterpError> {
         self.device.begin().map_err(|e| self.error(e))?;
+        let zeros = vec![0u8; self.run.checked.len() * STATUS_BYTES as usize];
+        if !zeros.is_empty() {
+            self.device.upload(self.run.status, &zeros).map_err(|e| self.error(format!("zeroing statuses: {e}")))?;
+        }
         // Feeds up, and the variables whose host copies are newer.
         for (i, (_, ty)) in schedule.feeds.iter().enumerate() {
             self.upload(Slot::Feed(i), ty.size_in_bytes())?;
@@ -727,7 +759,7 @@ impl Running<'_> {
         }
         for (at, step) in schedule.steps.iter().enumerate() {
             match step {
-                Step::Kernel { .. } | Step::Pool { .. } if self.run.launches[at].is_some() => {
+                Step::Kernel { .. } | Step::Pool { .. } | Step::Layout { .. } if self.run.launches[at].is_some() => {
                     let prepared = self.run.launches[at].expect("checked");
                     self.device.launch(prepared).map_err(|e| self.error(e))?;
                 }
@@ -763,6 +795,7 @@ impl Running<'_> {
                 other => self.on_host(other, rendezvous)?,
             }
         }
+        self.check_statuses()?;
         // Fetches down (variables stay on the device).
         let mut fetched = Vec::with_capacity(schedule.fetches.len());
         for (slot, ty) in &schedule.fetches {
@@ -803,6 +836,25 @@ impl Running<'_> {
         self.device.gemm(product).map_err(|e| self.error(e))?;
         if !before {
             self.device.launch(kernel).map_err(|e| self.error(e))?;
+        }
+        Ok(())
+    }
+
+    /// The checking kernels' statuses, read once at the end of the run (a read is a wait for
+    /// the device): the first that met an index out of range is an error naming its node.
+    fn check_statuses(&mut self) -> Result<(), InterpError> {
+        if self.run.checked.is_empty() {
+            return Ok(());
+        }
+        let mut words = vec![0u8; self.run.checked.len() * STATUS_BYTES as usize];
+        self.device.download(self.run.status, &mut words).map_err(|e| self.error(format!("reading statuses: {e}")))?;
+        for ((node, rows), status) in self.run.checked.iter().zip(words.chunks_exact(STATUS_BYTES as usize)) {
+            let word = |i: usize| u64::from_le_bytes(status[8 * i..8 * i + 8].try_into().expect("8 bytes"));
+            if word(0) != 0 {
+                // Word 1 holds the index's bits (sign-extended to 64).
+                let index = word(1) as i64;
+                return Err(InterpError::IndexOutOfRange { node: node.clone(), index, size: *rows });
+            }
         }
         Ok(())
     }

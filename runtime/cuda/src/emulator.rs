@@ -57,12 +57,12 @@ impl Emulated {
         &self.code.kernels
     }
 
-    /// The im2col and col2im kernels of its convolutions, as `compile_gpu` describes them.
-    pub fn windows(&self) -> &[GpuKernel] {
-        &self.code.windows
+    /// Its op kernels (`GpuCode::ops`), as `compile_gpu` describes them.
+    pub fn ops(&self) -> &[GpuKernel] {
+        &self.code.ops
     }
 
-    /// Launchable kernel `index`: a fused kernel, or past them a convolution's kernel.
+    /// Launchable kernel `index`: a fused kernel, or past them an op kernel.
     pub fn launchable(&self, index: usize) -> &GpuKernel {
         launchable(&self.code, index)
     }
@@ -123,9 +123,9 @@ impl Emulated {
     }
 }
 
-/// Kernel `index` of `code`: a fused kernel, or past them a convolution's kernel.
+/// Kernel `index` of `code`: a fused kernel, or past them an op kernel.
 pub(crate) fn launchable(code: &dfc_codegen::GpuCode, index: usize) -> &GpuKernel {
-    code.kernels.get(index).unwrap_or_else(|| &code.windows[index - code.kernels.len()])
+    code.kernels.get(index).unwrap_or_else(|| &code.ops[index - code.kernels.len()])
 }
 
 /// Scratch memory for reductions' passes: two buffers, as large as the largest of some

@@ -68,7 +68,7 @@ pub enum CudaError {
 /// Refuses arguments a kernel cannot run on: it takes one buffer per input, then its output,
 /// each at least as large as its value.
 fn check_arguments(kernel: &GpuKernel, buffers: &[Vec<u8>], args: &[usize], device: &str) -> Result<(), CudaError> {
-    let wanted = kernel.inputs.len() + 1;
+    let wanted = kernel.inputs.len() + 1 + usize::from(kernel.checks);
     let small = |(&i, &bytes): (&usize, &u64)| (buffers[i].len() as u64) < bytes;
     if args.len() != wanted
         || kernel.arg_bytes.len() != wanted
@@ -80,7 +80,7 @@ fn check_arguments(kernel: &GpuKernel, buffers: &[Vec<u8>], args: &[usize], devi
             device: device.to_string(),
             kernel: kernel.function.clone(),
             message: format!(
-                "it takes {wanted} arguments (inputs, then output) of {:?} bytes, each one of {} non-empty buffers; given {args:?}",
+                "it takes {wanted} arguments (inputs, output, status if it checks) of {:?} bytes, each one of {} non-empty buffers; given {args:?}",
                 kernel.arg_bytes,
                 buffers.len()
             ),
