@@ -25,7 +25,7 @@ use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr,
 use dfc_codegen::{GpuCode, GpuKernel, STATUS_BYTES};
 use dfc_cpu::{Bindings, ConvKind, HostArena, Schedule, Slot, Step};
 use dfc_interp::{InterpError, Rendezvous, Tensor};
-use dfc_ir::Module;
+use dfc_ir::NodeId;
 use std::sync::Arc;
 
 /// A GPU partition's kernels loaded into a GPU: what its programs launch.
@@ -33,7 +33,8 @@ pub struct DeviceKernels {
     gpu: Gpu,
     module: Arc<CudaModule>,
     code: GpuCode,
-    /// Per kernel, the name of the node it computes, for messages.
+    /// Per kernel, the node it computes and where it is in the source, for messages:
+    /// `` `loss` at mlp.df:21 ``.
     roots: Vec<String>,
     /// The partition, for messages.
     device: String,
@@ -46,14 +47,20 @@ impl std::fmt::Debug for DeviceKernels {
 }
 
 impl DeviceKernels {
-    /// Loads `code` (the PTX of `partition`, placed on `device`) into `gpu`, every entry found.
-    pub fn load(gpu: &Gpu, code: GpuCode, partition: &Module, device: &str) -> Result<DeviceKernels, CudaError> {
+    /// Loads `code` (the PTX of a partition placed on `device`) into `gpu`, every entry found;
+    /// `describe` says what a kernel's root is and where it is in the source, for messages.
+    pub fn load(
+        gpu: &Gpu,
+        code: GpuCode,
+        device: &str,
+        describe: &dyn Fn(NodeId) -> String,
+    ) -> Result<DeviceKernels, CudaError> {
         if !cublas_present() {
             return Err(CudaError::NoCublas);
         }
         let module = gpu.load_module(&code, device)?;
         let launchable = code.kernels.iter().chain(&code.ops);
-        let roots = launchable.map(|k| partition.graph.node(k.root).name.clone()).collect();
+        let roots = launchable.map(|k| describe(k.root)).collect();
         Ok(DeviceKernels { gpu: gpu.clone(), module, code, roots, device: device.to_string() })
     }
 
@@ -228,7 +235,7 @@ impl Device for Cuda {
             });
         };
         let kernel = kernels.launchable(index);
-        let name = format!("`{}` (computing `{}`)", kernel.function, kernels.roots[index]);
+        let name = format!("`{}` (computing {})", kernel.function, kernels.roots[index]);
         let failed = |what: &'static str| {
             let (device, kernel, gpu) = (kernels.device.clone(), kernel.function.clone(), kernels.gpu.describe());
             move |source| CudaError::Kernel { device, kernel, gpu, what, source }

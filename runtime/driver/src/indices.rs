@@ -21,6 +21,7 @@ use dfc_ir::{BinaryOp, ConstData, Graph, NodeId, Op, TensorRef};
 use dfc_plan::Plan;
 
 use crate::data::DataError;
+use crate::source::PlanSource;
 
 /// The values an input of the plan may hold, and the op that needs it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -114,8 +115,8 @@ struct Walk<'p> {
     recvs: HashMap<&'p str, Vec<(usize, NodeId)>>,
     /// The Send node of each key.
     sends: HashMap<&'p str, (usize, NodeId)>,
-    /// The source text, when the working directory has the file the plan was compiled from.
-    source: Option<String>,
+    /// Where nodes are in the source, for messages.
+    source: PlanSource,
 }
 
 /// The most steps [`Walk::table`] takes back from a gather to its table's variable.
@@ -137,7 +138,7 @@ impl<'p> Walk<'p> {
                 }
             }
         }
-        Walk { plan, recvs, sends, source: source_text(plan) }
+        Walk { plan, recvs, sends, source: PlanSource::of(plan) }
     }
 
     fn graph(&self, p: usize) -> &'p Graph {
@@ -270,15 +271,7 @@ impl<'p> Walk<'p> {
     /// `at FILE:LINE` of a node, or its name and the source's name where the source is not at
     /// hand.
     fn location(&self, p: usize, node: NodeId) -> String {
-        let graph = self.graph(p);
-        let name = &self.plan.source_name;
-        match (graph.span(node), &self.source) {
-            (Some(span), Some(text)) => {
-                let index = dfc_diag::LineIndex::new(text);
-                format!("at {name}:{}", index.line_col(text, span.start as usize).line)
-            }
-            _ => format!("(node `{}` of {name})", graph.node(node).name),
-        }
+        self.source.location(self.graph(p), node)
     }
 
     /// The variable that `tensor` reads (through identities and Send/Recv pairs), as a table
@@ -353,16 +346,4 @@ fn shifted(input: &str, shift: i64) -> String {
         s if s > 0 => format!("{input} + {s}"),
         s => format!("{input} - {}", s.unsigned_abs()),
     }
-}
-
-/// The text of the plan's source, if the working directory holds the file it was compiled
-/// from (same name, same hash), for line numbers in messages.
-fn source_text(plan: &Plan) -> Option<String> {
-    const MAX_SOURCE: u64 = 16 << 20;
-    let path = Path::new(&plan.source_name);
-    if std::fs::metadata(path).ok()?.len() > MAX_SOURCE {
-        return None;
-    }
-    let text = std::fs::read_to_string(path).ok()?;
-    (dfc_plan::source_hash(&text) == plan.source_hash).then_some(text)
 }

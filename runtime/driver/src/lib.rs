@@ -22,6 +22,7 @@ pub mod npy;
 pub mod replicas;
 pub mod runner;
 pub mod session;
+mod source;
 pub mod train;
 
 pub use checkpoint::{Checkpoint, CheckpointError};

@@ -767,7 +767,9 @@ fn gpu_kernels(plan: &Plan, p: usize, keep: &[NodeId], backend: Backend) -> Resu
     let (code, _) = cache
         .gpu(&partition.module, keep)
         .map_err(|e| RunError::Plan(format!("generating the PTX of partition {device}: {e}")))?;
-    let kernels = dfc_cuda::DeviceKernels::load(&gpu, code, &partition.module, &device.to_string())
+    let source = crate::source::PlanSource::of(plan);
+    let describe = |node: NodeId| source.describe(&partition.module.graph, node);
+    let kernels = dfc_cuda::DeviceKernels::load(&gpu, code, &device.to_string(), &describe)
         .map_err(|e| RunError::Plan(format!("partition {device}: {e}; {fallback}")))?;
     Ok(GpuKernels::Device(Arc::new(kernels)))
 }
