@@ -58,10 +58,11 @@ pub const STATUS_BYTES: u64 = 16;
 /// `function`), lane `t` of `lanes` folds rows `t·chunk..(t+1)·chunk` into its own partial
 /// output of `out_len` elements in scratch memory. Each further pass, `combine(args, count)`
 /// with `args` = [partials, output], folds each group of `fan_in` partials (of the `count`
-/// left) into one, a thread per element of a group, until one partial is left: the output,
-/// finished by the last pass (a mean divided by its count). Every thread writes its own
-/// elements, and the fold's order is fixed, so the result does not depend on which thread runs
-/// when.
+/// left) into one, a block of `fan_in` threads per element of a group folding a tree in the
+/// block's shared memory in `phases` phases with barriers between them
+/// (`kernel::emit_tree_combine`), until one partial is left: the output, finished by the last
+/// pass (a mean divided by its count). The fold's order is fixed, so the result does not
+/// depend on which thread runs when.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct GridReduction {
     pub lanes: u64,
@@ -69,7 +70,9 @@ pub struct GridReduction {
     pub out_len: u64,
     pub element_bytes: u64,
     pub combine: String,
+    /// Partials a combining block folds: its threads, a power of two.
     pub fan_in: u64,
+    pub phases: u32,
 }
 
 /// A buffer of a launch: argument `i` of the kernel (its inputs, then its output), or one of a
@@ -81,7 +84,10 @@ pub enum LaunchBuffer {
 }
 
 /// One launch of an entry: `function(args, count)` with the pointers of `args` in device
-/// memory, in `grid` blocks of `block` threads.
+/// memory, in `grid` blocks of `block` threads. With `phases` (more than 0) the entry runs
+/// its phase function ([`PHASE_SUFFIX`]) `phases` times with a barrier between, over
+/// `shared_bytes` of the block's shared memory; without, its per-thread function
+/// ([`THREAD_SUFFIX`]) once.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GpuLaunch {
     pub function: String,
@@ -89,6 +95,8 @@ pub struct GpuLaunch {
     pub count: u64,
     pub block: u32,
     pub grid: u32,
+    pub phases: u32,
+    pub shared_bytes: u64,
 }
 
 impl GpuLaunch {
@@ -111,6 +119,13 @@ impl GpuLaunch {
 /// (`dfc_codegen::compile_gpu_emulated`).
 pub const THREAD_SUFFIX: &str = "_thread";
 
+/// The suffix of a phased entry's phase function, `fn(args, count, thread, shared, phase)`:
+/// on a GPU the entry calls it for each phase in turn, with a barrier between, and `shared`
+/// the block's shared memory; the grid emulator calls it for every thread of a block, phase
+/// by phase, with a buffer per block. A `.` sets it apart: no other function's name has one
+/// (node names are sanitised to letters, digits and `_`), so a name says its signature.
+pub const PHASE_SUFFIX: &str = ".phase";
+
 impl GpuKernel {
     /// The launches that compute the kernel, in order (each sees the previous ones' writes).
     pub fn launches(&self) -> Vec<GpuLaunch> {
@@ -127,6 +142,8 @@ impl GpuKernel {
                 count: self.rows,
                 block: self.block,
                 grid: self.grid,
+                phases: 0,
+                shared_bytes: 0,
             }];
         };
         args.push(LaunchBuffer::Scratch(0));
@@ -136,18 +153,21 @@ impl GpuKernel {
             count: self.rows,
             block: self.block,
             grid: self.grid,
+            phases: 0,
+            shared_bytes: 0,
         }];
         let (mut count, mut from) = (reduction.lanes, 0);
         loop {
             let groups = count.div_ceil(reduction.fan_in);
             let to = if groups == 1 { output } else { LaunchBuffer::Scratch(1 - from) };
-            let (block, grid) = crate::launch(groups * reduction.out_len);
             launches.push(GpuLaunch {
                 function: reduction.combine.clone(),
                 args: vec![LaunchBuffer::Scratch(from), to],
                 count,
-                block,
-                grid,
+                block: reduction.fan_in as u32,
+                grid: u32::try_from(groups * reduction.out_len).unwrap_or(u32::MAX),
+                phases: reduction.phases,
+                shared_bytes: reduction.fan_in * reduction.element_bytes,
             });
             if groups == 1 {
                 return launches;

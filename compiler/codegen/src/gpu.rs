@@ -9,14 +9,18 @@
 //! elementwise kernel whose dimensions merge into one loop runs one element per thread, and a
 //! row op, or a reduction over inner axes, one output row per thread. A reduction over the
 //! outermost loop (every row adds to one output) runs in passes (`GridReduction`): lanes fold
-//! chunks of rows into partials, and `kN_combine` folds the partials, `FAN_IN` at a time.
+//! chunks of rows into partials, and `kN_combine` folds the partials, `FAN_IN` at a time, as a
+//! tree in a block's shared memory with barriers between its steps (its phase function,
+//! `kN_combine.phase`, called once per phase by the entry).
 //!
 //! [`compile_gpu_emulated`] compiles the same per-thread functions for the host, with the CPU's
 //! transcendentals, so that the grid emulator (`dfc_cuda::emulator`) runs what each GPU thread
 //! runs.
 
-use crate::code::{GpuCode, GpuKernel, GridReduction, NativeCode, NativeKernel, NativeTarget, THREAD_SUFFIX};
-use crate::kernel::{self, Flavor};
+use crate::code::{
+    GpuCode, GpuKernel, GridReduction, NativeCode, NativeKernel, NativeTarget, PHASE_SUFFIX, THREAD_SUFFIX,
+};
+use crate::kernel::{self, Flavor, SHARED_ADDRESS_SPACE};
 use crate::{sanitize, CodegenError};
 use dfc_ir::{Module, NodeId};
 use dfc_passes::Kernel;
@@ -47,8 +51,9 @@ const LANE_ELEMENTS: u64 = 64;
 const MAX_LANES: u64 = 1 << 16;
 /// A reduction's partials take at most this many elements of scratch memory.
 const SCRATCH_ELEMENTS: u64 = 1 << 24;
-/// Partials folded by one thread of a combining pass: 65,536 lanes take three passes.
-pub const FAN_IN: u64 = 32;
+/// Partials folded by one block of a combining pass, as a tree in shared memory: 65,536 lanes
+/// take two passes.
+pub const FAN_IN: u64 = 256;
 
 /// The fused kernels of `module` (a partition placed on a GPU) as PTX. Nodes in `keep` stay
 /// kernel roots, so that their values can be fetched.
@@ -64,7 +69,8 @@ pub fn compile_gpu(module: &Module, keep: &[NodeId]) -> Result<GpuCode, CodegenE
     for kernel in kernels.iter().chain(&ops) {
         add_entry(&context, &llvm, &kernel.function);
         if let Some(reduction) = &kernel.reduction {
-            add_entry(&context, &llvm, &reduction.combine);
+            let shared_bytes = reduction.fan_in * reduction.element_bytes;
+            add_phased_entry(&context, &llvm, &reduction.combine, reduction.phases, shared_bytes);
         }
     }
     llvm.verify().map_err(|e| CodegenError::Llvm(e.to_string()))?;
@@ -103,9 +109,10 @@ pub fn compile_gpu_emulated(
         .iter()
         .chain(&ops)
         .flat_map(|kernel| {
-            let entries = std::iter::once(&kernel.function).chain(kernel.reduction.as_ref().map(|r| &r.combine));
-            entries.map(|entry| NativeKernel {
-                function: format!("{entry}{THREAD_SUFFIX}"),
+            let thread = format!("{}{THREAD_SUFFIX}", kernel.function);
+            let phased = kernel.reduction.as_ref().map(|r| format!("{}{PHASE_SUFFIX}", r.combine));
+            std::iter::once(thread).chain(phased).map(|function| NativeKernel {
+                function,
                 root: kernel.root,
                 members: kernel.members.clone(),
                 inputs: kernel.inputs.clone(),
@@ -155,14 +162,14 @@ fn emit_kernels<'ctx>(
         let shape = kernel::emit_lane(context, llvm, module, kernel, &rows_function, flavor);
         let reduction = (!shape.split).then(|| {
             let combine = format!("{function}_combine");
-            let combine_thread = format!("{combine}{THREAD_SUFFIX}");
-            kernel::emit_combine(context, llvm, module, kernel, &combine_thread, flavor, FAN_IN);
+            let combine_phase = format!("{combine}{PHASE_SUFFIX}");
+            let phases = kernel::emit_tree_combine(context, llvm, module, kernel, &combine_phase, flavor, FAN_IN);
             if on_gpu {
-                inline(llvm.get_function(&combine_thread).expect("emitted"));
+                inline(llvm.get_function(&combine_phase).expect("emitted"));
             }
             let (lanes, chunk) = lanes(shape.rows, shape.total, shape.out_len);
             let element_bytes = shape.out_dtype.size_in_bytes() as u64;
-            GridReduction { lanes, chunk, out_len: shape.out_len, element_bytes, combine, fan_in: FAN_IN }
+            GridReduction { lanes, chunk, out_len: shape.out_len, element_bytes, combine, fan_in: FAN_IN, phases }
         });
         let body = llvm.get_function(&rows_function).expect("emitted");
         inline(body);
@@ -301,6 +308,59 @@ fn add_entry<'ctx>(context: &'ctx Context, llvm: &LlvmModule<'ctx>, name: &str) 
     let args = entry.get_nth_param(0).unwrap();
     let count = entry.get_nth_param(1).unwrap();
     builder.build_call(thread_function, &[args.into(), count.into(), index.into()], "").unwrap();
+    builder.build_return(None).unwrap();
+}
+
+/// `.entry name(i8** args, i64 count)` of a phased kernel: calls `name_phase(args, count,
+/// thread, shared, p)` for each phase `p` in turn, with `thread` its index in the grid and
+/// `shared` the block's shared memory (`shared_bytes`, a static array), and a barrier
+/// (`bar.sync 0`) between phases, which every thread of the block reaches: the phase function
+/// has no early exit.
+fn add_phased_entry<'ctx>(context: &'ctx Context, llvm: &LlvmModule<'ctx>, name: &str, phases: u32, shared_bytes: u64) {
+    let i64t = context.i64_type();
+    let i32t = context.i32_type();
+    let phase_function = llvm.get_function(&format!("{name}{PHASE_SUFFIX}")).expect("emitted");
+    let args_type = phase_function.get_type().get_param_types()[0];
+    let entry = llvm.add_function(name, context.void_type().fn_type(&[args_type, i64t.into()], false), None);
+    entry.set_call_conventions(PTX_KERNEL_CALLING_CONVENTION);
+    let shared_type = context.i8_type().array_type(shared_bytes.max(1) as u32);
+    let shared =
+        llvm.add_global(shared_type, Some(AddressSpace::from(SHARED_ADDRESS_SPACE)), &format!("{name}_shared"));
+    shared.set_linkage(Linkage::Internal);
+    shared.set_initializer(&shared_type.get_undef());
+    shared.set_alignment(16);
+    let builder = context.create_builder();
+    builder.position_at_end(context.append_basic_block(entry, "entry"));
+    let special = |register: &str| {
+        let read =
+            llvm.get_function(register).unwrap_or_else(|| llvm.add_function(register, i32t.fn_type(&[], false), None));
+        let value = builder.build_call(read, &[], "r").unwrap().try_as_basic_value().unwrap_basic().into_int_value();
+        builder.build_int_z_extend(value, i64t, "wide").unwrap()
+    };
+    let block = special("llvm.nvvm.read.ptx.sreg.ctaid.x");
+    let threads = special("llvm.nvvm.read.ptx.sreg.ntid.x");
+    let thread = special("llvm.nvvm.read.ptx.sreg.tid.x");
+    let index =
+        builder.build_int_add(builder.build_int_mul(block, threads, "first").unwrap(), thread, "index").unwrap();
+    let generic = builder
+        .build_address_space_cast(shared.as_pointer_value(), shared_type.ptr_type(AddressSpace::default()), "generic")
+        .unwrap();
+    let generic =
+        builder.build_pointer_cast(generic, context.i8_type().ptr_type(AddressSpace::default()), "bytes").unwrap();
+    let barrier = llvm
+        .get_function("llvm.nvvm.barrier0")
+        .unwrap_or_else(|| llvm.add_function("llvm.nvvm.barrier0", context.void_type().fn_type(&[], false), None));
+    let args = entry.get_nth_param(0).unwrap();
+    let count = entry.get_nth_param(1).unwrap();
+    for p in 0..phases {
+        if p > 0 {
+            builder.build_call(barrier, &[], "").unwrap();
+        }
+        let phase = i32t.const_int(u64::from(p), false);
+        builder
+            .build_call(phase_function, &[args.into(), count.into(), index.into(), generic.into(), phase.into()], "")
+            .unwrap();
+    }
     builder.build_return(None).unwrap();
 }
 

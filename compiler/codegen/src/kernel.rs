@@ -19,6 +19,8 @@ mod nvptx;
 
 /// NVPTX's global address space.
 pub(crate) const GLOBAL_ADDRESS_SPACE: u16 = 1;
+/// NVPTX's shared address space: a block's own memory.
+pub(crate) const SHARED_ADDRESS_SPACE: u16 = 3;
 
 /// What the runtime needs to know of a kernel's loop nest.
 pub struct KernelShape {
@@ -99,7 +101,7 @@ pub fn emit<'ctx>(
 
 /// [`emit`], for a GPU's grid: a reduction over the outermost loop, which runs in passes
 /// (`GridReduction`), folds its rows into the output (a lane's partial) and leaves a mean
-/// undivided: the last combining pass divides it ([`emit_combine`]).
+/// undivided: the last combining pass divides it ([`emit_tree_combine`]).
 pub fn emit_lane<'ctx>(
     context: &'ctx Context,
     llvm: &LlvmModule<'ctx>,
@@ -133,9 +135,38 @@ pub(crate) fn kernel_function<'ctx>(
 ) -> (FunctionValue<'ctx>, Builder<'ctx>) {
     let i8_ptr = context.i8_type().ptr_type(AddressSpace::default());
     let i64t = context.i64_type();
-    let fn_type = context
-        .void_type()
-        .fn_type(&[i8_ptr.ptr_type(AddressSpace::default()).into(), i64t.into(), i64t.into()], false);
+    let params = [i8_ptr.ptr_type(AddressSpace::default()).into(), i64t.into(), i64t.into()];
+    function_with(context, llvm, name, flavor, &params)
+}
+
+/// `void name(i8** args, i64 count, i64 thread, i8* shared, i32 phase)`: a phase of a thread
+/// of a kernel with barriers (`emit_tree_combine`), with the flavour's attributes.
+fn phase_function<'ctx>(
+    context: &'ctx Context,
+    llvm: &LlvmModule<'ctx>,
+    name: &str,
+    flavor: Flavor<'_>,
+) -> (FunctionValue<'ctx>, Builder<'ctx>) {
+    let i8_ptr = context.i8_type().ptr_type(AddressSpace::default());
+    let i64t = context.i64_type();
+    let params = [
+        i8_ptr.ptr_type(AddressSpace::default()).into(),
+        i64t.into(),
+        i64t.into(),
+        i8_ptr.into(),
+        context.i32_type().into(),
+    ];
+    function_with(context, llvm, name, flavor, &params)
+}
+
+fn function_with<'ctx>(
+    context: &'ctx Context,
+    llvm: &LlvmModule<'ctx>,
+    name: &str,
+    flavor: Flavor<'_>,
+    params: &[inkwell::types::BasicMetadataTypeEnum<'ctx>],
+) -> (FunctionValue<'ctx>, Builder<'ctx>) {
+    let fn_type = context.void_type().fn_type(params, false);
     let function = llvm.add_function(name, fn_type, None);
     if let Flavor::Cpu(target) = flavor {
         function.add_attribute(AttributeLoc::Function, context.create_string_attribute("target-cpu", &target.cpu));
@@ -154,30 +185,39 @@ pub(crate) fn kernel_function<'ctx>(
     (function, builder)
 }
 
-/// Emits `void name(i8** args, i64 count, i64 thread)`, a thread of one pass of a reduction
-/// over the outermost loop run in passes (`GridReduction`): `args` = [partials, output],
-/// `count` partials of `out_len` elements each are left, and thread `g·out_len + o` folds
-/// element `o` of partials `g·fan_in..` (at most `fan_in` of them, in order) into element `o`
-/// of partial `g` of the output. Threads past the last group do nothing. The last pass (one
-/// group: `count ≤ fan_in`) also finishes a mean.
-pub fn emit_combine<'ctx>(
+/// Emits `void name(i8** args, i64 count, i64 thread, i8* shared, i32 phase)` (see
+/// `phase_function`): phase `phase` of thread `thread` of a combining pass of a reduction over
+/// the outermost loop run in passes (`GridReduction`), in blocks of `block` threads (a power
+/// of two) with barriers between the phases. `args` = [partials, output]; `count` partials of
+/// `out_len` elements each are left. Block `g·out_len + o` folds element `o` of partials
+/// `g·block..` (at most `block` of them) into element `o` of partial `g` of the output, as a
+/// tree in `shared` (`block` elements): in phase 0 each thread loads its partial's element
+/// there; in phase `k` thread `t < block >> k` folds in the element `block >> k` above its
+/// own; in the last, thread 0 writes the block's result, finishing a mean in the last pass
+/// (one group: `count ≤ block`). The fold's order is fixed, and between phases every thread
+/// of the block waits at a barrier, so no thread reads an element before it is written.
+/// Returns the phases: `log2(block) + 1`.
+pub fn emit_tree_combine<'ctx>(
     context: &'ctx Context,
     llvm: &LlvmModule<'ctx>,
     module: &Module,
     kernel: &Kernel,
     name: &str,
     flavor: Flavor<'_>,
-    fan_in: u64,
-) {
+    block: u64,
+) -> u32 {
+    assert!(block.is_power_of_two(), "a tree's block is a power of two");
     let root_node = module.graph.node(kernel.root);
     let root = root_of(&root_node.op);
     let Root::Reduce { kind, .. } = root else {
         panic!("a combining pass of a kernel that is no reduction");
     };
     let nest = plan_nest(module, kernel, &root);
-    let gen = Gen::new(context, llvm, module, kernel, nest, name, flavor, false);
-    gen.emit_combine(kind, root_node.outputs[0].dtype, fan_in);
+    let function = phase_function(context, llvm, name, flavor);
+    let gen = Gen::with_function(context, llvm, module, kernel, nest, function, flavor, false);
+    gen.emit_tree_phase(kind, root_node.outputs[0].dtype, block);
     gen.builder.build_return(None).unwrap();
+    block.trailing_zeros() + 1
 }
 
 fn emit_kernel<'ctx>(
@@ -424,7 +464,21 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
         flavor: Flavor<'_>,
         partial: bool,
     ) -> Gen<'a, 'ctx> {
-        let (function, builder) = kernel_function(context, llvm, name, flavor);
+        let function = kernel_function(context, llvm, name, flavor);
+        Gen::with_function(context, llvm, module, kernel, nest, function, flavor, partial)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn with_function(
+        context: &'ctx Context,
+        llvm: &'a LlvmModule<'ctx>,
+        module: &'a Module,
+        kernel: &'a Kernel,
+        nest: Nest,
+        (function, builder): (FunctionValue<'ctx>, Builder<'ctx>),
+        flavor: Flavor<'_>,
+        partial: bool,
+    ) -> Gen<'a, 'ctx> {
         let nvptx = matches!(flavor, Flavor::Nvptx);
         Gen {
             context,
@@ -998,61 +1052,119 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
         }
     }
 
-    /// The body of `emit_combine`'s function: its parameters are (args, count, thread).
-    fn emit_combine(&self, kind: ReduceKind, dtype: DType, fan_in: u64) {
+    /// The body of `emit_tree_combine`'s function: its parameters are (args, count, thread,
+    /// shared, phase).
+    fn emit_tree_phase(&self, kind: ReduceKind, dtype: DType, block: u64) {
         let b = &self.builder;
-        let args = self.function.get_nth_param(0).unwrap().into_pointer_value();
-        let count = self.function.get_nth_param(1).unwrap().into_int_value();
-        let thread = self.function.get_nth_param(2).unwrap().into_int_value();
+        let param = |i: u32| self.function.get_nth_param(i).unwrap();
+        let args = param(0).into_pointer_value();
+        let count = param(1).into_int_value();
+        let thread = param(2).into_int_value();
+        let phase = param(4).into_int_value();
         let out_len: u64 =
             self.nest.extents.iter().zip(&self.nest.reduced).filter(|(_, r)| !**r).map(|(e, _)| e).product();
         let reduced: u64 =
             self.nest.extents.iter().zip(&self.nest.reduced).filter(|(_, r)| **r).map(|(e, _)| e).product();
         let partials = self.arg_pointer(args, 0, dtype);
         let out = self.arg_pointer(args, 1, dtype);
-        let fan = self.i64(fan_in as i64);
-        let width = self.i64(out_len as i64);
-        let groups = b
-            .build_int_unsigned_div(b.build_int_add(count, self.i64(fan_in as i64 - 1), "c").unwrap(), fan, "groups")
+        let element_type = memory_type(self.context, dtype);
+        let shared = b
+            .build_pointer_cast(param(3).into_pointer_value(), element_type.ptr_type(AddressSpace::default()), "s")
             .unwrap();
-        let threads = b.build_int_mul(groups, width, "threads").unwrap();
+        // On a GPU the tree is in the block's shared memory: `ld.shared`/`st.shared`.
+        let shared = if self.nvptx {
+            b.build_address_space_cast(
+                shared,
+                element_type.ptr_type(AddressSpace::from(SHARED_ADDRESS_SPACE)),
+                "shared",
+            )
+            .unwrap()
+        } else {
+            shared
+        };
+        let size = self.i64(block as i64);
+        let width = self.i64(out_len as i64);
+        let tid = b.build_int_unsigned_rem(thread, size, "tid").unwrap();
+        let own_block = b.build_int_unsigned_div(thread, size, "block").unwrap();
+        let group = b.build_int_unsigned_div(own_block, width, "g").unwrap();
+        let element = b.build_int_unsigned_rem(own_block, width, "o").unwrap();
+        let first = b.build_int_mul(group, size, "first").unwrap();
+        let groups = b
+            .build_int_unsigned_div(b.build_int_add(count, self.i64(block as i64 - 1), "c").unwrap(), size, "groups")
+            .unwrap();
         let work = self.context.append_basic_block(self.function, "work");
         let done = self.context.append_basic_block(self.function, "done");
-        let inside = b.build_int_compare(IntPredicate::ULT, thread, threads, "inside").unwrap();
+        let inside = b.build_int_compare(IntPredicate::ULT, group, groups, "inside").unwrap();
         b.build_conditional_branch(inside, work, done).unwrap();
         b.position_at_end(work);
-        let group = b.build_int_unsigned_div(thread, width, "g").unwrap();
-        let element = b.build_int_unsigned_rem(thread, width, "o").unwrap();
-        let first = b.build_int_mul(group, fan, "first").unwrap();
-        let past = b.build_int_add(first, fan, "past").unwrap();
-        let more = b.build_int_compare(IntPredicate::ULT, past, count, "more").unwrap();
-        let last = b.build_select(more, past, count, "last").unwrap().into_int_value();
-        let at = |partial: IntValue<'ctx>| {
-            let row = self.builder.build_int_mul(partial, width, "r").unwrap();
-            let index = self.builder.build_int_add(row, element, "i").unwrap();
-            self.load(self.element(partials, index), dtype)
+        // The group's partials: `block`, or fewer in the last group.
+        let left = b.build_int_sub(count, first, "left").unwrap();
+        let fewer = b.build_int_compare(IntPredicate::ULT, left, size, "fewer").unwrap();
+        let valid = b.build_select(fewer, left, size, "valid").unwrap().into_int_value();
+        let last_phase = block.trailing_zeros();
+        let phases: Vec<BasicBlock<'ctx>> =
+            (0..=last_phase).map(|k| self.context.append_basic_block(self.function, &format!("phase{k}"))).collect();
+        let i32t = self.context.i32_type();
+        let cases: Vec<_> = phases.iter().enumerate().map(|(k, &at)| (i32t.const_int(k as u64, false), at)).collect();
+        b.build_switch(phase, done, &cases).unwrap();
+        // Runs `body` where `condition` holds, then goes on.
+        let when = |condition: IntValue<'ctx>, body: &dyn Fn()| {
+            let then = self.context.append_basic_block(self.function, "then");
+            let next = self.context.append_basic_block(self.function, "next");
+            self.builder.build_conditional_branch(condition, then, next).unwrap();
+            self.builder.position_at_end(then);
+            body();
+            self.builder.build_unconditional_branch(next).unwrap();
+            self.builder.position_at_end(next);
         };
-        let start = at(first);
-        let next = b.build_int_add(first, self.i64(1), "n").unwrap();
-        let mut folded = self.fold_between(start, next, last, &mut |t, acc| self.combine(kind, dtype, acc, at(t)));
-        if kind == ReduceKind::Mean {
-            // The last pass (one group left) finishes the mean.
+        for (k, &at) in phases.iter().enumerate() {
             let b = &self.builder;
-            let divided = b
-                .build_float_div(
-                    folded.into_float_value(),
-                    self.constant(dtype, reduced as f64).into_float_value(),
-                    "mean",
-                )
-                .unwrap();
-            let last_pass = b.build_int_compare(IntPredicate::ULE, count, fan, "final").unwrap();
-            folded = b.build_select(last_pass, BasicValueEnum::from(divided), folded, "v").unwrap();
+            b.position_at_end(at);
+            if k == 0 {
+                let own = b.build_int_compare(IntPredicate::ULT, tid, valid, "own").unwrap();
+                when(own, &|| {
+                    let b = &self.builder;
+                    let partial = b.build_int_add(first, tid, "p").unwrap();
+                    let index = b.build_int_add(b.build_int_mul(partial, width, "r").unwrap(), element, "i").unwrap();
+                    let value = self.load(self.element(partials, index), dtype);
+                    self.store(self.element(shared, tid), dtype, value);
+                });
+            } else {
+                let stride = self.i64((block >> k) as i64);
+                let lower = b.build_int_compare(IntPredicate::ULT, tid, stride, "lower").unwrap();
+                let partner = b.build_int_add(tid, stride, "partner").unwrap();
+                let present = b.build_int_compare(IntPredicate::ULT, partner, valid, "present").unwrap();
+                when(b.build_and(lower, present, "fold").unwrap(), &|| {
+                    let mine = self.load(self.element(shared, tid), dtype);
+                    let theirs = self.load(self.element(shared, partner), dtype);
+                    self.store(self.element(shared, tid), dtype, self.combine(kind, dtype, mine, theirs));
+                });
+            }
+            if k as u32 == last_phase {
+                let b = &self.builder;
+                let writer = b.build_int_compare(IntPredicate::EQ, tid, self.i64(0), "writer").unwrap();
+                when(writer, &|| {
+                    let b = &self.builder;
+                    let mut folded = self.load(self.element(shared, self.i64(0)), dtype);
+                    if kind == ReduceKind::Mean {
+                        // The last pass (one group left) finishes the mean.
+                        let divided = b
+                            .build_float_div(
+                                folded.into_float_value(),
+                                self.constant(dtype, reduced as f64).into_float_value(),
+                                "mean",
+                            )
+                            .unwrap();
+                        let last_pass = b.build_int_compare(IntPredicate::ULE, count, size, "final").unwrap();
+                        folded = b.build_select(last_pass, BasicValueEnum::from(divided), folded, "v").unwrap();
+                    }
+                    let target = b.build_int_add(b.build_int_mul(group, width, "gw").unwrap(), element, "t").unwrap();
+                    self.store(self.element(out, target), dtype, folded);
+                });
+            }
+            self.builder.build_unconditional_branch(done).unwrap();
         }
-        let b = &self.builder;
-        let target = b.build_int_add(b.build_int_mul(group, width, "gw").unwrap(), element, "t").unwrap();
-        self.store(self.element(out, target), dtype, folded);
-        b.build_unconditional_branch(done).unwrap();
-        b.position_at_end(done);
+        self.builder.position_at_end(done);
     }
 
     /// The largest (`highest`) or smallest value of `dtype`: -inf/+inf for floats.

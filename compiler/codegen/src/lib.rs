@@ -30,8 +30,8 @@ mod windows;
 
 pub use cache::{CacheKey, CodeCache, Origin, CACHE_DIR_VARIABLE, MAX_CACHE_BYTES};
 pub use code::{
-    GpuCode, GpuKernel, GpuLaunch, GridReduction, LaunchBuffer, NativeCode, NativeKernel, NativeTarget, STATUS_BYTES,
-    THREAD_SUFFIX,
+    GpuCode, GpuKernel, GpuLaunch, GridReduction, LaunchBuffer, NativeCode, NativeKernel, NativeTarget, PHASE_SUFFIX,
+    STATUS_BYTES, THREAD_SUFFIX,
 };
 pub use gpu::{compile_gpu, compile_gpu_emulated, launch, FAN_IN, GPU_ARCH};
 

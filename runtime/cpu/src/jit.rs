@@ -26,6 +26,10 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 /// `kernel(args, begin, end)`: see `dfc_codegen`.
 pub type KernelFn = unsafe extern "C" fn(*const *mut u8, i64, i64);
 
+/// `phase(args, count, thread, shared, phase)`: a phase of a thread of a GPU kernel with
+/// barriers, compiled for the grid emulator (`dfc_codegen::PHASE_SUFFIX`).
+pub type PhaseFn = unsafe extern "C" fn(*const *mut u8, i64, i64, *mut u8, i32);
+
 /// One ORC JIT instance holding a group of partitions' linked code; disposing of it unmaps the
 /// code.
 struct Linked(LLVMOrcLLJITRef);
@@ -76,10 +80,25 @@ impl std::fmt::Debug for Jitted {
 
 impl Jitted {
     pub fn function(&self, name: &str) -> Option<KernelFn> {
+        if name.ends_with(dfc_codegen::PHASE_SUFFIX) {
+            return None;
+        }
         // SAFETY: every address was looked up in the linked objects for a function that codegen
-        // emitted with the signature `KernelFn`, and the group's `_linked`, which `self` keeps
-        // alive, keeps its code mapped.
+        // emitted with the signature `KernelFn` (all but the phase functions, whose names end in
+        // `PHASE_SUFFIX`, refused above), and the group's `_linked`, which `self` keeps alive,
+        // keeps its code mapped.
         self.group.functions.get(name).map(|&address| unsafe { std::mem::transmute::<usize, KernelFn>(address) })
+    }
+
+    /// A phase function of the grid emulator's code (its name ends in
+    /// `dfc_codegen::PHASE_SUFFIX`).
+    pub fn phase_function(&self, name: &str) -> Option<PhaseFn> {
+        if !name.ends_with(dfc_codegen::PHASE_SUFFIX) {
+            return None;
+        }
+        // SAFETY: codegen emits the functions whose names end in `PHASE_SUFFIX` (which no other
+        // name does) with the signature `PhaseFn`; the code stays mapped as for `function`.
+        self.group.functions.get(name).map(|&address| unsafe { std::mem::transmute::<usize, PhaseFn>(address) })
     }
 
     /// One per fused kernel (`dfc_passes::fuse`), with its function's name.

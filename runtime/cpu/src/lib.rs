@@ -24,7 +24,7 @@ mod memory;
 mod program;
 pub mod schedule;
 
-pub use jit::{link_code, live_count, load_partition, load_partitions, Jitted, KernelFn};
+pub use jit::{link_code, live_count, load_partition, load_partitions, Jitted, KernelFn, PhaseFn};
 pub use program::{read_tensor, run_host_step, Bindings, HostArena, NativeProgram};
 pub use schedule::{ConvKind, KernelSite, Schedule, Slot, Step};
 

@@ -16,12 +16,17 @@
 //! starts filled with all-ones bytes (NaN for floats), as a GPU's is not zeroed: a pass that
 //! reads a partial no earlier pass wrote gives NaN.
 //!
-//! Not here: barriers, shared memory and shuffles. The kernels use none of them; every thread
-//! writes only its own elements.
+//! Kernels with barriers (a reduction's combining passes fold a tree in shared memory) are
+//! compiled as phase functions, `fn(args, count, thread, shared, phase)`: the code between two
+//! barriers is one phase. [`run_blocks`] runs them as a GPU's barriers order them: every
+//! thread of a block runs phase `p` (in a shuffled order) before any runs phase `p + 1`, over
+//! the block's own shared memory, NaN-filled at first. A kernel that reads shared memory
+//! another thread writes in the same phase (a missing barrier) depends on the order and fails.
+//! Not here: warp shuffles; the kernels use none.
 
 use crate::{check_arguments, CudaError};
-use dfc_codegen::{GpuKernel, THREAD_SUFFIX};
-use dfc_cpu::{Jitted, KernelFn};
+use dfc_codegen::{GpuKernel, PHASE_SUFFIX, THREAD_SUFFIX};
+use dfc_cpu::{Jitted, KernelFn, PhaseFn};
 use dfc_ir::{Module, NodeId};
 use std::sync::Arc;
 
@@ -106,18 +111,30 @@ impl Emulated {
         seed: u64,
     ) -> Result<(), CudaError> {
         for (n, launch) in kernel.launches().iter().enumerate() {
-            let name = format!("{}{THREAD_SUFFIX}", launch.function);
-            let function = self.jit.function(&name).ok_or_else(|| CudaError::MissingKernel {
-                device: "the emulated GPU".to_string(),
-                kernel: launch.function.clone(),
-            })?;
+            let missing =
+                || CudaError::MissingKernel { device: "the emulated GPU".to_string(), kernel: launch.function.clone() };
             let pointers: Vec<*mut u8> = launch.buffers(args, scratch);
             let table = Arguments(pointers);
-            let threads = u64::from(launch.block) * u64::from(launch.grid);
             let count = launch.count as i64;
-            run_threads(threads, seed.wrapping_add(n as u64), HOST_THREADS, |thread| {
-                call(function, &table, count, thread)
-            });
+            let seed = seed.wrapping_add(n as u64);
+            if launch.phases > 0 {
+                let name = format!("{}{PHASE_SUFFIX}", launch.function);
+                let function = self.jit.phase_function(&name).ok_or_else(missing)?;
+                let blocks = Blocks {
+                    grid: u64::from(launch.grid),
+                    block: u64::from(launch.block),
+                    phases: launch.phases,
+                    shared_bytes: launch.shared_bytes as usize,
+                };
+                run_blocks(&blocks, seed, HOST_THREADS, |shared, phase, thread| {
+                    call_phase(function, &table, count, thread, shared, phase)
+                });
+            } else {
+                let name = format!("{}{THREAD_SUFFIX}", launch.function);
+                let function = self.jit.function(&name).ok_or_else(missing)?;
+                let threads = u64::from(launch.block) * u64::from(launch.grid);
+                run_threads(threads, seed, HOST_THREADS, |thread| call(function, &table, count, thread));
+            }
         }
         Ok(())
     }
@@ -156,6 +173,49 @@ fn call(function: KernelFn, table: &Arguments, count: i64, thread: u64) {
     // threads are scoped). Concurrent calls write disjoint elements: each GPU thread of
     // dfc's kernels writes only its own rows, partial or group.
     unsafe { function(table.0.as_ptr(), count, thread as i64) }
+}
+
+fn call_phase(function: PhaseFn, table: &Arguments, count: i64, thread: u64, shared: *mut u8, phase: u32) {
+    // SAFETY: as for `call`; `shared` is the block's own buffer of the launch's `shared_bytes`
+    // (`run_blocks`), which only this block's threads use, one at a time.
+    unsafe { function(table.0.as_ptr(), count, thread as i64, shared, phase as i32) }
+}
+
+/// The shape of a launch whose threads meet at barriers.
+pub struct Blocks {
+    pub grid: u64,
+    pub block: u64,
+    pub phases: u32,
+    pub shared_bytes: usize,
+}
+
+/// Calls `body(shared, phase, thread)` for every thread of every block of `blocks`, phase by
+/// phase as a GPU's barriers order them: a block's threads all run phase `p` before any runs
+/// phase `p + 1`, each time in a new shuffled order. `shared` is the block's own memory,
+/// filled at first with all-ones bytes (NaN), as a GPU's is not zeroed. Blocks run in an
+/// order shuffled by `seed`, dealt out to `workers` host threads side by side, as a GPU's
+/// blocks run in no set order; within a block the threads run one at a time.
+pub fn run_blocks(blocks: &Blocks, seed: u64, workers: usize, body: impl Fn(*mut u8, u32, u64) + Sync) {
+    let order = thread_order(blocks.grid, seed);
+    let run_block = |b: u64| {
+        let mut shared = vec![u128::MAX; blocks.shared_bytes.div_ceil(16).max(1)];
+        let at = shared.as_mut_ptr() as *mut u8;
+        for phase in 0..blocks.phases {
+            let phase_seed = seed ^ b.rotate_left(17) ^ u64::from(phase).rotate_left(40);
+            for t in thread_order(blocks.block, phase_seed) {
+                body(at, phase, b * blocks.block + t);
+            }
+        }
+    };
+    if workers <= 1 {
+        return order.into_iter().for_each(run_block);
+    }
+    std::thread::scope(|scope| {
+        for w in 0..workers {
+            let (order, run_block) = (&order, &run_block);
+            scope.spawn(move || order.iter().skip(w).step_by(workers).for_each(|&b| run_block(b)));
+        }
+    });
 }
 
 /// A launch's argument pointers, shared by the host threads that emulate its GPU threads.
@@ -207,6 +267,34 @@ pub fn run_threads(threads: u64, seed: u64, workers: usize, body: impl Fn(u64) +
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Phase by phase: every thread of a block sees what the others wrote in earlier phases
+    /// (in its own block's memory, NaN-filled at first); run thread by thread instead (no
+    /// barriers), the same reads see NaN.
+    #[test]
+    fn blocks_run_phase_by_phase_over_their_own_shared_memory() {
+        let blocks = Blocks { grid: 7, block: 64, phases: 2, shared_bytes: 64 * 4 };
+        let wrong = std::sync::atomic::AtomicU32::new(0);
+        let body = |shared: *mut u8, phase: u32, thread: u64| {
+            let (block, t) = (thread / 64, (thread % 64) as usize);
+            // SAFETY: `shared` is the block's buffer of 64 f32s; its threads run one at a time.
+            let cells = unsafe { std::slice::from_raw_parts_mut(shared as *mut f32, 64) };
+            if phase == 0 {
+                cells[t] = (block * 64) as f32 + t as f32;
+            } else if cells[(t + 1) % 64] != (block * 64) as f32 + ((t + 1) % 64) as f32 {
+                wrong.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        };
+        run_blocks(&blocks, 3, 2, body);
+        assert_eq!(wrong.load(std::sync::atomic::Ordering::Relaxed), 0);
+        // Without the barrier: each thread's phases back to back, in a shuffled order.
+        let mut shared = vec![u128::MAX; 64 * 4 / 16];
+        for thread in thread_order(64, 3) {
+            body(shared.as_mut_ptr() as *mut u8, 0, thread);
+            body(shared.as_mut_ptr() as *mut u8, 1, thread);
+        }
+        assert!(wrong.load(std::sync::atomic::Ordering::Relaxed) > 0, "a missing barrier went unseen");
+    }
 
     #[test]
     fn every_thread_runs_once_in_a_shuffled_order() {

@@ -246,8 +246,9 @@ fn the_grid_emulator_runs_every_kernel_as_its_launches_do() {
 }
 
 /// Reductions over many rows, of every kind, floats and integers, run in several passes (lanes,
-/// then combining passes of `FAN_IN` partials, the last finishing a mean) and agree with the
-/// interpreter under the emulator.
+/// then combining passes of `FAN_IN` partials, each a tree in a block's shared memory folded
+/// phase by phase between barriers, the last finishing a mean) and agree with the interpreter
+/// under the emulator.
 #[test]
 fn large_reductions_run_in_passes_and_agree_with_the_interpreter() {
     let source = "
@@ -269,7 +270,7 @@ fn large_reductions_run_in_passes_and_agree_with_the_interpreter() {
     let code = gpu_code(&plan);
     let passes: Vec<usize> = code.kernels.iter().map(|k| k.launches().len()).collect();
     assert!(code.kernels.iter().all(|k| k.reduction.is_some()), "{:#?}", code.kernels);
-    assert!(passes.iter().all(|&p| p >= 4), "three combining passes or more each: {passes:?}");
+    assert!(passes.iter().all(|&p| p >= 3), "two combining passes or more each: {passes:?}");
     let (checked, failures) = check_kernels(vec![("reductions".into(), plan)], &|plan| {
         let partition = &plan.partitions[0];
         let emulated = emulator::Emulated::load(&partition.module, &plan.kept_nodes(0)).expect("the host's code");
