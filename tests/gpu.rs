@@ -73,13 +73,14 @@ fn every_examples_kernels_have_their_expected_ptx() {
                         | Op::Slice { .. }
                         | Op::Pad { .. }
                         | Op::Gather
+                        | Op::ScatterAdd { .. }
                 )
             })
             .count();
         assert_eq!(
             gpu.ops.len(),
             windowed,
-            "{example}: a kernel per convolution, pooling, their gradients and layout op"
+            "{example}: a kernel per convolution, pooling, their gradients, layout op and scatter-add"
         );
         for kernel in gpu.kernels.iter().chain(&gpu.ops) {
             for launch in kernel.launches() {

@@ -80,6 +80,18 @@ fn run(plan: &Plan, backend: Backend, data: &[HashMap<String, Tensor>]) -> (Vec<
     forward_names.extend(plan.metrics.iter().map(|m| m.name.as_str()));
     forward_names.push(training.loss_node.as_str());
     let forward = session.program(&forward_names, &[]).expect("a forward pass");
+    if backend == Backend::GridEmulator {
+        // On a GPU everything runs on the device but the exchanges between devices.
+        for (what, program) in [("training step", &step), ("forward pass", &forward)] {
+            let host = program.host_steps();
+            let exchanges = ["send", "recv", "all_reduce"];
+            assert!(
+                host.iter().all(|s| exchanges.contains(&s.as_str())),
+                "{}: {what} on the host: {host:?}",
+                plan.model
+            );
+        }
+    }
     if backend == Backend::Llvm && ["mlp", "cnn", "softmax_regression"].contains(&plan.model.as_str()) {
         // The standard models run every op natively.
         assert_eq!(step.library_ops(), Vec::<String>::new(), "{}: training step", plan.model);
@@ -267,7 +279,9 @@ fn layout_ops_run_on_the_grid_emulator() {
 }
 
 /// A gather's index out of range on the device is an error naming the node, the index and the
-/// table's rows, as on the CPU, for an index too large and a negative one.
+/// table's rows, as on the CPU, for an index too large and a negative one, in the forward pass
+/// and in a training step (whose embedding gradient, a scatter-add on the device, meets the
+/// same index: the gather's error comes first, as on the CPU).
 #[test]
 fn a_gather_index_out_of_range_on_the_grid_emulator_is_an_error() {
     let plan = plan_of(LAYOUT_MODEL, "layout", Cluster::local(1, DeviceKind::Gpu), Strategy::Single);
@@ -276,12 +290,17 @@ fn a_gather_index_out_of_range_on_the_grid_emulator_is_an_error() {
         feeds.insert("ids".into(), Tensor::from_vec(vec![4], vec![1i64, bad, 2, 0]));
         for backend in [Backend::Interp, Backend::GridEmulator] {
             let mut session = Session::with_backend(&plan, 0, backend).expect("the plan loads");
+            let training = plan.training.as_ref().expect("it trains");
+            let updates: Vec<&str> = training.updates.iter().map(String::as_str).collect();
             let forward = session.program(&["logits"], &[]).expect("a forward pass");
-            let error = session.run(&forward, &feeds).expect_err("an index out of range").to_string();
-            assert!(
-                error.contains(&format!("`e`: index {bad} is out of range for a size of 10")),
-                "{backend:?}: {error}"
-            );
+            let step = session.program(&[training.loss_node.as_str()], &updates).expect("a training step");
+            for program in [&forward, &step] {
+                let error = session.run(program, &feeds).expect_err("an index out of range").to_string();
+                assert!(
+                    error.contains(&format!("`e`: index {bad} is out of range for a size of 10")),
+                    "{backend:?}: {error}"
+                );
+            }
         }
     }
 }

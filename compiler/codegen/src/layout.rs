@@ -18,7 +18,7 @@ use inkwell::context::Context;
 use inkwell::module::{Linkage, Module as LlvmModule};
 use inkwell::types::IntType;
 use inkwell::values::{FunctionValue, IntValue};
-use inkwell::{AtomicOrdering, AtomicRMWBinOp};
+use inkwell::{AtomicOrdering, AtomicRMWBinOp, IntPredicate};
 
 /// The layout kernels of `module`, in the graph's order (see `GpuCode::ops`).
 pub(crate) fn emit_layouts<'ctx>(
@@ -45,7 +45,7 @@ pub(crate) fn emit_layouts<'ctx>(
         }
         let count = out.shape.n_elements() as u64;
         let (block, grid) = launch(count);
-        let checks = matches!(layout, Layout::Gather { .. });
+        let checks = matches!(layout, Layout::Gather { .. } | Layout::ScatterAdd { .. });
         let bytes = operands.iter().map(|t| graph.ty(*t).size_in_bytes() as u64).chain([out.size_in_bytes() as u64]);
         kernels.push(GpuKernel {
             function,
@@ -97,6 +97,13 @@ enum Layout {
         index_bits: u32,
         bits: u32,
     },
+    /// `updates` (f32, `indices` rows of `row_len`) added into `rows` rows.
+    ScatterAdd {
+        rows: usize,
+        row_len: usize,
+        indices: usize,
+        index_bits: u32,
+    },
 }
 
 impl Layout {
@@ -130,6 +137,22 @@ impl Layout {
                 }
                 Layout::Gather { rows: table[0], row_len, index_bits, bits }
             }
+            Op::ScatterAdd { rows } => {
+                let (indices, updates) = (graph.ty(operands[0]), graph.ty(operands[1]));
+                let index_bits = match indices.dtype {
+                    DType::I32 => 32,
+                    DType::I64 => 64,
+                    _ => return None,
+                };
+                let count = indices.shape.n_elements();
+                let row_len = updates.shape.n_elements().checked_div(count).unwrap_or(0);
+                // A thread per output element loops over every index: with none, or no
+                // elements to write, the host runs it (and checks the indices).
+                if updates.dtype != DType::F32 || count == 0 || row_len == 0 || *rows == 0 {
+                    return None;
+                }
+                Layout::ScatterAdd { rows: *rows, row_len, indices: count, index_bits }
+            }
             _ => return None,
         })
     }
@@ -159,6 +182,9 @@ impl Layout {
             Layout::Pad { dims, before, out, bits } => pad(&t, dims, before, out, *bits),
             Layout::Concat { parts, axis, out, bits } => concat(&t, parts, *axis, out, *bits),
             Layout::Gather { rows, row_len, index_bits, bits } => gather(&t, *rows, *row_len, *index_bits, *bits),
+            Layout::ScatterAdd { rows, row_len, indices, index_bits } => {
+                scatter_add(&t, *rows, *row_len, *indices, *index_bits)
+            }
         }
         t.finish()
     }
@@ -266,14 +292,43 @@ fn gather(t: &Thread<'_, '_>, rows: usize, row_len: usize, index_bits: u32, bits
         // SAFETY: (of the generated code) `k` < rows (checked), `j` < row_len.
         t.set(value, unsafe { t.load_value(table, t.add(t.mul(k, row_len), j)) });
     });
-    let outside = t.b.build_not(inside, "outside").unwrap();
-    t.when(outside, || {
-        let status = t.argument_of(3, i64t.into());
-        // SAFETY: (of the generated code) the status is two words (`STATUS_BYTES`).
-        let index_word = unsafe { t.b.build_in_bounds_gep(status, &[t.int(1)], "index").unwrap() };
-        let rmw = |op, at, v| t.b.build_atomicrmw(op, at, v, AtomicOrdering::Monotonic).unwrap();
-        rmw(AtomicRMWBinOp::Max, status, t.int(1));
-        rmw(AtomicRMWBinOp::UMax, index_word, k);
-    });
+    t.when(t.b.build_not(inside, "outside").unwrap(), || report(t, 3, k));
     t.store_own(t.argument_of(2, ty.into()), t.get(value));
+}
+
+/// Records index `k`, out of range, in the status at argument `status`: word 0 set to 1, word 1
+/// raised to `k` (as u64; atomics, as threads may meet bad indices together).
+fn report<'ctx>(t: &Thread<'ctx, '_>, status: usize, k: IntValue<'ctx>) {
+    let status = t.argument_of(status, t.context.i64_type().into());
+    // SAFETY: (of the generated code) the status is two words (`STATUS_BYTES`).
+    let index_word = unsafe { t.b.build_in_bounds_gep(status, &[t.int(1)], "index").unwrap() };
+    let rmw = |op, at, v| t.b.build_atomicrmw(op, at, v, AtomicOrdering::Monotonic).unwrap();
+    rmw(AtomicRMWBinOp::Max, status, t.int(1));
+    rmw(AtomicRMWBinOp::UMax, index_word, k);
+}
+
+/// Output element `(r, j)` (of `rows` rows of `row_len`): the sum of element `j` of the
+/// updates whose index is `r`, in the order of the indices, from zero, as on the CPU. Every
+/// thread reads every index; thread 0 reports those out of range (the run then fails).
+fn scatter_add(t: &Thread<'_, '_>, rows: usize, row_len: usize, count: usize, index_bits: u32) {
+    let f32t = t.context.f32_type();
+    let (row, j) = (t.div(t.thread, row_len), t.rem(t.thread, row_len));
+    let indices = t.argument_of(0, element(t, index_bits).into());
+    let updates = t.argument(1);
+    let sum = t.variable(f32t.const_zero().into());
+    let first = t.b.build_int_compare(IntPredicate::EQ, t.thread, t.int(0), "first").unwrap();
+    t.for_each(count, |i| {
+        // SAFETY: (of the generated code) `i` < the indices' count.
+        let raw = unsafe { t.load_value(indices, i) }.into_int_value();
+        let k = t.b.build_int_s_extend_or_bit_cast(raw, t.context.i64_type(), "k").unwrap();
+        let hit = t.b.build_int_compare(IntPredicate::EQ, k, row, "hit").unwrap();
+        t.when(hit, || {
+            // SAFETY: (of the generated code) `i` < the indices' count and `j` < row_len: an
+            // element of the updates.
+            t.accumulate(sum, unsafe { t.load(updates, t.add(t.mul(i, row_len), j)) });
+        });
+        let bad = t.b.build_not(t.below(k, rows), "bad").unwrap();
+        t.when(t.and(first, bad), || report(t, 3, k));
+    });
+    t.store_own(t.argument(2), t.get(sum).into_float_value());
 }

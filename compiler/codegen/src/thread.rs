@@ -150,6 +150,28 @@ impl<'ctx, 'f> Thread<'ctx, 'f> {
         self.b.position_at_end(next);
     }
 
+    /// Emits `body(i)` for `i` in `0..count`, a loop in the generated code.
+    pub(crate) fn for_each(&self, count: usize, body: impl FnOnce(IntValue<'ctx>)) {
+        if count == 0 {
+            return;
+        }
+        let before = self.b.get_insert_block().expect("positioned");
+        let head = self.context.append_basic_block(self.function, "loop");
+        let exit = self.context.append_basic_block(self.function, "exit");
+        self.b.build_unconditional_branch(head).unwrap();
+        self.b.position_at_end(head);
+        let i = self.b.build_phi(self.context.i64_type(), "i").unwrap();
+        i.add_incoming(&[(&self.int(0), before)]);
+        let index = i.as_basic_value().into_int_value();
+        body(index);
+        let next = self.add(index, self.int(1));
+        let latch = self.b.get_insert_block().expect("positioned");
+        i.add_incoming(&[(&next, latch)]);
+        let more = self.below(next, count);
+        self.b.build_conditional_branch(more, head, exit).unwrap();
+        self.b.position_at_end(exit);
+    }
+
     /// A stack slot holding `initial`, which LLVM promotes to a register. Allocated in the
     /// entry block, before its branch.
     pub(crate) fn variable(&self, initial: BasicValueEnum<'ctx>) -> PointerValue<'ctx> {

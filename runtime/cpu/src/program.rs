@@ -305,7 +305,7 @@ pub unsafe fn run_host_step(
                 size: e.rows,
             })?;
         }
-        Step::Library { node, op, operands, out, ty } => {
+        Step::Library { node, op, operands, out, ty, .. } => {
             let tensors: Vec<Tensor> = operands.iter().map(|(s, t)| read(*s, t)).collect();
             let refs: Vec<&Tensor> = tensors.iter().collect();
             let result = dfc_interp::eval(op, &refs).map_err(|e| rename(e, node))?;

@@ -109,6 +109,8 @@ pub enum Step {
         ty: TensorType,
     },
     Library {
+        /// The node, and its name.
+        id: NodeId,
         node: String,
         op: Op,
         operands: Vec<(Slot, TensorType)>,
@@ -251,6 +253,35 @@ impl Step {
 
 fn malformed(module: &Module, id: NodeId, message: impl Into<String>) -> CpuError {
     CpuError::Interp(InterpError::Malformed { node: module.graph.node(id).name.clone(), message: message.into() })
+}
+
+impl Step {
+    /// What the step does, in a word: its op's name (`conv2d`, `max_pool`, `transpose`, …),
+    /// `kernel`, `matmul`, `copy`, `send`, `recv` or `all_reduce`.
+    pub fn kind(&self) -> String {
+        match self {
+            Step::Kernel { .. } => "kernel".into(),
+            Step::MatMul { .. } => "matmul".into(),
+            Step::Conv { kind, .. } => match kind {
+                ConvKind::Forward => "conv2d",
+                ConvKind::BackpropInput => "conv2d_backprop_input",
+                ConvKind::BackpropFilter => "conv2d_backprop_filter",
+            }
+            .into(),
+            Step::Pool { kind, .. } => match kind {
+                PoolKind::Max => "max_pool",
+                PoolKind::MaxGrad => "max_pool_grad",
+                PoolKind::Avg => "avg_pool",
+                PoolKind::AvgGrad => "avg_pool_grad",
+            }
+            .into(),
+            Step::Layout { op, .. } | Step::Library { op, .. } | Step::Update { op, .. } => op.name().to_string(),
+            Step::Copy { .. } => "copy".into(),
+            Step::Send { .. } => "send".into(),
+            Step::Recv { .. } => "recv".into(),
+            Step::AllReduce { .. } => "all_reduce".into(),
+        }
+    }
 }
 
 impl Schedule {
@@ -523,7 +554,7 @@ impl Schedule {
                     steps.push(if layout {
                         Step::Layout { id, node, op, element_bytes, operands, out, ty }
                     } else {
-                        Step::Library { node, op, operands, out, ty }
+                        Step::Library { id, node, op, operands, out, ty }
                     });
                     slot_of.insert(id, out);
                 }

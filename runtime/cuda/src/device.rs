@@ -566,19 +566,28 @@ impl DeviceRun {
         // Convolutions and their gradients with an im2col or col2im kernel run on the device,
         // their columns in one buffer.
         let on_device = |step: &Step| match step {
-            Step::Conv { node, .. } | Step::Pool { node, .. } | Step::Layout { id: node, .. } => {
-                kernels.ops().iter().position(|k| k.root == *node)
-            }
+            Step::Conv { node, .. }
+            | Step::Pool { node, .. }
+            | Step::Layout { id: node, .. }
+            | Step::Library { id: node, .. } => kernels.ops().iter().position(|k| k.root == *node),
             _ => None,
         };
         // Per step whose kernel checks what it reads, its status's place among the statuses.
         let mut checked = Vec::new();
         for (at, step) in schedule.steps.iter().enumerate() {
-            if let (Step::Layout { node, operands, .. }, Some(j)) = (step, on_device(step)) {
-                if kernels.ops()[j].checks {
-                    let rows = operands[0].1.shape.dims().first().copied().unwrap_or(0);
-                    checked.push((at, (node.clone(), rows)));
+            let Some(j) = on_device(step) else { continue };
+            if !kernels.ops()[j].checks {
+                continue;
+            }
+            // The rows an index must fall within: a gather's table's, a scatter's output's.
+            match step {
+                Step::Layout { node, operands, .. } => {
+                    checked.push((at, (node.clone(), operands[0].1.shape.dims().first().copied().unwrap_or(0))));
                 }
+                Step::Library { node, op: dfc_ir::Op::ScatterAdd { rows }, .. } => {
+                    checked.push((at, (node.clone(), *rows)));
+                }
+                _ => {}
             }
         }
         let status_bytes = checked.len() as u64 * STATUS_BYTES;
@@ -661,7 +670,7 @@ impl DeviceRun {
                     let args = operands.iter().map(|o| address(o.0)).chain([address(*out)]).collect();
                     Some(device.prepare(kernels, index, args, scratch)?)
                 }
-                (Step::Layout { operands, out, .. }, Some(j)) => {
+                (Step::Layout { operands, out, .. } | Step::Library { operands, out, .. }, Some(j)) => {
                     let index = kernels.kernels().len() + j;
                     let own_status = checked.iter().position(|c| c.0 == at).map(|i| status + i as u64 * STATUS_BYTES);
                     let args = operands.iter().map(|o| address(o.0)).chain([address(*out)]).chain(own_status).collect();
@@ -692,6 +701,22 @@ impl DeviceRun {
             host: HostArena::new(schedule.arena_bytes),
             host_columns: dfc_kernels::Scratch::new(),
         })
+    }
+
+    /// The steps of `schedule` (the one this run was made for) that run on the host, by kind
+    /// (`Step::kind`): every step but kernels, products, convolutions and ops with a kernel of
+    /// their own, and copies.
+    pub(crate) fn host_steps(&self, schedule: &Schedule) -> Vec<String> {
+        schedule
+            .steps
+            .iter()
+            .zip(&self.launches)
+            .filter(|(step, launch)| match step {
+                Step::Kernel { .. } | Step::MatMul { .. } | Step::Copy { .. } => false,
+                _ => launch.is_none(),
+            })
+            .map(|(step, _)| step.kind())
+            .collect()
     }
 
     /// The device address of `slot`.
@@ -766,7 +791,9 @@ impl Running<'_> {
         }
         for (at, step) in schedule.steps.iter().enumerate() {
             match step {
-                Step::Kernel { .. } | Step::Pool { .. } | Step::Layout { .. } if self.run.launches[at].is_some() => {
+                Step::Kernel { .. } | Step::Pool { .. } | Step::Layout { .. } | Step::Library { .. }
+                    if self.run.launches[at].is_some() =>
+                {
                     let prepared = self.run.launches[at].expect("checked");
                     self.device.launch(prepared).map_err(|e| self.error(e))?;
                 }

@@ -59,6 +59,12 @@ impl GpuProgram {
         &self.schedule
     }
 
+    /// The steps that run on the host, by kind (everything the device has no kernel for:
+    /// exchanges, all-reduces, ops no kernel covers).
+    pub fn host_steps(&self) -> Vec<String> {
+        self.run.lock().unwrap_or_else(|e| e.into_inner()).host_steps(&self.schedule)
+    }
+
     /// The inputs the program needs.
     pub fn inputs(&self) -> Vec<String> {
         self.schedule.feeds.iter().map(|f| f.0.clone()).collect()

@@ -138,6 +138,17 @@ impl SessionProgram {
             .collect()
     }
 
+    /// The steps of the GPU programs that run on the host (see `GpuProgram::host_steps`).
+    pub fn host_steps(&self) -> Vec<String> {
+        self.parts
+            .iter()
+            .flat_map(|p| match &p.program {
+                Executable::Gpu(program) => program.host_steps(),
+                Executable::Native(_) | Executable::Interp(_) => Vec::new(),
+            })
+            .collect()
+    }
+
     /// The updates of the native programs that run as one matrix product into their variable.
     pub fn folded_updates(&self) -> Vec<String> {
         self.parts
