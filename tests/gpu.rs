@@ -21,11 +21,13 @@ fn root() -> PathBuf {
 }
 
 /// Every example, each compiled for one GPU.
-const EXAMPLES: [&str; 6] =
-    ["softmax_regression", "mlp", "cnn", "linear_regression", "ridge_regression", "wide_and_deep"];
+/// The examples, and a model of long rows (`tests/ptx/long_rows.df`: row ops one row per block).
+const EXAMPLES: [&str; 7] =
+    ["softmax_regression", "mlp", "cnn", "linear_regression", "ridge_regression", "wide_and_deep", "long_rows"];
 
 fn gpu_plan(example: &str) -> dfc_plan::Plan {
-    let path = root().join("examples").join(format!("{example}.df"));
+    let in_examples = root().join("examples").join(format!("{example}.df"));
+    let path = if in_examples.exists() { in_examples } else { root().join("tests/ptx").join(format!("{example}.df")) };
     let source = std::fs::read_to_string(&path).unwrap();
     let options = CompileOptions {
         cluster: Cluster::local(1, DeviceKind::Gpu),

@@ -305,6 +305,17 @@ fn a_gather_index_out_of_range_on_the_grid_emulator_is_an_error() {
     }
 }
 
+/// Rows of 256 classes (`tests/ptx/long_rows.df`): the softmax, cross-entropy and argmax run
+/// one row per block on the device, trees in shared memory between barriers, and train as on
+/// the interpreter.
+#[test]
+fn long_rows_run_one_per_block_on_the_grid_emulator() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/ptx/long_rows.df");
+    let source = std::fs::read_to_string(path).expect("the model");
+    let on_gpu = plan_of(&source, "long_rows", Cluster::local(1, DeviceKind::Gpu), Strategy::Single);
+    check_backend("long_rows", &on_gpu, Backend::GridEmulator);
+}
+
 /// On a machine with an NVIDIA GPU: every example's GPU plan, on one GPU and mirrored on two
 /// where there are two, run on the GPU (device memory, the kernels' launches, cuBLAS, the other
 /// steps on the host) against the interpreter. Elsewhere a skip (`DFC_GPU_REQUIRED=1` makes it

@@ -28,6 +28,10 @@ const DECLS: &str = "
     input table: f32[6,4]
     input wide: f32[3,20]
     input wide_i: i32[3,20]
+    input long: f32[3,300]
+    input long_i: i32[3,300]
+    input deep: f32[2,3,200]
+    input many: i32[3]
 ";
 
 const EXPRESSIONS: &[&str] = &[
@@ -119,6 +123,15 @@ const EXPRESSIONS: &[&str] = &[
     "softmax_cross_entropy(wide, one_hot(k, 20))",
     "sum(wide, axis = 1)",
     "max(wide, axis = 1)",
+    // rows of at least `BLOCK_ROW_MIN` (128) elements: one row per block on a GPU
+    "softmax(long)",
+    "log_softmax(long * 2.0 - 1.0)",
+    "argmax(long)",
+    "argmax(long_i)",
+    "argmax(minimum(long, 0.5))",
+    "softmax_cross_entropy(long, one_hot(many, 300))",
+    "softmax(deep)",
+    "argmax(deep)",
     // matrix products
     "a @ slice(n, [0, 0], [4, 3]) + 1.0",
     "matmul(a, a, transpose_b = true)",
@@ -153,6 +166,7 @@ fn feeds(rng: &mut fastrand::Rng, plan: &dfc_plan::Plan) -> HashMap<String, Tens
             let tensor = match (input.name.as_str(), input.ty.dtype) {
                 ("p", _) => Tensor::from_vec(dims, (0..n).map(|_| 0.1 + rng.f32() * 2.0).collect::<Vec<f32>>()),
                 ("k" | "j", _) => Tensor::from_vec(dims, (0..n).map(|_| rng.i32(0..4)).collect::<Vec<i32>>()),
+                ("many", _) => Tensor::from_vec(dims, (0..n).map(|_| rng.i32(0..300)).collect::<Vec<i32>>()),
                 (_, DType::F32) => Tensor::from_vec(dims, (0..n).map(|_| rng.f32() * 4.0 - 2.0).collect::<Vec<f32>>()),
                 (_, DType::F64) => Tensor::from_vec(dims, (0..n).map(|_| rng.f64() * 4.0 - 2.0).collect::<Vec<f64>>()),
                 (_, DType::I32) => Tensor::from_vec(dims, (0..n).map(|_| rng.i32(-50..50)).collect::<Vec<i32>>()),

@@ -49,6 +49,10 @@ pub struct GpuKernel {
     /// a thread that meets an index out of range sets word 0 to 1 and raises word 1 (an
     /// unsigned maximum) to that index.
     pub checks: bool,
+    /// Phases of its first launch (0: a per-thread function; see [`GpuLaunch`]) and the shared
+    /// memory they use: a row op whose rows run one per block (`kernel::emit_block_row`).
+    pub phases: u32,
+    pub shared_bytes: u64,
 }
 
 /// Bytes of a checking kernel's status (`GpuKernel::checks`): two u64 words.
@@ -142,8 +146,8 @@ impl GpuKernel {
                 count: self.rows,
                 block: self.block,
                 grid: self.grid,
-                phases: 0,
-                shared_bytes: 0,
+                phases: self.phases,
+                shared_bytes: self.shared_bytes,
             }];
         };
         args.push(LaunchBuffer::Scratch(0));

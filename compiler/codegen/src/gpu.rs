@@ -67,7 +67,11 @@ pub fn compile_gpu(module: &Module, keep: &[NodeId]) -> Result<GpuCode, CodegenE
     let kernels = emit_kernels(&context, &llvm, module, &fusion.kernels, Flavor::Nvptx);
     let ops = op_kernels(&context, &llvm, module, Flavor::Nvptx);
     for kernel in kernels.iter().chain(&ops) {
-        add_entry(&context, &llvm, &kernel.function);
+        if kernel.phases > 0 {
+            add_phased_entry(&context, &llvm, &kernel.function, kernel.phases, kernel.shared_bytes);
+        } else {
+            add_entry(&context, &llvm, &kernel.function);
+        }
         if let Some(reduction) = &kernel.reduction {
             let shared_bytes = reduction.fan_in * reduction.element_bytes;
             add_phased_entry(&context, &llvm, &reduction.combine, reduction.phases, shared_bytes);
@@ -109,7 +113,8 @@ pub fn compile_gpu_emulated(
         .iter()
         .chain(&ops)
         .flat_map(|kernel| {
-            let thread = format!("{}{THREAD_SUFFIX}", kernel.function);
+            let suffix = if kernel.phases > 0 { PHASE_SUFFIX } else { THREAD_SUFFIX };
+            let thread = format!("{}{suffix}", kernel.function);
             let phased = kernel.reduction.as_ref().map(|r| format!("{}{PHASE_SUFFIX}", r.combine));
             std::iter::once(thread).chain(phased).map(|function| NativeKernel {
                 function,
@@ -173,12 +178,33 @@ fn emit_kernels<'ctx>(
         });
         let body = llvm.get_function(&rows_function).expect("emitted");
         inline(body);
-        let thread = emit_thread(context, llvm, &format!("{function}{THREAD_SUFFIX}"), body, kernel, &reduction);
-        if on_gpu {
-            inline(thread);
-        }
-        let threads = reduction.as_ref().map_or(shape.rows, |r| r.lanes);
-        let (block, grid) = launch(threads);
+        // Long rows of a row op run one per block; everything else a row (or lane) per thread.
+        let phased = reduction
+            .is_none()
+            .then(|| {
+                kernel::emit_block_row(context, llvm, module, kernel, &format!("{function}{PHASE_SUFFIX}"), flavor)
+            })
+            .flatten();
+        // (rows: the launch's count, block, grid, phases, shared bytes)
+        let (rows, block, grid, phases, shared_bytes) = match &phased {
+            Some(row) => {
+                if on_gpu {
+                    inline(llvm.get_function(&format!("{function}{PHASE_SUFFIX}")).expect("emitted"));
+                }
+                let grid = u32::try_from(row.rows).unwrap_or(u32::MAX);
+                (row.rows, row.block as u32, grid, row.phases, row.shared_bytes)
+            }
+            None => {
+                let thread =
+                    emit_thread(context, llvm, &format!("{function}{THREAD_SUFFIX}"), body, kernel, &reduction);
+                if on_gpu {
+                    inline(thread);
+                }
+                let threads = reduction.as_ref().map_or(shape.rows, |r| r.lanes);
+                let (block, grid) = launch(threads);
+                (shape.rows, block, grid, 0, 0)
+            }
+        };
         let graph = &module.graph;
         let output = &graph.node(kernel.root).outputs[0];
         let arg_bytes = kernel.inputs.iter().map(|t| graph.ty(*t)).chain([output]).map(|ty| ty.size_in_bytes() as u64);
@@ -188,11 +214,13 @@ fn emit_kernels<'ctx>(
             members: kernel.members.clone(),
             inputs: kernel.inputs.clone(),
             arg_bytes: arg_bytes.collect(),
-            rows: shape.rows,
+            rows,
             block,
             grid,
             reduction,
             checks: false,
+            phases,
+            shared_bytes,
         });
     }
     kernels

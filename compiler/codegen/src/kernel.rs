@@ -220,6 +220,62 @@ pub fn emit_tree_combine<'ctx>(
     block.trailing_zeros() + 1
 }
 
+/// Rows of a row op at least this long run one per block on a GPU ([`emit_block_row`]), their
+/// elements spread over the block's threads; shorter ones one per thread.
+pub const BLOCK_ROW_MIN: u64 = 128;
+
+/// A row op run one row per block: `rows` blocks of `block` threads, through `phases` phases
+/// over `shared_bytes` of shared memory.
+pub struct BlockRow {
+    pub rows: u64,
+    pub block: u64,
+    pub phases: u32,
+    pub shared_bytes: u64,
+}
+
+/// For a row op (softmax, log-softmax, cross-entropy, argmax over the last axis) over rows of
+/// at least `BLOCK_ROW_MIN` elements, emits `name` as a phase function (see `phase_function`)
+/// that runs row `thread / block` in a block of `block` threads (a power of two, about eight
+/// elements a thread): thread `t` folds elements `t, t + block, …` of the row, and trees in
+/// shared memory (a phase per step, barriers between) combine the threads' maxima, sums of
+/// exponentials and losses, as `emit_tree_combine`'s do. The elements are the fused kernel's
+/// (`Gen::value`), computed where they are used. None for other kernels.
+pub fn emit_block_row<'ctx>(
+    context: &'ctx Context,
+    llvm: &LlvmModule<'ctx>,
+    module: &Module,
+    kernel: &Kernel,
+    name: &str,
+    flavor: Flavor<'_>,
+) -> Option<BlockRow> {
+    let graph = &module.graph;
+    let root_node = graph.node(kernel.root);
+    let root = root_of(&root_node.op);
+    let Root::Row(op) = root else { return None };
+    let nest = plan_nest(module, kernel, &root);
+    let classes = *nest.extents.last()?;
+    if classes < BLOCK_ROW_MIN {
+        return None;
+    }
+    let rows: u64 = nest.extents[..nest.extents.len() - 1].iter().product();
+    let block = (classes / 8).next_power_of_two().clamp(32, 256);
+    let x_bytes = graph.ty(graph.inputs(kernel.root)[0]).dtype.size_in_bytes() as u64;
+    let out_dtype = root_node.outputs[0].dtype;
+    let function = phase_function(context, llvm, name, flavor);
+    let mut gen = Gen::with_function(context, llvm, module, kernel, nest, function, flavor, false);
+    let args = gen.function.get_nth_param(0).unwrap().into_pointer_value();
+    for (i, input) in kernel.inputs.iter().enumerate() {
+        let pointer = gen.arg_pointer(args, i, graph.ty(*input).dtype);
+        gen.pointers.insert(*input, pointer);
+    }
+    gen.out = Some(gen.arg_pointer(args, kernel.inputs.len(), out_dtype));
+    let phases = gen.emit_row_phases(op, out_dtype, block);
+    gen.builder.build_return(None).unwrap();
+    // Two regions of the row's element type (maxima, sums), and one of 8 bytes a thread
+    // (argmax's indices, cross-entropy's losses).
+    Some(BlockRow { rows, block, phases, shared_bytes: block * (2 * x_bytes + 8) })
+}
+
 fn emit_kernel<'ctx>(
     context: &'ctx Context,
     llvm: &LlvmModule<'ctx>,
@@ -1228,6 +1284,326 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
         let result = b.build_phi(start.get_type(), "r").unwrap();
         result.add_incoming(&[(&start, pre), (&next_acc, latch)]);
         result.as_basic_value()
+    }
+
+    /// The body of `emit_block_row`'s function: its parameters are (args, rows, thread,
+    /// shared, phase). Returns the phases.
+    fn emit_row_phases(&self, op: RowOp, dtype: DType, block: u64) -> u32 {
+        let b = &self.builder;
+        let param = |i: u32| self.function.get_nth_param(i).unwrap();
+        let count = param(1).into_int_value();
+        let thread = param(2).into_int_value();
+        let phase = param(4).into_int_value();
+        let graph = &self.module.graph;
+        let operands = graph.inputs(self.kernel.root);
+        let x_type = graph.ty(operands[0]).dtype;
+        let n = self.nest.extents.len();
+        let classes = self.nest.extents[n - 1];
+        let lead = n - 1;
+        let size = self.i64(block as i64);
+        let tid = b.build_int_unsigned_rem(thread, size, "tid").unwrap();
+        let row = b.build_int_unsigned_div(thread, size, "row").unwrap();
+        // The shared regions: maxima, sums (the row's type), then 8 bytes a thread.
+        let x_bytes = x_type.size_in_bytes() as u64;
+        let region = |offset: u64, ty: BasicTypeEnum<'ctx>| {
+            let raw = param(3).into_pointer_value();
+            // SAFETY: (of the generated code) `offset` is within the block's shared memory
+            // (`BlockRow::shared_bytes`: two regions of `block` elements, then `block` × 8).
+            let at = unsafe { self.builder.build_gep(raw, &[self.i64(offset as i64)], "region").unwrap() };
+            let typed = self.builder.build_pointer_cast(at, ty.ptr_type(AddressSpace::default()), "r").unwrap();
+            if self.nvptx {
+                let shared = ty.ptr_type(AddressSpace::from(SHARED_ADDRESS_SPACE));
+                self.builder.build_address_space_cast(typed, shared, "shared").unwrap()
+            } else {
+                typed
+            }
+        };
+        let x_memory = memory_type(self.context, x_type);
+        let maxima = region(0, x_memory);
+        let sums = region(block * x_bytes, x_memory);
+        let extra_type = if op == RowOp::ArgMax { self.context.i64_type().into() } else { x_memory };
+        let extra = region(2 * block * x_bytes, extra_type);
+        let work = self.context.append_basic_block(self.function, "work");
+        let done = self.context.append_basic_block(self.function, "done");
+        let inside = b.build_int_compare(IntPredicate::ULT, row, count, "inside").unwrap();
+        b.build_conditional_branch(inside, work, done).unwrap();
+        b.position_at_end(work);
+        // The row's index over the leading dimensions.
+        let mut prefix: Index<'ctx> = Vec::with_capacity(lead);
+        let mut inner: u64 = self.nest.extents[..lead].iter().product();
+        for d in 0..lead {
+            inner /= self.nest.extents[d].max(1);
+            let q = b.build_int_unsigned_div(row, self.i64(inner.max(1) as i64), "q").unwrap();
+            prefix.push(b.build_int_unsigned_rem(q, self.i64(self.nest.extents[d] as i64), "d").unwrap());
+        }
+        let steps = block.trailing_zeros();
+        let trees = match op {
+            RowOp::ArgMax => 1,
+            RowOp::Softmax | RowOp::LogSoftmax => 2,
+            RowOp::CrossEntropy => 3,
+        };
+        let phases = trees * (steps + 1) + u32::from(op != RowOp::ArgMax && op != RowOp::CrossEntropy);
+        let blocks: Vec<BasicBlock<'ctx>> =
+            (0..phases).map(|k| self.context.append_basic_block(self.function, &format!("phase{k}"))).collect();
+        let first_thread = b.build_int_compare(IntPredicate::EQ, tid, self.i64(0), "first").unwrap();
+        let i32t = self.context.i32_type();
+        let cases: Vec<_> = blocks.iter().enumerate().map(|(k, &at)| (i32t.const_int(k as u64, false), at)).collect();
+        b.build_switch(phase, done, &cases).unwrap();
+        let at = |j: IntValue<'ctx>, which: usize| {
+            let mut index = prefix.clone();
+            index.push(j);
+            self.value(operands[which], &index, &mut HashMap::new())
+        };
+        let get = |region: PointerValue<'ctx>, i: IntValue<'ctx>, ty: DType| self.load(self.element(region, i), ty);
+        let put =
+            |region: PointerValue<'ctx>, i: IntValue<'ctx>, ty: DType, v| self.store(self.element(region, i), ty, v);
+        // The thread's elements of the row: `tid, tid + block, …`, folded into `acc`.
+        let slice =
+            |start: BasicValueEnum<'ctx>,
+             step: &mut dyn FnMut(IntValue<'ctx>, BasicValueEnum<'ctx>) -> BasicValueEnum<'ctx>| {
+                self.fold_strided(start, tid, self.i64(classes as i64), block, step)
+            };
+        // Step `k` (1-based) of a tree over `region`: the lower `block >> k` threads fold in the
+        // element `block >> k` above their own.
+        let tree_step = |k: u32, fold: &dyn Fn(IntValue<'ctx>, IntValue<'ctx>)| {
+            let stride = self.i64((block >> k) as i64);
+            let lower = self.builder.build_int_compare(IntPredicate::ULT, tid, stride, "lower").unwrap();
+            self.when(lower, &|| fold(tid, self.builder.build_int_add(tid, stride, "partner").unwrap()));
+        };
+        let zero = self.constant(x_type, 0.0);
+        let row_out = |j: IntValue<'ctx>| {
+            let mut full = prefix.clone();
+            full.push(j);
+            self.element(self.out.unwrap(), self.offset(&self.nest.out, &full))
+        };
+        let row_scalar = || self.element(self.out.unwrap(), self.offset(&self.nest.out[..lead], &prefix));
+        let sum_tree = |region: PointerValue<'ctx>, k: u32| {
+            tree_step(k, &|mine, theirs| {
+                let total =
+                    self.combine(ReduceKind::Sum, x_type, get(region, mine, x_type), get(region, theirs, x_type));
+                put(region, mine, x_type, total);
+            })
+        };
+        let mut phase_at = 0;
+        let mut next_phase = |body: &mut dyn FnMut()| {
+            self.builder.position_at_end(blocks[phase_at]);
+            body();
+            self.builder.build_unconditional_branch(done).unwrap();
+            phase_at += 1;
+        };
+        if op == RowOp::ArgMax {
+            // Pairs (value, index): the larger value, the smaller index on ties (the first
+            // largest, the first NaN), whichever thread's slice holds it.
+            next_phase(&mut || {
+                let lowest = self.extreme(x_type, false);
+                let (value, index) = self.fold_pair_strided(lowest, tid, classes, block, &|j| at(j, 0), x_type);
+                put(maxima, tid, x_type, value);
+                self.builder.build_store(self.element(extra, tid), index).unwrap();
+            });
+            for k in 1..=steps {
+                next_phase(&mut || {
+                    tree_step(k, &|mine, theirs| {
+                        let b = &self.builder;
+                        let (va, vb) = (get(maxima, mine, x_type), get(maxima, theirs, x_type));
+                        let ia = b.build_load(self.element(extra, mine), "ia").unwrap().into_int_value();
+                        let ib = b.build_load(self.element(extra, theirs), "ib").unwrap().into_int_value();
+                        let beyond = self.beats(vb, va, x_type, true);
+                        let behind = self.beats(va, vb, x_type, true);
+                        let earlier = b.build_int_compare(IntPredicate::ULT, ib, ia, "earlier").unwrap();
+                        let tie = b.build_and(b.build_not(behind, "nb").unwrap(), earlier, "tie").unwrap();
+                        let wins = b.build_or(beyond, tie, "wins").unwrap();
+                        put(maxima, mine, x_type, self.select(wins, vb, va));
+                        let index = self.select(wins, ib.into(), ia.into());
+                        b.build_store(self.element(extra, mine), index).unwrap();
+                    });
+                    if k == steps {
+                        self.when(first_thread, &|| {
+                            let b = &self.builder;
+                            let index = b.build_load(self.element(extra, self.i64(0)), "i").unwrap().into_int_value();
+                            let index = if dtype == DType::I32 {
+                                b.build_int_truncate(index, self.context.i32_type(), "i").unwrap().into()
+                            } else {
+                                index.into()
+                            };
+                            self.store(row_scalar(), dtype, index);
+                        });
+                    }
+                });
+            }
+            self.builder.position_at_end(done);
+            return phases;
+        }
+        // The row's maximum.
+        next_phase(&mut || {
+            let lowest = self.extreme(x_type, false);
+            let max = slice(lowest, &mut |j, m| self.maximum(m, at(j, 0), x_type, true));
+            put(maxima, tid, x_type, max);
+        });
+        for k in 1..=steps {
+            next_phase(&mut || {
+                tree_step(k, &|mine, theirs| {
+                    let larger = self.maximum(get(maxima, mine, x_type), get(maxima, theirs, x_type), x_type, true);
+                    put(maxima, mine, x_type, larger);
+                })
+            });
+        }
+        let max = || get(maxima, self.i64(0), x_type).into_float_value();
+        let shifted_exp = |j: IntValue<'ctx>| {
+            let d = self.builder.build_float_sub(at(j, 0).into_float_value(), max(), "d").unwrap();
+            self.float_intrinsic("llvm.exp", d)
+        };
+        // Σ exp(x − max).
+        next_phase(&mut || {
+            let sum = slice(zero, &mut |j, s| {
+                self.builder.build_float_add(s.into_float_value(), shifted_exp(j), "s").unwrap().into()
+            });
+            put(sums, tid, x_type, sum);
+        });
+        for k in 1..=steps {
+            next_phase(&mut || sum_tree(sums, k));
+        }
+        let sum = || get(sums, self.i64(0), x_type).into_float_value();
+        let shifted = |j: IntValue<'ctx>| {
+            let b = &self.builder;
+            let log_sum = self.float_intrinsic("llvm.log", sum());
+            let d = b.build_float_sub(at(j, 0).into_float_value(), max(), "d").unwrap();
+            b.build_float_sub(d, log_sum, "ls").unwrap()
+        };
+        match op {
+            RowOp::Softmax => next_phase(&mut || {
+                slice(zero, &mut |j, s| {
+                    let q = self.builder.build_float_div(shifted_exp(j), sum(), "q").unwrap();
+                    self.store(row_out(j), dtype, q.into());
+                    s
+                });
+            }),
+            RowOp::LogSoftmax => next_phase(&mut || {
+                slice(zero, &mut |j, s| {
+                    self.store(row_out(j), dtype, shifted(j).into());
+                    s
+                });
+            }),
+            RowOp::CrossEntropy => {
+                // −Σ z·(x − max − log Σ), the threads' parts, then a tree.
+                next_phase(&mut || {
+                    let loss = slice(zero, &mut |j, l| {
+                        let z = at(j, 1).into_float_value();
+                        let t = self.builder.build_float_mul(z, shifted(j), "zt").unwrap();
+                        self.builder.build_float_sub(l.into_float_value(), t, "l").unwrap().into()
+                    });
+                    put(extra, tid, x_type, loss);
+                });
+                for k in 1..=steps {
+                    next_phase(&mut || {
+                        sum_tree(extra, k);
+                        if k == steps {
+                            self.when(first_thread, &|| {
+                                self.store(row_scalar(), dtype, get(extra, self.i64(0), x_type))
+                            });
+                        }
+                    });
+                }
+            }
+            RowOp::ArgMax => unreachable!("returned above"),
+        }
+        assert_eq!(phase_at as u32, phases, "every phase emitted");
+        self.builder.position_at_end(done);
+        phases
+    }
+
+    /// Emits `body` where `condition` holds, then goes on.
+    fn when(&self, condition: IntValue<'ctx>, body: &dyn Fn()) {
+        let then = self.context.append_basic_block(self.function, "then");
+        let next = self.context.append_basic_block(self.function, "next");
+        self.builder.build_conditional_branch(condition, then, next).unwrap();
+        self.builder.position_at_end(then);
+        body();
+        self.builder.build_unconditional_branch(next).unwrap();
+        self.builder.position_at_end(next);
+    }
+
+    /// `acc = start; for j in (from..end).step_by(stride) { acc = step(j, acc) }`, in a register.
+    fn fold_strided(
+        &self,
+        start: BasicValueEnum<'ctx>,
+        from: IntValue<'ctx>,
+        end: IntValue<'ctx>,
+        stride: u64,
+        step: &mut dyn FnMut(IntValue<'ctx>, BasicValueEnum<'ctx>) -> BasicValueEnum<'ctx>,
+    ) -> BasicValueEnum<'ctx> {
+        let b = &self.builder;
+        let pre = b.get_insert_block().unwrap();
+        let head = self.context.append_basic_block(self.function, "fold");
+        let exit = self.context.append_basic_block(self.function, "folded");
+        let enter = b.build_int_compare(IntPredicate::SLT, from, end, "enter").unwrap();
+        b.build_conditional_branch(enter, head, exit).unwrap();
+        b.position_at_end(head);
+        let j = b.build_phi(self.context.i64_type(), "j").unwrap();
+        let acc = b.build_phi(start.get_type(), "acc").unwrap();
+        j.add_incoming(&[(&from, pre)]);
+        acc.add_incoming(&[(&start, pre)]);
+        let jv = j.as_basic_value().into_int_value();
+        let next_acc = step(jv, acc.as_basic_value());
+        let next = b.build_int_add(jv, self.i64(stride as i64), "jn").unwrap();
+        let latch = b.get_insert_block().unwrap();
+        j.add_incoming(&[(&next, latch)]);
+        acc.add_incoming(&[(&next_acc, latch)]);
+        let more = b.build_int_compare(IntPredicate::SLT, next, end, "more").unwrap();
+        b.build_conditional_branch(more, head, exit).unwrap();
+        b.position_at_end(exit);
+        let result = b.build_phi(start.get_type(), "r").unwrap();
+        result.add_incoming(&[(&start, pre), (&next_acc, latch)]);
+        result.as_basic_value()
+    }
+
+    /// The first largest element of `(from..classes).step_by(stride)` (`value(j)`), and its
+    /// index (`u64::MAX` with `start`, the lowest value, where there is none): a register pair.
+    fn fold_pair_strided(
+        &self,
+        start: BasicValueEnum<'ctx>,
+        from: IntValue<'ctx>,
+        classes: u64,
+        stride: u64,
+        value: &dyn Fn(IntValue<'ctx>) -> BasicValueEnum<'ctx>,
+        x_type: DType,
+    ) -> (BasicValueEnum<'ctx>, IntValue<'ctx>) {
+        let b = &self.builder;
+        let i64t = self.context.i64_type();
+        let none = i64t.const_all_ones();
+        let end = self.i64(classes as i64);
+        let pre = b.get_insert_block().unwrap();
+        let head = self.context.append_basic_block(self.function, "arg");
+        let exit = self.context.append_basic_block(self.function, "argd");
+        let enter = b.build_int_compare(IntPredicate::SLT, from, end, "enter").unwrap();
+        b.build_conditional_branch(enter, head, exit).unwrap();
+        b.position_at_end(head);
+        let j = b.build_phi(i64t, "j").unwrap();
+        let best = b.build_phi(start.get_type(), "best").unwrap();
+        let best_at = b.build_phi(i64t, "bi").unwrap();
+        j.add_incoming(&[(&from, pre)]);
+        best.add_incoming(&[(&start, pre)]);
+        best_at.add_incoming(&[(&none, pre)]);
+        let jv = j.as_basic_value().into_int_value();
+        let v = value(jv);
+        // The slice's first element always takes over (the lowest value may be an element's).
+        let first =
+            b.build_int_compare(IntPredicate::EQ, best_at.as_basic_value().into_int_value(), none, "first").unwrap();
+        let wins = b.build_or(first, self.beats(v, best.as_basic_value(), x_type, true), "wins").unwrap();
+        let next_best = self.select(wins, v, best.as_basic_value());
+        let next_at = self.select(wins, jv.into(), best_at.as_basic_value());
+        let next = b.build_int_add(jv, self.i64(stride as i64), "jn").unwrap();
+        let latch = b.get_insert_block().unwrap();
+        j.add_incoming(&[(&next, latch)]);
+        best.add_incoming(&[(&next_best, latch)]);
+        best_at.add_incoming(&[(&next_at, latch)]);
+        let more = b.build_int_compare(IntPredicate::SLT, next, end, "more").unwrap();
+        b.build_conditional_branch(more, head, exit).unwrap();
+        b.position_at_end(exit);
+        let value_out = b.build_phi(start.get_type(), "bv").unwrap();
+        value_out.add_incoming(&[(&start, pre), (&next_best, latch)]);
+        let index_out = b.build_phi(i64t, "bix").unwrap();
+        index_out.add_incoming(&[(&none, pre), (&next_at, latch)]);
+        (value_out.as_basic_value(), index_out.as_basic_value().into_int_value())
     }
 
     /// Row ops over the last axis: max, then Σ exp(x - max), then the outputs.

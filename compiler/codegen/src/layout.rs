@@ -58,6 +58,8 @@ pub(crate) fn emit_layouts<'ctx>(
             grid,
             reduction: None,
             checks,
+            phases: 0,
+            shared_bytes: 0,
         });
     }
     kernels

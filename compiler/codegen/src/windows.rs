@@ -67,6 +67,8 @@ pub(crate) fn emit_windows<'ctx>(
             grid,
             reduction: None,
             checks: false,
+            phases: 0,
+            shared_bytes: 0,
         });
     }
     windows
