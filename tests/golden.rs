@@ -277,8 +277,12 @@ fn every_diagnostic_code_is_documented() {
 #[test]
 fn every_op_is_documented() {
     let docs = read(&root().join("docs/language.md"));
-    let missing: Vec<&str> =
-        dfc_sema::OPS.iter().map(|(name, _, _)| *name).filter(|n| !docs.contains(&format!("`{n}"))).collect();
+    let missing: Vec<&str> = dfc_sema::OPS
+        .iter()
+        .chain(dfc_sema::SCHEDULES)
+        .map(|(name, _, _)| *name)
+        .filter(|n| !docs.contains(&format!("`{n}")))
+        .collect();
     assert!(missing.is_empty(), "docs/language.md does not document {missing:?}");
 }
 

@@ -81,10 +81,11 @@ fn run(plan: &Plan, backend: Backend, data: &[HashMap<String, Tensor>]) -> (Vec<
     forward_names.push(training.loss_node.as_str());
     let forward = session.program(&forward_names, &[]).expect("a forward pass");
     if backend == Backend::GridEmulator {
-        // On a GPU everything runs on the device but the exchanges between devices.
+        // On a GPU everything runs on the device but the exchanges between devices (and a
+        // learning-rate schedule's one scalar a step).
         for (what, program) in [("training step", &step), ("forward pass", &forward)] {
             let host = program.host_steps();
-            let exchanges = ["send", "recv", "all_reduce"];
+            let exchanges = ["send", "recv", "all_reduce", "learning_rate"];
             assert!(
                 host.iter().all(|s| exchanges.contains(&s.as_str())),
                 "{}: {what} on the host: {host:?}",
@@ -314,6 +315,28 @@ fn long_rows_run_one_per_block_on_the_grid_emulator() {
     let source = std::fs::read_to_string(path).expect("the model");
     let on_gpu = plan_of(&source, "long_rows", Cluster::local(1, DeviceKind::Gpu), Strategy::Single);
     check_backend("long_rows", &on_gpu, Backend::GridEmulator);
+}
+
+/// A learning-rate schedule (computed from the global step, on the host) and gradient
+/// clipping, natively on a CPU and on the grid emulator's GPU: the interpreter's values,
+/// the global step included.
+#[test]
+fn schedules_and_clipping_run_natively_and_on_the_grid_emulator() {
+    let source = r#"
+        model scheduled {
+            input x: f32[8, 6]
+            input labels: i32[8]
+            param w: f32[6, 10] = glorot_uniform
+            param b: f32[10] = zeros
+            let logits = x @ w + b
+            let loss = mean(softmax_cross_entropy(logits, one_hot(labels, 10)))
+            output logits
+            minimize loss with adam(lr = warmup(cosine_decay(0.05, decay_steps = 3, alpha = 0.2), steps = 2), clip_global_norm = 0.5)
+        }"#;
+    let on_cpu = plan_of(source, "scheduled", Cluster::local(1, DeviceKind::Cpu), Strategy::Single);
+    check_backend("scheduled", &on_cpu, Backend::Llvm);
+    let on_gpu = plan_of(source, "scheduled", Cluster::local(1, DeviceKind::Gpu), Strategy::Single);
+    check_backend("scheduled on a GPU", &on_gpu, Backend::GridEmulator);
 }
 
 /// On a machine with an NVIDIA GPU: every example's GPU plan, on one GPU and mirrored on two

@@ -151,6 +151,61 @@ fn a_resumed_run_ends_like_an_uninterrupted_one() {
     }
 }
 
+/// A learning-rate schedule with gradient clipping: `metrics.jsonl` records each epoch's last
+/// rate, the schedule's at that step; the global step is checkpointed, so a run stopped mid
+/// epoch resumes with the schedule where it was and ends with the same bits as one that was
+/// never stopped.
+#[test]
+fn a_scheduled_run_logs_its_learning_rate_and_resumes_to_the_same_bits() {
+    let dir = scratch("schedule");
+    let (x, y) = regression_data(&dir, 256, 4);
+    let optimizer =
+        "momentum(lr = warmup(exponential_decay(0.05, decay_steps = 4, decay_rate = 0.5), steps = 3), clip_global_norm = 1.0)";
+    let plan = compile("linear_regression", &dir, &["--optimizer", optimizer]);
+    let feeds = [format!("x={}", s(&x)), format!("y={}", s(&y))];
+    let run = |checkpoints: &Path, log: &Path, extra: &[&str]| {
+        let mut args = vec![
+            "run",
+            s(&plan),
+            "--feed",
+            &feeds[0],
+            "--feed",
+            &feeds[1],
+            "--checkpoint-dir",
+            s(checkpoints),
+            "--metrics",
+            s(log),
+            "--epochs",
+            "3",
+            "--seed",
+            "5",
+        ];
+        args.extend_from_slice(extra);
+        let output = dfc(&args);
+        assert!(output.status.success(), "{}", text(&output.stderr));
+    };
+    let (whole, whole_log) = (dir.join("whole"), dir.join("whole.jsonl"));
+    run(&whole, &whole_log, &[]);
+    // 8 steps an epoch; the last step of each is step 7, 15, 23: past the 3 warm-up steps,
+    // 0.05 · 0.5^((step − 3) / 4).
+    let rates: Vec<f64> = metrics(&whole_log).iter().map(|r| r["learning_rate"].as_f64().expect("a rate")).collect();
+    let expected = [7.0, 15.0, 23.0].map(|step: f64| 0.05 * 0.5f64.powf((step - 3.0) / 4.0));
+    for (rate, expected) in rates.iter().zip(expected) {
+        assert!((rate - expected).abs() < 1e-8, "{rates:?} against {expected:?}");
+    }
+    let (parts, parts_log) = (dir.join("parts"), dir.join("parts.jsonl"));
+    run(&parts, &parts_log, &["--steps", "11"]);
+    run(&parts, &parts_log, &[]);
+    let final_whole = dfc_driver::checkpoint::latest(&whole).expect("readable").expect("a checkpoint");
+    let final_parts = dfc_driver::checkpoint::latest(&parts).expect("readable").expect("a checkpoint");
+    let step = &final_whole.tensors["global_step"];
+    assert_eq!(step, &Tensor::scalar(24i64), "the global step counts the steps");
+    assert_eq!(final_whole.tensors.keys().collect::<Vec<_>>(), final_parts.tensors.keys().collect::<Vec<_>>());
+    for (name, tensor) in &final_whole.tensors {
+        assert_eq!(tensor, &final_parts.tensors[name], "`{name}` differs after resuming");
+    }
+}
+
 /// Any plan runs: placed on two devices, a model trains bit-identically to its single-device
 /// plan; mirrored over two replicas, it trains to the same variables but for rounding, and
 /// its checkpoints hold the same names (no replica copies); `--fetch` works on both.

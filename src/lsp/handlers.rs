@@ -148,7 +148,9 @@ fn completion_item(c: dfc_ide::Completion, snippets: bool) -> lsp::CompletionIte
         CompletionKind::Keyword => K::KEYWORD,
         CompletionKind::Snippet => K::SNIPPET,
         CompletionKind::Type => K::TYPE_PARAMETER,
-        CompletionKind::Op | CompletionKind::Optimizer | CompletionKind::Initializer => K::FUNCTION,
+        CompletionKind::Op | CompletionKind::Optimizer | CompletionKind::Schedule | CompletionKind::Initializer => {
+            K::FUNCTION
+        }
         CompletionKind::Layer => K::CLASS,
         CompletionKind::Dim => K::CONSTANT,
         CompletionKind::Value => K::VARIABLE,

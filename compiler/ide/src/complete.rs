@@ -12,6 +12,8 @@ pub enum CompletionKind {
     Type,
     Op,
     Optimizer,
+    /// A learning-rate schedule, as an optimizer's `lr`.
+    Schedule,
     Initializer,
     Layer,
     /// A dim or a layer's size name.
@@ -103,6 +105,9 @@ pub fn completions(analysis: &FileAnalysis, offset: usize) -> Vec<Completion> {
     }
     if previous_word(head) == Some("with") {
         return builtins(dfc_sema::OPTIMIZERS, CompletionKind::Optimizer);
+    }
+    if head.ends_with('=') && previous_word(head.trim_end_matches('=').trim_end()) == Some("lr") {
+        return builtins(dfc_sema::SCHEDULES, CompletionKind::Schedule);
     }
     if at_line_start {
         if item.is_none() {
@@ -211,7 +216,7 @@ fn argument_names(analysis: &FileAnalysis, callee: &str) -> Vec<Completion> {
             .map(|d| d.name.clone())
             .collect(),
         None => {
-            let tables = [dfc_sema::OPS, dfc_sema::OPTIMIZERS, dfc_sema::INITIALIZERS];
+            let tables = [dfc_sema::OPS, dfc_sema::OPTIMIZERS, dfc_sema::SCHEDULES, dfc_sema::INITIALIZERS];
             let Some((_, signature, _)) = tables.iter().flat_map(|t| t.iter()).find(|(n, _, _)| *n == callee) else {
                 return Vec::new();
             };

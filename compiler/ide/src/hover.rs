@@ -30,9 +30,15 @@ pub fn hover(analysis: &FileAnalysis, offset: usize) -> Option<Hover> {
     Some(Hover { span, markdown: code_block(types.iter().map(String::as_str)) })
 }
 
-/// A built-in op, optimizer or initializer: its signature and its line of documentation.
+/// A built-in op, optimizer, learning-rate schedule or initializer: its signature and its line
+/// of documentation.
 pub fn builtin(name: &str) -> Option<String> {
-    let tables = [("op", dfc_sema::OPS), ("optimizer", dfc_sema::OPTIMIZERS), ("initializer", dfc_sema::INITIALIZERS)];
+    let tables = [
+        ("op", dfc_sema::OPS),
+        ("optimizer", dfc_sema::OPTIMIZERS),
+        ("learning-rate schedule", dfc_sema::SCHEDULES),
+        ("initializer", dfc_sema::INITIALIZERS),
+    ];
     tables.iter().find_map(|(what, table)| {
         let (_, signature, doc) = table.iter().find(|(n, _, _)| *n == name)?;
         Some(format!("{}\nBuilt-in {what}: {doc}", code_block([*signature])))

@@ -323,7 +323,8 @@ impl Scope<'_, '_> {
     }
 }
 
-/// A built-in op, optimizer or initializer.
+/// A built-in op, optimizer, learning-rate schedule or initializer.
 pub fn is_builtin(name: &str) -> bool {
-    dfc_sema::OPS.iter().chain(dfc_sema::OPTIMIZERS).chain(dfc_sema::INITIALIZERS).any(|(n, _, _)| *n == name)
+    let tables = [dfc_sema::OPS, dfc_sema::OPTIMIZERS, dfc_sema::SCHEDULES, dfc_sema::INITIALIZERS];
+    tables.iter().flat_map(|t| t.iter()).any(|(n, _, _)| *n == name)
 }

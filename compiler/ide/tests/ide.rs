@@ -132,9 +132,19 @@ fn hover_on_an_op_shows_its_signature() {
             sgd
             ---
             ```dfc
-            sgd(lr, weight_decay=0)
+            sgd(lr, weight_decay=0, clip_global_norm=none)
             ```
             Built-in optimizer: Stochastic gradient descent: w -= lr · g."#]],
+    );
+    check_hover(
+        "model m {\n    param w: f32[2]\n    minimize sum(w) with sgd(lr = cosine_$0decay(0.1, decay_steps = 10))\n}\n",
+        expect![[r#"
+            cosine_decay
+            ---
+            ```dfc
+            cosine_decay(initial, decay_steps, alpha=0)
+            ```
+            Built-in learning-rate schedule: Learning rate falling from initial along a half cosine to initial · alpha at decay_steps, then staying."#]],
     );
 }
 
@@ -270,6 +280,14 @@ fn completion_knows_its_context() {
             bool (Type: element type)"#]],
     );
     check_completion("model m {\n    minimize loss with $0\n}\n", expect![""]);
+    check_completion(
+        "model m {\n    minimize loss with sgd(lr = $0)\n}\n",
+        expect![[r#"
+        exponential_decay (Schedule: exponential_decay(initial, decay_steps, decay_rate, staircase=false))
+        piecewise_constant (Schedule: piecewise_constant(boundaries, values))
+        cosine_decay (Schedule: cosine_decay(initial, decay_steps, alpha=0))
+        warmup (Schedule: warmup(lr, steps))"#]],
+    );
     let (analysis, offset) = at("model m {\n    $0\n}\n");
     let labels: Vec<String> = analysis.completions(offset).into_iter().map(|c| c.label).collect();
     assert_eq!(labels, ["let", "param", "input", "const", "dim", "output", "metric", "minimize", "device", "return"]);

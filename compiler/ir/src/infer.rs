@@ -317,6 +317,25 @@ pub fn infer(op: &Op, inputs: &[&TensorType]) -> Result<Vec<TensorType>> {
             same_shape(name, &out[0], inputs[0]).map_err(|e| TypeError { operand: Some(0), ..e })?;
             x
         }
+        Op::LearningRate { schedule, dtype } => {
+            if inputs[0] != &TensorType::scalar(DType::I64) {
+                return Err(TypeError::new(
+                    Code::DTYPE_MISMATCH,
+                    format!("`learning_rate` takes the global step, an i64 scalar, not {}", inputs[0]),
+                )
+                .at(0));
+            }
+            if !dtype.is_float() {
+                return Err(TypeError::new(Code::DTYPE_MISMATCH, format!("a learning rate is a float, not {dtype}")));
+            }
+            schedule.check().map_err(|why| {
+                TypeError::new(
+                    Code::BAD_OPTIMIZER,
+                    format!("the learning-rate schedule `{schedule}` is not one: {why}"),
+                )
+            })?;
+            TensorType::scalar(*dtype)
+        }
         Op::ScatterAdd { rows } => {
             let (indices, updates) = (inputs[0], inputs[1]);
             if !matches!(indices.dtype, DType::I32 | DType::I64) {

@@ -28,6 +28,7 @@ mod instance;
 mod module;
 mod op;
 mod print;
+mod schedule;
 mod types;
 mod verify;
 
@@ -42,5 +43,6 @@ pub use op::{
     BinaryOp, CompareOp, ConstData, ConstValue, Initializer, Op, Padding, ReduceKind, UnaryOp, VariableOrigin,
 };
 pub use print::{print, print_annotated};
+pub use schedule::{Decay, LrSchedule, MAX_BOUNDARIES};
 pub use types::{DType, Shape, TensorType};
 pub use verify::{verify, verify_graph, verify_partitions, VerifyError, VerifyOptions};

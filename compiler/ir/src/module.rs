@@ -36,14 +36,22 @@ pub struct Training {
     /// The ops that one training step runs for their effect (variable and slot updates),
     /// filled by the optimizer pass. Empty until then.
     pub updates: Vec<NodeId>,
+    /// The learning rate of this step where a schedule computes it (filled by the optimizer
+    /// pass), for the metrics.
+    pub learning_rate: Option<TensorRef>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Optimizer {
     pub kind: OptimizerKind,
+    /// The learning rate: the schedule's first where there is one.
     pub learning_rate: f64,
     /// Decoupled weight decay applied by the update (0 for none).
     pub weight_decay: f64,
+    /// The learning rate by step, where it is not constant.
+    pub schedule: Option<crate::LrSchedule>,
+    /// Gradients scaled together so that their global norm is at most this.
+    pub clip_global_norm: Option<f64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -57,24 +65,30 @@ pub enum OptimizerKind {
 
 impl fmt::Display for Optimizer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let lr = self.learning_rate;
+        let lr = match &self.schedule {
+            Some(schedule) => schedule.to_string(),
+            None => format!("{:?}", self.learning_rate),
+        };
         match &self.kind {
-            OptimizerKind::Sgd => write!(f, "sgd(lr={lr:?}")?,
+            OptimizerKind::Sgd => write!(f, "sgd(lr={lr}")?,
             OptimizerKind::Momentum { momentum, nesterov } => {
-                write!(f, "momentum(lr={lr:?}, momentum={momentum:?}, nesterov={nesterov}")?
+                write!(f, "momentum(lr={lr}, momentum={momentum:?}, nesterov={nesterov}")?
             }
             OptimizerKind::Adam { beta1, beta2, epsilon } => {
-                write!(f, "adam(lr={lr:?}, beta1={beta1:?}, beta2={beta2:?}, epsilon={epsilon:?}")?
+                write!(f, "adam(lr={lr}, beta1={beta1:?}, beta2={beta2:?}, epsilon={epsilon:?}")?
             }
             OptimizerKind::Adagrad { initial_accumulator, epsilon } => {
-                write!(f, "adagrad(lr={lr:?}, initial_accumulator={initial_accumulator:?}, epsilon={epsilon:?}")?
+                write!(f, "adagrad(lr={lr}, initial_accumulator={initial_accumulator:?}, epsilon={epsilon:?}")?
             }
             OptimizerKind::RmsProp { rho, momentum, epsilon } => {
-                write!(f, "rmsprop(lr={lr:?}, rho={rho:?}, momentum={momentum:?}, epsilon={epsilon:?}")?
+                write!(f, "rmsprop(lr={lr}, rho={rho:?}, momentum={momentum:?}, epsilon={epsilon:?}")?
             }
         }
         if self.weight_decay != 0.0 {
             write!(f, ", weight_decay={:?}", self.weight_decay)?;
+        }
+        if let Some(norm) = self.clip_global_norm {
+            write!(f, ", clip_global_norm={norm:?}")?;
         }
         f.write_str(")")
     }

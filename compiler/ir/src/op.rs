@@ -148,6 +148,12 @@ pub enum Op {
     ScatterAdd {
         rows: usize,
     },
+    /// `step (i64 scalar) -> the learning rate at that step (a `dtype` scalar)`: the
+    /// optimizer's schedule, computed from the global step.
+    LearningRate {
+        schedule: crate::LrSchedule,
+        dtype: DType,
+    },
 
     // The ops below join the partitions of a placed graph; the language does not name them.
     /// Hands its operand to the device `to` under `key`: one Send per tensor and destination
@@ -515,6 +521,7 @@ impl Op {
             Op::MaxPoolGrad { .. } => "max_pool_grad",
             Op::AvgPoolGrad { .. } => "avg_pool_grad",
             Op::ScatterAdd { .. } => "scatter_add",
+            Op::LearningRate { .. } => "learning_rate",
             Op::Send { .. } => "send",
             Op::Recv { .. } => "recv",
             Op::AllReduce { .. } => "all_reduce",
@@ -543,6 +550,7 @@ impl Op {
             | Op::BroadcastTo { .. }
             | Op::Pad { .. }
             | Op::AvgPoolGrad { .. }
+            | Op::LearningRate { .. }
             | Op::Send { .. }
             | Op::AllReduce { .. } => 1,
             Op::Assign
@@ -641,6 +649,7 @@ impl Op {
                 vec![("window", list(window)), ("strides", list(strides)), ("padding", padding.name().into())]
             }
             Op::ScatterAdd { rows } => vec![("rows", rows.to_string())],
+            Op::LearningRate { schedule, .. } => vec![("schedule", format!("{:?}", schedule.to_string()))],
             Op::Conv2d { strides, padding } => {
                 vec![("strides", list(strides)), ("padding", padding.name().into())]
             }

@@ -78,9 +78,16 @@ fn module_references_and_the_loss_are_checked() {
     let (mut module, x, _, y) = small();
     module.training = Some(Training {
         loss: y.into(),
-        optimizer: Optimizer { kind: OptimizerKind::Sgd, learning_rate: 0.1, weight_decay: 0.0 },
+        optimizer: Optimizer {
+            kind: OptimizerKind::Sgd,
+            learning_rate: 0.1,
+            weight_decay: 0.0,
+            schedule: None,
+            clip_global_norm: None,
+        },
         gradients: Vec::new(),
         updates: Vec::new(),
+        learning_rate: None,
     });
     module.params.push(x);
     module.graph.remove(y);

@@ -473,6 +473,7 @@ impl Builder<'_> {
             | Op::Compare(_)
             | Op::OneHot { .. }
             | Op::ArgMax { .. }
+            | Op::LearningRate { .. }
             | Op::Conv2dBackpropInput { .. }
             | Op::Conv2dBackpropFilter { .. }
             | Op::MaxPoolGrad { .. }

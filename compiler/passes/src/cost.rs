@@ -174,6 +174,8 @@ pub fn node_flops(graph: &Graph, id: NodeId) -> f64 {
         | Op::Gather
         | Op::BroadcastTo { .. }
         | Op::Pad { .. } => 0.0,
+        // A scalar a step.
+        Op::LearningRate { .. } => 1.0,
         Op::Reduce { .. } | Op::ArgMax { .. } => operand_elements(0),
         Op::Softmax { .. } | Op::LogSoftmax { .. } | Op::SoftmaxCrossEntropy | Op::SigmoidCrossEntropy => {
             SOFTMAX_FLOPS * operand_elements(0)

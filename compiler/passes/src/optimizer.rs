@@ -12,6 +12,11 @@
 //!
 //! Weight decay is decoupled: `w -= lr * weight_decay * w` in the same assignment.
 //!
+//! With a learning-rate schedule, `lr` is `Op::LearningRate` of the global step: a variable
+//! `global_step` (i64, the steps taken), read before the step increments it. With
+//! `clip_global_norm = c`, every gradient is first scaled by `c / max(c, ‖g‖)`, `‖g‖` the
+//! norm of all the gradients together (TensorFlow's `clip_by_global_norm`).
+//!
 //! Ordering: every read of a variable runs before its update (a control edge from each `read`
 //! to the assignment), so a step computes all gradients from the values it started with.
 
@@ -20,9 +25,25 @@ use dfc_ir::{BinaryOp, ConstValue, DType, Graph, Initializer, Module, NodeId, Op
 pub fn apply_optimizer(module: &mut Module) {
     let Some(training) = &module.training else { return };
     let optimizer = training.optimizer.clone();
-    let gradients = training.gradients.clone();
     let graph = &mut module.graph;
+    let gradients = match optimizer.clip_global_norm {
+        Some(norm) => clip_global_norm(graph, &training.gradients, norm),
+        None => training.gradients.clone(),
+    };
     let mut updates = Vec::new();
+    // The global step, and the learning rate at it per dtype, where a schedule sets it.
+    let global_step = optimizer.schedule.as_ref().map(|_| {
+        let mut u = Updater { graph, variable: None, scope: "optimizer".into() };
+        let counter = u.slot("global_step", DType::I64, &dfc_ir::Shape::scalar(), Initializer::Zeros);
+        let step = u.read(counter);
+        let one = u.constant(DType::I64, 1.0);
+        let increment = u.add(Op::AssignAdd, &[counter.into(), one]);
+        graph.add_control_edge(step.node, increment.node);
+        updates.push(increment.node);
+        step
+    });
+    let mut scheduled: std::collections::HashMap<DType, TensorRef> = std::collections::HashMap::new();
+    let mut learning_rate = None;
 
     // Adam's step counter, shared by all variables.
     let step = match optimizer.kind {
@@ -43,7 +64,15 @@ pub fn apply_optimizer(module: &mut Module) {
         let name = graph.node(variable).name.clone();
         let mut u = Updater { graph, variable: Some(variable), scope: format!("{name}/update") };
         let dtype = ty.dtype;
-        let lr = u.constant(dtype, optimizer.learning_rate);
+        let lr = match (&optimizer.schedule, global_step) {
+            (Some(schedule), Some(step)) => *scheduled.entry(dtype).or_insert_with(|| {
+                let op = Op::LearningRate { schedule: schedule.clone(), dtype };
+                let mut shared = Updater { graph: u.graph, variable: None, scope: "optimizer".into() };
+                shared.add(op, &[step])
+            }),
+            _ => u.constant(dtype, optimizer.learning_rate),
+        };
+        learning_rate.get_or_insert(lr);
         let delta = match optimizer.kind {
             OptimizerKind::Sgd => u.mul(lr, g),
             OptimizerKind::Momentum { momentum, nesterov } => {
@@ -121,7 +150,8 @@ pub fn apply_optimizer(module: &mut Module) {
         };
         let delta = if optimizer.weight_decay > 0.0 {
             let current = u.read(variable);
-            let decay = u.constant(dtype, optimizer.learning_rate * optimizer.weight_decay);
+            let rate = u.constant(dtype, optimizer.weight_decay);
+            let decay = u.mul(lr, rate);
             let shrink = u.mul(decay, current);
             u.binary(BinaryOp::Add, delta, shrink)
         } else {
@@ -137,7 +167,41 @@ pub fn apply_optimizer(module: &mut Module) {
             graph.add_control_edge(read, update.node);
         }
     }
-    module.training.as_mut().expect("checked above").updates = updates;
+    let training = module.training.as_mut().expect("checked above");
+    training.updates = updates;
+    training.learning_rate = learning_rate.filter(|_| global_step.is_some());
+}
+
+/// The gradients scaled together so that their global norm is at most `norm`: each times
+/// `norm / max(norm, sqrt(Σ Σ g²))`, the sum over every element of every gradient (in f32,
+/// then in each gradient's type).
+fn clip_global_norm(graph: &mut Graph, gradients: &[(NodeId, TensorRef)], norm: f64) -> Vec<(NodeId, TensorRef)> {
+    let mut u = Updater { graph, variable: None, scope: "optimizer/clip".into() };
+    let mut total: Option<TensorRef> = None;
+    for &(_, g) in gradients {
+        let ty = u.graph.ty(g).clone();
+        let squares = u.mul(g, g);
+        let axes: Vec<usize> = (0..ty.shape.rank()).collect();
+        let sum = u.add(Op::Reduce { kind: dfc_ir::ReduceKind::Sum, axes, keep_dims: false }, &[squares]);
+        let sum = if ty.dtype == DType::F32 { sum } else { u.add(Op::Cast { to: DType::F32 }, &[sum]) };
+        total = Some(match total {
+            Some(t) => u.binary(BinaryOp::Add, t, sum),
+            None => sum,
+        });
+    }
+    let Some(total) = total else { return gradients.to_vec() };
+    let global = u.add(Op::Unary(UnaryOp::Sqrt), &[total]);
+    let limit = u.constant(DType::F32, norm);
+    let larger = u.binary(BinaryOp::Maximum, global, limit);
+    let scale = u.binary(BinaryOp::Div, limit, larger);
+    gradients
+        .iter()
+        .map(|&(v, g)| {
+            let dtype = u.graph.ty(g).dtype;
+            let factor = if dtype == DType::F32 { scale } else { u.add(Op::Cast { to: dtype }, &[scale]) };
+            (v, u.mul(g, factor))
+        })
+        .collect()
 }
 
 struct Updater<'g> {

@@ -505,7 +505,13 @@ impl<'a> Builder<'a> {
         self.out.outputs = outputs;
         self.out.metrics = metrics;
         self.out.params = params;
-        self.out.training = Some(Training { loss, optimizer: training.optimizer.clone(), gradients, updates });
+        // The learning rate is computed once, with the optimizer's shared state.
+        let learning_rate = training.learning_rate.map(|lr| {
+            let node = if self.is_shared(lr.node) { self.shared[&lr.node] } else { self.copies[0][&lr.node] };
+            TensorRef { node, ..lr }
+        });
+        self.out.training =
+            Some(Training { loss, optimizer: training.optimizer.clone(), gradients, updates, learning_rate });
     }
 
     /// One tensor from the replicas' copies of `tensor`: joined along axis 0 if the full

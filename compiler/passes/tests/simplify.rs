@@ -161,9 +161,16 @@ fn the_loss_and_gradients_are_rewired() {
         let loss = add(m, Op::Identity, &[scalar], "loss");
         m.training = Some(dfc_ir::Training {
             loss,
-            optimizer: dfc_ir::Optimizer { kind: dfc_ir::OptimizerKind::Sgd, learning_rate: 0.1, weight_decay: 0.0 },
+            optimizer: dfc_ir::Optimizer {
+                kind: dfc_ir::OptimizerKind::Sgd,
+                learning_rate: 0.1,
+                weight_decay: 0.0,
+                schedule: None,
+                clip_global_norm: None,
+            },
             gradients: Vec::new(),
             updates: Vec::new(),
+            learning_rate: None,
         });
         vec![]
     });

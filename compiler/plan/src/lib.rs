@@ -122,6 +122,8 @@ pub struct TrainingSpec {
     /// The nodes a training step runs for their effect (the updates), by name, across all
     /// partitions.
     pub updates: Vec<String>,
+    /// The node computing the step's learning rate (output 0), where a schedule sets it.
+    pub learning_rate: Option<String>,
 }
 
 /// One replica's own training step (asynchronous parameter server): fed its own batches,
@@ -170,6 +172,7 @@ impl Plan {
             loss_node: graph.node(t.loss.node).name.clone(),
             optimizer: t.optimizer.clone(),
             updates: t.updates.iter().map(|&u| graph.node(u).name.clone()).collect(),
+            learning_rate: t.learning_rate.map(|lr| graph.node(lr.node).name.clone()),
         });
         Plan {
             dfc_version: env!("CARGO_PKG_VERSION").into(),

@@ -146,6 +146,12 @@ fn check_interface(plan: &Plan) -> Result<(), String> {
     if let Some(training) = &plan.training {
         scalar_loss(&training.loss_node)?;
         existing(&training.updates, "the update")?;
+        if let Some(lr) = &training.learning_rate {
+            let scalar = node(lr).and_then(|n| n.outputs.first()).is_some_and(|ty| ty.shape.rank() == 0);
+            if !scalar {
+                return Err(format!("the learning rate `{lr}` is not a node with a scalar output"));
+            }
+        }
     }
     let replicas = plan.replicas.len();
     for replica in &plan.replicas {

@@ -29,9 +29,16 @@ fn module() -> Module {
         outputs: vec![Output { name: "y".into(), tensor: y.into() }],
         training: Some(Training {
             loss: loss.into(),
-            optimizer: Optimizer { kind: OptimizerKind::Sgd, learning_rate: 0.1, weight_decay: 0.0 },
+            optimizer: Optimizer {
+                kind: OptimizerKind::Sgd,
+                learning_rate: 0.1,
+                weight_decay: 0.0,
+                schedule: None,
+                clip_global_norm: None,
+            },
             gradients: Vec::new(),
             updates: Vec::new(),
+            learning_rate: None,
         }),
         metrics: Vec::new(),
     }

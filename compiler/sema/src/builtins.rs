@@ -75,27 +75,28 @@ pub const OPS: &[(&str, &str, &str)] = &[
 ];
 
 /// Every optimizer of `minimize ... with`: name, signature with defaults, one line of
-/// documentation.
+/// documentation. Every `lr` is a number or a learning-rate schedule (`SCHEDULES`);
+/// `clip_global_norm = c` scales the gradients together to a global norm of at most `c`.
 pub const OPTIMIZERS: &[(&str, &str, &str)] = &[
-    ("sgd", "sgd(lr, weight_decay=0)", "Stochastic gradient descent: w -= lr · g."),
+    ("sgd", "sgd(lr, weight_decay=0, clip_global_norm=none)", "Stochastic gradient descent: w -= lr · g."),
     (
         "momentum",
-        "momentum(lr, momentum=0.9, nesterov=false, weight_decay=0)",
+        "momentum(lr, momentum=0.9, nesterov=false, weight_decay=0, clip_global_norm=none)",
         "SGD with a velocity that accumulates past gradients (Nesterov's variant on request).",
     ),
     (
         "adam",
-        "adam(lr=0.001, beta1=0.9, beta2=0.999, epsilon=1e-7, weight_decay=0)",
+        "adam(lr=0.001, beta1=0.9, beta2=0.999, epsilon=1e-7, weight_decay=0, clip_global_norm=none)",
         "Adam: per-weight steps from running means of the gradient and its square.",
     ),
     (
         "adagrad",
-        "adagrad(lr=0.01, initial_accumulator=0.1, epsilon=1e-7, weight_decay=0)",
+        "adagrad(lr=0.01, initial_accumulator=0.1, epsilon=1e-7, weight_decay=0, clip_global_norm=none)",
         "Adagrad: steps shrink with the sum of past squared gradients.",
     ),
     (
         "rmsprop",
-        "rmsprop(lr=0.001, rho=0.9, momentum=0, epsilon=1e-7, weight_decay=0)",
+        "rmsprop(lr=0.001, rho=0.9, momentum=0, epsilon=1e-7, weight_decay=0, clip_global_norm=none)",
         "RMSProp: steps scaled by a running mean of squared gradients.",
     ),
 ];

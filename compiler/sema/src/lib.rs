@@ -14,12 +14,14 @@ mod builtins;
 mod eval;
 mod layers;
 mod lower;
+mod schedule;
 mod value;
 
 pub use builtins::{INITIALIZERS, OPS, OPTIMIZERS};
 use dfc_diag::{Code, Diagnostic};
 use dfc_ir::Module;
 use dfc_syntax::ast::{Item, SourceFile};
+pub use schedule::SCHEDULES;
 
 /// What the command line may change about a model.
 #[derive(Clone, Debug, Default)]

@@ -714,8 +714,10 @@ impl<'a> Lowerer<'a> {
             return;
         }
         if let Some(optimizer) = optimizer {
-            state.training =
-                Some((Training { loss: tensor, optimizer, gradients: Vec::new(), updates: Vec::new() }, span));
+            state.training = Some((
+                Training { loss: tensor, optimizer, gradients: Vec::new(), updates: Vec::new(), learning_rate: None },
+                span,
+            ));
         }
     }
 
@@ -970,12 +972,17 @@ impl<'a> Lowerer<'a> {
         let names: Vec<&str> = crate::builtins::OPTIMIZERS.iter().map(|(name, _, _)| *name).collect();
         let name = call.callee.name.as_str();
         let params: &[Param] = match name {
-            "sgd" => &[Param { name: "lr", required: true }, Param { name: "weight_decay", required: false }],
+            "sgd" => &[
+                Param { name: "lr", required: true },
+                Param { name: "weight_decay", required: false },
+                Param { name: "clip_global_norm", required: false },
+            ],
             "momentum" => &[
                 Param { name: "lr", required: true },
                 Param { name: "momentum", required: false },
                 Param { name: "nesterov", required: false },
                 Param { name: "weight_decay", required: false },
+                Param { name: "clip_global_norm", required: false },
             ],
             "adam" => &[
                 Param { name: "lr", required: false },
@@ -983,12 +990,14 @@ impl<'a> Lowerer<'a> {
                 Param { name: "beta2", required: false },
                 Param { name: "epsilon", required: false },
                 Param { name: "weight_decay", required: false },
+                Param { name: "clip_global_norm", required: false },
             ],
             "adagrad" => &[
                 Param { name: "lr", required: false },
                 Param { name: "initial_accumulator", required: false },
                 Param { name: "epsilon", required: false },
                 Param { name: "weight_decay", required: false },
+                Param { name: "clip_global_norm", required: false },
             ],
             "rmsprop" => &[
                 Param { name: "lr", required: false },
@@ -996,6 +1005,7 @@ impl<'a> Lowerer<'a> {
                 Param { name: "momentum", required: false },
                 Param { name: "epsilon", required: false },
                 Param { name: "weight_decay", required: false },
+                Param { name: "clip_global_norm", required: false },
             ],
             _ => {
                 let mut d =
@@ -1010,7 +1020,14 @@ impl<'a> Lowerer<'a> {
         };
         let bound = args::bind(name, call.span, params, &call.args, &mut self.diagnostics)?;
         let index = |key: &str| params.iter().position(|p| p.name == key);
-        let mut ok = true;
+        // `lr`: a number, or a schedule of the global step.
+        let lr_expr = index("lr").and_then(|i| args::expr(bound[i]));
+        let (schedule, schedule_ok) = match lr_expr.map(|e| self.lr_schedule(e)) {
+            Some(Ok(schedule)) => (schedule, true),
+            Some(Err(())) => (None, false),
+            None => (None, true),
+        };
+        let mut ok = schedule_ok;
         let mut number = |this: &mut Self, key: &str, default: f64, valid: fn(f64) -> bool, rule: &str| -> f64 {
             let Some(i) = index(key) else { return default };
             let Some(expr) = args::expr(bound[i]) else { return default };
@@ -1037,8 +1054,15 @@ impl<'a> Lowerer<'a> {
             "adagrad" => 0.01,
             _ => 0.001,
         };
-        let learning_rate = number(self, "lr", default_lr, positive, "positive");
+        let learning_rate = match &schedule {
+            Some(schedule) => schedule.at(0),
+            None if schedule_ok => number(self, "lr", default_lr, positive, "positive"),
+            None => default_lr,
+        };
         let weight_decay = number(self, "weight_decay", 0.0, non_negative, "≥ 0");
+        let clip_global_norm = index("clip_global_norm")
+            .and_then(|i| args::expr(bound[i]))
+            .map(|_| number(self, "clip_global_norm", 1.0, positive, "positive"));
         let kind = match name {
             "sgd" => OptimizerKind::Sgd,
             "momentum" => {
@@ -1064,7 +1088,7 @@ impl<'a> Lowerer<'a> {
                 epsilon: number(self, "epsilon", 1e-7, positive, "positive"),
             },
         };
-        ok.then_some(Optimizer { kind, learning_rate, weight_decay })
+        ok.then_some(Optimizer { kind, learning_rate, weight_decay, schedule, clip_global_norm })
     }
 }
 

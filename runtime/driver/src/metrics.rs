@@ -29,6 +29,8 @@ pub struct EpochRecord {
     pub step: u64,
     /// The mean training loss over the epoch's batches.
     pub train_loss: f64,
+    /// The learning rate of the epoch's last step (a schedule's, or the constant one).
+    pub learning_rate: Option<f64>,
     pub eval_loss: Option<f64>,
     pub eval_accuracy: Option<f64>,
     pub examples_per_sec: f64,
@@ -65,6 +67,7 @@ impl EpochRecord {
             ("epoch".into(), self.epoch.into()),
             ("step".into(), self.step.into()),
             ("train_loss".into(), number(self.train_loss)),
+            ("learning_rate".into(), self.learning_rate.map_or(Value::Null, number)),
         ];
         // Always present, null without evaluation data or an `accuracy` metric, so that every
         // line has the same keys.

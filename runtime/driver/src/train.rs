@@ -158,7 +158,15 @@ pub fn train_with<R: Runner>(
 
     let session = runner;
     let updates: Vec<&str> = training.updates.iter().map(String::as_str).collect();
-    let step_program = session.program(&[&training.loss_node], &updates)?;
+    let mut step_fetches = vec![training.loss_node.as_str()];
+    step_fetches.extend(training.learning_rate.as_deref());
+    let step_program = session.program(&step_fetches, &updates)?;
+    // The learning rate of the last step: the schedule's, fetched with the loss, or the
+    // constant one.
+    let mut learning_rate = match training.learning_rate {
+        Some(_) => None,
+        None => Some(training.optimizer.learning_rate),
+    };
     require_inputs(session.inputs(&step_program), &train_data, "--feed")?;
     let mut eval_fetches = vec![training.loss_node.as_str()];
     eval_fetches.extend(plan.metrics.iter().map(|m| m.name.as_str()));
@@ -232,6 +240,9 @@ pub fn train_with<R: Runner>(
             }
             let out = session.run(&step_program, &feeds)?;
             let loss = out[0].scalar_f64();
+            if let Some(lr) = out.get(1) {
+                learning_rate = Some(lr.scalar_f64());
+            }
             if !loss.is_finite() {
                 return Err(RunError::Usage(format!("the loss became {loss} at step {step}; lower the learning rate")));
             }
@@ -249,6 +260,7 @@ pub fn train_with<R: Runner>(
             epoch: epoch + 1,
             step,
             train_loss: if loss_count > 0 { loss_sum / loss_count as f64 } else { f64::NAN },
+            learning_rate,
             eval_loss: None,
             eval_accuracy: None,
             examples_per_sec: (trained * batch as u64) as f64 / seconds.max(1e-9),

@@ -9,6 +9,7 @@ fn record(epoch: u64) -> EpochRecord {
         epoch,
         step: epoch * 468,
         train_loss: 0.5,
+        learning_rate: Some(0.125),
         eval_loss: Some(0.25),
         eval_accuracy: Some(0.875),
         examples_per_sec: 1000.0,
@@ -28,7 +29,7 @@ fn one_flushed_object_per_line() {
     let text = std::fs::read_to_string(&path).unwrap();
     assert_eq!(
         text,
-        "{\"epoch\":1,\"step\":468,\"train_loss\":0.5,\"eval_loss\":0.25,\"eval_accuracy\":0.875,\
+        "{\"epoch\":1,\"step\":468,\"train_loss\":0.5,\"learning_rate\":0.125,\"eval_loss\":0.25,\"eval_accuracy\":0.875,\
          \"eval_f1\":0.8,\"eval_top5\":0.99,\"examples_per_sec\":1000.0,\"seconds\":2.5}\n"
     );
     // No evaluation: the eval keys are null; so is a diverged loss.
@@ -46,7 +47,7 @@ fn one_flushed_object_per_line() {
     assert_eq!(lines.len(), 2);
     assert_eq!(
         lines[1],
-        "{\"epoch\":2,\"step\":936,\"train_loss\":null,\"eval_loss\":null,\"eval_accuracy\":null,\"examples_per_sec\":3.0,\"seconds\":1.0}"
+        "{\"epoch\":2,\"step\":936,\"train_loss\":null,\"learning_rate\":null,\"eval_loss\":null,\"eval_accuracy\":null,\"examples_per_sec\":3.0,\"seconds\":1.0}"
     );
     for line in lines {
         let value: serde_json::Value = serde_json::from_str(line).unwrap();

@@ -209,9 +209,16 @@ fn two_layer(devices: &[DeviceSpec]) -> Module {
         metrics: vec![Output { name: "mae".into(), tensor: mae.into() }],
         training: Some(Training {
             loss: loss.into(),
-            optimizer: Optimizer { kind: OptimizerKind::Sgd, learning_rate: LR, weight_decay: 0.0 },
+            optimizer: Optimizer {
+                kind: OptimizerKind::Sgd,
+                learning_rate: LR,
+                weight_decay: 0.0,
+                schedule: None,
+                clip_global_norm: None,
+            },
             gradients: vec![(w, grad_w.into()), (v, grad_v.into())],
             updates: vec![update_w, update_v],
+            learning_rate: None,
         }),
     };
     let problems = dfc_ir::verify(&module, Default::default());
@@ -480,9 +487,16 @@ fn mirrored_plan(replicas: usize) -> Plan {
         params,
         training: Some(Training {
             loss: loss.unwrap().into(),
-            optimizer: Optimizer { kind: OptimizerKind::Sgd, learning_rate: LR, weight_decay: 0.0 },
+            optimizer: Optimizer {
+                kind: OptimizerKind::Sgd,
+                learning_rate: LR,
+                weight_decay: 0.0,
+                schedule: None,
+                clip_global_norm: None,
+            },
             gradients: Vec::new(),
             updates,
+            learning_rate: None,
         }),
         ..Module::default()
     };

@@ -158,6 +158,15 @@ pub(crate) fn compute(op: &Op, operands: &[&Tensor]) -> Result<Tensor, Fault> {
                 DType::Bool => tensor(shape::one_hot::<bool>(&ids, dims(0), *depth)),
             }
         }
+        Op::LearningRate { schedule, dtype } => {
+            // A step below zero (a damaged checkpoint's) counts as the first.
+            let step = u64::try_from(indices(x())[0]).unwrap_or(0);
+            let lr = schedule.at(step);
+            match dtype {
+                DType::F64 => Tensor::scalar(lr),
+                _ => Tensor::scalar(lr as f32),
+            }
+        }
         Op::Gather => any_type!(&x().data, v => tensor(shape::gather(v, dims(0), &indices(operands[1]), dims(1))?)),
         Op::ScatterAdd { rows } => any_type!(&operands[1].data, v => tensor(shape::scatter_add(
             &indices(operands[0]), dims(0), v, dims(1), *rows
