@@ -25,6 +25,7 @@ const CASES: &[Case] = &[
     Case { name: "relu", params: "a: f64[2, 3]", expr: "relu(a)" },
     Case { name: "sigmoid", params: "a: f64[2, 3]", expr: "sigmoid(a)" },
     Case { name: "tanh", params: "a: f64[2, 3]", expr: "tanh(a)" },
+    Case { name: "gelu", params: "a: f64[2, 3]", expr: "gelu(a * 2.0)" },
     Case { name: "add_broadcast", params: "a: f64[2, 3]; b: f64[3]", expr: "a + b" },
     Case { name: "sub_broadcast", params: "a: f64[2, 1]; b: f64[3]", expr: "a - b" },
     Case { name: "mul_broadcast", params: "a: f64[2, 3]; b: f64[1, 3]", expr: "a * b" },

@@ -19,6 +19,11 @@ pub const OPS: &[(&str, &str, &str)] = &[
     ("relu", "relu(x)", "Elementwise max(x, 0)."),
     ("sigmoid", "sigmoid(x)", "Elementwise 1/(1+e^-x)."),
     ("tanh", "tanh(x)", "Elementwise hyperbolic tangent."),
+    (
+        "gelu",
+        "gelu(x)",
+        "Elementwise GELU, tanh form: 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))) (JAX's default, GPT-2's).",
+    ),
     ("add", "add(x, y)", "Elementwise sum, broadcast; as `x + y`."),
     ("sub", "sub(x, y)", "Elementwise difference, broadcast; as `x - y`."),
     ("mul", "mul(x, y)", "Elementwise product, broadcast; as `x * y`."),
@@ -123,8 +128,8 @@ pub fn is_op(name: &str) -> bool {
 
 fn params_of(name: &str) -> &'static [Param<'static>] {
     match name {
-        "neg" | "abs" | "exp" | "log" | "sqrt" | "rsqrt" | "relu" | "sigmoid" | "tanh" | "cast" | "flatten"
-        | "stop_gradient" | "identity" => &[Param { name: "x", required: true }],
+        "neg" | "abs" | "exp" | "log" | "sqrt" | "rsqrt" | "relu" | "sigmoid" | "tanh" | "gelu" | "cast"
+        | "flatten" | "stop_gradient" | "identity" => &[Param { name: "x", required: true }],
         "add" | "sub" | "mul" | "div" | "pow" | "maximum" | "minimum" | "equal" | "not_equal" | "less"
         | "less_equal" | "greater" | "greater_equal" => {
             &[Param { name: "x", required: true }, Param { name: "y", required: true }]
@@ -253,6 +258,46 @@ impl Lowerer<'_> {
         self.make_tensor(value, arg.value.span, None).map(|t| (t, arg.value.span))
     }
 
+    /// `gelu(x)` as the elementwise ops it is made of, which fusion makes one kernel (and
+    /// autodiff differentiates): `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`.
+    fn gelu(&mut self, x: TensorRef, x_span: Span, span: Span) -> Val {
+        let dtype = self.graph.ty(x).dtype;
+        if !dtype.is_float() {
+            // `tanh` reports a non-float operand at `x`.
+            return self.node(Op::Unary(UnaryOp::Tanh), &[(x, x_span)], span);
+        }
+        let constant = |this: &mut Self, v: f64| {
+            this.make_tensor(Val::Number(crate::value::Number::Float(v)), span, Some(dtype)).map(|t| (t, span))
+        };
+        let (Some(half), Some(one), Some(cubic), Some(scale)) = (
+            constant(self, 0.5),
+            constant(self, 1.0),
+            constant(self, 0.044715),
+            constant(self, (2.0 / std::f64::consts::PI).sqrt()),
+        ) else {
+            return Val::Error;
+        };
+        let x = (x, x_span);
+        let op = |this: &mut Self, op: Op, operands: &[(TensorRef, Span)]| match this.node(op, operands, span) {
+            Val::Tensor(t) => Some((t, span)),
+            _ => None,
+        };
+        let mul = Op::Binary(BinaryOp::Mul);
+        let add = Op::Binary(BinaryOp::Add);
+        let result = (|| {
+            let square = op(self, mul.clone(), &[x, x])?;
+            let cube = op(self, mul.clone(), &[square, x])?;
+            let term = op(self, mul.clone(), &[cubic, cube])?;
+            let inner = op(self, add.clone(), &[x, term])?;
+            let scaled = op(self, mul.clone(), &[scale, inner])?;
+            let t = op(self, Op::Unary(UnaryOp::Tanh), &[scaled])?;
+            let shifted = op(self, add.clone(), &[one, t])?;
+            let halved = op(self, mul.clone(), &[half, x])?;
+            op(self, mul.clone(), &[halved, shifted])
+        })();
+        result.map_or(Val::Error, |(t, _)| Val::Tensor(t))
+    }
+
     fn builtin(&mut self, name: &str, call: &Call, bound: &[Option<&Arg>], span: Span) -> Val {
         let unary = |op: UnaryOp| Op::Unary(op);
         let simple_unary = match name {
@@ -298,6 +343,10 @@ impl Lowerer<'_> {
             return self.binary_op(op, (a, x.value.span), (b, y.value.span), span);
         }
         match name {
+            "gelu" => {
+                let Some((x, x_span)) = self.tensor_arg(bound[0]) else { return Val::Error };
+                self.gelu(x, x_span, span)
+            }
             "select" => {
                 let Some(cond) = self.tensor_arg(bound[0]) else { return Val::Error };
                 let (x, y) = (bound[1].expect("required"), bound[2].expect("required"));
