@@ -82,10 +82,11 @@ fn run(plan: &Plan, backend: Backend, data: &[HashMap<String, Tensor>]) -> (Vec<
     let forward = session.program(&forward_names, &[]).expect("a forward pass");
     if backend == Backend::GridEmulator {
         // On a GPU everything runs on the device but the exchanges between devices (and a
-        // learning-rate schedule's one scalar a step).
+        // learning-rate schedule's one scalar a step, and random bits, not yet generated on
+        // the device).
         for (what, program) in [("training step", &step), ("forward pass", &forward)] {
             let host = program.host_steps();
-            let exchanges = ["send", "recv", "all_reduce", "learning_rate"];
+            let exchanges = ["send", "recv", "all_reduce", "learning_rate", "random_uniform"];
             assert!(
                 host.iter().all(|s| exchanges.contains(&s.as_str())),
                 "{}: {what} on the host: {host:?}",
@@ -339,6 +340,62 @@ fn schedules_and_clipping_run_natively_and_on_the_grid_emulator() {
     check_backend("scheduled on a GPU", &on_gpu, Backend::GridEmulator);
 }
 
+/// A model with dropout: its masks (Philox bits of the run's seed and the step) and the
+/// identity outside training, natively on a CPU and on the grid emulator's GPU: the
+/// interpreter's values, forward (no dropout) and trained (dropout).
+const DROPOUT_MODEL: &str = r#"
+    model dropped {
+        input x: f32[8, 6]
+        input labels: i32[8]
+        param w: f32[6, 10] = glorot_uniform
+        let h = dropout(x, 0.4)
+        let logits = h @ w
+        let loss = mean(softmax_cross_entropy(logits, one_hot(labels, 10)))
+        output h
+        output logits
+        minimize loss with sgd(lr = 0.1)
+    }"#;
+
+#[test]
+fn dropout_runs_natively_and_on_the_grid_emulator() {
+    let on_cpu = plan_of(DROPOUT_MODEL, "dropped", Cluster::local(1, DeviceKind::Cpu), Strategy::Single);
+    check_backend("dropped", &on_cpu, Backend::Llvm);
+    let on_gpu = plan_of(DROPOUT_MODEL, "dropped", Cluster::local(1, DeviceKind::Gpu), Strategy::Single);
+    check_backend("dropped on a GPU", &on_gpu, Backend::GridEmulator);
+}
+
+/// In a training step dropout zeroes about `rate` of the elements and scales the others by
+/// 1 / (1 − rate), with a new mask every step; in any other program it is the identity.
+#[test]
+fn dropout_drops_in_training_only() {
+    let plan = plan_of(DROPOUT_MODEL, "dropped", Cluster::local(1, DeviceKind::Cpu), Strategy::Single);
+    let training = plan.training.as_ref().expect("it trains");
+    let feeds = batches(&plan).remove(0);
+    let x = feeds["x"].to_f64_vec();
+    for backend in [Backend::Interp, Backend::Llvm] {
+        let mut session = Session::with_backend(&plan, 0, backend).expect("the plan loads");
+        let updates: Vec<&str> = training.updates.iter().map(String::as_str).collect();
+        let step = session.program(&["h"], &updates).expect("a training step");
+        let forward = session.program(&["h"], &[]).expect("a forward pass");
+        let inferred = session.run(&forward, &feeds).unwrap().remove(0).to_f64_vec();
+        assert_eq!(inferred, x, "{backend:?}: the identity outside training");
+        let mut masks = Vec::new();
+        for _ in 0..2 {
+            let h = session.run(&step, &feeds).unwrap().remove(0).to_f64_vec();
+            let kept: Vec<bool> = h.iter().map(|&v| v != 0.0).collect();
+            for ((&v, &xi), &k) in h.iter().zip(&x).zip(&kept) {
+                if k {
+                    assert!((v - xi / 0.6).abs() < 1e-6 * (1.0 + xi.abs()), "{backend:?}: {v} kept from {xi}");
+                }
+            }
+            let dropped = kept.iter().filter(|k| !**k).count();
+            assert!((8..=32).contains(&dropped), "{backend:?}: {dropped} of 48 dropped at rate 0.4");
+            masks.push(kept);
+        }
+        assert_ne!(masks[0], masks[1], "{backend:?}: a new mask every step");
+    }
+}
+
 /// On a machine with an NVIDIA GPU: every example's GPU plan, on one GPU and mirrored on two
 /// where there are two, run on the GPU (device memory, the kernels' launches, cuBLAS, the other
 /// steps on the host) against the interpreter. Elsewhere a skip (`DFC_GPU_REQUIRED=1` makes it
@@ -392,7 +449,7 @@ fn a_plan_is_data_and_runs_on_code_generated_for_another_cpu() {
     let loss = module.graph.node_ids().find(|&id| module.graph.node(id).name == training.loss_node).unwrap();
     let fetches = [dfc_ir::TensorRef::from(loss)];
     let order = dfc_interp::schedule(&[module]).unwrap().remove(0);
-    let native = dfc_cpu::NativeProgram::new(module, jit, &fetches, &[], &order).expect("a native program");
+    let native = dfc_cpu::NativeProgram::new(module, jit, &fetches, &[], &order, false).expect("a native program");
     let interp = dfc_interp::Program::with_order(module, &fetches, &[], &order).unwrap();
     let mut variables = dfc_interp::initialize(module, 0);
     for feeds in batches(&plan) {

@@ -148,6 +148,16 @@ pub enum Op {
     ScatterAdd {
         rows: usize,
     },
+    /// `(seed, step) (i64 scalars) -> f32[shape]` uniform in [0, 1): Philox-4x32-10 bits, a
+    /// stream per seed, step and `salt` (the op's own: its name's hash, mixed with the replica's
+    /// index), element `e` from block `e / 4` of the counter, word `e % 4`.
+    RandomUniform {
+        shape: Shape,
+        salt: u64,
+    },
+    /// `true` in a program that trains (runs updates), `false` in one that evaluates or infers:
+    /// a `bool` scalar each program fixes, so that dropout is the identity outside training.
+    TrainingFlag,
     /// `step (i64 scalar) -> the learning rate at that step (a `dtype` scalar)`: the
     /// optimizer's schedule, computed from the global step.
     LearningRate {
@@ -347,12 +357,25 @@ impl Padding {
 pub enum Initializer {
     Zeros,
     Ones,
-    Constant { value: f64 },
-    Uniform { min: f64, max: f64 },
-    Normal { mean: f64, stddev: f64 },
-    TruncatedNormal { mean: f64, stddev: f64 },
+    Constant {
+        value: f64,
+    },
+    Uniform {
+        min: f64,
+        max: f64,
+    },
+    Normal {
+        mean: f64,
+        stddev: f64,
+    },
+    TruncatedNormal {
+        mean: f64,
+        stddev: f64,
+    },
     GlorotUniform,
     HeNormal,
+    /// The run's seed (`--seed`), for an i64 scalar: the key of the random ops' streams.
+    Seed,
 }
 
 impl fmt::Display for Initializer {
@@ -368,6 +391,7 @@ impl fmt::Display for Initializer {
             }
             Initializer::GlorotUniform => f.write_str("glorot_uniform"),
             Initializer::HeNormal => f.write_str("he_normal"),
+            Initializer::Seed => f.write_str("seed"),
         }
     }
 }
@@ -522,6 +546,8 @@ impl Op {
             Op::AvgPoolGrad { .. } => "avg_pool_grad",
             Op::ScatterAdd { .. } => "scatter_add",
             Op::LearningRate { .. } => "learning_rate",
+            Op::RandomUniform { .. } => "random_uniform",
+            Op::TrainingFlag => "training_flag",
             Op::Send { .. } => "send",
             Op::Recv { .. } => "recv",
             Op::AllReduce { .. } => "all_reduce",
@@ -531,7 +557,7 @@ impl Op {
     /// The number of data operands, or `None` for variadic ops (`concat`).
     pub fn arity(&self) -> Option<usize> {
         Some(match self {
-            Op::Input { .. } | Op::Const { .. } | Op::Variable { .. } | Op::Recv { .. } => 0,
+            Op::Input { .. } | Op::Const { .. } | Op::Variable { .. } | Op::Recv { .. } | Op::TrainingFlag => 0,
             Op::Read
             | Op::Identity
             | Op::StopGradient
@@ -566,7 +592,8 @@ impl Op {
             | Op::Conv2dBackpropInput { .. }
             | Op::Conv2dBackpropFilter { .. }
             | Op::MaxPoolGrad { .. }
-            | Op::ScatterAdd { .. } => 2,
+            | Op::ScatterAdd { .. }
+            | Op::RandomUniform { .. } => 2,
             Op::Select => 3,
             Op::Concat { .. } => return None,
         })
@@ -650,6 +677,7 @@ impl Op {
             }
             Op::ScatterAdd { rows } => vec![("rows", rows.to_string())],
             Op::LearningRate { schedule, .. } => vec![("schedule", format!("{:?}", schedule.to_string()))],
+            Op::RandomUniform { salt, .. } => vec![("salt", format!("{salt:#x}"))],
             Op::Conv2d { strides, padding } => {
                 vec![("strides", list(strides)), ("padding", padding.name().into())]
             }

@@ -474,6 +474,8 @@ impl Builder<'_> {
             | Op::OneHot { .. }
             | Op::ArgMax { .. }
             | Op::LearningRate { .. }
+            | Op::RandomUniform { .. }
+            | Op::TrainingFlag
             | Op::Conv2dBackpropInput { .. }
             | Op::Conv2dBackpropFilter { .. }
             | Op::MaxPoolGrad { .. }

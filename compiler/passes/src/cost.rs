@@ -175,7 +175,9 @@ pub fn node_flops(graph: &Graph, id: NodeId) -> f64 {
         | Op::BroadcastTo { .. }
         | Op::Pad { .. } => 0.0,
         // A scalar a step.
-        Op::LearningRate { .. } => 1.0,
+        Op::LearningRate { .. } | Op::TrainingFlag => 1.0,
+        // Philox-4x32-10: ten rounds of two multiplications and some xors per four elements.
+        Op::RandomUniform { shape, .. } => 10.0 * shape.n_elements() as f64,
         Op::Reduce { .. } | Op::ArgMax { .. } => operand_elements(0),
         Op::Softmax { .. } | Op::LogSoftmax { .. } | Op::SoftmaxCrossEntropy | Op::SigmoidCrossEntropy => {
             SOFTMAX_FLOPS * operand_elements(0)

@@ -31,17 +31,30 @@ pub fn apply_optimizer(module: &mut Module) {
         None => training.gradients.clone(),
     };
     let mut updates = Vec::new();
-    // The global step, and the learning rate at it per dtype, where a schedule sets it.
-    let global_step = optimizer.schedule.as_ref().map(|_| {
+    // The global step (made by the model's random ops, or here for a schedule), counted by
+    // every training step after every read of it.
+    let scalar = dfc_ir::TensorType::scalar(DType::I64);
+    let existing = graph.node_ids().find(|&id| {
+        let node = graph.node(id);
+        node.name == "global_step" && matches!(&node.op, Op::Variable { ty, trainable: false, .. } if *ty == scalar)
+    });
+    let global_step = if existing.is_some() || optimizer.schedule.is_some() {
         let mut u = Updater { graph, variable: None, scope: "optimizer".into() };
-        let counter = u.slot("global_step", DType::I64, &dfc_ir::Shape::scalar(), Initializer::Zeros);
+        let counter =
+            existing.unwrap_or_else(|| u.slot("global_step", DType::I64, &dfc_ir::Shape::scalar(), Initializer::Zeros));
         let step = u.read(counter);
         let one = u.constant(DType::I64, 1.0);
         let increment = u.add(Op::AssignAdd, &[counter.into(), one]);
-        graph.add_control_edge(step.node, increment.node);
+        let reads: Vec<NodeId> =
+            graph.users(counter).into_iter().filter(|r| matches!(graph.node(*r).op, Op::Read)).collect();
+        for read in reads {
+            graph.add_control_edge(read, increment.node);
+        }
         updates.push(increment.node);
-        step
-    });
+        Some(step)
+    } else {
+        None
+    };
     let mut scheduled: std::collections::HashMap<DType, TensorRef> = std::collections::HashMap::new();
     let mut learning_rate = None;
 
@@ -64,7 +77,7 @@ pub fn apply_optimizer(module: &mut Module) {
         let name = graph.node(variable).name.clone();
         let mut u = Updater { graph, variable: Some(variable), scope: format!("{name}/update") };
         let dtype = ty.dtype;
-        let lr = match (&optimizer.schedule, global_step) {
+        let lr = match (&optimizer.schedule, global_step.filter(|_| optimizer.schedule.is_some())) {
             (Some(schedule), Some(step)) => *scheduled.entry(dtype).or_insert_with(|| {
                 let op = Op::LearningRate { schedule: schedule.clone(), dtype };
                 let mut shared = Updater { graph: u.graph, variable: None, scope: "optimizer".into() };
@@ -169,7 +182,7 @@ pub fn apply_optimizer(module: &mut Module) {
     }
     let training = module.training.as_mut().expect("checked above");
     training.updates = updates;
-    training.learning_rate = learning_rate.filter(|_| global_step.is_some());
+    training.learning_rate = learning_rate.filter(|_| optimizer.schedule.is_some());
 }
 
 /// The gradients scaled together so that their global norm is at most `norm`: each times

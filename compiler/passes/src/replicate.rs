@@ -274,6 +274,12 @@ impl<'a> Builder<'a> {
                 *origin = Some(Box::new(VariableOrigin { mirror_of: Some(node.name.clone()), ..base }));
             }
         }
+        // Each replica draws its own random bits (replica 0 those of the unreplicated model).
+        if let (Op::RandomUniform { salt, .. }, Some(r)) = (&mut op, replica) {
+            if r > 0 {
+                *salt ^= (r as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            }
+        }
         let outputs = node.outputs.clone();
         let copy = self.out.graph.add_with_types(op, &inputs, outputs, &name, span);
         // Asynchronous updates are per replica but live with the shared variables.

@@ -20,6 +20,16 @@ pub const OPS: &[(&str, &str, &str)] = &[
     ("sigmoid", "sigmoid(x)", "Elementwise 1/(1+e^-x)."),
     ("tanh", "tanh(x)", "Elementwise hyperbolic tangent."),
     (
+        "dropout",
+        "dropout(x, rate)",
+        "In training, each element zeroed with probability `rate` and the rest scaled by 1/(1 - rate); the identity in evaluation and inference.",
+    ),
+    (
+        "random_uniform",
+        "random_uniform(shape)",
+        "f32 uniform in [0, 1), a Philox stream of its own per run seed and training step.",
+    ),
+    (
         "gelu",
         "gelu(x)",
         "Elementwise GELU, tanh form: 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))) (JAX's default, GPT-2's).",
@@ -165,6 +175,8 @@ fn params_of(name: &str) -> &'static [Param<'static>] {
             &[Param { name: "logits", required: true }, Param { name: "labels", required: true }]
         }
         "one_hot" => &[Param { name: "indices", required: true }, Param { name: "depth", required: true }],
+        "dropout" => &[Param { name: "x", required: true }, Param { name: "rate", required: true }],
+        "random_uniform" => &[Param { name: "shape", required: true }],
         "conv2d" => &[
             Param { name: "x", required: true },
             Param { name: "filter", required: true },
@@ -343,6 +355,28 @@ impl Lowerer<'_> {
             return self.binary_op(op, (a, x.value.span), (b, y.value.span), span);
         }
         match name {
+            "dropout" => {
+                let Some(x) = self.tensor_arg(bound[0]) else { return Val::Error };
+                let rate_expr = &bound[1].expect("required").value;
+                let Some(rate) = self.const_f64(rate_expr, "`rate`") else { return Val::Error };
+                self.dropout(x, rate, rate_expr.span, span)
+            }
+            "random_uniform" => {
+                let shape_expr = &bound[0].expect("required").value;
+                let Some(dims) = self.const_int_list(shape_expr, "`shape`") else { return Val::Error };
+                if dims.iter().any(|&d| d < 0) {
+                    self.diagnostics.push(
+                        Diagnostic::error(Code::ARGUMENT_KIND, shape_expr.span, "a shape's sizes are ≥ 0")
+                            .with_label("a negative size"),
+                    );
+                    return Val::Error;
+                }
+                let shape = Shape(dims.into_iter().map(|d| d as usize).collect());
+                if !self.check_size(&dfc_ir::TensorType::new(DType::F32, shape.clone()), shape_expr.span) {
+                    return Val::Error;
+                }
+                self.random_uniform(shape, span)
+            }
             "gelu" => {
                 let Some((x, x_span)) = self.tensor_arg(bound[0]) else { return Val::Error };
                 self.gelu(x, x_span, span)

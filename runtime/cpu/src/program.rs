@@ -71,10 +71,11 @@ impl NativeProgram {
         fetches: &[TensorRef],
         targets: &[NodeId],
         order: &[NodeId],
+        training: bool,
     ) -> Result<NativeProgram, CpuError> {
         let sites: Vec<KernelSite> =
             jit.kernels().iter().map(|k| KernelSite { root: k.root, members: &k.members, inputs: &k.inputs }).collect();
-        let schedule = Schedule::new(module, &sites, fetches, targets, order)?;
+        let schedule = Schedule::new(module, &sites, fetches, targets, order, training)?;
         let mut functions = vec![None; sites.len()];
         for step in &schedule.steps {
             if let Step::Kernel { kernel, .. } = *step {

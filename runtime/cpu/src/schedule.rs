@@ -298,17 +298,19 @@ impl Schedule {
 
     /// The schedule computing `fetches` and running `targets` over `module` (a partition)
     /// whose fused kernels are `kernels` (`dfc_passes::fuse` of this module, as compiled), nodes
-    /// in `order` (see `dfc_interp::Program::with_order`).
+    /// in `order` (see `dfc_interp::Program::with_order`), in a program that trains or not
+    /// (`training`: see `dfc_interp::Program::with_mode`).
     pub fn new(
         module: &Module,
         kernels: &[KernelSite<'_>],
         fetches: &[TensorRef],
         targets: &[NodeId],
         order: &[NodeId],
+        training: bool,
     ) -> Result<Schedule, CpuError> {
         let graph = &module.graph;
         // The interpreter's program checks every node: the same checks hold here.
-        dfc_interp::Program::with_order(module, fetches, targets, order)?;
+        dfc_interp::Program::with_mode(module, fetches, targets, order, training)?;
         let roots: Vec<NodeId> = fetches.iter().map(|f| f.node).chain(targets.iter().copied()).collect();
         let needed = graph.ancestors(&roots);
         let order: Vec<NodeId> = {
@@ -434,6 +436,11 @@ impl Schedule {
                 Op::Const { value } => {
                     slot_of.insert(id, Slot::Const(builder.consts.len()));
                     builder.consts.push(Tensor::new(value.shape.clone(), value.data.clone()));
+                }
+                // A program that runs updates trains; any other evaluates or infers.
+                Op::TrainingFlag => {
+                    slot_of.insert(id, Slot::Const(builder.consts.len()));
+                    builder.consts.push(Tensor::scalar(training));
                 }
                 Op::Variable { ty, .. } => {
                     slot_of.insert(id, Slot::Variable(builder.variables.len()));

@@ -43,13 +43,14 @@ impl GpuProgram {
         fetches: &[TensorRef],
         targets: &[NodeId],
         order: &[NodeId],
+        training: bool,
     ) -> Result<GpuProgram, ProgramError> {
         let sites: Vec<KernelSite> = kernels
             .kernels()
             .iter()
             .map(|k| KernelSite { root: k.root, members: &k.members, inputs: &k.inputs })
             .collect();
-        let schedule = Schedule::new(module, &sites, fetches, targets, order)?;
+        let schedule = Schedule::new(module, &sites, fetches, targets, order, training)?;
         let run = DeviceRun::new(partition.clone(), kernels, &schedule)?;
         Ok(GpuProgram { schedule, run: Mutex::new(run) })
     }

@@ -348,6 +348,8 @@ impl<'p> Session<'p> {
     /// (a parameter server) runs the two as separate calls of one step, so that it never
     /// holds its variables while it waits for a replica.
     pub fn program_stage(&self, fetches: &[&str], targets: &[&str], stage: Stage) -> Result<SessionProgram, RunError> {
+        // A program that runs updates trains (dropout drops) in every partition of it.
+        let training = !targets.is_empty();
         let n = self.plan.partitions.len();
         let mut roots: Vec<BTreeSet<NodeId>> = vec![BTreeSet::new(); n];
         let mut part_fetches: Vec<Vec<TensorRef>> = vec![Vec::new(); n];
@@ -431,15 +433,18 @@ impl<'p> Session<'p> {
             let targets: Vec<NodeId> = partition_roots.iter().copied().collect();
             let module = &self.plan.partitions[p].module;
             let program = match (&self.native[p], &self.gpu[p]) {
-                (Some(jit), _) => Executable::Native(self.native_program(p, jit, &part_fetches[p], &targets)?),
+                (Some(jit), _) => {
+                    Executable::Native(self.native_program(p, jit, &part_fetches[p], &targets, training)?)
+                }
                 (None, Some((partition, kernels))) => {
-                    Executable::Gpu(self.gpu_program(p, partition, kernels, &part_fetches[p], &targets)?)
+                    Executable::Gpu(self.gpu_program(p, partition, kernels, &part_fetches[p], &targets, training)?)
                 }
                 (None, None) if self.backend != Backend::Interp => {
                     unreachable!("hosted partitions have native code")
                 }
                 (None, None) => {
-                    Executable::Interp(Program::with_order(module, &part_fetches[p], &targets, &self.orders[p])?)
+                    let order = &self.orders[p];
+                    Executable::Interp(Program::with_mode(module, &part_fetches[p], &targets, order, training)?)
                 }
             };
             part_index[p] = parts.len();
@@ -464,6 +469,7 @@ impl<'p> Session<'p> {
         jit: &Arc<Jitted>,
         fetches: &[TensorRef],
         targets: &[NodeId],
+        training: bool,
     ) -> Result<NativeProgram, RunError> {
         let module = &self.plan.partitions[p].module;
         let order = &self.orders[p];
@@ -471,14 +477,14 @@ impl<'p> Session<'p> {
             CpuError::Interp(e) => RunError::Interp(e),
             other => RunError::Plan(other.to_string()),
         };
-        match NativeProgram::new(module, jit.clone(), fetches, targets, order) {
+        match NativeProgram::new(module, jit.clone(), fetches, targets, order, training) {
             Err(CpuError::NotStored(_)) => {
                 let mut keep = self.plan.kept_nodes(p);
                 keep.extend(fetches.iter().map(|f| f.node));
                 let cache = dfc_codegen::CodeCache::from_env();
                 let jit = dfc_cpu::load_partition(&cache, module, &keep, &dfc_codegen::host_target())
                     .map_err(backend_error)?;
-                NativeProgram::new(module, jit, fetches, targets, order).map_err(backend_error)
+                NativeProgram::new(module, jit, fetches, targets, order, training).map_err(backend_error)
             }
             other => other.map_err(backend_error),
         }
@@ -492,6 +498,7 @@ impl<'p> Session<'p> {
         kernels: &GpuKernels,
         fetches: &[TensorRef],
         targets: &[NodeId],
+        training: bool,
     ) -> Result<GpuProgram, RunError> {
         let module = &self.plan.partitions[p].module;
         let order = &self.orders[p];
@@ -499,12 +506,12 @@ impl<'p> Session<'p> {
             ProgramError::Schedule(CpuError::Interp(e)) => RunError::Interp(e),
             other => RunError::Plan(other.to_string()),
         };
-        match GpuProgram::new(module, partition, kernels, fetches, targets, order) {
+        match GpuProgram::new(module, partition, kernels, fetches, targets, order, training) {
             Err(ProgramError::Schedule(CpuError::NotStored(_))) => {
                 let mut keep = self.plan.kept_nodes(p);
                 keep.extend(fetches.iter().map(|f| f.node));
                 let kernels = gpu_kernels(self.plan, p, &keep, self.backend)?;
-                GpuProgram::new(module, partition, &kernels, fetches, targets, order).map_err(backend_error)
+                GpuProgram::new(module, partition, &kernels, fetches, targets, order, training).map_err(backend_error)
             }
             other => other.map_err(backend_error),
         }

@@ -34,7 +34,7 @@
 
 use crate::tensor::Tensor;
 use crate::{InterpError, Variables};
-use dfc_ir::{Initializer, Module, Op, TensorType, VariableOrigin};
+use dfc_ir::{DType, Initializer, Module, Op, TensorType, VariableOrigin};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, StandardNormal};
@@ -133,6 +133,14 @@ fn origin_rows(ty: &TensorType, origin: &VariableOrigin) -> Result<Option<Op>, S
 
 /// The initial value of the variable `name` of type `ty`, as `initialize` computes it.
 pub fn initial_value(ty: &TensorType, init: &Initializer, name: &str, seed: u64) -> Tensor {
+    if *init == Initializer::Seed {
+        let n = ty.shape.n_elements();
+        return match ty.dtype {
+            // The run's seed itself, bit for bit (an f64 would round seeds past 2^53).
+            DType::I64 => Tensor::new(ty.shape.clone(), crate::Data::I64(vec![seed as i64; n])),
+            dtype => Tensor::from_f64(dtype, ty.shape.clone(), &vec![seed as f64; n]),
+        };
+    }
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ fnv1a_64(name.as_bytes()));
     let n = ty.shape.n_elements();
     let (fan_in, fan_out) = fans(ty.shape.dims());
@@ -153,6 +161,7 @@ pub fn initial_value(ty: &TensorType, init: &Initializer, name: &str, seed: u64)
             let stddev = (2.0 / fan_in).sqrt() / TRUNCATED_STDDEV;
             (0..n).map(|_| stddev * truncated_standard_normal(&mut rng)).collect()
         }
+        Initializer::Seed => unreachable!("returned above"),
     };
     Tensor::from_f64(ty.dtype, ty.shape.clone(), &values)
 }

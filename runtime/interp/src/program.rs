@@ -143,6 +143,23 @@ impl Program {
         targets: &[NodeId],
         order: &[NodeId],
     ) -> Result<Program, InterpError> {
+        let training = targets.iter().any(|&t| {
+            module.graph.contains(t) && matches!(module.graph.node(t).op, Op::Assign | Op::AssignAdd | Op::AssignSub)
+        });
+        Program::with_mode(module, fetches, targets, order, training)
+    }
+
+    /// Like [`Program::with_order`], in a program that trains (`training`: dropout drops) or
+    /// not (`Op::TrainingFlag`'s value). `with_order` takes a program that runs an update for
+    /// one that trains; a session knows better (a partition of a training step may update
+    /// nothing) and says.
+    pub fn with_mode(
+        module: &Module,
+        fetches: &[TensorRef],
+        targets: &[NodeId],
+        order: &[NodeId],
+        training: bool,
+    ) -> Result<Program, InterpError> {
         let graph = &module.graph;
         for (i, fetch) in fetches.iter().enumerate() {
             if !graph.contains(fetch.node) || fetch.port as usize >= graph.node(fetch.node).outputs.len() {
@@ -219,6 +236,8 @@ impl Program {
                     value: position[&operands[0].node],
                     peers: Vec::new(),
                 },
+                // A program that runs updates trains; any other evaluates or infers.
+                Op::TrainingFlag => Action::Compute { op: training_flag(training), operands: Vec::new() },
                 op => {
                     Action::Compute { op: op.clone(), operands: operands.iter().map(|t| position[&t.node]).collect() }
                 }
@@ -676,4 +695,10 @@ pub(crate) fn check_types(op: &Op, types: &[&TensorType], outputs: &[TensorType]
         }
     }
     Ok(())
+}
+
+/// `Op::TrainingFlag` as the constant a program fixes it to: `training` in a program that runs
+/// updates.
+pub fn training_flag(training: bool) -> Op {
+    Op::Const { value: dfc_ir::ConstValue::scalar(dfc_ir::DType::Bool, if training { 1.0 } else { 0.0 }) }
 }

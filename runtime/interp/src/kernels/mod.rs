@@ -8,6 +8,7 @@
 pub(crate) mod conv;
 mod elementwise;
 mod matmul;
+pub mod random;
 mod reduce;
 mod shape;
 
@@ -158,6 +159,13 @@ pub(crate) fn compute(op: &Op, operands: &[&Tensor]) -> Result<Tensor, Fault> {
                 DType::Bool => tensor(shape::one_hot::<bool>(&ids, dims(0), *depth)),
             }
         }
+        Op::RandomUniform { shape, salt } => {
+            let (seed, step) = (indices(operands[0])[0], indices(operands[1])[0]);
+            let (key, upper) = random::stream(seed, *salt, step);
+            let values: Vec<f32> = (0..shape.n_elements() as u64).map(|e| random::uniform_at(key, upper, e)).collect();
+            Tensor::from_vec(shape.clone(), values)
+        }
+        Op::TrainingFlag => unreachable!("a program fixes `training_flag` when it is made"),
         Op::LearningRate { schedule, dtype } => {
             // A step below zero (a damaged checkpoint's) counts as the first.
             let step = u64::try_from(indices(x())[0]).unwrap_or(0);
