@@ -21,9 +21,18 @@ fn root() -> PathBuf {
 }
 
 /// Every example, each compiled for one GPU.
-/// The examples, and a model of long rows (`tests/ptx/long_rows.df`: row ops one row per block).
-const EXAMPLES: [&str; 7] =
-    ["softmax_regression", "mlp", "cnn", "linear_regression", "ridge_regression", "wide_and_deep", "long_rows"];
+/// The examples, a model of long rows (`tests/ptx/long_rows.df`: row ops one row per block)
+/// and one with dropout (`tests/ptx/dropout.df`: Philox in a fused kernel).
+const EXAMPLES: [&str; 8] = [
+    "softmax_regression",
+    "mlp",
+    "cnn",
+    "linear_regression",
+    "ridge_regression",
+    "wide_and_deep",
+    "long_rows",
+    "dropout",
+];
 
 fn gpu_plan(example: &str) -> dfc_plan::Plan {
     let in_examples = root().join("examples").join(format!("{example}.df"));

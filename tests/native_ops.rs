@@ -47,6 +47,10 @@ const EXPRESSIONS: &[&str] = &[
     "tanh(a)",
     "gelu(a)",
     "gelu(a * 3.0) * b",
+    // Philox bits: the fused kernels' must be the interpreter's, bit for bit
+    "random_uniform([3, 4])",
+    "random_uniform([2, 4, 5]) * m + 1.0",
+    "random_uniform([101]) - random_uniform([101])",
     "a + b",
     "a - b",
     "a * b",

@@ -76,6 +76,9 @@ struct Nest {
     reduced: Vec<bool>,
     /// The loop dimension each one-hot's class index runs along (`None`: always 0).
     one_hot_dim: HashMap<NodeId, Option<usize>>,
+    /// Per random member, the strides of its own elements along each loop dimension: where
+    /// an iteration is in its stream.
+    positions: HashMap<TensorRef, Vec<i64>>,
 }
 
 /// What the code runs on, which decides the function's attributes and how transcendentals are
@@ -407,6 +410,13 @@ fn plan_nest(module: &Module, kernel: &Kernel, root: &Root) -> Nest {
         let map = maps.get(input).cloned().unwrap_or_else(|| vec![None; shape.len()]);
         leaves.insert(*input, access(&shape, &map));
     }
+    let mut positions = HashMap::new();
+    for &member in &kernel.members {
+        if let Op::RandomUniform { shape, .. } = &graph.node(member).op {
+            let map = maps.get(&TensorRef::from(member)).cloned().unwrap_or_else(|| identity.clone());
+            positions.insert(TensorRef::from(member), access(shape.dims(), &map));
+        }
+    }
     let mut reduced = vec![false; rank];
     let out: Vec<i64> = match root {
         Root::Loop | Root::Assign(_) => access(&space, &identity),
@@ -425,8 +435,14 @@ fn plan_nest(module: &Module, kernel: &Kernel, root: &Root) -> Nest {
             access(lead, &identity[..rank - 1])
         }
     };
-    let mut nest =
-        Nest { extents: space.iter().map(|&e| e as u64).collect(), leaves, out, reduced, one_hot_dim: HashMap::new() };
+    let mut nest = Nest {
+        extents: space.iter().map(|&e| e as u64).collect(),
+        leaves,
+        out,
+        reduced,
+        one_hot_dim: HashMap::new(),
+        positions,
+    };
     // Loop dimension of each one-hot, tracked through merges.
     let mut barrier: Vec<bool> = vec![false; rank];
     for dim in one_hot_dim.values().flatten() {
@@ -442,10 +458,13 @@ fn plan_nest(module: &Module, kernel: &Kernel, root: &Root) -> Nest {
                 && nest.reduced[l] == nest.reduced[l + 1]
                 && std::iter::once(&nest.out)
                     .chain(nest.leaves.values())
+                    .chain(nest.positions.values())
                     .all(|s| s[l] == s[l + 1] * inner || nest.extents[l] == 1 || inner == 1);
             if mergeable {
                 // A size-1 inner dimension leaves the outer's stride; otherwise the inner's is the merged one.
-                for s in std::iter::once(&mut nest.out).chain(nest.leaves.values_mut()) {
+                for s in
+                    std::iter::once(&mut nest.out).chain(nest.leaves.values_mut()).chain(nest.positions.values_mut())
+                {
                     let inner_stride = s.remove(l + 1);
                     if inner != 1 {
                         s[l] = inner_stride;
@@ -842,6 +861,10 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
             }
             Op::Compare(c) => self.compare(*c, args[0], args[1], arg_types[0]).into(),
             Op::Select => self.select(args[0].into_int_value(), args[1], args[2]),
+            Op::RandomUniform { salt, .. } => {
+                let e = self.offset(&self.nest.positions[&TensorRef::from(id)], index);
+                self.philox_uniform(args[0].into_int_value(), args[1].into_int_value(), *salt, e).into()
+            }
             Op::Cast { to } => self.cast(args[0], arg_types[0], *to),
             Op::OneHot { dtype: to, .. } => {
                 let class = match self.nest.one_hot_dim.get(&id).copied().flatten() {
@@ -1084,6 +1107,55 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
                 self.store(at, dtype, mean.into());
             });
         }
+    }
+
+    /// Element `e` of the Philox-4x32-10 stream of `seed ^ salt` at `step`, as a uniform `f32`
+    /// in [0, 1): `dfc_interp`'s `random::uniform_at`, bit for bit.
+    fn philox_uniform(
+        &self,
+        seed: IntValue<'ctx>,
+        step: IntValue<'ctx>,
+        salt: u64,
+        e: IntValue<'ctx>,
+    ) -> FloatValue<'ctx> {
+        let b = &self.builder;
+        let (i32t, i64t) = (self.context.i32_type(), self.context.i64_type());
+        let low = |v: IntValue<'ctx>| b.build_int_truncate(v, i32t, "lo").unwrap();
+        let high = |v: IntValue<'ctx>| low(b.build_right_shift(v, i64t.const_int(32, false), false, "hi").unwrap());
+        let key = b.build_xor(seed, i64t.const_int(salt, false), "key").unwrap();
+        let block = b.build_right_shift(e, i64t.const_int(2, false), false, "block").unwrap();
+        let mut c = [low(block), high(block), low(step), high(step)];
+        let mut k = [low(key), high(key)];
+        let c32 = |v: u32| i32t.const_int(u64::from(v), false);
+        let mulhilo = |m: u32, x: IntValue<'ctx>| {
+            let wide = b.build_int_z_extend(x, i64t, "x").unwrap();
+            let product = b.build_int_mul(wide, i64t.const_int(u64::from(m), false), "p").unwrap();
+            (high(product), low(product))
+        };
+        for round in 0..10 {
+            if round > 0 {
+                k = [
+                    b.build_int_add(k[0], c32(0x9E37_79B9), "k0").unwrap(),
+                    b.build_int_add(k[1], c32(0xBB67_AE85), "k1").unwrap(),
+                ];
+            }
+            let (hi0, lo0) = mulhilo(0xD251_1F53, c[0]);
+            let (hi1, lo1) = mulhilo(0xCD9E_8D57, c[2]);
+            let x0 = b.build_xor(b.build_xor(hi1, c[1], "x").unwrap(), k[0], "c0").unwrap();
+            let x2 = b.build_xor(b.build_xor(hi0, c[3], "x").unwrap(), k[1], "c2").unwrap();
+            c = [x0, lo1, x2, lo0];
+        }
+        // Word `e mod 4` of the block.
+        let lane = low(b.build_and(e, i64t.const_int(3, false), "lane").unwrap());
+        let pick = |i: u32| b.build_int_compare(IntPredicate::EQ, lane, c32(i), "w").unwrap();
+        let upper = b.build_select(pick(2), c[2], c[3], "w23").unwrap().into_int_value();
+        let lower = b.build_select(pick(0), c[0], c[1], "w01").unwrap().into_int_value();
+        let below_two = b.build_int_compare(IntPredicate::ULT, lane, c32(2), "lt2").unwrap();
+        let word = b.build_select(below_two, lower, upper, "word").unwrap().into_int_value();
+        let top = b.build_right_shift(word, c32(8), false, "top").unwrap();
+        let f32t = self.context.f32_type();
+        let as_float = b.build_unsigned_int_to_float(top, f32t, "u").unwrap();
+        b.build_float_mul(as_float, f32t.const_float(1.0 / (1u32 << 24) as f64), "uniform").unwrap()
     }
 
     /// `combine(acc, v)` of a reduction of `kind` over `dtype`.
