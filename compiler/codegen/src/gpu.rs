@@ -315,24 +315,13 @@ fn emit_thread<'ctx>(
 /// thread's index in the grid, `blockIdx.x · blockDim.x + threadIdx.x`.
 fn add_entry<'ctx>(context: &'ctx Context, llvm: &LlvmModule<'ctx>, name: &str) {
     let i64t = context.i64_type();
-    let i32t = context.i32_type();
     let thread_function = llvm.get_function(&format!("{name}{THREAD_SUFFIX}")).expect("emitted");
     let args_type = thread_function.get_type().get_param_types()[0];
     let entry = llvm.add_function(name, context.void_type().fn_type(&[args_type, i64t.into()], false), None);
     entry.set_call_conventions(PTX_KERNEL_CALLING_CONVENTION);
     let builder = context.create_builder();
     builder.position_at_end(context.append_basic_block(entry, "entry"));
-    let special = |register: &str| {
-        let read =
-            llvm.get_function(register).unwrap_or_else(|| llvm.add_function(register, i32t.fn_type(&[], false), None));
-        let value = builder.build_call(read, &[], "r").unwrap().try_as_basic_value().unwrap_basic().into_int_value();
-        builder.build_int_z_extend(value, i64t, "wide").unwrap()
-    };
-    let block = special("llvm.nvvm.read.ptx.sreg.ctaid.x");
-    let threads = special("llvm.nvvm.read.ptx.sreg.ntid.x");
-    let thread = special("llvm.nvvm.read.ptx.sreg.tid.x");
-    let first = builder.build_int_mul(block, threads, "first").unwrap();
-    let index = builder.build_int_add(first, thread, "index").unwrap();
+    let index = grid_index(context, llvm, &builder);
     let args = entry.get_nth_param(0).unwrap();
     let count = entry.get_nth_param(1).unwrap();
     builder.build_call(thread_function, &[args.into(), count.into(), index.into()], "").unwrap();
@@ -359,17 +348,7 @@ fn add_phased_entry<'ctx>(context: &'ctx Context, llvm: &LlvmModule<'ctx>, name:
     shared.set_alignment(16);
     let builder = context.create_builder();
     builder.position_at_end(context.append_basic_block(entry, "entry"));
-    let special = |register: &str| {
-        let read =
-            llvm.get_function(register).unwrap_or_else(|| llvm.add_function(register, i32t.fn_type(&[], false), None));
-        let value = builder.build_call(read, &[], "r").unwrap().try_as_basic_value().unwrap_basic().into_int_value();
-        builder.build_int_z_extend(value, i64t, "wide").unwrap()
-    };
-    let block = special("llvm.nvvm.read.ptx.sreg.ctaid.x");
-    let threads = special("llvm.nvvm.read.ptx.sreg.ntid.x");
-    let thread = special("llvm.nvvm.read.ptx.sreg.tid.x");
-    let index =
-        builder.build_int_add(builder.build_int_mul(block, threads, "first").unwrap(), thread, "index").unwrap();
+    let index = grid_index(context, llvm, &builder);
     let generic = builder
         .build_address_space_cast(shared.as_pointer_value(), shared_type.ptr_type(AddressSpace::default()), "generic")
         .unwrap();
@@ -390,6 +369,26 @@ fn add_phased_entry<'ctx>(context: &'ctx Context, llvm: &LlvmModule<'ctx>, name:
             .unwrap();
     }
     builder.build_return(None).unwrap();
+}
+
+/// The thread's index in the grid, `blockIdx.x · blockDim.x + threadIdx.x`, as an i64.
+fn grid_index<'ctx>(
+    context: &'ctx Context,
+    llvm: &LlvmModule<'ctx>,
+    builder: &inkwell::builder::Builder<'ctx>,
+) -> inkwell::values::IntValue<'ctx> {
+    let (i32t, i64t) = (context.i32_type(), context.i64_type());
+    let special = |register: &str| {
+        let read =
+            llvm.get_function(register).unwrap_or_else(|| llvm.add_function(register, i32t.fn_type(&[], false), None));
+        let value = builder.build_call(read, &[], "r").unwrap().try_as_basic_value().unwrap_basic().into_int_value();
+        builder.build_int_z_extend(value, i64t, "wide").unwrap()
+    };
+    let block = special("llvm.nvvm.read.ptx.sreg.ctaid.x");
+    let threads = special("llvm.nvvm.read.ptx.sreg.ntid.x");
+    let thread = special("llvm.nvvm.read.ptx.sreg.tid.x");
+    let first = builder.build_int_mul(block, threads, "first").unwrap();
+    builder.build_int_add(first, thread, "index").unwrap()
 }
 
 /// Threads per block and blocks for `rows` rows, one per thread: whole warps, at most

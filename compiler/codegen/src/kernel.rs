@@ -1333,29 +1333,7 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
         end: IntValue<'ctx>,
         step: &mut dyn FnMut(IntValue<'ctx>, BasicValueEnum<'ctx>) -> BasicValueEnum<'ctx>,
     ) -> BasicValueEnum<'ctx> {
-        let b = &self.builder;
-        let pre = b.get_insert_block().unwrap();
-        let head = self.context.append_basic_block(self.function, "fold");
-        let exit = self.context.append_basic_block(self.function, "folded");
-        let enter = b.build_int_compare(IntPredicate::SLT, from, end, "enter").unwrap();
-        b.build_conditional_branch(enter, head, exit).unwrap();
-        b.position_at_end(head);
-        let j = b.build_phi(self.context.i64_type(), "j").unwrap();
-        let acc = b.build_phi(start.get_type(), "acc").unwrap();
-        j.add_incoming(&[(&from, pre)]);
-        acc.add_incoming(&[(&start, pre)]);
-        let jv = j.as_basic_value().into_int_value();
-        let next_acc = step(jv, acc.as_basic_value());
-        let next = b.build_int_add(jv, self.i64(1), "jn").unwrap();
-        let latch = b.get_insert_block().unwrap();
-        j.add_incoming(&[(&next, latch)]);
-        acc.add_incoming(&[(&next_acc, latch)]);
-        let more = b.build_int_compare(IntPredicate::SLT, next, end, "more").unwrap();
-        b.build_conditional_branch(more, head, exit).unwrap();
-        b.position_at_end(exit);
-        let result = b.build_phi(start.get_type(), "r").unwrap();
-        result.add_incoming(&[(&start, pre), (&next_acc, latch)]);
-        result.as_basic_value()
+        self.fold_strided(start, from, end, 1, step)
     }
 
     /// The body of `emit_block_row`'s function: its parameters are (args, rows, thread,
@@ -1468,7 +1446,7 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
             // largest, the first NaN), whichever thread's slice holds it.
             next_phase(&mut || {
                 let lowest = self.extreme(x_type, false);
-                let (value, index) = self.fold_pair_strided(lowest, tid, classes, block, &|j| at(j, 0), x_type);
+                let (value, index) = self.fold_pair_strided(lowest, tid, classes, block, &mut |j| at(j, 0), x_type);
                 put(maxima, tid, x_type, value);
                 self.builder.build_store(self.element(extra, tid), index).unwrap();
             });
@@ -1636,7 +1614,7 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
         from: IntValue<'ctx>,
         classes: u64,
         stride: u64,
-        value: &dyn Fn(IntValue<'ctx>) -> BasicValueEnum<'ctx>,
+        value: &mut dyn FnMut(IntValue<'ctx>) -> BasicValueEnum<'ctx>,
         x_type: DType,
     ) -> (BasicValueEnum<'ctx>, IntValue<'ctx>) {
         let b = &self.builder;
@@ -1708,38 +1686,8 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
                     }
                     best.1.into_int_value()
                 } else {
-                    let i64t = self.context.i64_type();
-                    let pair_start = (first, self.i64(0));
-                    let b = &self.builder;
-                    let pre = b.get_insert_block().unwrap();
-                    let head = self.context.append_basic_block(self.function, "arg");
-                    let exit = self.context.append_basic_block(self.function, "argd");
-                    let end = self.i64(classes as i64);
-                    let enter = b.build_int_compare(IntPredicate::SLT, self.i64(1), end, "enter").unwrap();
-                    b.build_conditional_branch(enter, head, exit).unwrap();
-                    b.position_at_end(head);
-                    let j = b.build_phi(i64t, "j").unwrap();
-                    let best = b.build_phi(first.get_type(), "best").unwrap();
-                    let best_at = b.build_phi(i64t, "bi").unwrap();
-                    j.add_incoming(&[(&self.i64(1), pre)]);
-                    best.add_incoming(&[(&pair_start.0, pre)]);
-                    best_at.add_incoming(&[(&pair_start.1, pre)]);
-                    let jv = j.as_basic_value().into_int_value();
-                    let v = at(jv, 0);
-                    let wins = self.beats(v, best.as_basic_value(), x_type, true);
-                    let nb = self.select(wins, v, best.as_basic_value());
-                    let ni = self.select(wins, jv.into(), best_at.as_basic_value());
-                    let next = b.build_int_add(jv, self.i64(1), "jn").unwrap();
-                    let latch = b.get_insert_block().unwrap();
-                    j.add_incoming(&[(&next, latch)]);
-                    best.add_incoming(&[(&nb, latch)]);
-                    best_at.add_incoming(&[(&ni, latch)]);
-                    let more = b.build_int_compare(IntPredicate::SLT, next, end, "more").unwrap();
-                    b.build_conditional_branch(more, head, exit).unwrap();
-                    b.position_at_end(exit);
-                    let result = b.build_phi(i64t, "r").unwrap();
-                    result.add_incoming(&[(&pair_start.1, pre), (&ni, latch)]);
-                    result.as_basic_value().into_int_value()
+                    let lowest = self.extreme(x_type, false);
+                    self.fold_pair_strided(lowest, self.i64(0), classes, 1, &mut |j| at(j, 0), x_type).1
                 };
                 let b = &self.builder;
                 let idx = if dtype == DType::I32 {

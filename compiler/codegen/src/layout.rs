@@ -13,9 +13,8 @@ use crate::kernel::Flavor;
 use crate::sanitize;
 use crate::thread::Thread;
 use dfc_ir::{DType, Module, NodeId, Op};
-use inkwell::attributes::{Attribute, AttributeLoc};
 use inkwell::context::Context;
-use inkwell::module::{Linkage, Module as LlvmModule};
+use inkwell::module::Module as LlvmModule;
 use inkwell::types::IntType;
 use inkwell::values::{FunctionValue, IntValue};
 use inkwell::{AtomicOrdering, AtomicRMWBinOp, IntPredicate};
@@ -36,13 +35,7 @@ pub(crate) fn emit_layouts<'ctx>(
         let out = &node.outputs[0];
         let function = format!("l{}_{}_{}", kernels.len(), sanitize(&node.name), node.op.name());
         let thread = layout.emit(context, llvm, &format!("{function}{THREAD_SUFFIX}"), flavor);
-        if matches!(flavor, Flavor::Nvptx) {
-            thread.set_linkage(Linkage::Internal);
-            thread.add_attribute(
-                AttributeLoc::Function,
-                context.create_enum_attribute(Attribute::get_named_enum_kind_id("alwaysinline"), 0),
-            );
-        }
+        crate::thread::inline_on_gpu(context, thread, flavor);
         let count = out.shape.n_elements() as u64;
         let (block, grid) = launch(count);
         let checks = matches!(layout, Layout::Gather { .. } | Layout::ScatterAdd { .. });

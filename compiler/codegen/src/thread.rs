@@ -235,3 +235,15 @@ impl<'ctx, 'f> Thread<'ctx, 'f> {
         self.add(i, self.int(pad))
     }
 }
+
+/// On a GPU, a per-thread function is internal and always inlined into its entry (which is
+/// all the PTX holds); on the host the emulator calls it, so it stays as it is.
+pub(crate) fn inline_on_gpu<'ctx>(context: &'ctx Context, function: FunctionValue<'ctx>, flavor: Flavor<'_>) {
+    if matches!(flavor, Flavor::Nvptx) {
+        function.set_linkage(inkwell::module::Linkage::Internal);
+        function.add_attribute(
+            inkwell::attributes::AttributeLoc::Function,
+            context.create_enum_attribute(inkwell::attributes::Attribute::get_named_enum_kind_id("alwaysinline"), 0),
+        );
+    }
+}

@@ -14,9 +14,8 @@ use crate::sanitize;
 use crate::thread::Thread;
 use dfc_ir::{DType, Module, Op};
 use dfc_kernels::{Conv2dGeometry, PoolGeometry};
-use inkwell::attributes::{Attribute, AttributeLoc};
 use inkwell::context::Context;
-use inkwell::module::{Linkage, Module as LlvmModule};
+use inkwell::module::Module as LlvmModule;
 use inkwell::values::{FloatValue, FunctionValue, IntValue, PointerValue};
 use inkwell::{FloatPredicate, IntPredicate};
 
@@ -46,13 +45,7 @@ pub(crate) fn emit_windows<'ctx>(
         }
         let function = format!("i{}_{}_{}", windows.len(), sanitize(&node.name), window.kind());
         let thread = window.emit(context, llvm, &format!("{function}{THREAD_SUFFIX}"), flavor);
-        if matches!(flavor, Flavor::Nvptx) {
-            thread.set_linkage(Linkage::Internal);
-            thread.add_attribute(
-                AttributeLoc::Function,
-                context.create_enum_attribute(Attribute::get_named_enum_kind_id("alwaysinline"), 0),
-            );
-        }
+        crate::thread::inline_on_gpu(context, thread, flavor);
         let count = window.threads();
         let (block, grid) = launch(count);
         let (inputs, arg_bytes) = window.arguments(module, id);
