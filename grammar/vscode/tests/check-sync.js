@@ -1,6 +1,7 @@
 // Checks that the TextMate grammar keeps up with the compiler, from the repository's sources:
 //  - its built-in ops, optimizers and initializers are exactly those of
-//    compiler/sema/src/builtins.rs (OPS, OPTIMIZERS, INITIALIZERS);
+//    compiler/sema/src/builtins.rs (OPS, OPTIMIZERS, INITIALIZERS), and its learning-rate
+//    schedules those of compiler/sema/src/schedule.rs (SCHEDULES);
 //  - examples/*.df and the ```df blocks of docs/language.md highlight without an `invalid` token.
 // Run: node tests/check-sync.js (from grammar/vscode). Outside the repository it skips.
 "use strict";
@@ -14,6 +15,7 @@ const here = path.resolve(__dirname, "..");
 const root = path.resolve(here, "..", "..");
 const grammarPath = path.join(here, "syntaxes", "dfc.tmLanguage.json");
 const builtinsPath = path.join(root, "compiler", "sema", "src", "builtins.rs");
+const schedulesPath = path.join(root, "compiler", "sema", "src", "schedule.rs");
 
 const failures = [];
 
@@ -93,13 +95,15 @@ async function main() {
     }
     const grammar = JSON.parse(fs.readFileSync(grammarPath, "utf8"));
     const builtins = fs.readFileSync(builtinsPath, "utf8");
+    const schedules = fs.existsSync(schedulesPath) ? fs.readFileSync(schedulesPath, "utf8") : "";
     const tables = [
-        ["OPS", "built-in ops", "support.function.builtin.dfc"],
-        ["OPTIMIZERS", "optimizers", "support.function.optimizer.dfc"],
-        ["INITIALIZERS", "initializers", "support.function.initializer.dfc"],
+        ["OPS", "built-in ops", "support.function.builtin.dfc", builtins],
+        ["OPTIMIZERS", "optimizers", "support.function.optimizer.dfc", builtins],
+        ["INITIALIZERS", "initializers", "support.function.initializer.dfc", builtins],
+        ["SCHEDULES", "learning-rate schedules", "support.function.schedule.dfc", schedules],
     ];
-    for (const [table, what, scope] of tables) {
-        const names = rustTable(builtins, table);
+    for (const [table, what, scope, source] of tables) {
+        const names = rustTable(source, table);
         if (names === undefined) {
             if (table === "OPS") {
                 failures.push(`no \`pub const OPS\` in ${builtinsPath}`);
