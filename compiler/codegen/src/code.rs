@@ -131,6 +131,33 @@ pub const THREAD_SUFFIX: &str = "_thread";
 pub const PHASE_SUFFIX: &str = ".phase";
 
 impl GpuKernel {
+    /// The kernel of a single op (`GpuCode::ops`): `function` over `count` threads, one
+    /// launch of whole warps, no reduction and no phases.
+    pub fn for_op(
+        function: String,
+        root: NodeId,
+        inputs: Vec<TensorRef>,
+        arg_bytes: Vec<u64>,
+        count: u64,
+        checks: bool,
+    ) -> GpuKernel {
+        let (block, grid) = crate::launch(count);
+        GpuKernel {
+            function,
+            root,
+            members: Vec::new(),
+            inputs,
+            arg_bytes,
+            rows: count,
+            block,
+            grid,
+            reduction: None,
+            checks,
+            phases: 0,
+            shared_bytes: 0,
+        }
+    }
+
     /// The launches that compute the kernel, in order (each sees the previous ones' writes).
     pub fn launches(&self) -> Vec<GpuLaunch> {
         let output = LaunchBuffer::Arg(self.inputs.len());

@@ -8,7 +8,6 @@
 //! run, so that a bad index is an error naming the node, never a read outside the table.
 
 use crate::code::{GpuKernel, STATUS_BYTES, THREAD_SUFFIX};
-use crate::gpu::launch;
 use crate::kernel::Flavor;
 use crate::sanitize;
 use crate::thread::Thread;
@@ -37,23 +36,10 @@ pub(crate) fn emit_layouts<'ctx>(
         let thread = layout.emit(context, llvm, &format!("{function}{THREAD_SUFFIX}"), flavor);
         crate::thread::inline_on_gpu(context, thread, flavor);
         let count = out.shape.n_elements() as u64;
-        let (block, grid) = launch(count);
         let checks = matches!(layout, Layout::Gather { .. } | Layout::ScatterAdd { .. });
         let bytes = operands.iter().map(|t| graph.ty(*t).size_in_bytes() as u64).chain([out.size_in_bytes() as u64]);
-        kernels.push(GpuKernel {
-            function,
-            root: id,
-            members: Vec::new(),
-            inputs: operands.clone(),
-            arg_bytes: bytes.chain(checks.then_some(STATUS_BYTES)).collect(),
-            rows: count,
-            block,
-            grid,
-            reduction: None,
-            checks,
-            phases: 0,
-            shared_bytes: 0,
-        });
+        let arg_bytes = bytes.chain(checks.then_some(STATUS_BYTES)).collect();
+        kernels.push(GpuKernel::for_op(function, id, operands.clone(), arg_bytes, count, checks));
     }
     kernels
 }

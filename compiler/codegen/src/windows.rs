@@ -8,7 +8,6 @@
 //! ops whose unrolled taps would exceed `MAX_TAPS` get no kernel and run on the host.
 
 use crate::code::{GpuKernel, THREAD_SUFFIX};
-use crate::gpu::launch;
 use crate::kernel::Flavor;
 use crate::sanitize;
 use crate::thread::Thread;
@@ -46,23 +45,8 @@ pub(crate) fn emit_windows<'ctx>(
         let function = format!("i{}_{}_{}", windows.len(), sanitize(&node.name), window.kind());
         let thread = window.emit(context, llvm, &format!("{function}{THREAD_SUFFIX}"), flavor);
         crate::thread::inline_on_gpu(context, thread, flavor);
-        let count = window.threads();
-        let (block, grid) = launch(count);
         let (inputs, arg_bytes) = window.arguments(module, id);
-        windows.push(GpuKernel {
-            function,
-            root: id,
-            members: Vec::new(),
-            inputs,
-            arg_bytes,
-            rows: count,
-            block,
-            grid,
-            reduction: None,
-            checks: false,
-            phases: 0,
-            shared_bytes: 0,
-        });
+        windows.push(GpuKernel::for_op(function, id, inputs, arg_bytes, window.threads(), false));
     }
     windows
 }
