@@ -742,6 +742,29 @@ fn examples_are_accepted() {
     }
 }
 
+/// Text inside brackets nested too deep is blanked before parsing; a multi-byte character
+/// there must not put any span inside a character of the real source (found by `cargo fuzz`:
+/// a model missing its `}` after 64 `(` and a `\u{e9}` pointed into the `\u{e9}`).
+#[test]
+fn multibyte_text_inside_too_deep_brackets() {
+    let deep = "(".repeat(64);
+    let bodies = [
+        format!("    let y = {deep}\u{e9}x"),
+        format!("    let y = {deep}\u{e9}"),
+        format!("    let y = {deep}\u{1f600}\u{e9} x\n    output y"),
+        format!("    let y = {deep}\u{e9}){}\n    output y", ")".repeat(63)),
+        format!("    let y = {deep}\u{e9}\n\u{4e2d}x + 1"),
+    ];
+    for body in bodies {
+        for close in ["}\n", ""] {
+            let source = format!("model m {{\n    dim batch = 4\n    input x: f32[batch, 3]\n{body}\n{close}");
+            if let Err(problem) = check(&source) {
+                panic!("{}\n  on {}", problem.detail, escaped_preview(&source));
+            }
+        }
+    }
+}
+
 /// Two halves of the example files, so that the test harness runs them on two threads.
 fn mutated_examples(half: usize) {
     let corpus = examples();

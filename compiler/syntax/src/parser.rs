@@ -128,11 +128,7 @@ fn limit_nesting(source: &str) -> (std::borrow::Cow<'_, str>, Option<Diagnostic>
     let Some(at) = first_too_deep else { return (std::borrow::Cow::Borrowed(source), None) };
     let mut text = bytes.to_vec();
     for (start, end) in blank {
-        for (k, byte) in text[start..end].iter_mut().enumerate() {
-            if *byte != b'\n' {
-                *byte = if k == 0 { b'0' } else { b' ' };
-            }
-        }
+        blank_region(source, &mut text[start..end], start);
     }
     // Multi-byte characters inside a blanked region become spaces byte by byte: still UTF-8.
     let text = String::from_utf8(text).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
@@ -144,6 +140,24 @@ fn limit_nesting(source: &str) -> (std::borrow::Cow<'_, str>, Option<Diagnostic>
     .with_label("too deep from here")
     .with_help("split the expression into several `let`s");
     (std::borrow::Cow::Owned(text), Some(diagnostic))
+}
+
+/// Blanks `region` (the bytes of `source` from `offset`) to spaces, newlines kept, with a `0`
+/// in place of its first one-byte character so that the brackets still hold an expression.
+/// The `0` never stands on part of a multi-byte character: every span the parser reports in
+/// the blanked text must also be a char range of `source`.
+fn blank_region(source: &str, region: &mut [u8], offset: usize) {
+    let mut placeholder = true;
+    for (k, c) in source[offset..offset + region.len()].char_indices() {
+        if c == '\n' {
+            continue;
+        }
+        let zero = placeholder && c.is_ascii();
+        placeholder &= !zero;
+        for (i, byte) in region[k..k + c.len_utf8()].iter_mut().enumerate() {
+            *byte = if zero && i == 0 { b'0' } else { b' ' };
+        }
+    }
 }
 
 /// The depth of the AST an `expr` pair will become, computed without recursion: parse-tree
