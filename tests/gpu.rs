@@ -22,8 +22,9 @@ fn root() -> PathBuf {
 
 /// Every example, each compiled for one GPU.
 /// The examples, a model of long rows (`tests/ptx/long_rows.df`: row ops one row per block)
-/// and one with dropout (`tests/ptx/dropout.df`: Philox in a fused kernel).
-const EXAMPLES: [&str; 8] = [
+/// one with dropout (`tests/ptx/dropout.df`: Philox in a fused kernel) and one with layer norms
+/// (`tests/ptx/layer_norm.df`: a thread a row and a block a row, forward and backward).
+const EXAMPLES: [&str; 9] = [
     "softmax_regression",
     "mlp",
     "cnn",
@@ -32,6 +33,7 @@ const EXAMPLES: [&str; 8] = [
     "wide_and_deep",
     "long_rows",
     "dropout",
+    "layer_norm",
 ];
 
 fn gpu_plan(example: &str) -> dfc_plan::Plan {

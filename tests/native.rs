@@ -317,6 +317,18 @@ fn long_rows_run_one_per_block_on_the_grid_emulator() {
     check_backend("long_rows", &on_gpu, Backend::GridEmulator);
 }
 
+/// Layer norms and their gradients (`tests/ptx/layer_norm.df`) on short rows (a thread a row on
+/// a GPU) and long ones (a block a row), natively on a CPU and on the grid emulator's GPU.
+#[test]
+fn layer_norms_run_natively_and_on_the_grid_emulator() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/ptx/layer_norm.df");
+    let source = std::fs::read_to_string(path).expect("the model");
+    let on_cpu = plan_of(&source, "layer_norm", Cluster::local(1, DeviceKind::Cpu), Strategy::Single);
+    check_backend("layer_norm", &on_cpu, Backend::Llvm);
+    let on_gpu = plan_of(&source, "layer_norm", Cluster::local(1, DeviceKind::Gpu), Strategy::Single);
+    check_backend("layer_norm on a GPU", &on_gpu, Backend::GridEmulator);
+}
+
 /// A learning-rate schedule (computed from the global step, on the host) and gradient
 /// clipping, natively on a CPU and on the grid emulator's GPU: the interpreter's values,
 /// the global step included.

@@ -121,9 +121,13 @@ const EXPRESSIONS: &[&str] = &[
     "one_hot<f64>(k, 5)",
     "softmax(m)",
     "softmax(a, axis = 0)",
+    "layer_norm(a)",
+    "layer_norm(d * 3.0, epsilon = 0.1)",
+    "layer_norm(m) * sum(n, axis = 1) + 1.0",
     // rows longer than codegen writes out in full (`UNROLLED_MAX`, 16): loops instead
     "softmax(wide)",
     "log_softmax(wide * 2.0)",
+    "layer_norm(wide)",
     "argmax(wide)",
     "argmax(wide_i)",
     "softmax_cross_entropy(wide, one_hot(k, 20))",
@@ -138,6 +142,8 @@ const EXPRESSIONS: &[&str] = &[
     "softmax_cross_entropy(long, one_hot(many, 300))",
     "softmax(deep)",
     "argmax(deep)",
+    "layer_norm(long * 2.0 - 1.0)",
+    "layer_norm(deep)",
     // matrix products
     "a @ slice(n, [0, 0], [4, 3]) + 1.0",
     "matmul(a, a, transpose_b = true)",

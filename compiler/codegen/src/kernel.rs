@@ -56,6 +56,15 @@ enum RowOp {
     LogSoftmax,
     CrossEntropy,
     ArgMax,
+    LayerNorm { epsilon: f64 },
+    LayerNormGrad { epsilon: f64 },
+}
+
+impl RowOp {
+    /// Whether the op writes a row for a row (not one value a row).
+    fn maps_rows(self) -> bool {
+        matches!(self, RowOp::Softmax | RowOp::LogSoftmax | RowOp::LayerNorm { .. } | RowOp::LayerNormGrad { .. })
+    }
 }
 
 #[derive(Clone, PartialEq)]
@@ -124,6 +133,8 @@ fn root_of(op: &Op) -> Root {
         Op::LogSoftmax { .. } => Root::Row(RowOp::LogSoftmax),
         Op::SoftmaxCrossEntropy => Root::Row(RowOp::CrossEntropy),
         Op::ArgMax { .. } => Root::Row(RowOp::ArgMax),
+        Op::LayerNorm { epsilon } => Root::Row(RowOp::LayerNorm { epsilon: *epsilon }),
+        Op::LayerNormGrad { epsilon } => Root::Row(RowOp::LayerNormGrad { epsilon: *epsilon }),
         _ => Root::Loop,
     }
 }
@@ -274,9 +285,15 @@ pub fn emit_block_row<'ctx>(
     gen.out = Some(gen.arg_pointer(args, kernel.inputs.len(), out_dtype));
     let phases = gen.emit_row_phases(op, out_dtype, block);
     gen.builder.build_return(None).unwrap();
-    // Two regions of the row's element type (maxima, sums), and one of 8 bytes a thread
-    // (argmax's indices, cross-entropy's losses).
-    Some(BlockRow { rows, block, phases, shared_bytes: block * (2 * x_bytes + 8) })
+    Some(BlockRow { rows, block, phases, shared_bytes: block_row_shared_bytes(op, block, x_bytes) })
+}
+
+/// Two regions of the row's element type (maxima or means, sums or variances), one of 8 bytes a
+/// thread (argmax's indices, cross-entropy's losses, the sums of gradients), and for a layer
+/// norm's gradient a fourth (the sums of gradient × normalised value).
+fn block_row_shared_bytes(op: RowOp, block: u64, x_bytes: u64) -> u64 {
+    let fourth = if matches!(op, RowOp::LayerNormGrad { .. }) { x_bytes } else { 0 };
+    block * (2 * x_bytes + 8 + fourth)
 }
 
 fn emit_kernel<'ctx>(
@@ -429,7 +446,7 @@ fn plan_nest(module: &Module, kernel: &Kernel, root: &Root) -> Nest {
             let kept_map: Vec<Option<usize>> = kept.iter().map(|&d| Some(d)).collect();
             access(&kept_shape, &kept_map)
         }
-        Root::Row(RowOp::Softmax | RowOp::LogSoftmax) => access(&space, &identity),
+        Root::Row(op) if op.maps_rows() => access(&space, &identity),
         Root::Row(_) => {
             let lead = &space[..rank - 1];
             access(lead, &identity[..rank - 1])
@@ -1373,6 +1390,8 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
         let sums = region(block * x_bytes, x_memory);
         let extra_type = if op == RowOp::ArgMax { self.context.i64_type().into() } else { x_memory };
         let extra = region(2 * block * x_bytes, extra_type);
+        // Only a layer norm's gradient has it (`block_row_shared_bytes`).
+        let fourth = region(2 * block * x_bytes + 8 * block, x_memory);
         let work = self.context.append_basic_block(self.function, "work");
         let done = self.context.append_basic_block(self.function, "done");
         let inside = b.build_int_compare(IntPredicate::ULT, row, count, "inside").unwrap();
@@ -1389,10 +1408,10 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
         let steps = block.trailing_zeros();
         let trees = match op {
             RowOp::ArgMax => 1,
-            RowOp::Softmax | RowOp::LogSoftmax => 2,
-            RowOp::CrossEntropy => 3,
+            RowOp::Softmax | RowOp::LogSoftmax | RowOp::LayerNorm { .. } => 2,
+            RowOp::CrossEntropy | RowOp::LayerNormGrad { .. } => 3,
         };
-        let phases = trees * (steps + 1) + u32::from(op != RowOp::ArgMax && op != RowOp::CrossEntropy);
+        let phases = trees * (steps + 1) + u32::from(op.maps_rows());
         let blocks: Vec<BasicBlock<'ctx>> =
             (0..phases).map(|k| self.context.append_basic_block(self.function, &format!("phase{k}"))).collect();
         let first_thread = b.build_int_compare(IntPredicate::EQ, tid, self.i64(0), "first").unwrap();
@@ -1483,6 +1502,80 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
             self.builder.position_at_end(done);
             return phases;
         }
+        if let RowOp::LayerNorm { epsilon } | RowOp::LayerNormGrad { epsilon } = op {
+            let n = self.constant(x_type, classes as f64).into_float_value();
+            let add = |a: BasicValueEnum<'ctx>, v: FloatValue<'ctx>| -> BasicValueEnum<'ctx> {
+                self.builder.build_float_add(a.into_float_value(), v, "s").unwrap().into()
+            };
+            // The row's mean: Σ x, then a tree; the mean is `means[0] / n`.
+            let means = maxima;
+            next_phase(&mut || {
+                let sum = slice(zero, &mut |j, s| add(s, at(j, 0).into_float_value()));
+                put(means, tid, x_type, sum);
+            });
+            for k in 1..=steps {
+                next_phase(&mut || sum_tree(means, k));
+            }
+            let centred = |j: IntValue<'ctx>| {
+                let mean = self.builder.build_float_div(get(means, self.i64(0), x_type).into_float_value(), n, "m");
+                self.builder.build_float_sub(at(j, 0).into_float_value(), mean.unwrap(), "c").unwrap()
+            };
+            // Σ (x - mean)², then a tree.
+            next_phase(&mut || {
+                let squares = slice(zero, &mut |j, s| {
+                    let c = centred(j);
+                    add(s, self.builder.build_float_mul(c, c, "c2").unwrap())
+                });
+                put(sums, tid, x_type, squares);
+            });
+            for k in 1..=steps {
+                next_phase(&mut || sum_tree(sums, k));
+            }
+            let normalised = |j: IntValue<'ctx>| {
+                let squares = get(sums, self.i64(0), x_type).into_float_value();
+                let r = self.reciprocal_deviation(squares, n, epsilon, x_type);
+                self.builder.build_float_mul(centred(j), r, "xh").unwrap()
+            };
+            if matches!(op, RowOp::LayerNorm { .. }) {
+                next_phase(&mut || {
+                    slice(zero, &mut |j, s| {
+                        self.store(row_out(j), dtype, normalised(j).into());
+                        s
+                    });
+                });
+            } else {
+                // Σ g and Σ g·x̂ side by side, then the rows of r · (g - mean(g) - x̂ · mean(g·x̂)).
+                next_phase(&mut || {
+                    let g_sum = slice(zero, &mut |j, s| add(s, at(j, 1).into_float_value()));
+                    put(extra, tid, x_type, g_sum);
+                    let gx_sum = slice(zero, &mut |j, s| {
+                        add(s, self.builder.build_float_mul(at(j, 1).into_float_value(), normalised(j), "gx").unwrap())
+                    });
+                    put(fourth, tid, x_type, gx_sum);
+                });
+                for k in 1..=steps {
+                    next_phase(&mut || {
+                        sum_tree(extra, k);
+                        sum_tree(fourth, k);
+                    });
+                }
+                next_phase(&mut || {
+                    let squares = get(sums, self.i64(0), x_type).into_float_value();
+                    let r = self.reciprocal_deviation(squares, n, epsilon, x_type);
+                    let g_sum = get(extra, self.i64(0), x_type).into_float_value();
+                    let gx_sum = get(fourth, self.i64(0), x_type).into_float_value();
+                    slice(zero, &mut |j, s| {
+                        let dx =
+                            self.layer_norm_grad_at(at(j, 1).into_float_value(), normalised(j), g_sum, gx_sum, n, r);
+                        self.store(row_out(j), dtype, dx.into());
+                        s
+                    });
+                });
+            }
+            assert_eq!(phase_at as u32, phases, "every phase emitted");
+            self.builder.position_at_end(done);
+            return phases;
+        }
         // The row's maximum.
         next_phase(&mut || {
             let lowest = self.extreme(x_type, false);
@@ -1554,11 +1647,45 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
                     });
                 }
             }
-            RowOp::ArgMax => unreachable!("returned above"),
+            RowOp::ArgMax | RowOp::LayerNorm { .. } | RowOp::LayerNormGrad { .. } => unreachable!("returned above"),
         }
         assert_eq!(phase_at as u32, phases, "every phase emitted");
         self.builder.position_at_end(done);
         phases
+    }
+
+    /// `1 / sqrt(squares / n + epsilon)`: a row's reciprocal deviation from the sum of its
+    /// squared deviations.
+    fn reciprocal_deviation(
+        &self,
+        squares: FloatValue<'ctx>,
+        n: FloatValue<'ctx>,
+        epsilon: f64,
+        dtype: DType,
+    ) -> FloatValue<'ctx> {
+        let b = &self.builder;
+        let variance = b.build_float_div(squares, n, "var").unwrap();
+        let shifted = b.build_float_add(variance, self.constant(dtype, epsilon).into_float_value(), "ve").unwrap();
+        let deviation = self.float_intrinsic("llvm.sqrt", shifted);
+        b.build_float_div(self.constant(dtype, 1.0).into_float_value(), deviation, "r").unwrap()
+    }
+
+    /// One element of a layer norm's gradient, `r · (g - Σg/n - x̂ · Σgx̂/n)`.
+    fn layer_norm_grad_at(
+        &self,
+        g: FloatValue<'ctx>,
+        normalised: FloatValue<'ctx>,
+        g_sum: FloatValue<'ctx>,
+        gx_sum: FloatValue<'ctx>,
+        n: FloatValue<'ctx>,
+        r: FloatValue<'ctx>,
+    ) -> FloatValue<'ctx> {
+        let b = &self.builder;
+        let g_mean = b.build_float_div(g_sum, n, "gm").unwrap();
+        let gx_mean = b.build_float_div(gx_sum, n, "gxm").unwrap();
+        let along = b.build_float_mul(normalised, gx_mean, "xg").unwrap();
+        let centred = b.build_float_sub(b.build_float_sub(g, g_mean, "gc").unwrap(), along, "d").unwrap();
+        b.build_float_mul(r, centred, "dx").unwrap()
     }
 
     /// Emits `body` where `condition` holds, then goes on.
@@ -1656,6 +1783,55 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
         (value_out.as_basic_value(), index_out.as_basic_value().into_int_value())
     }
 
+    /// One row of a layer norm or its gradient, in passes: Σ x, Σ (x - mean)², for the
+    /// gradient Σ g and Σ g·x̂, then the outputs (`at(j, 0)` is x, `at(j, 1)` g).
+    fn emit_layer_norm_row(
+        &self,
+        op: RowOp,
+        epsilon: f64,
+        classes: u64,
+        dtype: DType,
+        at: &mut dyn FnMut(IntValue<'ctx>, usize) -> BasicValueEnum<'ctx>,
+        row_out: &dyn Fn(IntValue<'ctx>) -> PointerValue<'ctx>,
+    ) {
+        let b = &self.builder;
+        let zero = self.constant(dtype, 0.0);
+        let n = self.constant(dtype, classes as f64).into_float_value();
+        let add = |a: BasicValueEnum<'ctx>, v: FloatValue<'ctx>| -> BasicValueEnum<'ctx> {
+            b.build_float_add(a.into_float_value(), v, "s").unwrap().into()
+        };
+        let sum = self.fold(zero, classes, &mut |j, s| add(s, at(j, 0).into_float_value()));
+        let mean = b.build_float_div(sum.into_float_value(), n, "mean").unwrap();
+        let squares = self.fold(zero, classes, &mut |j, s| {
+            let c = b.build_float_sub(at(j, 0).into_float_value(), mean, "c").unwrap();
+            add(s, b.build_float_mul(c, c, "c2").unwrap())
+        });
+        let r = self.reciprocal_deviation(squares.into_float_value(), n, epsilon, dtype);
+        let normalised = |j: IntValue<'ctx>, at: &mut dyn FnMut(IntValue<'ctx>, usize) -> BasicValueEnum<'ctx>| {
+            let c = b.build_float_sub(at(j, 0).into_float_value(), mean, "c").unwrap();
+            b.build_float_mul(c, r, "xh").unwrap()
+        };
+        if matches!(op, RowOp::LayerNorm { .. }) {
+            self.fold(zero, classes, &mut |j, s| {
+                self.store(row_out(j), dtype, normalised(j, at).into());
+                s
+            });
+            return;
+        }
+        let g_sum = self.fold(zero, classes, &mut |j, s| add(s, at(j, 1).into_float_value()));
+        let gx_sum = self.fold(zero, classes, &mut |j, s| {
+            let xh = normalised(j, at);
+            add(s, b.build_float_mul(at(j, 1).into_float_value(), xh, "gx").unwrap())
+        });
+        self.fold(zero, classes, &mut |j, s| {
+            let xh = normalised(j, at);
+            let g = at(j, 1).into_float_value();
+            let dx = self.layer_norm_grad_at(g, xh, g_sum.into_float_value(), gx_sum.into_float_value(), n, r);
+            self.store(row_out(j), dtype, dx.into());
+            s
+        });
+    }
+
     /// Row ops over the last axis: max, then Σ exp(x - max), then the outputs.
     fn emit_row(&self, begin: IntValue<'ctx>, end: IntValue<'ctx>, op: RowOp, dtype: DType) {
         let graph = &self.module.graph;
@@ -1697,6 +1873,14 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
                 };
                 let o = self.offset(&self.nest.out[..lead_dims], prefix);
                 self.store(self.element(out, o), dtype, idx);
+                return;
+            }
+            if let RowOp::LayerNorm { epsilon } | RowOp::LayerNormGrad { epsilon } = op {
+                self.emit_layer_norm_row(op, epsilon, classes, dtype, &mut at, &|j| {
+                    let mut full = prefix.clone();
+                    full.push(j);
+                    self.element(out, self.offset(&self.nest.out, &full))
+                });
                 return;
             }
             let lowest = self.extreme(dtype, false);
@@ -1757,7 +1941,7 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
                         self.store(self.element(out, o), dtype, loss);
                     }
                 }
-                RowOp::ArgMax => unreachable!(),
+                RowOp::ArgMax | RowOp::LayerNorm { .. } | RowOp::LayerNormGrad { .. } => unreachable!(),
             }
         };
         if lead_dims == 0 {

@@ -175,6 +175,24 @@ pub fn infer(op: &Op, inputs: &[&TensorType]) -> Result<Vec<TensorType>> {
             check_axes(name, &[*axis], inputs[0].shape.rank(), inputs[0])?;
             inputs[0].clone()
         }
+        Op::LayerNorm { epsilon } => {
+            float(name, inputs[0], 0)?;
+            normalised_rows(name, inputs[0], *epsilon)?;
+            inputs[0].clone()
+        }
+        Op::LayerNormGrad { epsilon } => {
+            float(name, inputs[0], 0)?;
+            normalised_rows(name, inputs[0], *epsilon)?;
+            same_dtype(name, inputs[0], inputs[1])?;
+            if inputs[0].shape != inputs[1].shape {
+                return Err(TypeError::new(
+                    Code::SHAPE_MISMATCH,
+                    format!("the gradient {} must have the input's shape {}", inputs[1], inputs[0]),
+                )
+                .at(1));
+            }
+            inputs[0].clone()
+        }
         Op::SoftmaxCrossEntropy => {
             float(name, inputs[0], 0)?;
             same_dtype(name, inputs[0], inputs[1])?;
@@ -436,6 +454,24 @@ fn float(name: &str, ty: &TensorType, operand: usize) -> Result<()> {
         )
         .help("cast with cast<f32>(...)")
         .at(operand));
+    }
+    Ok(())
+}
+
+/// A normalisation's operand has rows (a last axis) and its `epsilon` keeps the divisor away
+/// from zero.
+fn normalised_rows(name: &str, ty: &TensorType, epsilon: f64) -> Result<()> {
+    if ty.shape.rank() == 0 {
+        return Err(TypeError::new(
+            Code::AXIS_OUT_OF_RANGE,
+            format!("`{name}` of {ty}: a scalar has no axis to normalise"),
+        )
+        .help("normalisation runs along the last axis")
+        .at(0));
+    }
+    if !(epsilon.is_finite() && epsilon > 0.0) {
+        return Err(TypeError::new(Code::ARGUMENT_KIND, format!("`{name}` needs an epsilon above 0, not {epsilon}"))
+            .help("1e-5 is the usual one"));
     }
     Ok(())
 }

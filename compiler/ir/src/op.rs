@@ -105,6 +105,12 @@ pub enum Op {
         axis: usize,
         dtype: DType,
     },
+    /// Each row of the last axis normalised to mean 0 and variance 1:
+    /// `(x - mean) / sqrt(variance + epsilon)`, the variance the biased one (as TensorFlow's
+    /// and Keras's `LayerNormalization`). The scale and offset are the caller's elementwise ops.
+    LayerNorm {
+        epsilon: f64,
+    },
 
     // The ops below exist for gradients; the language does not name them.
     /// Broadcasts (NumPy rules) to `shape`.
@@ -147,6 +153,11 @@ pub enum Op {
     /// index names (out-of-range indices are an error at run time). The gradient of `Gather`.
     ScatterAdd {
         rows: usize,
+    },
+    /// `(x, grad_out) -> grad_x` of `LayerNorm`: with `x̂` the normalised row and `r` the
+    /// reciprocal of its deviation, `r · (g - mean(g) - x̂ · mean(g · x̂))` along the last axis.
+    LayerNormGrad {
+        epsilon: f64,
     },
     /// `(seed, step) (i64 scalars) -> f32[shape]` uniform in [0, 1): Philox-4x32-10 bits, a
     /// stream per seed, step and `salt` (the op's own: its name's hash, mixed with the replica's
@@ -538,6 +549,8 @@ impl Op {
             Op::AvgPool { .. } => "avg_pool",
             Op::Gather => "gather",
             Op::ArgMax { .. } => "argmax",
+            Op::LayerNorm { .. } => "layer_norm",
+            Op::LayerNormGrad { .. } => "layer_norm_grad",
             Op::BroadcastTo { .. } => "broadcast_to",
             Op::Pad { .. } => "pad",
             Op::Conv2dBackpropInput { .. } => "conv2d_backprop_input",
@@ -573,6 +586,7 @@ impl Op {
             | Op::MaxPool { .. }
             | Op::AvgPool { .. }
             | Op::ArgMax { .. }
+            | Op::LayerNorm { .. }
             | Op::BroadcastTo { .. }
             | Op::Pad { .. }
             | Op::AvgPoolGrad { .. }
@@ -593,6 +607,7 @@ impl Op {
             | Op::Conv2dBackpropFilter { .. }
             | Op::MaxPoolGrad { .. }
             | Op::ScatterAdd { .. }
+            | Op::LayerNormGrad { .. }
             | Op::RandomUniform { .. } => 2,
             Op::Select => 3,
             Op::Concat { .. } => return None,
@@ -676,6 +691,7 @@ impl Op {
                 vec![("window", list(window)), ("strides", list(strides)), ("padding", padding.name().into())]
             }
             Op::ScatterAdd { rows } => vec![("rows", rows.to_string())],
+            Op::LayerNorm { epsilon } | Op::LayerNormGrad { epsilon } => vec![("epsilon", epsilon.to_string())],
             Op::LearningRate { schedule, .. } => vec![("schedule", format!("{:?}", schedule.to_string()))],
             Op::RandomUniform { salt, .. } => vec![("salt", format!("{salt:#x}"))],
             Op::Conv2d { strides, padding } => {

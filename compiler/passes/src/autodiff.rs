@@ -445,6 +445,9 @@ impl Builder<'_> {
                 let input_shape = shape(self, 0);
                 grads.push((0, self.add(Op::AvgPoolGrad { input_shape, window, strides, padding }, &[g])));
             }
+            Op::LayerNorm { epsilon } => {
+                grads.push((0, self.add(Op::LayerNormGrad { epsilon }, &[x(0), g])));
+            }
             Op::Gather => {
                 let rows = shape(self, 0).0[0];
                 grads.push((0, self.add(Op::ScatterAdd { rows }, &[x(1), g])));
@@ -480,6 +483,7 @@ impl Builder<'_> {
             | Op::Conv2dBackpropFilter { .. }
             | Op::MaxPoolGrad { .. }
             | Op::AvgPoolGrad { .. }
+            | Op::LayerNormGrad { .. }
             // Partitioning runs after autodiff.
             | Op::Send { .. }
             | Op::Recv { .. }

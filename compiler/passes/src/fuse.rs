@@ -82,7 +82,7 @@ pub fn is_reduction_root(module: &Module, id: NodeId) -> bool {
             supported_dtype(dtype) && dtype != DType::Bool && (dtype.is_float() || *kind != dfc_ir::ReduceKind::Mean)
         }
         Op::Softmax { axis } | Op::LogSoftmax { axis } => node.outputs[0].dtype.is_float() && last_axis(*axis),
-        Op::SoftmaxCrossEntropy => node.outputs[0].dtype.is_float(),
+        Op::SoftmaxCrossEntropy | Op::LayerNorm { .. } | Op::LayerNormGrad { .. } => node.outputs[0].dtype.is_float(),
         Op::ArgMax { axis, .. } => {
             last_axis(*axis) && operands.first().is_some_and(|t| supported_dtype(graph.ty(*t).dtype))
         }

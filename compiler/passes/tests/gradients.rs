@@ -56,6 +56,8 @@ const CASES: &[Case] = &[
     Case { name: "softmax", params: "a: f64[2, 5]", expr: "softmax(a)" },
     Case { name: "softmax_axis0", params: "a: f64[3, 2]", expr: "softmax(a, axis = 0)" },
     Case { name: "log_softmax", params: "a: f64[2, 5]", expr: "log_softmax(a)" },
+    Case { name: "layer_norm", params: "a: f64[3, 5]", expr: "layer_norm(a * 2.0)" },
+    Case { name: "layer_norm_epsilon", params: "a: f64[2, 2, 4]", expr: "layer_norm(a, epsilon = 0.5) * a" },
     Case {
         name: "softmax_cross_entropy",
         params: "a: f64[3, 4]; b: f64[3, 4]",

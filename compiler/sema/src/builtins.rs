@@ -66,6 +66,11 @@ pub const OPS: &[(&str, &str, &str)] = &[
     ("softmax", "softmax(x, axis=-1)", "e^x normalised to sum 1 along an axis."),
     ("log_softmax", "log_softmax(x, axis=-1)", "log(softmax(x)), computed stably."),
     (
+        "layer_norm",
+        "layer_norm(x, epsilon=1e-5)",
+        "Each row of the last axis normalised: (x - mean) / sqrt(variance + epsilon); scale and shift it with your own params.",
+    ),
+    (
         "softmax_cross_entropy",
         "softmax_cross_entropy(logits, labels)",
         "Per-example cross-entropy of softmax(logits) against label distributions over the last axis.",
@@ -176,6 +181,7 @@ fn params_of(name: &str) -> &'static [Param<'static>] {
         }
         "one_hot" => &[Param { name: "indices", required: true }, Param { name: "depth", required: true }],
         "dropout" => &[Param { name: "x", required: true }, Param { name: "rate", required: true }],
+        "layer_norm" => &[Param { name: "x", required: true }, Param { name: "epsilon", required: false }],
         "random_uniform" => &[Param { name: "shape", required: true }],
         "conv2d" => &[
             Param { name: "x", required: true },
@@ -376,6 +382,29 @@ impl Lowerer<'_> {
                     return Val::Error;
                 }
                 self.random_uniform(shape, span)
+            }
+            "layer_norm" => {
+                let Some(x) = self.tensor_arg(bound[0]) else { return Val::Error };
+                let epsilon = match bound[1] {
+                    Some(arg) => match self.const_f64(&arg.value, "`epsilon`") {
+                        Some(e) if e.is_finite() && e > 0.0 => e,
+                        Some(e) => {
+                            self.diagnostics.push(
+                                Diagnostic::error(
+                                    Code::ARGUMENT_KIND,
+                                    arg.value.span,
+                                    format!("`epsilon` = {e} is out of range"),
+                                )
+                                .with_label("must be above 0: it keeps the divisor away from zero")
+                                .with_help("1e-5 is the usual one"),
+                            );
+                            return Val::Error;
+                        }
+                        None => return Val::Error,
+                    },
+                    None => 1e-5,
+                };
+                self.node(Op::LayerNorm { epsilon }, &[x], span)
             }
             "gelu" => {
                 let Some((x, x_span)) = self.tensor_arg(bound[0]) else { return Val::Error };

@@ -141,6 +141,13 @@ pub(crate) fn compute(op: &Op, operands: &[&Tensor]) -> Result<Tensor, Fault> {
         Op::LogSoftmax { axis } => {
             float!(&x().data, v => Tensor::from_vec(x().shape.clone(), reduce::log_softmax(v, dims(0), *axis)))
         }
+        Op::LayerNorm { epsilon } => {
+            float!(&x().data, v => Tensor::from_vec(x().shape.clone(), reduce::layer_norm(v, dims(0), *epsilon)))
+        }
+        Op::LayerNormGrad { epsilon } => float!(&x().data, v => Tensor::from_vec(
+            x().shape.clone(),
+            reduce::layer_norm_grad(v, same(v, operands[1]), dims(0), *epsilon)
+        )),
         Op::SoftmaxCrossEntropy => {
             float!(&x().data, v => tensor(reduce::softmax_cross_entropy(v, same(v, operands[1]), dims(0))))
         }

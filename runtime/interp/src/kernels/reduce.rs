@@ -157,6 +157,40 @@ pub(crate) fn log_softmax<T: Float>(x: &[T], dims: &[usize], axis: usize) -> Vec
     })
 }
 
+/// A row's mean and the reciprocal of its deviation, `1 / sqrt(variance + epsilon)`: two
+/// passes, the variance the biased one.
+fn mean_and_reciprocal_deviation<T: Float>(row: &[T], epsilon: f64) -> (T, T) {
+    let n = T::from_f64(row.len() as f64);
+    let mean = row.iter().fold(T::zero(), |s, &v| s.add(v)).div(n);
+    let variance = row.iter().fold(T::zero(), |s, &v| s.add(v.sub(mean).mul(v.sub(mean)))).div(n);
+    (mean, T::one().div(variance.add(T::from_f64(epsilon)).sqrt()))
+}
+
+/// `(x - mean) / sqrt(variance + epsilon)` along the last axis.
+pub(crate) fn layer_norm<T: Float>(x: &[T], dims: &[usize], epsilon: f64) -> Vec<T> {
+    let row_len = dims.last().copied().unwrap_or(1).max(1);
+    let mut out = Vec::with_capacity(x.len());
+    for row in x.chunks(row_len) {
+        let (mean, r) = mean_and_reciprocal_deviation(row, epsilon);
+        out.extend(row.iter().map(|&v| v.sub(mean).mul(r)));
+    }
+    out
+}
+
+/// The gradient of `layer_norm` along the last axis: `r · (g - mean(g) - x̂ · mean(g · x̂))`.
+pub(crate) fn layer_norm_grad<T: Float>(x: &[T], g: &[T], dims: &[usize], epsilon: f64) -> Vec<T> {
+    let row_len = dims.last().copied().unwrap_or(1).max(1);
+    let n = T::from_f64(row_len as f64);
+    let mut out = Vec::with_capacity(x.len());
+    for (row, g) in x.chunks(row_len).zip(g.chunks(row_len)) {
+        let (mean, r) = mean_and_reciprocal_deviation(row, epsilon);
+        let g_mean = g.iter().fold(T::zero(), |s, &v| s.add(v)).div(n);
+        let gx_mean = row.iter().zip(g).fold(T::zero(), |s, (&v, &gv)| s.add(gv.mul(v.sub(mean).mul(r)))).div(n);
+        out.extend(row.iter().zip(g).map(|(&v, &gv)| r.mul(gv.sub(g_mean).sub(v.sub(mean).mul(r).mul(gx_mean)))));
+    }
+    out
+}
+
 /// `-Σ labels * log_softmax(logits)` over the last axis; the result drops that axis.
 pub(crate) fn softmax_cross_entropy<T: Float>(logits: &[T], labels: &[T], dims: &[usize]) -> (Vec<usize>, Vec<T>) {
     let (&classes, out_dims) = dims.split_last().expect("`infer` requires a class axis");
