@@ -22,9 +22,10 @@ fn root() -> PathBuf {
 
 /// Every example, each compiled for one GPU.
 /// The examples, a model of long rows (`tests/ptx/long_rows.df`: row ops one row per block)
-/// one with dropout (`tests/ptx/dropout.df`: Philox in a fused kernel) and one with layer norms
-/// (`tests/ptx/layer_norm.df`: a thread a row and a block a row, forward and backward).
-const EXAMPLES: [&str; 9] = [
+/// one with dropout (`tests/ptx/dropout.df`: Philox in a fused kernel), one with layer norms
+/// (`tests/ptx/layer_norm.df`: a thread a row and a block a row, forward and backward) and one
+/// with batch norms (`tests/ptx/batch_norm.df`: column reductions and the training flag).
+const EXAMPLES: [&str; 10] = [
     "softmax_regression",
     "mlp",
     "cnn",
@@ -34,6 +35,7 @@ const EXAMPLES: [&str; 9] = [
     "long_rows",
     "dropout",
     "layer_norm",
+    "batch_norm",
 ];
 
 fn gpu_plan(example: &str) -> dfc_plan::Plan {

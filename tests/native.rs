@@ -329,6 +329,73 @@ fn layer_norms_run_natively_and_on_the_grid_emulator() {
     check_backend("layer_norm on a GPU", &on_gpu, Backend::GridEmulator);
 }
 
+/// Batch norms (`tests/ptx/batch_norm.df`), trained and evaluated, natively on a CPU and on
+/// the grid emulator's GPU: the interpreter's values, the moving averages included.
+#[test]
+fn batch_norms_run_natively_and_on_the_grid_emulator() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/ptx/batch_norm.df");
+    let source = std::fs::read_to_string(path).expect("the model");
+    let on_cpu = plan_of(&source, "batch_norm", Cluster::local(1, DeviceKind::Cpu), Strategy::Single);
+    check_backend("batch_norm", &on_cpu, Backend::Llvm);
+    let on_gpu = plan_of(&source, "batch_norm", Cluster::local(1, DeviceKind::Gpu), Strategy::Single);
+    check_backend("batch_norm on a GPU", &on_gpu, Backend::GridEmulator);
+}
+
+/// In a training step a batch norm normalises by the batch's statistics and moves the moving
+/// averages towards them (`momentum` 0.75: a quarter of the way); elsewhere it normalises by
+/// the moving averages.
+#[test]
+fn batch_norm_uses_the_batch_in_training_and_moving_averages_elsewhere() {
+    let source = r#"
+        model bn {
+            input x: f32[8, 3]
+            param w: f32[3] = ones
+            let y = batch_norm(x, momentum = 0.75, epsilon = 0.01)
+            let loss = sum(y * w)
+            output y
+            minimize loss with sgd(lr = 0.1)
+        }"#;
+    let plan = plan_of(source, "bn", Cluster::local(1, DeviceKind::Cpu), Strategy::Single);
+    let training = plan.training.as_ref().expect("it trains");
+    let feeds = batches(&plan).remove(0);
+    let x = feeds["x"].to_f64_vec();
+    let column = |c: usize| x.iter().skip(c).step_by(3).copied().collect::<Vec<f64>>();
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+    let variance = |v: &[f64]| mean(&v.iter().map(|a| (a - mean(v)).powi(2)).collect::<Vec<_>>());
+    for backend in [Backend::Interp, Backend::Llvm] {
+        let mut session = Session::with_backend(&plan, 0, backend).expect("the plan loads");
+        let updates: Vec<&str> = training.updates.iter().map(String::as_str).collect();
+        let step = session.program(&["y"], &updates).expect("a training step");
+        let forward = session.program(&["y"], &[]).expect("a forward pass");
+        // Before any step the moving averages are 0 and 1: y = x / sqrt(1 + epsilon).
+        let y = session.run(&forward, &feeds).unwrap().remove(0).to_f64_vec();
+        for (a, b) in y.iter().zip(&x) {
+            assert!((a - b / 1.01f64.sqrt()).abs() < 1e-5, "{backend:?}: {a} from {b} before training");
+        }
+        let y = session.run(&step, &feeds).unwrap().remove(0).to_f64_vec();
+        let variables: HashMap<String, Tensor> =
+            session.all_variables().unwrap().iter().map(|(n, t)| (n.clone(), t.clone())).collect();
+        let (moving_mean, moving_variance) =
+            (variables["y/moving_mean"].to_f64_vec(), variables["y/moving_variance"].to_f64_vec());
+        for c in 0..3 {
+            let (m, v) = (mean(&column(c)), variance(&column(c)));
+            let normalised: Vec<f64> = y.iter().skip(c).step_by(3).copied().collect();
+            assert!(mean(&normalised).abs() < 1e-5, "{backend:?}: channel {c} centred in training");
+            for (a, b) in normalised.iter().zip(column(c)) {
+                assert!((a - (b - m) / (v + 0.01).sqrt()).abs() < 1e-4, "{backend:?}: {a} from {b} in training");
+            }
+            assert!((moving_mean[c] - 0.25 * m).abs() < 1e-6, "{backend:?}: moving mean {moving_mean:?}");
+            assert!((moving_variance[c] - (0.75 + 0.25 * v)).abs() < 1e-6, "{backend:?}: {moving_variance:?}");
+        }
+        let y = session.run(&forward, &feeds).unwrap().remove(0).to_f64_vec();
+        for (i, (a, b)) in y.iter().zip(&x).enumerate() {
+            let c = i % 3;
+            let expected = (b - moving_mean[c]) / (moving_variance[c] + 0.01).sqrt();
+            assert!((a - expected).abs() < 1e-5, "{backend:?}: {a} from {b} after training");
+        }
+    }
+}
+
 /// A learning-rate schedule (computed from the global step, on the host) and gradient
 /// clipping, natively on a CPU and on the grid emulator's GPU: the interpreter's values,
 /// the global step included.

@@ -206,45 +206,57 @@ fn a_scheduled_run_logs_its_learning_rate_and_resumes_to_the_same_bits() {
     }
 }
 
-/// A model with dropout trains to the same bits from the same seed, to other bits from
-/// another, and stopped mid epoch and resumed it ends with the bits of a run never stopped:
-/// its masks come from the checkpointed seed and global step.
+/// A model with dropout and a batch norm trains to the same bits from the same seed, to other
+/// bits from another, and stopped mid epoch and resumed it ends with the bits of a run never
+/// stopped: its masks come from the checkpointed seed and global step, and the batch norm's
+/// moving averages are checkpointed. So also mirrored over two replicas on spawned workers.
 #[test]
-fn a_run_with_dropout_is_reproducible_and_resumes_to_the_same_bits() {
+fn a_run_with_dropout_and_batch_norm_is_reproducible_and_resumes_to_the_same_bits() {
     let dir = scratch("dropout");
     let (x, y) = regression_data(&dir, 256, 6);
     let source = dir.join("dropped.df");
     std::fs::write(
         &source,
-        "model dropped {\n    input x: f32[32, 13]\n    input y: f32[32]\n    param w: f32[13] = glorot_uniform\n    \
-         param b: f32 = zeros\n    let p = sum(dropout(x, 0.3) * w, axis = 1) + b\n    \
+        "model dropped {\n    dim batch = 32\n    input x: f32[batch, 13]\n    input y: f32[batch]\n    \
+         param w: f32[13] = glorot_uniform\n    param b: f32 = zeros\n    let h = batch_norm(dropout(x, 0.3), momentum = 0.9)\n    \
+         let p = sum(h * w, axis = 1) + b\n    \
          minimize mean((p - y) * (p - y)) with sgd(lr = 0.05)\n}\n",
     )
     .expect("write the model");
-    let plan = dir.join("dropped.plan");
-    let output = dfc(&["compile", s(&source), "-o", s(&plan)]);
-    assert!(output.status.success(), "{}", text(&output.stderr));
     let feeds = [format!("x={}", s(&x)), format!("y={}", s(&y))];
-    let run = |checkpoints: &Path, seed: &str, extra: &[&str]| {
-        let mut args = vec!["run", s(&plan), "--feed", &feeds[0], "--feed", &feeds[1]];
-        args.extend_from_slice(&["--checkpoint-dir", s(checkpoints), "--epochs", "3", "--seed", seed]);
+    for (strategy, extra) in [("single", &[][..]), ("mirrored", &["--devices", "2", "--strategy", "mirrored"][..])] {
+        let plan = dir.join(format!("dropped_{strategy}.plan"));
+        let mut args = vec!["compile", s(&source), "-o", s(&plan)];
         args.extend_from_slice(extra);
         let output = dfc(&args);
         assert!(output.status.success(), "{}", text(&output.stderr));
-        dfc_driver::checkpoint::latest(checkpoints).expect("readable").expect("a checkpoint")
-    };
-    let first = run(&dir.join("first"), "5", &[]);
-    let again = run(&dir.join("again"), "5", &[]);
-    let other = run(&dir.join("other"), "6", &[]);
-    run(&dir.join("parts"), "5", &["--steps", "11"]);
-    let resumed = run(&dir.join("parts"), "5", &[]);
-    assert_eq!(first.tensors["global_step"], Tensor::scalar(24i64));
-    assert_eq!(first.tensors["random_seed"], Tensor::scalar(5i64));
-    for (name, tensor) in &first.tensors {
-        assert_eq!(tensor, &again.tensors[name], "`{name}` differs between two runs of one seed");
-        assert_eq!(tensor, &resumed.tensors[name], "`{name}` differs after resuming");
+        let run = |checkpoints: &Path, seed: &str, more: &[&str]| {
+            let mut args = vec!["run", s(&plan), "--feed", &feeds[0], "--feed", &feeds[1]];
+            args.extend_from_slice(&["--checkpoint-dir", s(checkpoints), "--epochs", "3", "--seed", seed]);
+            if strategy == "mirrored" {
+                args.extend_from_slice(&["--spawn", "2"]);
+            }
+            args.extend_from_slice(more);
+            let output = dfc(&args);
+            assert!(output.status.success(), "{strategy}: {}", text(&output.stderr));
+            dfc_driver::checkpoint::latest(checkpoints).expect("readable").expect("a checkpoint")
+        };
+        let at = |name: &str| dir.join(format!("{strategy}_{name}"));
+        let first = run(&at("first"), "5", &[]);
+        let again = run(&at("again"), "5", &[]);
+        let other = run(&at("other"), "6", &[]);
+        run(&at("parts"), "5", &["--steps", "11"]);
+        let resumed = run(&at("parts"), "5", &[]);
+        assert_eq!(first.tensors["global_step"], Tensor::scalar(24i64), "{strategy}");
+        assert_eq!(first.tensors["random_seed"], Tensor::scalar(5i64), "{strategy}");
+        let moving_mean = first.tensors["h/moving_mean"].to_f64_vec();
+        assert!(moving_mean.iter().all(|m| *m != 0.0), "{strategy}: the moving means moved: {moving_mean:?}");
+        for (name, tensor) in &first.tensors {
+            assert_eq!(tensor, &again.tensors[name], "{strategy}: `{name}` differs between two runs of one seed");
+            assert_eq!(tensor, &resumed.tensors[name], "{strategy}: `{name}` differs after resuming");
+        }
+        assert_ne!(first.tensors["w"], other.tensors["w"], "{strategy}: another seed draws other masks");
     }
-    assert_ne!(first.tensors["w"], other.tensors["w"], "another seed draws other masks");
 }
 
 /// Any plan runs: placed on two devices, a model trains bit-identically to its single-device

@@ -17,6 +17,8 @@
 //! `clip_global_norm = c`, every gradient is first scaled by `c / max(c, ‖g‖)`, `‖g‖` the
 //! norm of all the gradients together (TensorFlow's `clip_by_global_norm`).
 //!
+//! The model's own assignments (batch norms' moving averages) are updates of the step too.
+//!
 //! Ordering: every read of a variable runs before its update (a control edge from each `read`
 //! to the assignment), so a step computes all gradients from the values it started with.
 
@@ -30,7 +32,20 @@ pub fn apply_optimizer(module: &mut Module) {
         Some(norm) => clip_global_norm(graph, &training.gradients, norm),
         None => training.gradients.clone(),
     };
-    let mut updates = Vec::new();
+    // The model's own state updates (batch norms' moving averages), made before this pass:
+    // each runs in the training step, after every read of its variable.
+    let mut updates: Vec<NodeId> = graph
+        .node_ids()
+        .filter(|&id| matches!(graph.node(id).op, Op::Assign | Op::AssignAdd | Op::AssignSub))
+        .collect();
+    for &update in &updates {
+        let variable = graph.inputs(update)[0].node;
+        let reads: Vec<NodeId> =
+            graph.users(variable).into_iter().filter(|r| matches!(graph.node(*r).op, Op::Read)).collect();
+        for read in reads {
+            graph.add_control_edge(read, update);
+        }
+    }
     // The global step (made by the model's random ops, or here for a schedule), counted by
     // every training step after every read of it.
     let scalar = dfc_ir::TensorType::scalar(DType::I64);

@@ -56,6 +56,8 @@ const CASES: &[Case] = &[
     Case { name: "softmax", params: "a: f64[2, 5]", expr: "softmax(a)" },
     Case { name: "softmax_axis0", params: "a: f64[3, 2]", expr: "softmax(a, axis = 0)" },
     Case { name: "log_softmax", params: "a: f64[2, 5]", expr: "log_softmax(a)" },
+    Case { name: "batch_norm", params: "a: f64[4, 3]", expr: "batch_norm(a * 2.0) * a" },
+    Case { name: "batch_norm_images", params: "a: f64[2, 2, 2, 3]", expr: "batch_norm(a, epsilon = 0.1)" },
     Case { name: "layer_norm", params: "a: f64[3, 5]", expr: "layer_norm(a * 2.0)" },
     Case { name: "layer_norm_epsilon", params: "a: f64[2, 2, 4]", expr: "layer_norm(a, epsilon = 0.5) * a" },
     Case {
@@ -128,9 +130,16 @@ fn module(case: &Case) -> Module {
     module
 }
 
+/// A program as a training step runs it (batch norms use the batch's statistics), without
+/// the updates: the loss and its gradients as they are where training differentiates them.
+fn training_program(module: &Module, fetches: &[dfc_ir::TensorRef]) -> Program {
+    let order = dfc_interp::schedule(&[module]).expect("an order").pop().expect("one module");
+    Program::with_mode(module, fetches, &[], &order, true).expect("program")
+}
+
 fn loss(module: &Module, variables: &mut Variables) -> f64 {
     let training = module.training.as_ref().expect("a loss");
-    let program = Program::new(module, &[training.loss], &[]).expect("program");
+    let program = training_program(module, &[training.loss]);
     program.run(module, variables, &HashMap::new()).expect("run")[0].scalar_f64()
 }
 
@@ -153,7 +162,7 @@ fn gradients_match_finite_differences() {
             continue;
         }
         let mut variables = dfc_interp::initialize(&module, 7);
-        let program = Program::new(&module, &fetches, &[]).expect("program");
+        let program = training_program(&module, &fetches);
         let analytic = program.run(&module, &mut variables, &HashMap::new()).expect("run");
         for ((variable, _), grad) in training.gradients.iter().zip(&analytic) {
             let name = module.graph.node(*variable).name.clone();

@@ -66,6 +66,11 @@ pub const OPS: &[(&str, &str, &str)] = &[
     ("softmax", "softmax(x, axis=-1)", "e^x normalised to sum 1 along an axis."),
     ("log_softmax", "log_softmax(x, axis=-1)", "log(softmax(x)), computed stably."),
     (
+        "batch_norm",
+        "batch_norm(x, momentum=0.99, epsilon=1e-3)",
+        "Each channel (last axis) normalised over the other axes: by the batch's statistics in training, which move its moving averages; by the moving averages elsewhere.",
+    ),
+    (
         "layer_norm",
         "layer_norm(x, epsilon=1e-5)",
         "Each row of the last axis normalised: (x - mean) / sqrt(variance + epsilon); scale and shift it with your own params.",
@@ -182,6 +187,11 @@ fn params_of(name: &str) -> &'static [Param<'static>] {
         "one_hot" => &[Param { name: "indices", required: true }, Param { name: "depth", required: true }],
         "dropout" => &[Param { name: "x", required: true }, Param { name: "rate", required: true }],
         "layer_norm" => &[Param { name: "x", required: true }, Param { name: "epsilon", required: false }],
+        "batch_norm" => &[
+            Param { name: "x", required: true },
+            Param { name: "momentum", required: false },
+            Param { name: "epsilon", required: false },
+        ],
         "random_uniform" => &[Param { name: "shape", required: true }],
         "conv2d" => &[
             Param { name: "x", required: true },
@@ -316,6 +326,21 @@ impl Lowerer<'_> {
         result.map_or(Val::Error, |(t, _)| Val::Tensor(t))
     }
 
+    /// A normalisation's `epsilon`, above 0 (`default` when not given).
+    fn epsilon(&mut self, arg: Option<&Arg>, default: f64) -> Option<f64> {
+        let Some(arg) = arg else { return Some(default) };
+        let e = self.const_f64(&arg.value, "`epsilon`")?;
+        if e.is_finite() && e > 0.0 {
+            return Some(e);
+        }
+        self.diagnostics.push(
+            Diagnostic::error(Code::ARGUMENT_KIND, arg.value.span, format!("`epsilon` = {e} is out of range"))
+                .with_label("must be above 0: it keeps the divisor away from zero")
+                .with_help(format!("{default:e} is the usual one")),
+        );
+        None
+    }
+
     fn builtin(&mut self, name: &str, call: &Call, bound: &[Option<&Arg>], span: Span) -> Val {
         let unary = |op: UnaryOp| Op::Unary(op);
         let simple_unary = match name {
@@ -385,26 +410,31 @@ impl Lowerer<'_> {
             }
             "layer_norm" => {
                 let Some(x) = self.tensor_arg(bound[0]) else { return Val::Error };
-                let epsilon = match bound[1] {
-                    Some(arg) => match self.const_f64(&arg.value, "`epsilon`") {
-                        Some(e) if e.is_finite() && e > 0.0 => e,
-                        Some(e) => {
+                let Some(epsilon) = self.epsilon(bound[1], 1e-5) else { return Val::Error };
+                self.node(Op::LayerNorm { epsilon }, &[x], span)
+            }
+            "batch_norm" => {
+                let Some(x) = self.tensor_arg(bound[0]) else { return Val::Error };
+                let momentum = match bound[1] {
+                    Some(arg) => match self.const_f64(&arg.value, "`momentum`") {
+                        Some(m) if (0.0..1.0).contains(&m) => m,
+                        Some(m) => {
                             self.diagnostics.push(
                                 Diagnostic::error(
                                     Code::ARGUMENT_KIND,
                                     arg.value.span,
-                                    format!("`epsilon` = {e} is out of range"),
+                                    format!("`momentum` = {m} is out of range"),
                                 )
-                                .with_label("must be above 0: it keeps the divisor away from zero")
-                                .with_help("1e-5 is the usual one"),
+                                .with_label("must be in [0, 1): the share of the moving averages a step keeps"),
                             );
                             return Val::Error;
                         }
                         None => return Val::Error,
                     },
-                    None => 1e-5,
+                    None => 0.99,
                 };
-                self.node(Op::LayerNorm { epsilon }, &[x], span)
+                let Some(epsilon) = self.epsilon(bound[2], 1e-3) else { return Val::Error };
+                self.batch_norm(x, momentum, epsilon, span)
             }
             "gelu" => {
                 let Some((x, x_span)) = self.tensor_arg(bound[0]) else { return Val::Error };

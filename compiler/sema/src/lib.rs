@@ -14,6 +14,7 @@ mod builtins;
 mod eval;
 mod layers;
 mod lower;
+mod normalization;
 mod random;
 mod schedule;
 mod value;

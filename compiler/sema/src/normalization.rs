@@ -1,0 +1,112 @@
+//! `batch_norm(x, momentum, epsilon)`: each channel (the last axis) normalised over all the
+//! other axes. In training it uses the batch's mean and (biased) variance and moves the
+//! channel's moving averages towards them, `moving -= (1 - momentum) · (moving - batch)`
+//! (Keras's `BatchNormalization`); elsewhere (evaluation, `--fetch`, inference) it uses the
+//! moving averages. They are non-trainable variables, `NAME/moving_mean` and
+//! `NAME/moving_variance`, checkpointed with the rest; their assignments are updates of the
+//! training step (the optimizer pass adds them to `Training::updates`).
+//!
+//! The op is the reductions and elementwise ops it is made of: fusion makes the batch's
+//! statistics two reduction kernels and the normalisation one elementwise kernel (fused with
+//! what follows), and autodiff differentiates them.
+
+use crate::lower::Lowerer;
+use crate::value::{Number, Val};
+use dfc_diag::{Code, Diagnostic, Span};
+use dfc_ir::{BinaryOp, DType, Initializer, NodeId, Op, ReduceKind, Shape, TensorRef, TensorType, UnaryOp};
+
+impl Lowerer<'_> {
+    pub(crate) fn batch_norm(&mut self, x: (TensorRef, Span), momentum: f64, epsilon: f64, span: Span) -> Val {
+        let ty = self.graph.ty(x.0).clone();
+        if !ty.dtype.is_float() {
+            self.diagnostics.push(
+                Diagnostic::error(Code::DTYPE_MISMATCH, x.1, format!("`batch_norm` takes a float tensor, not {ty}"))
+                    .with_label(format!("this is {ty}")),
+            );
+            return Val::Error;
+        }
+        let rank = ty.shape.rank();
+        if rank < 2 {
+            self.diagnostics.push(
+                Diagnostic::error(
+                    Code::AXIS_OUT_OF_RANGE,
+                    x.1,
+                    format!("`batch_norm` of {ty}: it needs a batch axis and a channel axis"),
+                )
+                .with_label(format!("this is {ty}"))
+                .with_help("the last axis holds the channels; the statistics are over all the others"),
+            );
+            return Val::Error;
+        }
+        let channels = Shape(vec![ty.shape.dims()[rank - 1]]);
+        let base = if self.hint.is_empty() {
+            format!("{}batch_norm", self.prefix)
+        } else {
+            format!("{}{}", self.prefix, self.hint)
+        };
+        let moving_mean = self.moving_average(&format!("{base}/moving_mean"), ty.dtype, &channels, Initializer::Zeros);
+        let moving_variance =
+            self.moving_average(&format!("{base}/moving_variance"), ty.dtype, &channels, Initializer::Ones);
+        let axes: Vec<usize> = (0..rank - 1).collect();
+        let tensor = |v: Val| match v {
+            Val::Tensor(t) => Some((t, span)),
+            _ => None,
+        };
+        let constant = |this: &mut Self, v: f64| {
+            this.make_tensor(Val::Number(Number::Float(v)), span, Some(ty.dtype)).map(|t| (t, span))
+        };
+        let result = (|| {
+            let (moving_mean, moving_variance) = (moving_mean?, moving_variance?);
+            let read =
+                |this: &mut Self, variable: NodeId| tensor(this.node(Op::Read, &[(variable.into(), span)], span));
+            let (mean_now, variance_now) = (read(self, moving_mean)?, read(self, moving_variance)?);
+            let mean_of = |this: &mut Self, t: (TensorRef, Span)| {
+                tensor(this.node(
+                    Op::Reduce { kind: ReduceKind::Mean, axes: axes.clone(), keep_dims: false },
+                    &[t],
+                    span,
+                ))
+            };
+            let sub = Op::Binary(BinaryOp::Sub);
+            let mul = Op::Binary(BinaryOp::Mul);
+            let batch_mean = mean_of(self, x)?;
+            let centred = tensor(self.node(sub.clone(), &[x, batch_mean], span))?;
+            let squares = tensor(self.node(mul.clone(), &[centred, centred], span))?;
+            let batch_variance = mean_of(self, squares)?;
+            let training = tensor(self.node(Op::TrainingFlag, &[], span))?;
+            let mean = tensor(self.node(Op::Select, &[training, batch_mean, mean_now], span))?;
+            let variance = tensor(self.node(Op::Select, &[training, batch_variance, variance_now], span))?;
+            let eps = constant(self, epsilon)?;
+            let shifted = tensor(self.node(Op::Binary(BinaryOp::Add), &[variance, eps], span))?;
+            let scale = tensor(self.node(Op::Unary(UnaryOp::Rsqrt), &[shifted], span))?;
+            let deviation = tensor(self.node(sub.clone(), &[x, mean], span))?;
+            let normalised = tensor(self.node(mul.clone(), &[deviation, scale], span))?;
+            // The moving averages' updates, from the batch's statistics (no gradient flows
+            // into an update: autodiff starts from the loss).
+            let rate = constant(self, 1.0 - momentum)?;
+            for (variable, now, batch) in
+                [(moving_mean, mean_now, batch_mean), (moving_variance, variance_now, batch_variance)]
+            {
+                let gap = tensor(self.node(sub.clone(), &[now, batch], span))?;
+                let step = tensor(self.node(mul.clone(), &[rate, gap], span))?;
+                tensor(self.node(Op::AssignSub, &[(variable.into(), span), step], span))?;
+            }
+            Some(normalised)
+        })();
+        result.map_or(Val::Error, |(t, _)| Val::Tensor(t))
+    }
+
+    /// A non-trainable variable of the layer's statistics, named `name` (made unique).
+    fn moving_average(&mut self, name: &str, dtype: DType, shape: &Shape, init: Initializer) -> Option<NodeId> {
+        let op = Op::Variable {
+            ty: TensorType::new(dtype, shape.clone()),
+            init,
+            trainable: false,
+            partitions: 1,
+            origin: None,
+        };
+        let id = self.graph.add(op, &[], name, None).ok()?;
+        self.request(id);
+        Some(id)
+    }
+}
