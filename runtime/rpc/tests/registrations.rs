@@ -71,6 +71,9 @@ async fn replaced_registrations_free_their_plan_and_code() {
     }
     let grown = resident_bytes().saturating_sub(baseline);
     println!("after 100 more registrations the worker's memory grew by {} KiB", grown / 1024);
-    // Leaking the 16 MB variable or the plan of each would be 1.6 GB.
-    assert!(grown < 64 << 20, "the worker grew by {grown} bytes over 100 registrations");
+    // Leaking the 16 MB variable or the plan of each would be 1.6 GB. Without a leak the
+    // resident size still steps up now and then by a few freed 16 MB blocks that glibc's
+    // arenas keep for reuse (its mmap threshold rises past 16 MB once such a block is freed):
+    // measured 0.2, 61, 61 and 107 MB in four runs; a plateau, not a growth per registration.
+    assert!(grown < 256 << 20, "the worker grew by {grown} bytes over 100 registrations");
 }
