@@ -429,7 +429,7 @@ fn plan_nest(module: &Module, kernel: &Kernel, root: &Root) -> Nest {
     }
     let mut positions = HashMap::new();
     for &member in &kernel.members {
-        if let Op::RandomUniform { shape, .. } = &graph.node(member).op {
+        if let Op::RandomUniform { shape, .. } | Op::RandomNormal { shape, .. } = &graph.node(member).op {
             let map = maps.get(&TensorRef::from(member)).cloned().unwrap_or_else(|| identity.clone());
             positions.insert(TensorRef::from(member), access(shape.dims(), &map));
         }
@@ -882,6 +882,10 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
                 let e = self.offset(&self.nest.positions[&TensorRef::from(id)], index);
                 self.philox_uniform(args[0].into_int_value(), args[1].into_int_value(), *salt, e).into()
             }
+            Op::RandomNormal { salt, .. } => {
+                let e = self.offset(&self.nest.positions[&TensorRef::from(id)], index);
+                self.philox_normal(args[0].into_int_value(), args[1].into_int_value(), *salt, e).into()
+            }
             Op::Cast { to } => self.cast(args[0], arg_types[0], *to),
             Op::OneHot { dtype: to, .. } => {
                 let class = match self.nest.one_hot_dim.get(&id).copied().flatten() {
@@ -1126,21 +1130,20 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
         }
     }
 
-    /// Element `e` of the Philox-4x32-10 stream of `seed ^ salt` at `step`, as a uniform `f32`
-    /// in [0, 1): `dfc_interp`'s `random::uniform_at`, bit for bit.
-    fn philox_uniform(
+    /// Philox-4x32-10 block `block` of the stream of (`seed` ^ `salt`, `step`), as the
+    /// interpreter's `random::philox4x32_10` computes it: four 32-bit words.
+    fn philox_block(
         &self,
         seed: IntValue<'ctx>,
         step: IntValue<'ctx>,
         salt: u64,
-        e: IntValue<'ctx>,
-    ) -> FloatValue<'ctx> {
+        block: IntValue<'ctx>,
+    ) -> [IntValue<'ctx>; 4] {
         let b = &self.builder;
         let (i32t, i64t) = (self.context.i32_type(), self.context.i64_type());
         let low = |v: IntValue<'ctx>| b.build_int_truncate(v, i32t, "lo").unwrap();
         let high = |v: IntValue<'ctx>| low(b.build_right_shift(v, i64t.const_int(32, false), false, "hi").unwrap());
         let key = b.build_xor(seed, i64t.const_int(salt, false), "key").unwrap();
-        let block = b.build_right_shift(e, i64t.const_int(2, false), false, "block").unwrap();
         let mut c = [low(block), high(block), low(step), high(step)];
         let mut k = [low(key), high(key)];
         let c32 = |v: u32| i32t.const_int(u64::from(v), false);
@@ -1162,17 +1165,72 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
             let x2 = b.build_xor(b.build_xor(hi0, c[3], "x").unwrap(), k[1], "c2").unwrap();
             c = [x0, lo1, x2, lo0];
         }
-        // Word `e mod 4` of the block.
-        let lane = low(b.build_and(e, i64t.const_int(3, false), "lane").unwrap());
+        c
+    }
+
+    /// The top 24 bits of a Philox word over 2^24: an f32 in [0, 1), exact.
+    fn unit_float(&self, word: IntValue<'ctx>) -> FloatValue<'ctx> {
+        let b = &self.builder;
+        let top = b.build_right_shift(word, self.context.i32_type().const_int(8, false), false, "top").unwrap();
+        let f32t = self.context.f32_type();
+        let as_float = b.build_unsigned_int_to_float(top, f32t, "u").unwrap();
+        b.build_float_mul(as_float, f32t.const_float(1.0 / (1u32 << 24) as f64), "unit").unwrap()
+    }
+
+    /// Element `e` of a `random_uniform`: word `e % 4` of block `e / 4`, as the interpreter's
+    /// `random::uniform_at`.
+    fn philox_uniform(
+        &self,
+        seed: IntValue<'ctx>,
+        step: IntValue<'ctx>,
+        salt: u64,
+        e: IntValue<'ctx>,
+    ) -> FloatValue<'ctx> {
+        let b = &self.builder;
+        let (i32t, i64t) = (self.context.i32_type(), self.context.i64_type());
+        let block = b.build_right_shift(e, i64t.const_int(2, false), false, "block").unwrap();
+        let c = self.philox_block(seed, step, salt, block);
+        let c32 = |v: u32| i32t.const_int(u64::from(v), false);
+        let lane = b.build_int_truncate(b.build_and(e, i64t.const_int(3, false), "lane").unwrap(), i32t, "l").unwrap();
         let pick = |i: u32| b.build_int_compare(IntPredicate::EQ, lane, c32(i), "w").unwrap();
         let upper = b.build_select(pick(2), c[2], c[3], "w23").unwrap().into_int_value();
         let lower = b.build_select(pick(0), c[0], c[1], "w01").unwrap().into_int_value();
         let below_two = b.build_int_compare(IntPredicate::ULT, lane, c32(2), "lt2").unwrap();
         let word = b.build_select(below_two, lower, upper, "word").unwrap().into_int_value();
-        let top = b.build_right_shift(word, c32(8), false, "top").unwrap();
+        self.unit_float(word)
+    }
+
+    /// Element `e` of a `random_normal`: Box-Muller on words `2(e % 2)`, `2(e % 2) + 1` of block
+    /// `e / 2`, `sqrt(-2 ln u1) · cos(2π u2 − π)`, as the interpreter's `random::normal_at`.
+    fn philox_normal(
+        &self,
+        seed: IntValue<'ctx>,
+        step: IntValue<'ctx>,
+        salt: u64,
+        e: IntValue<'ctx>,
+    ) -> FloatValue<'ctx> {
+        let b = &self.builder;
+        let i64t = self.context.i64_type();
+        let block = b.build_right_shift(e, i64t.const_int(1, false), false, "block").unwrap();
+        let c = self.philox_block(seed, step, salt, block);
+        let odd = b
+            .build_int_compare(
+                IntPredicate::NE,
+                b.build_and(e, i64t.const_int(1, false), "odd").unwrap(),
+                i64t.const_zero(),
+                "o",
+            )
+            .unwrap();
+        let first = b.build_select(odd, c[2], c[0], "w0").unwrap().into_int_value();
+        let second = b.build_select(odd, c[3], c[1], "w1").unwrap().into_int_value();
         let f32t = self.context.f32_type();
-        let as_float = b.build_unsigned_int_to_float(top, f32t, "u").unwrap();
-        b.build_float_mul(as_float, f32t.const_float(1.0 / (1u32 << 24) as f64), "uniform").unwrap()
+        let u1 = b.build_float_sub(f32t.const_float(1.0), self.unit_float(first), "u1").unwrap();
+        let u2 = self.unit_float(second);
+        let log = self.float_intrinsic("llvm.log", u1);
+        let radius = self.float_intrinsic("llvm.sqrt", b.build_float_mul(f32t.const_float(-2.0), log, "m2l").unwrap());
+        let turn = b.build_float_mul(u2, f32t.const_float(std::f64::consts::TAU), "turn").unwrap();
+        let angle = b.build_float_sub(turn, f32t.const_float(std::f64::consts::PI), "angle").unwrap();
+        b.build_float_mul(radius, self.libm("cosf", "cos", angle), "normal").unwrap()
     }
 
     /// `combine(acc, v)` of a reduction of `kind` over `dtype`.

@@ -335,12 +335,12 @@ pub fn infer(op: &Op, inputs: &[&TensorType]) -> Result<Vec<TensorType>> {
             same_shape(name, &out[0], inputs[0]).map_err(|e| TypeError { operand: Some(0), ..e })?;
             x
         }
-        Op::RandomUniform { shape, .. } => {
+        Op::RandomUniform { shape, .. } | Op::RandomNormal { shape, .. } => {
             for (i, input) in inputs.iter().enumerate() {
                 if *input != &TensorType::scalar(DType::I64) {
                     return Err(TypeError::new(
                         Code::DTYPE_MISMATCH,
-                        format!("`random_uniform` takes the seed and the step, i64 scalars, not {input}"),
+                        format!("`{name}` takes the seed and the step, i64 scalars, not {input}"),
                     )
                     .at(i));
                 }

@@ -166,6 +166,13 @@ pub enum Op {
         shape: Shape,
         salt: u64,
     },
+    /// `(seed, step) (i64 scalars) -> f32[shape]` standard normal: Box-Muller on Philox bits of
+    /// the same stream as `RandomUniform`'s, element `e` from words `2(e % 2)` and `2(e % 2) + 1`
+    /// of block `e / 2`.
+    RandomNormal {
+        shape: Shape,
+        salt: u64,
+    },
     /// `true` in a program that trains (runs updates), `false` in one that evaluates or infers:
     /// a `bool` scalar each program fixes, so that dropout is the identity outside training.
     TrainingFlag,
@@ -560,6 +567,7 @@ impl Op {
             Op::ScatterAdd { .. } => "scatter_add",
             Op::LearningRate { .. } => "learning_rate",
             Op::RandomUniform { .. } => "random_uniform",
+            Op::RandomNormal { .. } => "random_normal",
             Op::TrainingFlag => "training_flag",
             Op::Send { .. } => "send",
             Op::Recv { .. } => "recv",
@@ -608,7 +616,8 @@ impl Op {
             | Op::MaxPoolGrad { .. }
             | Op::ScatterAdd { .. }
             | Op::LayerNormGrad { .. }
-            | Op::RandomUniform { .. } => 2,
+            | Op::RandomUniform { .. }
+            | Op::RandomNormal { .. } => 2,
             Op::Select => 3,
             Op::Concat { .. } => return None,
         })
@@ -693,7 +702,7 @@ impl Op {
             Op::ScatterAdd { rows } => vec![("rows", rows.to_string())],
             Op::LayerNorm { epsilon } | Op::LayerNormGrad { epsilon } => vec![("epsilon", epsilon.to_string())],
             Op::LearningRate { schedule, .. } => vec![("schedule", format!("{:?}", schedule.to_string()))],
-            Op::RandomUniform { salt, .. } => vec![("salt", format!("{salt:#x}"))],
+            Op::RandomUniform { salt, .. } | Op::RandomNormal { salt, .. } => vec![("salt", format!("{salt:#x}"))],
             Op::Conv2d { strides, padding } => {
                 vec![("strides", list(strides)), ("padding", padding.name().into())]
             }

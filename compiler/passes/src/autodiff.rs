@@ -478,6 +478,7 @@ impl Builder<'_> {
             | Op::ArgMax { .. }
             | Op::LearningRate { .. }
             | Op::RandomUniform { .. }
+            | Op::RandomNormal { .. }
             | Op::TrainingFlag
             | Op::Conv2dBackpropInput { .. }
             | Op::Conv2dBackpropFilter { .. }

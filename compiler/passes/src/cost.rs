@@ -178,6 +178,8 @@ pub fn node_flops(graph: &Graph, id: NodeId) -> f64 {
         Op::LearningRate { .. } | Op::TrainingFlag => 1.0,
         // Philox-4x32-10: ten rounds of two multiplications and some xors per four elements.
         Op::RandomUniform { shape, .. } => 10.0 * shape.n_elements() as f64,
+        // Two words an element, then a logarithm, a square root and a cosine.
+        Op::RandomNormal { shape, .. } => (20.0 + 3.0 * TRANSCENDENTAL_FLOPS) * shape.n_elements() as f64,
         Op::Reduce { .. } | Op::ArgMax { .. } => operand_elements(0),
         Op::Softmax { .. } | Op::LogSoftmax { .. } | Op::SoftmaxCrossEntropy | Op::SigmoidCrossEntropy => {
             SOFTMAX_FLOPS * operand_elements(0)

@@ -60,7 +60,7 @@ pub fn is_elementwise(module: &Module, id: NodeId) -> bool {
         Op::Binary(_) | Op::Compare(_) | Op::Select | Op::Cast { .. } | Op::BroadcastTo { .. } => true,
         Op::Identity | Op::StopGradient => true,
         Op::OneHot { .. } => true,
-        Op::RandomUniform { .. } => true,
+        Op::RandomUniform { .. } | Op::RandomNormal { .. } => true,
         Op::SigmoidCrossEntropy => dtype.is_float(),
         _ => false,
     }

@@ -275,7 +275,7 @@ impl<'a> Builder<'a> {
             }
         }
         // Each replica draws its own random bits (replica 0 those of the unreplicated model).
-        if let (Op::RandomUniform { salt, .. }, Some(r)) = (&mut op, replica) {
+        if let (Op::RandomUniform { salt, .. } | Op::RandomNormal { salt, .. }, Some(r)) = (&mut op, replica) {
             if r > 0 {
                 *salt ^= (r as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
             }

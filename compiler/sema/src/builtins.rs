@@ -30,6 +30,11 @@ pub const OPS: &[(&str, &str, &str)] = &[
         "f32 uniform in [0, 1), a Philox stream of its own per run seed and training step.",
     ),
     (
+        "random_normal",
+        "random_normal(shape, mean=0, stddev=1)",
+        "f32 normally distributed (Box-Muller on Philox bits), a stream of its own per run seed and training step.",
+    ),
+    (
         "gelu",
         "gelu(x)",
         "Elementwise GELU, tanh form: 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))) (JAX's default, GPT-2's).",
@@ -193,6 +198,11 @@ fn params_of(name: &str) -> &'static [Param<'static>] {
             Param { name: "epsilon", required: false },
         ],
         "random_uniform" => &[Param { name: "shape", required: true }],
+        "random_normal" => &[
+            Param { name: "shape", required: true },
+            Param { name: "mean", required: false },
+            Param { name: "stddev", required: false },
+        ],
         "conv2d" => &[
             Param { name: "x", required: true },
             Param { name: "filter", required: true },
@@ -392,7 +402,7 @@ impl Lowerer<'_> {
                 let Some(rate) = self.const_f64(rate_expr, "`rate`") else { return Val::Error };
                 self.dropout(x, rate, rate_expr.span, span)
             }
-            "random_uniform" => {
+            "random_uniform" | "random_normal" => {
                 let shape_expr = &bound[0].expect("required").value;
                 let Some(dims) = self.const_int_list(shape_expr, "`shape`") else { return Val::Error };
                 if dims.iter().any(|&d| d < 0) {
@@ -406,7 +416,31 @@ impl Lowerer<'_> {
                 if !self.check_size(&dfc_ir::TensorType::new(DType::F32, shape.clone()), shape_expr.span) {
                     return Val::Error;
                 }
-                self.random_uniform(shape, span)
+                if name == "random_uniform" {
+                    return self.random_uniform(shape, span);
+                }
+                let mut moment = |arg: Option<&Arg>, what: &str, default: f64| match arg {
+                    Some(a) => self.const_f64(&a.value, what).map(|v| (v, a.value.span)),
+                    None => Some((default, span)),
+                };
+                let (Some((mean, mean_span)), Some((stddev, stddev_span))) =
+                    (moment(bound[1], "`mean`", 0.0), moment(bound[2], "`stddev`", 1.0))
+                else {
+                    return Val::Error;
+                };
+                for (what, value, at, ok) in [
+                    ("mean", mean, mean_span, mean.is_finite()),
+                    ("stddev", stddev, stddev_span, stddev.is_finite() && stddev >= 0.0),
+                ] {
+                    if !ok {
+                        self.diagnostics.push(
+                            Diagnostic::error(Code::ARGUMENT_KIND, at, format!("`{what}` = {value} is out of range"))
+                                .with_label(if what == "mean" { "must be finite" } else { "must be finite and ≥ 0" }),
+                        );
+                        return Val::Error;
+                    }
+                }
+                self.random_normal(shape, mean, stddev, span)
             }
             "layer_norm" => {
                 let Some(x) = self.tensor_arg(bound[0]) else { return Val::Error };

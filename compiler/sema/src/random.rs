@@ -1,5 +1,6 @@
-//! Random ops: `random_uniform(shape)` and `dropout(x, rate)`. Each draws from its own
-//! Philox stream (`Op::RandomUniform`), keyed by the run's seed (a `random_seed` variable,
+//! Random ops: `random_uniform(shape)`, `random_normal(shape, mean, stddev)` and
+//! `dropout(x, rate)`. Each draws from its own Philox stream (`Op::RandomUniform`,
+//! `Op::RandomNormal`), keyed by the run's seed (a `random_seed` variable,
 //! initialised from `--seed`) and the global step (a `global_step` variable, which the
 //! optimizer increments), both checkpointed, so that a run is reproducible and a resumed one
 //! draws what it would have drawn. `dropout` is the identity outside training
@@ -32,6 +33,28 @@ impl Lowerer<'_> {
 
     /// `f32[shape]` uniform in [0, 1), a stream of its own.
     pub(crate) fn random_uniform(&mut self, shape: Shape, span: Span) -> Val {
+        self.random(|salt| Op::RandomUniform { shape, salt }, span)
+    }
+
+    /// `f32[shape]` normal with `mean` and `stddev`, a stream of its own.
+    pub(crate) fn random_normal(&mut self, shape: Shape, mean: f64, stddev: f64, span: Span) -> Val {
+        let standard = self.random(|salt| Op::RandomNormal { shape, salt }, span);
+        if (mean, stddev) == (0.0, 1.0) {
+            return standard;
+        }
+        let Val::Tensor(z) = standard else { return Val::Error };
+        let constant = |this: &mut Self, v: f64| {
+            this.make_tensor(Val::Number(Number::Float(v)), span, Some(DType::F32)).map(|t| (t, span))
+        };
+        let (Some(scale), Some(shift)) = (constant(self, stddev), constant(self, mean)) else { return Val::Error };
+        let Val::Tensor(scaled) = self.node(Op::Binary(BinaryOp::Mul), &[(z, span), scale], span) else {
+            return Val::Error;
+        };
+        self.node(Op::Binary(BinaryOp::Add), &[(scaled, span), shift], span)
+    }
+
+    /// The random op `op(salt)` of the seed and the step, its salt its own.
+    fn random(&mut self, op: impl FnOnce(u64) -> Op, span: Span) -> Val {
         let (Some(seed), Some(step)) =
             (self.counter(SEED_VARIABLE, Initializer::Seed), self.counter(STEP_VARIABLE, Initializer::Zeros))
         else {
@@ -43,10 +66,13 @@ impl Lowerer<'_> {
         };
         let (Some(seed), Some(step)) = (read(self, seed), read(self, step)) else { return Val::Error };
         // The op's own stream: its place among the model's random ops and where it is.
-        let drawn =
-            self.graph.node_ids().filter(|&id| matches!(self.graph.node(id).op, Op::RandomUniform { .. })).count();
+        let drawn = self
+            .graph
+            .node_ids()
+            .filter(|&id| matches!(self.graph.node(id).op, Op::RandomUniform { .. } | Op::RandomNormal { .. }))
+            .count();
         let salt = fnv1a(&format!("{}{}#{drawn}", self.prefix, self.hint));
-        self.node(Op::RandomUniform { shape, salt }, &[(seed, span), (step, span)], span)
+        self.node(op(salt), &[(seed, span), (step, span)], span)
     }
 
     /// `dropout(x, rate)`: in training, each element zeroed with probability `rate` and the

@@ -172,6 +172,12 @@ pub(crate) fn compute(op: &Op, operands: &[&Tensor]) -> Result<Tensor, Fault> {
             let values: Vec<f32> = (0..shape.n_elements() as u64).map(|e| random::uniform_at(key, upper, e)).collect();
             Tensor::from_vec(shape.clone(), values)
         }
+        Op::RandomNormal { shape, salt } => {
+            let (seed, step) = (indices(operands[0])[0], indices(operands[1])[0]);
+            let (key, upper) = random::stream(seed, *salt, step);
+            let values: Vec<f32> = (0..shape.n_elements() as u64).map(|e| random::normal_at(key, upper, e)).collect();
+            Tensor::from_vec(shape.clone(), values)
+        }
         Op::TrainingFlag => unreachable!("a program fixes `training_flag` when it is made"),
         Op::LearningRate { schedule, dtype } => {
             // A step below zero (a damaged checkpoint's) counts as the first.

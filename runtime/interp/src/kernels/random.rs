@@ -37,7 +37,26 @@ pub fn stream(seed: i64, salt: u64, step: i64) -> ([u32; 2], [u32; 2]) {
 pub fn uniform_at(key: [u32; 2], upper: [u32; 2], e: u64) -> f32 {
     let block = e / 4;
     let bits = philox4x32_10([block as u32, (block >> 32) as u32, upper[0], upper[1]], key);
-    (bits[(e % 4) as usize] >> 8) as f32 * (1.0 / (1u32 << 24) as f32)
+    unit(bits[(e % 4) as usize])
+}
+
+/// The top 24 bits of `word` over 2^24: a uniform `f32` in [0, 1), exact.
+fn unit(word: u32) -> f32 {
+    (word >> 8) as f32 * (1.0 / (1u32 << 24) as f32)
+}
+
+/// Element `e` of a stream, standard normal: Box-Muller, `sqrt(-2 ln u1) · cos(2π u2 − π)` (the
+/// angle in [−π, π), where a GPU's `cos.approx` is accurate), on words
+/// `2(e % 2)` and `2(e % 2) + 1` of block `e / 2` (`u1 = 1 - unit(first)`, in (0, 1], so that
+/// the logarithm is finite), in f32 as the fused kernels compute it.
+pub fn normal_at(key: [u32; 2], upper: [u32; 2], e: u64) -> f32 {
+    let block = e / 2;
+    let bits = philox4x32_10([block as u32, (block >> 32) as u32, upper[0], upper[1]], key);
+    let pair = 2 * (e % 2) as usize;
+    let u1 = 1.0 - unit(bits[pair]);
+    let u2 = unit(bits[pair + 1]);
+    let angle = u2 * std::f32::consts::TAU - std::f32::consts::PI;
+    (-2.0 * u1.ln()).sqrt() * angle.cos()
 }
 
 #[cfg(test)]
@@ -67,5 +86,21 @@ mod tests {
         // Another step, another stream.
         let (_, next) = stream(7, 0x1234, 4);
         assert_ne!(uniform_at(key, upper, 0), uniform_at(key, next, 0));
+    }
+
+    #[test]
+    fn normals_have_mean_zero_and_deviation_one() {
+        let (key, upper) = stream(11, 0x5678, 2);
+        let values: Vec<f64> = (0..100_000).map(|e| f64::from(normal_at(key, upper, e))).collect();
+        assert!(values.iter().all(|v| v.is_finite()));
+        let n = values.len() as f64;
+        let mean = values.iter().sum::<f64>() / n;
+        let variance = values.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n;
+        assert!(mean.abs() < 0.01, "mean {mean}");
+        assert!((variance - 1.0).abs() < 0.015, "variance {variance}");
+        // About 68.3% within one deviation, 95.4% within two.
+        let within = |k: f64| values.iter().filter(|v| v.abs() < k).count() as f64 / n;
+        assert!((within(1.0) - 0.6827).abs() < 0.006, "{} within 1", within(1.0));
+        assert!((within(2.0) - 0.9545).abs() < 0.004, "{} within 2", within(2.0));
     }
 }
