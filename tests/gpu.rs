@@ -24,8 +24,9 @@ fn root() -> PathBuf {
 /// The examples, a model of long rows (`tests/ptx/long_rows.df`: row ops one row per block)
 /// one with dropout (`tests/ptx/dropout.df`: Philox in a fused kernel), one with layer norms
 /// (`tests/ptx/layer_norm.df`: a thread a row and a block a row, forward and backward) and one
-/// with batch norms (`tests/ptx/batch_norm.df`: column reductions and the training flag).
-const EXAMPLES: [&str; 10] = [
+/// with batch norms (`tests/ptx/batch_norm.df`: column reductions and the training flag), and
+/// causal self-attention (`tests/ptx/attention.df`: masked scores, batched products).
+const EXAMPLES: [&str; 11] = [
     "softmax_regression",
     "mlp",
     "cnn",
@@ -36,6 +37,7 @@ const EXAMPLES: [&str; 10] = [
     "dropout",
     "layer_norm",
     "batch_norm",
+    "attention",
 ];
 
 fn gpu_plan(example: &str) -> dfc_plan::Plan {

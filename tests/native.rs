@@ -329,6 +329,19 @@ fn layer_norms_run_natively_and_on_the_grid_emulator() {
     check_backend("layer_norm on a GPU", &on_gpu, Backend::GridEmulator);
 }
 
+/// Causal self-attention (`tests/ptx/attention.df`): batched products with a transposed
+/// operand, a masked softmax and their gradients, natively on a CPU and on the grid
+/// emulator's GPU.
+#[test]
+fn causal_attention_runs_natively_and_on_the_grid_emulator() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/ptx/attention.df");
+    let source = std::fs::read_to_string(path).expect("the model");
+    let on_cpu = plan_of(&source, "attention", Cluster::local(1, DeviceKind::Cpu), Strategy::Single);
+    check_backend("attention", &on_cpu, Backend::Llvm);
+    let on_gpu = plan_of(&source, "attention", Cluster::local(1, DeviceKind::Gpu), Strategy::Single);
+    check_backend("attention on a GPU", &on_gpu, Backend::GridEmulator);
+}
+
 /// Batch norms (`tests/ptx/batch_norm.df`), trained and evaluated, natively on a CPU and on
 /// the grid emulator's GPU: the interpreter's values, the moving averages included.
 #[test]

@@ -4,7 +4,7 @@ use crate::args::{self, Param};
 use crate::lower::Lowerer;
 use crate::value::Val;
 use dfc_diag::{Code, Diagnostic, Span};
-use dfc_ir::{BinaryOp, CompareOp, DType, Op, Padding, ReduceKind, Shape, TensorRef, UnaryOp};
+use dfc_ir::{BinaryOp, CompareOp, ConstValue, DType, Op, Padding, ReduceKind, Shape, TensorRef, UnaryOp};
 use dfc_syntax::ast::{Arg, Call, ExprKind};
 
 /// Every built-in op: name, signature, one line of documentation. The language reference and
@@ -92,6 +92,11 @@ pub const OPS: &[(&str, &str, &str)] = &[
     ),
     ("one_hot", "one_hot<T=f32>(indices, depth)", "Integer class ids to one-hot vectors of length `depth`."),
     (
+        "range",
+        "range<T=i32>(n)",
+        "The constant vector [0, 1, …, n − 1]: positions, and masks such as the causal one, range(n) <= reshape(range(n), [n, 1]).",
+    ),
+    (
         "conv2d",
         "conv2d(x, filter, strides=1, padding=\"valid\")",
         "2-D convolution: x is NHWC, filter is [height, width, in, out].",
@@ -147,6 +152,9 @@ pub const INITIALIZERS: &[(&str, &str, &str)] = &[
     ("he_normal", "he_normal", "Truncated normal with stddev sqrt(2 / fan_in) (He et al.)."),
 ];
 
+/// The longest `range`: its values are a constant of the plan.
+const MAX_RANGE: usize = 1 << 24;
+
 pub fn is_op(name: &str) -> bool {
     OPS.iter().any(|(n, _, _)| *n == name)
 }
@@ -190,6 +198,7 @@ fn params_of(name: &str) -> &'static [Param<'static>] {
             &[Param { name: "logits", required: true }, Param { name: "labels", required: true }]
         }
         "one_hot" => &[Param { name: "indices", required: true }, Param { name: "depth", required: true }],
+        "range" => &[Param { name: "n", required: true }],
         "dropout" => &[Param { name: "x", required: true }, Param { name: "rate", required: true }],
         "layer_norm" => &[Param { name: "x", required: true }, Param { name: "epsilon", required: false }],
         "batch_norm" => &[
@@ -243,10 +252,10 @@ impl Lowerer<'_> {
             return self.eval_args_for_errors(call);
         }
         if let Some((_, type_span)) = call.type_arg {
-            if name != "cast" && name != "one_hot" && name != "argmax" {
+            if !["cast", "one_hot", "argmax", "range"].contains(&name) {
                 self.diagnostics.push(
                     Diagnostic::error(Code::ARGUMENT_KIND, type_span, format!("`{name}` takes no type argument"))
-                        .with_help("only cast<T>, one_hot<T> and argmax<T> take one"),
+                        .with_help("only cast<T>, one_hot<T>, argmax<T> and range<T> take one"),
                 );
             }
         }
@@ -688,6 +697,39 @@ impl Lowerer<'_> {
                 let Some(axis) = axis else { return Val::Error };
                 let dtype = call.type_arg.map(|(d, _)| crate::eval::dtype_of(d)).unwrap_or(DType::I32);
                 self.node(Op::ArgMax { axis, dtype }, &[x], span)
+            }
+            "range" => {
+                let n_expr = &bound[0].expect("required").value;
+                let Some(n) = self.size(n_expr, "the length of range") else { return Val::Error };
+                if n > MAX_RANGE {
+                    self.diagnostics.push(
+                        Diagnostic::error(
+                            Code::INVALID_SHAPE,
+                            n_expr.span,
+                            format!("range({n}) is too long a constant"),
+                        )
+                        .with_label(format!("at most {MAX_RANGE} elements")),
+                    );
+                    return Val::Error;
+                }
+                let dtype = call.type_arg.map(|(d, _)| crate::eval::dtype_of(d)).unwrap_or(DType::I32);
+                if !dtype.is_numeric() {
+                    let at = call.type_arg.map_or(span, |(_, at)| at);
+                    self.diagnostics.push(
+                        Diagnostic::error(Code::DTYPE_MISMATCH, at, format!("range<{dtype}> is not defined"))
+                            .with_label("a numeric type is needed"),
+                    );
+                    return Val::Error;
+                }
+                if dtype == DType::U8 && n > 256 {
+                    self.diagnostics.push(
+                        Diagnostic::error(Code::INVALID_SHAPE, n_expr.span, format!("range<u8>({n}) does not fit u8"))
+                            .with_label("at most 256 elements"),
+                    );
+                    return Val::Error;
+                }
+                let values: Vec<f64> = (0..n).map(|i| i as f64).collect();
+                Val::Tensor(self.constant(ConstValue::from_f64(dtype, Shape(vec![n]), &values), span))
             }
             "one_hot" => {
                 let Some(x) = self.tensor_arg(bound[0]) else { return Val::Error };
