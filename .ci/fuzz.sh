@@ -42,7 +42,8 @@ idx = bytes([0, 0, 8, 3]) + struct.pack(">III", 2, 2, 2) + bytes(range(8))
 header = "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }".ljust(117) + "\n"
 npy = b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode() + struct.pack("<2f", 1.0, 2.0)
 seeds = {"idx": (0, idx), "idx.gz": (1, gzip.compress(idx)), "npy": (2, npy), "csv": (3, b"1,2,3\n4,5,6\n"),
-         "labels": (4, bytes([0, 0, 8, 1, 0, 0, 0, 3, 7, 1, 9])), "npy-direct": (5, npy), "tsv": (6, b"0.5\t1\n2\t-3e4\n")}
+         "labels": (4, bytes([0, 0, 8, 1, 0, 0, 0, 3, 7, 1, 9])), "npy-direct": (5, npy), "tsv": (6, b"0.5\t1\n2\t-3e4\n"),
+         "text": (8, b"\x05Q: What is a dataflow graph?\nA: A program that waits for its inputs.\n")}
 for name, (reader, data) in seeds.items():
     open(f"{out}/{name}", "wb").write(bytes([reader]) + data)
 PY

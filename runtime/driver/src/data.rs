@@ -323,6 +323,63 @@ pub fn load(path: &Path) -> Result<Tensor, DataError> {
     load_stream(Stream::new(path, file, len)?)
 }
 
+/// The most bytes a text feed may hold (decompressed): its windows are held in memory.
+pub const TEXT_MAX_BYTES: u64 = 1 << 32;
+
+/// A text feed: the bytes of `path` (gunzipped where it is gzip) as tokens, cut into examples
+/// of `window` tokens, each starting where the one before ends but one (stride `window - 1`),
+/// so that a model reading tokens `0..window - 1` and predicting `1..window` of each example
+/// predicts every byte of the file but the first exactly once. A `u8[examples, window]`.
+pub fn load_text_windows(path: &Path, window: usize) -> Result<Tensor, DataError> {
+    let (file, len) = open(path)?;
+    text_windows(Stream::new(path, file, len)?, window)
+}
+
+/// [`load_text_windows`] of the bytes of a file named `path`.
+pub fn text_windows_of_bytes(path: &Path, bytes: &[u8], window: usize) -> Result<Tensor, DataError> {
+    text_windows(Stream::of_bytes(path, bytes), window)
+}
+
+fn text_windows(stream: Stream, window: usize) -> Result<Tensor, DataError> {
+    let path = stream.path;
+    if window < 2 {
+        return Err(DataError::format(
+            path,
+            format!("a text feed's examples need at least 2 tokens (a token and the next), not {window}"),
+        ));
+    }
+    let mut text = Vec::new();
+    let read = stream.rest().take(TEXT_MAX_BYTES + 1).read_to_end(&mut text);
+    match read {
+        Err(e) if e.kind() == std::io::ErrorKind::FileTooLarge => {
+            return Err(DataError::format(
+                path,
+                format!(
+                    "gzip text decompresses to more than {CSV_GZIP_MAX_RATIO} times its size; store it uncompressed"
+                ),
+            ))
+        }
+        Err(e) => return Err(DataError::format(path, format!("cannot read the text: {e}"))),
+        Ok(_) => {}
+    }
+    if text.len() as u64 > TEXT_MAX_BYTES {
+        return Err(DataError::format(path, format!("a text feed holds at most {TEXT_MAX_BYTES} bytes")));
+    }
+    let stride = window - 1;
+    let examples = text.len().saturating_sub(1) / stride;
+    if text.len() < window {
+        return Err(DataError::format(
+            path,
+            format!("holds {} bytes, fewer than one example of {window} tokens", text.len()),
+        ));
+    }
+    let mut windows = Vec::with_capacity(examples * window);
+    for e in 0..examples {
+        windows.extend_from_slice(&text[e * stride..e * stride + window]);
+    }
+    Ok(Tensor::from_vec(vec![examples, window], windows))
+}
+
 /// [`load`] of the bytes of a file named `path` (the name is for format detection and
 /// messages): the entry point for fuzzing every feed format, gzip included.
 pub fn load_bytes(path: &Path, bytes: &[u8]) -> Result<Tensor, DataError> {

@@ -12,10 +12,10 @@ use crate::metrics::{EpochRecord, MetricsLog};
 use crate::runner::{FreeReplicas, Runner};
 use crate::session::Session;
 use dfc_interp::{InterpError, Tensor, Variables};
-use dfc_ir::Op;
+use dfc_ir::{DType, Op};
 use dfc_plan::Plan;
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 #[derive(Clone, Debug, Default)]
@@ -108,12 +108,30 @@ pub fn load_feeds(plan: &Plan, feeds: &[(String, PathBuf)], what: &str) -> Resul
                 names.join(", ")
             )));
         };
-        let tensor = data::load(path)?;
+        let tensor = match text_feed(path) {
+            Some(text) => {
+                let dims = input.ty.shape.dims();
+                if dims.len() != 2 || !matches!(input.ty.dtype, DType::U8 | DType::I32 | DType::I64) {
+                    return Err(RunError::Usage(format!(
+                        "{what} `{name}` is a text feed, but the input is {}: a text feed's examples are \
+                         windows of tokens (bytes), [batch, tokens] of u8, i32 or i64",
+                        input.ty
+                    )));
+                }
+                data::load_text_windows(&text, dims[1])?
+            }
+            None => data::load(path)?,
+        };
         let tensor = data::fit(name, tensor, &input.ty)?;
         crate::indices::check(&ranges, name, path, &tensor)?;
         tensors.push((name.clone(), tensor));
     }
     Ok(Dataset::new(tensors)?)
+}
+
+/// The file of a text feed, `text:PATH` (its bytes as tokens, windowed to the input's length).
+pub fn text_feed(path: &Path) -> Option<PathBuf> {
+    path.to_str()?.strip_prefix("text:").map(PathBuf::from)
 }
 
 fn require_inputs(inputs: Vec<String>, dataset: &Dataset, what: &str) -> Result<(), RunError> {

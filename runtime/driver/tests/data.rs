@@ -490,3 +490,38 @@ fn shuffle_is_roughly_uniform() {
         assert!((850..1150).contains(&c), "{counts:?}");
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Text feeds
+
+/// A text file's bytes as tokens, in windows of `window` that overlap by one: every byte but
+/// the first is the next token of exactly one example; the tail that fills no window is left.
+#[test]
+fn text_windows_overlap_by_one_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = b"abcdefghij";
+    for (name, bytes) in [("corpus.txt", text.to_vec()), ("corpus.txt.gz", gzip(text))] {
+        let path = write(dir.path(), name, &bytes);
+        let t = data::load_text_windows(&path, 4).unwrap();
+        assert_eq!(t.shape.dims(), &[3, 4], "{name}");
+        assert_eq!(t.as_slice::<u8>().unwrap(), b"abcddefgghij", "{name}");
+    }
+    let path = write(dir.path(), "short.txt", b"abc");
+    let one = data::load_text_windows(&path, 3).unwrap();
+    assert_eq!(one.as_slice::<u8>().unwrap(), b"abc");
+}
+
+#[test]
+fn text_window_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path(), "short.txt", b"abc");
+    contains(&err(data::load_text_windows(&path, 4)), &["short.txt", "holds 3 bytes", "one example of 4 tokens"]);
+    contains(&err(data::load_text_windows(&path, 1)), &["at least 2 tokens"]);
+    let empty = write(dir.path(), "empty.txt", b"");
+    contains(&err(data::load_text_windows(&empty, 2)), &["holds 0 bytes"]);
+    contains(&err(data::load_text_windows(&dir.path().join("missing.txt"), 2)), &["cannot read", "missing.txt"]);
+    // A gzip bomb: 64 MB of one byte.
+    let bomb = gzip(&vec![b'a'; 64 << 20]);
+    let path = write(dir.path(), "bomb.txt.gz", &bomb);
+    contains(&err(data::load_text_windows(&path, 65)), &["bomb.txt.gz", "decompresses to more than 64 times"]);
+}
