@@ -453,3 +453,30 @@ fn fashion_mnist_trains_softmax_regression() {
         "one epoch of softmax regression reaches about 0.8 on the 10,000 test images; got {accuracy}"
     );
 }
+
+/// The transformer example, made small (`--dim`), trains on a text feed through `dfc run`: its
+/// loss falls well below a uniform guess's over 256 bytes (ln 256 ≈ 5.55) on text that
+/// repeats, and a text feed for an input that is not windows of tokens is refused.
+#[test]
+fn the_transformer_trains_on_a_text_feed() {
+    let dir = scratch("transformer");
+    let corpus = dir.join("corpus.txt");
+    let line = "the quick brown fox jumps over the lazy dog. ";
+    std::fs::write(&corpus, line.repeat(200)).expect("write the corpus");
+    let dims = ["--dim", "batch=8", "--dim", "context=16", "--dim", "width=32"];
+    let plan = compile("transformer", &dir, &dims);
+    let metrics_path = dir.join("metrics.jsonl");
+    let feed = format!("text=text:{}", s(&corpus));
+    let output = dfc(&["run", s(&plan), "--feed", &feed, "--epochs", "4", "--metrics", s(&metrics_path)]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let losses: Vec<f64> =
+        metrics(&metrics_path).iter().map(|m| m["train_loss"].as_f64().expect("a train loss")).collect();
+    assert_eq!(losses.len(), 4, "{losses:?}");
+    assert!(losses[0] < 5.0 && losses[3] < 2.5 && losses[3] < losses[0], "losses {losses:?}");
+
+    let mlp = compile("mlp", &dir, &[]);
+    let output = dfc(&["run", s(&mlp), "--feed", &format!("images=text:{}", s(&corpus))]);
+    assert!(!output.status.success());
+    let stderr = text(&output.stderr);
+    assert!(stderr.contains("`images` is a text feed, but the input is u8[128,28,28]"), "{stderr}");
+}
