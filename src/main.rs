@@ -178,6 +178,34 @@ enum Command {
         #[command(flatten)]
         remote: run::RemoteArgs,
     },
+    /// Generate text with a plan trained on a text feed: each next byte drawn from the model's
+    /// scores for the last position it reads (docs/language.md, "The command line").
+    Sample {
+        plan: PathBuf,
+        /// Use the variables of the newest checkpoint here [default: the initial values].
+        #[arg(long)]
+        checkpoint_dir: Option<PathBuf>,
+        /// The text to continue [default: a newline].
+        #[arg(long, default_value = "")]
+        prompt: String,
+        /// How many bytes to generate.
+        #[arg(long, default_value_t = 200)]
+        length: usize,
+        /// Below 1: likelier bytes; above 1: more varied ones.
+        #[arg(long, default_value_t = 1.0)]
+        temperature: f64,
+        /// Seed of the draws (and of the initial values without --checkpoint-dir).
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// The input the tokens go to [default: the model's only input].
+        #[arg(long)]
+        input: Option<String>,
+        /// The output that scores the next token [default: the model's only output].
+        #[arg(long)]
+        output: Option<String>,
+        #[arg(long, value_enum, default_value_t = RunBackend::Llvm)]
+        backend: RunBackend,
+    },
     /// Serve as a worker of distributed runs: run the partitions a driver (`dfc run
     /// --cluster/--spawn`) registers, exchanging tensors with the other workers.
     Worker {
@@ -376,6 +404,20 @@ fn main() -> ExitCode {
                 lockstep,
             };
             run_plan(&plan, &run::RunArgs { train, fetch, output, remote })
+        }
+        Command::Sample { plan, checkpoint_dir, prompt, length, temperature, seed, input, output, backend } => {
+            let options = dfc_driver::sample::SampleOptions {
+                input,
+                output,
+                prompt: prompt.into_bytes(),
+                length,
+                temperature,
+                seed,
+            };
+            read_plan(&plan).and_then(|plan| {
+                run::sample(&plan, &options, checkpoint_dir, backend.backend()).map_err(Failure)?;
+                Ok(ExitCode::SUCCESS)
+            })
         }
         Command::Worker { listen, token_file, tls_dir, data_port, no_shared_memory, threads } => {
             let data = dfc_rpc::DataPlane { port: data_port, shared_memory: !no_shared_memory };

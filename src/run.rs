@@ -126,6 +126,22 @@ pub fn run(plan: &dfc_plan::Plan, args: &RunArgs) -> Result<(), String> {
     Ok(())
 }
 
+/// `dfc sample`: prints the prompt and the bytes the plan generates after it.
+pub fn sample(
+    plan: &dfc_plan::Plan,
+    options: &dfc_driver::sample::SampleOptions,
+    checkpoint_dir: Option<PathBuf>,
+    backend: dfc_driver::Backend,
+) -> Result<(), String> {
+    let mut session = dfc_driver::Session::with_backend(plan, options.seed, backend).map_err(|e| e.to_string())?;
+    let train = TrainOptions { checkpoint_dir, seed: options.seed, ..TrainOptions::default() };
+    restore_for_fetch(&mut session, &train)?;
+    let text = dfc_driver::sample::sample(&mut session, options).map_err(|e| e.to_string())?;
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    out.write_all(&text).and_then(|()| out.write_all(b"\n")).map_err(|e| format!("cannot write the text: {e}"))
+}
+
 /// With --checkpoint-dir, the newest checkpoint's variables (which must match the plan's).
 fn restore_for_fetch<R: dfc_driver::Runner>(session: &mut R, train: &TrainOptions) -> Result<(), String> {
     match &train.checkpoint_dir {

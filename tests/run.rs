@@ -456,7 +456,8 @@ fn fashion_mnist_trains_softmax_regression() {
 
 /// The transformer example, made small (`--dim`), trains on a text feed through `dfc run`: its
 /// loss falls well below a uniform guess's over 256 bytes (ln 256 ≈ 5.55) on text that
-/// repeats, and a text feed for an input that is not windows of tokens is refused.
+/// repeats, `dfc sample` continues a prompt as the text does, and a text feed or sampling for
+/// a model that does not read tokens is refused.
 #[test]
 fn the_transformer_trains_on_a_text_feed() {
     let dir = scratch("transformer");
@@ -467,16 +468,44 @@ fn the_transformer_trains_on_a_text_feed() {
     let plan = compile("transformer", &dir, &dims);
     let metrics_path = dir.join("metrics.jsonl");
     let feed = format!("text=text:{}", s(&corpus));
-    let output = dfc(&["run", s(&plan), "--feed", &feed, "--epochs", "4", "--metrics", s(&metrics_path)]);
+    let checkpoints = dir.join("ckpt");
+    let output = dfc(&[
+        "run",
+        s(&plan),
+        "--feed",
+        &feed,
+        "--epochs",
+        "4",
+        "--metrics",
+        s(&metrics_path),
+        "--checkpoint-dir",
+        s(&checkpoints),
+    ]);
     assert!(output.status.success(), "{}", text(&output.stderr));
     let losses: Vec<f64> =
         metrics(&metrics_path).iter().map(|m| m["train_loss"].as_f64().expect("a train loss")).collect();
     assert_eq!(losses.len(), 4, "{losses:?}");
     assert!(losses[0] < 5.0 && losses[3] < 2.5 && losses[3] < losses[0], "losses {losses:?}");
 
+    let sample = |plan: &Path, extra: &[&str]| {
+        let mut args = vec!["sample", s(plan), "--checkpoint-dir", s(&checkpoints), "--prompt", "the quick"];
+        args.extend_from_slice(extra);
+        dfc(&args)
+    };
+    let output = sample(&plan, &["--length", "24", "--temperature", "0.3", "--seed", "1"]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let sampled = text(&output.stdout);
+    assert!(sampled.starts_with("the quick brown fox jumps"), "sampled {sampled:?}");
+    assert_eq!(sampled.trim_end_matches('\n').len(), "the quick".len() + 24, "{sampled:?}");
+    let output = sample(&plan, &["--temperature", "0"]);
+    assert!(text(&output.stderr).contains("--temperature must be a number above 0, not 0"), "{}", text(&output.stderr));
+
     let mlp = compile("mlp", &dir, &[]);
     let output = dfc(&["run", s(&mlp), "--feed", &format!("images=text:{}", s(&corpus))]);
     assert!(!output.status.success());
     let stderr = text(&output.stderr);
     assert!(stderr.contains("`images` is a text feed, but the input is u8[128,28,28]"), "{stderr}");
+    let output = dfc(&["sample", s(&mlp), "--input", "images"]);
+    let stderr = text(&output.stderr);
+    assert!(stderr.contains("input `images` is u8[128,28,28], not [batch, tokens]"), "{stderr}");
 }

@@ -12,6 +12,7 @@
 //! - [`replicas`]: feeding an asynchronous plan's replicas, whose inputs are their own.
 //! - [`runner`]: what the loop needs of whatever runs a plan (a session, or remote workers).
 //! - [`train`](mod@train): the loop: epochs, evaluation, checkpoints and resumption, and `--fetch`.
+//! - [`sample`](mod@sample): text from a model trained on a text feed (`dfc sample`).
 
 pub mod checkpoint;
 pub mod data;
@@ -21,6 +22,7 @@ pub mod metrics;
 pub mod npy;
 pub mod replicas;
 pub mod runner;
+pub mod sample;
 pub mod session;
 mod source;
 pub mod train;
