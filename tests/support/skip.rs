@@ -15,6 +15,8 @@ use std::io::Write;
 pub enum Need {
     /// Debian's `dataset-fashion-mnist` under /usr/share/datasets/fashion-mnist.
     FashionMnist,
+    /// Debian's `fortunes` (text corpora) under /usr/share/games/fortunes.
+    Fortunes,
     /// Open MPI's `mpirun`.
     Mpirun,
     /// A Slurm node that is up (`.ci/slurm-single-node.sh`).
@@ -40,8 +42,9 @@ pub enum Need {
 }
 
 impl Need {
-    pub const ALL: [Need; 12] = [
+    pub const ALL: [Need; 13] = [
         Need::FashionMnist,
+        Need::Fortunes,
         Need::Mpirun,
         Need::Slurm,
         Need::Netns,
@@ -59,6 +62,7 @@ impl Need {
     pub fn name(self) -> &'static str {
         match self {
             Need::FashionMnist => "fashion-mnist",
+            Need::Fortunes => "fortunes",
             Need::Mpirun => "mpirun",
             Need::Slurm => "slurm",
             Need::Netns => "netns",
