@@ -10,6 +10,7 @@ use crate::runner::Runner;
 use crate::train::RunError;
 use dfc_interp::Tensor;
 use dfc_ir::DType;
+use dfc_plan::{IoSpec, Plan};
 use rand_chacha::rand_core::{RngCore, SeedableRng};
 use rand_chacha::ChaCha12Rng;
 use std::collections::HashMap;
@@ -41,36 +42,8 @@ pub fn sample<R: Runner>(session: &mut R, options: &SampleOptions) -> Result<Vec
         return usage(format!("--length is at most {MAX_LENGTH} bytes, not {}", options.length));
     }
     let plan = session.plan().clone();
-    let input = match &options.input {
-        Some(name) => plan
-            .inputs
-            .iter()
-            .find(|i| i.name == *name)
-            .ok_or_else(|| RunError::Usage(format!("model `{}` has no input `{name}`", plan.model)))?,
-        None if plan.inputs.len() == 1 => &plan.inputs[0],
-        None => {
-            return usage(format!(
-                "model `{}` has {} inputs; name the text's with --input",
-                plan.model,
-                plan.inputs.len()
-            ))
-        }
-    };
-    let output = match &options.output {
-        Some(name) => plan
-            .outputs
-            .iter()
-            .find(|o| o.name == *name)
-            .ok_or_else(|| RunError::Usage(format!("model `{}` has no output `{name}`", plan.model)))?,
-        None if plan.outputs.len() == 1 => &plan.outputs[0],
-        None => {
-            return usage(format!(
-                "model `{}` has {} outputs; name the scores' with --output",
-                plan.model,
-                plan.outputs.len()
-            ))
-        }
-    };
+    let input = named_or_only(&plan, &plan.inputs, "input", options.input.as_deref(), "the text's")?;
+    let output = named_or_only(&plan, &plan.outputs, "output", options.output.as_deref(), "the scores'")?;
     let (in_dims, out_dims) = (input.ty.shape.dims(), output.ty.shape.dims());
     if in_dims.len() != 2 || !matches!(input.ty.dtype, DType::U8 | DType::I32 | DType::I64) {
         return usage(format!("input `{}` is {}, not [batch, tokens] of u8, i32 or i64", input.name, input.ty));
@@ -113,6 +86,26 @@ pub fn sample<R: Runner>(session: &mut R, options: &SampleOptions) -> Result<Vec
     }
     debug_assert!(text.len() >= prompt_len);
     Ok(text)
+}
+
+/// The input or output (`what`) named `name`, or the only one; an error that says to name it
+/// (as `role`) where there are several.
+fn named_or_only<'p>(
+    plan: &Plan,
+    specs: &'p [IoSpec],
+    what: &str,
+    name: Option<&str>,
+    role: &str,
+) -> Result<&'p IoSpec, RunError> {
+    let message = match name {
+        Some(name) => match specs.iter().find(|spec| spec.name == name) {
+            Some(spec) => return Ok(spec),
+            None => format!("model `{}` has no {what} `{name}`", plan.model),
+        },
+        None if specs.len() == 1 => return Ok(&specs[0]),
+        None => format!("model `{}` has {} {what}s; name {role} with --{what}", plan.model, specs.len()),
+    };
+    Err(RunError::Usage(message))
 }
 
 /// A token drawn from `softmax(scores / temperature)`; NaN scores never win.
