@@ -7,8 +7,9 @@
 //! training step (the optimizer pass adds them to `Training::updates`).
 //!
 //! The op is the reductions and elementwise ops it is made of: fusion makes the batch's
-//! statistics two reduction kernels and the normalisation one elementwise kernel (fused with
-//! what follows), and autodiff differentiates them.
+//! statistics two reduction kernels, the channels' scales a small one, the normalisation one
+//! elementwise kernel and each moving average's update one more, and autodiff differentiates
+//! them.
 
 use crate::lower::Lowerer;
 use crate::value::{Number, Val};
