@@ -365,14 +365,14 @@ fn text_windows(stream: Stream, window: usize) -> Result<Tensor, DataError> {
     if text.len() as u64 > TEXT_MAX_BYTES {
         return Err(DataError::format(path, format!("a text feed holds at most {TEXT_MAX_BYTES} bytes")));
     }
-    let stride = window - 1;
-    let examples = text.len().saturating_sub(1) / stride;
     if text.len() < window {
         return Err(DataError::format(
             path,
             format!("holds {} bytes, fewer than one example of {window} tokens", text.len()),
         ));
     }
+    let stride = window - 1;
+    let examples = (text.len() - 1) / stride;
     let mut windows = Vec::with_capacity(examples * window);
     for e in 0..examples {
         windows.extend_from_slice(&text[e * stride..e * stride + window]);

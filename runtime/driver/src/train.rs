@@ -130,7 +130,7 @@ pub fn load_feeds(plan: &Plan, feeds: &[(String, PathBuf)], what: &str) -> Resul
 }
 
 /// The file of a text feed, `text:PATH` (its bytes as tokens, windowed to the input's length).
-pub fn text_feed(path: &Path) -> Option<PathBuf> {
+fn text_feed(path: &Path) -> Option<PathBuf> {
     path.to_str()?.strip_prefix("text:").map(PathBuf::from)
 }
 
