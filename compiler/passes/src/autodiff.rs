@@ -450,7 +450,11 @@ impl Builder<'_> {
             }
             Op::Gather => {
                 let rows = shape(self, 0).0[0];
-                grads.push((0, self.add(Op::ScatterAdd { rows }, &[x(1), g])));
+                let scatter = self.add(Op::ScatterAdd { rows }, &[x(1), g]);
+                // With the lookup, which lives with its table: only the rows touched travel to
+                // the table's device, as TensorFlow's IndexedSlices, not a dense gradient.
+                self.graph.node_mut(scatter.node).colocate_with = self.graph.node(id).colocate_with;
+                grads.push((0, scatter));
             }
             Op::BroadcastTo { .. } => {
                 let target = shape(self, 0);

@@ -13,7 +13,9 @@
 //! - any other use reads the concatenation of the shards.
 //!
 //! It runs before autodiff, so gradients come out per shard: the gradient of a concat is a
-//! slice per shard, that of a gather a scatter into the shard's own rows.
+//! slice per shard, that of a gather a scatter into the shard's own rows, colocated with the
+//! lookup. A lookup of a whole (unsplit) variable is colocated with it too: what crosses
+//! devices is the rows a step touches, both ways, never the table or a dense gradient.
 //!
 //! A variable is split if the source asks for it (`@partitioned(k)`), or, with a minimum shard
 //! size, if it is large enough for at least two shards of that size (at most `max_shards`).
@@ -64,6 +66,25 @@ pub fn shard_variables(module: &mut Module, options: &ShardOptions) {
         .collect();
     for (variable, k) in candidates {
         split(module, variable, k);
+    }
+    colocate_lookups(module);
+}
+
+/// Puts each lookup of a whole variable that asks for no device of its own with the variable,
+/// as its shards' lookups are: the rows looked up travel, not the table, and the gradient (a
+/// scatter colocated with the lookup) comes back as those rows.
+fn colocate_lookups(module: &mut Module) {
+    let graph = &mut module.graph;
+    for &variable in &module.params {
+        for read in graph.users(variable) {
+            for user in graph.users(read) {
+                let node = graph.node(user);
+                let lookup = matches!(node.op, Op::Gather) && graph.inputs(user).first() == Some(&read.into());
+                if lookup && node.requested_device.is_none() && node.colocate_with.is_none() {
+                    graph.node_mut(user).colocate_with = Some(variable);
+                }
+            }
+        }
     }
 }
 
