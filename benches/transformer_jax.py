@@ -67,8 +67,8 @@ def loss_fn(params, text):
 
 
 @jax.jit
-def step(params, m, v, t, text):
-    lr, b1, b2, eps = 0.003 / 100, 0.9, 0.999, 1e-7
+def step(params, m, v, t, text, lr=0.003 / 100):
+    b1, b2, eps = 0.9, 0.999, 1e-7
     loss, grads = jax.value_and_grad(loss_fn)(params, text)
     t = t + 1
     m = jax.tree_util.tree_map(lambda m, g: b1 * m + (1 - b1) * g, m, grads)

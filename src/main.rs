@@ -146,7 +146,8 @@ enum Command {
         /// Passes over the training data [default: 1].
         #[arg(long)]
         epochs: Option<u64>,
-        /// Stop after this many training steps in all.
+        /// Stop after this many training steps in all (0 with --checkpoint-dir: save the initial
+        /// values as the checkpoint of step 0).
         #[arg(long)]
         steps: Option<u64>,
         /// Seed of the initial values.
@@ -155,6 +156,10 @@ enum Command {
         /// Seed of the example order (epoch e shuffles with this seed and e).
         #[arg(long, default_value_t = 0)]
         shuffle_seed: u64,
+        /// Take the training examples in their files' order every epoch (to train on the same
+        /// batches as another framework).
+        #[arg(long, conflicts_with = "shuffle_seed")]
+        no_shuffle: bool,
         /// Write one JSON object per epoch to this file.
         #[arg(long)]
         metrics: Option<PathBuf>,
@@ -383,6 +388,7 @@ fn main() -> ExitCode {
             steps,
             seed,
             shuffle_seed,
+            no_shuffle,
             metrics,
             checkpoint_dir,
             fetch,
@@ -399,6 +405,7 @@ fn main() -> ExitCode {
                 steps,
                 seed,
                 shuffle_seed,
+                no_shuffle,
                 metrics,
                 checkpoint_dir,
                 lockstep,

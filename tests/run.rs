@@ -151,6 +151,43 @@ fn a_resumed_run_ends_like_an_uninterrupted_one() {
     }
 }
 
+/// `--steps 0` saves the initial values as the checkpoint of step 0, and a run resumes from
+/// it; `--no-shuffle` takes the examples in the files' order: one SGD step of
+/// linear_regression from zeros then moves `w` by `0.02/32 · Σ yᵢxᵢ` and `b` by `0.02/32 · Σ
+/// yᵢ` over the first 32 rows of the files.
+#[test]
+fn steps_0_saves_the_initial_values_and_no_shuffle_keeps_the_files_order() {
+    let dir = scratch("no_shuffle");
+    let (x, y) = regression_data(&dir, 256, 7);
+    let plan = compile("linear_regression", &dir, &[]);
+    let checkpoints = dir.join("checkpoints");
+    let feeds = [format!("x={}", s(&x)), format!("y={}", s(&y))];
+    let run = |extra: &[&str]| {
+        let mut args =
+            vec!["run", s(&plan), "--feed", &feeds[0], "--feed", &feeds[1], "--checkpoint-dir", s(&checkpoints)];
+        args.extend_from_slice(extra);
+        let output = dfc(&args);
+        assert!(output.status.success(), "{}", text(&output.stderr));
+        text(&output.stderr)
+    };
+    run(&["--steps", "0"]);
+    let initial = dfc_driver::checkpoint::latest(&checkpoints).expect("readable").expect("a checkpoint");
+    assert_eq!(initial.step, 0);
+    assert!(initial.path.ends_with("ckpt-00000000.safetensors"), "{}", initial.path.display());
+    assert!(initial.tensors["w"].to_f64_vec().iter().all(|&w| w == 0.0), "w starts at zeros");
+
+    let resumed = run(&["--steps", "1", "--no-shuffle"]);
+    assert!(resumed.contains("resuming from"), "{resumed}");
+    let after = dfc_driver::checkpoint::latest(&checkpoints).expect("readable").expect("a checkpoint");
+    assert_eq!(after.step, 1);
+    let (xs, ys) = (dfc_driver::load_npy(&x).unwrap().to_f64_vec(), dfc_driver::load_npy(&y).unwrap().to_f64_vec());
+    let scale = 0.02 / 32.0;
+    let b: f64 = ys[..32].iter().sum::<f64>() * scale;
+    let w: Vec<f64> = (0..13).map(|j| (0..32).map(|i| ys[i] * xs[i * 13 + j]).sum::<f64>() * scale).collect();
+    close::assert_close("b", &after.tensors["b"].to_f64_vec(), &[b], 1e-6);
+    close::assert_close("w", &after.tensors["w"].to_f64_vec(), &w, 1e-6);
+}
+
 /// A learning-rate schedule with gradient clipping: `metrics.jsonl` records each epoch's last
 /// rate, the schedule's at that step; the global step is checkpointed, so a run stopped mid
 /// epoch resumes with the schedule where it was and ends with the same bits as one that was

@@ -147,6 +147,32 @@ impl Builder<'_> {
         self.add(Op::Reshape { shape: shape.clone() }, &[t])
     }
 
+    /// The gradient of `b` in `C = A · op(B)` where `B` is one matrix shared by every batch of
+    /// `A` (a dense layer on `[batch, time, features]`): `A` and `g` as matrices of all their
+    /// rows, one product over them, rather than a product per batch summed afterwards (which
+    /// stores a `[batch, k, n]` tensor and runs `batch` small products). `None` where `B` has
+    /// batches of its own or `A` is broadcast.
+    fn shared_matrix_gradient(
+        &mut self,
+        a: TensorRef,
+        g: TensorRef,
+        b: TensorRef,
+        transpose_b: bool,
+    ) -> Option<TensorRef> {
+        let (a_dims, g_dims) = (self.ty(a).shape.0, self.ty(g).shape.0);
+        let rank = a_dims.len();
+        if self.ty(b).shape.rank() != 2 || rank < 3 || g_dims.len() != rank || a_dims[..rank - 2] != g_dims[..rank - 2]
+        {
+            return None;
+        }
+        let rows: usize = a_dims[..rank - 1].iter().product();
+        let a2 = self.reshape(a, &Shape::from(vec![rows, a_dims[rank - 1]]));
+        let g2 = self.reshape(g, &Shape::from(vec![rows, g_dims[rank - 1]]));
+        // B = Aᵀg, or with B transposed in the product, gᵀA.
+        let (p, q) = if transpose_b { (g2, a2) } else { (a2, g2) };
+        Some(self.add(Op::MatMul { transpose_a: true, transpose_b: false }, &[p, q]))
+    }
+
     fn reduce_sum(&mut self, t: TensorRef, axes: Vec<usize>, keep_dims: bool) -> TensorRef {
         self.add(Op::Reduce { kind: ReduceKind::Sum, axes, keep_dims }, &[t])
     }
@@ -318,6 +344,12 @@ impl Builder<'_> {
                 };
                 for (i, (p, q, ta, tb)) in [(0, da), (1, db)] {
                     if relevant.contains(&inputs[i].node) {
+                        if i == 1 && !transpose_a {
+                            if let Some(d) = self.shared_matrix_gradient(a, g, b, transpose_b) {
+                                grads.push((1, d));
+                                continue;
+                            }
+                        }
                         let d = mm(self, p, q, ta, tb);
                         let target = shape(self, i);
                         let d = self.unbroadcast(d, &target);

@@ -44,6 +44,19 @@ const CASES: &[Case] = &[
         expr: "matmul(a, b, transpose_a = true, transpose_b = true)",
     },
     Case { name: "matmul_batched", params: "a: f64[2, 2, 3]; b: f64[3, 4]", expr: "a @ b" },
+    // A matrix shared by the batches: its gradient is one product over all the rows.
+    Case {
+        name: "matmul_batched_transpose_b",
+        params: "a: f64[2, 2, 3]; b: f64[4, 3]",
+        expr: "matmul(a, b, transpose_b = true)",
+    },
+    Case { name: "matmul_batched_rank_4", params: "a: f64[2, 3, 2, 3]; b: f64[3, 4]", expr: "a @ b" },
+    Case {
+        name: "matmul_batched_transpose_a",
+        params: "a: f64[2, 3, 2]; b: f64[3, 4]",
+        expr: "matmul(a, b, transpose_a = true)",
+    },
+    Case { name: "matmul_batched_both", params: "a: f64[2, 2, 3]; b: f64[2, 3, 4]", expr: "a @ b" },
     Case { name: "reshape", params: "a: f64[2, 3]", expr: "reshape(a, [3, 2]) * reshape(a, [3, 2])" },
     Case { name: "transpose", params: "a: f64[2, 3, 4]", expr: "transpose(a, perm = [2, 0, 1])" },
     Case { name: "concat", params: "a: f64[2, 3]; b: f64[2, 2]", expr: "concat([a, b, a], axis = 1)" },

@@ -661,8 +661,15 @@ fn product_step(module: &Module, id: NodeId, slot_of: &HashMap<NodeId, Slot>, ou
     let (ra, rb, ro) = (a_dims.len(), b_dims.len(), o_dims.len());
     let (m, n) = (o_dims[ro - 2], o_dims[ro - 1]);
     let k = if ta { a_dims[ra - 2] } else { a_dims[ra - 1] };
-    let batches = batch_offsets(&a_dims[..ra - 2], &b_dims[..rb - 2], &o_dims[..ro - 2], m * k, k * n);
     let (a, b) = (slot_of[&operands[0].node], slot_of[&operands[1].node]);
+    // One matrix times every batch of rows (a dense layer on [batch, time, features]): the
+    // batches' rows lie one after another in `a` and in `out`, so one product of all of them,
+    // large enough to share among threads, where a product per batch might not be.
+    if rb == 2 && !ta && a_dims[..ra - 2] == o_dims[..ro - 2] {
+        let rows = o_dims[..ro - 1].iter().product();
+        return Step::MatMul { a, b, out, m: rows, n, k, ta, tb, batches: vec![(0, 0)], update };
+    }
+    let batches = batch_offsets(&a_dims[..ra - 2], &b_dims[..rb - 2], &o_dims[..ro - 2], m * k, k * n);
     Step::MatMul { a, b, out, m, n, k, ta, tb, batches, update }
 }
 

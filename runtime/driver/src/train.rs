@@ -2,8 +2,9 @@
 //! evaluation after each epoch, metrics lines, checkpoints and resumption.
 //!
 //! Determinism: the initial values come from `seed`, the example order of epoch e from
-//! `shuffle_seed` and e. Checkpoints are written at the end of each epoch (and when `--steps`
-//! stops a run), so a run that is stopped and started again continues from the newest
+//! `shuffle_seed` and e (or the files' order, with `no_shuffle`). Checkpoints are written at
+//! the end of each epoch (and when `--steps` stops a run; `--steps 0` writes the initial
+//! values), so a run that is stopped and started again continues from the newest
 //! checkpoint and ends with the same variables as a run that was never stopped.
 
 use crate::checkpoint;
@@ -28,6 +29,8 @@ pub struct TrainOptions {
     pub steps: Option<u64>,
     pub seed: u64,
     pub shuffle_seed: u64,
+    /// Take the training examples in their files' order every epoch instead of shuffling.
+    pub no_shuffle: bool,
     pub metrics: Option<PathBuf>,
     pub checkpoint_dir: Option<PathBuf>,
     pub backend: crate::session::Backend,
@@ -208,6 +211,11 @@ pub fn train_with<R: Runner>(
             step = found.step;
             start_epoch = found.epoch;
             progress.resumed(step, start_epoch, &found.path);
+        } else if options.steps == Some(0) {
+            // `--steps 0` saves the initial values: a run (or another framework) can start
+            // from exactly them.
+            checkpoint::save(dir, 0, 0, session.variables()?.iter())
+                .map_err(|e| RunError::Checkpoint(e.to_string()))?;
         }
     }
 
@@ -228,7 +236,11 @@ pub fn train_with<R: Runner>(
         // it had already trained on.
         let first_step_of_epoch = epoch * steps_per_epoch;
         let skip = step.saturating_sub(first_step_of_epoch);
-        let order = data::shuffled_order(train_data.len(), options.shuffle_seed, epoch);
+        let order = if options.no_shuffle {
+            (0..train_data.len()).collect()
+        } else {
+            data::shuffled_order(train_data.len(), options.shuffle_seed, epoch)
+        };
         progress.epoch_started(epoch + 1, epochs, steps_per_epoch);
         // The epoch's worker metrics count its training steps only, not the last evaluation.
         session.take_worker_metrics();

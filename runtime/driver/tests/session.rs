@@ -337,6 +337,7 @@ fn the_training_loop_runs_a_partitioned_plan_and_resumes_it() {
         steps,
         seed: 3,
         shuffle_seed: 4,
+        no_shuffle: false,
         metrics: None,
         checkpoint_dir: Some(dir.path().join(checkpoints)),
         lockstep: false,
