@@ -384,3 +384,56 @@ fn bytes_received(plan: &Plan, device_prefix: &str) -> usize {
         })
         .sum()
 }
+
+/// A model with a batch norm between two layers, its statistics synchronised or not.
+fn batch_norm_model(synchronized: bool) -> String {
+    format!(
+        "model bn {{\n    dim batch = 8\n    input x: f32[batch, 3]\n    input y: f32[batch]\n    \
+         param w: f32[3, 4] = glorot_uniform\n    param v: f32[4, 1] = glorot_uniform\n    \
+         let h = relu(batch_norm(x @ w, momentum = 0.5, synchronized = {synchronized}))\n    \
+         let p = reshape(h @ v, [batch])\n    let loss = mean((p - y) * (p - y))\n    \
+         minimize loss with sgd(lr = 0.1)\n}}\n"
+    )
+}
+
+fn compiled(source: &str, cluster: Cluster, strategy: Strategy) -> Result<Plan, String> {
+    let options = CompileOptions { cluster, strategy, ..CompileOptions::default() };
+    match compile(source, "bn.df", &options) {
+        Ok(compiled) => {
+            let mut plan = compiled.plan;
+            plan.expand_instances().expect("replica instances build");
+            Ok(plan)
+        }
+        Err(e) => Err(format!("{e:?}")),
+    }
+}
+
+/// Synchronised batch statistics (`batch_norm(..., synchronized = true)`): mirrored on 2 and 4
+/// devices (replicas 2 and 3 instances of 1) and on synchronous parameter servers, the replicas
+/// all-reduce each batch's mean and variance, so training is single-device training on the whole
+/// batch: the same losses, weights and moving averages. With per-replica statistics (the
+/// default) each replica normalises its own quarter or half, and the losses differ. Asynchronous
+/// replicas cannot share statistics: refused with a message.
+#[test]
+fn synchronised_batch_norm_trains_as_one_device_on_the_whole_batch() {
+    let synced = batch_norm_model(true);
+    let single = compiled(&synced, Cluster::local(1, DeviceKind::Cpu), Strategy::Single).expect("compiles");
+    let data = batches(&single);
+    let reference = train(&single, &data);
+    let cases = [
+        ("mirrored on 2", Cluster::local(2, DeviceKind::Cpu), Strategy::Mirrored),
+        ("mirrored on 4", Cluster::local(4, DeviceKind::Cpu), Strategy::Mirrored),
+        ("sync ps", ps_cluster(2), Strategy::ParameterServer { sync: true }),
+    ];
+    for (what, cluster, strategy) in cases {
+        let plan = compiled(&synced, cluster, strategy).expect("compiles");
+        assert_same(what, &reference, &train(&plan, &data), 1e-5);
+    }
+
+    let per_replica = compiled(&batch_norm_model(false), Cluster::local(2, DeviceKind::Cpu), Strategy::Mirrored);
+    let (losses, _) = train(&per_replica.expect("compiles"), &data);
+    assert!(!close(losses[0], reference.0[0], 1e-3), "per-replica statistics: {losses:?} against {:?}", reference.0);
+
+    let refused = compiled(&synced, ps_cluster(2), Strategy::ParameterServer { sync: false }).expect_err("refused");
+    assert!(refused.contains("asynchronous replicas do not step together"), "{refused}");
+}

@@ -195,7 +195,10 @@ pub fn compile(source: &str, source_name: &str, options: &CompileOptions) -> Res
         .map(|&i| IoSpec { name: full.graph.node(i).name.clone(), ty: full.graph.node(i).outputs[0].clone() })
         .collect();
     let module = match layout.replication {
-        None => full,
+        None => {
+            dfc_passes::drop_cross_replica_means(&mut full);
+            full
+        }
         Some(replication) => {
             if full.training.is_none() {
                 return Err(CompileError::Usage(format!(

@@ -48,7 +48,7 @@ pub fn infer(op: &Op, inputs: &[&TensorType]) -> Result<Vec<TensorType>> {
     let ty = match op {
         Op::Send { .. } => return Ok(Vec::new()),
         Op::Input { ty } | Op::Variable { ty, .. } | Op::Recv { ty, .. } => ty.clone(),
-        Op::AllReduce { .. } => {
+        Op::AllReduce { .. } | Op::CrossReplicaMean => {
             numeric(name, inputs[0], 0)?;
             inputs[0].clone()
         }

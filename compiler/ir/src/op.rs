@@ -204,6 +204,10 @@ pub enum Op {
         group_size: u32,
         replica: u32,
     },
+    /// The mean of its operand over the replicas of a data-parallel plan (synchronised batch
+    /// statistics): replication makes it an `AllReduce` and a scale, and without replicas it is
+    /// its operand. Plans never hold it.
+    CrossReplicaMean,
 }
 
 /// A variable that stands for (part of) another: a shard of a partitioned variable, or a
@@ -572,6 +576,7 @@ impl Op {
             Op::Send { .. } => "send",
             Op::Recv { .. } => "recv",
             Op::AllReduce { .. } => "all_reduce",
+            Op::CrossReplicaMean => "cross_replica_mean",
         }
     }
 
@@ -600,7 +605,8 @@ impl Op {
             | Op::AvgPoolGrad { .. }
             | Op::LearningRate { .. }
             | Op::Send { .. }
-            | Op::AllReduce { .. } => 1,
+            | Op::AllReduce { .. }
+            | Op::CrossReplicaMean => 1,
             Op::Assign
             | Op::AssignAdd
             | Op::AssignSub

@@ -159,6 +159,9 @@ pub fn verify_graph(graph: &Graph, options: VerifyOptions) -> Vec<VerifyError> {
         if options.require_devices && node.device.is_none() {
             error(id, format!("`{}` has no device", node.name));
         }
+        if options.require_devices && matches!(node.op, Op::CrossReplicaMean) {
+            error(id, format!("`{}` is a cross-replica mean left after replication", node.name));
+        }
     }
     errors
 }

@@ -496,6 +496,8 @@ impl Builder<'_> {
                 let size = shape(self, 0).0;
                 grads.push((0, self.add(Op::Slice { begin: before, size }, &[g])));
             }
+            // Every replica's loss depends on the mean: its gradient is the mean of theirs.
+            Op::CrossReplicaMean => grads.push((0, self.add(Op::CrossReplicaMean, &[g]))),
             Op::ScatterAdd { .. } => {
                 if relevant.contains(&inputs[1].node) {
                     grads.push((1, self.add(Op::Gather, &[g, x(0)])));

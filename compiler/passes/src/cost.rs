@@ -129,7 +129,8 @@ pub fn node_flops(graph: &Graph, id: NodeId) -> f64 {
         | Op::Read
         | Op::Assign
         | Op::Identity
-        | Op::StopGradient => 0.0,
+        | Op::StopGradient
+        | Op::CrossReplicaMean => 0.0,
         Op::AssignAdd | Op::AssignSub => output_elements,
         Op::Unary(unary) => {
             let per_element = match unary {

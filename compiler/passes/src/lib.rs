@@ -23,7 +23,10 @@ pub use optimizer::apply_optimizer;
 pub use partition::{partition, transfer_names, Partitioned};
 pub use place::{balance, place, PlaceOptions, Placed, VariablePlacement};
 pub use prune::{prune, PruneError};
-pub use replicate::{replica_interfaces, replica_name, replicate, ReplicaInterface, ReplicateOptions, Replication};
+pub use replicate::{
+    drop_cross_replica_means, replica_interfaces, replica_name, replicate, ReplicaInterface, ReplicateOptions,
+    Replication,
+};
 pub use shard::{shard_rows, shard_variables, ShardOptions};
 pub use simplify::simplify;
 pub use tensor_fusion::{fuse_all_reduces, FusionOptions};

@@ -72,6 +72,19 @@ pub fn replicate(
     }
 }
 
+/// Without replicas, a cross-replica mean is its operand: each use reads the operand instead.
+pub fn drop_cross_replica_means(module: &mut Module) {
+    let means: Vec<NodeId> =
+        module.graph.node_ids().filter(|&id| matches!(module.graph.node(id).op, Op::CrossReplicaMean)).collect();
+    for id in means {
+        let graph = &mut module.graph;
+        let operand = graph.inputs(id)[0];
+        graph.replace_uses(id.into(), operand);
+        graph.remove(id);
+        crate::shard::redirect(module, id.into(), operand);
+    }
+}
+
 /// The name of replica `r`'s copy of the node `name`.
 pub fn replica_name(r: usize, name: &str) -> String {
     format!("replica_{r}/{name}")
@@ -280,6 +293,24 @@ impl<'a> Builder<'a> {
                 *salt ^= (r as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
             }
         }
+        // A cross-replica mean becomes the replicas' all-reduce, scaled below.
+        let cross_replica = matches!(op, Op::CrossReplicaMean);
+        if let (true, Some(r)) = (cross_replica, replica) {
+            let at = span.unwrap_or(Span::new(0, 0));
+            let asynchronous = self.options.replication == (Replication::Shared { sync: false });
+            if asynchronous && self.reported.insert((at.start, at.end, "cross-replica".into())) {
+                let message =
+                    "synchronised statistics average over the replicas, but asynchronous replicas do not step together";
+                let help = "compile with --sync, or keep per-replica statistics (`synchronized = false`)";
+                self.diagnostics.push(
+                    Diagnostic::error(Code::PLACEMENT_CONFLICT, at, message)
+                        .with_label("averaged over the replicas here")
+                        .with_help(help),
+                );
+            }
+            let key = format!("cross_replica/{}", node.name);
+            op = Op::AllReduce { key, group_size: self.replicas() as u32, replica: r as u32 };
+        }
         let outputs = node.outputs.clone();
         let copy = self.out.graph.add_with_types(op, &inputs, outputs, &name, span);
         // Asynchronous updates are per replica but live with the shared variables.
@@ -302,7 +333,25 @@ impl<'a> Builder<'a> {
             };
             self.out.graph.node_mut(copy).colocate_with = target;
         }
+        if cross_replica && replica.is_some() {
+            return self.scaled_by_replicas(copy, &name, span);
+        }
         copy
+    }
+
+    /// `sum / replicas`, on `sum`'s device: the mean of a cross-replica all-reduce.
+    fn scaled_by_replicas(&mut self, sum: NodeId, name: &str, span: Option<Span>) -> NodeId {
+        let g = &mut self.out.graph;
+        let dtype = g.node(sum).outputs[0].dtype;
+        let scale = Op::Const { value: ConstValue::scalar(dtype, 1.0 / self.options.devices.len() as f64) };
+        let k = g.add(scale, &[], &format!("{name}/replicas"), span).expect("constants type");
+        let mean = g.add(Op::Binary(BinaryOp::Mul), &[sum.into(), k.into()], &format!("{name}/mean"), span);
+        let mean = mean.expect("a scaled all-reduce types");
+        let device = g.node(sum).requested_device.clone();
+        for id in [k, mean] {
+            g.node_mut(id).requested_device = device.clone();
+        }
+        mean
     }
 
     /// What operand `operand` of `user` becomes in the copy for `replica`.

@@ -229,7 +229,7 @@ fn sharded_gather(module: &mut Module, gather: NodeId, shards: &[Shard]) {
 }
 
 /// Named outputs, metrics and the loss that were `old` become `new`.
-fn redirect(module: &mut Module, old: TensorRef, new: TensorRef) {
+pub(crate) fn redirect(module: &mut Module, old: TensorRef, new: TensorRef) {
     for output in module.outputs.iter_mut().chain(module.metrics.iter_mut()) {
         if output.tensor == old {
             output.tensor = new;

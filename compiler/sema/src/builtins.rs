@@ -2,6 +2,7 @@
 
 use crate::args::{self, Param};
 use crate::lower::Lowerer;
+use crate::normalization::BatchNormOptions;
 use crate::value::Val;
 use dfc_diag::{Code, Diagnostic, Span};
 use dfc_ir::{BinaryOp, CompareOp, ConstValue, DType, Op, Padding, ReduceKind, Shape, TensorRef, UnaryOp};
@@ -72,8 +73,8 @@ pub const OPS: &[(&str, &str, &str)] = &[
     ("log_softmax", "log_softmax(x, axis=-1)", "log(softmax(x)), computed stably."),
     (
         "batch_norm",
-        "batch_norm(x, momentum=0.99, epsilon=1e-3)",
-        "Each channel (last axis) normalised over the other axes: by the batch's statistics in training, which move its moving averages; by the moving averages elsewhere.",
+        "batch_norm(x, momentum=0.99, epsilon=1e-3, synchronized=false)",
+        "Each channel (last axis) normalised over the other axes: by the batch's statistics in training, which move its moving averages; by the moving averages elsewhere. With `synchronized`, data-parallel replicas share one batch's statistics.",
     ),
     (
         "layer_norm",
@@ -205,6 +206,7 @@ fn params_of(name: &str) -> &'static [Param<'static>] {
             Param { name: "x", required: true },
             Param { name: "momentum", required: false },
             Param { name: "epsilon", required: false },
+            Param { name: "synchronized", required: false },
         ],
         "random_uniform" => &[Param { name: "shape", required: true }],
         "random_normal" => &[
@@ -477,7 +479,14 @@ impl Lowerer<'_> {
                     None => 0.99,
                 };
                 let Some(epsilon) = self.epsilon(bound[2], 1e-3) else { return Val::Error };
-                self.batch_norm(x, momentum, epsilon, span)
+                let synchronized = match bound[3] {
+                    Some(arg) => match self.const_bool(&arg.value, "`synchronized`") {
+                        Some(s) => s,
+                        None => return Val::Error,
+                    },
+                    None => false,
+                };
+                self.batch_norm(x, BatchNormOptions { momentum, epsilon, synchronized }, span)
             }
             "gelu" => {
                 let Some((x, x_span)) = self.tensor_arg(bound[0]) else { return Val::Error };

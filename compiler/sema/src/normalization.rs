@@ -6,6 +6,12 @@
 //! `NAME/moving_variance`, checkpointed with the rest; their assignments are updates of the
 //! training step (the optimizer pass adds them to `Training::updates`).
 //!
+//! With `synchronized`, the statistics are those of all the replicas' batches together (Keras's
+//! `synchronized=True`): each mean is a `CrossReplicaMean`, which data parallelism makes an
+//! all-reduce, and its gradient the mean of the replicas' gradients. The variance is the mean of
+//! squared deviations from the shared mean, so it is the whole batch's too. Without replicas
+//! the statistics are the batch's either way.
+//!
 //! The op is the reductions and elementwise ops it is made of: fusion makes the batch's
 //! statistics two reduction kernels, the channels' scales a small one, the normalisation one
 //! elementwise kernel and each moving average's update one more, and autodiff differentiates
@@ -16,8 +22,17 @@ use crate::value::{Number, Val};
 use dfc_diag::{Code, Diagnostic, Span};
 use dfc_ir::{BinaryOp, DType, Initializer, NodeId, Op, ReduceKind, Shape, TensorRef, TensorType, UnaryOp};
 
+/// `batch_norm`'s arguments.
+pub(crate) struct BatchNormOptions {
+    pub momentum: f64,
+    pub epsilon: f64,
+    /// The statistics of the replicas' whole batch, not each replica's own.
+    pub synchronized: bool,
+}
+
 impl Lowerer<'_> {
-    pub(crate) fn batch_norm(&mut self, x: (TensorRef, Span), momentum: f64, epsilon: f64, span: Span) -> Val {
+    pub(crate) fn batch_norm(&mut self, x: (TensorRef, Span), options: BatchNormOptions, span: Span) -> Val {
+        let BatchNormOptions { momentum, epsilon, synchronized } = options;
         let ty = self.graph.ty(x.0).clone();
         if !ty.dtype.is_float() {
             self.diagnostics.push(
@@ -62,11 +77,17 @@ impl Lowerer<'_> {
                 |this: &mut Self, variable: NodeId| tensor(this.node(Op::Read, &[(variable.into(), span)], span));
             let (mean_now, variance_now) = (read(self, moving_mean)?, read(self, moving_variance)?);
             let mean_of = |this: &mut Self, t: (TensorRef, Span)| {
-                tensor(this.node(
+                let local = tensor(this.node(
                     Op::Reduce { kind: ReduceKind::Mean, axes: axes.clone(), keep_dims: false },
                     &[t],
                     span,
-                ))
+                ))?;
+                // Replicas' batches are of one size: the mean of their means is the whole's.
+                if synchronized {
+                    tensor(this.node(Op::CrossReplicaMean, &[local], span))
+                } else {
+                    Some(local)
+                }
             };
             let sub = Op::Binary(BinaryOp::Sub);
             let mul = Op::Binary(BinaryOp::Mul);

@@ -91,7 +91,8 @@ pub(crate) fn compute(op: &Op, operands: &[&Tensor]) -> Result<Tensor, Fault> {
             unreachable!("`{}` is run by the program, not a kernel", op.name())
         }
         Op::Const { value } => Tensor::from_const(value),
-        Op::Identity | Op::StopGradient => x().clone(),
+        // Without replicas (the only place the interpreter meets it) the mean is the operand.
+        Op::Identity | Op::StopGradient | Op::CrossReplicaMean => x().clone(),
         Op::Unary(u) if u.needs_float() => {
             float!(&x().data, v => Tensor::from_vec(x().shape.clone(), elementwise::unary_float(*u, v)))
         }
