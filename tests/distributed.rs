@@ -327,20 +327,21 @@ fn tensor_fusion_packs_small_gradients_into_shared_all_reduces() {
     }
 }
 
-/// The bytes a device's partition sends per step: the sizes of its `Send`s' tensors.
-fn bytes_sent(plan: &Plan, device_prefix: &str) -> usize {
-    plan.partitions
-        .iter()
-        .filter(|p| p.device.to_string().starts_with(device_prefix))
-        .flat_map(|p| {
-            let graph = &p.module.graph;
-            graph
-                .node_ids()
-                .filter(|&id| matches!(graph.node(id).op, dfc_ir::Op::Send { .. }))
-                .map(|id| graph.ty(graph.inputs(id)[0]).size_in_bytes())
-                .collect::<Vec<_>>()
-        })
-        .sum()
+/// The bytes a device's partitions send (`sent`) or receive per step: the sizes of the tensors
+/// of their `Send`s or `Recv`s.
+fn bytes_exchanged(plan: &Plan, device_prefix: &str, sent: bool) -> usize {
+    let mut bytes = 0;
+    for p in plan.partitions.iter().filter(|p| p.device.to_string().starts_with(device_prefix)) {
+        let graph = &p.module.graph;
+        for id in graph.node_ids() {
+            bytes += match graph.node(id).op {
+                dfc_ir::Op::Send { .. } if sent => graph.ty(graph.inputs(id)[0]).size_in_bytes(),
+                dfc_ir::Op::Recv { .. } if !sent => graph.node(id).outputs[0].size_in_bytes(),
+                _ => 0,
+            };
+        }
+    }
+    bytes
 }
 
 /// Embedding gradients travel as the rows a step touches (TensorFlow's IndexedSlices): the
@@ -361,28 +362,12 @@ fn embedding_gradients_reach_the_parameter_servers_as_rows() {
             };
             let plan = compile(source, "wide_and_deep.df", &options).expect("compiles").plan;
             for worker in ["/job:worker/task:0", "/job:worker/task:1"] {
-                let (sent, received) = (bytes_sent(&plan, worker), bytes_received(&plan, worker));
+                let (sent, received) = (bytes_exchanged(&plan, worker, true), bytes_exchanged(&plan, worker, false));
                 assert!(sent < 200_000, "{label}, sync {sync}: {worker} sends {sent} bytes a step");
                 assert!(received < 200_000, "{label}, sync {sync}: {worker} receives {received} bytes a step");
             }
         }
     }
-}
-
-/// The bytes a device's partition receives per step: the sizes of its `Recv`s' tensors.
-fn bytes_received(plan: &Plan, device_prefix: &str) -> usize {
-    plan.partitions
-        .iter()
-        .filter(|p| p.device.to_string().starts_with(device_prefix))
-        .flat_map(|p| {
-            let graph = &p.module.graph;
-            graph
-                .node_ids()
-                .filter(|&id| matches!(graph.node(id).op, dfc_ir::Op::Recv { .. }))
-                .map(|id| graph.node(id).outputs[0].size_in_bytes())
-                .collect::<Vec<_>>()
-        })
-        .sum()
 }
 
 /// A model with a batch norm between two layers, its statistics synchronised or not.

@@ -341,9 +341,10 @@ impl<'a> Builder<'a> {
 
     /// `sum / replicas`, on `sum`'s device: the mean of a cross-replica all-reduce.
     fn scaled_by_replicas(&mut self, sum: NodeId, name: &str, span: Option<Span>) -> NodeId {
+        let replicas = self.replicas() as f64;
         let g = &mut self.out.graph;
         let dtype = g.node(sum).outputs[0].dtype;
-        let scale = Op::Const { value: ConstValue::scalar(dtype, 1.0 / self.options.devices.len() as f64) };
+        let scale = Op::Const { value: ConstValue::scalar(dtype, 1.0 / replicas) };
         let k = g.add(scale, &[], &format!("{name}/replicas"), span).expect("constants type");
         let mean = g.add(Op::Binary(BinaryOp::Mul), &[sum.into(), k.into()], &format!("{name}/mean"), span);
         let mean = mean.expect("a scaled all-reduce types");
