@@ -348,7 +348,8 @@ fn bytes_exchanged(plan: &Plan, device_prefix: &str, sent: bool) -> usize {
 /// lookups of wide_and_deep's 100,000 × 32 table, whole or in 4 shards on the parameter servers,
 /// live with the table, and so do their gradients' scatters. A worker sends its ids, the
 /// gradient of the 256 rows it looked up and the small layers' gradients, never the 12.8 MB
-/// table's dense gradient (nor receives the table).
+/// table's dense gradient (nor receives the table). `wide_and_deep()` checks that they train
+/// as one device does.
 #[test]
 fn embedding_gradients_reach_the_parameter_servers_as_rows() {
     let source = std::fs::read_to_string(root().join("examples/wide_and_deep.df")).expect("example");
@@ -366,6 +367,27 @@ fn embedding_gradients_reach_the_parameter_servers_as_rows() {
                 assert!(sent < 200_000, "{label}, sync {sync}: {worker} sends {sent} bytes a step");
                 assert!(received < 200_000, "{label}, sync {sync}: {worker} receives {received} bytes a step");
             }
+        }
+    }
+    // Mirrored, the replicas all-gather the rows and their ids (an all-reduce of one slot per
+    // replica), not the table: 256 rows of 32 floats and 256 ids, whatever the replicas.
+    for devices in [2, 4] {
+        let options = CompileOptions {
+            cluster: Cluster::local(devices, DeviceKind::Cpu),
+            strategy: Strategy::Mirrored,
+            soft_placement: true,
+            ..CompileOptions::default()
+        };
+        let mut plan = compile(&whole, "wide_and_deep.df", &options).expect("compiles").plan;
+        plan.expand_instances().expect("replica instances build");
+        for p in &plan.partitions {
+            let graph = &p.module.graph;
+            let reduced: usize = graph
+                .node_ids()
+                .filter(|&id| matches!(graph.node(id).op, dfc_ir::Op::AllReduce { .. }))
+                .map(|id| graph.node(id).outputs[0].size_in_bytes())
+                .sum();
+            assert!(reduced < 200_000, "mirrored on {devices}: {} all-reduces {reduced} bytes a step", p.device);
         }
     }
 }

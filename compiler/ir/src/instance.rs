@@ -9,13 +9,18 @@
 //! - a node placed or requested on Dt is on Dr;
 //! - a Send's key `Dt;name;to` becomes `Dr;name';to`, a Recv's `from;name;Dt` becomes
 //!   `from;name';Dr`, with name' renamed as above;
-//! - an all-reduce of replica t is replica r's.
+//! - an all-reduce of replica t is replica r's, and so is the slot of a `pad` named
+//!   `…/replica_slot` (an all-gather's: the replica's rows at its index along axis 0).
 //!
 //! Everything else (ops, types, edges, spans, colocations, the module's lists) is the
 //! template's. `partition` names transfers the same way, so an instance equals the partition
 //! that compiling every replica in full would give (tests/replica_instances.rs checks it).
 
 use crate::{DeviceSpec, Module, Op};
+
+/// The name ending of a `pad` that puts a replica's tensor at its index along a new axis 0 of
+/// one slot per replica (an all-gather made of an all-reduce): instances move it to their own.
+pub const REPLICA_SLOT: &str = "/replica_slot";
 use serde::{Deserialize, Serialize};
 
 /// Replica `replica` on `device`, a copy of the partition that is replica `template_replica`.
@@ -98,6 +103,26 @@ impl Renamer {
         }
     }
 
+    /// The replica slot pad of the instance: its padding along axis 0 moved from the
+    /// template's index to the instance's.
+    fn replica_slot(&self, before: &[usize], after: &[usize]) -> Result<Op, String> {
+        let (Some(&slot), Some(&rest)) = (before.first(), after.first()) else {
+            return Err("a replica slot pads no axis".into());
+        };
+        let last = slot.checked_add(rest).filter(|_| slot == self.from_replica as usize);
+        let Some(last) = last.filter(|&last| self.to_replica as usize <= last) else {
+            return Err(format!(
+                "a replica slot at {slot} of {} does not fit replica {}",
+                slot + rest + 1,
+                self.to_replica
+            ));
+        };
+        let (mut before, mut after) = (before.to_vec(), after.to_vec());
+        before[0] = self.to_replica as usize;
+        after[0] = last - before[0];
+        Ok(Op::Pad { before, after })
+    }
+
     /// The op of the instance: transfers and all-reduces renamed, any other op as it is.
     pub fn op(&self, op: &Op) -> Result<Option<Op>, String> {
         Ok(match op {
@@ -129,7 +154,12 @@ pub fn instantiate(template: &Module, template_device: &DeviceSpec, instance: &I
                 name = format!("{stem}{}", renamer.to_recv_suffix);
             }
         }
-        let op = renamer.op(&node.op)?;
+        let op = match &node.op {
+            Op::Pad { before, after } if node.name.ends_with(REPLICA_SLOT) => {
+                Some(renamer.replica_slot(before, after)?)
+            }
+            op => renamer.op(op)?,
+        };
         let node = module.graph.node_mut(id);
         node.name = name;
         if let Some(op) = op {

@@ -31,7 +31,8 @@
 use crate::partition::transfer_names;
 use dfc_diag::{Code, Diagnostic, Span};
 use dfc_ir::{
-    BinaryOp, ConstValue, DeviceSpec, Graph, Module, NodeId, Op, Output, TensorRef, Training, VariableOrigin,
+    BinaryOp, ConstValue, DeviceSpec, Graph, Module, NodeId, Op, Output, Shape, TensorRef, Training, VariableOrigin,
+    REPLICA_SLOT,
 };
 use std::collections::{BTreeSet, HashMap};
 
@@ -339,6 +340,50 @@ impl<'a> Builder<'a> {
         copy
     }
 
+    /// The mean gradient of `variable` for replica `r` when its gradient is a lookup's scatter
+    /// (an embedding's): the replicas exchange the rows they touched and their indices, not the
+    /// dense table, and each scatters them all (TensorFlow's IndexedSlices). The exchange is an
+    /// all-gather made of all-reduces: each replica's tensor in its own slot of one per
+    /// replica, zeros elsewhere (index 0 with zero rows adds nothing). `None` for other
+    /// gradients.
+    fn gathered_rows_gradient(
+        &mut self,
+        gradient: TensorRef,
+        name: &str,
+        r: usize,
+        span: Option<Span>,
+    ) -> Option<TensorRef> {
+        let Op::ScatterAdd { rows } = self.src.graph.node(gradient.node).op else { return None };
+        let copy = self.copies[r][&gradient.node];
+        let [indices, updates] = self.out.graph.inputs(copy)[..] else { return None };
+        let n = self.replicas();
+        let device = Some(self.options.devices[r].clone());
+        let add = |b: &mut Self, op: Op, inputs: &[TensorRef], what: &str| -> TensorRef {
+            let id = b.out.graph.add(op, inputs, &format!("replica_{r}/{name}/{what}"), span).expect("typed");
+            b.out.graph.node_mut(id).requested_device = device.clone();
+            id.into()
+        };
+        let gather = |b: &mut Self, t: TensorRef, what: &str| {
+            let dims = b.out.graph.ty(t).shape.dims().to_vec();
+            let one = Shape::from([1].into_iter().chain(dims.iter().copied()).collect::<Vec<_>>());
+            let row = add(b, Op::Reshape { shape: one }, &[t], &format!("{what}/row"));
+            let (mut before, mut after) = (vec![0; dims.len() + 1], vec![0; dims.len() + 1]);
+            (before[0], after[0]) = (r, n - 1 - r);
+            let slot = add(b, Op::Pad { before, after }, &[row], &format!("{what}{REPLICA_SLOT}"));
+            let key = format!("gradients/{name}/{what}");
+            add(
+                b,
+                Op::AllReduce { key, group_size: n as u32, replica: r as u32 },
+                &[slot],
+                &format!("{what}/all_gather"),
+            )
+        };
+        let all_indices = gather(self, indices, "indices");
+        let all_rows = gather(self, updates, "rows");
+        let sum = add(self, Op::ScatterAdd { rows }, &[all_indices, all_rows], "gathered_gradient");
+        Some(self.scaled_by_replicas(sum.node, &format!("replica_{r}/{name}/gathered"), span).into())
+    }
+
     /// `sum / replicas`, on `sum`'s device: the mean of a cross-replica all-reduce.
     fn scaled_by_replicas(&mut self, sum: NodeId, name: &str, span: Option<Span>) -> NodeId {
         let replicas = self.replicas() as f64;
@@ -409,6 +454,9 @@ impl<'a> Builder<'a> {
             |b: &Self, r: usize| TensorRef { node: b.copies[r][&gradient.node], port: gradient.port };
         match (self.options.replication, replica) {
             (Replication::Mirrored, Some(r)) => {
+                if let Some(gathered) = self.gathered_rows_gradient(gradient, &name, r, span) {
+                    return gathered;
+                }
                 let key = format!("gradients/{name}");
                 let local = replica_gradient(self, r);
                 let g = &mut self.out.graph;
