@@ -25,11 +25,7 @@ optimizer=${3:-$optimizer}
 
 data=/usr/share/datasets/fashion-mnist
 if [ ! -e "$data/train-images-idx3-ubyte.gz" ]; then
-    echo "installing Debian's dataset-fashion-mnist" >&2
-    sudo=""
-    [ "$(id -u)" -eq 0 ] || sudo=sudo
-    $sudo apt-get update -qq
-    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist
+    examples/apt_install.sh dataset-fashion-mnist
 fi
 
 cargo build --release --locked

@@ -14,11 +14,7 @@ corpus=${1:-computers}
 epochs=${2:-8}
 [ -e "$corpus" ] || corpus=/usr/share/games/fortunes/$corpus
 if [ ! -e "$corpus" ]; then
-    echo "installing Debian's fortunes" >&2
-    sudo=""
-    [ "$(id -u)" -eq 0 ] || sudo=sudo
-    $sudo apt-get update -qq
-    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fortunes
+    examples/apt_install.sh fortunes
 fi
 
 cargo build --release --locked

@@ -9,11 +9,7 @@ cd "$(dirname "$0")/.."
 
 epochs=${1:-15}
 if [ ! -e /usr/share/games/fortunes/computers ]; then
-    echo "installing Debian's fortunes" >&2
-    sudo=""
-    [ "$(id -u)" -eq 0 ] || sudo=sudo
-    $sudo apt-get update -qq
-    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fortunes
+    examples/apt_install.sh fortunes
 fi
 
 cargo build --release --locked
