@@ -24,7 +24,7 @@ fn root() -> PathBuf {
 /// The examples, a model of long rows (`tests/ptx/long_rows.df`: row ops one row per block)
 /// one with dropout (`tests/ptx/dropout.df`: Philox in a fused kernel), one with layer norms
 /// (`tests/ptx/layer_norm.df`: a thread a row and a block a row, forward and backward) and one
-/// with batch norms (`tests/ptx/batch_norm.df`: column reductions and the training flag), and
+/// with batch norms (`tests/ptx/batch_norm.df`: its moments, normalisation and gradient kernels, and the training flag), and
 /// causal self-attention (`tests/ptx/attention.df`: masked scores, batched products).
 const EXAMPLES: [&str; 11] = [
     "softmax_regression",
@@ -91,13 +91,16 @@ fn every_examples_kernels_have_their_expected_ptx() {
                         | Op::Pad { .. }
                         | Op::Gather
                         | Op::ScatterAdd { .. }
+                        | Op::Moments
+                        | Op::BatchNorm { .. }
+                        | Op::BatchNormGrad { .. }
                 )
             })
             .count();
         assert_eq!(
             gpu.ops.len(),
             windowed,
-            "{example}: a kernel per convolution, pooling, their gradients, layout op and scatter-add"
+            "{example}: a kernel per convolution, pooling, their gradients, layout op, scatter-add and batch-norm op"
         );
         for kernel in gpu.kernels.iter().chain(&gpu.ops) {
             for launch in kernel.launches() {

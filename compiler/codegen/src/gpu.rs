@@ -131,7 +131,8 @@ pub fn compile_gpu_emulated(
     Ok((code, GpuCode { arch: target.cpu.clone(), ptx: String::new(), kernels, ops }))
 }
 
-/// The kernels of single ops (`GpuCode::ops`): window kernels, then layout kernels.
+/// The kernels of single ops (`GpuCode::ops`): window kernels, layout kernels, then batch
+/// normalisation's.
 fn op_kernels<'ctx>(
     context: &'ctx Context,
     llvm: &LlvmModule<'ctx>,
@@ -140,6 +141,7 @@ fn op_kernels<'ctx>(
 ) -> Vec<GpuKernel> {
     let mut ops = crate::windows::emit_windows(context, llvm, module, flavor);
     ops.extend(crate::layout::emit_layouts(context, llvm, module, flavor));
+    ops.extend(crate::norms::emit_norms(context, llvm, module, flavor));
     ops
 }
 

@@ -24,6 +24,7 @@ mod distinct;
 mod gpu;
 mod kernel;
 mod layout;
+mod norms;
 mod target;
 mod thread;
 mod windows;

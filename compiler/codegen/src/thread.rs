@@ -1,4 +1,5 @@
-//! The per-thread functions of the GPU kernels written op by op (`windows.rs`, `layout.rs`),
+//! The per-thread functions of the GPU kernels written op by op (`windows.rs`, `layout.rs`,
+//! `norms.rs`),
 //! as a small builder: `void name(i8** args, i64 count, i64 thread)`, whose body runs only
 //! where `thread < count`, with the index arithmetic, loads, stores and branches they share.
 
@@ -136,6 +137,22 @@ impl<'ctx, 'f> Thread<'ctx, 'f> {
         // SAFETY: (of the generated code) `thread` < `count`, the elements of the array the
         // kernel writes (its launch's count).
         let target = unsafe { self.b.build_in_bounds_gep(array, &[self.thread], "own").unwrap() };
+        self.b.build_store(target, value).unwrap();
+    }
+
+    /// Stores `value` as element `index` of the array at `array`.
+    ///
+    /// # Safety
+    /// (Of the generated code.) `index` is an element of the array, and no other thread of the
+    /// launch writes it.
+    pub(crate) unsafe fn store_at(
+        &self,
+        array: PointerValue<'ctx>,
+        index: IntValue<'ctx>,
+        value: impl BasicValue<'ctx>,
+    ) {
+        // SAFETY: the caller's.
+        let target = unsafe { self.b.build_in_bounds_gep(array, &[index], "at").unwrap() };
         self.b.build_store(target, value).unwrap();
     }
 

@@ -193,6 +193,34 @@ pub fn infer(op: &Op, inputs: &[&TensorType]) -> Result<Vec<TensorType>> {
             }
             inputs[0].clone()
         }
+        Op::Moments => {
+            float(name, inputs[0], 0)?;
+            channels(name, inputs[0])?;
+            moments_type(inputs[0])
+        }
+        Op::BatchNorm { epsilon } | Op::BatchNormGrad { epsilon } => {
+            float(name, inputs[0], 0)?;
+            channels(name, inputs[0])?;
+            normalised_rows(name, inputs[0], *epsilon)?;
+            let moments = moments_type(inputs[0]);
+            if *inputs[1] != moments {
+                return Err(TypeError::new(
+                    Code::SHAPE_MISMATCH,
+                    format!("the moments {} must be {moments}: a mean and a variance per channel", inputs[1]),
+                )
+                .at(1));
+            }
+            if let Some(g) = inputs.get(2) {
+                if **g != *inputs[0] {
+                    return Err(TypeError::new(
+                        Code::SHAPE_MISMATCH,
+                        format!("the gradient {g} must have the input's type {}", inputs[0]),
+                    )
+                    .at(2));
+                }
+            }
+            inputs[0].clone()
+        }
         Op::SoftmaxCrossEntropy => {
             float(name, inputs[0], 0)?;
             same_dtype(name, inputs[0], inputs[1])?;
@@ -460,6 +488,24 @@ fn float(name: &str, ty: &TensorType, operand: usize) -> Result<()> {
 
 /// A normalisation's operand has rows (a last axis) and its `epsilon` keeps the divisor away
 /// from zero.
+/// A batch normalisation's input: a batch axis (or several) and the channels, last.
+fn channels(name: &str, ty: &TensorType) -> Result<()> {
+    if ty.shape.rank() < 2 {
+        return Err(TypeError::new(
+            Code::AXIS_OUT_OF_RANGE,
+            format!("`{name}` of {ty}: it needs a batch axis and a channel axis"),
+        )
+        .help("the last axis holds the channels; the statistics are over all the others")
+        .at(0));
+    }
+    Ok(())
+}
+
+/// `[2, C]` of `x`'s element type: each channel's mean, then its variance.
+fn moments_type(x: &TensorType) -> TensorType {
+    TensorType::new(x.dtype, vec![2, x.shape.dims()[x.shape.rank() - 1]])
+}
+
 fn normalised_rows(name: &str, ty: &TensorType, epsilon: f64) -> Result<()> {
     if ty.shape.rank() == 0 {
         return Err(TypeError::new(

@@ -111,6 +111,16 @@ pub enum Op {
     LayerNorm {
         epsilon: f64,
     },
+    /// `x[..., C] -> [2, C]`: each channel's (last axis's) mean over all the other axes, and
+    /// its biased variance: the batch's statistics that `BatchNorm` normalises with.
+    Moments,
+    /// `(x[..., C], moments[2, C]) -> x`: each channel normalised with its moments,
+    /// `(x - mean) · rsqrt(variance + epsilon)`. In a training step the moments are `Moments`
+    /// of `x` itself (the verifier holds sema to it), and the gradient is the one through
+    /// them too (`BatchNormGrad`), as TensorFlow's `FusedBatchNorm` with `is_training`.
+    BatchNorm {
+        epsilon: f64,
+    },
 
     // The ops below exist for gradients; the language does not name them.
     /// Broadcasts (NumPy rules) to `shape`.
@@ -157,6 +167,12 @@ pub enum Op {
     /// `(x, grad_out) -> grad_x` of `LayerNorm`: with `x̂` the normalised row and `r` the
     /// reciprocal of its deviation, `r · (g - mean(g) - x̂ · mean(g · x̂))` along the last axis.
     LayerNormGrad {
+        epsilon: f64,
+    },
+    /// `(x, moments, grad_out) -> grad_x` of `BatchNorm` with the batch's own moments: with
+    /// `x̂` the normalised value and `r` the reciprocal deviation of its channel,
+    /// `r · (g - mean(g) - x̂ · mean(g · x̂))`, the means over all but the last axis.
+    BatchNormGrad {
         epsilon: f64,
     },
     /// `(seed, step) (i64 scalars) -> f32[shape]` uniform in [0, 1): Philox-4x32-10 bits, a
@@ -562,6 +578,9 @@ impl Op {
             Op::ArgMax { .. } => "argmax",
             Op::LayerNorm { .. } => "layer_norm",
             Op::LayerNormGrad { .. } => "layer_norm_grad",
+            Op::Moments => "moments",
+            Op::BatchNorm { .. } => "batch_norm",
+            Op::BatchNormGrad { .. } => "batch_norm_grad",
             Op::BroadcastTo { .. } => "broadcast_to",
             Op::Pad { .. } => "pad",
             Op::Conv2dBackpropInput { .. } => "conv2d_backprop_input",
@@ -600,6 +619,7 @@ impl Op {
             | Op::AvgPool { .. }
             | Op::ArgMax { .. }
             | Op::LayerNorm { .. }
+            | Op::Moments
             | Op::BroadcastTo { .. }
             | Op::Pad { .. }
             | Op::AvgPoolGrad { .. }
@@ -622,9 +642,10 @@ impl Op {
             | Op::MaxPoolGrad { .. }
             | Op::ScatterAdd { .. }
             | Op::LayerNormGrad { .. }
+            | Op::BatchNorm { .. }
             | Op::RandomUniform { .. }
             | Op::RandomNormal { .. } => 2,
-            Op::Select => 3,
+            Op::Select | Op::BatchNormGrad { .. } => 3,
             Op::Concat { .. } => return None,
         })
     }
@@ -706,7 +727,10 @@ impl Op {
                 vec![("window", list(window)), ("strides", list(strides)), ("padding", padding.name().into())]
             }
             Op::ScatterAdd { rows } => vec![("rows", rows.to_string())],
-            Op::LayerNorm { epsilon } | Op::LayerNormGrad { epsilon } => vec![("epsilon", epsilon.to_string())],
+            Op::LayerNorm { epsilon }
+            | Op::LayerNormGrad { epsilon }
+            | Op::BatchNorm { epsilon }
+            | Op::BatchNormGrad { epsilon } => vec![("epsilon", epsilon.to_string())],
             Op::LearningRate { schedule, .. } => vec![("schedule", format!("{:?}", schedule.to_string()))],
             Op::RandomUniform { salt, .. } | Op::RandomNormal { salt, .. } => vec![("salt", format!("{salt:#x}"))],
             Op::Conv2d { strides, padding } => {

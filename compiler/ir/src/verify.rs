@@ -156,6 +156,18 @@ pub fn verify_graph(graph: &Graph, options: VerifyOptions) -> Vec<VerifyError> {
             }
         }
 
+        if matches!(node.op, Op::BatchNorm { .. })
+            && !options.require_devices
+            && !normalises_with_own_moments(graph, id)
+        {
+            error(
+                id,
+                format!(
+                    "`{}` normalises with moments that are not its input's (nor selected by the training flag)",
+                    node.name
+                ),
+            );
+        }
         if options.require_devices && node.device.is_none() {
             error(id, format!("`{}` has no device", node.name));
         }
@@ -164,6 +176,23 @@ pub fn verify_graph(graph: &Graph, options: VerifyOptions) -> Vec<VerifyError> {
         }
     }
     errors
+}
+
+/// Whether a `BatchNorm`'s moments are `Moments` of its own input, or chosen between those and
+/// others by the training flag: autodiff's `BatchNormGrad` is the gradient through the batch's
+/// own moments, so that is what a training step must normalise with. (Placement may put the two
+/// apart, so placed modules are not held to it.)
+fn normalises_with_own_moments(graph: &Graph, id: NodeId) -> bool {
+    let operands = graph.inputs(id);
+    let [x, moments] = operands[..] else { return false };
+    let is_own = |t: crate::TensorRef| matches!(graph.node(t.node).op, Op::Moments) && graph.inputs(t.node)[..] == [x];
+    match graph.node(moments.node).op {
+        Op::Select => {
+            let choice = graph.inputs(moments.node);
+            choice.len() == 3 && matches!(graph.node(choice[0].node).op, Op::TrainingFlag) && is_own(choice[1])
+        }
+        _ => is_own(moments),
+    }
 }
 
 /// The invariants of a partitioned plan: every node of a partition is on its device; every

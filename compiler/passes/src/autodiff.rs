@@ -480,6 +480,11 @@ impl Builder<'_> {
             Op::LayerNorm { epsilon } => {
                 grads.push((0, self.add(Op::LayerNormGrad { epsilon }, &[x(0), g])));
             }
+            // The moments are the batch's own (the verifier holds sema to it): the gradient
+            // through them is part of `BatchNormGrad`'s, so none goes to `Moments`.
+            Op::BatchNorm { epsilon } => {
+                grads.push((0, self.add(Op::BatchNormGrad { epsilon }, &[x(0), x(1), g])));
+            }
             Op::Gather => {
                 let rows = shape(self, 0).0[0];
                 let scatter = self.add(Op::ScatterAdd { rows }, &[x(1), g]);
@@ -523,6 +528,8 @@ impl Builder<'_> {
             | Op::MaxPoolGrad { .. }
             | Op::AvgPoolGrad { .. }
             | Op::LayerNormGrad { .. }
+            | Op::Moments
+            | Op::BatchNormGrad { .. }
             // Partitioning runs after autodiff.
             | Op::Send { .. }
             | Op::Recv { .. }

@@ -12,15 +12,19 @@
 //! squared deviations from the shared mean, so it is the whole batch's too. Without replicas
 //! the statistics are the batch's either way.
 //!
-//! The op is the reductions and elementwise ops it is made of: fusion makes the batch's
-//! statistics two reduction kernels, the channels' scales a small one, the normalisation one
-//! elementwise kernel and each moving average's update one more, and autodiff differentiates
-//! them.
+//! Per-replica statistics are fused ops, as TensorFlow's `FusedBatchNorm`: `Moments` (the
+//! batch's means and variances, one pass), `BatchNorm` (one pass) and, from autodiff, its
+//! gradient `BatchNormGrad` (a pass for two sums per channel, one for the gradient). The
+//! synchronised form stays the reductions and elementwise ops it is made of, since an
+//! all-reduce sits between its reductions.
 
 use crate::lower::Lowerer;
 use crate::value::{Number, Val};
 use dfc_diag::{Code, Diagnostic, Span};
 use dfc_ir::{BinaryOp, DType, Initializer, NodeId, Op, ReduceKind, Shape, TensorRef, TensorType, UnaryOp};
+
+/// A batch normalisation's value, and its batch's mean and variance.
+type Norm = ((TensorRef, Span), (TensorRef, Span), (TensorRef, Span));
 
 /// `batch_norm`'s arguments.
 pub(crate) struct BatchNormOptions {
@@ -76,36 +80,16 @@ impl Lowerer<'_> {
             let read =
                 |this: &mut Self, variable: NodeId| tensor(this.node(Op::Read, &[(variable.into(), span)], span));
             let (mean_now, variance_now) = (read(self, moving_mean)?, read(self, moving_variance)?);
-            let mean_of = |this: &mut Self, t: (TensorRef, Span)| {
-                let local = tensor(this.node(
-                    Op::Reduce { kind: ReduceKind::Mean, axes: axes.clone(), keep_dims: false },
-                    &[t],
-                    span,
-                ))?;
-                // Replicas' batches are of one size: the mean of their means is the whole's.
-                if synchronized {
-                    tensor(this.node(Op::CrossReplicaMean, &[local], span))
-                } else {
-                    Some(local)
-                }
-            };
-            let sub = Op::Binary(BinaryOp::Sub);
-            let mul = Op::Binary(BinaryOp::Mul);
-            let batch_mean = mean_of(self, x)?;
-            let centred = tensor(self.node(sub.clone(), &[x, batch_mean], span))?;
-            let squares = tensor(self.node(mul.clone(), &[centred, centred], span))?;
-            let batch_variance = mean_of(self, squares)?;
             let training = tensor(self.node(Op::TrainingFlag, &[], span))?;
-            let mean = tensor(self.node(Op::Select, &[training, batch_mean, mean_now], span))?;
-            let variance = tensor(self.node(Op::Select, &[training, batch_variance, variance_now], span))?;
-            let eps = constant(self, epsilon)?;
-            let shifted = tensor(self.node(Op::Binary(BinaryOp::Add), &[variance, eps], span))?;
-            let scale = tensor(self.node(Op::Unary(UnaryOp::Rsqrt), &[shifted], span))?;
-            let deviation = tensor(self.node(sub.clone(), &[x, mean], span))?;
-            let normalised = tensor(self.node(mul.clone(), &[deviation, scale], span))?;
+            let (normalised, batch_mean, batch_variance) = if synchronized {
+                self.synchronized_batch_norm(x, training, (mean_now, variance_now), epsilon, &axes, span)?
+            } else {
+                self.fused_batch_norm(x, training, (mean_now, variance_now), epsilon, channels.dims()[0], span)?
+            };
             // The moving averages' updates, from the batch's statistics (no gradient flows
             // into an update: autodiff starts from the loss).
             let rate = constant(self, 1.0 - momentum)?;
+            let (sub, mul) = (Op::Binary(BinaryOp::Sub), Op::Binary(BinaryOp::Mul));
             for (variable, now, batch) in
                 [(moving_mean, mean_now, batch_mean), (moving_variance, variance_now, batch_variance)]
             {
@@ -116,6 +100,75 @@ impl Lowerer<'_> {
             Some(normalised)
         })();
         result.map_or(Val::Error, |(t, _)| Val::Tensor(t))
+    }
+
+    /// The fused form: `Moments` of the batch (one pass), `BatchNorm` with them in training and
+    /// with the moving averages elsewhere, and its gradient `BatchNormGrad` (autodiff).
+    /// Returns the normalised value and the batch's mean and variance.
+    fn fused_batch_norm(
+        &mut self,
+        x: (TensorRef, Span),
+        training: (TensorRef, Span),
+        (mean_now, variance_now): ((TensorRef, Span), (TensorRef, Span)),
+        epsilon: f64,
+        channels: usize,
+        span: Span,
+    ) -> Option<Norm> {
+        let tensor = |v: Val| match v {
+            Val::Tensor(t) => Some((t, span)),
+            _ => None,
+        };
+        let row = Shape(vec![1, channels]);
+        let batch = tensor(self.node(Op::Moments, &[x], span))?;
+        let as_row = |this: &mut Self, t| tensor(this.node(Op::Reshape { shape: row.clone() }, &[t], span));
+        let (mean_row, variance_row) = (as_row(self, mean_now)?, as_row(self, variance_now)?);
+        let moving = tensor(self.node(Op::Concat { axis: 0 }, &[mean_row, variance_row], span))?;
+        let moments = tensor(self.node(Op::Select, &[training, batch, moving], span))?;
+        let normalised = tensor(self.node(Op::BatchNorm { epsilon }, &[x, moments], span))?;
+        let statistic = |this: &mut Self, at: usize| {
+            let sliced = tensor(this.node(Op::Slice { begin: vec![at, 0], size: vec![1, channels] }, &[batch], span))?;
+            tensor(this.node(Op::Reshape { shape: Shape(vec![channels]) }, &[sliced], span))
+        };
+        Some((normalised, statistic(self, 0)?, statistic(self, 1)?))
+    }
+
+    /// The composed form, whose means are `CrossReplicaMean`s: data parallelism puts an
+    /// all-reduce between the reductions, so no one kernel can hold them.
+    fn synchronized_batch_norm(
+        &mut self,
+        x: (TensorRef, Span),
+        training: (TensorRef, Span),
+        (mean_now, variance_now): ((TensorRef, Span), (TensorRef, Span)),
+        epsilon: f64,
+        axes: &[usize],
+        span: Span,
+    ) -> Option<Norm> {
+        let tensor = |v: Val| match v {
+            Val::Tensor(t) => Some((t, span)),
+            _ => None,
+        };
+        let mean_of = |this: &mut Self, t: (TensorRef, Span)| {
+            let local = tensor(this.node(
+                Op::Reduce { kind: ReduceKind::Mean, axes: axes.to_vec(), keep_dims: false },
+                &[t],
+                span,
+            ))?;
+            // Replicas' batches are of one size: the mean of their means is the whole's.
+            tensor(this.node(Op::CrossReplicaMean, &[local], span))
+        };
+        let (sub, mul) = (Op::Binary(BinaryOp::Sub), Op::Binary(BinaryOp::Mul));
+        let batch_mean = mean_of(self, x)?;
+        let centred = tensor(self.node(sub.clone(), &[x, batch_mean], span))?;
+        let squares = tensor(self.node(mul.clone(), &[centred, centred], span))?;
+        let batch_variance = mean_of(self, squares)?;
+        let mean = tensor(self.node(Op::Select, &[training, batch_mean, mean_now], span))?;
+        let variance = tensor(self.node(Op::Select, &[training, batch_variance, variance_now], span))?;
+        let eps = self.make_tensor(Val::Number(Number::Float(epsilon)), span, Some(self.graph.ty(x.0).dtype))?;
+        let shifted = tensor(self.node(Op::Binary(BinaryOp::Add), &[variance, (eps, span)], span))?;
+        let scale = tensor(self.node(Op::Unary(UnaryOp::Rsqrt), &[shifted], span))?;
+        let deviation = tensor(self.node(sub, &[x, mean], span))?;
+        let normalised = tensor(self.node(mul, &[deviation, scale], span))?;
+        Some((normalised, batch_mean, batch_variance))
     }
 
     /// A non-trainable variable of the layer's statistics, named `name` (made unique).

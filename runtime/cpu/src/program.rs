@@ -288,6 +288,26 @@ pub unsafe fn run_host_step(
                 PoolKind::AvgGrad => dfc_kernels::avg_pool_grad(geometry, input(0), o),
             }
         }
+        Step::Norm { op, channels, operands, out, out_len, .. } => {
+            let input = |i: usize| {
+                let (slot, len) = operands[i];
+                // SAFETY: as for convolutions: the slot holds `len` floats.
+                unsafe { std::slice::from_raw_parts(at(slot) as *const f32, len) }
+            };
+            // SAFETY: as for convolutions; the output is none of the inputs.
+            let o = unsafe { std::slice::from_raw_parts_mut(at(*out) as *mut f32, *out_len) };
+            let (x, channels) = (input(0), *channels);
+            let (scales, partials) = scratch
+                .split(dfc_kernels::norm_scales_len(channels), dfc_kernels::norm_partials_len(x.len(), channels));
+            match op {
+                Op::Moments => dfc_kernels::moments(x, channels, o, partials),
+                Op::BatchNorm { epsilon } => dfc_kernels::batch_norm(x, input(1), channels, *epsilon, o, scales),
+                Op::BatchNormGrad { epsilon } => {
+                    dfc_kernels::batch_norm_grad(x, input(1), input(2), channels, *epsilon, o, scales, partials)
+                }
+                _ => unreachable!("normalisation steps are of these ops"),
+            }
+        }
         Step::Layout { node, op, element_bytes, operands, out, ty, .. } => {
             let inputs: Vec<(*const u8, &TensorType)> =
                 operands.iter().map(|(s, t)| (at(*s) as *const u8, t)).collect();

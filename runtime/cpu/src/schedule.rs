@@ -96,6 +96,18 @@ pub enum Step {
         out: Slot,
         out_len: usize,
     },
+    /// Batch normalisation on f32 (`Moments`, `BatchNorm`, `BatchNormGrad`): `operands` are
+    /// `[x]`, `[x, moments]` or `[x, moments, grad_out]` with their lengths, of `channels`
+    /// channels (the last axis).
+    Norm {
+        /// The node.
+        node: NodeId,
+        op: Op,
+        channels: usize,
+        operands: Vec<(Slot, usize)>,
+        out: Slot,
+        out_len: usize,
+    },
     /// Data movement (transpose, concat, slice, pad, gather): copies of elements of
     /// `element_bytes` each, whatever their type.
     Layout {
@@ -174,7 +186,9 @@ impl Step {
                 (operands.iter().map(|o| o.0).collect(), vec![*out])
             }
             Step::Conv { a, b, out, .. } => (vec![*a, *b], vec![*out]),
-            Step::Pool { operands, out, .. } => (operands.iter().map(|o| o.0).collect(), vec![*out]),
+            Step::Pool { operands, out, .. } | Step::Norm { operands, out, .. } => {
+                (operands.iter().map(|o| o.0).collect(), vec![*out])
+            }
             Step::Update { variable, value, .. } => (vec![*variable, value.0], vec![*variable]),
             Step::Copy { from, to, .. } => (vec![*from], vec![*to]),
             Step::Send { value, .. } => (vec![*value], vec![]),
@@ -213,7 +227,7 @@ impl Step {
                 };
                 (vec![(*a, a_len * F32), (*b, b_len * F32)], vec![(*out, out_len * F32)])
             }
-            Step::Pool { operands, out, out_len, .. } => {
+            Step::Pool { operands, out, out_len, .. } | Step::Norm { operands, out, out_len, .. } => {
                 (operands.iter().map(|&(s, len)| (s, len * F32)).collect(), vec![(*out, out_len * F32)])
             }
             Step::Layout { operands, out, ty, .. } | Step::Library { operands, out, ty, .. } => {
@@ -241,7 +255,9 @@ impl Step {
                 operands.iter_mut().map(|o| &mut o.0).chain([out]).collect()
             }
             Step::Conv { a, b, out, .. } => vec![a, b, out],
-            Step::Pool { operands, out, .. } => operands.iter_mut().map(|o| &mut o.0).chain([out]).collect(),
+            Step::Pool { operands, out, .. } | Step::Norm { operands, out, .. } => {
+                operands.iter_mut().map(|o| &mut o.0).chain([out]).collect()
+            }
             Step::Update { variable, value, .. } => vec![variable, &mut value.0],
             Step::Copy { from, to, .. } => vec![from, to],
             Step::Send { value, .. } => vec![value],
@@ -275,7 +291,9 @@ impl Step {
                 PoolKind::AvgGrad => "avg_pool_grad",
             }
             .into(),
-            Step::Layout { op, .. } | Step::Library { op, .. } | Step::Update { op, .. } => op.name().to_string(),
+            Step::Layout { op, .. } | Step::Library { op, .. } | Step::Update { op, .. } | Step::Norm { op, .. } => {
+                op.name().to_string()
+            }
             Step::Copy { .. } => "copy".into(),
             Step::Send { .. } => "send".into(),
             Step::Recv { .. } => "recv".into(),
@@ -511,6 +529,19 @@ impl Schedule {
                     let operands =
                         operands.iter().map(|t| (slot_of[&t.node], graph.ty(*t).shape.n_elements())).collect();
                     steps.push(Step::Pool { node: id, kind, geometry, operands, out, out_len: ty.shape.n_elements() });
+                    slot_of.insert(id, out);
+                }
+                Op::Moments | Op::BatchNorm { .. } | Op::BatchNormGrad { .. }
+                    if operands.iter().all(|t| graph.ty(*t).dtype == DType::F32) =>
+                {
+                    let ty = ty.unwrap();
+                    let x = graph.ty(operands[0]).shape.dims();
+                    let channels = x[x.len() - 1];
+                    let out = builder.buffer(&ty);
+                    let operands =
+                        operands.iter().map(|t| (slot_of[&t.node], graph.ty(*t).shape.n_elements())).collect();
+                    let (op, out_len) = (node.op.clone(), ty.shape.n_elements());
+                    steps.push(Step::Norm { node: id, op, channels, operands, out, out_len });
                     slot_of.insert(id, out);
                 }
                 Op::Send { key, .. } => {

@@ -568,6 +568,7 @@ impl DeviceRun {
         let on_device = |step: &Step| match step {
             Step::Conv { node, .. }
             | Step::Pool { node, .. }
+            | Step::Norm { node, .. }
             | Step::Layout { id: node, .. }
             | Step::Library { id: node, .. } => kernels.ops().iter().position(|k| k.root == *node),
             _ => None,
@@ -665,7 +666,7 @@ impl DeviceRun {
                     };
                     Some(device.prepare(kernels, index, args, scratch)?)
                 }
-                (Step::Pool { operands, out, .. }, Some(j)) => {
+                (Step::Pool { operands, out, .. } | Step::Norm { operands, out, .. }, Some(j)) => {
                     let index = kernels.kernels().len() + j;
                     let args = operands.iter().map(|o| address(o.0)).chain([address(*out)]).collect();
                     Some(device.prepare(kernels, index, args, scratch)?)
@@ -791,7 +792,11 @@ impl Running<'_> {
         }
         for (at, step) in schedule.steps.iter().enumerate() {
             match step {
-                Step::Kernel { .. } | Step::Pool { .. } | Step::Layout { .. } | Step::Library { .. }
+                Step::Kernel { .. }
+                | Step::Pool { .. }
+                | Step::Norm { .. }
+                | Step::Layout { .. }
+                | Step::Library { .. }
                     if self.run.launches[at].is_some() =>
                 {
                     let prepared = self.run.launches[at].expect("checked");

@@ -13,6 +13,8 @@
 //! - [`gather`], [`scatter_add`]: rows of a table by integer [`Index`]; an index out of range is
 //!   an [`IndexOutOfRange`] error.
 //! - [`transpose`], [`concat()`], [`slice()`], [`pad`]: any rank, any `Copy` element.
+//! - [`moments`], [`batch_norm`], [`batch_norm_grad`]: per channel (the last axis) of f32 data,
+//!   with f32 scales and f64 partial sums from the caller ([`Scratch::split`]).
 //!
 //! **Scratch memory.** The convolutions need a scratch buffer of `f32`s of at least
 //! [`conv2d_scratch_len`], [`conv2d_backprop_input_scratch_len`] or
@@ -33,6 +35,7 @@ mod conv;
 mod gather;
 mod geometry;
 mod layout;
+mod norm;
 mod pool;
 mod thin;
 
@@ -44,6 +47,7 @@ pub use dfc_ir::Padding;
 pub use gather::{gather, scatter_add, Accumulate, Index, IndexOutOfRange};
 pub use geometry::{Conv2dGeometry, PoolGeometry};
 pub use layout::{concat, pad, slice, transpose};
+pub use norm::{batch_norm, batch_norm_grad, chunk_rows, moments, norm_partials_len, norm_scales_len};
 pub use pool::{avg_pool, avg_pool_grad, max_pool, max_pool_grad};
 
 /// Outputs smaller than this many elements (of 4 bytes; scaled by size for other types) are
@@ -61,6 +65,8 @@ fn worth_parallel<T>(len: usize) -> bool {
 #[derive(Clone, Debug, Default)]
 pub struct Scratch {
     buf: Vec<f32>,
+    /// The f64 partial sums of the normalisation kernels.
+    wide: Vec<f64>,
 }
 
 impl Scratch {
@@ -70,7 +76,7 @@ impl Scratch {
 
     /// A buffer that already holds `len` elements.
     pub fn with_len(len: usize) -> Scratch {
-        Scratch { buf: vec![0.0; len] }
+        Scratch { buf: vec![0.0; len], wide: Vec::new() }
     }
 
     /// The whole buffer, at least `len` elements long (its contents are unspecified).
@@ -79,6 +85,17 @@ impl Scratch {
             self.buf.resize(len, 0.0);
         }
         &mut self.buf
+    }
+
+    /// At least `len` f32s and `wide` f64s, apart (contents unspecified), growing as `get` does.
+    pub fn split(&mut self, len: usize, wide: usize) -> (&mut [f32], &mut [f64]) {
+        if self.wide.len() < wide {
+            self.wide.resize(wide, 0.0);
+        }
+        if self.buf.len() < len {
+            self.buf.resize(len, 0.0);
+        }
+        (&mut self.buf, &mut self.wide)
     }
 
     /// The number of elements held.

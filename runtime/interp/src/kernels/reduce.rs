@@ -191,6 +191,66 @@ pub(crate) fn layer_norm_grad<T: Float>(x: &[T], g: &[T], dims: &[usize], epsilo
     out
 }
 
+/// Each channel's (last axis's) mean and biased variance over all the other axes, as
+/// `[means..., variances...]`; sums in f64, the variance from the deviations (two passes).
+pub(crate) fn moments<T: Float>(x: &[T], dims: &[usize]) -> Vec<T> {
+    let channels = dims.last().copied().unwrap_or(1).max(1);
+    let n = (x.len() / channels).max(1) as f64;
+    let mut mean = vec![0.0f64; channels];
+    for row in x.chunks(channels) {
+        mean.iter_mut().zip(row).for_each(|(m, &v)| *m += v.to_f64());
+    }
+    mean.iter_mut().for_each(|m| *m /= n);
+    let mut variance = vec![0.0f64; channels];
+    for row in x.chunks(channels) {
+        variance.iter_mut().zip(row).zip(&mean).for_each(|((s, &v), m)| *s += (v.to_f64() - m) * (v.to_f64() - m));
+    }
+    mean.iter().copied().chain(variance.iter().map(|s| s / n)).map(T::from_f64).collect()
+}
+
+/// Each channel's mean and reciprocal deviation `1 / sqrt(variance + epsilon)` from moments.
+fn channel_scales<T: Float>(moments: &[T], epsilon: f64) -> (&[T], Vec<T>) {
+    let (mean, variance) = moments.split_at(moments.len() / 2);
+    (mean, variance.iter().map(|&v| T::one().div(v.add(T::from_f64(epsilon)).sqrt())).collect())
+}
+
+/// `(x - mean) · rsqrt(variance + epsilon)` per channel (the last axis), with `moments`.
+pub(crate) fn batch_norm<T: Float>(x: &[T], moments: &[T], epsilon: f64) -> Vec<T> {
+    let (mean, r) = channel_scales(moments, epsilon);
+    let channels = mean.len().max(1);
+    let mut out = Vec::with_capacity(x.len());
+    for row in x.chunks(channels) {
+        out.extend(row.iter().zip(mean).zip(&r).map(|((&v, &m), &r)| v.sub(m).mul(r)));
+    }
+    out
+}
+
+/// The gradient of `batch_norm` through the batch's own moments, per channel:
+/// `r · (g - mean(g) - x̂ · mean(g · x̂))`, the means (summed in f64) over all the other axes.
+pub(crate) fn batch_norm_grad<T: Float>(x: &[T], moments: &[T], g: &[T], epsilon: f64) -> Vec<T> {
+    let (mean, r) = channel_scales(moments, epsilon);
+    let channels = mean.len().max(1);
+    let n = (x.len() / channels).max(1) as f64;
+    let (mut g_sum, mut gx_sum) = (vec![0.0f64; channels], vec![0.0f64; channels]);
+    for (row, g) in x.chunks(channels).zip(g.chunks(channels)) {
+        for c in 0..row.len() {
+            let normalised = row[c].sub(mean[c]).mul(r[c]);
+            g_sum[c] += g[c].to_f64();
+            gx_sum[c] += g[c].mul(normalised).to_f64();
+        }
+    }
+    let g_mean: Vec<T> = g_sum.iter().map(|s| T::from_f64(s / n)).collect();
+    let gx_mean: Vec<T> = gx_sum.iter().map(|s| T::from_f64(s / n)).collect();
+    let mut out = Vec::with_capacity(x.len());
+    for (row, g) in x.chunks(channels).zip(g.chunks(channels)) {
+        out.extend((0..row.len()).map(|c| {
+            let normalised = row[c].sub(mean[c]).mul(r[c]);
+            r[c].mul(g[c].sub(g_mean[c]).sub(normalised.mul(gx_mean[c])))
+        }));
+    }
+    out
+}
+
 /// `-Σ labels * log_softmax(logits)` over the last axis; the result drops that axis.
 pub(crate) fn softmax_cross_entropy<T: Float>(logits: &[T], labels: &[T], dims: &[usize]) -> (Vec<usize>, Vec<T>) {
     let (&classes, out_dims) = dims.split_last().expect("`infer` requires a class axis");
