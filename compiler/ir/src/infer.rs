@@ -680,6 +680,27 @@ mod tests {
     }
 
     #[test]
+    fn batch_norm_ops_take_channels_last_and_their_moments() {
+        let x = t(DType::F32, &[8, 5, 5, 3]);
+        let moments = infer(&Op::Moments, &[&x]).unwrap();
+        assert_eq!(moments[0], t(DType::F32, &[2, 3]));
+        let norm = Op::BatchNorm { epsilon: 1e-3 };
+        assert_eq!(infer(&norm, &[&x, &moments[0]]).unwrap()[0], x);
+        let grad = Op::BatchNormGrad { epsilon: 1e-3 };
+        assert_eq!(infer(&grad, &[&x, &moments[0], &x]).unwrap()[0], x);
+        // Moments of other channels, a gradient of another shape, no batch axis, an integer
+        // input, an epsilon of 0: each refused.
+        let wrong = infer(&norm, &[&x, &t(DType::F32, &[2, 4])]).unwrap_err();
+        assert_eq!((wrong.code, wrong.operand), (Code::SHAPE_MISMATCH, Some(1)));
+        let wrong = infer(&grad, &[&x, &moments[0], &t(DType::F32, &[8, 5, 5, 4])]).unwrap_err();
+        assert_eq!((wrong.code, wrong.operand), (Code::SHAPE_MISMATCH, Some(2)));
+        assert_eq!(infer(&Op::Moments, &[&t(DType::F32, &[3])]).unwrap_err().code, Code::AXIS_OUT_OF_RANGE);
+        assert_eq!(infer(&Op::Moments, &[&t(DType::I32, &[4, 3])]).unwrap_err().code, Code::DTYPE_MISMATCH);
+        let zero = Op::BatchNorm { epsilon: 0.0 };
+        assert_eq!(infer(&zero, &[&x, &moments[0]]).unwrap_err().code, Code::ARGUMENT_KIND);
+    }
+
+    #[test]
     fn mixed_element_types_are_refused() {
         let err = infer(&Op::Binary(BinaryOp::Add), &[&t(DType::F32, &[2]), &t(DType::F64, &[2])]).unwrap_err();
         assert_eq!(err.code, Code::DTYPE_MISMATCH);

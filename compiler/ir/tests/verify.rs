@@ -157,3 +157,28 @@ fn absurd_attributes_are_type_errors_not_panics() {
     let pad = Op::Pad { before: vec![usize::MAX], after: vec![1] };
     assert!(infer(&pad, &[&x]).is_err());
 }
+
+#[test]
+fn batch_norm_must_normalise_with_its_own_moments() {
+    let mut graph = Graph::new();
+    let x = graph.add(Op::Input { ty: f32(&[4, 3]) }, &[], "x", None).unwrap();
+    let other = graph.add(Op::Input { ty: f32(&[4, 3]) }, &[], "other", None).unwrap();
+    let own = graph.add(Op::Moments, &[x.into()], "own", None).unwrap();
+    let foreign = graph.add(Op::Moments, &[other.into()], "foreign", None).unwrap();
+    let flag = graph.add(Op::TrainingFlag, &[], "training", None).unwrap();
+    let chosen = graph.add(Op::Select, &[flag.into(), own.into(), foreign.into()], "chosen", None).unwrap();
+    let swapped = graph.add(Op::Select, &[flag.into(), foreign.into(), own.into()], "swapped", None).unwrap();
+    let norm = |graph: &mut Graph, moments: NodeId, name: &str| {
+        graph.add(Op::BatchNorm { epsilon: 1e-3 }, &[x.into(), moments.into()], name, None).unwrap()
+    };
+    norm(&mut graph, own, "with_own");
+    norm(&mut graph, chosen, "with_own_in_training");
+    norm(&mut graph, foreign, "with_foreign");
+    norm(&mut graph, swapped, "with_foreign_in_training");
+    let module = Module { name: "bn".into(), graph, inputs: vec![x, other], ..Module::default() };
+    let found = messages(&module, VerifyOptions::default());
+    let expected = |name: &str| {
+        format!("`{name}` normalises with moments that are not its input's (nor selected by the training flag)")
+    };
+    assert_eq!(found, [expected("with_foreign"), expected("with_foreign_in_training")]);
+}
