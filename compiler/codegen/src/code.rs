@@ -53,6 +53,17 @@ pub struct GpuKernel {
     /// memory they use: a row op whose rows run one per block (`kernel::emit_block_row`).
     pub phases: u32,
     pub shared_bytes: u64,
+    /// An op kernel of several launches, in place of the one of `function`.
+    pub passes: Option<OpPasses>,
+}
+
+/// The launches of an op kernel that computes in passes (batch norm's sums over a grid, then
+/// what uses them), in order, each a per-thread function, and the bytes of the two scratch
+/// buffers between them.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OpPasses {
+    pub launches: Vec<GpuLaunch>,
+    pub scratch: [u64; 2],
 }
 
 /// Bytes of a checking kernel's status (`GpuKernel::checks`): two u64 words.
@@ -81,7 +92,7 @@ pub struct GridReduction {
 
 /// A buffer of a launch: argument `i` of the kernel (its inputs, then its output), or one of a
 /// reduction's two scratch buffers ([`GpuKernel::scratch_bytes`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum LaunchBuffer {
     Arg(usize),
     Scratch(usize),
@@ -92,7 +103,7 @@ pub enum LaunchBuffer {
 /// its phase function ([`PHASE_SUFFIX`]) `phases` times with a barrier between, over
 /// `shared_bytes` of the block's shared memory; without, its per-thread function
 /// ([`THREAD_SUFFIX`]) once.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GpuLaunch {
     pub function: String,
     pub args: Vec<LaunchBuffer>,
@@ -155,11 +166,15 @@ impl GpuKernel {
             checks,
             phases: 0,
             shared_bytes: 0,
+            passes: None,
         }
     }
 
     /// The launches that compute the kernel, in order (each sees the previous ones' writes).
     pub fn launches(&self) -> Vec<GpuLaunch> {
+        if let Some(passes) = &self.passes {
+            return passes.launches.clone();
+        }
         let output = LaunchBuffer::Arg(self.inputs.len());
         let mut args: Vec<LaunchBuffer> = (0..self.inputs.len()).map(LaunchBuffer::Arg).collect();
         let Some(reduction) = &self.reduction else {
@@ -210,6 +225,9 @@ impl GpuKernel {
     /// Bytes of the two scratch buffers its launches use: a reduction's partials, and the
     /// fewer of its second pass (none without a reduction).
     pub fn scratch_bytes(&self) -> [u64; 2] {
+        if let Some(passes) = &self.passes {
+            return passes.scratch;
+        }
         match &self.reduction {
             None => [0, 0],
             Some(r) => {

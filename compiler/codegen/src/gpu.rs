@@ -67,7 +67,11 @@ pub fn compile_gpu(module: &Module, keep: &[NodeId]) -> Result<GpuCode, CodegenE
     let kernels = emit_kernels(&context, &llvm, module, &fusion.kernels, Flavor::Nvptx);
     let ops = op_kernels(&context, &llvm, module, Flavor::Nvptx);
     for kernel in kernels.iter().chain(&ops) {
-        if kernel.phases > 0 {
+        if let Some(passes) = &kernel.passes {
+            for launch in &passes.launches {
+                add_entry(&context, &llvm, &launch.function);
+            }
+        } else if kernel.phases > 0 {
             add_phased_entry(&context, &llvm, &kernel.function, kernel.phases, kernel.shared_bytes);
         } else {
             add_entry(&context, &llvm, &kernel.function);
@@ -116,7 +120,9 @@ pub fn compile_gpu_emulated(
             let suffix = if kernel.phases > 0 { PHASE_SUFFIX } else { THREAD_SUFFIX };
             let thread = format!("{}{suffix}", kernel.function);
             let phased = kernel.reduction.as_ref().map(|r| format!("{}{PHASE_SUFFIX}", r.combine));
-            std::iter::once(thread).chain(phased).map(|function| NativeKernel {
+            let passes = kernel.passes.iter().flat_map(|p| &p.launches[1..]);
+            let passes = passes.map(|launch| format!("{}{THREAD_SUFFIX}", launch.function));
+            std::iter::once(thread).chain(phased).chain(passes).map(|function| NativeKernel {
                 function,
                 root: kernel.root,
                 members: kernel.members.clone(),
@@ -223,6 +229,7 @@ fn emit_kernels<'ctx>(
             checks: false,
             phases,
             shared_bytes,
+            passes: None,
         });
     }
     kernels

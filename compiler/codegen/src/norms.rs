@@ -1,16 +1,18 @@
 //! GPU kernels of batch normalisation (f32, per channel: the last axis), written as the CPU's
 //! (`dfc_kernels::norm`) computes: sums in f64, the moments in one pass.
 //!
-//! - `moments`: a thread per output value (`2 · channels`), each summing its channel's column;
-//! - `batch_norm`: a thread per element;
-//! - `batch_norm_grad`: a thread per channel, which sums its column's `g` and `g · x̂`, then
-//!   writes its column's gradient.
+//! The column sums run in passes over a grid (`OpPasses`): the rows split into about √rows
+//! lanes, a thread per lane and channel sums its share of the column into scratch (adjacent
+//! threads, adjacent channels: their loads are coalesced), then a thread per sum adds the
+//! lanes' partials in lane order. So the work is spread over √rows · channels threads and the
+//! result is the same bits on every run.
 //!
-//! A column's threads read neighbouring addresses (the channels are contiguous), but the sums
-//! run one thread per channel: a few hundred threads, far from filling a GPU. They are right
-//! and deterministic; a grid of partial sums (as `GridReduction`) is what would make them fast.
+//! - `moments`: the partial sums of `x` and `x²`, then a thread per mean or variance;
+//! - `batch_norm`: a thread per element;
+//! - `batch_norm_grad`: the partial sums of `g` and `g · x̂`, their means a thread each, then a
+//!   thread per element.
 
-use crate::code::{GpuKernel, THREAD_SUFFIX};
+use crate::code::{GpuKernel, GpuLaunch, LaunchBuffer, OpPasses, THREAD_SUFFIX};
 use crate::kernel::Flavor;
 use crate::sanitize;
 use crate::thread::Thread;
@@ -44,20 +46,57 @@ pub(crate) fn emit_norms<'ctx>(
         let len = graph.ty(operands[0]).shape.n_elements();
         let shape = Columns { channels, rows: len / channels.max(1) };
         let function = format!("n{}_{}_{}", kernels.len(), sanitize(&node.name), node.op.name());
-        let name = format!("{function}{THREAD_SUFFIX}");
-        let t = Thread::begin(context, llvm, &name, flavor);
-        let count = match node.op {
-            Op::Moments => moments(&t, llvm, shape),
-            Op::BatchNorm { epsilon } => batch_norm(&t, llvm, shape, epsilon),
-            Op::BatchNormGrad { epsilon } => batch_norm_grad(&t, llvm, shape, epsilon),
-            _ => unreachable!("matched above"),
-        };
-        crate::thread::inline_on_gpu(context, t.finish(), flavor);
         let out = &node.outputs[0];
         let bytes = operands.iter().map(|t| graph.ty(*t).size_in_bytes() as u64).chain([out.size_in_bytes() as u64]);
-        kernels.push(GpuKernel::for_op(function, id, operands.clone(), bytes.collect(), count as u64, false));
+        let mut kernel = GpuKernel::for_op(function.clone(), id, operands.clone(), bytes.collect(), len as u64, false);
+        let emit = |suffix: &str, body: &dyn Fn(&Thread<'ctx, '_>)| {
+            let name = format!("{function}{suffix}");
+            let t = Thread::begin(context, llvm, &format!("{name}{THREAD_SUFFIX}"), flavor);
+            body(&t);
+            crate::thread::inline_on_gpu(context, t.finish(), flavor);
+            name
+        };
+        let (arg, scratch) = (LaunchBuffer::Arg, LaunchBuffer::Scratch);
+        let partials = 2 * shape.lanes() * channels as u64 * 8;
+        match node.op {
+            Op::Moments => {
+                let sums = emit("", &|t| partial_sums(t, llvm, shape, Sums::Moments));
+                let finish = emit("_finish", &|t| moments(t, llvm, shape));
+                kernel.passes = Some(OpPasses {
+                    launches: vec![
+                        pass(sums, vec![arg(0), scratch(0)], shape.lanes() * channels as u64),
+                        pass(finish, vec![scratch(0), arg(1)], 2 * channels as u64),
+                    ],
+                    scratch: [partials, 0],
+                });
+            }
+            Op::BatchNorm { epsilon } => {
+                emit("", &|t| batch_norm(t, llvm, shape, epsilon));
+            }
+            Op::BatchNormGrad { epsilon } => {
+                let sums = emit("", &|t| partial_sums(t, llvm, shape, Sums::Gradient { epsilon }));
+                let means = emit("_means", &|t| gradient_means(t, llvm, shape));
+                let gradient = emit("_apply", &|t| batch_norm_grad(t, llvm, shape, epsilon));
+                kernel.passes = Some(OpPasses {
+                    launches: vec![
+                        pass(sums, vec![arg(0), arg(1), arg(2), scratch(0)], shape.lanes() * channels as u64),
+                        pass(means, vec![scratch(0), scratch(1)], 2 * channels as u64),
+                        pass(gradient, vec![arg(0), arg(1), arg(2), scratch(1), arg(3)], len as u64),
+                    ],
+                    scratch: [partials, 2 * channels as u64 * 4],
+                });
+            }
+            _ => unreachable!("matched above"),
+        }
+        kernels.push(kernel);
     }
     kernels
+}
+
+/// A launch of a per-thread function over `count` threads.
+fn pass(function: String, args: Vec<LaunchBuffer>, count: u64) -> GpuLaunch {
+    let (block, grid) = crate::launch(count);
+    GpuLaunch { function, args, count, block, grid, phases: 0, shared_bytes: 0 }
 }
 
 /// `[rows, channels]`: the input seen as rows of its channels.
@@ -65,6 +104,25 @@ pub(crate) fn emit_norms<'ctx>(
 struct Columns {
     channels: usize,
     rows: usize,
+}
+
+impl Columns {
+    /// Rows a lane sums: about √rows, so that the lanes and then each sum's pass over the
+    /// lanes take about as long.
+    fn lane_rows(self) -> usize {
+        (self.rows as f64).sqrt().ceil().max(1.0) as usize
+    }
+
+    fn lanes(self) -> u64 {
+        self.rows.div_ceil(self.lane_rows()).max(1) as u64
+    }
+}
+
+/// What a lane sums over its rows, per channel: `x` and `x²`, or `g` and `g · x̂`.
+#[derive(Clone, Copy)]
+enum Sums {
+    Moments,
+    Gradient { epsilon: f64 },
 }
 
 /// The arithmetic the kernels share, over a [`Thread`].
@@ -117,6 +175,21 @@ impl<'ctx> Arith<'_, 'ctx, '_> {
         self.div(self.f32(1.0), root)
     }
 
+    /// Channel `channel`'s mean and reciprocal deviation from `moments` (`[2, channels]`).
+    fn channel_scales(
+        &self,
+        moments: PointerValue<'ctx>,
+        channel: IntValue<'ctx>,
+        channels: usize,
+        epsilon: f64,
+    ) -> (FloatValue<'ctx>, FloatValue<'ctx>) {
+        let t = self.t;
+        // SAFETY: (of the generated code) channel < channels; the moments hold 2 · channels.
+        let (mean, variance) =
+            unsafe { (self.load(moments, channel), self.load(moments, t.add(channel, t.int(channels)))) };
+        (mean, self.reciprocal_deviation(variance, epsilon))
+    }
+
     /// A register-promoted f64 sum starting at 0.
     fn sum(&self) -> PointerValue<'ctx> {
         self.t.variable(self.f64(0.0).into())
@@ -139,75 +212,126 @@ impl<'ctx> Arith<'_, 'ctx, '_> {
     }
 }
 
-/// Thread `t < 2 · channels` writes `out[t]`: channel `t mod channels`'s mean (`t < channels`)
-/// or biased variance, from the sums of `x` and `x²` in f64.
-fn moments<'ctx>(t: &Thread<'ctx, '_>, llvm: &LlvmModule<'ctx>, s: Columns) -> usize {
+/// Thread `t < lanes · channels` sums its lane's rows of channel `t mod channels` (f64) into
+/// partials `[lanes, 2, channels]`: of `x` and `x²` (arguments `x, partials`), or of `g` and
+/// `g · x̂` (arguments `x, moments, g, partials`).
+fn partial_sums<'ctx>(t: &Thread<'ctx, '_>, llvm: &LlvmModule<'ctx>, s: Columns, sums: Sums) {
     let a = Arith { t, llvm };
-    let (x, out) = (t.argument(0), t.argument(1));
+    let wide = t.context.f64_type().into();
     let channel = t.rem(t.thread, s.channels);
-    let (sum, squares) = (a.sum(), a.sum());
-    t.for_each(s.rows, |row| {
-        // SAFETY: (of the generated code) row < rows and channel < channels.
-        let v = a.wide(unsafe { a.load(x, t.add(t.mul(row, s.channels), channel)) });
-        a.add_to(sum, v);
-        a.add_to(squares, a.mul(v, v));
+    let lane = t.div(t.thread, s.channels);
+    let (first, second) = (a.sum(), a.sum());
+    let lane_rows = s.lane_rows();
+    let partials = match sums {
+        Sums::Moments => {
+            let x = t.argument(0);
+            t.for_each(lane_rows, |i| {
+                let row = t.add(t.mul(lane, lane_rows), i);
+                t.when(t.below(row, s.rows), || {
+                    // SAFETY: (of the generated code) row < rows and channel < channels.
+                    let v = a.wide(unsafe { a.load(x, t.add(t.mul(row, s.channels), channel)) });
+                    a.add_to(first, v);
+                    a.add_to(second, a.mul(v, v));
+                });
+            });
+            t.argument_of(1, wide)
+        }
+        Sums::Gradient { epsilon } => {
+            let (x, moments, g) = (t.argument(0), t.argument(1), t.argument(2));
+            let (mean, r) = a.channel_scales(moments, channel, s.channels, epsilon);
+            t.for_each(lane_rows, |i| {
+                let row = t.add(t.mul(lane, lane_rows), i);
+                t.when(t.below(row, s.rows), || {
+                    let at = t.add(t.mul(row, s.channels), channel);
+                    // SAFETY: (of the generated code) row < rows and channel < channels.
+                    let (v, gv) = unsafe { (a.load(x, at), a.load(g, at)) };
+                    a.add_to(first, a.wide(gv));
+                    a.add_to(second, a.wide(a.mul(gv, a.mul(a.sub(v, mean), r))));
+                });
+            });
+            t.argument_of(3, wide)
+        }
+    };
+    let own = t.add(t.mul(lane, 2 * s.channels), channel);
+    // SAFETY: (of the generated code) lane < lanes and channel < channels: the two are this
+    // thread's elements of the partials, `[lanes, 2, channels]`.
+    unsafe {
+        t.store_at(partials, own, a.get(first));
+        t.store_at(partials, t.add(own, t.int(s.channels)), a.get(second));
+    }
+}
+
+/// Sum `v < 2 · channels` of the lanes' partials, in lane order, in f64.
+fn lane_total<'ctx>(a: &Arith<'_, 'ctx, '_>, partials: PointerValue<'ctx>, s: Columns) -> FloatValue<'ctx> {
+    let t = a.t;
+    let total = a.sum();
+    t.for_each(s.lanes() as usize, |lane| {
+        // SAFETY: (of the generated code) lane < lanes and thread < 2 · channels.
+        a.add_to(total, unsafe { a.load(partials, t.add(t.mul(lane, 2 * s.channels), t.thread)) });
     });
+    a.get(total)
+}
+
+/// Thread `t < 2 · channels` writes `out[t]`: channel `t mod channels`'s mean (`t < channels`)
+/// or biased variance, from the lanes' sums of `x` and `x²` (arguments `partials, out`).
+fn moments<'ctx>(t: &Thread<'ctx, '_>, llvm: &LlvmModule<'ctx>, s: Columns) {
+    let a = Arith { t, llvm };
+    let (partials, out) = (t.argument_of(0, t.context.f64_type().into()), t.argument(1));
+    let is_mean = t.below(t.thread, s.channels);
+    let channel = t.rem(t.thread, s.channels);
     let rows = a.f64(s.rows.max(1) as f64);
+    let (sum, squares) = (a.sum(), a.sum());
+    t.for_each(s.lanes() as usize, |lane| {
+        let own = t.add(t.mul(lane, 2 * s.channels), channel);
+        // SAFETY: (of the generated code) lane < lanes and channel < channels.
+        let (v, q) = unsafe { (a.load(partials, own), a.load(partials, t.add(own, t.int(s.channels)))) };
+        a.add_to(sum, v);
+        a.add_to(squares, q);
+    });
     let mean = a.div(a.get(sum), rows);
     let spread = a.sub(a.div(a.get(squares), rows), a.mul(mean, mean));
     let positive = t.b.build_float_compare(FloatPredicate::OGT, spread, a.f64(0.0), "positive").unwrap();
     let variance = t.b.build_select(positive, spread, a.f64(0.0), "variance").unwrap().into_float_value();
-    let is_mean = t.below(t.thread, s.channels);
     let value = t.b.build_select(is_mean, mean, variance, "moment").unwrap().into_float_value();
     t.store_own(out, a.narrow(value));
-    2 * s.channels
 }
 
 /// Thread `t` writes element `t`: `(x - mean) · rsqrt(variance + epsilon)` of its channel.
-fn batch_norm<'ctx>(t: &Thread<'ctx, '_>, llvm: &LlvmModule<'ctx>, s: Columns, epsilon: f64) -> usize {
+fn batch_norm<'ctx>(t: &Thread<'ctx, '_>, llvm: &LlvmModule<'ctx>, s: Columns, epsilon: f64) {
     let a = Arith { t, llvm };
     let (x, moments, out) = (t.argument(0), t.argument(1), t.argument(2));
     let channel = t.rem(t.thread, s.channels);
-    // SAFETY: (of the generated code) thread < rows · channels, channel < channels, and the
-    // moments hold 2 · channels values.
-    let (v, mean, variance) =
-        unsafe { (a.load(x, t.thread), a.load(moments, channel), a.load(moments, t.add(channel, t.int(s.channels)))) };
-    let r = a.reciprocal_deviation(variance, epsilon);
+    let (mean, r) = a.channel_scales(moments, channel, s.channels, epsilon);
+    // SAFETY: (of the generated code) thread < rows · channels.
+    let v = unsafe { a.load(x, t.thread) };
     t.store_own(out, a.mul(a.sub(v, mean), r));
-    s.rows * s.channels
 }
 
-/// Thread `t < channels` sums its channel's `g` and `g · x̂` (f64), then writes its column of
-/// `r · (g - mean(g) - x̂ · mean(g · x̂))`.
-fn batch_norm_grad<'ctx>(t: &Thread<'ctx, '_>, llvm: &LlvmModule<'ctx>, s: Columns, epsilon: f64) -> usize {
+/// Thread `t < 2 · channels` writes the mean over the rows of `g` (`t < channels`) or of
+/// `g · x̂` of its channel, as f32, from the lanes' sums (arguments `partials, means`).
+fn gradient_means<'ctx>(t: &Thread<'ctx, '_>, llvm: &LlvmModule<'ctx>, s: Columns) {
     let a = Arith { t, llvm };
-    let (x, moments, g, out) = (t.argument(0), t.argument(1), t.argument(2), t.argument(3));
-    let channel = t.thread;
-    // SAFETY: (of the generated code) channel < channels; the moments hold 2 · channels.
-    let (mean, variance) = unsafe { (a.load(moments, channel), a.load(moments, t.add(channel, t.int(s.channels)))) };
-    let r = a.reciprocal_deviation(variance, epsilon);
-    let at = |row: IntValue<'ctx>| t.add(t.mul(row, s.channels), channel);
-    let element = |row| {
-        let i = at(row);
-        // SAFETY: (of the generated code) both loops call it with row < rows, and
-        // channel < channels: i is an element of x and of g.
-        let (v, gv) = unsafe { (a.load(x, i), a.load(g, i)) };
-        (i, a.mul(a.sub(v, mean), r), gv)
+    let (partials, means) = (t.argument_of(0, t.context.f64_type().into()), t.argument(1));
+    let total = lane_total(&a, partials, s);
+    t.store_own(means, a.narrow(a.div(total, a.f64(s.rows.max(1) as f64))));
+}
+
+/// Thread `t` writes element `t` of `r · (g - mean(g) - x̂ · mean(g · x̂))` (arguments `x,
+/// moments, g, means, out`).
+fn batch_norm_grad<'ctx>(t: &Thread<'ctx, '_>, llvm: &LlvmModule<'ctx>, s: Columns, epsilon: f64) {
+    let a = Arith { t, llvm };
+    let (x, moments, g, means, out) = (t.argument(0), t.argument(1), t.argument(2), t.argument(3), t.argument(4));
+    let channel = t.rem(t.thread, s.channels);
+    let (mean, r) = a.channel_scales(moments, channel, s.channels, epsilon);
+    // SAFETY: (of the generated code) thread < rows · channels; the means hold 2 · channels.
+    let (v, gv, g_mean, gx_mean) = unsafe {
+        (
+            a.load(x, t.thread),
+            a.load(g, t.thread),
+            a.load(means, channel),
+            a.load(means, t.add(channel, t.int(s.channels))),
+        )
     };
-    let (g_sum, gx_sum) = (a.sum(), a.sum());
-    t.for_each(s.rows, |row| {
-        let (_, normalised, gv) = element(row);
-        a.add_to(g_sum, a.wide(gv));
-        a.add_to(gx_sum, a.wide(a.mul(gv, normalised)));
-    });
-    let rows = a.f64(s.rows.max(1) as f64);
-    let g_mean = a.narrow(a.div(a.get(g_sum), rows));
-    let gx_mean = a.narrow(a.div(a.get(gx_sum), rows));
-    t.for_each(s.rows, |row| {
-        let (i, normalised, gv) = element(row);
-        let value = a.mul(r, a.sub(a.sub(gv, g_mean), a.mul(normalised, gx_mean)));
-        // SAFETY: (of the generated code) i is this channel's element of a row < rows.
-        unsafe { t.store_at(out, i, value) };
-    });
-    s.channels
+    let normalised = a.mul(a.sub(v, mean), r);
+    t.store_own(out, a.mul(r, a.sub(a.sub(gv, g_mean), a.mul(normalised, gx_mean))));
 }

@@ -561,7 +561,8 @@ impl DeviceRun {
         let mut state = shared.state();
         let state = &mut *state;
         let device = &mut state.device;
-        let scratch_bytes = [0, 1].map(|i| kernels.kernels().iter().map(|k| k.scratch_bytes()[i]).max().unwrap_or(0));
+        let all = || kernels.kernels().iter().chain(kernels.ops());
+        let scratch_bytes = [0, 1].map(|i| all().map(|k| k.scratch_bytes()[i]).max().unwrap_or(0));
         let new_variables = schedule.variables.iter().filter(|(name, _)| !state.variables.contains_key(name));
         // Convolutions and their gradients with an im2col or col2im kernel run on the device,
         // their columns in one buffer.
