@@ -184,9 +184,9 @@ impl<'ctx> Arith<'_, 'ctx, '_> {
         epsilon: f64,
     ) -> (FloatValue<'ctx>, FloatValue<'ctx>) {
         let t = self.t;
+        let at_variance = t.add(channel, t.int(channels));
         // SAFETY: (of the generated code) channel < channels; the moments hold 2 · channels.
-        let (mean, variance) =
-            unsafe { (self.load(moments, channel), self.load(moments, t.add(channel, t.int(channels)))) };
+        let (mean, variance) = unsafe { (self.load(moments, channel), self.load(moments, at_variance)) };
         (mean, self.reciprocal_deviation(variance, epsilon))
     }
 
