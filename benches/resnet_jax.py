@@ -8,12 +8,11 @@ averages, global average pooling, a dense classifier) and the same training step
     /tmp/peer/bin/python benches/resnet_jax.py [--steps N] [--json PATH]
 """
 import argparse
-import json
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax_timing import time_calls
 
 BATCH, CLASSES = 64, 10
 MOMENTUM, EPSILON = 0.99, 1e-3
@@ -99,20 +98,13 @@ def main():
     m, v, t = zeros, zeros, jnp.float32(0)
     batches = [(jnp.asarray(rng.integers(0, 256, (BATCH, 28, 28)), jnp.uint8),
                 jnp.asarray(rng.integers(0, CLASSES, BATCH), jnp.int32)) for _ in range(4)]
-    for i in range(3):  # compile and warm up
-        params, state, m, v, t, loss = step(params, state, m, v, t, *batches[i % 4])
-    loss.block_until_ready()
-    times = []
-    for i in range(args.steps):
-        start = time.perf_counter()
-        params, state, m, v, t, loss = step(params, state, m, v, t, *batches[i % 4])
-        loss.block_until_ready()
-        times.append(time.perf_counter() - start)
-    ms = np.percentile(np.array(times) * 1e3, [10, 50, 90])
-    print(f"jax resnet train step (per call): median {ms[1]:.1f} ms (p10 {ms[0]:.1f}, p90 {ms[2]:.1f}), n={len(times)}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"median_ms": ms[1], "p10_ms": ms[0], "p90_ms": ms[2], "steps": len(times)}, f)
+    carried = [params, state, m, v, t]
+
+    def call(i):
+        *carried[:], loss = step(*carried, *batches[i % 4])
+        return loss
+
+    time_calls(call, 3, args.steps, "resnet train step", args.json)
 
 
 if __name__ == "__main__":

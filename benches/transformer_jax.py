@@ -7,12 +7,11 @@ epsilon 1e-7, with the learning rate of step 0 of dfc's warm-up schedule), timed
     /tmp/peer/bin/python benches/transformer_jax.py [--steps N] [--json PATH]
 """
 import argparse
-import json
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax_timing import time_calls
 
 BATCH, CONTEXT, WIDTH, HEADS, VOCAB, LAYERS = 32, 64, 128, 4, 256, 2
 
@@ -88,20 +87,13 @@ def main():
     zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
     m, v, t = zeros, zeros, jnp.float32(0)
     batches = [jnp.asarray(rng.integers(0, VOCAB, (BATCH, CONTEXT + 1)), jnp.int32) for _ in range(4)]
-    for i in range(3):  # compile and warm up
-        params, m, v, t, loss = step(params, m, v, t, batches[i % 4])
-    loss.block_until_ready()
-    times = []
-    for i in range(args.steps):
-        start = time.perf_counter()
-        params, m, v, t, loss = step(params, m, v, t, batches[i % 4])
-        loss.block_until_ready()
-        times.append(time.perf_counter() - start)
-    ms = np.percentile(np.array(times) * 1e3, [10, 50, 90])
-    print(f"jax transformer train step (per call): median {ms[1]:.1f} ms (p10 {ms[0]:.1f}, p90 {ms[2]:.1f}), n={len(times)}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"median_ms": ms[1], "p10_ms": ms[0], "p90_ms": ms[2], "steps": len(times)}, f)
+    state = [params, m, v, t]
+
+    def call(i):
+        *state[:], loss = step(*state, batches[i % 4])
+        return loss
+
+    time_calls(call, 3, args.steps, "transformer train step", args.json)
 
 
 if __name__ == "__main__":

@@ -327,10 +327,7 @@ impl Lowerer<'_> {
             return Val::Error;
         };
         let x = (x, x_span);
-        let op = |this: &mut Self, op: Op, operands: &[(TensorRef, Span)]| match this.node(op, operands, span) {
-            Val::Tensor(t) => Some((t, span)),
-            _ => None,
-        };
+        let op = |this: &mut Self, op: Op, operands: &[(TensorRef, Span)]| this.op_node(op, operands, span);
         let mul = Op::Binary(BinaryOp::Mul);
         let add = Op::Binary(BinaryOp::Add);
         let result = (|| {

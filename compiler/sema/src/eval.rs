@@ -163,6 +163,15 @@ impl Lowerer<'_> {
     }
 
     /// Adds a node, reporting a type error at the expression with each operand's type beside it.
+    /// [`Self::node`] for lowering code that builds ops in a row: the op's tensor, with `span`,
+    /// or `None` where it failed (its diagnostic is reported).
+    pub(crate) fn op_node(&mut self, op: Op, operands: &[(TensorRef, Span)], span: Span) -> Option<(TensorRef, Span)> {
+        match self.node(op, operands, span) {
+            Val::Tensor(t) => Some((t, span)),
+            _ => None,
+        }
+    }
+
     pub fn node(&mut self, op: Op, operands: &[(TensorRef, Span)], span: Span) -> Val {
         let inputs: Vec<TensorRef> = operands.iter().map(|(t, _)| *t).collect();
         let name = if self.hint.is_empty() {

@@ -68,19 +68,14 @@ impl Lowerer<'_> {
         let moving_variance =
             self.moving_average(&format!("{base}/moving_variance"), ty.dtype, &channels, Initializer::Ones);
         let axes: Vec<usize> = (0..rank - 1).collect();
-        let tensor = |v: Val| match v {
-            Val::Tensor(t) => Some((t, span)),
-            _ => None,
-        };
         let constant = |this: &mut Self, v: f64| {
             this.make_tensor(Val::Number(Number::Float(v)), span, Some(ty.dtype)).map(|t| (t, span))
         };
         let result = (|| {
             let (moving_mean, moving_variance) = (moving_mean?, moving_variance?);
-            let read =
-                |this: &mut Self, variable: NodeId| tensor(this.node(Op::Read, &[(variable.into(), span)], span));
+            let read = |this: &mut Self, variable: NodeId| this.op_node(Op::Read, &[(variable.into(), span)], span);
             let (mean_now, variance_now) = (read(self, moving_mean)?, read(self, moving_variance)?);
-            let training = tensor(self.node(Op::TrainingFlag, &[], span))?;
+            let training = self.op_node(Op::TrainingFlag, &[], span)?;
             let (normalised, batch_mean, batch_variance) = if synchronized {
                 self.synchronized_batch_norm(x, training, (mean_now, variance_now), epsilon, &axes, span)?
             } else {
@@ -93,9 +88,9 @@ impl Lowerer<'_> {
             for (variable, now, batch) in
                 [(moving_mean, mean_now, batch_mean), (moving_variance, variance_now, batch_variance)]
             {
-                let gap = tensor(self.node(sub.clone(), &[now, batch], span))?;
-                let step = tensor(self.node(mul.clone(), &[rate, gap], span))?;
-                tensor(self.node(Op::AssignSub, &[(variable.into(), span), step], span))?;
+                let gap = self.op_node(sub.clone(), &[now, batch], span)?;
+                let step = self.op_node(mul.clone(), &[rate, gap], span)?;
+                self.op_node(Op::AssignSub, &[(variable.into(), span), step], span)?;
             }
             Some(normalised)
         })();
@@ -114,20 +109,16 @@ impl Lowerer<'_> {
         channels: usize,
         span: Span,
     ) -> Option<Norm> {
-        let tensor = |v: Val| match v {
-            Val::Tensor(t) => Some((t, span)),
-            _ => None,
-        };
         let row = Shape(vec![1, channels]);
-        let batch = tensor(self.node(Op::Moments, &[x], span))?;
-        let as_row = |this: &mut Self, t| tensor(this.node(Op::Reshape { shape: row.clone() }, &[t], span));
+        let batch = self.op_node(Op::Moments, &[x], span)?;
+        let as_row = |this: &mut Self, t| this.op_node(Op::Reshape { shape: row.clone() }, &[t], span);
         let (mean_row, variance_row) = (as_row(self, mean_now)?, as_row(self, variance_now)?);
-        let moving = tensor(self.node(Op::Concat { axis: 0 }, &[mean_row, variance_row], span))?;
-        let moments = tensor(self.node(Op::Select, &[training, batch, moving], span))?;
-        let normalised = tensor(self.node(Op::BatchNorm { epsilon }, &[x, moments], span))?;
+        let moving = self.op_node(Op::Concat { axis: 0 }, &[mean_row, variance_row], span)?;
+        let moments = self.op_node(Op::Select, &[training, batch, moving], span)?;
+        let normalised = self.op_node(Op::BatchNorm { epsilon }, &[x, moments], span)?;
         let statistic = |this: &mut Self, at: usize| {
-            let sliced = tensor(this.node(Op::Slice { begin: vec![at, 0], size: vec![1, channels] }, &[batch], span))?;
-            tensor(this.node(Op::Reshape { shape: Shape(vec![channels]) }, &[sliced], span))
+            let sliced = this.op_node(Op::Slice { begin: vec![at, 0], size: vec![1, channels] }, &[batch], span)?;
+            this.op_node(Op::Reshape { shape: Shape(vec![channels]) }, &[sliced], span)
         };
         Some((normalised, statistic(self, 0)?, statistic(self, 1)?))
     }
@@ -143,31 +134,24 @@ impl Lowerer<'_> {
         axes: &[usize],
         span: Span,
     ) -> Option<Norm> {
-        let tensor = |v: Val| match v {
-            Val::Tensor(t) => Some((t, span)),
-            _ => None,
-        };
         let mean_of = |this: &mut Self, t: (TensorRef, Span)| {
-            let local = tensor(this.node(
-                Op::Reduce { kind: ReduceKind::Mean, axes: axes.to_vec(), keep_dims: false },
-                &[t],
-                span,
-            ))?;
+            let mean = Op::Reduce { kind: ReduceKind::Mean, axes: axes.to_vec(), keep_dims: false };
+            let local = this.op_node(mean, &[t], span)?;
             // Replicas' batches are of one size: the mean of their means is the whole's.
-            tensor(this.node(Op::CrossReplicaMean, &[local], span))
+            this.op_node(Op::CrossReplicaMean, &[local], span)
         };
         let (sub, mul) = (Op::Binary(BinaryOp::Sub), Op::Binary(BinaryOp::Mul));
         let batch_mean = mean_of(self, x)?;
-        let centred = tensor(self.node(sub.clone(), &[x, batch_mean], span))?;
-        let squares = tensor(self.node(mul.clone(), &[centred, centred], span))?;
+        let centred = self.op_node(sub.clone(), &[x, batch_mean], span)?;
+        let squares = self.op_node(mul.clone(), &[centred, centred], span)?;
         let batch_variance = mean_of(self, squares)?;
-        let mean = tensor(self.node(Op::Select, &[training, batch_mean, mean_now], span))?;
-        let variance = tensor(self.node(Op::Select, &[training, batch_variance, variance_now], span))?;
+        let mean = self.op_node(Op::Select, &[training, batch_mean, mean_now], span)?;
+        let variance = self.op_node(Op::Select, &[training, batch_variance, variance_now], span)?;
         let eps = self.make_tensor(Val::Number(Number::Float(epsilon)), span, Some(self.graph.ty(x.0).dtype))?;
-        let shifted = tensor(self.node(Op::Binary(BinaryOp::Add), &[variance, (eps, span)], span))?;
-        let scale = tensor(self.node(Op::Unary(UnaryOp::Rsqrt), &[shifted], span))?;
-        let deviation = tensor(self.node(sub, &[x, mean], span))?;
-        let normalised = tensor(self.node(mul, &[deviation, scale], span))?;
+        let shifted = self.op_node(Op::Binary(BinaryOp::Add), &[variance, (eps, span)], span)?;
+        let scale = self.op_node(Op::Unary(UnaryOp::Rsqrt), &[shifted], span)?;
+        let deviation = self.op_node(sub, &[x, mean], span)?;
+        let normalised = self.op_node(mul, &[deviation, scale], span)?;
         Some((normalised, batch_mean, batch_variance))
     }
 

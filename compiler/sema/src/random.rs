@@ -99,20 +99,17 @@ impl Lowerer<'_> {
         let constant = |this: &mut Self, v: f64, dtype: DType| {
             this.make_tensor(Val::Number(Number::Float(v)), span, Some(dtype)).map(|t| (t, span))
         };
-        let tensor = |v: Val| match v {
-            Val::Tensor(t) => Some((t, span)),
-            _ => None,
-        };
         let result = (|| {
-            let u = tensor(self.random_uniform(ty.shape.clone(), span))?;
+            let Val::Tensor(u) = self.random_uniform(ty.shape.clone(), span) else { return None };
+            let u = (u, span);
             let threshold = constant(self, rate, DType::F32)?;
-            let keep = tensor(self.node(Op::Compare(CompareOp::GreaterEqual), &[u, threshold], span))?;
+            let keep = self.op_node(Op::Compare(CompareOp::GreaterEqual), &[u, threshold], span)?;
             let scale = constant(self, 1.0 / (1.0 - rate), ty.dtype)?;
-            let scaled = tensor(self.node(Op::Binary(BinaryOp::Mul), &[x, scale], span))?;
+            let scaled = self.op_node(Op::Binary(BinaryOp::Mul), &[x, scale], span)?;
             let zero = constant(self, 0.0, ty.dtype)?;
-            let dropped = tensor(self.node(Op::Select, &[keep, scaled, zero], span))?;
-            let training = tensor(self.node(Op::TrainingFlag, &[], span))?;
-            tensor(self.node(Op::Select, &[training, dropped, x], span))
+            let dropped = self.op_node(Op::Select, &[keep, scaled, zero], span)?;
+            let training = self.op_node(Op::TrainingFlag, &[], span)?;
+            self.op_node(Op::Select, &[training, dropped, x], span)
         })();
         result.map_or(Val::Error, |(t, _)| Val::Tensor(t))
     }
