@@ -93,6 +93,7 @@ fn every_examples_kernels_have_their_expected_ptx() {
                         | Op::ScatterAdd { .. }
                         | Op::Moments
                         | Op::BatchNorm { .. }
+                        | Op::BatchNormGradMeans { .. }
                         | Op::BatchNormGrad { .. }
                 )
             })

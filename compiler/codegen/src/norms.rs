@@ -9,8 +9,9 @@
 //!
 //! - `moments`: the partial sums of `x` and `x²`, then a thread per mean or variance;
 //! - `batch_norm`: a thread per element;
-//! - `batch_norm_grad`: the partial sums of `g` and `g · x̂`, their means a thread each, then a
-//!   thread per element.
+//! - `batch_norm_grad_means`: the partial sums of `g` and `g · x̂`, then their means a thread
+//!   each;
+//! - `batch_norm_grad`: a thread per element.
 
 use crate::code::{GpuKernel, GpuLaunch, LaunchBuffer, OpPasses, THREAD_SUFFIX};
 use crate::kernel::Flavor;
@@ -34,7 +35,11 @@ pub(crate) fn emit_norms<'ctx>(
     let mut kernels = Vec::new();
     for id in graph.node_ids() {
         let node = graph.node(id);
-        if !matches!(node.op, Op::Moments | Op::BatchNorm { .. } | Op::BatchNormGrad { .. }) {
+        let normalisation = matches!(
+            node.op,
+            Op::Moments | Op::BatchNorm { .. } | Op::BatchNormGradMeans { .. } | Op::BatchNormGrad { .. }
+        );
+        if !normalisation {
             continue;
         }
         let operands = graph.inputs(id);
@@ -70,21 +75,22 @@ pub(crate) fn emit_norms<'ctx>(
                     scratch: [partials, 0],
                 });
             }
-            Op::BatchNorm { epsilon } => {
+            Op::BatchNorm { epsilon, .. } => {
                 emit("", &|t| batch_norm(t, llvm, shape, epsilon));
             }
-            Op::BatchNormGrad { epsilon } => {
+            Op::BatchNormGradMeans { epsilon } => {
                 let sums = emit("", &|t| partial_sums(t, llvm, shape, Sums::Gradient { epsilon }));
                 let means = emit("_means", &|t| gradient_means(t, llvm, shape));
-                let gradient = emit("_apply", &|t| batch_norm_grad(t, llvm, shape, epsilon));
                 kernel.passes = Some(OpPasses {
                     launches: vec![
                         pass(sums, vec![arg(0), arg(1), arg(2), scratch(0)], shape.lanes() * channels as u64),
-                        pass(means, vec![scratch(0), scratch(1)], 2 * channels as u64),
-                        pass(gradient, vec![arg(0), arg(1), arg(2), scratch(1), arg(3)], len as u64),
+                        pass(means, vec![scratch(0), arg(3)], 2 * channels as u64),
                     ],
-                    scratch: [partials, 2 * channels as u64 * 4],
+                    scratch: [partials, 0],
                 });
+            }
+            Op::BatchNormGrad { epsilon } => {
+                emit("", &|t| batch_norm_grad(t, llvm, shape, epsilon));
             }
             _ => unreachable!("matched above"),
         }

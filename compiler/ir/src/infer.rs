@@ -198,17 +198,19 @@ pub fn infer(op: &Op, inputs: &[&TensorType]) -> Result<Vec<TensorType>> {
             channels(name, inputs[0])?;
             moments_type(inputs[0])
         }
-        Op::BatchNorm { epsilon } | Op::BatchNormGrad { epsilon } => {
+        Op::BatchNorm { epsilon, .. } | Op::BatchNormGradMeans { epsilon } | Op::BatchNormGrad { epsilon } => {
             float(name, inputs[0], 0)?;
             channels(name, inputs[0])?;
             normalised_rows(name, inputs[0], *epsilon)?;
             let moments = moments_type(inputs[0]);
-            if *inputs[1] != moments {
-                return Err(TypeError::new(
-                    Code::SHAPE_MISMATCH,
-                    format!("the moments {} must be {moments}: a mean and a variance per channel", inputs[1]),
-                )
-                .at(1));
+            for (i, what) in [(1, "moments"), (3, "means")] {
+                if inputs.get(i).is_some_and(|t| **t != moments) {
+                    return Err(TypeError::new(
+                        Code::SHAPE_MISMATCH,
+                        format!("the {what} {} must be {moments}: two values per channel", inputs[i]),
+                    )
+                    .at(i));
+                }
             }
             if let Some(g) = inputs.get(2) {
                 if **g != *inputs[0] {
@@ -219,7 +221,11 @@ pub fn infer(op: &Op, inputs: &[&TensorType]) -> Result<Vec<TensorType>> {
                     .at(2));
                 }
             }
-            inputs[0].clone()
+            if matches!(op, Op::BatchNormGradMeans { .. }) {
+                moments
+            } else {
+                inputs[0].clone()
+            }
         }
         Op::SoftmaxCrossEntropy => {
             float(name, inputs[0], 0)?;
@@ -684,19 +690,23 @@ mod tests {
         let x = t(DType::F32, &[8, 5, 5, 3]);
         let moments = infer(&Op::Moments, &[&x]).unwrap();
         assert_eq!(moments[0], t(DType::F32, &[2, 3]));
-        let norm = Op::BatchNorm { epsilon: 1e-3 };
+        let norm = Op::BatchNorm { epsilon: 1e-3, synchronized: false };
         assert_eq!(infer(&norm, &[&x, &moments[0]]).unwrap()[0], x);
+        let means = Op::BatchNormGradMeans { epsilon: 1e-3 };
+        assert_eq!(infer(&means, &[&x, &moments[0], &x]).unwrap()[0], moments[0]);
         let grad = Op::BatchNormGrad { epsilon: 1e-3 };
-        assert_eq!(infer(&grad, &[&x, &moments[0], &x]).unwrap()[0], x);
+        assert_eq!(infer(&grad, &[&x, &moments[0], &x, &moments[0]]).unwrap()[0], x);
         // Moments of other channels, a gradient of another shape, no batch axis, an integer
         // input, an epsilon of 0: each refused.
         let wrong = infer(&norm, &[&x, &t(DType::F32, &[2, 4])]).unwrap_err();
         assert_eq!((wrong.code, wrong.operand), (Code::SHAPE_MISMATCH, Some(1)));
-        let wrong = infer(&grad, &[&x, &moments[0], &t(DType::F32, &[8, 5, 5, 4])]).unwrap_err();
+        let wrong = infer(&means, &[&x, &moments[0], &t(DType::F32, &[8, 5, 5, 4])]).unwrap_err();
         assert_eq!((wrong.code, wrong.operand), (Code::SHAPE_MISMATCH, Some(2)));
+        let wrong = infer(&grad, &[&x, &moments[0], &x, &t(DType::F32, &[3, 3])]).unwrap_err();
+        assert_eq!((wrong.code, wrong.operand), (Code::SHAPE_MISMATCH, Some(3)));
         assert_eq!(infer(&Op::Moments, &[&t(DType::F32, &[3])]).unwrap_err().code, Code::AXIS_OUT_OF_RANGE);
         assert_eq!(infer(&Op::Moments, &[&t(DType::I32, &[4, 3])]).unwrap_err().code, Code::DTYPE_MISMATCH);
-        let zero = Op::BatchNorm { epsilon: 0.0 };
+        let zero = Op::BatchNorm { epsilon: 0.0, synchronized: false };
         assert_eq!(infer(&zero, &[&x, &moments[0]]).unwrap_err().code, Code::ARGUMENT_KIND);
     }
 

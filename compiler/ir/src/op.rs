@@ -115,11 +115,14 @@ pub enum Op {
     /// its biased variance: the batch's statistics that `BatchNorm` normalises with.
     Moments,
     /// `(x[..., C], moments[2, C]) -> x`: each channel normalised with its moments,
-    /// `(x - mean) · rsqrt(variance + epsilon)`. In a training step the moments are `Moments`
-    /// of `x` itself (the verifier holds sema to it), and the gradient is the one through
-    /// them too (`BatchNormGrad`), as TensorFlow's `FusedBatchNorm` with `is_training`.
+    /// `(x - mean) · rsqrt(variance + epsilon)`. In a training step the moments are those of
+    /// the batch, `Moments` of `x` itself or, `synchronized`, of all the replicas' batches
+    /// (cross-replica means over `Moments` of `x`; the verifier holds sema to it), and the
+    /// gradient is the one through them too (`BatchNormGradMeans`, `BatchNormGrad`), as
+    /// TensorFlow's `FusedBatchNorm` with `is_training`.
     BatchNorm {
         epsilon: f64,
+        synchronized: bool,
     },
 
     // The ops below exist for gradients; the language does not name them.
@@ -169,9 +172,15 @@ pub enum Op {
     LayerNormGrad {
         epsilon: f64,
     },
-    /// `(x, moments, grad_out) -> grad_x` of `BatchNorm` with the batch's own moments: with
-    /// `x̂` the normalised value and `r` the reciprocal deviation of its channel,
-    /// `r · (g - mean(g) - x̂ · mean(g · x̂))`, the means over all but the last axis.
+    /// `(x, moments, grad_out) -> [2, C]`: of `BatchNorm`'s gradient, each channel's means of
+    /// `g` and of `g · x̂` over all but the last axis (`x̂` the normalised value).
+    BatchNormGradMeans {
+        epsilon: f64,
+    },
+    /// `(x, moments, grad_out, means[2, C]) -> grad_x` of `BatchNorm` with the batch's own
+    /// moments: with `r` the reciprocal deviation of its channel, `r · (g - mean(g) - x̂ ·
+    /// mean(g · x̂))`, the means `BatchNormGradMeans`' (of the replicas' batches together, for
+    /// a synchronized one).
     BatchNormGrad {
         epsilon: f64,
     },
@@ -580,6 +589,7 @@ impl Op {
             Op::LayerNormGrad { .. } => "layer_norm_grad",
             Op::Moments => "moments",
             Op::BatchNorm { .. } => "batch_norm",
+            Op::BatchNormGradMeans { .. } => "batch_norm_grad_means",
             Op::BatchNormGrad { .. } => "batch_norm_grad",
             Op::BroadcastTo { .. } => "broadcast_to",
             Op::Pad { .. } => "pad",
@@ -645,7 +655,8 @@ impl Op {
             | Op::BatchNorm { .. }
             | Op::RandomUniform { .. }
             | Op::RandomNormal { .. } => 2,
-            Op::Select | Op::BatchNormGrad { .. } => 3,
+            Op::Select | Op::BatchNormGradMeans { .. } => 3,
+            Op::BatchNormGrad { .. } => 4,
             Op::Concat { .. } => return None,
         })
     }
@@ -729,8 +740,15 @@ impl Op {
             Op::ScatterAdd { rows } => vec![("rows", rows.to_string())],
             Op::LayerNorm { epsilon }
             | Op::LayerNormGrad { epsilon }
-            | Op::BatchNorm { epsilon }
+            | Op::BatchNormGradMeans { epsilon }
             | Op::BatchNormGrad { epsilon } => vec![("epsilon", epsilon.to_string())],
+            Op::BatchNorm { epsilon, synchronized } => {
+                let mut attrs = vec![("epsilon", epsilon.to_string())];
+                if *synchronized {
+                    attrs.push(("synchronized", "true".into()));
+                }
+                attrs
+            }
             Op::LearningRate { schedule, .. } => vec![("schedule", format!("{:?}", schedule.to_string()))],
             Op::RandomUniform { salt, .. } | Op::RandomNormal { salt, .. } => vec![("salt", format!("{salt:#x}"))],
             Op::Conv2d { strides, padding } => {

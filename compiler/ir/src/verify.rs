@@ -178,21 +178,41 @@ pub fn verify_graph(graph: &Graph, options: VerifyOptions) -> Vec<VerifyError> {
     errors
 }
 
-/// Whether a `BatchNorm`'s moments are `Moments` of its own input, or chosen between those and
-/// others by the training flag: autodiff's `BatchNormGrad` is the gradient through the batch's
-/// own moments, so that is what a training step must normalise with. (Placement may put the two
-/// apart, so placed modules are not held to it.)
+/// Whether a `BatchNorm`'s moments are the batch's, or chosen between those and others by the
+/// training flag: `Moments` of its own input itself or, synchronized, computed from it (through
+/// the cross-replica means). Autodiff's gradient is the one through the batch's own moments,
+/// so that is what a training step must normalise with. (Placement may put the two apart, so
+/// placed modules are not held to it.)
 fn normalises_with_own_moments(graph: &Graph, id: NodeId) -> bool {
     let operands = graph.inputs(id);
     let [x, moments] = operands[..] else { return false };
+    let synchronized = matches!(graph.node(id).op, Op::BatchNorm { synchronized: true, .. });
     let is_own = |t: crate::TensorRef| matches!(graph.node(t.node).op, Op::Moments) && graph.inputs(t.node)[..] == [x];
-    match graph.node(moments.node).op {
+    let batch = match graph.node(moments.node).op {
         Op::Select => {
             let choice = graph.inputs(moments.node);
-            choice.len() == 3 && matches!(graph.node(choice[0].node).op, Op::TrainingFlag) && is_own(choice[1])
+            if choice.len() != 3 || !matches!(graph.node(choice[0].node).op, Op::TrainingFlag) {
+                return false;
+            }
+            choice[1]
         }
-        _ => is_own(moments),
+        _ => moments,
+    };
+    if !synchronized {
+        return is_own(batch);
     }
+    // The batch's moments of all replicas: computed from this input's `Moments`.
+    let mut seen = HashSet::new();
+    let mut next = vec![batch];
+    while let Some(t) = next.pop() {
+        if is_own(t) {
+            return true;
+        }
+        if seen.insert(t.node) {
+            next.extend(graph.inputs(t.node));
+        }
+    }
+    false
 }
 
 /// The invariants of a partitioned plan: every node of a partition is on its device; every

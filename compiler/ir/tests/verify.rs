@@ -169,8 +169,23 @@ fn batch_norm_must_normalise_with_its_own_moments() {
     let chosen = graph.add(Op::Select, &[flag.into(), own.into(), foreign.into()], "chosen", None).unwrap();
     let swapped = graph.add(Op::Select, &[flag.into(), foreign.into(), own.into()], "swapped", None).unwrap();
     let norm = |graph: &mut Graph, moments: NodeId, name: &str| {
-        graph.add(Op::BatchNorm { epsilon: 1e-3 }, &[x.into(), moments.into()], name, None).unwrap()
+        graph
+            .add(Op::BatchNorm { epsilon: 1e-3, synchronized: false }, &[x.into(), moments.into()], name, None)
+            .unwrap()
     };
+    // Synchronized: moments computed from the input's (here scaled, standing in for the
+    // cross-replica means), or from another input's.
+    let scale = graph.add(Op::Const { value: ConstValue::scalar(DType::F32, 2.0) }, &[], "two", None).unwrap();
+    let mul = Op::Binary(BinaryOp::Mul);
+    let from_own = graph.add(mul.clone(), &[own.into(), scale.into()], "from_own", None).unwrap();
+    let from_foreign = graph.add(mul, &[foreign.into(), scale.into()], "from_foreign", None).unwrap();
+    let synchronized = |graph: &mut Graph, moments: NodeId, name: &str| {
+        let op = Op::BatchNorm { epsilon: 1e-3, synchronized: true };
+        graph.add(op, &[x.into(), moments.into()], name, None).unwrap()
+    };
+    synchronized(&mut graph, from_own, "synchronized");
+    synchronized(&mut graph, from_foreign, "synchronized_foreign");
+    norm(&mut graph, from_own, "unsynchronized_from_own");
     norm(&mut graph, own, "with_own");
     norm(&mut graph, chosen, "with_own_in_training");
     norm(&mut graph, foreign, "with_foreign");
@@ -180,5 +195,9 @@ fn batch_norm_must_normalise_with_its_own_moments() {
     let expected = |name: &str| {
         format!("`{name}` normalises with moments that are not its input's (nor selected by the training flag)")
     };
-    assert_eq!(found, [expected("with_foreign"), expected("with_foreign_in_training")]);
+    let wrong = ["synchronized_foreign", "unsynchronized_from_own", "with_foreign", "with_foreign_in_training"];
+    let (mut found, mut wrong) = (found, wrong.map(expected));
+    found.sort();
+    wrong.sort();
+    assert_eq!(found, wrong);
 }

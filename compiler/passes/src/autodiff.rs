@@ -481,9 +481,14 @@ impl Builder<'_> {
                 grads.push((0, self.add(Op::LayerNormGrad { epsilon }, &[x(0), g])));
             }
             // The moments are the batch's own (the verifier holds sema to it): the gradient
-            // through them is part of `BatchNormGrad`'s, so none goes to `Moments`.
-            Op::BatchNorm { epsilon } => {
-                grads.push((0, self.add(Op::BatchNormGrad { epsilon }, &[x(0), x(1), g])));
+            // through them is part of `BatchNormGrad`'s, so none goes to `Moments`. Their
+            // means are all the replicas' where the moments are.
+            Op::BatchNorm { epsilon, synchronized } => {
+                let mut means = self.add(Op::BatchNormGradMeans { epsilon }, &[x(0), x(1), g]);
+                if synchronized {
+                    means = self.add(Op::CrossReplicaMean, &[means]);
+                }
+                grads.push((0, self.add(Op::BatchNormGrad { epsilon }, &[x(0), x(1), g, means])));
             }
             Op::Gather => {
                 let rows = shape(self, 0).0[0];
@@ -529,6 +534,7 @@ impl Builder<'_> {
             | Op::AvgPoolGrad { .. }
             | Op::LayerNormGrad { .. }
             | Op::Moments
+            | Op::BatchNormGradMeans { .. }
             | Op::BatchNormGrad { .. }
             // Partitioning runs after autodiff.
             | Op::Send { .. }

@@ -190,7 +190,8 @@ pub fn node_flops(graph: &Graph, id: NodeId) -> f64 {
         Op::LayerNormGrad { .. } => 10.0 * operand_elements(0),
         Op::Moments => 4.0 * operand_elements(0),
         Op::BatchNorm { .. } => 2.0 * operand_elements(0),
-        Op::BatchNormGrad { .. } => 9.0 * operand_elements(0),
+        Op::BatchNormGradMeans { .. } => 5.0 * operand_elements(0),
+        Op::BatchNormGrad { .. } => 5.0 * operand_elements(0),
         // 2 · N·Ho·Wo·Cout · Kh·Kw·Cin, and the same for both gradients.
         Op::Conv2d { .. } => 2.0 * output_elements * operand(1).map_or(0.0, |f| taps(f.shape.dims())),
         Op::Conv2dBackpropInput { .. } => 2.0 * operand_elements(1) * operand(0).map_or(0.0, |f| taps(f.shape.dims())),

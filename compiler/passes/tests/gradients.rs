@@ -71,6 +71,7 @@ const CASES: &[Case] = &[
     Case { name: "log_softmax", params: "a: f64[2, 5]", expr: "log_softmax(a)" },
     Case { name: "batch_norm", params: "a: f64[4, 3]", expr: "batch_norm(a * 2.0) * a" },
     Case { name: "batch_norm_images", params: "a: f64[2, 2, 2, 3]", expr: "batch_norm(a, epsilon = 0.1)" },
+    Case { name: "batch_norm_synchronized", params: "a: f64[3, 2, 4]", expr: "batch_norm(a, synchronized = true) * a" },
     Case { name: "layer_norm", params: "a: f64[3, 5]", expr: "layer_norm(a * 2.0)" },
     Case { name: "layer_norm_epsilon", params: "a: f64[2, 2, 4]", expr: "layer_norm(a, epsilon = 0.5) * a" },
     Case {

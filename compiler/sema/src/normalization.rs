@@ -7,21 +7,19 @@
 //! training step (the optimizer pass adds them to `Training::updates`).
 //!
 //! With `synchronized`, the statistics are those of all the replicas' batches together (Keras's
-//! `synchronized=True`): each mean is a `CrossReplicaMean`, which data parallelism makes an
-//! all-reduce, and its gradient the mean of the replicas' gradients. The variance is the mean of
-//! squared deviations from the shared mean, so it is the whole batch's too. Without replicas
-//! the statistics are the batch's either way.
+//! `synchronized=True`): the mean and the variance are `CrossReplicaMean`s of each replica's
+//! (the variance with each mean's squared distance from the whole's added first), which data
+//! parallelism makes all-reduces of a value per channel, and the gradient's two means per
+//! channel are all-reduced too. Without replicas the statistics are the batch's either way.
 //!
-//! Per-replica statistics are fused ops, as TensorFlow's `FusedBatchNorm`: `Moments` (the
-//! batch's means and variances, one pass), `BatchNorm` (one pass) and, from autodiff, its
-//! gradient `BatchNormGrad` (a pass for two sums per channel, one for the gradient). The
-//! synchronised form stays the reductions and elementwise ops it is made of, since an
-//! all-reduce sits between its reductions.
+//! The ops are fused, as TensorFlow's `FusedBatchNorm`: `Moments` (the batch's means and
+//! variances, one pass), `BatchNorm` (one pass) and, from autodiff, `BatchNormGradMeans` (two
+//! sums per channel, one pass) and `BatchNormGrad` (one pass).
 
 use crate::lower::Lowerer;
 use crate::value::{Number, Val};
 use dfc_diag::{Code, Diagnostic, Span};
-use dfc_ir::{BinaryOp, DType, Initializer, NodeId, Op, ReduceKind, Shape, TensorRef, TensorType, UnaryOp};
+use dfc_ir::{BinaryOp, DType, Initializer, NodeId, Op, Shape, TensorRef, TensorType};
 
 /// A batch normalisation's value, and its batch's mean and variance.
 type Norm = ((TensorRef, Span), (TensorRef, Span), (TensorRef, Span));
@@ -36,7 +34,7 @@ pub(crate) struct BatchNormOptions {
 
 impl Lowerer<'_> {
     pub(crate) fn batch_norm(&mut self, x: (TensorRef, Span), options: BatchNormOptions, span: Span) -> Val {
-        let BatchNormOptions { momentum, epsilon, synchronized } = options;
+        let momentum = options.momentum;
         let ty = self.graph.ty(x.0).clone();
         if !ty.dtype.is_float() {
             self.diagnostics.push(
@@ -67,7 +65,6 @@ impl Lowerer<'_> {
         let moving_mean = self.moving_average(&format!("{base}/moving_mean"), ty.dtype, &channels, Initializer::Zeros);
         let moving_variance =
             self.moving_average(&format!("{base}/moving_variance"), ty.dtype, &channels, Initializer::Ones);
-        let axes: Vec<usize> = (0..rank - 1).collect();
         let constant = |this: &mut Self, v: f64| {
             this.make_tensor(Val::Number(Number::Float(v)), span, Some(ty.dtype)).map(|t| (t, span))
         };
@@ -76,11 +73,9 @@ impl Lowerer<'_> {
             let read = |this: &mut Self, variable: NodeId| this.op_node(Op::Read, &[(variable.into(), span)], span);
             let (mean_now, variance_now) = (read(self, moving_mean)?, read(self, moving_variance)?);
             let training = self.op_node(Op::TrainingFlag, &[], span)?;
-            let (normalised, batch_mean, batch_variance) = if synchronized {
-                self.synchronized_batch_norm(x, training, (mean_now, variance_now), epsilon, &axes, span)?
-            } else {
-                self.fused_batch_norm(x, training, (mean_now, variance_now), epsilon, channels.dims()[0], span)?
-            };
+            let now = (mean_now, variance_now);
+            let (normalised, batch_mean, batch_variance) =
+                self.fused_batch_norm(x, training, now, &options, channels.dims()[0], span)?;
             // The moving averages' updates, from the batch's statistics (no gradient flows
             // into an update: autodiff starts from the loss).
             let rate = constant(self, 1.0 - momentum)?;
@@ -97,62 +92,49 @@ impl Lowerer<'_> {
         result.map_or(Val::Error, |(t, _)| Val::Tensor(t))
     }
 
-    /// The fused form: `Moments` of the batch (one pass), `BatchNorm` with them in training and
-    /// with the moving averages elsewhere, and its gradient `BatchNormGrad` (autodiff).
-    /// Returns the normalised value and the batch's mean and variance.
+    /// `Moments` of the batch (one pass), `BatchNorm` with them in training and with the
+    /// moving averages elsewhere, and from autodiff its gradient (`BatchNormGradMeans`,
+    /// `BatchNormGrad`). Returns the normalised value and the batch's mean and variance.
     fn fused_batch_norm(
         &mut self,
         x: (TensorRef, Span),
         training: (TensorRef, Span),
         (mean_now, variance_now): ((TensorRef, Span), (TensorRef, Span)),
-        epsilon: f64,
+        options: &BatchNormOptions,
         channels: usize,
         span: Span,
     ) -> Option<Norm> {
-        let row = Shape(vec![1, channels]);
-        let batch = self.op_node(Op::Moments, &[x], span)?;
-        let as_row = |this: &mut Self, t| this.op_node(Op::Reshape { shape: row.clone() }, &[t], span);
-        let (mean_row, variance_row) = (as_row(self, mean_now)?, as_row(self, variance_now)?);
-        let moving = self.op_node(Op::Concat { axis: 0 }, &[mean_row, variance_row], span)?;
-        let moments = self.op_node(Op::Select, &[training, batch, moving], span)?;
-        let normalised = self.op_node(Op::BatchNorm { epsilon }, &[x, moments], span)?;
+        let local = self.op_node(Op::Moments, &[x], span)?;
         let statistic = |this: &mut Self, at: usize| {
-            let sliced = this.op_node(Op::Slice { begin: vec![at, 0], size: vec![1, channels] }, &[batch], span)?;
+            let sliced = this.op_node(Op::Slice { begin: vec![at, 0], size: vec![1, channels] }, &[local], span)?;
             this.op_node(Op::Reshape { shape: Shape(vec![channels]) }, &[sliced], span)
         };
-        Some((normalised, statistic(self, 0)?, statistic(self, 1)?))
-    }
-
-    /// The composed form, whose means are `CrossReplicaMean`s: data parallelism puts an
-    /// all-reduce between the reductions, so no one kernel can hold them.
-    fn synchronized_batch_norm(
-        &mut self,
-        x: (TensorRef, Span),
-        training: (TensorRef, Span),
-        (mean_now, variance_now): ((TensorRef, Span), (TensorRef, Span)),
-        epsilon: f64,
-        axes: &[usize],
-        span: Span,
-    ) -> Option<Norm> {
-        let mean_of = |this: &mut Self, t: (TensorRef, Span)| {
-            let mean = Op::Reduce { kind: ReduceKind::Mean, axes: axes.to_vec(), keep_dims: false };
-            let local = this.op_node(mean, &[t], span)?;
-            // Replicas' batches are of one size: the mean of their means is the whole's.
-            this.op_node(Op::CrossReplicaMean, &[local], span)
+        let (mut mean, mut variance) = (statistic(self, 0)?, statistic(self, 1)?);
+        let row = Shape(vec![1, channels]);
+        let as_rows = |this: &mut Self, mean, variance| {
+            let as_row = |this: &mut Self, t| this.op_node(Op::Reshape { shape: row.clone() }, &[t], span);
+            let (mean_row, variance_row) = (as_row(this, mean)?, as_row(this, variance)?);
+            this.op_node(Op::Concat { axis: 0 }, &[mean_row, variance_row], span)
         };
-        let (sub, mul) = (Op::Binary(BinaryOp::Sub), Op::Binary(BinaryOp::Mul));
-        let batch_mean = mean_of(self, x)?;
-        let centred = self.op_node(sub.clone(), &[x, batch_mean], span)?;
-        let squares = self.op_node(mul.clone(), &[centred, centred], span)?;
-        let batch_variance = mean_of(self, squares)?;
-        let mean = self.op_node(Op::Select, &[training, batch_mean, mean_now], span)?;
-        let variance = self.op_node(Op::Select, &[training, batch_variance, variance_now], span)?;
-        let eps = self.make_tensor(Val::Number(Number::Float(epsilon)), span, Some(self.graph.ty(x.0).dtype))?;
-        let shifted = self.op_node(Op::Binary(BinaryOp::Add), &[variance, (eps, span)], span)?;
-        let scale = self.op_node(Op::Unary(UnaryOp::Rsqrt), &[shifted], span)?;
-        let deviation = self.op_node(sub, &[x, mean], span)?;
-        let normalised = self.op_node(mul, &[deviation, scale], span)?;
-        Some((normalised, batch_mean, batch_variance))
+        let batch = if options.synchronized {
+            // Replicas' batches are of one size: the whole batch's mean is the mean of theirs,
+            // and its variance the mean of each one's variance plus its mean's squared distance
+            // from the whole's (no cancellation, unlike E[x²] - mean²).
+            let local_mean = mean;
+            mean = self.op_node(Op::CrossReplicaMean, &[local_mean], span)?;
+            let gap = self.op_node(Op::Binary(BinaryOp::Sub), &[local_mean, mean], span)?;
+            let squared = self.op_node(Op::Binary(BinaryOp::Mul), &[gap, gap], span)?;
+            let spread = self.op_node(Op::Binary(BinaryOp::Add), &[variance, squared], span)?;
+            variance = self.op_node(Op::CrossReplicaMean, &[spread], span)?;
+            as_rows(self, mean, variance)?
+        } else {
+            local
+        };
+        let moving = as_rows(self, mean_now, variance_now)?;
+        let moments = self.op_node(Op::Select, &[training, batch, moving], span)?;
+        let op = Op::BatchNorm { epsilon: options.epsilon, synchronized: options.synchronized };
+        let normalised = self.op_node(op, &[x, moments], span)?;
+        Some((normalised, mean, variance))
     }
 
     /// A non-trainable variable of the layer's statistics, named `name` (made unique).

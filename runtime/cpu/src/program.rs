@@ -301,9 +301,12 @@ pub unsafe fn run_host_step(
                 .split(dfc_kernels::norm_scales_len(channels), dfc_kernels::norm_partials_len(x.len(), channels));
             match op {
                 Op::Moments => dfc_kernels::moments(x, channels, o, partials),
-                Op::BatchNorm { epsilon } => dfc_kernels::batch_norm(x, input(1), channels, *epsilon, o, scales),
+                Op::BatchNorm { epsilon, .. } => dfc_kernels::batch_norm(x, input(1), channels, *epsilon, o, scales),
+                Op::BatchNormGradMeans { epsilon } => {
+                    dfc_kernels::batch_norm_grad_means(x, input(1), input(2), channels, *epsilon, o, scales, partials)
+                }
                 Op::BatchNormGrad { epsilon } => {
-                    dfc_kernels::batch_norm_grad(x, input(1), input(2), channels, *epsilon, o, scales, partials)
+                    dfc_kernels::batch_norm_grad(x, input(1), input(2), input(3), channels, *epsilon, o, scales)
                 }
                 _ => unreachable!("normalisation steps are of these ops"),
             }

@@ -96,9 +96,9 @@ pub enum Step {
         out: Slot,
         out_len: usize,
     },
-    /// Batch normalisation on f32 (`Moments`, `BatchNorm`, `BatchNormGrad`): `operands` are
-    /// `[x]`, `[x, moments]` or `[x, moments, grad_out]` with their lengths, of `channels`
-    /// channels (the last axis).
+    /// Batch normalisation on f32 (`Moments`, `BatchNorm`, `BatchNormGradMeans`,
+    /// `BatchNormGrad`): `operands` are `x`, then the moments, the output's gradient and its
+    /// means as the op takes them, with their lengths, of `channels` channels (the last axis).
     Norm {
         /// The node.
         node: NodeId,
@@ -531,7 +531,7 @@ impl Schedule {
                     steps.push(Step::Pool { node: id, kind, geometry, operands, out, out_len: ty.shape.n_elements() });
                     slot_of.insert(id, out);
                 }
-                Op::Moments | Op::BatchNorm { .. } | Op::BatchNormGrad { .. }
+                Op::Moments | Op::BatchNorm { .. } | Op::BatchNormGradMeans { .. } | Op::BatchNormGrad { .. }
                     if operands.iter().all(|t| graph.ty(*t).dtype == DType::F32) =>
                 {
                     let ty = ty.unwrap();

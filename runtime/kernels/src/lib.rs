@@ -13,7 +13,7 @@
 //! - [`gather`], [`scatter_add`]: rows of a table by integer [`Index`]; an index out of range is
 //!   an [`IndexOutOfRange`] error.
 //! - [`transpose`], [`concat()`], [`slice()`], [`pad`]: any rank, any `Copy` element.
-//! - [`moments`], [`batch_norm`], [`batch_norm_grad`]: per channel (the last axis) of f32 data,
+//! - [`moments`], [`batch_norm`], [`batch_norm_grad_means`], [`batch_norm_grad`]: per channel (the last axis) of f32 data,
 //!   with f32 scales and f64 partial sums from the caller ([`Scratch::split`]).
 //!
 //! **Scratch memory.** The convolutions need a scratch buffer of `f32`s of at least
@@ -47,7 +47,9 @@ pub use dfc_ir::Padding;
 pub use gather::{gather, scatter_add, Accumulate, Index, IndexOutOfRange};
 pub use geometry::{Conv2dGeometry, PoolGeometry};
 pub use layout::{concat, pad, slice, transpose};
-pub use norm::{batch_norm, batch_norm_grad, chunk_rows, moments, norm_partials_len, norm_scales_len};
+pub use norm::{
+    batch_norm, batch_norm_grad, batch_norm_grad_means, chunk_rows, moments, norm_partials_len, norm_scales_len,
+};
 pub use pool::{avg_pool, avg_pool_grad, max_pool, max_pool_grad};
 
 /// Outputs smaller than this many elements (of 4 bytes; scaled by size for other types) are

@@ -1,6 +1,7 @@
 //! Batch normalisation over the channels (the last axis) of `[rows, channels]` f32 data: the
 //! batch's moments, the normalisation with given moments, and its gradient through the batch's
-//! own moments (`dfc_ir::Op::{Moments, BatchNorm, BatchNormGrad}`).
+//! own moments, its two means per channel and then the gradient itself
+//! (`dfc_ir::Op::{Moments, BatchNorm, BatchNormGradMeans, BatchNormGrad}`).
 //!
 //! The per-channel sums run in f64 over chunks of rows of a size fixed by the shape
 //! ([`chunk_rows`]), each chunk into its own partial sums, which are then added in chunk
@@ -20,16 +21,16 @@ pub fn chunk_rows(channels: usize) -> usize {
     (CHUNK_ELEMENTS / channels.max(1)).max(1)
 }
 
-/// f64 scratch that [`moments`] and [`batch_norm_grad`] need for `len` elements of `channels`
+/// f64 scratch that [`moments`] and [`batch_norm_grad_means`] need for `len` elements of `channels`
 /// channels: two partial sums per channel per chunk.
 pub fn norm_partials_len(len: usize, channels: usize) -> usize {
     let rows = len / channels.max(1);
     rows.div_ceil(chunk_rows(channels)).max(1) * 2 * channels
 }
 
-/// f32 scratch that [`batch_norm`] and [`batch_norm_grad`] need: four values per channel.
+/// f32 scratch that [`batch_norm`] and the gradient's kernels need: two values per channel.
 pub fn norm_scales_len(channels: usize) -> usize {
-    4 * channels
+    2 * channels
 }
 
 /// Runs `body` compiled for the widest vectors the processor has: inlined into a function with
@@ -153,11 +154,11 @@ pub fn batch_norm(x: &[f32], moments: &[f32], channels: usize, epsilon: f64, out
     });
 }
 
-/// The gradient of [`batch_norm`] with the batch's own moments: per channel
-/// `r · (g - mean(g) - x̂ · mean(g · x̂))`, the means over the rows; `scales` and `partials` as
-/// for [`batch_norm`] and [`moments`].
+/// Of [`batch_norm`]'s gradient, each channel's means of `g` and of `g · x̂` over the rows,
+/// as `out = [g means, g·x̂ means]` (`2 * channels` values); `scales` and `partials` as for
+/// [`batch_norm`] and [`moments`].
 #[allow(clippy::too_many_arguments)]
-pub fn batch_norm_grad(
+pub fn batch_norm_grad_means(
     x: &[f32],
     moments: &[f32],
     g: &[f32],
@@ -172,8 +173,7 @@ pub fn batch_norm_grad(
     }
     let rows = (x.len() / channels).max(1) as f64;
     channel_scales(moments, channels, epsilon, scales);
-    let (fixed, means) = scales[..4 * channels].split_at_mut(2 * channels);
-    let (mean, r) = fixed.split_at(channels);
+    let (mean, r) = scales[..2 * channels].split_at(channels);
     column_sums(x, g, channels, partials, |x, g, g_sum, gx_sum| {
         let sums = g_sum.iter_mut().zip(gx_sum.iter_mut());
         for ((gs, gxs), ((&v, &g), (&m, &r))) in sums.zip(x.iter().zip(g).zip(mean.iter().zip(r))) {
@@ -182,10 +182,31 @@ pub fn batch_norm_grad(
             *gxs += (g * normalised) as f64;
         }
     });
-    for (m, &s) in means.iter_mut().zip(&partials[..2 * channels]) {
+    for (m, &s) in out[..2 * channels].iter_mut().zip(&partials[..2 * channels]) {
         *m = (s / rows) as f32;
     }
-    let (g_mean, gx_mean) = means.split_at(channels);
+}
+
+/// The gradient of [`batch_norm`] with the batch's own moments: per channel
+/// `r · (g - mean(g) - x̂ · mean(g · x̂))`, those means in `means` (as
+/// [`batch_norm_grad_means`] gives them); `scales` as for [`batch_norm`].
+#[allow(clippy::too_many_arguments)]
+pub fn batch_norm_grad(
+    x: &[f32],
+    moments: &[f32],
+    g: &[f32],
+    means: &[f32],
+    channels: usize,
+    epsilon: f64,
+    out: &mut [f32],
+    scales: &mut [f32],
+) {
+    if channels == 0 {
+        return;
+    }
+    channel_scales(moments, channels, epsilon, scales);
+    let (mean, r) = scales[..2 * channels].split_at(channels);
+    let (g_mean, gx_mean) = means[..2 * channels].split_at(channels);
     map_rows(x, g, channels, out, |x, g, o| {
         let scales = mean.iter().zip(r).zip(g_mean.iter().zip(gx_mean));
         for ((o, (&v, &g)), ((&m, &r), (&gm, &gxm))) in o.iter_mut().zip(x.iter().zip(g)).zip(scales) {

@@ -9,8 +9,8 @@ use dfc_kernels::*;
 
 const EPSILON: f64 = 1e-3;
 
-/// The three kernels on `[rows, channels]` data shifted by `offset` (a mean far from 0).
-fn run(rows: usize, channels: usize, offset: f32, seed: u64) -> [Vec<f32>; 3] {
+/// The four kernels on `[rows, channels]` data shifted by `offset` (a mean far from 0).
+fn run(rows: usize, channels: usize, offset: f32, seed: u64) -> [Vec<f32>; 4] {
     let mut rng = rng(seed);
     let len = rows * channels;
     let x: Vec<f32> = random(len, &mut rng).iter().map(|v| v * 3.0 + offset).collect();
@@ -21,8 +21,10 @@ fn run(rows: usize, channels: usize, offset: f32, seed: u64) -> [Vec<f32>; 3] {
     moments(&x, channels, &mut m, partials);
     let mut y = vec![f32::NAN; len];
     batch_norm(&x, &m, channels, EPSILON, &mut y, scales);
+    let mut means = vec![f32::NAN; 2 * channels];
+    batch_norm_grad_means(&x, &m, &g, channels, EPSILON, &mut means, scales, partials);
     let mut dx = vec![f32::NAN; len];
-    batch_norm_grad(&x, &m, &g, channels, EPSILON, &mut dx, scales, partials);
+    batch_norm_grad(&x, &m, &g, &means, channels, EPSILON, &mut dx, scales);
 
     let what = format!("[{rows}, {channels}] + {offset}");
     let (xt, gt) = (tensor(&[rows, channels], x.clone()), tensor(&[rows, channels], g));
@@ -33,11 +35,14 @@ fn run(rows: usize, channels: usize, offset: f32, seed: u64) -> [Vec<f32>; 3] {
         assert!((got - want).abs() <= tolerance, "moments {what}: value {i}: {got} vs {want}");
     }
     let mt = tensor(&[2, channels], want);
-    let want: Vec<f32> = eval(&Op::BatchNorm { epsilon: EPSILON }, &[&xt, &mt]);
+    let want: Vec<f32> = eval(&Op::BatchNorm { epsilon: EPSILON, synchronized: false }, &[&xt, &mt]);
     assert_close(&y, &want, &abs(&want), &format!("batch_norm {what}"));
-    let want: Vec<f32> = eval(&Op::BatchNormGrad { epsilon: EPSILON }, &[&xt, &mt, &gt]);
+    let want: Vec<f32> = eval(&Op::BatchNormGradMeans { epsilon: EPSILON }, &[&xt, &mt, &gt]);
+    assert_close(&means, &want, &vec![1.0; 2 * channels], &format!("batch_norm_grad_means {what}"));
+    let means_t = tensor(&[2, channels], want);
+    let want: Vec<f32> = eval(&Op::BatchNormGrad { epsilon: EPSILON }, &[&xt, &mt, &gt, &means_t]);
     assert_close(&dx, &want, &vec![1.0; len], &format!("batch_norm_grad {what}"));
-    [m, y, dx]
+    [m, y, means, dx]
 }
 
 #[test]

@@ -153,13 +153,17 @@ pub(crate) fn compute(op: &Op, operands: &[&Tensor]) -> Result<Tensor, Fault> {
             let channels = dims(0).last().copied().unwrap_or(1);
             float!(&x().data, v => Tensor::from_vec(vec![2, channels], reduce::moments(v, dims(0))))
         }
-        Op::BatchNorm { epsilon } => float!(&x().data, v => Tensor::from_vec(
+        Op::BatchNorm { epsilon, .. } => float!(&x().data, v => Tensor::from_vec(
             x().shape.clone(),
             reduce::batch_norm(v, same(v, operands[1]), *epsilon)
         )),
+        Op::BatchNormGradMeans { epsilon } => float!(&x().data, v => Tensor::from_vec(
+            operands[1].shape.clone(),
+            reduce::batch_norm_grad_means(v, same(v, operands[1]), same(v, operands[2]), *epsilon)
+        )),
         Op::BatchNormGrad { epsilon } => float!(&x().data, v => Tensor::from_vec(
             x().shape.clone(),
-            reduce::batch_norm_grad(v, same(v, operands[1]), same(v, operands[2]), *epsilon)
+            reduce::batch_norm_grad(v, same(v, operands[1]), same(v, operands[2]), same(v, operands[3]), *epsilon)
         )),
         Op::SoftmaxCrossEntropy => {
             float!(&x().data, v => tensor(reduce::softmax_cross_entropy(v, same(v, operands[1]), dims(0))))

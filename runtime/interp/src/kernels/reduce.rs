@@ -225,9 +225,9 @@ pub(crate) fn batch_norm<T: Float>(x: &[T], moments: &[T], epsilon: f64) -> Vec<
     out
 }
 
-/// The gradient of `batch_norm` through the batch's own moments, per channel:
-/// `r · (g - mean(g) - x̂ · mean(g · x̂))`, the means (summed in f64) over all the other axes.
-pub(crate) fn batch_norm_grad<T: Float>(x: &[T], moments: &[T], g: &[T], epsilon: f64) -> Vec<T> {
+/// Of `batch_norm`'s gradient, each channel's means of `g` and of `g · x̂` over all the other
+/// axes (summed in f64), as `[g means..., g·x̂ means...]`.
+pub(crate) fn batch_norm_grad_means<T: Float>(x: &[T], moments: &[T], g: &[T], epsilon: f64) -> Vec<T> {
     let (mean, r) = channel_scales(moments, epsilon);
     let channels = mean.len().max(1);
     let n = (x.len() / channels).max(1) as f64;
@@ -239,8 +239,15 @@ pub(crate) fn batch_norm_grad<T: Float>(x: &[T], moments: &[T], g: &[T], epsilon
             gx_sum[c] += g[c].mul(normalised).to_f64();
         }
     }
-    let g_mean: Vec<T> = g_sum.iter().map(|s| T::from_f64(s / n)).collect();
-    let gx_mean: Vec<T> = gx_sum.iter().map(|s| T::from_f64(s / n)).collect();
+    g_sum.iter().chain(&gx_sum).map(|s| T::from_f64(s / n)).collect()
+}
+
+/// The gradient of `batch_norm` through the batch's own moments, per channel:
+/// `r · (g - mean(g) - x̂ · mean(g · x̂))`, with those means from `means`.
+pub(crate) fn batch_norm_grad<T: Float>(x: &[T], moments: &[T], g: &[T], means: &[T], epsilon: f64) -> Vec<T> {
+    let (mean, r) = channel_scales(moments, epsilon);
+    let channels = mean.len().max(1);
+    let (g_mean, gx_mean) = means.split_at(channels);
     let mut out = Vec::with_capacity(x.len());
     for (row, g) in x.chunks(channels).zip(g.chunks(channels)) {
         out.extend((0..row.len()).map(|c| {
