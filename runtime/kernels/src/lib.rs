@@ -47,9 +47,7 @@ pub use dfc_ir::Padding;
 pub use gather::{gather, scatter_add, Accumulate, Index, IndexOutOfRange};
 pub use geometry::{Conv2dGeometry, PoolGeometry};
 pub use layout::{concat, pad, slice, transpose};
-pub use norm::{
-    batch_norm, batch_norm_grad, batch_norm_grad_means, chunk_rows, moments, norm_partials_len, norm_scales_len,
-};
+pub use norm::{batch_norm, batch_norm_grad, batch_norm_grad_means, moments, norm_partials_len, norm_scales_len};
 pub use pool::{avg_pool, avg_pool_grad, max_pool, max_pool_grad};
 
 /// Outputs smaller than this many elements (of 4 bytes; scaled by size for other types) are

@@ -17,7 +17,7 @@ use rayon::prelude::*;
 const CHUNK_ELEMENTS: usize = 1 << 14;
 
 /// Rows per chunk of the column sums for `channels` channels.
-pub fn chunk_rows(channels: usize) -> usize {
+fn chunk_rows(channels: usize) -> usize {
     (CHUNK_ELEMENTS / channels.max(1)).max(1)
 }
 
