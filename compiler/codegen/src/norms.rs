@@ -48,6 +48,10 @@ pub(crate) fn emit_norms<'ctx>(
         }
         let x = graph.ty(operands[0]).shape.dims();
         let channels = x[x.len() - 1];
+        if channels == 0 {
+            // Nothing to compute, and no channel to index by: the host's kernels return at once.
+            continue;
+        }
         let len = graph.ty(operands[0]).shape.n_elements();
         let shape = Columns { channels, rows: len / channels.max(1) };
         let function = format!("n{}_{}_{}", kernels.len(), sanitize(&node.name), node.op.name());

@@ -71,6 +71,8 @@ fn column_sums(
 ) {
     let chunk = chunk_rows(channels) * channels;
     let partials = &mut partials[..x.len().div_ceil(chunk).max(1) * 2 * channels];
+    // Without rows no chunk runs: the totals are the zeros of the first.
+    partials[..2 * channels].fill(0.0);
     let fold = |(p, (x, g)): (&mut [f64], (&[f32], &[f32]))| {
         p.fill(0.0);
         let (first, second) = p.split_at_mut(channels);
@@ -95,6 +97,9 @@ fn column_sums(
 /// Each channel's mean and biased variance over the rows of `x`, as `out = [means, variances]`
 /// (`2 * channels` values); `partials` holds at least [`norm_partials_len`] values.
 pub fn moments(x: &[f32], channels: usize, out: &mut [f32], partials: &mut [f64]) {
+    if channels == 0 {
+        return;
+    }
     let rows = (x.len() / channels.max(1)).max(1) as f64;
     column_sums(x, x, channels, partials, |row, _, sum, squares| {
         for ((s, q), &v) in sum.iter_mut().zip(squares.iter_mut()).zip(row) {

@@ -17,6 +17,9 @@ fn run(rows: usize, channels: usize, offset: f32, seed: u64) -> [Vec<f32>; 4] {
     let g = random(len, &mut rng);
     let mut scratch = Scratch::new();
     let (scales, partials) = scratch.split(norm_scales_len(channels), norm_partials_len(len, channels));
+    // Scratch holds whatever it held before: nothing may be read before it is written.
+    scales.fill(f32::NAN);
+    partials.fill(f64::NAN);
     let mut m = vec![f32::NAN; 2 * channels];
     moments(&x, channels, &mut m, partials);
     let mut y = vec![f32::NAN; len];
@@ -49,7 +52,8 @@ fn run(rows: usize, channels: usize, offset: f32, seed: u64) -> [Vec<f32>; 4] {
 fn normalisation_kernels_agree_with_the_interpreter() {
     // One row; one chunk; several chunks and a ragged last one (16,384 elements a chunk);
     // large enough to split over threads; one channel; more channels than a chunk's elements.
-    let shapes = [(1, 5), (7, 3), (300, 64), (1500, 33), (5000, 16), (20000, 1), (3, 20000)];
+    // No rows, and no channels (a plan may hold such shapes): empty sums, nothing written.
+    let shapes = [(1, 5), (7, 3), (300, 64), (1500, 33), (5000, 16), (20000, 1), (3, 20000), (0, 3), (4, 0)];
     for (i, &(rows, channels)) in shapes.iter().enumerate() {
         for offset in [0.0, 100.0] {
             run(rows, channels, offset, i as u64);

@@ -194,7 +194,10 @@ pub(crate) fn layer_norm_grad<T: Float>(x: &[T], g: &[T], dims: &[usize], epsilo
 /// Each channel's (last axis's) mean and biased variance over all the other axes, as
 /// `[means..., variances...]`; sums in f64, the variance from the deviations (two passes).
 pub(crate) fn moments<T: Float>(x: &[T], dims: &[usize]) -> Vec<T> {
-    let channels = dims.last().copied().unwrap_or(1).max(1);
+    let channels = dims.last().copied().unwrap_or(0);
+    if channels == 0 {
+        return Vec::new();
+    }
     let n = (x.len() / channels).max(1) as f64;
     let mut mean = vec![0.0f64; channels];
     for row in x.chunks(channels) {
@@ -217,7 +220,10 @@ fn channel_scales<T: Float>(moments: &[T], epsilon: f64) -> (&[T], Vec<T>) {
 /// `(x - mean) · rsqrt(variance + epsilon)` per channel (the last axis), with `moments`.
 pub(crate) fn batch_norm<T: Float>(x: &[T], moments: &[T], epsilon: f64) -> Vec<T> {
     let (mean, r) = channel_scales(moments, epsilon);
-    let channels = mean.len().max(1);
+    let channels = mean.len();
+    if channels == 0 {
+        return Vec::new();
+    }
     let mut out = Vec::with_capacity(x.len());
     for row in x.chunks(channels) {
         out.extend(row.iter().zip(mean).zip(&r).map(|((&v, &m), &r)| v.sub(m).mul(r)));
@@ -229,7 +235,10 @@ pub(crate) fn batch_norm<T: Float>(x: &[T], moments: &[T], epsilon: f64) -> Vec<
 /// axes (summed in f64), as `[g means..., g·x̂ means...]`.
 pub(crate) fn batch_norm_grad_means<T: Float>(x: &[T], moments: &[T], g: &[T], epsilon: f64) -> Vec<T> {
     let (mean, r) = channel_scales(moments, epsilon);
-    let channels = mean.len().max(1);
+    let channels = mean.len();
+    if channels == 0 {
+        return Vec::new();
+    }
     let n = (x.len() / channels).max(1) as f64;
     let (mut g_sum, mut gx_sum) = (vec![0.0f64; channels], vec![0.0f64; channels]);
     for (row, g) in x.chunks(channels).zip(g.chunks(channels)) {
@@ -246,7 +255,10 @@ pub(crate) fn batch_norm_grad_means<T: Float>(x: &[T], moments: &[T], g: &[T], e
 /// `r · (g - mean(g) - x̂ · mean(g · x̂))`, with those means from `means`.
 pub(crate) fn batch_norm_grad<T: Float>(x: &[T], moments: &[T], g: &[T], means: &[T], epsilon: f64) -> Vec<T> {
     let (mean, r) = channel_scales(moments, epsilon);
-    let channels = mean.len().max(1);
+    let channels = mean.len();
+    if channels == 0 {
+        return Vec::new();
+    }
     let (g_mean, gx_mean) = means.split_at(channels);
     let mut out = Vec::with_capacity(x.len());
     for (row, g) in x.chunks(channels).zip(g.chunks(channels)) {
