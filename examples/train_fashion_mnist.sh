@@ -6,6 +6,10 @@
 #
 # The examples keep the peer benchmarks' optimizer (SGD, lr 0.01); for accuracy this script
 # trains with the optimizer below unless one is given.
+#
+# From the environment, if set: DEVICES (`--devices`, e.g. gpu:1 for a GPU plan), DFC (a dfc
+# binary to use instead of building one), FASHION_MNIST (the data's folder), OUT_DIR (where
+# the plan, metrics and checkpoints go; target/fashion-mnist by default).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,16 +27,20 @@ esac
 epochs=${2:-$epochs}
 optimizer=${3:-$optimizer}
 
-data=/usr/share/datasets/fashion-mnist
+data=${FASHION_MNIST:-/usr/share/datasets/fashion-mnist}
 if [ ! -e "$data/train-images-idx3-ubyte.gz" ]; then
     examples/apt_install.sh dataset-fashion-mnist
 fi
 
-cargo build --release --locked
-dfc=target/release/dfc
-out=target/fashion-mnist
+if [ -n "${DFC:-}" ]; then
+    dfc=$DFC
+else
+    cargo build --release --locked
+    dfc=target/release/dfc
+fi
+out=${OUT_DIR:-target/fashion-mnist}
 mkdir -p "$out"
-"$dfc" compile "examples/$model.df" --optimizer "$optimizer" -o "$out/$model.plan"
+"$dfc" compile "examples/$model.df" --optimizer "$optimizer" ${DEVICES:+--devices "$DEVICES"} -o "$out/$model.plan"
 "$dfc" run "$out/$model.plan" \
     --feed images="$data/train-images-idx3-ubyte.gz" --feed labels="$data/train-labels-idx1-ubyte.gz" \
     --eval-feed images="$data/t10k-images-idx3-ubyte.gz" --eval-feed labels="$data/t10k-labels-idx1-ubyte.gz" \
