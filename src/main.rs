@@ -304,6 +304,12 @@ struct DistributeArgs {
     /// fusion); 0 turns it off.
     #[arg(long, value_name = "BYTES", default_value_t = 64 << 20)]
     fusion_threshold: usize,
+    /// With --strategy mirrored: local SGD. Each replica applies its own gradients, and every
+    /// K steps (and before each evaluation and checkpoint) the replicas' variables are
+    /// averaged: one all-reduce of the variables every K steps instead of the gradients' every
+    /// step.
+    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    sync_every: Option<u32>,
     /// Set aside device requests the cluster or the strategy cannot satisfy (with a warning)
     /// instead of failing.
     #[arg(long)]
@@ -615,6 +621,7 @@ fn compile_options(model: &ModelArgs, args: &DistributeArgs) -> Result<dfc_compi
         cost_model,
         fusion: dfc_passes::FusionOptions { threshold_bytes: args.fusion_threshold },
         replica_instances: true,
+        sync_every: args.sync_every,
     })
 }
 

@@ -444,3 +444,68 @@ fn synchronised_batch_norm_trains_as_one_device_on_the_whole_batch() {
     let refused = compiled(&synced, ps_cluster(2), Strategy::ParameterServer { sync: false }).expect_err("refused");
     assert!(refused.contains("asynchronous replicas do not step together"), "{refused}");
 }
+
+/// The loss of each step and the parameters at the end of local SGD: each step, then the
+/// replicas' averages after every `every` steps; also whether the replicas' copies of the
+/// parameters were all equal at the end.
+fn train_local(
+    plan: &Plan,
+    data: &[HashMap<String, Tensor>],
+    every: usize,
+) -> ((Vec<f64>, BTreeMap<String, Vec<f64>>), bool) {
+    let training = plan.training.as_ref().expect("examples train");
+    let mut session = Session::new(plan, 0).expect("the plan loads");
+    let updates: Vec<&str> = training.updates.iter().map(String::as_str).collect();
+    let averages: Vec<&str> = training.averages.iter().map(String::as_str).collect();
+    let step = session.program(&[training.loss_node.as_str()], &updates).expect("a training step");
+    let average = session.program(&[], &averages).expect("the averages");
+    let mut losses = Vec::new();
+    for (i, feeds) in data.iter().enumerate() {
+        losses.push(session.run(&step, feeds).expect("a step runs")[0].scalar_f64());
+        if (i + 1) % every == 0 {
+            session.run(&average, &HashMap::new()).expect("an average runs");
+        }
+    }
+    let variables = session.variables().unwrap().iter().map(|(name, t)| (name.clone(), t.to_f64_vec())).collect();
+    let all = session.all_variables().unwrap();
+    let mut same = true;
+    for (name, copy) in all.iter() {
+        if let Some(original) = name.strip_prefix("replica_").and_then(|rest| rest.split_once('/')).map(|(_, n)| n) {
+            same &= all.get(original).is_some_and(|t| t == copy);
+        }
+    }
+    ((losses, variables), same)
+}
+
+/// Local SGD (`--sync-every`): a step runs no all-reduce, the average one (the replicas'
+/// variables fused into one bucket); with plain SGD and an average after every step, the mean
+/// of the replicas' own updates is the update by their mean gradient, so the run ends as
+/// mirrored does, on 2 and 4 replicas; between averages the replicas part ways.
+#[test]
+fn local_sgd_averaging_every_step_trains_as_mirrored() {
+    for devices in [2, 4] {
+        let cluster = || Cluster::local(devices, DeviceKind::Cpu);
+        let mirrored = plan("mlp", cluster(), Strategy::Mirrored);
+        let options = CompileOptions {
+            cluster: cluster(),
+            strategy: Strategy::Mirrored,
+            sync_every: Some(1),
+            ..CompileOptions::default()
+        };
+        let local = plan_with("mlp", options);
+        let training = local.training.as_ref().unwrap();
+        let mut step_roots = vec![training.loss_node.as_str()];
+        step_roots.extend(training.updates.iter().map(String::as_str));
+        let averages: Vec<&str> = training.averages.iter().map(String::as_str).collect();
+        assert_eq!(dfc_driver::session::all_reduce_keys(&local, &step_roots).unwrap().len(), 0, "a local step");
+        assert_eq!(dfc_driver::session::all_reduce_keys(&local, &averages).unwrap().len(), 1, "an average");
+        assert_eq!(averages.len(), 6 * devices, "each replica's copy of each parameter");
+
+        let data = batches(&mirrored);
+        let (reference, (averaged, same)) = (train(&mirrored, &data), train_local(&local, &data, 1));
+        assert!(same, "{devices} replicas: the copies differ after an average");
+        assert_same(&format!("local SGD on {devices}"), &reference, &averaged, 1e-5);
+        let (_, same) = train_local(&local, &data, usize::MAX);
+        assert!(!same, "{devices} replicas: without averages the replicas' copies stay equal");
+    }
+}

@@ -583,3 +583,51 @@ fn the_two_towers_train_on_fortunes() {
     assert!(metric("eval_priority_accuracy") > 0.75, "{last}");
     assert!(metric("eval_department_accuracy") > 0.42, "{last}");
 }
+
+/// Local SGD (`--sync-every 3`, mirrored on two replicas): each epoch of 8 steps runs the
+/// averages after steps 3 and 6 (then 9, 12 and 15) and at its end, one fused all-reduce each,
+/// where every-step mirrored runs one a step, as `all_reduces` in the metrics counts. A run
+/// resumed from an epoch's checkpoint ends with the bits of an uninterrupted one, and so does
+/// one on two spawned workers.
+#[test]
+fn local_sgd_averages_every_k_steps_and_resumes_to_the_same_bits() {
+    let dir = scratch("local_sgd");
+    let (x, y) = regression_data(&dir, 256, 8);
+    let feeds = [format!("x={}", s(&x)), format!("y={}", s(&y))];
+    let plan = |name: &str, extra: &[&str]| {
+        let plan_dir = dir.join(name);
+        std::fs::create_dir_all(&plan_dir).expect("dir");
+        let mut args = vec!["--optimizer", "momentum(lr = 0.05)", "--devices", "2", "--strategy", "mirrored"];
+        args.extend_from_slice(extra);
+        compile("linear_regression", &plan_dir, &args)
+    };
+    let run = |plan: &Path, name: &str, more: &[&str]| {
+        let (checkpoints, log) = (dir.join(format!("{name}.ckpt")), dir.join(format!("{name}.jsonl")));
+        let mut args = vec!["run", s(plan), "--feed", &feeds[0], "--feed", &feeds[1], "--seed", "4"];
+        args.extend_from_slice(&["--checkpoint-dir", s(&checkpoints), "--metrics", s(&log)]);
+        args.extend_from_slice(more);
+        let output = dfc(&args);
+        assert!(output.status.success(), "{name}: {}", text(&output.stderr));
+        let all_reduces: Vec<u64> = metrics(&log).iter().map(|r| r["all_reduces"].as_u64().expect("counted")).collect();
+        (all_reduces, dfc_driver::checkpoint::latest(&checkpoints).expect("readable").expect("a checkpoint"))
+    };
+    let mirrored = plan("mirrored", &[]);
+    let (every_step, _) = run(&mirrored, "mirrored", &["--epochs", "2"]);
+    assert_eq!(every_step, [8, 8], "mirrored: one fused all-reduce of the gradients a step");
+
+    let local = plan("local", &["--sync-every", "3"]);
+    let (averages, whole) = run(&local, "whole", &["--epochs", "2"]);
+    assert_eq!(averages, [3, 4], "averages after steps 3, 6, 8 (the epoch's end), 9, 12, 15 and 16");
+    assert_eq!(whole.step, 16);
+    run(&local, "parts", &["--epochs", "1"]);
+    let (_, resumed) = run(&local, "parts", &["--epochs", "2"]);
+    let (_, spawned) = run(&local, "spawned", &["--epochs", "2", "--spawn", "2"]);
+    for (name, tensor) in &whole.tensors {
+        assert_eq!(tensor, &resumed.tensors[name], "`{name}` differs after resuming");
+        assert_eq!(tensor, &spawned.tensors[name], "`{name}` differs on spawned workers");
+    }
+    assert_ne!(
+        whole.tensors["w"],
+        dfc_driver::checkpoint::latest(&dir.join("mirrored.ckpt")).unwrap().unwrap().tensors["w"]
+    );
+}

@@ -79,6 +79,9 @@ pub struct CompileOptions {
     /// instance of replica 1's partition (`Plan::instances`). Off, every replica is built: what
     /// `dfc ir` and `dfc graph` show.
     pub replica_instances: bool,
+    /// `--sync-every k` (mirrored only): local SGD, each replica on its own gradients, the
+    /// replicas' variables averaged every k steps.
+    pub sync_every: Option<u32>,
 }
 
 impl Default for CompileOptions {
@@ -94,6 +97,7 @@ impl Default for CompileOptions {
             cost_model: CostModel::default(),
             fusion: dfc_passes::FusionOptions::default(),
             replica_instances: true,
+            sync_every: None,
         }
     }
 }
@@ -171,6 +175,16 @@ fn verify_after(module: &Module, pass: &str) {
 
 /// Compiles `source` into a plan for `options.cluster` under `options.strategy`.
 pub fn compile(source: &str, source_name: &str, options: &CompileOptions) -> Result<Compiled, CompileError> {
+    match options.sync_every {
+        Some(0) => return Err(CompileError::Usage("--sync-every must be at least 1 step".into())),
+        Some(_) if options.strategy != Strategy::Mirrored => {
+            return Err(CompileError::Usage(format!(
+                "--sync-every averages mirrored replicas' variables, but the strategy is {}; use --strategy mirrored",
+                options.strategy.name()
+            )))
+        }
+        _ => {}
+    }
     let mut clock = Clock::start();
     let (mut full, mut warnings) = front(source, options)?;
     clock.lap("parse and analyse");
@@ -227,6 +241,7 @@ pub fn compile(source: &str, source_name: &str, options: &CompileOptions) -> Res
                 variable_device: layout.variable_home.as_ref(),
                 soft: options.soft_placement,
                 built_replicas: built,
+                local_sgd: options.sync_every.is_some(),
             };
             let (module, found) =
                 dfc_passes::replicate(&per_replica, &full, &replicate).map_err(CompileError::Diagnostics)?;
@@ -289,6 +304,9 @@ pub fn compile(source: &str, source_name: &str, options: &CompileOptions) -> Res
             Costed::As(_) => &s.transfers,
         }))
         .collect();
+    // A step's cost leaves out local SGD's averages, which run every few steps apart from it.
+    let stepping: Vec<Option<Module>> = simulated.iter().map(|m| dfc_passes::without_averages(m)).collect();
+    let simulated: Vec<&Module> = simulated.iter().zip(&stepping).map(|(m, s)| s.as_ref().unwrap_or(m)).collect();
     let mut report = dfc_passes::cost::estimate(&simulated, &options.cost_model);
     // An instance simulated by its transfers alone costs what the partition standing for it does.
     for (k, (instance, stand_in)) in instances.iter().zip(&stand_ins).enumerate() {
@@ -305,6 +323,7 @@ pub fn compile(source: &str, source_name: &str, options: &CompileOptions) -> Res
         replicas: layout.replicas.len().max(1) as u32,
         sync: !matches!(options.strategy, Strategy::ParameterServer { sync: false }),
         placement: options.placement.name().into(),
+        sync_every: options.sync_every,
     };
     let partitions: Vec<Partition> =
         partitioned.parts.into_iter().map(|(device, module)| Partition { device, module }).collect();

@@ -39,6 +39,10 @@ pub struct Training {
     /// The learning rate of this step where a schedule computes it (filled by the optimizer
     /// pass), for the metrics.
     pub learning_rate: Option<TensorRef>,
+    /// Local SGD (`--sync-every`): the assignments that set every replica's copy of every
+    /// float variable to the replicas' mean, run every few steps instead of all-reducing each
+    /// step's gradients (filled by replication; empty otherwise).
+    pub averages: Vec<NodeId>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

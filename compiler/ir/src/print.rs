@@ -90,6 +90,10 @@ pub fn print_annotated(module: &Module, notes: &HashMap<NodeId, Vec<String>>) ->
             let updates: Vec<String> = training.updates.iter().map(|u| operand(&(*u).into())).collect();
             let _ = writeln!(out, "  updates {}", updates.join(", "));
         }
+        if !training.averages.is_empty() {
+            let averages: Vec<String> = training.averages.iter().map(|u| operand(&(*u).into())).collect();
+            let _ = writeln!(out, "  averages {}", averages.join(", "));
+        }
     }
     out.push_str("}\n");
     out

@@ -54,6 +54,9 @@ pub fn verify(module: &Module, options: VerifyOptions) -> Vec<VerifyError> {
         for update in &training.updates {
             check_ref("an update", (*update).into());
         }
+        for average in &training.averages {
+            check_ref("an average", (*average).into());
+        }
     }
     for &id in &module.inputs {
         if !graph.contains(id) || !matches!(graph.node(id).op, Op::Input { .. }) {

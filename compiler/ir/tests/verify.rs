@@ -88,6 +88,7 @@ fn module_references_and_the_loss_are_checked() {
         gradients: Vec::new(),
         updates: Vec::new(),
         learning_rate: None,
+        averages: Vec::new(),
     });
     module.params.push(x);
     module.graph.remove(y);

@@ -13,6 +13,11 @@
 //!   variable's name; the others are `replica_<r>/<name>`, mirrors of it, with the same
 //!   initial value). Each gradient is summed over the replicas by an all-reduce and divided by
 //!   their number, and every replica applies the same update to its copy.
+//! - `Mirrored` with `local_sgd` (local SGD, periodic averaging): each replica applies its own
+//!   gradients, and the module's `averages` set every replica's copy of every float variable
+//!   (parameters, optimizer slots, moving statistics) to the replicas' mean: one all-reduce
+//!   per variable (`average/<name>`, fused apart from a step's), run every few steps by the
+//!   driver. After an average the replicas hold the same values, as after a mirrored step.
 //! - `Shared { sync: true }` (parameter server, central storage): one copy of the variables
 //!   and the optimizer; each gradient is the mean of the replicas' gradients, computed beside
 //!   its variable, and applied once.
@@ -55,7 +60,14 @@ pub struct ReplicateOptions<'a> {
     /// loss, outputs and metrics, named as `partition` names them; their partitions are
     /// instances of replica 1's (`dfc_ir::instantiate`). `None`: every replica in full.
     pub built_replicas: Option<usize>,
+    /// `Mirrored` only: local SGD, each replica on its own gradients, the variables averaged
+    /// by the module's `averages`.
+    pub local_sgd: bool,
 }
+
+/// The key prefix of local SGD's averaging all-reduces, which tensor fusion keeps apart from
+/// a step's (they run in another program).
+pub const AVERAGE_KEY_PREFIX: &str = "average/";
 
 /// The replicated module, or diagnostics when source requests contradict the strategy.
 pub fn replicate(
@@ -71,6 +83,42 @@ pub fn replicate(
     } else {
         Ok((builder.out, builder.diagnostics))
     }
+}
+
+/// `module` without what only local SGD's averages run (their all-reduces, what feeds them
+/// alone, and what they feed), for a step's cost; `None` where it has no averages.
+pub fn without_averages(module: &Module) -> Option<Module> {
+    let graph = &module.graph;
+    let averages =
+        |id: NodeId| matches!(&graph.node(id).op, Op::AllReduce { key, .. } if key.starts_with(AVERAGE_KEY_PREFIX));
+    let mut gone: BTreeSet<NodeId> = graph.node_ids().filter(|&id| averages(id)).collect();
+    if gone.is_empty() {
+        return None;
+    }
+    // What they feed, then what feeds nothing else.
+    let mut todo: Vec<NodeId> = gone.iter().copied().collect();
+    while let Some(id) = todo.pop() {
+        for user in graph.users(id) {
+            if gone.insert(user) {
+                todo.push(user);
+            }
+        }
+    }
+    let mut todo: Vec<NodeId> = gone.iter().copied().collect();
+    while let Some(id) = todo.pop() {
+        for operand in graph.inputs(id) {
+            let only_theirs = graph.users(operand.node).iter().all(|u| gone.contains(u))
+                && !matches!(graph.node(operand.node).op, Op::Variable { .. });
+            if only_theirs && gone.insert(operand.node) {
+                todo.push(operand.node);
+            }
+        }
+    }
+    let mut stepping = module.clone();
+    for id in gone {
+        stepping.graph.remove(id);
+    }
+    Some(stepping)
 }
 
 /// Without replicas, a cross-replica mean is its operand: each use reads the operand instead.
@@ -137,6 +185,8 @@ struct Builder<'a> {
     reported: BTreeSet<(u32, u32, String)>,
     /// The Recvs (or copied constants) that stand for a stub replica's tensors.
     stub_parts: HashMap<(usize, TensorRef), TensorRef>,
+    /// Local SGD: the assignments of the replicas' averaged variables.
+    averages: Vec<NodeId>,
 }
 
 impl<'a> Builder<'a> {
@@ -161,6 +211,7 @@ impl<'a> Builder<'a> {
             diagnostics: Vec::new(),
             reported: BTreeSet::new(),
             stub_parts: HashMap::new(),
+            averages: Vec::new(),
         }
     }
 
@@ -258,7 +309,45 @@ impl<'a> Builder<'a> {
             }
         }
         self.control_edges(&order);
+        if self.local_sgd() {
+            for &id in &order {
+                self.average(id);
+            }
+        }
         self.interface(full);
+    }
+
+    fn local_sgd(&self) -> bool {
+        self.options.local_sgd && self.options.replication == Replication::Mirrored
+    }
+
+    /// Local SGD: each built replica's copy of variable `id` (if a float one) set to the mean
+    /// of the replicas' copies.
+    fn average(&mut self, id: NodeId) {
+        let node = self.src.graph.node(id);
+        let Op::Variable { ty, .. } = &node.op else { return };
+        if !ty.dtype.is_float() {
+            return;
+        }
+        let (name, span, n) = (node.name.clone(), self.src.graph.span(id), self.replicas());
+        for r in 0..self.built() {
+            let variable = self.copies[r][&id];
+            let device = Some(self.options.devices[r].clone());
+            let at = |what: &str| replica_name(r, &format!("{name}/average/{what}"));
+            let g = &mut self.out.graph;
+            let read = g.add(Op::Read, &[variable.into()], &at("read"), span).expect("a read types");
+            let key = format!("{AVERAGE_KEY_PREFIX}{name}");
+            let op = Op::AllReduce { key, group_size: n as u32, replica: r as u32 };
+            let sum = g.add(op, &[read.into()], &at("all_reduce"), span).expect("an all-reduce types");
+            for id in [read, sum] {
+                g.node_mut(id).requested_device = device.clone();
+            }
+            let mean = self.scaled_by_replicas(sum, &replica_name(r, &format!("{name}/average")), span);
+            let g = &mut self.out.graph;
+            let assign = g.add(Op::Assign, &[variable.into(), mean.into()], &at("assign"), span).expect("typed");
+            g.node_mut(assign).requested_device = device;
+            self.averages.push(assign);
+        }
     }
 
     /// The copy of `id` for replica `r` (`None`: the shared copy), with its data operands.
@@ -453,6 +542,7 @@ impl<'a> Builder<'a> {
         let replica_gradient =
             |b: &Self, r: usize| TensorRef { node: b.copies[r][&gradient.node], port: gradient.port };
         match (self.options.replication, replica) {
+            (Replication::Mirrored, Some(r)) if self.options.local_sgd => replica_gradient(self, r),
             (Replication::Mirrored, Some(r)) => {
                 if let Some(gathered) = self.gathered_rows_gradient(gradient, &name, r, span) {
                     return gathered;
@@ -614,8 +704,14 @@ impl<'a> Builder<'a> {
             let node = if self.is_shared(lr.node) { self.shared[&lr.node] } else { self.copies[0][&lr.node] };
             TensorRef { node, ..lr }
         });
-        self.out.training =
-            Some(Training { loss, optimizer: training.optimizer.clone(), gradients, updates, learning_rate });
+        self.out.training = Some(Training {
+            loss,
+            optimizer: training.optimizer.clone(),
+            gradients,
+            updates,
+            learning_rate,
+            averages: std::mem::take(&mut self.averages),
+        });
     }
 
     /// One tensor from the replicas' copies of `tensor`: joined along axis 0 if the full

@@ -11,12 +11,15 @@
 //! every replica of its group has it once, with one size, and when its all-reduce does not
 //! depend on another all-reduce (fusing the two would make a cycle). Fused keys are
 //! `fused_all_reduce/<i>`, numbered in that order and never one the module already uses.
+//! Local SGD's averages (keys `average/…`) run in a program of their own, so they are fused
+//! only with each other, under `average/fused_all_reduce/<i>`.
 //!
 //! New nodes copy the span, the device request and the colocation of the all-reduce they come
 //! from (the buffer and its all-reduce: the bucket's first member's), so placement puts them on
 //! the replica's device. Control edges of a replaced all-reduce move to the fused one; uses of its
 //! value, in the graph and in the module's interface, move to its slice.
 
+use crate::replicate::AVERAGE_KEY_PREFIX;
 use dfc_ir::{DType, Graph, Module, NodeId, Op, Shape, TensorRef};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
@@ -63,8 +66,8 @@ pub fn fuse_all_reduces(module: &mut Module, options: &FusionOptions, built: Opt
     // A cyclic graph is the verifier's to report.
     let Ok(order) = graph.topo_order() else { return };
     let mut taken: HashSet<String> = HashSet::new();
-    // (group size, dtype) → replica → members.
-    let mut groups: BTreeMap<(u32, DType), BTreeMap<u32, Vec<Member>>> = BTreeMap::new();
+    // (group size, dtype, an average's) → replica → members.
+    let mut groups: BTreeMap<(u32, DType, bool), BTreeMap<u32, Vec<Member>>> = BTreeMap::new();
     for &id in &order {
         let Op::AllReduce { key, group_size, replica } = &graph.node(id).op else { continue };
         taken.insert(key.clone());
@@ -74,7 +77,8 @@ pub fn fuse_all_reduces(module: &mut Module, options: &FusionOptions, built: Opt
             continue;
         }
         let member = Member { key: key.clone(), id, operand, elements: ty.shape.n_elements() };
-        groups.entry((*group_size, ty.dtype)).or_default().entry(*replica).or_default().push(member);
+        let average = key.starts_with(AVERAGE_KEY_PREFIX);
+        groups.entry((*group_size, ty.dtype, average)).or_default().entry(*replica).or_default().push(member);
     }
     // Everything that runs after a candidate, through data or control edges.
     let candidates: HashSet<NodeId> = groups.values().flat_map(|g| g.values().flatten().map(|m| m.id)).collect();
@@ -87,7 +91,7 @@ pub fn fuse_all_reduces(module: &mut Module, options: &FusionOptions, built: Opt
 
     let mut next_key = 0usize;
     let mut replaced: HashMap<NodeId, TensorRef> = HashMap::new();
-    for ((group_size, dtype), replicas) in groups {
+    for ((group_size, dtype, average), replicas) in groups {
         let size = dtype.size_in_bytes();
         let mut keys: BTreeMap<&str, KeyInfo> = BTreeMap::new();
         for (&replica, members) in &replicas {
@@ -125,7 +129,7 @@ pub fn fuse_all_reduces(module: &mut Module, options: &FusionOptions, built: Opt
         }
         for bucket in buckets.iter().filter(|b| b.len() > 1) {
             let fused_key = loop {
-                let key = format!("fused_all_reduce/{next_key}");
+                let key = format!("{}fused_all_reduce/{next_key}", if average { AVERAGE_KEY_PREFIX } else { "" });
                 next_key += 1;
                 if taken.insert(key.clone()) {
                     break key;

@@ -55,6 +55,7 @@ fn mirrored(example: &str, replicas: usize) -> Module {
         variable_device: None,
         soft: true,
         built_replicas: None,
+        local_sgd: false,
     };
     let (module, _) = dfc_passes::replicate(&per_replica, &full, &options).expect("replicates");
     module

@@ -171,6 +171,7 @@ fn the_loss_and_gradients_are_rewired() {
             gradients: Vec::new(),
             updates: Vec::new(),
             learning_rate: None,
+            averages: Vec::new(),
         });
         vec![]
     });

@@ -68,11 +68,20 @@ pub struct StrategySpec {
     pub sync: bool,
     /// How variables were spread: `round-robin`, `greedy`, `greedy-sorted`.
     pub placement: String,
+    /// Mirrored local SGD (`--sync-every k`): each replica applies its own gradients, and every
+    /// k steps the replicas' variables are averaged (`TrainingSpec::averages`).
+    pub sync_every: Option<u32>,
 }
 
 impl Default for StrategySpec {
     fn default() -> StrategySpec {
-        StrategySpec { name: "single".into(), replicas: 1, sync: true, placement: "round-robin".into() }
+        StrategySpec {
+            name: "single".into(),
+            replicas: 1,
+            sync: true,
+            placement: "round-robin".into(),
+            sync_every: None,
+        }
     }
 }
 
@@ -124,6 +133,9 @@ pub struct TrainingSpec {
     pub updates: Vec<String>,
     /// The node computing the step's learning rate (output 0), where a schedule sets it.
     pub learning_rate: Option<String>,
+    /// Local SGD: the assignments that average the replicas' variables, run every
+    /// `StrategySpec::sync_every` steps and before evaluations and checkpoints.
+    pub averages: Vec<String>,
 }
 
 /// One replica's own training step (asynchronous parameter server): fed its own batches,
@@ -173,6 +185,7 @@ impl Plan {
             optimizer: t.optimizer.clone(),
             updates: t.updates.iter().map(|&u| graph.node(u).name.clone()).collect(),
             learning_rate: t.learning_rate.map(|lr| graph.node(lr.node).name.clone()),
+            averages: t.averages.iter().map(|&u| graph.node(u).name.clone()).collect(),
         });
         Plan {
             dfc_version: env!("CARGO_PKG_VERSION").into(),
@@ -208,13 +221,17 @@ impl Plan {
             .map(|i| dfc_ir::Renamer::new(i.template_replica, &template.device, i.replica, &i.device))
             .collect();
         if let Some(training) = &mut self.training {
-            let mut updates = Vec::with_capacity(training.updates.len() * (instances.len() + 1));
-            for update in training.updates.drain(..) {
-                let copies: Vec<String> = renamers.iter().filter_map(|r| r.name(&update).ok()).collect();
-                updates.push(update);
-                updates.extend(copies);
-            }
-            training.updates = updates;
+            let with_copies = |names: &mut Vec<String>| {
+                let mut all = Vec::with_capacity(names.len() * (instances.len() + 1));
+                for name in names.drain(..) {
+                    let copies: Vec<String> = renamers.iter().filter_map(|r| r.name(&name).ok()).collect();
+                    all.push(name);
+                    all.extend(copies);
+                }
+                *names = all;
+            };
+            with_copies(&mut training.updates);
+            with_copies(&mut training.averages);
         }
         // Each copy of the template's (of each shard's, for a partitioned parameter) is followed by the instances'.
         for param in &mut self.params {

@@ -291,6 +291,9 @@ fn strategy(s: &StrategySpec, n_devices: usize) -> String {
     if s.name == "ps" {
         text.push_str(if s.sync { ", synchronous updates" } else { ", asynchronous updates" });
     }
+    if let Some(k) = s.sync_every {
+        text.push_str(&format!(", variables averaged every {k} steps"));
+    }
     if n_devices > 1 {
         text.push_str(&format!(", variables {}", s.placement));
     }
@@ -347,8 +350,12 @@ mod tests {
             module.graph.node_mut(id).device = Some(second.clone());
         }
         plan.partitions.push(Partition { device: second.clone(), module });
-        plan.strategy =
-            StrategySpec { name: "mirrored".into(), replicas: 2, sync: true, placement: "round-robin".into() };
+        plan.strategy = StrategySpec {
+            name: "mirrored".into(),
+            replicas: 2,
+            placement: "round-robin".into(),
+            ..StrategySpec::default()
+        };
         plan.params[0].devices.push(second.to_string());
         plan.metrics.push(IoSpec { name: "accuracy".into(), ty: TensorType::scalar(DType::F32) });
         let modules: Vec<&Module> = plan.partitions.iter().map(|p| &p.module).collect();

@@ -146,6 +146,17 @@ fn check_interface(plan: &Plan) -> Result<(), String> {
     if let Some(training) = &plan.training {
         scalar_loss(&training.loss_node)?;
         existing(&training.updates, "the update")?;
+        existing(&training.averages, "the average")?;
+        match plan.strategy.sync_every {
+            Some(0) => return Err("the strategy averages the replicas every 0 steps".into()),
+            None if !training.averages.is_empty() => {
+                return Err("the plan averages its replicas' variables but says not how often".into())
+            }
+            Some(_) if training.averages.is_empty() => {
+                return Err("the strategy averages the replicas' variables, but the plan has no averages".into())
+            }
+            _ => {}
+        }
         if let Some(lr) = &training.learning_rate {
             let scalar = node(lr).and_then(|n| n.outputs.first()).is_some_and(|ty| ty.shape.rank() == 0);
             if !scalar {

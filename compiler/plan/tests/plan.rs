@@ -39,6 +39,7 @@ fn module() -> Module {
             gradients: Vec::new(),
             updates: Vec::new(),
             learning_rate: None,
+            averages: Vec::new(),
         }),
         metrics: Vec::new(),
     }

@@ -715,7 +715,14 @@ impl<'a> Lowerer<'a> {
         }
         if let Some(optimizer) = optimizer {
             state.training = Some((
-                Training { loss: tensor, optimizer, gradients: Vec::new(), updates: Vec::new(), learning_rate: None },
+                Training {
+                    loss: tensor,
+                    optimizer,
+                    gradients: Vec::new(),
+                    updates: Vec::new(),
+                    learning_rate: None,
+                    averages: Vec::new(),
+                },
                 span,
             ));
         }

@@ -8,7 +8,10 @@
 //! ```
 //!
 //! Keys: `epoch`, `step`, `train_loss`, `eval_loss` and `eval_accuracy` (only when evaluated),
-//! each extra metric as `eval_<name>`, then `examples_per_sec` and `seconds`; on workers, then
+//! each extra metric as `eval_<name>`, then `examples_per_sec` and `seconds`; where the plan's
+//! training all-reduces, `all_reduces`: the all-reduces the epoch's training ran (groups of
+//! the replicas' all-reduces of one key, a fused bucket counting once, local SGD's averages
+//! included; not its evaluation's); on workers, then
 //! `workers`: per worker, its training steps, the seconds it spent running them and the part of
 //! those it spent exchanging tensors with other workers
 //! (`[{"exchange_seconds":0.9,"name":"/job:worker/task:0","run_seconds":2.1,"steps":468}, …]`). A non-finite
@@ -38,6 +41,8 @@ pub struct EpochRecord {
     pub seconds: f64,
     /// Other evaluation metrics, written as `eval_<name>`.
     pub metrics: BTreeMap<String, f64>,
+    /// All-reduces run by the epoch's training steps and averages (0: none, not written).
+    pub all_reduces: u64,
     /// Per worker of a distributed run (empty otherwise): what its training steps took.
     pub workers: Vec<WorkerMetrics>,
 }
@@ -85,6 +90,9 @@ impl EpochRecord {
         }
         fields.push(("examples_per_sec".into(), number(self.examples_per_sec)));
         fields.push(("seconds".into(), number(self.seconds)));
+        if self.all_reduces > 0 {
+            fields.push(("all_reduces".into(), self.all_reduces.into()));
+        }
         if !self.workers.is_empty() {
             let workers = serde_json::to_value(&self.workers).map_err(io::Error::other)?;
             fields.push(("workers".into(), workers));

@@ -181,6 +181,73 @@ fn variable_type(plan: &Plan, nodes: &HashMap<&str, (usize, NodeId)>, name: &str
     }
 }
 
+/// Closes a program's `roots` (per partition) over what crosses partitions, to a fixed point:
+/// the Send of every key a needed Recv waits for, and every replica of a needed all-reduce.
+/// Returns the keys of the all-reduces the program runs.
+fn close_over_partitions(
+    plan: &Plan,
+    sends: &HashMap<&str, (usize, NodeId)>,
+    reductions: &HashMap<&str, Vec<(usize, NodeId)>>,
+    roots: &mut [BTreeSet<NodeId>],
+) -> BTreeSet<String> {
+    let mut keys = BTreeSet::new();
+    loop {
+        let mut more: Vec<(usize, NodeId)> = Vec::new();
+        for (p, partition_roots) in roots.iter().enumerate() {
+            if partition_roots.is_empty() {
+                continue;
+            }
+            let graph = &plan.partitions[p].module.graph;
+            for id in graph.ancestors(&partition_roots.iter().copied().collect::<Vec<_>>()) {
+                match &graph.node(id).op {
+                    Op::Recv { key, .. } => more.extend(sends.get(key.as_str())),
+                    Op::AllReduce { key, .. } => {
+                        more.extend(reductions.get(key.as_str()).into_iter().flatten());
+                        keys.insert(key.clone());
+                    }
+                    _ => {}
+                }
+            }
+        }
+        let mut grew = false;
+        for (p, id) in more {
+            grew |= roots[p].insert(id);
+        }
+        if !grew {
+            return keys;
+        }
+    }
+}
+
+/// The all-reduces (by key: one per group of replicas, a fused bucket once) that one run of
+/// the program of the nodes named `nodes` performs, over every partition of `plan`: what the
+/// training loop counts, the same for a `Session` and for workers.
+pub fn all_reduce_keys(plan: &Plan, nodes: &[&str]) -> Result<BTreeSet<String>, RunError> {
+    let mut named: HashMap<&str, (usize, NodeId)> = HashMap::new();
+    let mut sends: HashMap<&str, (usize, NodeId)> = HashMap::new();
+    let mut reductions: HashMap<&str, Vec<(usize, NodeId)>> = HashMap::new();
+    for (p, partition) in plan.partitions.iter().enumerate() {
+        let graph = &partition.module.graph;
+        for id in graph.node_ids() {
+            let node = graph.node(id);
+            named.insert(node.name.as_str(), (p, id));
+            match &node.op {
+                Op::Send { key, .. } => {
+                    sends.insert(key.as_str(), (p, id));
+                }
+                Op::AllReduce { key, .. } => reductions.entry(key.as_str()).or_default().push((p, id)),
+                _ => {}
+            }
+        }
+    }
+    let mut roots: Vec<BTreeSet<NodeId>> = vec![BTreeSet::new(); plan.partitions.len()];
+    for name in nodes {
+        let &(p, id) = named.get(name).ok_or_else(|| RunError::Usage(format!("the plan has no node `{name}`")))?;
+        roots[p].insert(id);
+    }
+    Ok(close_over_partitions(plan, &sends, &reductions, &mut roots))
+}
+
 fn malformed(message: String) -> RunError {
     RunError::Plan(format!("the plan is malformed: {message}"))
 }
@@ -372,31 +439,7 @@ impl<'p> Session<'p> {
             roots[p].insert(id);
         }
 
-        // What crosses partitions, to a fixed point: the Send of every key a needed Recv
-        // waits for, and every replica of a needed all-reduce.
-        loop {
-            let mut more: Vec<(usize, NodeId)> = Vec::new();
-            for (p, partition_roots) in roots.iter().enumerate() {
-                if partition_roots.is_empty() {
-                    continue;
-                }
-                let graph = &self.plan.partitions[p].module.graph;
-                for id in graph.ancestors(&partition_roots.iter().copied().collect::<Vec<_>>()) {
-                    match &graph.node(id).op {
-                        Op::Recv { key, .. } => more.push(self.sends[key.as_str()]),
-                        Op::AllReduce { key, .. } => more.extend(&self.reductions[key.as_str()]),
-                        _ => {}
-                    }
-                }
-            }
-            let mut grew = false;
-            for (p, id) in more {
-                grew |= roots[p].insert(id);
-            }
-            if !grew {
-                break;
-            }
-        }
+        close_over_partitions(self.plan, &self.sends, &self.reductions, &mut roots);
 
         if stage != Stage::Whole {
             for (p, partition_roots) in roots.iter_mut().enumerate() {

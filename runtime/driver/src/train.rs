@@ -11,11 +11,11 @@ use crate::checkpoint;
 use crate::data::{self, Dataset};
 use crate::metrics::{EpochRecord, MetricsLog};
 use crate::runner::{FreeReplicas, Runner};
-use crate::session::Session;
+use crate::session::{self, Session};
 use dfc_interp::{InterpError, Tensor, Variables};
 use dfc_ir::{DType, Op};
 use dfc_plan::Plan;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -182,6 +182,22 @@ pub fn train_with<R: Runner>(
     let mut step_fetches = vec![training.loss_node.as_str()];
     step_fetches.extend(training.learning_rate.as_deref());
     let step_program = session.program(&step_fetches, &updates)?;
+    // Local SGD (`--sync-every`): the program that averages the replicas' variables, run every
+    // `every` global steps and before an evaluation or a checkpoint that would otherwise see
+    // replica 0's values alone.
+    let averages: Vec<&str> = training.averages.iter().map(String::as_str).collect();
+    let averaging = match averages.is_empty() {
+        true => None,
+        false => Some(Averaging {
+            program: session.program(&[], &averages)?,
+            every: u64::from(plan.strategy.sync_every.unwrap_or(1).max(1)),
+            all_reduces: session::all_reduce_keys(plan, &averages)?.len() as u64,
+        }),
+    };
+    let step_all_reduces = {
+        let roots: Vec<&str> = step_fetches.iter().chain(&updates).copied().collect();
+        session::all_reduce_keys(plan, &roots)?.len() as u64
+    };
     // The learning rate of the last step: the schedule's, fetched with the loss, or the
     // constant one.
     let mut learning_rate = match training.learning_rate {
@@ -246,6 +262,7 @@ pub fn train_with<R: Runner>(
         session.take_worker_metrics();
         let started = Instant::now();
         let (mut loss_sum, mut loss_count, mut trained) = (0.0, 0u64, 0u64);
+        let (mut all_reduces, mut unaveraged) = (0u64, false);
         let limit = options.steps.map_or(u64::MAX, |limit| limit.saturating_sub(step));
         // An asynchronous plan's replicas step on their own where the runner can run them so.
         let mut free_running = false;
@@ -280,10 +297,20 @@ pub fn train_with<R: Runner>(
             trained += 1;
             loss_sum += loss;
             loss_count += 1;
+            all_reduces += step_all_reduces;
+            if let Some(averaging) = &averaging {
+                unaveraged = step % averaging.every != 0;
+                if !unaveraged {
+                    all_reduces += averaging.run(session)?;
+                }
+            }
             let seconds = started.elapsed().as_secs_f64().max(1e-9);
             progress.step(loss, (trained * batch as u64) as f64 / seconds);
         }
         let finished_epoch = step >= first_step_of_epoch + steps_per_epoch;
+        if let Some(averaging) = averaging.as_ref().filter(|_| unaveraged) {
+            all_reduces += averaging.run(session)?;
+        }
         let seconds = started.elapsed().as_secs_f64();
         let workers = session.take_worker_metrics();
         let mut record = EpochRecord {
@@ -296,6 +323,7 @@ pub fn train_with<R: Runner>(
             examples_per_sec: (trained * batch as u64) as f64 / seconds.max(1e-9),
             seconds,
             metrics: BTreeMap::new(),
+            all_reduces,
             workers,
         };
         if let Some(eval) = &eval_data {
@@ -324,6 +352,23 @@ pub fn train_with<R: Runner>(
         }
     }
     Ok(TrainSummary { steps: step, epochs, records, variables: session.variables()? })
+}
+
+/// Local SGD's averaging of the replicas' variables.
+struct Averaging<P> {
+    program: P,
+    /// Global steps between averages.
+    every: u64,
+    /// All-reduces per average.
+    all_reduces: u64,
+}
+
+impl<P> Averaging<P> {
+    /// Averages the replicas' variables; returns the all-reduces that took.
+    fn run<R: Runner<Program = P>>(&self, session: &mut R) -> Result<u64, RunError> {
+        session.run(&self.program, &HashMap::new())?;
+        Ok(self.all_reduces)
+    }
 }
 
 /// The batches of an epoch that a training loop works through.

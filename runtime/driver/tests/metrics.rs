@@ -15,6 +15,7 @@ fn record(epoch: u64) -> EpochRecord {
         examples_per_sec: 1000.0,
         seconds: 2.5,
         metrics: BTreeMap::from([("top5".to_string(), 0.99), ("f1".to_string(), 0.8)]),
+        all_reduces: 0,
         workers: Vec::new(),
     }
 }
@@ -32,13 +33,15 @@ fn one_flushed_object_per_line() {
         "{\"epoch\":1,\"step\":468,\"train_loss\":0.5,\"learning_rate\":0.125,\"eval_loss\":0.25,\"eval_accuracy\":0.875,\
          \"eval_f1\":0.8,\"eval_top5\":0.99,\"examples_per_sec\":1000.0,\"seconds\":2.5}\n"
     );
-    // No evaluation: the eval keys are null; so is a diverged loss.
+    // No evaluation: the eval keys are null; so is a diverged loss. All-reduces, where there
+    // were some, come last.
     let plain = EpochRecord {
         epoch: 2,
         step: 936,
         train_loss: f64::NAN,
         examples_per_sec: 3.0,
         seconds: 1.0,
+        all_reduces: 59,
         ..Default::default()
     };
     log.write(&plain).unwrap();
@@ -47,7 +50,7 @@ fn one_flushed_object_per_line() {
     assert_eq!(lines.len(), 2);
     assert_eq!(
         lines[1],
-        "{\"epoch\":2,\"step\":936,\"train_loss\":null,\"learning_rate\":null,\"eval_loss\":null,\"eval_accuracy\":null,\"examples_per_sec\":3.0,\"seconds\":1.0}"
+        "{\"epoch\":2,\"step\":936,\"train_loss\":null,\"learning_rate\":null,\"eval_loss\":null,\"eval_accuracy\":null,\"examples_per_sec\":3.0,\"seconds\":1.0,\"all_reduces\":59}"
     );
     for line in lines {
         let value: serde_json::Value = serde_json::from_str(line).unwrap();

@@ -219,6 +219,7 @@ fn two_layer(devices: &[DeviceSpec]) -> Module {
             gradients: vec![(w, grad_w.into()), (v, grad_v.into())],
             updates: vec![update_w, update_v],
             learning_rate: None,
+            averages: Vec::new(),
         }),
     };
     let problems = dfc_ir::verify(&module, Default::default());
@@ -498,6 +499,7 @@ fn mirrored_plan(replicas: usize) -> Plan {
             gradients: Vec::new(),
             updates,
             learning_rate: None,
+            averages: Vec::new(),
         }),
         ..Module::default()
     };
