@@ -307,6 +307,33 @@ fn command_errors_are_one_line() {
     assert!(text(&unwritable.stderr).contains("error: cannot write"), "{}", text(&unwritable.stderr));
 }
 
+/// `--sync-every` is mirrored's local SGD: under another strategy, or as 0 steps, it is refused
+/// in one line.
+#[test]
+fn sync_every_needs_mirrored_and_a_step() {
+    let mlp = root().join("examples/mlp.df");
+    let mlp = mlp.to_str().expect("utf-8");
+    let plan = scratch("sync_every.plan");
+    let plan = plan.to_str().expect("utf-8");
+    let single = dfc(&["compile", mlp, "--sync-every", "4", "-o", plan]);
+    assert_no_panic(&single);
+    assert_eq!(single.status.code(), Some(1));
+    let stderr = text(&single.stderr);
+    assert_eq!(stderr.trim_end(), "error: --sync-every averages mirrored replicas' variables, but the strategy is single; use --strategy mirrored");
+    let zero = dfc(&["compile", mlp, "--devices", "2", "--strategy", "mirrored", "--sync-every", "0", "-o", plan]);
+    assert_no_panic(&zero);
+    assert!(!zero.status.success());
+    assert!(text(&zero.stderr).contains("0 is not in 1..=1000000"), "{}", text(&zero.stderr));
+    let local = dfc(&["compile", mlp, "--devices", "2", "--strategy", "mirrored", "--sync-every", "4", "-o", plan]);
+    assert!(local.status.success(), "{}", text(&local.stderr));
+    let inspected = dfc(&["inspect", plan]);
+    assert!(
+        text(&inspected.stdout).contains("mirrored, 2 replicas, variables averaged every 4 steps"),
+        "{}",
+        text(&inspected.stdout)
+    );
+}
+
 #[test]
 fn dims_can_be_overridden() {
     let mlp = root().join("examples/mlp.df");

@@ -35,7 +35,7 @@ fn scratch() -> PathBuf {
 /// Plans of every strategy: the examples on one device, the MLP mirrored and model-parallel,
 /// wide_and_deep on parameter servers (sync and async).
 fn plans() -> Vec<(String, Vec<u8>)> {
-    let cases: [(&str, &str, Option<&str>, Strategy); 8] = [
+    let cases: [(&str, &str, Option<&str>, Strategy); 9] = [
         ("mlp", "mlp", None, Strategy::Single),
         ("cnn", "cnn", None, Strategy::Single),
         ("linear_regression", "linear_regression", None, Strategy::Single),
@@ -43,6 +43,8 @@ fn plans() -> Vec<(String, Vec<u8>)> {
         // Replicas 2 and 3 as instances of replica 1's partition.
         ("mlp mirrored on 4", "mlp", Some("4"), Strategy::Mirrored),
         ("mlp model-parallel on 3", "mlp", Some("3"), Strategy::Model),
+        // Local SGD: its averages, replicas 2 and 3's as instances.
+        ("mlp local SGD on 4", "mlp", Some("4"), Strategy::Mirrored),
         ("wide_and_deep ps sync", "wide_and_deep", Some("ps"), Strategy::ParameterServer { sync: true }),
         ("wide_and_deep ps async", "wide_and_deep", Some("ps"), Strategy::ParameterServer { sync: false }),
     ];
@@ -59,7 +61,8 @@ fn plans() -> Vec<(String, Vec<u8>)> {
                 .expect("cluster"),
                 Some(n) => Cluster::local(n.parse().unwrap(), DeviceKind::Cpu),
             };
-            let mut options = CompileOptions { cluster, strategy: *strategy, ..CompileOptions::default() };
+            let sync_every = name.contains("local SGD").then_some(2);
+            let mut options = CompileOptions { cluster, strategy: *strategy, sync_every, ..CompileOptions::default() };
             // Small batches keep each mutated run short.
             options.sema.dims.push(("batch".into(), 8));
             let compiled = compile(&source, &format!("{example}.df"), &options)
@@ -306,4 +309,27 @@ fn mutated_plans_are_refused_or_run_by_the_binary() {
         }
     }
     println!("{ran} runs of dfc on mutated plans");
+}
+
+/// A local-SGD plan whose averages and their period disagree is refused on reading, naming
+/// the problem.
+#[test]
+fn a_local_sgd_plan_needs_its_averages_and_their_period() {
+    let (_, bytes) = plans().into_iter().find(|(name, _)| name.contains("local SGD")).expect("a local SGD plan");
+    let plan = dfc_plan::decode(&bytes).expect("the plan decodes");
+    assert_eq!(plan.training.as_ref().unwrap().averages.len(), 6 * 4, "each replica's copy of each parameter");
+    let refused = |change: &dyn Fn(&mut Plan), expected: &str| {
+        let mut damaged = plan.clone();
+        damaged.instances.clear(); // decode built them; encode the built partitions
+        change(&mut damaged);
+        let error = dfc_plan::decode(&dfc_plan::encode(&damaged)).expect_err(expected).to_string();
+        assert!(error.contains(expected), "{error}");
+    };
+    refused(&|p| p.strategy.sync_every = Some(0), "every 0 steps");
+    refused(&|p| p.strategy.sync_every = None, "says not how often");
+    refused(&|p| p.training.as_mut().unwrap().averages.clear(), "the plan has no averages");
+    refused(
+        &|p| p.training.as_mut().unwrap().averages.push("nowhere".into()),
+        "the average `nowhere` is in no partition",
+    );
 }
