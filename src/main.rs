@@ -166,6 +166,11 @@ enum Command {
         /// Save the variables after each epoch here, and resume from the newest checkpoint.
         #[arg(long)]
         checkpoint_dir: Option<PathBuf>,
+        /// Write a timeline of the run to this file (Trace Event Format JSON, which Perfetto
+        /// and chrome://tracing open): the driver's steps, data loading and evaluations, and
+        /// per partition its kernels, products, sends, receives and all-reduces.
+        #[arg(long, value_name = "FILE", conflicts_with = "fetch")]
+        timeline: Option<PathBuf>,
         /// Run forward and print (or with -o save as .npy) this output instead of training.
         #[arg(long)]
         fetch: Option<String>,
@@ -397,6 +402,7 @@ fn main() -> ExitCode {
             no_shuffle,
             metrics,
             checkpoint_dir,
+            timeline,
             fetch,
             output,
             backend,
@@ -416,7 +422,7 @@ fn main() -> ExitCode {
                 checkpoint_dir,
                 lockstep,
             };
-            run_plan(&plan, &run::RunArgs { train, fetch, output, remote })
+            run_plan(&plan, &run::RunArgs { train, fetch, output, timeline, remote })
         }
         Command::Sample { plan, checkpoint_dir, prompt, length, temperature, seed, input, output, backend } => {
             let options = dfc_driver::sample::SampleOptions {

@@ -79,6 +79,8 @@ pub struct RunArgs {
     pub train: TrainOptions,
     pub fetch: Option<String>,
     pub output: Option<PathBuf>,
+    /// `--timeline FILE`: record the run's spans and write them there.
+    pub timeline: Option<PathBuf>,
     pub remote: RemoteArgs,
 }
 
@@ -109,6 +111,19 @@ pub struct RemoteArgs {
 /// Trains, or with `--fetch` runs forward, any plan (one partition or many); prints what a
 /// person reads, or returns the error.
 pub fn run(plan: &dfc_plan::Plan, args: &RunArgs) -> Result<(), String> {
+    let Some(path) = &args.timeline else { return run_untraced(plan, args) };
+    dfc_interp::trace::enable();
+    // The driver's own spans on a track of their own; each partition's go on its device's.
+    let result = dfc_interp::trace::on_track("driver", || run_untraced(plan, args));
+    let events = dfc_interp::trace::take();
+    let process = dfc_driver::timeline::Process { name: format!("dfc run {}", plan.model), events: &events };
+    dfc_driver::timeline::write(path, &[process])
+        .map_err(|e| format!("cannot write the timeline {}: {e}", path.display()))?;
+    eprintln!("timeline: {} spans in {}", events.len(), path.display());
+    result
+}
+
+fn run_untraced(plan: &dfc_plan::Plan, args: &RunArgs) -> Result<(), String> {
     if args.remote.cluster.is_some() || args.remote.spawn.is_some() {
         return run_remote(plan, args);
     }

@@ -631,3 +631,70 @@ fn local_sgd_averages_every_k_steps_and_resumes_to_the_same_bits() {
         dfc_driver::checkpoint::latest(&dir.join("mirrored.ckpt")).unwrap().unwrap().tensors["w"]
     );
 }
+
+/// `dfc run --timeline`: valid Trace Event Format JSON (metadata naming each track, complete
+/// events with numeric times), the driver's steps and data loading, and per partition its
+/// kernels, products, sends, receives and all-reduces with their bytes, inside the steps that
+/// ran them; on spawned workers, each worker's partitions on tracks of their own, and the
+/// ring's reduce-scatter and all-gather.
+#[test]
+fn a_timeline_shows_steps_kernels_and_all_reduces() {
+    let dir = scratch("timeline");
+    let (x, y) = regression_data(&dir, 256, 9);
+    let feeds = [format!("x={}", s(&x)), format!("y={}", s(&y))];
+    let plan = compile("linear_regression", &dir, &["--devices", "2", "--strategy", "mirrored"]);
+    for spawned in [false, true] {
+        let timeline = dir.join(format!("timeline_{spawned}.json"));
+        let mut args = vec!["run", s(&plan), "--feed", &feeds[0], "--feed", &feeds[1], "--epochs", "2"];
+        args.extend_from_slice(&["--timeline", s(&timeline)]);
+        if spawned {
+            args.extend_from_slice(&["--spawn", "2"]);
+        }
+        let output = dfc(&args);
+        assert!(output.status.success(), "{}", text(&output.stderr));
+        assert!(text(&output.stderr).contains("timeline: "), "{}", text(&output.stderr));
+        let document: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&timeline).expect("written")).expect("JSON");
+        let events = document["traceEvents"].as_array().expect("traceEvents");
+        let mut tracks = std::collections::HashMap::new();
+        for event in events.iter().filter(|e| e["ph"] == "M" && e["name"] == "thread_name") {
+            tracks.insert(event["tid"].as_u64().expect("a tid"), event["args"]["name"].as_str().expect("a name"));
+        }
+        let spans: Vec<&serde_json::Value> = events.iter().filter(|e| e["ph"] == "X").collect();
+        for span in &spans {
+            for key in ["ts", "dur", "pid", "tid"] {
+                assert!(span[key].is_number(), "{key} of {span}");
+            }
+            assert!(span["name"].is_string() && span["cat"].is_string(), "{span}");
+            assert!(tracks.contains_key(&span["tid"].as_u64().unwrap()), "an unnamed track: {span}");
+        }
+        let on =
+            |category: &str| -> Vec<&&serde_json::Value> { spans.iter().filter(|s| s["cat"] == category).collect() };
+        let track = |span: &serde_json::Value| tracks[&span["tid"].as_u64().unwrap()];
+        let steps = on("step");
+        assert_eq!(steps.len(), 16, "two epochs of 8 steps");
+        assert!(steps.iter().all(|s| track(s) == "driver"));
+        assert!(on("data").iter().any(|s| s["name"] == "load the --feed files"));
+        let devices: std::collections::BTreeSet<&str> = on("kernel").iter().map(|s| track(s)).collect();
+        assert_eq!(devices.len(), 2, "kernels on each partition's track: {devices:?}");
+        if spawned {
+            assert!(devices.iter().all(|d| d.starts_with("worker ")), "{devices:?}");
+        }
+        assert!(!on("matmul").is_empty() && !on("send").is_empty() && !on("recv").is_empty());
+        let all_reduces = on("all_reduce");
+        assert!(all_reduces.iter().all(|s| s["args"]["bytes"].as_u64().is_some_and(|b| b > 0)), "bytes of each");
+        let phases = all_reduces.iter().filter(|s| s["name"].as_str().unwrap().starts_with("reduce-scatter")).count();
+        assert_eq!(phases > 0, spawned, "the ring's phases, on workers only");
+        // Every kernel ran within some step.
+        let within = |s: &serde_json::Value| {
+            let (t, d) = (s["ts"].as_f64().unwrap(), s["dur"].as_f64().unwrap());
+            steps.iter().any(|step| {
+                let (a, b) = (step["ts"].as_f64().unwrap(), step["dur"].as_f64().unwrap());
+                t >= a - 1.0 && t + d <= a + b + 1.0
+            })
+        };
+        let kernels = on("kernel");
+        let outside = kernels.iter().filter(|k| !within(k)).count();
+        assert_eq!(outside, 0, "{outside} of {} kernels outside every step", kernels.len());
+    }
+}

@@ -65,7 +65,7 @@ struct FuzzTensor {
 enum Call {
     Register { plan: PlanBytes, rank: u8, workers: u8, partition_worker: Vec<u8>, interp: bool, seed: u64 },
     Prepare { program: u8, fetches: Vec<u8>, targets: Vec<u8>, stage: u8 },
-    Run { program: u8, step: u8, feeds: Vec<(u8, Option<FuzzTensor>)> },
+    Run { program: u8, step: u8, feeds: Vec<(u8, Option<FuzzTensor>)>, trace: bool },
     Push { step: u8, chunks: Vec<(u8, FuzzTensor, u64)> },
     Abort { step: u8 },
     GetVariables,
@@ -139,12 +139,13 @@ fuzz_target!(|data: &[u8]| {
                     };
                     let _ = client.prepare(request).await;
                 }
-                Call::Run { program, step, feeds } => {
+                Call::Run { program, step, feeds, trace } => {
                     let request = RunRequest {
                         plan_sha256: registered.clone(),
                         program: u64::from(program % 4),
                         step: u64::from(step),
                         feeds: named(feeds),
+                        trace,
                     };
                     let _ = client.run(request).await;
                 }

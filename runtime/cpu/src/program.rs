@@ -18,6 +18,8 @@ pub struct NativeProgram {
     /// among threads.
     functions: Vec<Option<(KernelFn, u64, bool)>>,
     arena: Mutex<Arena>,
+    /// Per step, its category and name on the timeline (`dfc_interp::trace`).
+    labels: Vec<(&'static str, Arc<str>)>,
     /// Keeps the kernels' code alive.
     _jit: Arc<Jitted>,
 }
@@ -91,7 +93,16 @@ impl NativeProgram {
         }
         let lines = HostArena::new(schedule.arena_bytes);
         let arena = Mutex::new(Arena { lines, scratch: dfc_kernels::Scratch::new(), args: Vec::new() });
-        Ok(NativeProgram { schedule, functions, arena, _jit: jit })
+        let kernel_name = |kernel: usize| jit.kernels()[kernel].function.clone();
+        let labels = schedule
+            .steps
+            .iter()
+            .map(|step| {
+                let (category, name) = step_label(step, module, &kernel_name);
+                (category, Arc::from(name))
+            })
+            .collect();
+        Ok(NativeProgram { schedule, functions, arena, labels, _jit: jit })
     }
 
     /// The schedule the program runs.
@@ -135,7 +146,11 @@ impl NativeProgram {
         // The products of a run start without waking rayon's workers (see `dfc_gemm::hold`).
         let _hold = dfc_gemm::hold();
         let _flush = crate::denormals::FlushDenormals::new();
-        for step in &self.schedule.steps {
+        for (step, label) in self.schedule.steps.iter().zip(&self.labels) {
+            let mut span = dfc_interp::trace::span(label.0, || label.1.clone());
+            if let (Some(span), Some(bytes)) = (span.as_mut(), exchanged_bytes(step)) {
+                span.set_bytes(bytes);
+            }
             if let Step::Kernel { kernel, args } = step {
                 let (function, rows, parallel) = self.functions[*kernel].expect("looked up for every kernel step");
                 arena.args.clear();
@@ -151,6 +166,39 @@ impl NativeProgram {
         }
         // SAFETY: as above.
         Ok(self.schedule.fetches.iter().map(|(slot, ty)| unsafe { read_tensor(at(*slot), ty) }).collect())
+    }
+}
+
+/// A step's category and name on the timeline: a kernel's function, a product's shape, the
+/// node or key of the others.
+pub fn step_label(step: &Step, module: &Module, kernel_name: &dyn Fn(usize) -> String) -> (&'static str, String) {
+    let name = |id: NodeId| module.graph.node(id).name.clone();
+    match step {
+        Step::Kernel { kernel, .. } => ("kernel", kernel_name(*kernel)),
+        Step::MatMul { m, n, k, batches, .. } if batches.len() > 1 => {
+            ("matmul", format!("matmul {}×[{m}×{k}]·[{k}×{n}]", batches.len()))
+        }
+        Step::MatMul { m, n, k, .. } => ("matmul", format!("matmul [{m}×{k}]·[{k}×{n}]")),
+        Step::Conv { node, kind, .. } => ("conv", format!("{kind:?} {}", name(*node))),
+        Step::Pool { node, kind, .. } => ("pool", format!("{kind:?} {}", name(*node))),
+        Step::Norm { node, op, .. } => ("norm", format!("{} {}", op.name(), name(*node))),
+        Step::Layout { node, op, .. } => ("layout", format!("{} {node}", op.name())),
+        Step::Library { node, op, .. } => ("library", format!("{} {node}", op.name())),
+        Step::Update { node, op, .. } => ("update", format!("{} {node}", op.name())),
+        Step::Copy { bytes, .. } => ("copy", format!("copy {bytes} B")),
+        Step::Send { key, .. } => ("send", format!("send {key}")),
+        Step::Recv { key, .. } => ("recv", format!("recv {key}")),
+        Step::AllReduce { key, .. } => ("all_reduce", format!("all_reduce {key}")),
+    }
+}
+
+/// The bytes an exchange step moves: its tensor's (per member, for an all-reduce).
+fn exchanged_bytes(step: &Step) -> Option<u64> {
+    let bytes = |ty: &TensorType| ty.size_in_bytes() as u64;
+    match step {
+        Step::Send { ty, .. } | Step::Recv { ty, .. } => Some(bytes(ty)),
+        Step::AllReduce { ty, members, .. } => Some(bytes(ty) * members.len() as u64),
+        _ => None,
     }
 }
 

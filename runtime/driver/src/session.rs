@@ -596,14 +596,24 @@ impl<'p> Session<'p> {
     ) -> Result<Vec<Option<Tensor>>, RunError> {
         let plan = self.plan;
         let run_part = |part: &Part, variables: &mut Variables| -> Result<PartRun, InterpError> {
-            let module = &plan.partitions[part.partition].module;
-            match &part.program {
+            let partition = &plan.partitions[part.partition];
+            let module = &partition.module;
+            let mut run = move || match &part.program {
                 Executable::Interp(program) => {
                     program.run_staged(module, variables, feeds, rendezvous).map(PartRun::Staged)
                 }
                 Executable::Native(program) => program.run(variables, feeds, Some(rendezvous)).map(PartRun::Done),
                 Executable::Gpu(program) => program.run(variables, feeds, Some(rendezvous)).map(PartRun::Done),
+            };
+            if !dfc_interp::trace::enabled() {
+                return run();
             }
+            // On the timeline, each partition's work on a track of its own, the device's.
+            let device = partition.device.to_string();
+            dfc_interp::trace::on_track(&device, || {
+                let _span = dfc_interp::trace::span("partition", || format!("run on {device}"));
+                run()
+            })
         };
         let run_aborting = |part: &Part, variables: &mut Variables| {
             // A panic must not leave the other partitions waiting.

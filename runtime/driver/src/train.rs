@@ -12,7 +12,7 @@ use crate::data::{self, Dataset};
 use crate::metrics::{EpochRecord, MetricsLog};
 use crate::runner::{FreeReplicas, Runner};
 use crate::session::{self, Session};
-use dfc_interp::{InterpError, Tensor, Variables};
+use dfc_interp::{trace, InterpError, Tensor, Variables};
 use dfc_ir::{DType, Op};
 use dfc_plan::Plan;
 use std::collections::{BTreeMap, HashMap};
@@ -173,9 +173,16 @@ pub fn train_with<R: Runner>(
         return Err(RunError::Usage("the plan has no update ops; recompile it with this dfc".into()));
     }
     let batch = batch_size(plan)?;
-    let train_data = load_feeds(plan, &options.feeds, "--feed")?;
-    let eval_data =
-        if options.eval_feeds.is_empty() { None } else { Some(load_feeds(plan, &options.eval_feeds, "--eval-feed")?) };
+    let train_data = {
+        let _span = trace::span("data", || "load the --feed files");
+        load_feeds(plan, &options.feeds, "--feed")?
+    };
+    let eval_data = if options.eval_feeds.is_empty() {
+        None
+    } else {
+        let _span = trace::span("data", || "load the --eval-feed files");
+        Some(load_feeds(plan, &options.eval_feeds, "--eval-feed")?)
+    };
 
     let session = runner;
     let updates: Vec<&str> = training.updates.iter().map(String::as_str).collect();
@@ -275,17 +282,26 @@ pub fn train_with<R: Runner>(
             step += steps;
             free_running = true;
         }
-        for (i, feeds) in train_data.batches(batch, &order).enumerate() {
+        let mut batches = train_data.batches(batch, &order).enumerate();
+        loop {
             if free_running {
                 break;
             }
+            let next = {
+                let _span = trace::span("data", || "batch");
+                batches.next()
+            };
+            let Some((i, feeds)) = next else { break };
             if (i as u64) < skip {
                 continue;
             }
             if options.steps.is_some_and(|limit| step >= limit) {
                 break;
             }
-            let out = session.run(&step_program, &feeds)?;
+            let out = {
+                let _span = trace::span("step", || format!("step {}", step + 1));
+                session.run(&step_program, &feeds)?
+            };
             let loss = out[0].scalar_f64();
             if let Some(lr) = out.get(1) {
                 learning_rate = Some(lr.scalar_f64());
@@ -327,6 +343,7 @@ pub fn train_with<R: Runner>(
             workers,
         };
         if let Some(eval) = &eval_data {
+            let _span = trace::span("evaluate", || format!("evaluate epoch {}", epoch + 1));
             let values = evaluate(session, &eval_program, eval, batch)?;
             record.eval_loss = Some(values[0]);
             for (metric, value) in plan.metrics.iter().zip(&values[1..]) {
@@ -341,6 +358,7 @@ pub fn train_with<R: Runner>(
             log.write(&record)?;
         }
         if let Some(dir) = &options.checkpoint_dir {
+            let _span = trace::span("checkpoint", || format!("checkpoint at step {step}"));
             let completed_epochs = if finished_epoch { epoch + 1 } else { epoch };
             checkpoint::save(dir, step, completed_epochs, session.variables()?.iter())
                 .map_err(|e| RunError::Checkpoint(e.to_string()))?;
@@ -366,6 +384,7 @@ struct Averaging<P> {
 impl<P> Averaging<P> {
     /// Averages the replicas' variables; returns the all-reduces that took.
     fn run<R: Runner<Program = P>>(&self, session: &mut R) -> Result<u64, RunError> {
+        let _span = trace::span("average", || "average the replicas' variables");
         session.run(&self.program, &HashMap::new())?;
         Ok(self.all_reduces)
     }

@@ -45,6 +45,7 @@ mod program;
 mod rendezvous;
 mod scalar;
 mod tensor;
+pub mod trace;
 
 pub use init::{fans, fnv1a_64, initial_value, initialize, try_initialize, try_initialize_some};
 pub use program::{reduce_together, schedule, Program, StagedRun};

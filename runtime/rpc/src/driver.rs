@@ -467,6 +467,21 @@ impl RemoteSession {
         metrics.steps += u64::from(step);
         metrics.run_seconds += reply.run_seconds;
         metrics.exchange_seconds += reply.exchange_seconds;
+        // A traced run's spans, on this process's time line, each on a track of its worker's.
+        let shift = reply.trace_origin_unix_us - dfc_interp::trace::origin_unix_us();
+        let mut tracks: HashMap<&str, std::sync::Arc<str>> = HashMap::new();
+        for span in &reply.spans {
+            let track =
+                tracks.entry(&span.track).or_insert_with(|| format!("{}: {}", self.names[rank], span.track).into());
+            dfc_interp::trace::record(dfc_interp::trace::Event {
+                track: track.clone(),
+                category: span.category.clone().into(),
+                name: span.name.as_str().into(),
+                start_us: span.start_us + shift,
+                duration_us: span.duration_us,
+                bytes: span.bytes,
+            });
+        }
     }
 
     /// Asks every worker to stop.
@@ -524,7 +539,13 @@ impl Runner for RemoteSession {
                 let tensor = feeds.get(name).ok_or_else(|| RunError::Usage(format!("no feed for input `{name}`")))?;
                 sent.push(NamedTensor { name: name.clone(), tensor: Some(tensor::to_proto(tensor)) });
             }
-            let request = RunRequest { plan_sha256: self.sha256.clone(), program: program.id, step, feeds: sent };
+            let request = RunRequest {
+                plan_sha256: self.sha256.clone(),
+                program: program.id,
+                step,
+                feeds: sent,
+                trace: dfc_interp::trace::enabled(),
+            };
             requests.push((*rank, request));
         }
         let timeout = self.wait + CALL_MARGIN;
@@ -618,6 +639,7 @@ impl FreeReplicas for RemoteSession {
             program,
             step,
             feeds,
+            trace: dfc_interp::trace::enabled(),
         };
         // The servers send the variables while the replica computes; once it has sent its
         // gradients, they apply them.

@@ -380,6 +380,7 @@ impl Worker for WorkerService {
         }
         blocking(move || {
             let step = request.step;
+            dfc_interp::trace::set_enabled(request.trace);
             let rendezvous = registered.host.step(step);
             let started = std::time::Instant::now();
             let (result, stage) = {
@@ -405,6 +406,8 @@ impl Worker for WorkerService {
                     fetched: fetched.iter().map(tensor::to_proto).collect(),
                     run_seconds: started.elapsed().as_secs_f64(),
                     exchange_seconds: rendezvous.exchange_seconds(),
+                    spans: if request.trace { trace_spans() } else { Vec::new() },
+                    trace_origin_unix_us: dfc_interp::trace::origin_unix_us(),
                 })),
                 Err(error) => {
                     let host = &registered.host;
@@ -637,4 +640,19 @@ pub fn routes(plan: &Plan, worker_of: &[usize], rank: usize) -> Routes {
         routes.reductions.insert(key, (ranks, local));
     }
     routes
+}
+
+/// The spans this worker recorded since it last sent them, for a traced Run's reply.
+fn trace_spans() -> Vec<crate::proto::TraceSpan> {
+    dfc_interp::trace::take()
+        .into_iter()
+        .map(|e| crate::proto::TraceSpan {
+            track: e.track.to_string(),
+            category: e.category.into_owned(),
+            name: e.name.to_string(),
+            start_us: e.start_us,
+            duration_us: e.duration_us,
+            bytes: e.bytes,
+        })
+        .collect()
 }

@@ -39,7 +39,7 @@ async fn malformed_and_out_of_order_calls_are_errors() {
         stage: 0,
     };
     assert_eq!(code(client.prepare(prepare.clone()).await), Code::FailedPrecondition);
-    let run = RunRequest { plan_sha256: hash.clone(), program: 0, step: 0, feeds: vec![] };
+    let run = RunRequest { plan_sha256: hash.clone(), program: 0, step: 0, feeds: vec![], trace: false };
     assert_eq!(code(client.run(run).await), Code::FailedPrecondition);
     // A plan that is not one, with its right hash; a hash that does not match.
     let mut rng = 7u64;
@@ -118,7 +118,13 @@ async fn a_registered_plan_runs_and_malformed_feeds_are_errors() {
     assert!(prepared.takes_part);
     assert_eq!(prepared.provides, vec![0]);
     // A program that was never prepared; a feed whose bytes do not fit its type; a missing feed.
-    let run = |program: u64, feeds: Vec<NamedTensor>| RunRequest { plan_sha256: hash.clone(), program, step: 0, feeds };
+    let run = |program: u64, feeds: Vec<NamedTensor>| RunRequest {
+        plan_sha256: hash.clone(),
+        program,
+        step: 0,
+        feeds,
+        trace: false,
+    };
     assert_eq!(code(client.run(run(9, vec![])).await), Code::FailedPrecondition);
     let bad = NamedTensor {
         name: "x".into(),

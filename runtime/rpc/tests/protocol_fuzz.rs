@@ -134,7 +134,13 @@ async fn thousands_of_random_calls_never_crash_the_worker() {
                             }
                         })
                         .collect();
-                    let request = RunRequest { plan_sha256: sha, program: 7, step: random.number(), feeds };
+                    let request = RunRequest {
+                        plan_sha256: sha,
+                        program: 7,
+                        step: random.number(),
+                        feeds,
+                        trace: random.below(2) == 1,
+                    };
                     if client.run(request).await.is_ok() {
                         RUNS.fetch_add(1, Ordering::SeqCst);
                     }
@@ -203,8 +209,13 @@ async fn thousands_of_random_calls_never_crash_the_worker() {
                             tensor: (!random.chance(10)).then(|| random.tensor()),
                         })
                         .collect();
-                    let request =
-                        RunRequest { plan_sha256: sha, program: random.below(4), step: random.number(), feeds };
+                    let request = RunRequest {
+                        plan_sha256: sha,
+                        program: random.below(4),
+                        step: random.number(),
+                        feeds,
+                        trace: random.below(2) == 1,
+                    };
                     drop(client.run(request).await)
                 }
                 4 | 5 => {

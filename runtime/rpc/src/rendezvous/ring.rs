@@ -189,7 +189,7 @@ impl NetRendezvous {
             // This thread sends what all-gather chunks wait for: it must not wait itself.
             self.apply_chunk(key, step, total, offset, chunk, false);
         }
-        let result = self.send_ring(key, next, base, own);
+        let result = self.send_ring(key, next, base, own, reducing_steps);
         // Closed before `buffer`'s borrow ends: nothing is applied into it after this.
         self.close_ring(key);
         let mut state = self.lock();
@@ -202,8 +202,32 @@ impl NetRendezvous {
 
     /// Sends this worker's own segment, then each chunk the data plane's reader has applied, as
     /// the next step's, until every step's segment has come and all are passed on.
-    fn send_ring(&self, key: &str, next: usize, base: SharedBytes, own: Range<usize>) -> Result<(), InterpError> {
+    ///
+    /// On the timeline, the ring's two phases as this worker sends them: the reduce-scatter
+    /// until its first all-gather chunk goes out, then the all-gather, each with its bytes.
+    fn send_ring(
+        &self,
+        key: &str,
+        next: usize,
+        base: SharedBytes,
+        own: Range<usize>,
+        reducing_steps: usize,
+    ) -> Result<(), InterpError> {
         let links = &self.peers.links;
+        let started = std::time::Instant::now();
+        let (mut gathering_from, mut scattered, mut gathered) = (None, own.len() as u64, 0u64);
+        let phases = |gathering_from: Option<std::time::Instant>, scattered, gathered| {
+            let now = std::time::Instant::now();
+            let middle = gathering_from.unwrap_or(now);
+            dfc_interp::trace::record_span(
+                "all_reduce",
+                || format!("reduce-scatter {key}"),
+                started,
+                middle,
+                Some(scattered),
+            );
+            dfc_interp::trace::record_span("all_reduce", || format!("all-gather {key}"), middle, now, Some(gathered));
+        };
         for c in 0..chunks_of(own.len()) {
             let offset = c * DATA_CHUNK;
             let len = DATA_CHUNK.min(own.len() - offset);
@@ -227,7 +251,16 @@ impl NetRendezvous {
                     None => ring.finished().then_some(Ok(None)),
                 }
             })?;
-            let Some((step, offset, len, segment)) = job.map_err(|message| self.fail(message))? else { return Ok(()) };
+            let Some((step, offset, len, segment)) = job.map_err(|message| self.fail(message))? else {
+                phases(gathering_from, scattered, gathered);
+                return Ok(());
+            };
+            if step < reducing_steps {
+                scattered += len as u64;
+            } else {
+                gathering_from.get_or_insert_with(std::time::Instant::now);
+                gathered += len as u64;
+            }
             // SAFETY: the chunk was applied (it is taken once) and is not written again until it
             // is marked sent (see the module's comment).
             let chunk = unsafe { std::slice::from_raw_parts(base.0.add(segment.start + offset), len) };
