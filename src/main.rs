@@ -242,6 +242,10 @@ enum Command {
         /// several workers on one machine its share of the cores.
         #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
         threads: Option<u16>,
+        /// Wait this long before each run of a step: a straggler on purpose, to see what a slow
+        /// worker does to a run (the stall inspector's reports, asynchronous training).
+        #[arg(long, value_name = "MS", default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=600_000))]
+        delay_ms: u64,
     },
     /// Make the TLS files for workers on several machines: a CA, and for each host a directory
     /// to give its `dfc worker` (and a driver there) as --tls-dir.
@@ -438,8 +442,12 @@ fn main() -> ExitCode {
                 Ok(ExitCode::SUCCESS)
             })
         }
-        Command::Worker { listen, token_file, tls_dir, data_port, no_shared_memory, threads } => {
-            let data = dfc_rpc::DataPlane { port: data_port, shared_memory: !no_shared_memory };
+        Command::Worker { listen, token_file, tls_dir, data_port, no_shared_memory, threads, delay_ms } => {
+            let data = dfc_rpc::DataPlane {
+                port: data_port,
+                shared_memory: !no_shared_memory,
+                step_delay: std::time::Duration::from_millis(delay_ms),
+            };
             run::worker(&listen, token_file.as_deref(), tls_dir.as_deref(), data, threads).map_err(Failure)
         }
     };

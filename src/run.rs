@@ -302,6 +302,8 @@ fn run_remote(plan: &dfc_plan::Plan, args: &RunArgs) -> Result<(), String> {
         tls.as_ref(),
     )
     .map_err(|e| e.to_string())?;
+    // The stall inspector: a step still waiting on other workers after a heartbeat says on what.
+    session.on_stall(|report| eprintln!("warning: {report}"));
     for ((name, address), threads) in assignment.names.iter().zip(&addresses).zip(session.worker_threads()) {
         let count = assignment.partition_worker.iter().filter(|&&w| assignment.names[w] == *name).count();
         eprintln!("worker {name} at {address}: {count} partition(s), {threads} compute thread(s)");

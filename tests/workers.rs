@@ -284,6 +284,15 @@ fn drain_stderr(child: &mut Child) -> std::thread::JoinHandle<String> {
 /// Trains on two workers, does `fault` to the second after two seconds, and returns the run's
 /// stderr once it has failed, which it must within 30 s.
 fn a_fault_on_the_second_worker(name: &str, wait: &str, fault: impl FnOnce(&mut Vec<Worker>)) -> String {
+    a_timed_fault_on_the_second_worker(name, wait, fault).0
+}
+
+/// The same, with how long after the fault the run ended.
+fn a_timed_fault_on_the_second_worker(
+    name: &str,
+    wait: &str,
+    fault: impl FnOnce(&mut Vec<Worker>),
+) -> (String, Duration) {
     let dir = scratch(name);
     let feeds = regression_data(&dir, 256);
     let mut workers: Vec<Worker> = (0..2).map(|_| Worker::start(TOKEN)).collect();
@@ -307,9 +316,10 @@ fn a_fault_on_the_second_worker(name: &str, wait: &str, fault: impl FnOnce(&mut 
         assert!(faulted.elapsed() < Duration::from_secs(30), "{name}: the run did not end within 30 s of the fault");
         std::thread::sleep(Duration::from_millis(100));
     };
+    let ended = faulted.elapsed();
     let stderr = stderr.join().unwrap();
     assert!(!status.success(), "{stderr}");
-    stderr
+    (stderr, ended)
 }
 
 #[test]
@@ -397,6 +407,52 @@ fn a_stopped_worker_is_reported_by_name_and_the_run_fails() {
     assert!(
         stderr.contains("worker /job:worker/task:1") && stderr.contains("stopped answering"),
         "the error names the stopped worker's task: {stderr}"
+    );
+}
+
+/// The stall inspector: a worker stopped in the middle of training, the steps' own wait left
+/// at 30 s: within 10 s the driver names it, and what the other worker waits for from it (the
+/// all-reduce of the gradients, or a tensor of the step).
+#[test]
+fn a_stopped_worker_is_named_with_what_the_others_wait_for() {
+    let (stderr, ended) = a_timed_fault_on_the_second_worker("stalled", "30", |workers| {
+        let stop = Command::new("kill").args(["-STOP", &workers[1].child.id().to_string()]).status();
+        assert!(stop.expect("kill").success());
+    });
+    assert!(ended < Duration::from_secs(10), "named after {ended:?}: {stderr}");
+    assert!(stderr.contains("worker /job:worker/task:1") && stderr.contains("stopped answering"), "{stderr}");
+    assert!(
+        stderr.contains("meanwhile worker /job:worker/task:0 has waited")
+            && stderr.contains("from worker /job:worker/task:1"),
+        "the waiting worker, what it waits for and from whom: {stderr}"
+    );
+}
+
+/// The stall inspector on a slow worker that answers (`dfc worker --delay-ms 6000`): the step
+/// waits past a heartbeat, the driver prints what the other worker waits for and from whom,
+/// and the run goes on to its end.
+#[test]
+fn a_slow_step_is_reported_with_what_it_waits_for() {
+    let dir = scratch("slow");
+    let feeds = regression_data(&dir, 256);
+    let mut slow = Command::new(env!("CARGO_BIN_EXE_dfc"));
+    slow.args(["worker", "--listen", "127.0.0.1:0", "--delay-ms", "6000"]);
+    let workers = [Worker::start(TOKEN), Worker::launch(slow, TOKEN, "127.0.0.1")];
+    let cluster = cluster_file(&dir, &[("worker", &[&workers[0], &workers[1]])]);
+    let plan = compile(&dir, &["--cluster", s(&cluster), "--strategy", "mirrored"]);
+    let output = Command::new(env!("CARGO_BIN_EXE_dfc"))
+        .args(["run", s(&plan), "--feed", &feeds[0], "--feed", &feeds[1], "--steps", "1"])
+        .args(["--cluster", s(&cluster)])
+        .env("DFC_TOKEN", TOKEN)
+        .output()
+        .expect("run");
+    let stderr = text(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let warning = stderr.lines().find(|l| l.starts_with("warning: step 0 (linear_regression) is still under way"));
+    let warning = warning.unwrap_or_else(|| panic!("no stall report: {stderr}"));
+    assert!(
+        warning.contains("worker /job:worker/task:0 has waited") && warning.contains("from worker /job:worker/task:1"),
+        "{warning}"
     );
 }
 

@@ -88,7 +88,7 @@ const CALL_MARGIN: Duration = Duration::from_secs(10);
 /// one worker and been aborted on all, the others are asked sooner.
 const HEARTBEAT: Duration = Duration::from_secs(5);
 const ABORT_GRACE: Duration = Duration::from_secs(2);
-const HEALTH_PATIENCE: Duration = Duration::from_secs(5);
+const HEALTH_PATIENCE: Duration = Duration::from_secs(3);
 
 /// A plan's partitions running on remote workers.
 pub struct RemoteSession {
@@ -108,6 +108,8 @@ pub struct RemoteSession {
     free: Option<Option<Vec<ReplicaPrograms>>>,
     /// Per worker, the threads it computes on (as it said when connected).
     worker_threads: Vec<usize>,
+    /// Where the stall inspector's reports go (a step still waiting after a heartbeat).
+    on_stall: Option<Box<dyn Fn(&str) + Send + Sync>>,
 }
 
 /// What one free-running replica runs: its step on its own worker, and on each worker that
@@ -216,6 +218,7 @@ impl RemoteSession {
             ),
             free: None,
             worker_threads: Vec::new(),
+            on_stall: None,
         };
         let addresses: Vec<String> = addresses.to_vec();
         // Each worker's data port, which the others send all-reduce segments to.
@@ -295,7 +298,7 @@ impl RemoteSession {
                 let joined = match tokio::time::timeout_at(check_at, calls.join_next()).await {
                     Ok(joined) => joined,
                     Err(_) => {
-                        if let Some(silent) = self.silent_worker(&pending).await {
+                        if let Some(silent) = self.inspect(&pending, step).await {
                             failure = Some((0, silent));
                             return;
                         }
@@ -352,29 +355,76 @@ impl RemoteSession {
         }
     }
 
-    /// The first of the workers `ranks` that does not answer `Health` in time (or at all), as
-    /// the reason a step failed.
-    async fn silent_worker(&self, ranks: &std::collections::BTreeSet<usize>) -> Option<RunError> {
+    /// The stall inspector, when the calls of `ranks` are still under way after a heartbeat:
+    /// asks every worker for `Health`. The first of `ranks` that does not answer in time (or
+    /// at all) is the reason the step failed, and the error names what the others wait for;
+    /// otherwise, where the step's partitions wait for other workers, `on_stall` hears which
+    /// tensor or all-reduce each waits for, from whom, and for how long.
+    async fn inspect(&self, ranks: &std::collections::BTreeSet<usize>, step: Option<u64>) -> Option<RunError> {
         let mut probes = tokio::task::JoinSet::new();
-        for &rank in ranks {
+        for rank in 0..self.clients.len() {
             let mut client = self.clients[rank].clone();
             probes.spawn(async move {
                 let mut request = tonic::Request::new(HealthRequest {});
                 request.set_timeout(HEALTH_PATIENCE);
                 let answer = tokio::time::timeout(HEALTH_PATIENCE, client.health(request)).await;
-                (rank, matches!(answer, Ok(Ok(_))))
+                (rank, answer.ok().and_then(Result::ok).map(|reply| reply.into_inner()))
             });
         }
-        let mut silent: Vec<usize> =
-            probes.join_all().await.into_iter().filter(|(_, ok)| !ok).map(|(r, _)| r).collect();
-        silent.sort_unstable();
-        let rank = *silent.first()?;
-        Some(RunError::Plan(format!(
-            "worker {} at {} stopped answering: it answered neither its call nor a health check within {} s (is its process stopped or hung?)",
-            self.names[rank],
-            self.address(rank),
-            HEALTH_PATIENCE.as_secs()
-        )))
+        let mut answers = probes.join_all().await;
+        answers.sort_by_key(|(rank, _)| *rank);
+        let waits: Vec<String> = answers
+            .iter()
+            .filter_map(|(rank, answer)| Some((*rank, answer.as_ref()?)))
+            .flat_map(|(rank, health)| {
+                health.waits.iter().filter(|w| step.is_none_or(|s| w.step == s)).map(move |w| self.describe(rank, w))
+            })
+            .collect();
+        let silent = answers.iter().find(|(rank, answer)| answer.is_none() && ranks.contains(rank));
+        if let Some((rank, _)) = silent {
+            let mut message = format!(
+                "{} at {} stopped answering: it answered neither its call nor a health check within {} s (is its process stopped or hung?)",
+                self.worker(*rank),
+                self.address(*rank),
+                HEALTH_PATIENCE.as_secs()
+            );
+            if !waits.is_empty() {
+                message += &format!("; meanwhile {}", waits.join("; "));
+            }
+            return Some(RunError::Plan(message));
+        }
+        if let (Some(report), false) = (&self.on_stall, waits.is_empty()) {
+            let step = step.map_or(String::new(), |s| format!("step {s} ({})", self.plan.model));
+            report(&format!("{step} is still under way: {}", waits.join("; ")));
+        }
+        None
+    }
+
+    /// `worker 1 (…) has waited 6.2 s for all-reduce `k` from worker 0 (…)`.
+    fn describe(&self, rank: usize, wait: &crate::proto::Wait) -> String {
+        let what = if wait.all_reduce { "all-reduce" } else { "tensor" };
+        let from = match wait.from.map(|r| r as usize) {
+            Some(r) if r < self.names.len() => format!(" from {}", self.worker(r)),
+            Some(r) => format!(" from the worker of rank {r}"),
+            None => " from its own replicas".into(),
+        };
+        format!("{} has waited {:.1} s for {what} `{}`{from}", self.worker(rank), wait.seconds, wait.key)
+    }
+
+    /// `worker /job:worker/task:1`, `worker 0 (of 2 devices of one task)`.
+    fn worker(&self, rank: usize) -> String {
+        let name = &self.names[rank];
+        if name.starts_with("worker ") {
+            name.clone()
+        } else {
+            format!("worker {name}")
+        }
+    }
+
+    /// Where the stall inspector reports steps that still wait on other workers after a
+    /// heartbeat (every 5 s).
+    pub fn on_stall(&mut self, report: impl Fn(&str) + Send + Sync + 'static) {
+        self.on_stall = Some(Box::new(report));
     }
 
     /// Per worker (by rank), the threads it computes on.

@@ -34,6 +34,8 @@ pub struct Routes {
     pub rank: usize,
     /// The rank whose partition receives each Send key.
     pub receiver: HashMap<String, usize>,
+    /// The rank whose partition sends each key, for the stall inspector's reports.
+    pub sender: HashMap<String, usize>,
     /// Per all-reduce key: the ranks that hold replicas (ascending) and how many replicas this
     /// worker holds.
     pub reductions: HashMap<String, (Vec<usize>, usize)>,
@@ -201,6 +203,33 @@ pub struct NetRendezvous {
     wait: Duration,
     /// Nanoseconds spent in exchanges, summed over the partitions.
     exchanging: std::sync::atomic::AtomicU64,
+    /// What the partitions wait for now, for `Health` (the stall inspector): by an id each.
+    waits: Mutex<Vec<(u64, Wait)>>,
+    next_wait: std::sync::atomic::AtomicU64,
+}
+
+/// A wait of one of this worker's partitions within a step.
+#[derive(Clone, Debug)]
+pub struct Wait {
+    /// The tensor's key, or the all-reduce's.
+    pub key: String,
+    pub all_reduce: bool,
+    /// The worker it waits for: a tensor's sender, the previous worker of an all-reduce's ring;
+    /// `None` for this worker's own replicas.
+    pub from: Option<usize>,
+    pub since: std::time::Instant,
+}
+
+/// Removes its wait from the list when the wait ends.
+struct Waiting<'a> {
+    rendezvous: &'a NetRendezvous,
+    id: u64,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.rendezvous.waits.lock().unwrap_or_else(|e| e.into_inner()).retain(|(id, _)| *id != self.id);
+    }
 }
 
 impl NetRendezvous {
@@ -213,6 +242,8 @@ impl NetRendezvous {
             changed: Condvar::new(),
             wait,
             exchanging: Default::default(),
+            waits: Mutex::new(Vec::new()),
+            next_wait: Default::default(),
         }
     }
 
@@ -277,6 +308,19 @@ impl NetRendezvous {
         let (buffer, _) = state.assembling.remove(key).expect("assembling");
         drop(state);
         self.deliver(key, Received::Bytes(ty.clone(), buffer))
+    }
+
+    /// Notes that a partition waits for `key` from worker `from` until the result is dropped.
+    fn waiting(&self, key: &str, all_reduce: bool, from: Option<usize>) -> Waiting<'_> {
+        let id = self.next_wait.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let wait = Wait { key: key.to_string(), all_reduce, from, since: std::time::Instant::now() };
+        self.waits.lock().unwrap_or_else(|e| e.into_inner()).push((id, wait));
+        Waiting { rendezvous: self, id }
+    }
+
+    /// What this step's partitions wait for now.
+    pub fn waits(&self) -> Vec<Wait> {
+        self.waits.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|(_, w)| w.clone()).collect()
     }
 
     fn wait_for<T>(&self, key: &str, ready: impl FnMut(&mut State) -> Option<T>) -> Result<T, InterpError> {
@@ -359,6 +403,7 @@ impl NetRendezvous {
     }
 
     fn recv_now(&self, key: &str) -> Result<Tensor, InterpError> {
+        let _waiting = self.waiting(key, false, self.routes.sender.get(key).copied());
         self.wait_for(key, |state| state.received.get(key).cloned())?
             .into_tensor()
             .map_err(|message| InterpError::RendezvousConflict { key: key.to_string(), message })
@@ -385,7 +430,14 @@ impl NetRendezvous {
                 sum = dfc_interp::eval(&Op::Binary(BinaryOp::Add), &[&sum, &part])
                     .map_err(|e| self.fail(format!("all-reduce `{key}`: {e}")))?;
             }
-            let result = if ranks.len() > 1 { self.ring(key, ranks, sum) } else { Ok(sum) };
+            let result = if ranks.len() > 1 {
+                // The ring waits, in the end, for the worker before this one.
+                let me = ranks.iter().position(|&r| r == self.routes.rank).unwrap_or(0);
+                let _waiting = self.waiting(key, true, Some(ranks[(me + ranks.len() - 1) % ranks.len()]));
+                self.ring(key, ranks, sum)
+            } else {
+                Ok(sum)
+            };
             if *local == 1 {
                 return result;
             }
@@ -400,6 +452,7 @@ impl NetRendezvous {
             return result;
         }
         drop(state);
+        let _waiting = self.waiting(key, true, None);
         self.wait_for(key, |state| state.reductions.get(key).and_then(|r| r.sum.clone()))?
             .map_err(|reason| InterpError::Aborted { reason })
     }

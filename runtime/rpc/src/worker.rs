@@ -22,7 +22,7 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tonic::{Request, Response, Status};
 
-/// How a worker's data plane is set up.
+/// How a worker's data plane is set up, and how slowly it serves.
 #[derive(Clone, Copy, Debug)]
 pub struct DataPlane {
     /// The port it listens on (0: any free port), on the gRPC listener's address.
@@ -30,11 +30,14 @@ pub struct DataPlane {
     /// Whether to offer the workers this one sends to a queue in shared memory (taken by
     /// those on the same machine).
     pub shared_memory: bool,
+    /// A delay before each run of a step (`dfc worker --delay-ms`): a straggler, for tests and
+    /// experiments.
+    pub step_delay: Duration,
 }
 
 impl Default for DataPlane {
     fn default() -> DataPlane {
-        DataPlane { port: 0, shared_memory: true }
+        DataPlane { port: 0, shared_memory: true, step_delay: Duration::ZERO }
     }
 }
 
@@ -60,6 +63,7 @@ pub async fn serve(
         stop: Arc::new(Mutex::new(Some(stop))),
         data_port,
         shared_memory: data.shared_memory,
+        step_delay: data.step_delay,
     };
     let server = tonic::service::interceptor::InterceptedService::new(
         WorkerServer::new(service)
@@ -131,6 +135,8 @@ struct WorkerService {
     data_port: u32,
     /// Whether the data plane offers shared-memory queues.
     shared_memory: bool,
+    /// Slept before each run (`DataPlane::step_delay`).
+    step_delay: Duration,
 }
 
 /// The registration and the benchmarks under way: what calls and data connections name.
@@ -184,6 +190,26 @@ impl StepHost {
 
     fn finish(&self, step: u64) {
         self.steps.lock().unwrap_or_else(|e| e.into_inner()).remove(&step);
+    }
+
+    /// What the partitions wait for in the steps under way, longest first.
+    fn waits(&self) -> Vec<crate::proto::Wait> {
+        let steps: Vec<(u64, Arc<NetRendezvous>)> =
+            self.steps.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|(s, r)| (*s, r.clone())).collect();
+        let mut waits: Vec<crate::proto::Wait> = steps
+            .iter()
+            .flat_map(|(step, rendezvous)| {
+                rendezvous.waits().into_iter().map(move |w| crate::proto::Wait {
+                    step: *step,
+                    key: w.key,
+                    all_reduce: w.all_reduce,
+                    from: w.from.map(|r| r as u32),
+                    seconds: w.since.elapsed().as_secs_f64(),
+                })
+            })
+            .collect();
+        waits.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
+        waits
     }
 }
 
@@ -378,8 +404,10 @@ impl Worker for WorkerService {
             let tensor = feed.tensor.as_ref().ok_or_else(|| bad(format!("feed `{}` has no tensor", feed.name)))?;
             feeds.insert(feed.name.clone(), tensor::from_proto(tensor).map_err(bad)?);
         }
+        let delay = self.step_delay;
         blocking(move || {
             let step = request.step;
+            std::thread::sleep(delay);
             dfc_interp::trace::set_enabled(request.trace);
             let rendezvous = registered.host.step(step);
             let started = std::time::Instant::now();
@@ -507,10 +535,12 @@ impl Worker for WorkerService {
 
     async fn health(&self, _request: Request<HealthRequest>) -> Result<Response<HealthReply>, Status> {
         let registered = self.hosts.registered.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let waits = registered.as_ref().map(|r| r.host.waits()).unwrap_or_default();
         Ok(Response::new(HealthReply {
             plan_sha256: registered.map(|r| r.sha256.clone()).unwrap_or_default(),
             data_port: self.data_port,
             threads: rayon::current_num_threads() as u32,
+            waits,
         }))
     }
 
@@ -529,6 +559,7 @@ impl Worker for WorkerService {
         let routes = Routes {
             rank,
             receiver: HashMap::new(),
+            sender: HashMap::new(),
             reductions: HashMap::from([
                 ("bench".to_string(), ((0..n).collect(), 1)),
                 ("barrier".to_string(), ((0..n).collect(), 1)),
@@ -626,6 +657,9 @@ pub fn routes(plan: &Plan, worker_of: &[usize], rank: usize) -> Routes {
             match &graph.node(id).op {
                 Op::Recv { key, .. } => {
                     routes.receiver.insert(key.clone(), worker_of[p]);
+                }
+                Op::Send { key, .. } => {
+                    routes.sender.insert(key.clone(), worker_of[p]);
                 }
                 Op::AllReduce { key, .. } => replicas.entry(key.clone()).or_default().push(worker_of[p]),
                 _ => {}
