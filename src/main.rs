@@ -163,6 +163,10 @@ enum Command {
         /// Write one JSON object per epoch to this file.
         #[arg(long)]
         metrics: Option<PathBuf>,
+        /// Write each epoch's metrics as TensorBoard scalars to an event file in this directory
+        /// (`tensorboard --logdir DIR` shows them).
+        #[arg(long, value_name = "DIR")]
+        tensorboard: Option<PathBuf>,
         /// Save the variables after each epoch here, and resume from the newest checkpoint.
         #[arg(long)]
         checkpoint_dir: Option<PathBuf>,
@@ -405,6 +409,7 @@ fn main() -> ExitCode {
             shuffle_seed,
             no_shuffle,
             metrics,
+            tensorboard,
             checkpoint_dir,
             timeline,
             fetch,
@@ -423,6 +428,7 @@ fn main() -> ExitCode {
                 shuffle_seed,
                 no_shuffle,
                 metrics,
+                tensorboard,
                 checkpoint_dir,
                 lockstep,
             };

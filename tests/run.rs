@@ -698,3 +698,64 @@ fn a_timeline_shows_steps_kernels_and_all_reduces() {
         assert_eq!(outside, 0, "{outside} of {} kernels outside every step", kernels.len());
     }
 }
+
+/// `dfc run --tensorboard DIR`: TensorBoard's own reader (tests/tensorboard/read_scalars.py)
+/// finds every epoch's metrics at its global step, with the values of `metrics.jsonl` (as f32),
+/// and a resumed run's epochs after the first run's, from a second file in the directory.
+#[test]
+fn tensorboard_reads_each_epochs_metrics() {
+    let python = root().join("target/tb-venv/bin/python");
+    let has_tensorboard =
+        Command::new(&python).args(["-c", "import tensorboard"]).output().is_ok_and(|o| o.status.success());
+    if !has_tensorboard {
+        skip::skip(
+            skip::Need::TensorBoard,
+            "no Python with TensorBoard (python3 -m venv target/tb-venv && target/tb-venv/bin/pip install -r tests/tensorboard/requirements.txt; .ci/run does)",
+        );
+        return;
+    }
+    let dir = scratch("tensorboard");
+    let (x, y) = regression_data(&dir, 256, 10);
+    let plan = compile("linear_regression", &dir, &["--optimizer", "sgd(lr = 0.1)"]);
+    let (log, events, checkpoints) = (dir.join("metrics.jsonl"), dir.join("events"), dir.join("ckpt"));
+    for epochs in ["2", "3"] {
+        let output = dfc(&[
+            "run",
+            s(&plan),
+            "--feed",
+            &format!("x={}", s(&x)),
+            "--feed",
+            &format!("y={}", s(&y)),
+            "--eval-feed",
+            &format!("x={}", s(&x)),
+            "--eval-feed",
+            &format!("y={}", s(&y)),
+            "--epochs",
+            epochs,
+            "--metrics",
+            s(&log),
+            "--tensorboard",
+            s(&events),
+            "--checkpoint-dir",
+            s(&checkpoints),
+        ]);
+        assert!(output.status.success(), "{}", text(&output.stderr));
+    }
+    let files = std::fs::read_dir(&events).expect("the event directory").count();
+    assert_eq!(files, 2, "one event file per run");
+    let read = Command::new(&python).arg(root().join("tests/tensorboard/read_scalars.py")).arg(&events).output();
+    let read = read.expect("run the reader");
+    assert!(read.status.success(), "{}", text(&read.stderr));
+    let scalars: serde_json::Value = serde_json::from_slice(&read.stdout).expect("JSON");
+    let records = metrics(&log);
+    assert_eq!(records.len(), 3);
+    for key in ["train_loss", "learning_rate", "eval_loss", "examples_per_sec", "seconds"] {
+        let points = scalars[key].as_array().unwrap_or_else(|| panic!("no `{key}` in {scalars}"));
+        assert_eq!(points.len(), 3, "{key}: {points:?}");
+        for (point, record) in points.iter().zip(&records) {
+            assert_eq!(point[0], record["step"], "{key}");
+            let (value, expected) = (point[1].as_f64().unwrap(), record[key].as_f64().unwrap());
+            assert!((value - expected).abs() <= 1e-6 * expected.abs().max(1.0), "{key}: {value} for {expected}");
+        }
+    }
+}

@@ -39,10 +39,12 @@ pub enum Need {
     Qemu,
     /// No CUDA driver (a check of what happens without one).
     NoCudaDriver,
+    /// A Python with TensorBoard (target/tb-venv), which reads the event files dfc writes.
+    TensorBoard,
 }
 
 impl Need {
-    pub const ALL: [Need; 13] = [
+    pub const ALL: [Need; 14] = [
         Need::FashionMnist,
         Need::Fortunes,
         Need::Mpirun,
@@ -56,6 +58,7 @@ impl Need {
         Need::Avx2,
         Need::Qemu,
         Need::NoCudaDriver,
+        Need::TensorBoard,
     ];
 
     /// Its name in `DFC_REQUIRE` and in skip lines.
@@ -74,6 +77,7 @@ impl Need {
             Need::Avx2 => "avx2",
             Need::Qemu => "qemu",
             Need::NoCudaDriver => "no-cuda-driver",
+            Need::TensorBoard => "tensorboard",
         }
     }
 }

@@ -25,6 +25,7 @@ pub mod runner;
 pub mod sample;
 pub mod session;
 mod source;
+pub mod tensorboard;
 pub mod timeline;
 pub mod train;
 

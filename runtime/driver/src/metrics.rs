@@ -100,6 +100,17 @@ impl EpochRecord {
         Ok(fields)
     }
 
+    /// Its numbers (not the epoch and step, not the workers'), by key, for TensorBoard; keys
+    /// without a value (no evaluation) left out.
+    pub fn scalars(&self) -> Vec<(String, f64)> {
+        let fields = self.fields().unwrap_or_default();
+        fields
+            .into_iter()
+            .filter(|(key, _)| !matches!(key.as_str(), "epoch" | "step" | "workers"))
+            .filter_map(|(key, value)| Some((key, value.as_f64()?)))
+            .collect()
+    }
+
     /// The record as one line of JSON (without the newline), keys in the documented order.
     pub fn to_json_line(&self) -> io::Result<String> {
         let mut line = String::from("{");

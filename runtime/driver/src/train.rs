@@ -12,6 +12,7 @@ use crate::data::{self, Dataset};
 use crate::metrics::{EpochRecord, MetricsLog};
 use crate::runner::{FreeReplicas, Runner};
 use crate::session::{self, Session};
+use crate::tensorboard::EventWriter;
 use dfc_interp::{trace, InterpError, Tensor, Variables};
 use dfc_ir::{DType, Op};
 use dfc_plan::Plan;
@@ -32,6 +33,8 @@ pub struct TrainOptions {
     /// Take the training examples in their files' order every epoch instead of shuffling.
     pub no_shuffle: bool,
     pub metrics: Option<PathBuf>,
+    /// Write each epoch's metrics as TensorBoard scalars to an event file in this directory.
+    pub tensorboard: Option<PathBuf>,
     pub checkpoint_dir: Option<PathBuf>,
     pub backend: crate::session::Backend,
     /// Step an asynchronous plan's replicas together even where they could step on their own.
@@ -250,6 +253,12 @@ pub fn train_with<R: Runner>(
         Some(path) => Some(MetricsLog::create(path)?),
         None => None,
     };
+    let mut tensorboard = match &options.tensorboard {
+        Some(dir) => Some(EventWriter::create(dir).map_err(|e| {
+            RunError::Usage(format!("cannot write a TensorBoard event file in {}: {e}", dir.display()))
+        })?),
+        None => None,
+    };
     let mut records = Vec::new();
     'epochs: for epoch in start_epoch..epochs {
         if options.steps.is_some_and(|limit| step >= limit) {
@@ -356,6 +365,9 @@ pub fn train_with<R: Runner>(
         }
         if let Some(log) = &mut metrics_log {
             log.write(&record)?;
+        }
+        if let Some(events) = &mut tensorboard {
+            events.scalars(step, &record.scalars())?;
         }
         if let Some(dir) = &options.checkpoint_dir {
             let _span = trace::span("checkpoint", || format!("checkpoint at step {step}"));

@@ -340,6 +340,7 @@ fn the_training_loop_runs_a_partitioned_plan_and_resumes_it() {
         shuffle_seed: 4,
         no_shuffle: false,
         metrics: None,
+        tensorboard: None,
         checkpoint_dir: Some(dir.path().join(checkpoints)),
         lockstep: false,
     };
