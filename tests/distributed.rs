@@ -509,3 +509,43 @@ fn local_sgd_averaging_every_step_trains_as_mirrored() {
         assert!(!same, "{devices} replicas: without averages the replicas' copies stay equal");
     }
 }
+
+/// Replicas that would meet in their all-reduces in different orders deadlock, as Horovod's
+/// ranks do when they submit tensors in different orders: a plan whose second replica's two
+/// synchronised statistics swap keys (its mean all-reduced under the variance's key and the
+/// other way round) is refused before any step, naming the all-reduces and where the model
+/// makes them.
+#[test]
+fn replicas_that_all_reduce_in_different_orders_are_refused() {
+    let mut plan =
+        compiled(&batch_norm_model(true), Cluster::local(2, DeviceKind::Cpu), Strategy::Mirrored).expect("compiles");
+    let module = &mut plan.partitions[1].module;
+    let graph = &module.graph;
+    let reductions: Vec<dfc_ir::NodeId> = graph
+        .node_ids()
+        .filter(
+            |&id| matches!(&graph.node(id).op, dfc_ir::Op::AllReduce { key, .. } if key.starts_with("cross_replica/")),
+        )
+        .collect();
+    let (first, second) = reductions
+        .iter()
+        .flat_map(|&a| reductions.iter().map(move |&b| (a, b)))
+        .find(|&(a, b)| a != b && graph.ancestors(&[b]).contains(&a) && graph.node(a).outputs == graph.node(b).outputs)
+        .expect("one statistic all-reduced after another of its type");
+    let key = |id| match &module.graph.node(id).op {
+        dfc_ir::Op::AllReduce { key, .. } => key.clone(),
+        _ => unreachable!(),
+    };
+    let (a, b) = (key(first), key(second));
+    for (id, key) in [(first, b.clone()), (second, a.clone())] {
+        if let dfc_ir::Op::AllReduce { key: k, .. } = &mut module.graph.node_mut(id).op {
+            *k = key;
+        }
+    }
+    let error = Session::new(&plan, 0).err().expect("the crossed plan is refused").to_string();
+    assert!(error.contains("would wait for each other forever") && error.contains(&a) && error.contains(&b), "{error}");
+    assert!(
+        error.contains(&format!("`{a}` (node `")) && error.contains("of bn.df)"),
+        "where the model makes them: {error}"
+    );
+}

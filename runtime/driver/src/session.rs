@@ -181,6 +181,26 @@ fn variable_type(plan: &Plan, nodes: &HashMap<&str, (usize, NodeId)>, name: &str
     }
 }
 
+/// A schedule's error, with where the model makes the all-reduces that replicas would reach in
+/// different orders (`at FILE:LINE` where the source is at hand).
+fn located(plan: &Plan, error: InterpError) -> RunError {
+    let InterpError::CrossedAllReduces { keys, .. } = &error else { return error.into() };
+    let source = crate::source::PlanSource::of(plan);
+    let places: Vec<String> = keys
+        .iter()
+        .filter_map(|key| {
+            plan.partitions.iter().find_map(|partition| {
+                let graph = &partition.module.graph;
+                let id = graph
+                    .node_ids()
+                    .find(|&id| matches!(&graph.node(id).op, Op::AllReduce { key: k, .. } if k == key))?;
+                Some(format!("`{key}` {}", source.location(graph, id)))
+            })
+        })
+        .collect();
+    RunError::Plan(format!("{error}; made {}", places.join(", ")))
+}
+
 /// Closes a program's `roots` (per partition) over what crosses partitions, to a fixed point:
 /// the Send of every key a needed Recv waits for, and every replica of a needed all-reduce.
 /// Returns the keys of the all-reduces the program runs.
@@ -338,7 +358,7 @@ impl<'p> Session<'p> {
             variables.push(dfc_interp::try_initialize_some(&partition.module, seed, &keep)?);
         }
         let modules: Vec<&dfc_ir::Module> = plan.partitions.iter().map(|p| &p.module).collect();
-        let orders = dfc_interp::schedule(&modules)?;
+        let orders = dfc_interp::schedule(&modules).map_err(|e| located(plan, e))?;
         let mut native = Vec::with_capacity(plan.partitions.len());
         let mut gpu: Vec<Option<(Arc<GpuPartition>, GpuKernels)>> = vec![None; plan.partitions.len()];
         if backend != Backend::Interp {

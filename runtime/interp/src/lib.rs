@@ -117,6 +117,14 @@ pub enum InterpError {
     InvalidValue { node: String, message: String },
     #[error("the graph has a cycle through {}", nodes.join(", "))]
     Cycle { nodes: Vec<String> },
+    /// Partitions that would reach the all-reduces `keys` in different orders, each waiting in
+    /// one for a replica that waits in another: a deadlock, refused before any step.
+    #[error(
+        "the replicas would wait for each other forever: their partitions reach the all-reduces {} in different orders (a cycle through {})",
+        keys.iter().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(" and "),
+        nodes.join(", ")
+    )]
+    CrossedAllReduces { keys: Vec<String>, nodes: Vec<String> },
     #[error("{what} refers to a node that is not in the graph")]
     UnknownNode { what: String },
     /// The node breaks an invariant of the IR (the verifier would report it too).

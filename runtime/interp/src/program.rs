@@ -8,7 +8,7 @@ use crate::tensor::Tensor;
 use crate::{InterpError, Variables};
 use dfc_ir::{BinaryOp, Module, NodeId, Op, TensorRef, TensorType};
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
 
 /// The nodes needed for some fetches and targets, in topological order, checked once.
 ///
@@ -649,8 +649,36 @@ pub fn schedule(modules: &[&Module]) -> Result<Vec<Vec<NodeId>>, InterpError> {
         }
     }
     if done < members.len() {
-        let stuck = (0..members.len()).filter(|&u| pending[u] > 0).flat_map(|u| members[u].iter().copied());
-        return Err(InterpError::Cycle { nodes: stuck.take(5).map(name).collect() });
+        let stuck: Vec<(usize, NodeId)> =
+            (0..members.len()).filter(|&u| pending[u] > 0).flat_map(|u| members[u].iter().copied()).collect();
+        let nodes = stuck.iter().take(5).copied().map(name).collect();
+        // All-reduces on the cycle (what is stuck and leads back into what is stuck): replicas
+        // that would meet them in different orders.
+        let mut on_cycle: BTreeSet<usize> = (0..members.len()).filter(|&u| pending[u] > 0).collect();
+        loop {
+            let sinks: Vec<usize> =
+                on_cycle.iter().copied().filter(|&u| !successors[u].iter().any(|s| on_cycle.contains(s))).collect();
+            if sinks.is_empty() {
+                break;
+            }
+            for u in sinks {
+                on_cycle.remove(&u);
+            }
+        }
+        let mut keys: Vec<String> = on_cycle
+            .iter()
+            .flat_map(|&u| members[u].iter())
+            .filter_map(|&(m, id)| match &modules[m].graph.node(id).op {
+                Op::AllReduce { key, .. } => Some(key.clone()),
+                _ => None,
+            })
+            .collect();
+        keys.sort();
+        keys.dedup();
+        if keys.len() >= 2 {
+            return Err(InterpError::CrossedAllReduces { keys, nodes });
+        }
+        return Err(InterpError::Cycle { nodes });
     }
     Ok(orders)
 }
