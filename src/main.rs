@@ -306,6 +306,13 @@ struct DistributeArgs {
     /// default is asynchronous: each worker applies its own).
     #[arg(long)]
     sync: bool,
+    /// Asynchronous ps: divide each replica's gradient by its staleness, the updates its
+    /// variables took since it read them plus one (on by default with sgd and momentum).
+    #[arg(long, conflicts_with = "no_staleness_aware")]
+    staleness_aware: bool,
+    /// Asynchronous ps: apply every replica's gradient at the full rate, however stale.
+    #[arg(long)]
+    no_staleness_aware: bool,
     /// How variables are spread over their devices.
     #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(dfc_passes::VariablePlacement::NAMES), default_value = "round-robin")]
     placement: String,
@@ -642,6 +649,11 @@ fn compile_options(model: &ModelArgs, args: &DistributeArgs) -> Result<dfc_compi
         fusion: dfc_passes::FusionOptions { threshold_bytes: args.fusion_threshold },
         replica_instances: true,
         sync_every: args.sync_every,
+        staleness_aware: match (args.staleness_aware, args.no_staleness_aware) {
+            (true, _) => Some(true),
+            (_, true) => Some(false),
+            _ => None,
+        },
     })
 }
 

@@ -334,6 +334,44 @@ fn sync_every_needs_mirrored_and_a_step() {
     );
 }
 
+/// Staleness-aware updates are for asynchronous parameter servers, with an optimizer whose rate
+/// dividing the gradient divides: otherwise refused in one line.
+#[test]
+fn staleness_aware_needs_asynchronous_ps_and_a_plain_optimizer() {
+    let mlp = root().join("examples/mlp.df");
+    let mlp = mlp.to_str().expect("utf-8");
+    let cluster = scratch("staleness_cluster.json");
+    std::fs::write(&cluster, r#"{"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"], "ps": ["127.0.0.1:3"]}}"#)
+        .expect("cluster file");
+    let cluster = cluster.to_str().expect("utf-8");
+    let plan = scratch("staleness.plan");
+    let plan = plan.to_str().expect("utf-8");
+    let cases: [(&[&str], &str); 3] = [
+        (&["--devices", "2", "--strategy", "mirrored", "--staleness-aware"], "but the strategy is mirrored"),
+        (&["--cluster", cluster, "--strategy", "ps", "--sync", "--staleness-aware"], "but the strategy is ps --sync"),
+        (
+            &["--cluster", cluster, "--strategy", "ps", "--staleness-aware", "--optimizer", "adam(lr = 0.001)"],
+            "which adam normalises away",
+        ),
+    ];
+    for (extra, expected) in cases {
+        let mut args = vec!["compile", mlp, "-o", plan];
+        args.extend_from_slice(extra);
+        let output = dfc(&args);
+        assert_no_panic(&output);
+        assert_eq!(output.status.code(), Some(1), "{extra:?}");
+        let stderr = text(&output.stderr);
+        assert!(stderr.starts_with("error: ") && stderr.lines().count() == 1 && stderr.contains(expected), "{stderr}");
+    }
+    let adam =
+        dfc(&["compile", mlp, "-o", plan, "--cluster", cluster, "--strategy", "ps", "--optimizer", "adam(lr = 0.001)"]);
+    assert!(adam.status.success(), "{}", text(&adam.stderr));
+    assert!(!text(&dfc(&["inspect", plan]).stdout).contains("staleness-aware"), "off by default with adam");
+    let sgd = dfc(&["compile", mlp, "-o", plan, "--cluster", cluster, "--strategy", "ps"]);
+    assert!(sgd.status.success(), "{}", text(&sgd.stderr));
+    assert!(text(&dfc(&["inspect", plan]).stdout).contains("asynchronous updates, staleness-aware"));
+}
+
 #[test]
 fn dims_can_be_overridden() {
     let mlp = root().join("examples/mlp.df");

@@ -196,6 +196,39 @@ fn asynchronous_parameter_servers_train() {
     );
 }
 
+/// Staleness-aware asynchronous replicas (the default with SGD): each shared variable counts its
+/// updates in `<name>/version`, and every replica names the node of its staleness. Stepped
+/// together in one process, every replica reads the versions before any counts, so each
+/// update's staleness is 1 and the run ends with the bits of the fixed rate's, the versions
+/// having counted every replica's update of every variable.
+#[test]
+fn staleness_aware_replicas_stepped_together_train_as_the_fixed_rate() {
+    let cluster = || ps_cluster(2);
+    let aware = plan("linear_regression", cluster(), Strategy::ParameterServer { sync: false });
+    assert!(aware.strategy.staleness_aware, "on by default with sgd");
+    let options = CompileOptions {
+        cluster: cluster(),
+        strategy: Strategy::ParameterServer { sync: false },
+        staleness_aware: Some(false),
+        ..CompileOptions::default()
+    };
+    let fixed = plan_with("linear_regression", options);
+    assert!(!fixed.strategy.staleness_aware && fixed.replicas.iter().all(|r| r.staleness.is_none()));
+    let staleness: Vec<&str> = aware.replicas.iter().map(|r| r.staleness.as_deref().expect("named")).collect();
+    assert_eq!(staleness, ["replica_0/w/staleness", "replica_1/w/staleness"]);
+
+    let data: Vec<HashMap<String, Tensor>> = batches(&aware).into_iter().cycle().take(5).collect();
+    let (aware_losses, aware_vars) = train(&aware, &data);
+    let (fixed_losses, fixed_vars) = train(&fixed, &data);
+    assert_eq!(aware_losses, fixed_losses);
+    for (name, value) in &fixed_vars {
+        assert_eq!(value, &aware_vars[name], "`{name}`");
+    }
+    for variable in ["w", "b"] {
+        assert_eq!(aware_vars[&format!("{variable}/version")], [10.0], "two replicas' updates of 5 steps");
+    }
+}
+
 /// An asynchronous plan names each replica's own inputs, loss and updates; one replica's step
 /// run as its two stages (what needs no Recv, then the rest, on one rendezvous, as a parameter
 /// server serving free-running replicas runs it) ends as the whole step does, and only the
@@ -241,6 +274,65 @@ fn a_replica_step_in_two_stages_ends_like_the_whole_step() {
     // The step changed the variables (the stages did not just both skip the updates).
     let fresh = Session::new(&plan, 0).unwrap().variables().unwrap();
     assert!(fresh.iter().any(|(name, v)| v.to_f64_vec() != a.get(name).unwrap().to_f64_vec()));
+}
+
+/// Staleness divides a stale update: replica 0 reads the variables (its step's first stage),
+/// replica 1 takes a whole step, then replica 0's gradient arrives. Its update is one step
+/// late, τ = 2, so with SGD it moves each variable half as far as the fixed rate moves it from
+/// the same place; replica 1's own update was fresh (τ = 1) and is the same in both.
+#[test]
+fn a_stale_update_moves_the_variables_by_its_gradient_over_its_staleness() {
+    let compiled = |staleness_aware| {
+        let options = CompileOptions {
+            cluster: ps_cluster(2),
+            strategy: Strategy::ParameterServer { sync: false },
+            staleness_aware: Some(staleness_aware),
+            ..CompileOptions::default()
+        };
+        plan_with("linear_regression", options)
+    };
+    let moves = |plan: &Plan| -> (BTreeMap<String, Vec<f64>>, BTreeMap<String, Vec<f64>>, Option<f64>) {
+        let whole_batch = batches(plan).remove(0);
+        let feeds = dfc_driver::replicas::node_feeds(plan, &whole_batch).unwrap().into_owned();
+        let mut session = Session::new(plan, 0).unwrap();
+        let step = |r: usize| {
+            let replica = &plan.replicas[r];
+            let mut fetches = vec![replica.loss_node.as_str()];
+            fetches.extend(replica.staleness.as_deref());
+            (fetches, replica.updates.iter().map(String::as_str).collect::<Vec<&str>>())
+        };
+        let (fetches0, updates0) = step(0);
+        let (fetches1, updates1) = step(1);
+        let before = session.program_stage(&fetches0, &updates0, Stage::BeforeRecvs).unwrap();
+        let after = session.program_stage(&fetches0, &updates0, Stage::AfterRecvs).unwrap();
+        let other = session.program(&fetches1, &updates1).unwrap();
+        let stale = dfc_interp::InProcessRendezvous::new();
+        session.run_with(&before, &feeds, &stale).unwrap();
+        session.run_with(&other, &feeds, &dfc_interp::InProcessRendezvous::new()).unwrap();
+        let snapshot = |s: &Session| -> BTreeMap<String, Vec<f64>> {
+            s.variables().unwrap().iter().map(|(n, t)| (n.clone(), t.to_f64_vec())).collect()
+        };
+        let between = snapshot(&session);
+        let fetched = session.run_with(&after, &feeds, &stale).unwrap();
+        let tau = fetched.get(1).and_then(|t| t.as_ref()).map(|t| t.scalar_f64());
+        (between, snapshot(&session), tau)
+    };
+    let (aware_between, aware_end, tau) = moves(&compiled(true));
+    let (fixed_between, fixed_end, no_tau) = moves(&compiled(false));
+    assert_eq!((tau, no_tau), (Some(2.0), None), "replica 0's update is one late");
+    for name in ["w", "b"] {
+        assert_eq!(aware_between[name], fixed_between[name], "`{name}` after replica 1's fresh step");
+        for (i, ((start, aware), fixed)) in
+            aware_between[name].iter().zip(&aware_end[name]).zip(&fixed_end[name]).enumerate()
+        {
+            let (aware_move, fixed_move) = (aware - start, fixed - start);
+            assert!(fixed_move != 0.0, "`{name}`[{i}] moved");
+            assert!(
+                close(aware_move, fixed_move / 2.0, 1e-5),
+                "`{name}`[{i}]: moved {aware_move}, fixed rate {fixed_move}"
+            );
+        }
+    }
 }
 
 /// `--partition-min-bytes`: large variables are sharded over the parameter servers (at most one

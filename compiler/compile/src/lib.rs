@@ -82,6 +82,9 @@ pub struct CompileOptions {
     /// `--sync-every k` (mirrored only): local SGD, each replica on its own gradients, the
     /// replicas' variables averaged every k steps.
     pub sync_every: Option<u32>,
+    /// Asynchronous ps: divide each replica's gradient by its staleness (Zhang et al.). `None`:
+    /// on where the optimizer is SGD or momentum (whose rate that divides), off otherwise.
+    pub staleness_aware: Option<bool>,
 }
 
 impl Default for CompileOptions {
@@ -98,6 +101,7 @@ impl Default for CompileOptions {
             fusion: dfc_passes::FusionOptions::default(),
             replica_instances: true,
             sync_every: None,
+            staleness_aware: None,
         }
     }
 }
@@ -185,6 +189,14 @@ pub fn compile(source: &str, source_name: &str, options: &CompileOptions) -> Res
         }
         _ => {}
     }
+    let asynchronous = options.strategy == Strategy::ParameterServer { sync: false };
+    if options.staleness_aware.is_some() && !asynchronous {
+        return Err(CompileError::Usage(format!(
+            "staleness-aware updates are for asynchronous parameter servers, but the strategy is {}{}; use --strategy ps without --sync",
+            options.strategy.name(),
+            if options.strategy == (Strategy::ParameterServer { sync: true }) { " --sync" } else { "" }
+        )));
+    }
     let mut clock = Clock::start();
     let (mut full, mut warnings) = front(source, options)?;
     clock.lap("parse and analyse");
@@ -208,6 +220,7 @@ pub fn compile(source: &str, source_name: &str, options: &CompileOptions) -> Res
         .iter()
         .map(|&i| IoSpec { name: full.graph.node(i).name.clone(), ty: full.graph.node(i).outputs[0].clone() })
         .collect();
+    let staleness_aware = staleness_aware(&full, options)?;
     let module = match layout.replication {
         None => {
             dfc_passes::drop_cross_replica_means(&mut full);
@@ -242,11 +255,13 @@ pub fn compile(source: &str, source_name: &str, options: &CompileOptions) -> Res
                 soft: options.soft_placement,
                 built_replicas: built,
                 local_sgd: options.sync_every.is_some(),
+                staleness_aware,
             };
             let (module, found) =
                 dfc_passes::replicate(&per_replica, &full, &replicate).map_err(CompileError::Diagnostics)?;
             if replication == (Replication::Shared { sync: false }) {
-                replica_interfaces = dfc_passes::replica_interfaces(&per_replica, layout.replicas.len());
+                replica_interfaces =
+                    dfc_passes::replica_interfaces(&per_replica, layout.replicas.len(), staleness_aware);
             }
             warnings.extend(found);
             verify_after(&module, "replicate");
@@ -324,6 +339,7 @@ pub fn compile(source: &str, source_name: &str, options: &CompileOptions) -> Res
         sync: !matches!(options.strategy, Strategy::ParameterServer { sync: false }),
         placement: options.placement.name().into(),
         sync_every: options.sync_every,
+        staleness_aware,
     };
     let partitions: Vec<Partition> =
         partitioned.parts.into_iter().map(|(device, module)| Partition { device, module }).collect();
@@ -340,12 +356,39 @@ pub fn compile(source: &str, source_name: &str, options: &CompileOptions) -> Res
                 inputs: r.inputs,
                 loss_node: r.loss_node,
                 updates: r.updates,
+                staleness: r.staleness,
             })
             .collect();
     }
     plan.report = Some(report);
     clock.lap("build the plan");
     Ok(Compiled { plan, combined: partitioned.combined, warnings, timings: clock.timings })
+}
+
+/// Whether asynchronous replicas divide their gradients by their staleness: as asked, or by
+/// default where the optimizer is SGD or momentum. The adaptive optimizers normalise the
+/// gradient's scale away, so dividing it would not divide their rate: asking for it with them
+/// is refused.
+fn staleness_aware(full: &Module, options: &CompileOptions) -> Result<bool, CompileError> {
+    if options.strategy != (Strategy::ParameterServer { sync: false }) {
+        return Ok(false);
+    }
+    let kind = full.training.as_ref().map(|t| &t.optimizer.kind);
+    let plain = matches!(kind, Some(dfc_ir::OptimizerKind::Sgd | dfc_ir::OptimizerKind::Momentum { .. }));
+    match options.staleness_aware {
+        None => Ok(plain),
+        Some(false) => Ok(false),
+        Some(true) if plain => Ok(true),
+        Some(true) => Err(CompileError::Usage(format!(
+            "staleness-aware updates divide the gradient, which {} normalises away; use sgd or momentum, or --no-staleness-aware",
+            match kind {
+                Some(dfc_ir::OptimizerKind::Adam { .. }) => "adam",
+                Some(dfc_ir::OptimizerKind::Adagrad { .. }) => "adagrad",
+                Some(dfc_ir::OptimizerKind::RmsProp { .. }) => "rmsprop",
+                _ => "the optimizer",
+            }
+        ))),
+    }
 }
 
 /// What stands for an instance beside the built partitions.

@@ -23,7 +23,12 @@
 //!   its variable, and applied once.
 //! - `Shared { sync: false }` (asynchronous parameter server): each replica applies its own
 //!   gradient to the shared variables with its own copy of the optimizer's update, without
-//!   waiting to combine them.
+//!   waiting to combine them. With `staleness_aware` (Zhang et al., "Staleness-aware
+//!   Async-SGD"), each shared trainable variable counts its updates in a `<name>/version`
+//!   variable beside it; a replica reads the version with the variable's value, sends it back
+//!   with its gradient (`…/version_echo`, on the replica), and its update divides the gradient
+//!   by the staleness τ = the updates applied since, plus one (`…/staleness`), then counts
+//!   itself. For SGD and momentum that divides the learning rate by τ.
 //! - The loss and scalar metrics are the mean of the replicas' (exact when they are means over
 //!   the batch); batch-sized outputs are the replicas' joined along axis 0.
 //!
@@ -63,6 +68,8 @@ pub struct ReplicateOptions<'a> {
     /// `Mirrored` only: local SGD, each replica on its own gradients, the variables averaged
     /// by the module's `averages`.
     pub local_sgd: bool,
+    /// `Shared { sync: false }` only: divide each replica's gradient by its staleness.
+    pub staleness_aware: bool,
 }
 
 /// The key prefix of local SGD's averaging all-reduces, which tensor fusion keeps apart from
@@ -147,13 +154,20 @@ pub struct ReplicaInterface {
     pub inputs: Vec<(String, String)>,
     pub loss_node: String,
     pub updates: Vec<String>,
+    /// Staleness-aware: the node of the staleness τ of its last update (of its first variable).
+    pub staleness: Option<String>,
 }
 
 /// The interface of each of the `replicas` replicas that [`replicate`] makes of `per_replica`
-/// under `Shared { sync: false }` (the only replication whose replicas share no step).
-pub fn replica_interfaces(per_replica: &Module, replicas: usize) -> Vec<ReplicaInterface> {
+/// under `Shared { sync: false }` (the only replication whose replicas share no step), with or
+/// without `staleness_aware` updates.
+pub fn replica_interfaces(per_replica: &Module, replicas: usize, staleness_aware: bool) -> Vec<ReplicaInterface> {
     let graph = &per_replica.graph;
     let Some(training) = &per_replica.training else { return Vec::new() };
+    let versioned: Vec<&str> = match staleness_aware {
+        true => training.gradients.iter().map(|(v, _)| graph.node(*v).name.as_str()).collect(),
+        false => Vec::new(),
+    };
     (0..replicas)
         .map(|r| ReplicaInterface {
             inputs: per_replica
@@ -162,7 +176,13 @@ pub fn replica_interfaces(per_replica: &Module, replicas: usize) -> Vec<ReplicaI
                 .map(|&i| (graph.node(i).name.clone(), replica_name(r, &graph.node(i).name)))
                 .collect(),
             loss_node: replica_name(r, &graph.node(training.loss.node).name),
-            updates: training.updates.iter().map(|&u| replica_name(r, &graph.node(u).name)).collect(),
+            updates: training
+                .updates
+                .iter()
+                .map(|&u| replica_name(r, &graph.node(u).name))
+                .chain(versioned.iter().map(|v| replica_name(r, &format!("{v}/version_increment"))))
+                .collect(),
+            staleness: versioned.first().map(|v| replica_name(r, &format!("{v}/staleness"))),
         })
         .collect()
 }
@@ -187,6 +207,11 @@ struct Builder<'a> {
     stub_parts: HashMap<(usize, TensorRef), TensorRef>,
     /// Local SGD: the assignments of the replicas' averaged variables.
     averages: Vec<NodeId>,
+    /// Staleness-aware asynchronous replicas: each shared variable's version, and the reads of
+    /// it and its increments made so far (every read runs before every increment of a step).
+    versions: HashMap<NodeId, NodeId>,
+    version_reads: Vec<NodeId>,
+    version_increments: Vec<NodeId>,
 }
 
 impl<'a> Builder<'a> {
@@ -212,6 +237,9 @@ impl<'a> Builder<'a> {
             reported: BTreeSet::new(),
             stub_parts: HashMap::new(),
             averages: Vec::new(),
+            versions: HashMap::new(),
+            version_reads: Vec::new(),
+            version_increments: Vec::new(),
         }
     }
 
@@ -309,6 +337,12 @@ impl<'a> Builder<'a> {
             }
         }
         self.control_edges(&order);
+        // A step's reads of the versions come before its increments of them.
+        for &read in &self.version_reads {
+            for &increment in &self.version_increments {
+                self.out.graph.add_control_edge(read, increment);
+            }
+        }
         if self.local_sgd() {
             for &id in &order {
                 self.average(id);
@@ -574,6 +608,10 @@ impl<'a> Builder<'a> {
                 }
                 mean.into()
             }
+            (Replication::Shared { sync: false }, Some(r)) if self.options.staleness_aware => {
+                let gradient = replica_gradient(self, r);
+                self.staleness_scaled(gradient, variable, r)
+            }
             (Replication::Shared { sync: false }, Some(r)) => replica_gradient(self, r),
             _ => {
                 let parts: Vec<TensorRef> = (0..n).map(|r| replica_gradient(self, r)).collect();
@@ -597,6 +635,65 @@ impl<'a> Builder<'a> {
                 mean.into()
             }
         }
+    }
+
+    /// Replica `r`'s `gradient` of the shared `variable` divided by its staleness τ: the
+    /// variable's updates since the replica read it, plus one. The version read with the
+    /// variable's value goes to the replica and comes back (an identity on its device), so
+    /// that a parameter server that runs a replica's step in two parts reads it in the first
+    /// and compares it with the version of the second; the increment is one of the replica's
+    /// updates.
+    fn staleness_scaled(&mut self, gradient: TensorRef, variable: NodeId, r: usize) -> TensorRef {
+        let name = self.src.graph.node(variable).name.clone();
+        let span = self.src.graph.span(variable);
+        let shared = self.shared[&variable];
+        let version = match self.versions.get(&variable) {
+            Some(&version) => version,
+            None => {
+                let ty = dfc_ir::TensorType::scalar(dfc_ir::DType::I64);
+                let op = Op::Variable {
+                    ty,
+                    init: dfc_ir::Initializer::Zeros,
+                    trainable: false,
+                    partitions: 1,
+                    origin: None,
+                };
+                let version = self.out.graph.add(op, &[], &format!("{name}/version"), span).expect("typed");
+                self.out.graph.node_mut(version).colocate_with = Some(shared);
+                self.versions.insert(variable, version);
+                version
+            }
+        };
+        let device = Some(self.options.devices[r].clone());
+        let at = |what: &str| replica_name(r, &format!("{name}/{what}"));
+        let g = &mut self.out.graph;
+        let beside = |g: &mut Graph, op: Op, inputs: &[TensorRef], what: &str| {
+            let id = g.add(op, inputs, &at(what), span).expect("typed");
+            g.node_mut(id).colocate_with = Some(shared);
+            id
+        };
+        let then = beside(g, Op::Read, &[version.into()], "version_read");
+        let echo = g.add(Op::Identity, &[then.into()], &at("version_echo"), span).expect("typed");
+        g.node_mut(echo).requested_device = device;
+        let now = beside(g, Op::Read, &[version.into()], "version_now");
+        let since = beside(g, Op::Binary(BinaryOp::Sub), &[now.into(), echo.into()], "updates_since");
+        let since = beside(g, Op::Cast { to: dfc_ir::DType::F32 }, &[since.into()], "updates_since_f32");
+        let one = beside(g, Op::Const { value: ConstValue::scalar(dfc_ir::DType::F32, 1.0) }, &[], "one");
+        let tau = beside(g, Op::Binary(BinaryOp::Add), &[since.into(), one.into()], "staleness");
+        let ty = g.ty(gradient).clone();
+        let tau_as = if ty.dtype == dfc_ir::DType::F32 {
+            tau
+        } else {
+            beside(g, Op::Cast { to: ty.dtype }, &[tau.into()], "staleness_cast")
+        };
+        let scaled = beside(g, Op::Binary(BinaryOp::Div), &[gradient, tau_as.into()], "stale_gradient");
+        let count = beside(g, Op::Const { value: ConstValue::scalar(dfc_ir::DType::I64, 1.0) }, &[], "one_update");
+        let increment = beside(g, Op::AssignAdd, &[version.into(), count.into()], "version_increment");
+        // Counted once τ is known: in the part of the step that has the gradient.
+        g.add_control_edge(tau, increment);
+        self.version_reads.extend([then, now]);
+        self.version_increments.push(increment);
+        scaled.into()
     }
 
     /// The device replica `r`'s copy of `id` is requested on: the replica's device, checked
@@ -679,6 +776,10 @@ impl<'a> Builder<'a> {
                 params.extend(built.iter().map(|c| c[&p]));
             }
         }
+        // The staleness-aware replicas' versions, in the order they were made.
+        let mut versions: Vec<NodeId> = self.versions.values().copied().collect();
+        versions.sort();
+        params.extend(versions);
         let mut updates = Vec::new();
         for &u in &training.updates {
             if self.is_shared(u) {
@@ -687,6 +788,7 @@ impl<'a> Builder<'a> {
                 updates.extend(built.iter().map(|c| c[&u]));
             }
         }
+        updates.extend(&self.version_increments);
         let gradients = training
             .gradients
             .iter()

@@ -56,6 +56,7 @@ fn mirrored(example: &str, replicas: usize) -> Module {
         soft: true,
         built_replicas: None,
         local_sgd: false,
+        staleness_aware: false,
     };
     let (module, _) = dfc_passes::replicate(&per_replica, &full, &options).expect("replicates");
     module

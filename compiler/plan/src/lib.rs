@@ -71,6 +71,8 @@ pub struct StrategySpec {
     /// Mirrored local SGD (`--sync-every k`): each replica applies its own gradients, and every
     /// k steps the replicas' variables are averaged (`TrainingSpec::averages`).
     pub sync_every: Option<u32>,
+    /// Asynchronous ps: each replica's gradient divided by its staleness.
+    pub staleness_aware: bool,
 }
 
 impl Default for StrategySpec {
@@ -81,6 +83,7 @@ impl Default for StrategySpec {
             sync: true,
             placement: "round-robin".into(),
             sync_every: None,
+            staleness_aware: false,
         }
     }
 }
@@ -151,6 +154,9 @@ pub struct ReplicaSpec {
     pub loss_node: String,
     /// Its updates of the shared variables, by node name.
     pub updates: Vec<String>,
+    /// Staleness-aware updates: the node of the staleness τ of its update (the updates the
+    /// variable took since the replica read it, plus one), for the metrics.
+    pub staleness: Option<String>,
 }
 
 pub use dfc_passes::{CostReport, DeviceCost};

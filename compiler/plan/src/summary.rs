@@ -291,6 +291,9 @@ fn strategy(s: &StrategySpec, n_devices: usize) -> String {
     if s.name == "ps" {
         text.push_str(if s.sync { ", synchronous updates" } else { ", asynchronous updates" });
     }
+    if s.staleness_aware {
+        text.push_str(", staleness-aware");
+    }
     if let Some(k) = s.sync_every {
         text.push_str(&format!(", variables averaged every {k} steps"));
     }

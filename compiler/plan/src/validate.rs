@@ -168,6 +168,12 @@ fn check_interface(plan: &Plan) -> Result<(), String> {
     for replica in &plan.replicas {
         scalar_loss(&replica.loss_node)?;
         existing(&replica.updates, "the update")?;
+        if let Some(staleness) = &replica.staleness {
+            let scalar = node(staleness).and_then(|n| n.outputs.first()).is_some_and(|ty| ty.shape.rank() == 0);
+            if !scalar {
+                return Err(format!("the staleness `{staleness}` is not a node with a scalar output"));
+            }
+        }
         for (input, node_name) in &replica.inputs {
             let Some(whole) = plan.inputs.iter().find(|i| i.name == *input) else {
                 return Err(format!(

@@ -11,7 +11,8 @@
 //! each extra metric as `eval_<name>`, then `examples_per_sec` and `seconds`; where the plan's
 //! training all-reduces, `all_reduces`: the all-reduces the epoch's training ran (groups of
 //! the replicas' all-reduces of one key, a fused bucket counting once, local SGD's averages
-//! included; not its evaluation's); on workers, then
+//! included; not its evaluation's); for staleness-aware asynchronous replicas on workers,
+//! `staleness_mean` and `staleness_max` of the epoch's updates; on workers, then
 //! `workers`: per worker, its training steps, the seconds it spent running them and the part of
 //! those it spent exchanging tensors with other workers
 //! (`[{"exchange_seconds":0.9,"name":"/job:worker/task:0","run_seconds":2.1,"steps":468}, …]`). A non-finite
@@ -43,6 +44,9 @@ pub struct EpochRecord {
     pub metrics: BTreeMap<String, f64>,
     /// All-reduces run by the epoch's training steps and averages (0: none, not written).
     pub all_reduces: u64,
+    /// Staleness-aware asynchronous replicas: the mean and the largest staleness τ of the
+    /// epoch's updates.
+    pub staleness: Option<(f64, f64)>,
     /// Per worker of a distributed run (empty otherwise): what its training steps took.
     pub workers: Vec<WorkerMetrics>,
 }
@@ -92,6 +96,10 @@ impl EpochRecord {
         fields.push(("seconds".into(), number(self.seconds)));
         if self.all_reduces > 0 {
             fields.push(("all_reduces".into(), self.all_reduces.into()));
+        }
+        if let Some((mean, max)) = self.staleness {
+            fields.push(("staleness_mean".into(), number(mean)));
+            fields.push(("staleness_max".into(), number(max)));
         }
         if !self.workers.is_empty() {
             let workers = serde_json::to_value(&self.workers).map_err(io::Error::other)?;

@@ -47,8 +47,17 @@ pub trait Runner {
 /// Replicas that train each on its own (asynchronous parameter servers, free-running).
 pub trait FreeReplicas: Sync {
     /// One training step of replica `replica` on `feeds` (by its own `Input` nodes,
-    /// `Plan::replicas`): its loss.
-    fn step(&self, replica: usize, feeds: &HashMap<String, Tensor>) -> Result<f64, RunError>;
+    /// `Plan::replicas`): its loss, and the staleness of its update where the plan measures it.
+    fn step(&self, replica: usize, feeds: &HashMap<String, Tensor>) -> Result<ReplicaStep, RunError>;
+}
+
+/// What one free-running replica's step gives.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ReplicaStep {
+    pub loss: f64,
+    /// Staleness-aware updates: τ, the updates the variables took since the replica read them,
+    /// plus one.
+    pub staleness: Option<f64>,
 }
 
 impl<'p> Runner for Session<'p> {

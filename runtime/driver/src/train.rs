@@ -10,7 +10,7 @@
 use crate::checkpoint;
 use crate::data::{self, Dataset};
 use crate::metrics::{EpochRecord, MetricsLog};
-use crate::runner::{FreeReplicas, Runner};
+use crate::runner::{FreeReplicas, ReplicaStep, Runner};
 use crate::session::{self, Session};
 use crate::tensorboard::EventWriter;
 use dfc_interp::{trace, InterpError, Tensor, Variables};
@@ -279,6 +279,7 @@ pub fn train_with<R: Runner>(
         let started = Instant::now();
         let (mut loss_sum, mut loss_count, mut trained) = (0.0, 0u64, 0u64);
         let (mut all_reduces, mut unaveraged) = (0u64, false);
+        let mut staleness: Option<(f64, f64)> = None;
         let limit = options.steps.map_or(u64::MAX, |limit| limit.saturating_sub(step));
         // An asynchronous plan's replicas step on their own where the runner can run them so.
         let mut free_running = false;
@@ -286,9 +287,10 @@ pub fn train_with<R: Runner>(
         if let Some(replicas) = free_replicas {
             let todo = steps_per_epoch.saturating_sub(skip).min(limit);
             let epoch_data = EpochData { data: &train_data, order: &order, batch, skip, steps: todo };
-            let (sum, steps) = train_free_running(plan, replicas, epoch_data, started, progress)?;
-            (loss_sum, loss_count, trained) = (sum, steps, steps);
-            step += steps;
+            let free = train_free_running(plan, replicas, epoch_data, started, progress)?;
+            (loss_sum, loss_count, trained) = (free.loss_sum, free.steps, free.steps);
+            staleness = free.staleness;
+            step += free.steps;
             free_running = true;
         }
         let mut batches = train_data.batches(batch, &order).enumerate();
@@ -349,6 +351,7 @@ pub fn train_with<R: Runner>(
             seconds,
             metrics: BTreeMap::new(),
             all_reduces,
+            staleness,
             workers,
         };
         if let Some(eval) = &eval_data {
@@ -414,23 +417,33 @@ struct EpochData<'a> {
     steps: u64,
 }
 
+/// What an epoch of free-running replicas did.
+struct FreeEpoch {
+    /// The summed mean loss of each plan batch's replica steps.
+    loss_sum: f64,
+    /// Steps, counted in the plan's batches.
+    steps: u64,
+    /// The mean and the largest staleness of the replicas' updates, where measured.
+    staleness: Option<(f64, f64)>,
+}
+
 /// An epoch of free-running replicas: each takes the next replica-sized batch as soon as it is
 /// done with one (the epoch's batches, in order, each split into as many as there are
-/// replicas) and steps on its own. Returns the summed loss and the steps, counted in the
-/// plan's batches (the replicas' steps over their number).
+/// replicas) and steps on its own. Steps are counted in the plan's batches (the replicas'
+/// steps over their number).
 fn train_free_running(
     plan: &Plan,
     replicas: &dyn FreeReplicas,
     epoch: EpochData,
     started: Instant,
     progress: &mut dyn Progress,
-) -> Result<(f64, u64), RunError> {
+) -> Result<FreeEpoch, RunError> {
     let n = plan.replicas.len();
     let rows = epoch.batch / n;
     let order = &epoch.order[(epoch.skip as usize) * epoch.batch..];
     let batches = std::sync::Mutex::new(epoch.data.batches(rows, order).take(epoch.steps as usize * n));
     let failed = std::sync::atomic::AtomicBool::new(false);
-    let (losses, received) = std::sync::mpsc::channel::<f64>();
+    let (losses, received) = std::sync::mpsc::channel::<ReplicaStep>();
     let results = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..n)
             .map(|r| {
@@ -441,8 +454,8 @@ fn train_free_running(
                         let Some(feeds) = next else { return Ok(()) };
                         let feeds = crate::replicas::replica_feeds(&plan.replicas[r], feeds);
                         match replicas.step(r, &feeds) {
-                            Ok(loss) if loss.is_finite() => drop(losses.send(loss)),
-                            Ok(loss) => {
+                            Ok(step) if step.loss.is_finite() => drop(losses.send(step)),
+                            Ok(ReplicaStep { loss, .. }) => {
                                 failed.store(true, std::sync::atomic::Ordering::Relaxed);
                                 return Err(RunError::Usage(format!(
                                     "the loss of replica {r} became {loss}; lower the learning rate"
@@ -462,7 +475,12 @@ fn train_free_running(
         // Progress moves by the plan's batches: one per `n` replica steps.
         let (mut pending, mut steps) = (Vec::with_capacity(n), 0u64);
         let mut sum = 0.0;
-        for loss in received {
+        let (mut stale_sum, mut stale_max, mut stale_count) = (0.0f64, 0.0f64, 0u64);
+        for step in received {
+            if let Some(tau) = step.staleness {
+                (stale_sum, stale_max, stale_count) = (stale_sum + tau, stale_max.max(tau), stale_count + 1);
+            }
+            let loss = step.loss;
             pending.push(loss);
             if pending.len() == n {
                 let mean = pending.drain(..).sum::<f64>() / n as f64;
@@ -474,14 +492,15 @@ fn train_free_running(
         }
         let results: Vec<Result<(), RunError>> =
             handles.into_iter().map(|h| h.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))).collect();
-        (results, sum, steps)
+        let staleness = (stale_count > 0).then(|| (stale_sum / stale_count as f64, stale_max));
+        (results, FreeEpoch { loss_sum: sum, steps, staleness })
     });
-    let (results, sum, steps) = results;
+    let (results, free) = results;
     // The first replica's failure (the others stop after their step).
     for result in results {
         result?;
     }
-    Ok((sum, steps))
+    Ok(free)
 }
 
 /// Replaces initial values by a checkpoint's, which must hold every logical variable with

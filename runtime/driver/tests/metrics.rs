@@ -16,6 +16,7 @@ fn record(epoch: u64) -> EpochRecord {
         seconds: 2.5,
         metrics: BTreeMap::from([("top5".to_string(), 0.99), ("f1".to_string(), 0.8)]),
         all_reduces: 0,
+        staleness: None,
         workers: Vec::new(),
     }
 }

@@ -10,7 +10,7 @@ use crate::proto::worker_client::WorkerClient;
 use crate::proto::*;
 use crate::rendezvous::Client;
 use crate::{plan_sha256, tensor, MAX_MESSAGE_BYTES};
-use dfc_driver::{Backend, FreeReplicas, RunError, Runner, Stage, WorkerMetrics};
+use dfc_driver::{Backend, FreeReplicas, ReplicaStep, RunError, Runner, Stage, WorkerMetrics};
 use dfc_interp::{Tensor, Variables};
 use dfc_plan::Plan;
 use std::collections::{BTreeMap, HashMap};
@@ -123,6 +123,9 @@ struct ReplicaPrograms {
     inputs: Vec<String>,
     /// `(rank, program before its Recvs, program after them)`; `None`: nothing to run then.
     servers: Vec<(usize, Option<u64>, Option<u64>)>,
+    /// Staleness-aware: the server whose second program returns the step's staleness, and
+    /// where among its fetched values.
+    staleness: Option<(usize, usize)>,
 }
 
 /// A program prepared on every worker.
@@ -496,16 +499,22 @@ impl RemoteSession {
         let mut programs = Vec::new();
         for (replica, (worker, program, inputs, server_ranks)) in replicas.iter().zip(steps) {
             let updates: Vec<&str> = replica.updates.iter().map(String::as_str).collect();
-            let fetches = [replica.loss_node.as_str()];
+            // The server that applies the updates returns the staleness they had.
+            let mut fetches = vec![replica.loss_node.as_str()];
+            fetches.extend(replica.staleness.as_deref());
             let mut servers = Vec::new();
+            let mut staleness = None;
             for rank in server_ranks {
-                let (before, reply) = self.prepare(&[rank], &fetches, &updates, Stage::BeforeRecvs)?;
+                let (before, reply) = self.prepare(&[rank], &fetches[..1], &updates, Stage::BeforeRecvs)?;
                 let before = reply[0].1.takes_part.then_some(before);
                 let (after, reply) = self.prepare(&[rank], &fetches, &updates, Stage::AfterRecvs)?;
+                if let Some(position) = reply[0].1.provides.iter().position(|&i| i == 1) {
+                    staleness = Some((rank, position));
+                }
                 let after = reply[0].1.takes_part.then_some(after);
                 servers.push((rank, before, after));
             }
-            programs.push(ReplicaPrograms { worker, program, inputs, servers });
+            programs.push(ReplicaPrograms { worker, program, inputs, servers, staleness });
         }
         Ok(Some(programs))
     }
@@ -675,7 +684,7 @@ impl Runner for RemoteSession {
 }
 
 impl FreeReplicas for RemoteSession {
-    fn step(&self, replica: usize, feeds: &HashMap<String, Tensor>) -> Result<f64, RunError> {
+    fn step(&self, replica: usize, feeds: &HashMap<String, Tensor>) -> Result<ReplicaStep, RunError> {
         let Some(Some(replicas)) = &self.free else { unreachable!("free_replicas prepared them") };
         let programs = &replicas[replica];
         let step = self.next_step.fetch_add(1, Ordering::Relaxed);
@@ -713,10 +722,20 @@ impl FreeReplicas for RemoteSession {
                 loss = Some(value.scalar_f64());
             }
         }
+        let mut staleness = None;
         for (rank, reply) in self.on_some(second, timeout, Some(step), |mut c, r| async move { c.run(r).await })? {
             self.count(rank, &reply, true);
+            if let Some((_, position)) = programs.staleness.filter(|(server, _)| *server == rank) {
+                let value = reply
+                    .fetched
+                    .get(position)
+                    .ok_or_else(|| RunError::Plan(format!("worker {} returned no staleness", self.names[rank])))?;
+                let value = tensor::from_proto(value)
+                    .map_err(|e| RunError::Plan(format!("worker {}: {e}", self.names[rank])))?;
+                staleness = Some(value.scalar_f64());
+            }
         }
-        Ok(loss.expect("the replica's worker replied"))
+        Ok(ReplicaStep { loss: loss.expect("the replica's worker replied"), staleness })
     }
 }
 
