@@ -15,6 +15,19 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 const STEPS: usize = 3;
+/// Every example of `examples/`.
+const EXAMPLES: [&str; 10] = [
+    "softmax_regression",
+    "mlp",
+    "cnn",
+    "linear_regression",
+    "ridge_regression",
+    "wide_and_deep",
+    "mlp_dropout",
+    "two_towers",
+    "resnet",
+    "transformer",
+];
 const F32_TOLERANCE: f64 = 1e-5;
 /// On a GPU: exp and log are PTX's approximations, and products sum in cuBLAS's order.
 const GPU_F32_TOLERANCE: f64 = 1e-4;
@@ -228,18 +241,7 @@ fn resnet() {
 /// outermost loop in their passes), every other step as on the CPU.
 #[test]
 fn gpu_plans_run_on_the_grid_emulator() {
-    for example in [
-        "softmax_regression",
-        "mlp",
-        "cnn",
-        "linear_regression",
-        "ridge_regression",
-        "wide_and_deep",
-        "mlp_dropout",
-        "two_towers",
-        "resnet",
-        "transformer",
-    ] {
+    for example in EXAMPLES {
         let on_one = plan(example, Cluster::local(1, DeviceKind::Gpu), Strategy::Single);
         assert!(on_one.partitions.iter().all(|p| p.device.kind == Some(DeviceKind::Gpu)), "{example}");
         check_backend(example, &on_one, Backend::GridEmulator);
@@ -553,18 +555,7 @@ fn gpu_plans_run_on_a_gpu() {
     }
     let on_gpu = || Cluster::local(1, DeviceKind::Gpu);
     let mut plans: Vec<(String, Box<dyn Fn() -> Plan>)> = Vec::new();
-    for example in [
-        "softmax_regression",
-        "mlp",
-        "cnn",
-        "linear_regression",
-        "ridge_regression",
-        "wide_and_deep",
-        "mlp_dropout",
-        "two_towers",
-        "resnet",
-        "transformer",
-    ] {
+    for example in EXAMPLES {
         plans.push((example.into(), Box::new(move || plan(example, on_gpu(), Strategy::Single))));
     }
     for model in ["long_rows", "layer_norm", "attention", "batch_norm", "dropout"] {
