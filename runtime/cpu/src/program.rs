@@ -148,8 +148,10 @@ impl NativeProgram {
         let _flush = crate::denormals::FlushDenormals::new();
         for (step, label) in self.schedule.steps.iter().zip(&self.labels) {
             let mut span = dfc_interp::trace::span(label.0, || label.1.clone());
-            if let (Some(span), Some(bytes)) = (span.as_mut(), exchanged_bytes(step)) {
-                span.set_bytes(bytes);
+            if let Some(span) = span.as_mut() {
+                if let Some(bytes) = exchanged_bytes(step) {
+                    span.set_bytes(bytes);
+                }
             }
             if let Step::Kernel { kernel, args } = step {
                 let (function, rows, parallel) = self.functions[*kernel].expect("looked up for every kernel step");

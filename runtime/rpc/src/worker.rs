@@ -429,12 +429,15 @@ impl Worker for WorkerService {
             if stage != Stage::BeforeRecvs || result.is_err() {
                 registered.host.finish(step);
             }
+            // A traced run's spans leave with its reply, or are dropped with its failure, so
+            // that none pile up on the worker.
+            let spans = if request.trace { trace_spans() } else { Vec::new() };
             match result {
                 Ok(fetched) => Ok(Response::new(RunReply {
                     fetched: fetched.iter().map(tensor::to_proto).collect(),
                     run_seconds: started.elapsed().as_secs_f64(),
                     exchange_seconds: rendezvous.exchange_seconds(),
-                    spans: if request.trace { trace_spans() } else { Vec::new() },
+                    spans,
                     trace_origin_unix_us: dfc_interp::trace::origin_unix_us(),
                 })),
                 Err(error) => {
