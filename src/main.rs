@@ -321,9 +321,14 @@ struct DistributeArgs {
     #[arg(long, value_name = "BYTES")]
     partition_min_bytes: Option<u64>,
     /// Pack gradients of at most this many bytes into shared all-reduces (Horovod's tensor
-    /// fusion); 0 turns it off.
-    #[arg(long, value_name = "BYTES", default_value_t = 64 << 20)]
-    fusion_threshold: usize,
+    /// fusion), in the order they are computed; 0 turns it off. Default: 64 MiB, 256 KiB with
+    /// --overlap.
+    #[arg(long, value_name = "BYTES")]
+    fusion_threshold: Option<usize>,
+    /// With --strategy mirrored: start each bucket's all-reduce as soon as its last gradient
+    /// is computed, while the backward pass computes the others (PyTorch DDP's overlap).
+    #[arg(long)]
+    overlap: bool,
     /// With --strategy mirrored: local SGD. Each replica applies its own gradients, and every
     /// K steps (and before each evaluation and checkpoint) the replicas' variables are
     /// averaged: one all-reduce of the variables every K steps instead of the gradients' every
@@ -646,7 +651,12 @@ fn compile_options(model: &ModelArgs, args: &DistributeArgs) -> Result<dfc_compi
         partition_min_bytes: args.partition_min_bytes,
         soft_placement: args.soft_placement,
         cost_model,
-        fusion: dfc_passes::FusionOptions { threshold_bytes: args.fusion_threshold },
+        fusion: match (args.fusion_threshold, args.overlap) {
+            (Some(threshold_bytes), _) => dfc_passes::FusionOptions { threshold_bytes },
+            (None, true) => dfc_passes::FusionOptions::overlapped(),
+            (None, false) => dfc_passes::FusionOptions::default(),
+        },
+        overlap: args.overlap,
         replica_instances: true,
         sync_every: args.sync_every,
         staleness_aware: match (args.staleness_aware, args.no_staleness_aware) {

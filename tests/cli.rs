@@ -307,6 +307,42 @@ fn command_errors_are_one_line() {
     assert!(text(&unwritable.stderr).contains("error: cannot write"), "{}", text(&unwritable.stderr));
 }
 
+/// `--overlap` overlaps mirrored replicas' all-reduces: under another strategy, or with local
+/// SGD's steps that have none, it is refused in one line; a mirrored plan says it overlaps.
+#[test]
+fn overlap_needs_mirrored_all_reduces() {
+    let mlp = root().join("examples/mlp.df");
+    let mlp = mlp.to_str().expect("utf-8");
+    let plan = scratch("overlap.plan");
+    let plan = plan.to_str().expect("utf-8");
+    let ps = dfc(&["compile", mlp, "--devices", "2", "--strategy", "ps", "--sync", "--overlap", "-o", plan]);
+    assert_no_panic(&ps);
+    assert_eq!(ps.status.code(), Some(1));
+    assert_eq!(
+        text(&ps.stderr).trim_end(),
+        "error: --overlap overlaps the gradients' all-reduces with the backward pass, but the ps strategy has none; use --strategy mirrored without --sync-every"
+    );
+    let local = dfc(&[
+        "compile",
+        mlp,
+        "--devices",
+        "2",
+        "--strategy",
+        "mirrored",
+        "--sync-every",
+        "4",
+        "--overlap",
+        "-o",
+        plan,
+    ]);
+    assert_eq!(local.status.code(), Some(1));
+    assert!(text(&local.stderr).contains("with --sync-every 4 the steps have none"), "{}", text(&local.stderr));
+    let overlapped = dfc(&["compile", mlp, "--devices", "2", "--strategy", "mirrored", "--overlap", "-o", plan]);
+    assert!(overlapped.status.success(), "{}", text(&overlapped.stderr));
+    let inspected = text(&dfc(&["inspect", plan]).stdout);
+    assert!(inspected.contains("all-reduces overlapped with the backward pass"), "{inspected}");
+}
+
 /// `--sync-every` is mirrored's local SGD: under another strategy, or as 0 steps, it is refused
 /// in one line.
 #[test]

@@ -636,7 +636,8 @@ fn a_plan_is_data_and_runs_on_code_generated_for_another_cpu() {
     let loss = module.graph.node_ids().find(|&id| module.graph.node(id).name == training.loss_node).unwrap();
     let fetches = [dfc_ir::TensorRef::from(loss)];
     let order = dfc_interp::schedule(&[module]).unwrap().remove(0);
-    let native = dfc_cpu::NativeProgram::new(module, jit, &fetches, &[], &order, false).expect("a native program");
+    let native =
+        dfc_cpu::NativeProgram::new(module, jit, &fetches, &[], &order, false, false).expect("a native program");
     let interp = dfc_interp::Program::with_order(module, &fetches, &[], &order).unwrap();
     let mut variables = dfc_interp::initialize(module, 0);
     for feeds in batches(&plan) {

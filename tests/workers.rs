@@ -222,6 +222,21 @@ fn unfused_all_reduces_on_3_workers_run_side_by_side_and_match_one_process() {
 }
 
 #[test]
+fn overlapped_all_reduces_on_3_workers_match_one_process() {
+    // Each gradient its own all-reduce (the weights' started on each worker's communication
+    // thread while the bias's gradient is computed), over a ring of three.
+    let dir = scratch("mirrored-3-overlap");
+    let feeds = regression_data(&dir, 240);
+    let plan = compile(
+        &dir,
+        &["--devices", "3", "--strategy", "mirrored", "--overlap", "--fusion-threshold", "0", "--dim", "batch=24"],
+    );
+    let embedded = train(&plan, &feeds, &dir.join("embedded"), &[], None);
+    let spawned = train(&plan, &feeds, &dir.join("spawned"), &["--spawn", "3"], None);
+    assert_same_parameters("overlapped, mirrored on 3 workers", &embedded, &spawned);
+}
+
+#[test]
 fn synchronous_parameter_servers_on_workers_match_one_process() {
     let dir = scratch("ps-sync");
     let feeds = regression_data(&dir, 256);

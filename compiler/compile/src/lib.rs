@@ -85,6 +85,8 @@ pub struct CompileOptions {
     /// Asynchronous ps: divide each replica's gradient by its staleness (Zhang et al.). `None`:
     /// on where the optimizer is SGD or momentum (whose rate that divides), off otherwise.
     pub staleness_aware: Option<bool>,
+    /// `--overlap` (mirrored only): all-reduces start as soon as their gradients are computed.
+    pub overlap: bool,
 }
 
 impl Default for CompileOptions {
@@ -102,6 +104,7 @@ impl Default for CompileOptions {
             replica_instances: true,
             sync_every: None,
             staleness_aware: None,
+            overlap: false,
         }
     }
 }
@@ -188,6 +191,15 @@ pub fn compile(source: &str, source_name: &str, options: &CompileOptions) -> Res
             )))
         }
         _ => {}
+    }
+    if options.overlap && (options.strategy != Strategy::Mirrored || options.sync_every.is_some()) {
+        return Err(CompileError::Usage(format!(
+            "--overlap overlaps the gradients' all-reduces with the backward pass, but {}; use --strategy mirrored without --sync-every",
+            match options.sync_every {
+                Some(k) => format!("with --sync-every {k} the steps have none"),
+                None => format!("the {} strategy has none", options.strategy.name()),
+            }
+        )));
     }
     let asynchronous = options.strategy == Strategy::ParameterServer { sync: false };
     if options.staleness_aware.is_some() && !asynchronous {
@@ -340,6 +352,7 @@ pub fn compile(source: &str, source_name: &str, options: &CompileOptions) -> Res
         placement: options.placement.name().into(),
         sync_every: options.sync_every,
         staleness_aware,
+        overlap: options.overlap,
     };
     let partitions: Vec<Partition> =
         partitioned.parts.into_iter().map(|(device, module)| Partition { device, module }).collect();

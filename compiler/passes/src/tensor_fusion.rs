@@ -5,8 +5,10 @@
 //! buffer, and each member's sum is sliced back out and reshaped.
 //!
 //! The arithmetic does not change (an all-reduce sums elementwise), so a fused plan trains to
-//! the same bits. Every replica builds the same buckets: members are ordered by key and buckets
-//! filled greedily up to `threshold_bytes`, from the keys alone (so that replicas left as
+//! the same bits. Every replica builds the same buckets: members are ordered by where their
+//! values are computed (the earliest replica's place in the topological order: the backward
+//! pass computes the last layer's gradients first), then by key, and buckets filled greedily
+//! up to `threshold_bytes`, keys named alike on every replica (so that replicas left as
 //! instances of replica 1 get replica 1's buckets), and a key is fused only when
 //! every replica of its group has it once, with one size, and when its all-reduce does not
 //! depend on another all-reduce (fusing the two would make a cycle). Fused keys are
@@ -36,6 +38,14 @@ impl Default for FusionOptions {
     }
 }
 
+impl FusionOptions {
+    /// Buckets for all-reduces overlapped with the backward pass: small enough that the
+    /// first ones start while most gradients are still to compute, 256 KiB.
+    pub fn overlapped() -> FusionOptions {
+        FusionOptions { threshold_bytes: 256 << 10 }
+    }
+}
+
 /// One all-reduce of a replica: its key, node, operand and element count.
 struct Member {
     key: String,
@@ -54,6 +64,8 @@ struct KeyInfo {
     members: usize,
     /// Some member depends on another all-reduce.
     dependent: bool,
+    /// The earliest place of a member's operand in the graph's topological order.
+    computed: Option<usize>,
 }
 
 /// `built`: how many replicas of each group the module holds, when the others are instances
@@ -65,6 +77,7 @@ pub fn fuse_all_reduces(module: &mut Module, options: &FusionOptions, built: Opt
     let graph = &module.graph;
     // A cyclic graph is the verifier's to report.
     let Ok(order) = graph.topo_order() else { return };
+    let position: HashMap<NodeId, usize> = order.iter().enumerate().map(|(i, &id)| (id, i)).collect();
     let mut taken: HashSet<String> = HashSet::new();
     // (group size, dtype, an average's) → replica → members.
     let mut groups: BTreeMap<(u32, DType, bool), BTreeMap<u32, Vec<Member>>> = BTreeMap::new();
@@ -101,12 +114,16 @@ pub fn fuse_all_reduces(module: &mut Module, options: &FusionOptions, built: Opt
                 info.replicas.insert(replica);
                 info.members += 1;
                 info.dependent |= downstream.contains(&m.id);
+                let computed = position[&m.operand.node];
+                info.computed = Some(info.computed.map_or(computed, |c| c.min(computed)));
             }
         }
-        // Keys with one member of one size on each of the group's replicas, in key order.
+        // Keys with one member of one size on each of the group's replicas, in the order their
+        // values are computed (then by key), so that a bucket's all-reduce can start while
+        // later buckets' gradients are still being computed.
         let present = built.map_or(group_size, |b| b.min(group_size));
         let every_replica: BTreeSet<u32> = (0..present).collect();
-        let keys: Vec<(&str, usize)> = keys
+        let mut keys: Vec<(&str, &KeyInfo)> = keys
             .iter()
             .filter(|(_, info)| {
                 info.replicas == every_replica
@@ -114,8 +131,10 @@ pub fn fuse_all_reduces(module: &mut Module, options: &FusionOptions, built: Opt
                     && info.elements.len() == 1
                     && !info.dependent
             })
-            .map(|(key, info)| (*key, *info.elements.first().expect("one size")))
+            .map(|(key, info)| (*key, info))
             .collect();
+        keys.sort_by_key(|(key, info)| (info.computed, *key));
+        let keys = keys.into_iter().map(|(key, info)| (key, *info.elements.first().expect("one size")));
         // Greedy buckets up to the threshold; a bucket of one stays as it is.
         let mut buckets: Vec<Vec<&str>> = Vec::new();
         let mut bytes = 0;

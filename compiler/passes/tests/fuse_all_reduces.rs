@@ -117,15 +117,16 @@ fn buckets_of_the_mlp_gradients() {
     let unfused = keys(&module);
     assert_eq!(unfused, BTreeMap::from([(0, gradients.clone()), (1, gradients.clone())]));
 
-    // Horovod's default, 64 MiB: everything in one buffer per replica, members in key order.
+    // Horovod's default, 64 MiB: everything in one buffer per replica, members in the order the
+    // backward pass computes them: the last layer's first, a layer's bias before its weights.
     let all = fused(&module, FusionOptions::default().threshold_bytes);
     let one = vec!["fused_all_reduce/0".to_string()];
     assert_eq!(keys(&all), BTreeMap::from([(0, one.clone()), (1, one)]));
-    let sizes = [256, 784 * 256, 256, 256 * 256, 10, 256 * 10];
+    let sizes = [10, 256 * 10, 256, 256 * 256, 256, 784 * 256];
     for replica in 0..2 {
         let members = packed(&all, all_reduce(&all, "fused_all_reduce/0", replica));
         let found: Vec<usize> = members.iter().map(|&m| all.graph.ty(m).shape.n_elements()).collect();
-        assert_eq!(found, sizes, "replica {replica}: members out of key order");
+        assert_eq!(found, sizes, "replica {replica}: members out of the order they are computed in");
         let buffer = all.graph.ty(all_reduce(&all, "fused_all_reduce/0", replica).into()).clone();
         assert_eq!(buffer, TensorType::new(DType::F32, vec![sizes.iter().sum()]));
     }
@@ -140,15 +141,16 @@ fn buckets_of_the_mlp_gradients() {
         assert_eq!(packed(&some, all_reduce(&some, "fused_all_reduce/0", replica)).len(), 5);
     }
 
-    // Greedy in key order: h1/b, h2/b and logits/b (2,088 bytes) fill a bucket that logits/w
-    // (10,240) would take past 12,000; logits/w is then alone, so not fused.
+    // Greedy in that order, the weights above 12,000 bytes left out: logits/b, logits/w and
+    // h2/b (11,304 bytes) fill a bucket that h1/b (1,024) would take past 12,000; h1/b is then
+    // alone, so not fused.
     let small = fused(&module, 12_000);
     for replica in 0..2 {
-        let expected = ["fused_all_reduce/0", "gradients/h1/w", "gradients/h2/w", "gradients/logits/w"];
+        let expected = ["fused_all_reduce/0", "gradients/h1/b", "gradients/h1/w", "gradients/h2/w"];
         assert_eq!(some_keys(&small, replica), expected, "replica {replica}");
         let members = packed(&small, all_reduce(&small, "fused_all_reduce/0", replica));
         let found: Vec<usize> = members.iter().map(|&m| small.graph.ty(m).shape.n_elements()).collect();
-        assert_eq!(found, [256, 256, 10]);
+        assert_eq!(found, [10, 2560, 256]);
     }
 }
 

@@ -73,6 +73,9 @@ pub struct StrategySpec {
     pub sync_every: Option<u32>,
     /// Asynchronous ps: each replica's gradient divided by its staleness.
     pub staleness_aware: bool,
+    /// Mirrored: each all-reduce starts as soon as its gradients are computed and runs while
+    /// the rest of the step goes on (`dfc compile --overlap`).
+    pub overlap: bool,
 }
 
 impl Default for StrategySpec {
@@ -84,6 +87,7 @@ impl Default for StrategySpec {
             placement: "round-robin".into(),
             sync_every: None,
             staleness_aware: false,
+            overlap: false,
         }
     }
 }

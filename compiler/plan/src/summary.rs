@@ -294,6 +294,9 @@ fn strategy(s: &StrategySpec, n_devices: usize) -> String {
     if s.staleness_aware {
         text.push_str(", staleness-aware");
     }
+    if s.overlap {
+        text.push_str(", all-reduces overlapped with the backward pass");
+    }
     if let Some(k) = s.sync_every {
         text.push_str(&format!(", variables averaged every {k} steps"));
     }

@@ -21,6 +21,7 @@
 mod denormals;
 pub mod jit;
 mod memory;
+pub mod overlap;
 mod program;
 pub mod schedule;
 

@@ -3,6 +3,7 @@
 //! ([`run_host_step`]), which the grid emulator's GPU programs share.
 
 use crate::jit::{Jitted, KernelFn};
+use crate::overlap::{CommThread, Communicator};
 use crate::schedule::{ConvKind, KernelSite, PoolKind, Schedule, Slot, Step};
 use crate::CpuError;
 use dfc_interp::{Data, InterpError, Rendezvous, Tensor, Variables};
@@ -18,6 +19,8 @@ pub struct NativeProgram {
     /// among threads.
     functions: Vec<Option<(KernelFn, u64, bool)>>,
     arena: Mutex<Arena>,
+    /// The thread that runs overlapped all-reduces, from the first run that has one.
+    comm: Mutex<Option<CommThread>>,
     /// Per step, its category and name on the timeline (`dfc_interp::trace`).
     labels: Vec<(&'static str, Arc<str>)>,
     /// Keeps the kernels' code alive.
@@ -66,7 +69,8 @@ impl std::fmt::Debug for NativeProgram {
 impl NativeProgram {
     /// The program computing `fetches` and running `targets` over `module` (a partition) with
     /// its kernels compiled in `jit` (`jit::load_partition` of this module), nodes in `order`
-    /// (see `dfc_interp::Program::with_order`).
+    /// (see `dfc_interp::Program::with_order`); `overlap`: its all-reduces run on a thread of
+    /// their own while the steps go on (`Schedule::overlapped`).
     pub fn new(
         module: &Module,
         jit: Arc<Jitted>,
@@ -74,10 +78,14 @@ impl NativeProgram {
         targets: &[NodeId],
         order: &[NodeId],
         training: bool,
+        overlap: bool,
     ) -> Result<NativeProgram, CpuError> {
         let sites: Vec<KernelSite> =
             jit.kernels().iter().map(|k| KernelSite { root: k.root, members: &k.members, inputs: &k.inputs }).collect();
-        let schedule = Schedule::new(module, &sites, fetches, targets, order, training)?;
+        let schedule = match overlap {
+            true => Schedule::overlapped(module, &sites, fetches, targets, order, training)?,
+            false => Schedule::new(module, &sites, fetches, targets, order, training)?,
+        };
         let mut functions = vec![None; sites.len()];
         for step in &schedule.steps {
             if let Step::Kernel { kernel, .. } = *step {
@@ -102,7 +110,7 @@ impl NativeProgram {
                 (category, Arc::from(name))
             })
             .collect();
-        Ok(NativeProgram { schedule, functions, arena, labels, _jit: jit })
+        Ok(NativeProgram { schedule, functions, arena, comm: Mutex::new(None), labels, _jit: jit })
     }
 
     /// The schedule the program runs.
@@ -146,6 +154,33 @@ impl NativeProgram {
         // The products of a run start without waking rayon's workers (see `dfc_gemm::hold`).
         let _hold = dfc_gemm::hold();
         let _flush = crate::denormals::FlushDenormals::new();
+        let overlapped = self.schedule.steps.iter().any(|s| matches!(s, Step::AllReduce { overlapped: true, .. }));
+        match rendezvous {
+            Some(rendezvous) if overlapped => {
+                let mut thread = self.comm.lock().unwrap_or_else(|e| e.into_inner());
+                if thread.is_none() {
+                    *thread = Some(CommThread::start()?);
+                }
+                let thread = thread.as_mut().expect("started above");
+                let mut communicator = Communicator::new(thread, rendezvous);
+                let result = self.run_steps(&at, arena, Some(rendezvous), Some(&mut communicator));
+                communicator.finish(result.as_ref().err());
+                result
+            }
+            _ => self.run_steps(&at, arena, rendezvous, None),
+        }?;
+        // SAFETY: as above.
+        Ok(self.schedule.fetches.iter().map(|(slot, ty)| unsafe { read_tensor(at(*slot), ty) }).collect())
+    }
+
+    /// Runs every step, overlapped all-reduces through `communicator`.
+    fn run_steps(
+        &self,
+        at: &dyn Fn(Slot) -> *mut u8,
+        arena: &mut Arena,
+        rendezvous: Option<&dyn Rendezvous>,
+        mut communicator: Option<&mut Communicator<'_>>,
+    ) -> Result<(), InterpError> {
         for (step, label) in self.schedule.steps.iter().zip(&self.labels) {
             let mut span = dfc_interp::trace::span(label.0, || label.1.clone());
             if let Some(span) = span.as_mut() {
@@ -153,21 +188,44 @@ impl NativeProgram {
                     span.set_bytes(bytes);
                 }
             }
-            if let Step::Kernel { kernel, args } = step {
-                let (function, rows, parallel) = self.functions[*kernel].expect("looked up for every kernel step");
-                arena.args.clear();
-                arena.args.extend(args.iter().map(|s| at(*s)));
-                // SAFETY: `args` holds the kernel's buffers in its order, each a slot planned for
-                // the kernel's types (see `Bindings::at`).
-                unsafe { run_kernel(function, &arena.args, rows, parallel) };
-                continue;
+            match (step, communicator.as_deref_mut()) {
+                (Step::Kernel { kernel, args }, _) => {
+                    let (function, rows, parallel) = self.functions[*kernel].expect("looked up for every kernel step");
+                    arena.args.clear();
+                    arena.args.extend(args.iter().map(|s| at(*s)));
+                    // SAFETY: `args` holds the kernel's buffers in its order, each a slot planned
+                    // for the kernel's types (see `Bindings::at`).
+                    unsafe { run_kernel(function, &arena.args, rows, parallel) };
+                }
+                (Step::AllReduce { key, group_size, members, ty, overlapped: true }, Some(communicator)) => {
+                    // The values are copied out now: the thread never touches the arena.
+                    let contributions = members
+                        .iter()
+                        .enumerate()
+                        // SAFETY: the slot holds a value of `ty` (see `Bindings::at`).
+                        .map(|(i, m)| (i, m.0, unsafe { read_tensor(at(m.1), ty) }))
+                        .collect();
+                    communicator.start(key, *group_size, contributions);
+                }
+                (Step::AllReduceWait { key, outs, ty }, Some(communicator)) => {
+                    for (i, sum) in communicator.wait(key)? {
+                        // SAFETY: the slot has room for a value of `ty` (see `Bindings::at`),
+                        // and no step uses it until this one wrote it.
+                        unsafe { write_tensor(at(outs[i]), &sum, ty) };
+                    }
+                }
+                (step, communicator) => {
+                    if let (Step::AllReduce { .. }, Some(communicator)) = (step, communicator) {
+                        // In place, after the all-reduces started before it (their order).
+                        communicator.drain();
+                    }
+                    // SAFETY: every slot of the schedule holds a value of the type the schedule
+                    // planned for it (see `Bindings::at`).
+                    unsafe { run_host_step(step, at, &mut arena.scratch, rendezvous)? }
+                }
             }
-            // SAFETY: every slot of the schedule holds a value of the type the schedule planned
-            // for it (see `Bindings::at`).
-            unsafe { run_host_step(step, &at, &mut arena.scratch, rendezvous)? };
         }
-        // SAFETY: as above.
-        Ok(self.schedule.fetches.iter().map(|(slot, ty)| unsafe { read_tensor(at(*slot), ty) }).collect())
+        Ok(())
     }
 }
 
@@ -190,7 +248,9 @@ pub fn step_label(step: &Step, module: &Module, kernel_name: &dyn Fn(usize) -> S
         Step::Copy { bytes, .. } => ("copy", format!("copy {bytes} B")),
         Step::Send { key, .. } => ("send", format!("send {key}")),
         Step::Recv { key, .. } => ("recv", format!("recv {key}")),
+        Step::AllReduce { key, overlapped: true, .. } => ("all_reduce", format!("start all_reduce {key}")),
         Step::AllReduce { key, .. } => ("all_reduce", format!("all_reduce {key}")),
+        Step::AllReduceWait { key, .. } => ("wait", format!("wait all_reduce {key}")),
     }
 }
 
@@ -199,7 +259,7 @@ fn exchanged_bytes(step: &Step) -> Option<u64> {
     let bytes = |ty: &TensorType| ty.size_in_bytes() as u64;
     match step {
         Step::Send { ty, .. } | Step::Recv { ty, .. } => Some(bytes(ty)),
-        Step::AllReduce { ty, members, .. } => Some(bytes(ty) * members.len() as u64),
+        Step::AllReduce { ty, members, overlapped: false, .. } => Some(bytes(ty) * members.len() as u64),
         _ => None,
     }
 }
@@ -417,7 +477,13 @@ pub unsafe fn run_host_step(
             }
             write(*out, &tensor, ty);
         }
-        Step::AllReduce { key, group_size, members, ty } => {
+        Step::AllReduce { key, overlapped: true, .. } | Step::AllReduceWait { key, .. } => {
+            return Err(InterpError::Malformed {
+                node: key.clone(),
+                message: "an overlapped all-reduce runs only in a native program's run".into(),
+            })
+        }
+        Step::AllReduce { key, group_size, members, ty, overlapped: false } => {
             let rendezvous = exchange(key)?;
             let contributions: Vec<(usize, u32, Tensor)> =
                 members.iter().enumerate().map(|(i, m)| (i, m.0, read(m.1, ty))).collect();

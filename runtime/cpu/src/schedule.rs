@@ -153,10 +153,20 @@ pub enum Step {
         out: Slot,
         ty: TensorType,
     },
+    /// The sum of every replica's value under `key`: per member of this program, its replica,
+    /// its value's slot and its sum's. `overlapped`: the step only starts the all-reduce, on
+    /// the program's communication thread, and the matching `AllReduceWait` writes the sums.
     AllReduce {
         key: String,
         group_size: u32,
         members: Vec<(u32, Slot, Slot)>,
+        ty: TensorType,
+        overlapped: bool,
+    },
+    /// Waits for the overlapped all-reduce of `key` and writes its sums into `outs`.
+    AllReduceWait {
+        key: String,
+        outs: Vec<Slot>,
         ty: TensorType,
     },
 }
@@ -193,9 +203,11 @@ impl Step {
             Step::Copy { from, to, .. } => (vec![*from], vec![*to]),
             Step::Send { value, .. } => (vec![*value], vec![]),
             Step::Recv { out, .. } => (vec![], vec![*out]),
-            Step::AllReduce { members, .. } => {
-                (members.iter().map(|m| m.1).collect(), members.iter().map(|m| m.2).collect())
+            Step::AllReduce { members, overlapped, .. } => {
+                let reads = members.iter().map(|m| m.1).collect();
+                (reads, if *overlapped { Vec::new() } else { members.iter().map(|m| m.2).collect() })
             }
+            Step::AllReduceWait { outs, .. } => (Vec::new(), outs.clone()),
         }
     }
 
@@ -240,9 +252,13 @@ impl Step {
             Step::Copy { from, to, bytes } => (vec![(*from, *bytes)], vec![(*to, *bytes)]),
             Step::Send { value, ty, .. } => (vec![(*value, ty.size_in_bytes())], Vec::new()),
             Step::Recv { out, ty, .. } => (Vec::new(), vec![(*out, ty.size_in_bytes())]),
-            Step::AllReduce { members, ty, .. } => {
+            Step::AllReduce { members, ty, overlapped, .. } => {
                 let bytes = ty.size_in_bytes();
-                (members.iter().map(|m| (m.1, bytes)).collect(), members.iter().map(|m| (m.2, bytes)).collect())
+                let writes = if *overlapped { Vec::new() } else { members.iter().map(|m| (m.2, bytes)).collect() };
+                (members.iter().map(|m| (m.1, bytes)).collect(), writes)
+            }
+            Step::AllReduceWait { outs, ty, .. } => {
+                (Vec::new(), outs.iter().map(|&o| (o, ty.size_in_bytes())).collect())
             }
         }
     }
@@ -263,6 +279,7 @@ impl Step {
             Step::Send { value, .. } => vec![value],
             Step::Recv { out, .. } => vec![out],
             Step::AllReduce { members, .. } => members.iter_mut().flat_map(|m| [&mut m.1, &mut m.2]).collect(),
+            Step::AllReduceWait { outs, .. } => outs.iter_mut().collect(),
         }
     }
 }
@@ -298,6 +315,7 @@ impl Step {
             Step::Send { .. } => "send".into(),
             Step::Recv { .. } => "recv".into(),
             Step::AllReduce { .. } => "all_reduce".into(),
+            Step::AllReduceWait { .. } => "all_reduce_wait".into(),
         }
     }
 }
@@ -326,6 +344,34 @@ impl Schedule {
         order: &[NodeId],
         training: bool,
     ) -> Result<Schedule, CpuError> {
+        Schedule::build(module, kernels, fetches, targets, order, training, false)
+    }
+
+    /// Like [`Schedule::new`], with the all-reduces overlapped with the computation: each
+    /// starts as soon as its operands are computed (with the reshapes and concatenations that
+    /// only feed it) and runs on a communication thread while the steps go on, and an
+    /// `AllReduceWait` takes its sums just before their first use. The all-reduces start in the
+    /// order `order` gives them, so replicas meet them in one order.
+    pub fn overlapped(
+        module: &Module,
+        kernels: &[KernelSite<'_>],
+        fetches: &[TensorRef],
+        targets: &[NodeId],
+        order: &[NodeId],
+        training: bool,
+    ) -> Result<Schedule, CpuError> {
+        Schedule::build(module, kernels, fetches, targets, order, training, true)
+    }
+
+    fn build(
+        module: &Module,
+        kernels: &[KernelSite<'_>],
+        fetches: &[TensorRef],
+        targets: &[NodeId],
+        order: &[NodeId],
+        training: bool,
+        overlap: bool,
+    ) -> Result<Schedule, CpuError> {
         let graph = &module.graph;
         // The interpreter's program checks every node: the same checks hold here.
         dfc_interp::Program::with_mode(module, fetches, targets, order, training)?;
@@ -335,6 +381,7 @@ impl Schedule {
             let mut seen = HashSet::new();
             order.iter().copied().filter(|id| needed.contains(id) && seen.insert(*id)).collect()
         };
+        let order = if overlap { crate::overlap::hoist_all_reduces(graph, &order) } else { order };
         let index_of: HashMap<NodeId, usize> = kernels.iter().enumerate().map(|(i, k)| (k.root, i)).collect();
         let kernels: HashMap<NodeId, &KernelSite> = kernels.iter().map(|k| (k.root, k)).collect();
         // Nodes computed inside the kernels the program runs, and those kernels' roots.
@@ -574,7 +621,8 @@ impl Schedule {
                             }
                         }
                     }
-                    steps.push(Step::AllReduce { key: key.clone(), group_size: *group_size, members, ty });
+                    let (key, group_size) = (key.clone(), *group_size);
+                    steps.push(Step::AllReduce { key, group_size, members, ty, overlapped: false });
                 }
                 op => {
                     let ty = ty.unwrap();
@@ -609,6 +657,10 @@ impl Schedule {
                 (slot_of[&f.node], ty)
             })
             .collect();
+
+        if overlap {
+            steps = crate::overlap::split_all_reduces(steps);
+        }
 
         // Lifetimes of the planned buffers, then their offsets.
         let mut lifetimes: Vec<Option<(usize, usize)>> = vec![None; builder.buffers.len()];

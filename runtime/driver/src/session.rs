@@ -540,14 +540,15 @@ impl<'p> Session<'p> {
             CpuError::Interp(e) => RunError::Interp(e),
             other => RunError::Plan(other.to_string()),
         };
-        match NativeProgram::new(module, jit.clone(), fetches, targets, order, training) {
+        match NativeProgram::new(module, jit.clone(), fetches, targets, order, training, self.plan.strategy.overlap) {
             Err(CpuError::NotStored(_)) => {
                 let mut keep = self.plan.kept_nodes(p);
                 keep.extend(fetches.iter().map(|f| f.node));
                 let cache = dfc_codegen::CodeCache::from_env();
                 let jit = dfc_cpu::load_partition(&cache, module, &keep, &dfc_codegen::host_target())
                     .map_err(backend_error)?;
-                NativeProgram::new(module, jit, fetches, targets, order, training).map_err(backend_error)
+                NativeProgram::new(module, jit, fetches, targets, order, training, self.plan.strategy.overlap)
+                    .map_err(backend_error)
             }
             other => other.map_err(backend_error),
         }

@@ -571,8 +571,9 @@ impl Rendezvous for NoRendezvous {
 /// module's order is the restriction of one topological order of all their nodes together,
 /// in which each `Send` comes before the `Recv`s of its key and the `AllReduce`s of one key
 /// (replicas of one reduction) take one place, after every one's operand and before every
-/// one's user. Among ready nodes the first module's oldest comes first, so for one module
-/// without all-reduces this is `Graph::topo_order`. A cycle (in the graphs, or through keys)
+/// one's user. Among ready nodes a Send comes first and an all-reduce last, and otherwise the
+/// first module's oldest, so for one module without all-reduces or Sends this is
+/// `Graph::topo_order`. A cycle (in the graphs, or through keys)
 /// is an error naming some of its nodes.
 pub fn schedule(modules: &[&Module]) -> Result<Vec<Vec<NodeId>>, InterpError> {
     // Units of scheduling: a node, or all the all-reduces of one key.
@@ -631,8 +632,22 @@ pub fn schedule(modules: &[&Module]) -> Result<Vec<Vec<NodeId>>, InterpError> {
     if !cyclic.is_empty() {
         return Err(InterpError::Cycle { nodes: cyclic.into_iter().take(5).map(name).collect() });
     }
-    let first = |unit: usize| members[unit][0];
-    let mut ready: BinaryHeap<Reverse<((usize, NodeId), usize)>> =
+    // A ready Send comes before anything else: it never blocks, and what receives it may be
+    // waiting (a replica's slice of the batch, sent by the device its input lives on, before
+    // that device computes its own replica). A ready all-reduce comes after everything else:
+    // it blocks until every replica is there, so each module first does all the work it can
+    // without it, and every replica meets it after the same work (an all-reduce between two
+    // stretches of one replica's backward pass and after another's whole would serialize them).
+    let first = |unit: usize| {
+        let (m, id) = members[unit][0];
+        let class = match modules[m].graph.node(id).op {
+            Op::Send { .. } => 0,
+            Op::AllReduce { .. } => 2,
+            _ => 1,
+        };
+        (class, (m, id))
+    };
+    let mut ready: BinaryHeap<Reverse<((u8, (usize, NodeId)), usize)>> =
         (0..members.len()).filter(|&u| pending[u] == 0).map(|u| Reverse((first(u), u))).collect();
     let mut orders: Vec<Vec<NodeId>> = modules.iter().map(|m| Vec::with_capacity(m.graph.len())).collect();
     let mut done = 0;

@@ -69,6 +69,11 @@ pub fn enabled() -> bool {
     ENABLED.load(Ordering::Relaxed)
 }
 
+/// The track this thread's spans go on.
+pub fn current_track() -> Arc<str> {
+    TRACK.with(|t| t.borrow().clone())
+}
+
 /// Runs `work` with this thread's spans on `track`, then restores the thread's track.
 pub fn on_track<T>(track: &str, work: impl FnOnce() -> T) -> T {
     if !enabled() {
