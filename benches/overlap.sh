@@ -24,14 +24,8 @@ dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 echo "cpu: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; $WORKERS workers, $STEPS steps, $ROUNDS rounds"
 
-step_ms() {  # plan → the step time of one run, in ms
-    rm -f "$dir/metrics.jsonl"
-    "$dfc" run "$1" --spawn "$WORKERS" --feed images="$DATA/train-images-idx3-ubyte.gz" \
-        --feed labels="$DATA/train-labels-idx1-ubyte.gz" --steps "$STEPS" \
-        --metrics "$dir/metrics.jsonl" 2>"$dir/err" >/dev/null || { cat "$dir/err" >&2; exit 1; }
-    python3 -c 'import json,sys; r=json.loads(open(sys.argv[1]).readline()); print(r["seconds"] / r["step"] * 1e3)' "$dir/metrics.jsonl"
-}
-median() { sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+# shellcheck source=benches/spawned_steps.sh
+. "$REPO/benches/spawned_steps.sh"
 
 for model in "${MODELS[@]}"; do
     common=(--devices "$WORKERS" --strategy mirrored)
@@ -43,7 +37,7 @@ for model in "${MODELS[@]}"; do
         # ABC, then CBA: each plan in every position as often.
         order=(after buckets overlap)
         [ $((round % 2)) -eq 0 ] && order=(overlap buckets after)
-        for plan in "${order[@]}"; do step_ms "$dir/$plan.plan" >>"$dir/$plan"; done
+        for plan in "${order[@]}"; do step_ms "$dfc" "$dir/$plan.plan" >>"$dir/$plan"; done
     done
     after=$(median <"$dir/after"); buckets=$(median <"$dir/buckets"); overlap=$(median <"$dir/overlap")
     echo "$model: median ms/step of $ROUNDS runs"

@@ -20,14 +20,8 @@ dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 echo "cpu: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; $STRATEGY on $WORKERS spawned workers, $STEPS steps, $ROUNDS rounds"
 
-step_ms() {  # dfc plan → the step time of one run, in ms
-    rm -f "$dir/metrics.jsonl"
-    "$1" run "$2" --spawn "$WORKERS" --feed images="$DATA/train-images-idx3-ubyte.gz" \
-        --feed labels="$DATA/train-labels-idx1-ubyte.gz" --steps "$STEPS" \
-        --metrics "$dir/metrics.jsonl" 2>"$dir/err" >/dev/null || { cat "$dir/err" >&2; exit 1; }
-    python3 -c 'import json,sys; r=json.loads(open(sys.argv[1]).readline()); print(r["seconds"] / r["step"] * 1e3)' "$dir/metrics.jsonl"
-}
-median() { sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+# shellcheck source=benches/spawned_steps.sh
+. "$REPO/benches/spawned_steps.sh"
 
 for model in "${MODELS[@]}"; do
     for side in base new; do

@@ -708,3 +708,70 @@ fn an_update_whose_product_reads_its_variable_is_not_folded() {
     let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
     pool.install(|| check_plan("self_product", &plan));
 }
+
+/// `--overlap`'s schedule (`dfc_cpu::Schedule::overlapped`) of the MLP mirrored on 2 devices,
+/// one all-reduce per gradient: every all-reduce but the last starts on the communication
+/// thread, the last layer's first, and has a wait after it, with the backward pass's work in
+/// between for the first; the last runs in place, after every start; the plain schedule has
+/// neither starts nor waits. (That the sums are right is `tests/distributed.rs`'s.)
+#[test]
+fn an_overlapped_schedule_starts_all_reduces_early_and_waits_for_them_late() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/mlp.df");
+    let source = std::fs::read_to_string(&path).expect("example");
+    let options = CompileOptions {
+        cluster: Cluster::local(2, DeviceKind::Cpu),
+        strategy: Strategy::Mirrored,
+        fusion: dfc_passes::FusionOptions { threshold_bytes: 0 },
+        overlap: true,
+        ..CompileOptions::default()
+    };
+    let plan = compile(&source, "mlp.df", &options).expect("compiles").plan;
+    let modules: Vec<&dfc_ir::Module> = plan.partitions.iter().map(|p| &p.module).collect();
+    let order = dfc_interp::schedule(&modules).unwrap().remove(0);
+    let module = modules[0];
+    let cache = dfc_codegen::CodeCache::disabled();
+    let jit = dfc_cpu::load_partition(&cache, module, &plan.kept_nodes(0), &dfc_codegen::host_target()).unwrap();
+    let sites: Vec<dfc_cpu::KernelSite> = jit
+        .kernels()
+        .iter()
+        .map(|k| dfc_cpu::KernelSite { root: k.root, members: &k.members, inputs: &k.inputs })
+        .collect();
+    let training = plan.training.as_ref().unwrap();
+    let targets: Vec<dfc_ir::NodeId> =
+        module.graph.node_ids().filter(|&id| training.updates.contains(&module.graph.node(id).name)).collect();
+    assert!(!targets.is_empty());
+    let build = |overlap: bool| {
+        let build = if overlap { dfc_cpu::Schedule::overlapped } else { dfc_cpu::Schedule::new };
+        build(module, &sites, &[], &targets, &order, true).expect("a schedule").steps
+    };
+    use dfc_cpu::Step;
+    let plain = build(false);
+    assert!(plain.iter().all(|s| !matches!(s, Step::AllReduceWait { .. } | Step::AllReduce { overlapped: true, .. })));
+    assert_eq!(plain.iter().filter(|s| matches!(s, Step::AllReduce { .. })).count(), 6);
+
+    let steps = build(true);
+    let starts: Vec<(usize, &str)> = steps
+        .iter()
+        .enumerate()
+        .filter_map(|(i, s)| match s {
+            Step::AllReduce { key, overlapped: true, .. } => Some((i, key.as_str())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(starts.len(), 5, "every all-reduce but the last starts on the thread");
+    assert!(starts[0].1.starts_with("gradients/logits/"), "the last layer's gradients first: {starts:?}");
+    let in_place: Vec<usize> =
+        (0..steps.len()).filter(|&i| matches!(steps[i], Step::AllReduce { overlapped: false, .. })).collect();
+    assert_eq!(in_place.len(), 1);
+    assert!(starts.iter().all(|&(i, _)| i < in_place[0]), "the last all-reduce comes after every start");
+    for (n, &(start, key)) in starts.iter().enumerate() {
+        let wait = (start..steps.len())
+            .find(|&j| matches!(&steps[j], Step::AllReduceWait { key: k, .. } if k == key))
+            .unwrap_or_else(|| panic!("no wait for `{key}`"));
+        let computed =
+            steps[start + 1..wait].iter().filter(|s| matches!(s, Step::MatMul { .. } | Step::Kernel { .. })).count();
+        if n == 0 {
+            assert!(computed > 0, "nothing is computed while `{key}` is reduced");
+        }
+    }
+}

@@ -571,9 +571,9 @@ impl Rendezvous for NoRendezvous {
 /// module's order is the restriction of one topological order of all their nodes together,
 /// in which each `Send` comes before the `Recv`s of its key and the `AllReduce`s of one key
 /// (replicas of one reduction) take one place, after every one's operand and before every
-/// one's user. Among ready nodes a Send comes first and an all-reduce last, and otherwise the
-/// first module's oldest, so for one module without all-reduces or Sends this is
-/// `Graph::topo_order`. A cycle (in the graphs, or through keys)
+/// one's user. Among ready nodes a Send comes first and an all-reduce last (all-reduces in the
+/// order they became ready), and otherwise the first module's oldest, so for one module
+/// without all-reduces or Sends this is `Graph::topo_order`. A cycle (in the graphs, or through keys)
 /// is an error naming some of its nodes.
 pub fn schedule(modules: &[&Module]) -> Result<Vec<Vec<NodeId>>, InterpError> {
     // Units of scheduling: a node, or all the all-reduces of one key.
@@ -638,17 +638,22 @@ pub fn schedule(modules: &[&Module]) -> Result<Vec<Vec<NodeId>>, InterpError> {
     // it blocks until every replica is there, so each module first does all the work it can
     // without it, and every replica meets it after the same work (an all-reduce between two
     // stretches of one replica's backward pass and after another's whole would serialize them).
-    let first = |unit: usize| {
+    // All-reduces keep the order they became ready in: the order their operands are computed
+    // (the last layer's gradients first), in which an overlapped program starts them.
+    let mut became_ready = 0usize;
+    let mut key = |unit: usize| {
         let (m, id) = members[unit][0];
-        let class = match modules[m].graph.node(id).op {
-            Op::Send { .. } => 0,
-            Op::AllReduce { .. } => 2,
-            _ => 1,
-        };
-        (class, (m, id))
+        match modules[m].graph.node(id).op {
+            Op::Send { .. } => (0u8, (m, id)),
+            Op::AllReduce { .. } => {
+                became_ready += 1;
+                (2, (became_ready, id))
+            }
+            _ => (1, (m, id)),
+        }
     };
     let mut ready: BinaryHeap<Reverse<((u8, (usize, NodeId)), usize)>> =
-        (0..members.len()).filter(|&u| pending[u] == 0).map(|u| Reverse((first(u), u))).collect();
+        (0..members.len()).filter(|&u| pending[u] == 0).map(|u| Reverse((key(u), u))).collect();
     let mut orders: Vec<Vec<NodeId>> = modules.iter().map(|m| Vec::with_capacity(m.graph.len())).collect();
     let mut done = 0;
     while let Some(Reverse((_, unit))) = ready.pop() {
@@ -659,7 +664,7 @@ pub fn schedule(modules: &[&Module]) -> Result<Vec<Vec<NodeId>>, InterpError> {
         for &next in &successors[unit] {
             pending[next] -= 1;
             if pending[next] == 0 {
-                ready.push(Reverse((first(next), next)));
+                ready.push(Reverse((key(next), next)));
             }
         }
     }
