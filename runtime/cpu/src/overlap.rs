@@ -50,7 +50,6 @@ pub fn hoist_all_reduces(graph: &Graph, order: &[NodeId]) -> Vec<NodeId> {
         return order.to_vec();
     }
     // Units: a hoisted node, or every all-reduce of one key.
-    let mut unit_of: HashMap<NodeId, usize> = HashMap::new();
     let mut units: Vec<Vec<NodeId>> = Vec::new();
     let mut unit_of_key: HashMap<&str, usize> = HashMap::new();
     // The all-reduce units in their order, which they keep.
@@ -68,7 +67,6 @@ pub fn hoist_all_reduces(graph: &Graph, order: &[NodeId]) -> Vec<NodeId> {
             }
         };
         units[unit].push(id);
-        unit_of.insert(id, unit);
     }
     let preds = |id: NodeId| -> Vec<NodeId> {
         graph
