@@ -299,18 +299,22 @@ fn drain_stderr(child: &mut Child) -> std::thread::JoinHandle<String> {
 /// Trains on two workers, does `fault` to the second after two seconds, and returns the run's
 /// stderr once it has failed, which it must within 30 s.
 fn a_fault_on_the_second_worker(name: &str, wait: &str, fault: impl FnOnce(&mut Vec<Worker>)) -> String {
-    a_timed_fault_on_the_second_worker(name, wait, fault).0
+    a_timed_fault_on_the_second_worker(name, wait, 0, fault).0
 }
 
-/// The same, with how long after the fault the run ended.
+/// The same, with how long after the fault the run ended; the second worker waits
+/// `second_delay_ms` before each of its runs (`dfc worker --delay-ms`).
 fn a_timed_fault_on_the_second_worker(
     name: &str,
     wait: &str,
+    second_delay_ms: u64,
     fault: impl FnOnce(&mut Vec<Worker>),
 ) -> (String, Duration) {
     let dir = scratch(name);
     let feeds = regression_data(&dir, 256);
-    let mut workers: Vec<Worker> = (0..2).map(|_| Worker::start(TOKEN)).collect();
+    let mut second = Command::new(env!("CARGO_BIN_EXE_dfc"));
+    second.args(["worker", "--listen", "127.0.0.1:0", "--delay-ms", &second_delay_ms.to_string()]);
+    let mut workers: Vec<Worker> = vec![Worker::start(TOKEN), Worker::launch(second, TOKEN, "127.0.0.1")];
     let cluster = cluster_file(&dir, &[("worker", &[&workers[0], &workers[1]])]);
     let plan = compile(&dir, &["--cluster", s(&cluster), "--strategy", "mirrored"]);
     let mut run = Command::new(env!("CARGO_BIN_EXE_dfc"))
@@ -430,7 +434,10 @@ fn a_stopped_worker_is_reported_by_name_and_the_run_fails() {
 /// all-reduce of the gradients, or a tensor of the step).
 #[test]
 fn a_stopped_worker_is_named_with_what_the_others_wait_for() {
-    let (stderr, ended) = a_timed_fault_on_the_second_worker("stalled", "30", |workers| {
+    // The second worker starts each step a second late, so that the first is nearly always
+    // waiting for it in the step's all-reduce when it stops (stopped between two steps, it
+    // would leave no one waiting).
+    let (stderr, ended) = a_timed_fault_on_the_second_worker("stalled", "30", 1000, |workers| {
         let stop = Command::new("kill").args(["-STOP", &workers[1].child.id().to_string()]).status();
         assert!(stop.expect("kill").success());
     });
