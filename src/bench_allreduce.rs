@@ -1,9 +1,21 @@
-//! `dfc bench-allreduce`: the ring all-reduce across local worker processes, as bus bandwidth,
-//! next to the raw loopback TCP throughput measured in the same run; through the shared-memory
-//! queues that workers on one machine use, and through the data plane's TCP connections.
+//! `dfc bench-allreduce`: the all-reduce across local worker processes (or running workers
+//! given with `--at`), as bus bandwidth, next to the raw loopback TCP throughput measured in
+//! the same run; through the shared-memory queues that workers on one machine use, and through
+//! the data plane's TCP connections; by the flat ring and the hierarchical all-reduce, with
+//! the bytes each sends between hosts.
 
 use dfc_rpc::bench::Transport;
+use dfc_rpc::rendezvous::Algorithm;
 use std::time::Duration;
+
+/// How the all-reduce goes between workers.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum AlgorithmArg {
+    /// One ring over all the workers.
+    Ring,
+    /// Within each host, then a ring between hosts (workers on several hosts, as many on each).
+    Hierarchical,
+}
 
 /// How the workers send to each other.
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -19,6 +31,17 @@ pub struct BenchAllReduceArgs {
     /// Numbers of worker processes to reduce across.
     #[arg(long, value_delimiter = ',', default_value = "2,4")]
     workers: Vec<usize>,
+    /// Reduce across the running workers at these addresses (`dfc worker --listen`, holding
+    /// the token of DFC_TOKEN or --token-file) instead of starting local ones; workers whose
+    /// addresses name one host share it. The loopback references are not measured then.
+    #[arg(long, value_delimiter = ',', value_name = "ADDRESS", conflicts_with = "workers")]
+    at: Vec<String>,
+    /// With --at: a file whose first line is the workers' token [default: DFC_TOKEN].
+    #[arg(long, value_name = "FILE", requires = "at")]
+    token_file: Option<std::path::PathBuf>,
+    /// How the all-reduce goes between workers: each one given is measured.
+    #[arg(long, value_delimiter = ',', default_value = "ring")]
+    algorithm: Vec<AlgorithmArg>,
     /// Buffer sizes, MiB of f32.
     #[arg(long = "sizes-mib", value_delimiter = ',', default_value = "4,16,64,256")]
     sizes_mib: Vec<u64>,
@@ -42,8 +65,9 @@ pub struct BenchAllReduceArgs {
 struct Report {
     /// Whether the workers ran with TLS (their data plane in TLS records).
     tls: bool,
-    /// What one TCP connection on loopback carries alone.
-    loopback_tcp_bytes_per_second: f64,
+    /// What one TCP connection on loopback carries alone (not measured for workers given
+    /// with --at).
+    loopback_tcp_bytes_per_second: Option<f64>,
     /// Per number of workers n: what each of n loopback connections carries when all n stream
     /// at once, as the links of an n-worker ring do.
     loopback_ring_tcp_bytes_per_second: Vec<(usize, f64)>,
@@ -91,67 +115,110 @@ impl References {
 const CACHED: u64 = 1 << 20;
 
 pub fn bench_allreduce(args: &BenchAllReduceArgs) -> Result<std::process::ExitCode, String> {
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find the dfc executable: {e}"))?;
-    if args.workers.iter().any(|&n| n < 2) {
-        return Err("an all-reduce needs at least 2 workers".into());
-    }
-    let mut references = References {
-        single: 0.0,
-        rings: args.workers.iter().map(|&n| (n, 0.0)).collect(),
-        through_memory: args
-            .workers
-            .iter()
-            .flat_map(|&n| args.sizes_mib.iter().map(move |&mib| (n, mib << 20, 0.0)))
-            .collect(),
-    };
     let tls = args.tls_dir.as_deref().map(dfc_rpc::Tls::load).transpose()?;
-    references.measure("before")?;
     let mut results = Vec::new();
-    for &n in &args.workers {
-        let token = dfc_rpc::auth::random_token();
-        let workers = dfc_rpc::LocalWorkers::spawn(&exe, n, &token, args.tls_dir.as_deref())?;
-        for &mib in &args.sizes_mib {
-            for &transport in &args.transport {
-                let transport = match transport {
-                    TransportArg::SharedMemory => Transport::SharedMemory,
-                    TransportArg::Tcp => Transport::Tcp,
-                };
-                let result = dfc_rpc::bench::all_reduce(
-                    &workers.addresses,
-                    &token,
-                    tls.as_ref(),
-                    mib << 20,
-                    args.iterations,
-                    transport,
-                )?;
-                eprintln!(
-                    "{n} workers, {mib:>4} MiB, {}: {:8.1} ms, bus bandwidth {:.2} GB/s",
-                    transport_name(&result),
-                    result.median_seconds * 1e3,
-                    result.bus_bytes_per_second / 1e9
-                );
-                results.push(result);
-            }
+    let references = if args.at.is_empty() {
+        let exe = std::env::current_exe().map_err(|e| format!("cannot find the dfc executable: {e}"))?;
+        if args.workers.iter().any(|&n| n < 2) {
+            return Err("an all-reduce needs at least 2 workers".into());
         }
-        drop(workers);
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    references.measure("after")?;
+        let mut references = References {
+            single: 0.0,
+            rings: args.workers.iter().map(|&n| (n, 0.0)).collect(),
+            through_memory: args
+                .workers
+                .iter()
+                .flat_map(|&n| args.sizes_mib.iter().map(move |&mib| (n, mib << 20, 0.0)))
+                .collect(),
+        };
+        references.measure("before")?;
+        for &n in &args.workers {
+            let token = dfc_rpc::auth::random_token();
+            let workers = dfc_rpc::LocalWorkers::spawn(&exe, n, &token, args.tls_dir.as_deref())?;
+            measure(args, &workers.addresses, &token, tls.as_ref(), &mut results)?;
+            drop(workers);
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        references.measure("after")?;
+        Some(references)
+    } else {
+        if args.at.len() < 2 {
+            return Err("an all-reduce needs at least 2 workers: give --at two addresses or more".into());
+        }
+        let token = dfc_rpc::auth::load_token(args.token_file.as_deref())?;
+        measure(args, &args.at, &token, tls.as_ref(), &mut results)?;
+        None
+    };
     let report = Report {
         tls: tls.is_some(),
-        loopback_tcp_bytes_per_second: references.single,
-        loopback_ring_tcp_bytes_per_second: references.rings,
-        loopback_ring_tcp_through_memory_bytes_per_second: references.through_memory,
+        loopback_tcp_bytes_per_second: references.as_ref().map(|r| r.single),
+        loopback_ring_tcp_bytes_per_second: references.as_ref().map(|r| r.rings.clone()).unwrap_or_default(),
+        loopback_ring_tcp_through_memory_bytes_per_second: references
+            .as_ref()
+            .map(|r| r.through_memory.clone())
+            .unwrap_or_default(),
         results,
     };
     if args.json {
         println!("{}", serde_json::to_string(&report).expect("reports serialise"));
         return Ok(std::process::ExitCode::SUCCESS);
     }
+    print_report(&report);
+    Ok(std::process::ExitCode::SUCCESS)
+}
+
+/// Every size, transport and algorithm of `args` on the workers at `addresses`.
+fn measure(
+    args: &BenchAllReduceArgs,
+    addresses: &[String],
+    token: &str,
+    tls: Option<&dfc_rpc::Tls>,
+    results: &mut Vec<dfc_rpc::bench::AllReduceResult>,
+) -> Result<(), String> {
+    let n = addresses.len();
+    for &mib in &args.sizes_mib {
+        for &transport in &args.transport {
+            let transport = match transport {
+                TransportArg::SharedMemory => Transport::SharedMemory,
+                TransportArg::Tcp => Transport::Tcp,
+            };
+            for &algorithm in &args.algorithm {
+                let algorithm = match algorithm {
+                    AlgorithmArg::Ring => Algorithm::Ring,
+                    AlgorithmArg::Hierarchical => Algorithm::Hierarchical,
+                };
+                let result = dfc_rpc::bench::all_reduce(
+                    addresses,
+                    token,
+                    tls,
+                    mib << 20,
+                    args.iterations,
+                    transport,
+                    algorithm,
+                )?;
+                eprintln!(
+                    "{n} workers on {} host(s), {mib:>4} MiB, {}, {}: {:8.1} ms, bus bandwidth {:.2} GB/s, {:.1} MiB between hosts",
+                    result.hosts,
+                    transport_name(&result),
+                    result.algorithm,
+                    result.median_seconds * 1e3,
+                    result.bus_bytes_per_second / 1e9,
+                    result.bytes_between_hosts as f64 / (1 << 20) as f64
+                );
+                results.push(result);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn print_report(report: &Report) {
     if report.tls {
         println!("workers with TLS: every data-plane frame over TCP is encrypted (shared memory is not)");
     }
-    println!("loopback TCP, one link alone: {:.2} GB/s", report.loopback_tcp_bytes_per_second / 1e9);
+    if let Some(single) = report.loopback_tcp_bytes_per_second {
+        println!("loopback TCP, one link alone: {:.2} GB/s", single / 1e9);
+    }
     for (n, rate) in &report.loopback_ring_tcp_bytes_per_second {
         println!("loopback TCP, {n} links at once (a {n}-worker ring): {:.2} GB/s per link", rate / 1e9);
     }
@@ -163,41 +230,48 @@ pub fn bench_allreduce(args: &BenchAllReduceArgs) -> Result<std::process::ExitCo
         );
     }
     println!(
-        "{:>7} {:>6} {:>9} {:>10} {:>11} {:>11} {:>12} {:>17} {:>12}",
+        "{:>7} {:>5} {:>6} {:>9} {:>12} {:>10} {:>11} {:>11} {:>13} {:>12} {:>17} {:>12}",
         "workers",
+        "hosts",
         "MiB",
         "transport",
+        "algorithm",
         "median ms",
         "algbw GB/s",
         "busbw GB/s",
+        "MiB btw hosts",
         "of ring TCP",
         "of ring TCP, mem",
         "of one link"
     );
     for r in &report.results {
-        let ring =
-            report.loopback_ring_tcp_bytes_per_second.iter().find(|(n, _)| *n == r.workers).map_or(f64::NAN, |p| p.1);
+        let ring = report.loopback_ring_tcp_bytes_per_second.iter().find(|(n, _)| *n == r.workers).map(|p| p.1);
         let memory = report
             .loopback_ring_tcp_through_memory_bytes_per_second
             .iter()
             .find(|(n, bytes, _)| *n == r.workers && *bytes == r.bytes)
-            .map_or(f64::NAN, |p| p.2);
-        let share = |of: f64| 100.0 * r.bus_bytes_per_second / of;
+            .map(|p| p.2);
+        let share =
+            |of: Option<f64>| of.map_or("-".to_string(), |of| format!("{:.0}%", 100.0 * r.bus_bytes_per_second / of));
         println!(
-            "{:>7} {:>6} {:>9} {:>10.1} {:>11.2} {:>11.2} {:>11.0}% {:>16.0}% {:>11.0}%",
+            "{:>7} {:>5} {:>6} {:>9} {:>12} {:>10.1} {:>11.2} {:>11.2} {:>13.1} {:>12} {:>17} {:>12}",
             r.workers,
+            r.hosts,
             r.bytes >> 20,
             transport_name(r),
+            r.algorithm,
             r.median_seconds * 1e3,
             r.algorithm_bytes_per_second / 1e9,
             r.bus_bytes_per_second / 1e9,
+            r.bytes_between_hosts as f64 / (1 << 20) as f64,
             share(ring),
             share(memory),
             share(report.loopback_tcp_bytes_per_second)
         );
     }
-    println!("(of ring TCP, mem: each end of each link streams through a buffer of the tensor's size)");
-    Ok(std::process::ExitCode::SUCCESS)
+    if report.loopback_tcp_bytes_per_second.is_some() {
+        println!("(of ring TCP, mem: each end of each link streams through a buffer of the tensor's size)");
+    }
 }
 
 /// How a result's frames went: `shm` only where every worker's went through shared memory.

@@ -2,6 +2,7 @@
 //! bar and the lines a person reads.
 
 use dfc_driver::{EpochRecord, Progress, TrainOptions};
+use dfc_rpc::rendezvous::Algorithm;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -106,6 +107,45 @@ pub struct RemoteArgs {
     /// How long a worker waits for another within a step before the step fails (seconds).
     #[arg(long, default_value_t = 30.0, value_name = "SECONDS")]
     pub wait: f64,
+    /// How all-reduces go between workers: `hierarchical` reduces within each host (through
+    /// shared memory), runs the ring between hosts and spreads the sums again, where a group's
+    /// workers are on several hosts with as many on each (hosts told apart by the workers'
+    /// addresses); `auto` picks it where the cluster has several hosts and several workers on
+    /// one of them, and `ring` otherwise.
+    #[arg(long, value_enum, default_value_t = AllReduceArg::Auto)]
+    pub all_reduce: AllReduceArg,
+}
+
+/// `--all-reduce`.
+#[derive(Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum AllReduceArg {
+    #[default]
+    Auto,
+    Ring,
+    Hierarchical,
+}
+
+/// The all-reduce algorithm for workers at `addresses` (a line for the person running it).
+fn all_reduce_algorithm(asked: AllReduceArg, addresses: &[String]) -> Result<(Algorithm, String), String> {
+    let hosts = dfc_rpc::rendezvous::hosts_of(addresses);
+    let count = hosts.iter().max().map_or(0, |h| h + 1);
+    let shared = (0..count).filter(|&h| hosts.iter().filter(|&&x| x == h).count() >= 2).count();
+    let possible = count >= 2 && shared >= 1;
+    let described = format!("{} worker(s) on {count} host(s)", addresses.len());
+    match asked {
+        AllReduceArg::Ring => Ok((Algorithm::Ring, format!("all-reduces: one ring ({described})"))),
+        AllReduceArg::Auto if !possible => Ok((Algorithm::Ring, format!("all-reduces: one ring ({described})"))),
+        AllReduceArg::Hierarchical if !possible => Err(format!(
+            "--all-reduce hierarchical needs workers on several hosts, with several on a host, but the {described} \
+             (hosts are told apart by the workers' addresses)"
+        )),
+        _ => Ok((
+            Algorithm::Hierarchical,
+            format!(
+                "all-reduces: hierarchical ({described}: within each host, then a ring between hosts, where a group has as many workers on each host)"
+            ),
+        )),
+    }
 }
 
 /// Trains, or with `--fetch` runs forward, any plan (one partition or many); prints what a
@@ -291,6 +331,7 @@ fn run_remote(plan: &dfc_plan::Plan, args: &RunArgs) -> Result<(), String> {
         (None, None) => unreachable!("called for remote runs"),
     };
     let wait = std::time::Duration::from_secs_f64(remote.wait.max(0.001));
+    let (algorithm, described) = all_reduce_algorithm(remote.all_reduce, &addresses)?;
     let mut session = dfc_rpc::RemoteSession::connect(
         plan,
         &addresses,
@@ -300,10 +341,18 @@ fn run_remote(plan: &dfc_plan::Plan, args: &RunArgs) -> Result<(), String> {
         args.train.backend,
         wait,
         tls.as_ref(),
+        algorithm,
     )
     .map_err(|e| e.to_string())?;
     // The stall inspector: a step still waiting on other workers after a heartbeat says on what.
     session.on_stall(|report| eprintln!("warning: {report}"));
+    if plan
+        .partitions
+        .iter()
+        .any(|p| p.module.graph.node_ids().any(|id| matches!(p.module.graph.node(id).op, dfc_ir::Op::AllReduce { .. })))
+    {
+        eprintln!("{described}");
+    }
     for ((name, address), threads) in assignment.names.iter().zip(&addresses).zip(session.worker_threads()) {
         let count = assignment.partition_worker.iter().filter(|&&w| assignment.names[w] == *name).count();
         eprintln!("worker {name} at {address}: {count} partition(s), {threads} compute thread(s)");

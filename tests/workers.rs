@@ -483,30 +483,40 @@ fn a_slow_step_is_reported_with_what_it_waits_for() {
 struct TwoHosts {
     namespaces: [String; 2],
     addresses: [String; 2],
+    /// The veth ends, one in each namespace.
+    links: [String; 2],
+    /// What the second host's processes see as `/dev/shm`.
+    second_shm: PathBuf,
 }
 
 impl TwoHosts {
     /// `None` where this process may not make namespaces (it is not root).
     fn new() -> Option<TwoHosts> {
-        let id = std::process::id();
+        // Tests of one process make hosts at once: each pair gets names and a subnet of its own.
+        static PAIRS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let pair = PAIRS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let id = std::process::id() % 10_000 * 10 + pair % 10;
         let namespaces = [format!("dfc-a-{id}"), format!("dfc-b-{id}")];
-        let subnet = format!("10.231.{}", id % 250);
+        let subnet = format!("10.{}.{}", 231 + pair % 10, id % 250);
         let addresses = [format!("{subnet}.1"), format!("{subnet}.2")];
         let ip = |args: &[&str]| Command::new("ip").args(args).output().is_ok_and(|o| o.status.success());
         if !ip(&["netns", "add", &namespaces[0]]) {
             return None;
         }
-        let hosts = TwoHosts { namespaces, addresses };
+        let links = [format!("dfa{}", id % 100_000), format!("dfb{}", id % 100_000)];
+        let second_shm = std::env::temp_dir().join(format!("dfc-second-host-shm-{id}"));
+        std::fs::create_dir_all(&second_shm).expect("a directory for the second host's /dev/shm");
+        let hosts = TwoHosts { namespaces, addresses, links, second_shm };
         let [a, b] = &hosts.namespaces;
-        let (link_a, link_b) = (format!("dfa{}", id % 100_000), format!("dfb{}", id % 100_000));
+        let [link_a, link_b] = &hosts.links;
         let (net_a, net_b) = (format!("{}/24", hosts.addresses[0]), format!("{}/24", hosts.addresses[1]));
         let steps: [Vec<&str>; 8] = [
             vec!["netns", "add", b],
-            vec!["link", "add", &link_a, "netns", a, "type", "veth", "peer", "name", &link_b, "netns", b],
-            vec!["-n", a, "addr", "add", &net_a, "dev", &link_a],
-            vec!["-n", b, "addr", "add", &net_b, "dev", &link_b],
-            vec!["-n", a, "link", "set", &link_a, "up"],
-            vec!["-n", b, "link", "set", &link_b, "up"],
+            vec!["link", "add", link_a, "netns", a, "type", "veth", "peer", "name", link_b, "netns", b],
+            vec!["-n", a, "addr", "add", &net_a, "dev", link_a],
+            vec!["-n", b, "addr", "add", &net_b, "dev", link_b],
+            vec!["-n", a, "link", "set", link_a, "up"],
+            vec!["-n", b, "link", "set", link_b, "up"],
             vec!["-n", a, "link", "set", "lo", "up"],
             vec!["-n", b, "link", "set", "lo", "up"],
         ];
@@ -517,18 +527,30 @@ impl TwoHosts {
         Some(hosts)
     }
 
-    /// `dfc ARGS` in host `i`'s namespace. The second host has a `/dev/shm` of its own, as
-    /// another machine has, so its workers share no memory with the first's: the data plane's
-    /// offers of shared-memory queues are declined both ways and frames cross the link.
+    /// `dfc ARGS` in host `i`'s namespace. The second host has a `/dev/shm` of its own (one
+    /// directory, bound there for each of its processes), as another machine has, so its
+    /// workers share memory with each other but not with the first's: the data plane's offers
+    /// of shared-memory queues between the hosts are declined both ways and frames cross the
+    /// link.
     fn dfc(&self, i: usize) -> Command {
         let mut command = Command::new("ip");
         command.args(["netns", "exec", &self.namespaces[i]]);
         if i == 1 {
             // `ip netns exec` runs the command in a mount namespace of its own.
-            command.args(["sh", "-c", r#"mount -t tmpfs tmpfs /dev/shm && exec "$0" "$@""#]);
+            command.args(["sh", "-c", r#"mount --bind "$DFC_SECOND_SHM" /dev/shm && exec "$0" "$@""#]);
+            command.env("DFC_SECOND_SHM", &self.second_shm);
         }
         command.arg(env!("CARGO_BIN_EXE_dfc"));
         command
+    }
+
+    /// Bytes host `i` has sent over the link between the hosts so far (its veth end's count).
+    fn bytes_sent(&self, i: usize) -> u64 {
+        let counter = format!("/sys/class/net/{}/statistics/tx_bytes", self.links[i]);
+        let output = Command::new("ip").args(["netns", "exec", &self.namespaces[i], "cat", &counter]).output();
+        let output = output.expect("run ip");
+        assert!(output.status.success(), "{counter}: {}", text(&output.stderr));
+        text(&output.stdout).trim().parse().expect("a count of bytes")
     }
 }
 
@@ -537,6 +559,7 @@ impl Drop for TwoHosts {
         for namespace in &self.namespaces {
             let _ = Command::new("ip").args(["netns", "del", namespace]).output();
         }
+        let _ = std::fs::remove_dir_all(&self.second_shm);
     }
 }
 
@@ -584,6 +607,80 @@ fn workers_on_two_hosts_train_like_one_process() {
     assert!(output.status.success(), "{}", text(&output.stderr));
     let distributed = dfc_driver::checkpoint::latest(&checkpoints).unwrap().expect("a checkpoint");
     assert_same_parameters("workers on two hosts", &embedded, &distributed);
+}
+
+/// Two hosts (network namespaces) with two workers each, in TLS: `--all-reduce auto` picks the
+/// hierarchical all-reduce, which trains as one process does; and `dfc bench-allreduce` over
+/// the four workers sends fewer bytes over the link between the hosts with it than with the
+/// flat ring, as counted by the link itself: each host sends the tensor once to the other,
+/// where the flat ring's links between the hosts carry 2(n − 1)/n = 1.5 times it (2/3).
+#[test]
+fn the_hierarchical_all_reduce_across_two_hosts_trains_alike_with_fewer_bytes_on_the_link() {
+    let Some(hosts) = TwoHosts::new() else {
+        skip::skip(skip::Need::Netns, "cannot make network namespaces here (the test needs root, as CI has)");
+        return;
+    };
+    let dir = scratch("hierarchical");
+    let feeds = regression_data(&dir, 256);
+    let pki = dir.join("pki");
+    certs(&pki, &[&hosts.addresses[0], &hosts.addresses[1]]);
+    let tls_dir = |i: usize| pki.join(&hosts.addresses[i]).display().to_string();
+    let workers: Vec<Worker> = (0..4)
+        .map(|w| {
+            let (i, port) = (w / 2, 7000 + 2 * (w % 2));
+            let mut command = hosts.dfc(i);
+            let listen = format!("{}:{port}", hosts.addresses[i]);
+            command.args(["worker", "--listen", &listen, "--data-port", &(port + 1).to_string()]);
+            command.args(["--tls-dir", &tls_dir(i)]);
+            Worker::launch(command, TOKEN, &hosts.addresses[i])
+        })
+        .collect();
+    let cluster = cluster_file(&dir, &[("worker", &workers.iter().collect::<Vec<_>>())]);
+    let plan = compile(&dir, &["--cluster", s(&cluster), "--strategy", "mirrored"]);
+    let embedded = train(&plan, &feeds, &dir.join("embedded"), &[], None);
+    let checkpoints = dir.join("two-hosts");
+    let output = hosts
+        .dfc(0)
+        .args(["run", s(&plan), "--cluster", s(&cluster), "--feed", &feeds[0], "--feed", &feeds[1]])
+        .args(["--epochs", "2", "--seed", "3", "--checkpoint-dir", s(&checkpoints), "--tls-dir", &tls_dir(0)])
+        .env("DFC_TOKEN", TOKEN)
+        .output()
+        .expect("run dfc");
+    let stderr = text(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(stderr.contains("all-reduces: hierarchical (4 worker(s) on 2 host(s)"), "{stderr}");
+    let distributed = dfc_driver::checkpoint::latest(&checkpoints).unwrap().expect("a checkpoint");
+    assert_same_parameters("hierarchical on two hosts", &embedded, &distributed);
+
+    let addresses: Vec<&str> = workers.iter().map(|w| w.address.as_str()).collect();
+    let at = addresses.join(",");
+    let bench = |algorithm: &str| -> (u64, serde_json::Value) {
+        let before = hosts.bytes_sent(0) + hosts.bytes_sent(1);
+        let output = hosts
+            .dfc(0)
+            .args(["bench-allreduce", "--at", &at, "--tls-dir", &tls_dir(0), "--algorithm", algorithm])
+            .args(["--sizes-mib", "8", "--iterations", "2", "--transport", "shared-memory", "--json"])
+            .env("DFC_TOKEN", TOKEN)
+            .output()
+            .expect("run dfc bench-allreduce");
+        assert!(output.status.success(), "{algorithm}: {}", text(&output.stderr));
+        let on_the_link = hosts.bytes_sent(0) + hosts.bytes_sent(1) - before;
+        let report: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
+        (on_the_link, report["results"][0].clone())
+    };
+    let (flat, flat_report) = bench("ring");
+    let (hierarchical, hierarchical_report) = bench("hierarchical");
+    assert_eq!(hierarchical_report["algorithm"], "hierarchical", "{hierarchical_report}");
+    assert_eq!(hierarchical_report["hosts"], 2, "{hierarchical_report}");
+    // Three all-reduces of 8 MiB each (one untimed): 3 × 8 × 1.5 × 2 = 72 MiB for the ring's,
+    // 48 MiB for the hierarchical ones, with the framing, TLS and TCP on top of both.
+    let ratio = hierarchical as f64 / flat as f64;
+    eprintln!("on the link: flat ring {flat} bytes, hierarchical {hierarchical} bytes ({ratio:.3})");
+    assert!(flat as f64 > 72.0 * (1 << 20) as f64, "the ring's bytes crossed the link: {flat}");
+    assert!((0.6..0.72).contains(&ratio), "hierarchical/flat bytes on the link: {ratio}");
+    let reported = |r: &serde_json::Value| r["bytes_between_hosts"].as_f64().unwrap();
+    let reported_ratio = reported(&hierarchical_report) / reported(&flat_report);
+    assert!((reported_ratio - 2.0 / 3.0).abs() < 0.01, "{flat_report} {hierarchical_report}");
 }
 
 /// Two free loopback addresses (bound and released: another process could take one meanwhile,

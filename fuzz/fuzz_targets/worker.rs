@@ -126,6 +126,7 @@ fuzz_target!(|data: &[u8]| {
                         backend: if interp { "interp" } else { "llvm" }.into(),
                         wait_ms: 50,
                         data_ports: vec![],
+                        all_reduce: if seed % 2 == 0 { "ring" } else { "hierarchical" }.into(),
                     };
                     let _ = client.register(request).await;
                 }

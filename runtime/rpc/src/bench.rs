@@ -8,6 +8,7 @@
 use crate::auth::AddToken;
 use crate::proto::worker_client::WorkerClient;
 use crate::proto::{BenchAllReduceRequest, HealthRequest};
+use crate::rendezvous::Algorithm;
 use crate::MAX_MESSAGE_BYTES;
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
@@ -95,6 +96,9 @@ pub enum Transport {
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct AllReduceResult {
     pub workers: usize,
+    /// How many hosts the workers' addresses name.
+    pub hosts: usize,
+    pub algorithm: &'static str,
     pub transport: Transport,
     /// Whether every worker's frames went through shared memory.
     pub shared_memory: bool,
@@ -104,10 +108,14 @@ pub struct AllReduceResult {
     pub median_seconds: f64,
     pub algorithm_bytes_per_second: f64,
     pub bus_bytes_per_second: f64,
+    /// Bytes the workers' data planes sent to workers on other hosts per all-reduce, summed
+    /// over the workers.
+    pub bytes_between_hosts: u64,
 }
 
 /// Times `iterations` all-reduces of `bytes` (f32) across the workers at `addresses` (over TLS
-/// with `tls`, which the workers must serve too).
+/// with `tls`, which the workers must serve too) by `algorithm`.
+#[allow(clippy::too_many_arguments)]
 pub fn all_reduce(
     addresses: &[String],
     token: &str,
@@ -115,7 +123,11 @@ pub fn all_reduce(
     bytes: u64,
     iterations: u32,
     transport: Transport,
+    algorithm: Algorithm,
 ) -> Result<AllReduceResult, String> {
+    if iterations == 0 {
+        return Err("an all-reduce benchmark needs at least one timed iteration".into());
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -124,7 +136,7 @@ pub fn all_reduce(
     let n = addresses.len();
     let names: Vec<String> = (0..n).map(|r| format!("worker {r}")).collect();
     let id: Vec<u8> = crate::auth::random_token().into_bytes();
-    let replies: Vec<(Vec<f64>, bool)> = runtime.block_on(async {
+    let replies: Vec<(Vec<f64>, bool, u64)> = runtime.block_on(async {
         let mut clients = Vec::new();
         let mut data_ports = Vec::new();
         for address in addresses {
@@ -149,6 +161,7 @@ pub fn all_reduce(
                 wait_ms: 120_000,
                 data_ports: data_ports.clone(),
                 tcp_only: transport == Transport::Tcp,
+                all_reduce: algorithm.wire_name().to_string(),
             });
             request.set_timeout(Duration::from_secs(600));
             calls.push(tokio::spawn(async move { client.bench_all_reduce(request).await }));
@@ -158,23 +171,30 @@ pub fn all_reduce(
             let reply =
                 call.await.map_err(|e| e.to_string())?.map_err(|s| format!("worker {rank}: {}", s.message()))?;
             let reply = reply.into_inner();
-            replies.push((reply.seconds, reply.shared_memory));
+            if reply.seconds.len() != iterations as usize {
+                return Err(format!("worker {rank} timed {} all-reduces, not {iterations}", reply.seconds.len()));
+            }
+            replies.push((reply.seconds, reply.shared_memory, reply.bytes_to_other_hosts));
         }
         Ok::<_, String>(replies)
     })?;
     let mut slowest: Vec<f64> =
-        (0..iterations as usize).map(|i| replies.iter().map(|(r, _)| r[i]).fold(0.0, f64::max)).collect();
+        (0..iterations as usize).map(|i| replies.iter().map(|(r, _, _)| r[i]).fold(0.0, f64::max)).collect();
     slowest.sort_by(f64::total_cmp);
     let median = slowest[slowest.len() / 2];
-    let algorithm = bytes as f64 / median;
+    let algorithm_rate = bytes as f64 / median;
+    let hosts = crate::rendezvous::hosts_of(addresses).into_iter().max().map_or(0, |h| h + 1);
     Ok(AllReduceResult {
         workers: n,
+        hosts,
+        algorithm: algorithm.wire_name(),
         transport,
-        shared_memory: replies.iter().all(|(_, shared)| *shared),
+        shared_memory: replies.iter().all(|(_, shared, _)| *shared),
         bytes,
         iterations: iterations as usize,
         median_seconds: median,
-        algorithm_bytes_per_second: algorithm,
-        bus_bytes_per_second: algorithm * 2.0 * (n as f64 - 1.0) / n as f64,
+        algorithm_bytes_per_second: algorithm_rate,
+        bus_bytes_per_second: algorithm_rate * 2.0 * (n as f64 - 1.0) / n as f64,
+        bytes_between_hosts: replies.iter().map(|(_, _, b)| b).sum::<u64>() / iterations as u64,
     })
 }

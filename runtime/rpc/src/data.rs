@@ -599,6 +599,8 @@ pub struct Links {
     /// TLS for every connection; without it, connections only to loopback addresses.
     tls: Option<Arc<rustls::ClientConfig>>,
     connections: Vec<Mutex<Option<Connection>>>,
+    /// Payload bytes sent to each worker (frames' chunks, not headers), for benchmarks.
+    sent: Vec<std::sync::atomic::AtomicU64>,
 }
 
 /// Why a connection could not be made: a refusal, which trying again would not change, or a
@@ -657,9 +659,15 @@ impl Links {
             })
             .collect();
         let connections = addresses.iter().map(|_| Mutex::new(None)).collect();
+        let sent = addresses.iter().map(|_| Default::default()).collect();
         let has_port = (0..grpc_addresses.len()).map(|r| data_ports.get(r).is_some_and(|&p| p != 0)).collect();
         let tls = tls.map(crate::Tls::data_client);
-        Links { token: token.to_string(), id: id.to_vec(), addresses, has_port, shared_memory, tls, connections }
+        Links { token: token.to_string(), id: id.to_vec(), addresses, has_port, shared_memory, tls, connections, sent }
+    }
+
+    /// Payload bytes sent to worker `rank` so far.
+    pub fn bytes_sent(&self, rank: usize) -> u64 {
+        self.sent.get(rank).map_or(0, |s| s.load(std::sync::atomic::Ordering::Relaxed))
     }
 
     /// Whether tensors can be sent to worker `rank` on the data plane: it has a data port, and
@@ -824,6 +832,7 @@ impl Links {
                 let address = self.addresses[rank].as_deref().unwrap_or("?");
                 return Err(format!("sending `{key}` to the data port {address}: {e}"));
             }
+            self.sent[rank].fetch_add(chunk.len() as u64, std::sync::atomic::Ordering::Relaxed);
             offset = end;
             if offset >= bytes.len() {
                 return Ok(());

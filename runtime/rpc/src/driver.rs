@@ -156,7 +156,8 @@ fn status_error(name: &str, address: &str, status: &tonic::Status) -> RunError {
 
 impl RemoteSession {
     /// Connects to the workers at `addresses` (by rank), registers `plan` with each (its
-    /// partitions spread by `assignment`) and initialises the variables from `seed`.
+    /// partitions spread by `assignment`, its all-reduces by `all_reduce`) and initialises the
+    /// variables from `seed`.
     #[allow(clippy::too_many_arguments)]
     pub fn connect(
         plan: &Plan,
@@ -167,6 +168,7 @@ impl RemoteSession {
         backend: Backend,
         wait: Duration,
         tls: Option<&crate::Tls>,
+        all_reduce: crate::rendezvous::Algorithm,
     ) -> Result<RemoteSession, RunError> {
         let runtime =
             tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().map_err(RunError::Io)?;
@@ -245,6 +247,7 @@ impl RemoteSession {
                 },
                 wait_ms: wait.as_millis() as u64,
                 data_ports: data_ports.clone(),
+                all_reduce: all_reduce.wire_name().to_string(),
             })
             .collect();
         session.on_all(requests, Duration::from_secs(120), |mut c, r| async move { c.register(r).await })?;

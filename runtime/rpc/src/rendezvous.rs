@@ -7,7 +7,9 @@
 //!   in chunks of `CHUNK_BYTES`).
 //! - All-reduce: the replicas on this worker contribute here and are summed in replica order;
 //!   then, when the group spans several workers, the last local replica to arrive runs the ring
-//!   over them ([`ring`]: on the data plane, pipelined by chunks).
+//!   over them ([`ring`]: on the data plane, pipelined by chunks), or, where `Routes::hosts`
+//!   asks for it and the workers sit on several hosts with as many on each, the hierarchical
+//!   all-reduce ([`hierarchy`]: within hosts, then a ring between them).
 //! - Abort: from a failing partition here, or from another worker (`Abort`); every wait ends.
 
 use crate::auth::AddToken;
@@ -23,7 +25,10 @@ use std::time::Duration;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
+mod hierarchy;
 mod ring;
+
+pub use hierarchy::{host_groups, hosts_of, Algorithm};
 
 pub type Client = WorkerClient<InterceptedService<Channel, AddToken>>;
 
@@ -39,6 +44,9 @@ pub struct Routes {
     /// Per all-reduce key: the ranks that hold replicas (ascending) and how many replicas this
     /// worker holds.
     pub reductions: HashMap<String, (Vec<usize>, usize)>,
+    /// Each worker's host (by rank, [`hosts_of`]) where all-reduces go hierarchically across
+    /// hosts; `None`: one flat ring.
+    pub hosts: Option<Vec<usize>>,
 }
 
 /// Connections to the other workers of a run.
@@ -430,7 +438,10 @@ impl NetRendezvous {
                 sum = dfc_interp::eval(&Op::Binary(BinaryOp::Add), &[&sum, &part])
                     .map_err(|e| self.fail(format!("all-reduce `{key}`: {e}")))?;
             }
-            let result = if ranks.len() > 1 {
+            let hosts = self.routes.hosts.as_deref().and_then(|hosts| host_groups(ranks, hosts));
+            let result = if let Some(hosts) = hosts {
+                self.hierarchical(key, &hosts, sum)
+            } else if ranks.len() > 1 {
                 // The ring waits, in the end, for the worker before this one.
                 let me = ranks.iter().position(|&r| r == self.routes.rank).unwrap_or(0);
                 let _waiting = self.waiting(key, true, Some(ranks[(me + ranks.len() - 1) % ranks.len()]));

@@ -10,7 +10,7 @@
 use crate::auth::{AddToken, CheckToken};
 use crate::proto::worker_server::{Worker, WorkerServer};
 use crate::proto::*;
-use crate::rendezvous::{Client, NetRendezvous, Peers, Routes};
+use crate::rendezvous::{hosts_of, Algorithm, Client, NetRendezvous, Peers, Routes};
 use crate::{plan_sha256, tensor, MAX_MESSAGE_BYTES};
 use dfc_driver::{Backend, Session, SessionProgram, Stage};
 use dfc_interp::{Data, Tensor};
@@ -338,7 +338,9 @@ impl Worker for WorkerService {
         };
         let worker_of: Vec<usize> = request.partition_worker.iter().map(|&w| w as usize).collect();
         let hosted: Vec<usize> = (0..plan.partitions.len()).filter(|&p| worker_of[p] == rank).collect();
-        let routes = Arc::new(routes(&plan, &worker_of, rank));
+        let mut routes = routes(&plan, &worker_of, rank);
+        routes.hosts = hosts_for(&request.all_reduce, &request.workers)?;
+        let routes = Arc::new(routes);
         let clients = clients(&request.workers, &self.token, self.tls.as_ref())?;
         let peers = Arc::new(Peers {
             clients,
@@ -568,7 +570,9 @@ impl Worker for WorkerService {
                 ("barrier".to_string(), ((0..n).collect(), 1)),
                 ("barrier after".to_string(), ((0..n).collect(), 1)),
             ]),
+            hosts: hosts_for(&request.all_reduce, &request.workers)?,
         };
+        let host_of = hosts_of(&request.workers);
         let peers = Peers {
             clients: clients(&request.workers, &self.token, self.tls.as_ref())?,
             names: request.names.clone(),
@@ -601,16 +605,23 @@ impl Worker for WorkerService {
             fill(&mut values);
             let mut value = Tensor::from_vec(vec![elements], values);
             let mut seconds = Vec::new();
+            let links = &host.peers.links;
+            let to_other_hosts =
+                || -> u64 { (0..n).filter(|&r| host_of[r] != host_of[rank]).map(|r| links.bytes_sent(r)).sum() };
+            let mut bytes_to_other_hosts = 0;
             for iteration in 0..=request.iterations as u64 {
                 let rendezvous = host.step(iteration);
                 // Every worker is done checking the last sum before any starts the next (they
                 // share the cores).
                 dfc_interp::Rendezvous::all_reduce(&*rendezvous, "barrier", n as u32, 0, Tensor::scalar(0f32))
                     .map_err(|e| Status::aborted(e.to_string()))?;
-                let started = std::time::Instant::now();
+                let (started, sent_before) = (std::time::Instant::now(), to_other_hosts());
                 let sum = dfc_interp::Rendezvous::all_reduce(&*rendezvous, "bench", n as u32, 0, value)
                     .map_err(|e| Status::aborted(e.to_string()))?;
                 let elapsed = started.elapsed().as_secs_f64();
+                if iteration > 0 {
+                    bytes_to_other_hosts += to_other_hosts() - sent_before;
+                }
                 // And every worker is done with its timed all-reduce before any checks its sum:
                 // a check takes a core for longer than the all-reduce.
                 dfc_interp::Rendezvous::all_reduce(&*rendezvous, "barrier after", n as u32, 0, Tensor::scalar(0f32))
@@ -635,7 +646,7 @@ impl Worker for WorkerService {
                 }
             }
             let shared_memory = host.peers.links.is_shared((rank + 1) % n);
-            Ok(Response::new(BenchAllReduceReply { seconds, shared_memory }))
+            Ok(Response::new(BenchAllReduceReply { seconds, shared_memory, bytes_to_other_hosts }))
         })
         .await;
         benches.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
@@ -648,6 +659,14 @@ impl Worker for WorkerService {
         }
         Ok(Response::new(ShutdownReply {}))
     }
+}
+
+/// `Routes::hosts` for a registration's (or benchmark's) algorithm and workers.
+fn hosts_for(algorithm: &str, workers: &[String]) -> Result<Option<Vec<usize>>, Status> {
+    Ok(match Algorithm::from_wire_name(algorithm).map_err(bad)? {
+        Algorithm::Ring => None,
+        Algorithm::Hierarchical => Some(hosts_of(workers)),
+    })
 }
 
 /// Where each key of `plan` goes, for the worker `rank` (partition p runs on `worker_of[p]`).

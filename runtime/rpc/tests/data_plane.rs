@@ -8,6 +8,7 @@ use dfc_rpc::bench::Transport;
 use dfc_rpc::data::Links;
 use dfc_rpc::proto::worker_client::WorkerClient;
 use dfc_rpc::proto::HealthRequest;
+use dfc_rpc::rendezvous::Algorithm;
 use dfc_rpc::Tls;
 use std::io::{Read, Write};
 use std::path::PathBuf;
@@ -57,8 +58,8 @@ fn the_ring_on_the_data_plane_sums_every_element() {
         // its sum, and element i differs from element j, so a misplaced chunk is seen.
         for bytes in [4u64, 4 * 1021, (3 << 20) + 12] {
             for transport in [Transport::SharedMemory, Transport::Tcp] {
-                let result =
-                    dfc_rpc::bench::all_reduce(&addresses, TOKEN, tls, bytes, 2, transport).unwrap_or_else(|e| {
+                let result = dfc_rpc::bench::all_reduce(&addresses, TOKEN, tls, bytes, 2, transport, Algorithm::Ring)
+                    .unwrap_or_else(|e| {
                         panic!("{n} workers, {bytes} bytes, {transport:?}, TLS {}: {e}", tls.is_some())
                     });
                 assert_eq!(result.shared_memory, transport == Transport::SharedMemory, "{n} workers, {transport:?}");
@@ -66,6 +67,60 @@ fn the_ring_on_the_data_plane_sums_every_element() {
         }
     }
     std::fs::remove_dir_all(pki.parent().unwrap()).unwrap();
+}
+
+/// Workers serving on `hosts` loopback addresses (127.0.0.1, 127.0.0.2, ...), `per_host` on
+/// each, host by host: as many hosts to the hierarchical all-reduce, which tells hosts apart
+/// by the addresses' host part.
+fn start_workers_on_hosts(hosts: usize, per_host: usize) -> (tokio::runtime::Runtime, Vec<String>) {
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let addresses = (0..hosts * per_host)
+        .map(|i| {
+            let host = format!("127.0.0.{}:0", i / per_host + 1);
+            let listener = runtime.block_on(tokio::net::TcpListener::bind(host)).unwrap();
+            let address = listener.local_addr().unwrap().to_string();
+            runtime.spawn(dfc_rpc::serve(listener, TOKEN.to_string(), None, dfc_rpc::DataPlane::default()));
+            address
+        })
+        .collect();
+    (runtime, addresses)
+}
+
+/// The hierarchical all-reduce sums every element (each worker checks its result) on 2 hosts
+/// of 2 and 3 workers and 3 hosts of 2, and sends fewer bytes between hosts than the flat ring:
+/// on 2 hosts of 2, each host sends the tensor once to the other (S each way) where the flat
+/// ring's two links between the hosts carry 2(n − 1)/n·S = 1.5·S each.
+#[test]
+fn the_hierarchical_all_reduce_sums_every_element_and_sends_fewer_bytes_between_hosts() {
+    for (hosts, per_host) in [(2usize, 2usize), (2, 3), (3, 2)] {
+        let (_runtime, addresses) = start_workers_on_hosts(hosts, per_host);
+        for bytes in [4u64, 4 * 1021, (3 << 20) + 12] {
+            for transport in [Transport::SharedMemory, Transport::Tcp] {
+                let run = |algorithm| {
+                    dfc_rpc::bench::all_reduce(&addresses, TOKEN, None, bytes, 2, transport, algorithm).unwrap_or_else(
+                        |e| panic!("{hosts}×{per_host}, {bytes} bytes, {transport:?}, {algorithm:?}: {e}"),
+                    )
+                };
+                let (flat, hierarchical) = (run(Algorithm::Ring), run(Algorithm::Hierarchical));
+                assert_eq!((flat.hosts, hierarchical.hosts), (hosts, hosts));
+                if bytes < 1 << 20 {
+                    continue;
+                }
+                // Each host sends 2(H − 1)/H·S; the flat ring's H links between hosts carry
+                // 2(n − 1)/n·S each.
+                let (h, n, s) = (hosts as f64, (hosts * per_host) as f64, bytes as f64);
+                let expected = [(&flat, h * 2.0 * (n - 1.0) / n * s), (&hierarchical, h * 2.0 * (h - 1.0) / h * s)];
+                for (result, expected) in expected {
+                    let sent = result.bytes_between_hosts as f64;
+                    assert!(
+                        (sent - expected).abs() <= 64.0,
+                        "{hosts}×{per_host}, {}: {sent} bytes between hosts, not {expected}",
+                        result.algorithm
+                    );
+                }
+            }
+        }
+    }
 }
 
 #[test]

@@ -61,6 +61,7 @@ async fn malformed_and_out_of_order_calls_are_errors() {
             backend: "llvm".into(),
             wait_ms: 1000,
             data_ports: vec![],
+            all_reduce: String::new(),
         };
         assert_eq!(code(client.register(register.clone()).await), Code::InvalidArgument);
         let mismatched = RegisterRequest { plan_sha256: hash.clone(), ..register };
@@ -109,7 +110,10 @@ async fn a_registered_plan_runs_and_malformed_feeds_are_errors() {
         backend: "interp".into(),
         wait_ms: 1000,
         data_ports: vec![],
+        all_reduce: String::new(),
     };
+    let unknown_algorithm = RegisterRequest { all_reduce: "tree".into(), ..register.clone() };
+    assert_eq!(code(client.register(unknown_algorithm).await), Code::InvalidArgument);
     assert_eq!(code(client.register(register).await), Code::Ok);
     let loss = plan.training.as_ref().unwrap().loss_node.clone();
     let prepare =

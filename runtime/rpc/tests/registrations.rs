@@ -38,6 +38,7 @@ fn registration(plan: &[u8]) -> RegisterRequest {
         backend: "llvm".into(),
         wait_ms: 100,
         data_ports: vec![],
+        all_reduce: String::new(),
     }
 }
 

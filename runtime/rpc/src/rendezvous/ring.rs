@@ -114,7 +114,7 @@ impl NetRendezvous {
         Ok(Tensor::from_le_bytes(&ty, &bytes).expect("the bytes of the tensor's type"))
     }
 
-    fn ring_bytes(
+    pub(super) fn ring_bytes(
         &self,
         key: &str,
         ranks: &[usize],
@@ -474,7 +474,7 @@ fn copy(into: &mut [u8], from: &[u8]) {
 
 /// `acc[i] += other[i]` over little-endian elements of `dtype` (the interpreter's `add`: IEEE for
 /// floats, wrapping for integers); `None` for types that do not add.
-fn adder(dtype: DType) -> Option<AddInto> {
+pub(super) fn adder(dtype: DType) -> Option<AddInto> {
     macro_rules! add {
         ($t:ty, $op:expr) => {{
             fn add(acc: &mut [u8], other: &[u8]) {

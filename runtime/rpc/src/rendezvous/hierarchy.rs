@@ -1,0 +1,268 @@
+//! The hierarchical all-reduce, for a group whose workers sit on several hosts, L on each (as
+//! Horovod's hierarchical all-reduce and NCCL's trees cut the bytes between nodes):
+//!
+//! 1. within each host, a reduce-scatter: the tensor is cut in L slices, and the worker at
+//!    local index j receives slice j from the host's other workers (through shared memory on
+//!    one machine) and sums it, in local order;
+//! 2. between hosts, the worker at local index j of every host runs the ring over slice j: L
+//!    rings of 1/L of the tensor, side by side, each on links between hosts;
+//! 3. within each host, an all-gather: each worker sends its reduced slice to the host's others.
+//!
+//! Each host then sends 2(H − 1)/H of the tensor to the next host (H hosts), where a flat ring
+//! over all H·L workers carries 2(H·L − 1)/(H·L) of it over each of its links between hosts:
+//! on 2 hosts of 2 workers, S against 1.5·S each way; half of it as L grows.
+//!
+//! Every worker ends with the same bits: slice j's host sums are made by one worker each, the
+//! ring between hosts gives all its members the same bits, and the all-gather copies them.
+
+use super::{tensor_wire_key, NetRendezvous, Received, State};
+use dfc_interp::{InterpError, Tensor};
+use dfc_ir::{DType, TensorType};
+use std::collections::HashMap;
+use std::ops::Range;
+
+/// How the all-reduces of a run go between workers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Algorithm {
+    /// One ring over all the group's workers.
+    #[default]
+    Ring,
+    /// Hierarchical where a group's workers are on several hosts with as many on each (the
+    /// ring elsewhere).
+    Hierarchical,
+}
+
+impl Algorithm {
+    /// The registration's (and benchmark's) name of the algorithm: "" is the ring, as workers
+    /// that came before the choice take it.
+    pub fn wire_name(self) -> &'static str {
+        match self {
+            Algorithm::Ring => "ring",
+            Algorithm::Hierarchical => "hierarchical",
+        }
+    }
+
+    pub fn from_wire_name(name: &str) -> Result<Algorithm, String> {
+        match name {
+            "" | "ring" => Ok(Algorithm::Ring),
+            "hierarchical" => Ok(Algorithm::Hierarchical),
+            other => Err(format!("unknown all-reduce algorithm `{other}` (ring or hierarchical)")),
+        }
+    }
+}
+
+/// The host of each worker, as an index (in the order hosts first appear), from the workers'
+/// addresses (`host:port`): workers whose addresses name the same host share it.
+pub fn hosts_of(addresses: &[String]) -> Vec<usize> {
+    let mut hosts: HashMap<&str, usize> = HashMap::new();
+    addresses
+        .iter()
+        .map(|address| {
+            let host = address.rsplit_once(':').map_or(address.as_str(), |(host, _)| host);
+            let next = hosts.len();
+            *hosts.entry(host).or_insert(next)
+        })
+        .collect()
+}
+
+/// The ranks among `ranks` grouped by host (hosts in order of their first rank, ranks
+/// ascending), if the hierarchical all-reduce applies to them: at least two hosts, and the same
+/// number of workers, at least two, on each.
+pub fn host_groups(ranks: &[usize], host_of: &[usize]) -> Option<Vec<Vec<usize>>> {
+    let mut groups: Vec<(usize, Vec<usize>)> = Vec::new();
+    let mut sorted = ranks.to_vec();
+    sorted.sort_unstable();
+    for rank in sorted {
+        let host = *host_of.get(rank)?;
+        match groups.iter_mut().find(|(h, _)| *h == host) {
+            Some((_, members)) => members.push(rank),
+            None => groups.push((host, vec![rank])),
+        }
+    }
+    let per_host = groups.first()?.1.len();
+    let applies = groups.len() >= 2 && per_host >= 2 && groups.iter().all(|(_, m)| m.len() == per_host);
+    applies.then(|| groups.into_iter().map(|(_, members)| members).collect())
+}
+
+/// The bytes of slice `i` of `n` of a tensor of `len` elements of `size` bytes (the ring's cut).
+fn slice(len: usize, size: usize, n: usize, i: usize) -> Range<usize> {
+    (len * i / n * size)..(len * (i + 1) / n * size)
+}
+
+impl NetRendezvous {
+    /// The all-reduce `key` of `value`, this worker's sum, over `hosts` (the group's ranks by
+    /// host, this worker among them), hierarchically (see the module's comment).
+    pub(super) fn hierarchical(
+        &self,
+        key: &str,
+        hosts: &[Vec<usize>],
+        mut value: Tensor,
+    ) -> Result<Tensor, InterpError> {
+        let ty = value.ty();
+        let add = super::ring::adder(ty.dtype)
+            .ok_or_else(|| self.fail(format!("all-reduce `{key}` of {ty}: not a number type")))?;
+        if let Some(bytes) = value.le_bytes_mut() {
+            self.hierarchical_bytes(key, hosts, &ty, add, bytes)?;
+            return Ok(value);
+        }
+        let mut bytes = value.to_le_bytes();
+        self.hierarchical_bytes(key, hosts, &ty, add, &mut bytes)?;
+        Ok(Tensor::from_le_bytes(&ty, &bytes).expect("the bytes of the tensor's type"))
+    }
+
+    fn hierarchical_bytes(
+        &self,
+        key: &str,
+        hosts: &[Vec<usize>],
+        ty: &TensorType,
+        add: super::ring::AddInto,
+        buffer: &mut [u8],
+    ) -> Result<(), InterpError> {
+        let rank = self.routes.rank;
+        let (host, me) = hosts
+            .iter()
+            .enumerate()
+            .find_map(|(h, members)| members.iter().position(|&r| r == rank).map(|j| (h, j)))
+            .expect("a worker in its group");
+        let local = &hosts[host];
+        let per_host = local.len();
+        let (size, len) = (ty.dtype.size_in_bytes(), ty.shape.n_elements());
+        let slice_of = |i: usize| slice(len, size, per_host, i);
+        let own = slice_of(me);
+
+        // 1. The host's reduce-scatter: slice i to local worker i; this worker's slice summed.
+        let started = std::time::Instant::now();
+        for (i, &to) in local.iter().enumerate() {
+            if i != me {
+                self.send_slice(to, &scatter_key(key, me), ty.dtype, &buffer[slice_of(i)])?;
+            }
+        }
+        let mut sum: Option<Vec<u8>> = None;
+        for (i, &from) in local.iter().enumerate() {
+            let part = if i == me {
+                buffer[own.clone()].to_vec()
+            } else {
+                self.receive_slice(&scatter_key(key, i), from, own.len())?
+            };
+            match &mut sum {
+                None => sum = Some(part),
+                Some(sum) => add(sum, &part),
+            }
+        }
+        let mut sum = sum.expect("at least one worker per host");
+        let scattered = std::time::Instant::now();
+        record("host reduce-scatter", key, started, scattered, (per_host - 1) * own.len());
+
+        // 2. The ring between hosts over this worker's slice.
+        let across: Vec<usize> = hosts.iter().map(|members| members[me]).collect();
+        let slice_type = TensorType::new(ty.dtype, vec![own.len() / size]);
+        let ring_key = format!("{key}@hosts{me}");
+        {
+            let previous = across[(host + across.len() - 1) % across.len()];
+            let _waiting = self.waiting(key, true, Some(previous));
+            self.ring_bytes(&ring_key, &across, &slice_type, add, &mut sum)?;
+        }
+        buffer[own.clone()].copy_from_slice(&sum);
+
+        // 3. The host's all-gather: this worker's slice to the others, theirs into the tensor.
+        let gathering = std::time::Instant::now();
+        for (i, &to) in local.iter().enumerate() {
+            if i != me {
+                self.send_slice(to, &gather_key(key, me), ty.dtype, &sum)?;
+            }
+        }
+        for (i, &from) in local.iter().enumerate() {
+            if i != me {
+                let range = slice_of(i);
+                let part = self.receive_slice(&gather_key(key, i), from, range.len())?;
+                buffer[range].copy_from_slice(&part);
+            }
+        }
+        record("host all-gather", key, gathering, std::time::Instant::now(), (per_host - 1) * own.len());
+        Ok(())
+    }
+
+    /// Sends a slice of an all-reduce's tensor to worker `rank` under `key`: on the data plane
+    /// where it reaches that worker, else over gRPC.
+    fn send_slice(&self, rank: usize, key: &str, dtype: DType, bytes: &[u8]) -> Result<(), InterpError> {
+        let ty = TensorType::new(dtype, vec![bytes.len() / dtype.size_in_bytes()]);
+        let sent = if self.peers.links.reaches(rank) {
+            let wire = tensor_wire_key(key, &ty);
+            self.peers.links.send(rank, self.step, &wire, bytes, 0, bytes.len(), self.wait)
+        } else {
+            let bytes = prost::bytes::Bytes::copy_from_slice(bytes);
+            self.peers.push_bytes(rank, self.step, key, &ty, bytes, self.wait)
+        };
+        sent.map_err(|e| self.fail(e))
+    }
+
+    /// The slice sent under `key` by worker `from`, which must be `len` bytes.
+    fn receive_slice(&self, key: &str, from: usize, len: usize) -> Result<Vec<u8>, InterpError> {
+        let _waiting = self.waiting(key, true, Some(from));
+        let got = self.wait_for(key, |state: &mut State| state.received.remove(key)).map(Received::into_bytes)?;
+        if got.len() != len {
+            return Err(self.fail(format!("all-reduce slice `{key}`: {} bytes, not {len}", got.len())));
+        }
+        Ok(got)
+    }
+}
+
+/// The key of the slice that the worker at local index `from` sends in the host's
+/// reduce-scatter (each receiver gets its own slice under it).
+fn scatter_key(key: &str, from: usize) -> String {
+    format!("{key}@scatter{from}")
+}
+
+/// The key of the reduced slice that the worker at local index `from` sends in the host's
+/// all-gather.
+fn gather_key(key: &str, from: usize) -> String {
+    format!("{key}@gather{from}")
+}
+
+fn record(phase: &str, key: &str, from: std::time::Instant, to: std::time::Instant, bytes: usize) {
+    dfc_interp::trace::record_span("all_reduce", || format!("{phase} {key}"), from, to, Some(bytes as u64));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workers_share_a_host_when_their_addresses_name_it() {
+        let addresses: Vec<String> =
+            ["10.0.0.1:7000", "10.0.0.1:7002", "10.0.0.2:7000", "[::1]:7000", "10.0.0.2:7002", "[::1]:7002"]
+                .map(String::from)
+                .into();
+        assert_eq!(hosts_of(&addresses), vec![0, 0, 1, 2, 1, 2]);
+    }
+
+    #[test]
+    fn the_hierarchy_needs_several_hosts_with_as_many_workers_on_each() {
+        let host_of = [0, 0, 1, 1, 1, 2, 2];
+        assert_eq!(host_groups(&[3, 0, 2, 1], &host_of), Some(vec![vec![0, 1], vec![2, 3]]));
+        assert_eq!(host_groups(&[0, 1, 5, 6, 2, 3], &host_of), Some(vec![vec![0, 1], vec![2, 3], vec![5, 6]]));
+        assert_eq!(host_groups(&[0, 1], &host_of), None, "one host");
+        assert_eq!(host_groups(&[0, 2], &host_of), None, "one worker per host");
+        assert_eq!(host_groups(&[0, 1, 2, 3, 4], &host_of), None, "two and three");
+        assert_eq!(host_groups(&[0, 9], &host_of), None, "a rank with no address");
+    }
+
+    #[test]
+    fn slices_cover_the_tensor_in_order() {
+        for (len, n) in [(10, 3), (1, 2), (0, 2), (7, 7)] {
+            let cuts: Vec<Range<usize>> = (0..n).map(|i| slice(len, 4, n, i)).collect();
+            assert_eq!(cuts[0].start, 0);
+            assert_eq!(cuts[n - 1].end, len * 4);
+            assert!(cuts.windows(2).all(|w| w[0].end == w[1].start));
+        }
+    }
+
+    #[test]
+    fn names_of_the_algorithms() {
+        for algorithm in [Algorithm::Ring, Algorithm::Hierarchical] {
+            assert_eq!(Algorithm::from_wire_name(algorithm.wire_name()), Ok(algorithm));
+        }
+        assert_eq!(Algorithm::from_wire_name(""), Ok(Algorithm::Ring));
+        assert!(Algorithm::from_wire_name("tree").unwrap_err().contains("tree"));
+    }
+}
