@@ -1,25 +1,25 @@
 //! The hierarchical all-reduce, for a group whose workers sit on several hosts, L on each (as
-//! Horovod's hierarchical all-reduce and NCCL's trees cut the bytes between nodes):
+//! Horovod's hierarchical all-reduce and NCCL's trees cut the bytes between nodes), in three
+//! rings ([`super::ring`], each pipelined by chunks in the tensor's own memory):
 //!
-//! 1. within each host, a reduce-scatter: the tensor is cut in L slices, and the worker at
-//!    local index j receives slice j from the host's other workers (through shared memory on
-//!    one machine) and sums it, in local order;
-//! 2. between hosts, the worker at local index j of every host runs the ring over slice j: L
-//!    rings of 1/L of the tensor, side by side, each on links between hosts;
-//! 3. within each host, an all-gather: each worker sends its reduced slice to the host's others.
+//! 1. within each host, the ring's reduce-scatter alone: the worker at local index j then holds
+//!    the host's sum of segment j + 1 (of L);
+//! 2. between hosts, the workers at local index j of every host run the whole ring over that
+//!    segment: L rings of 1/L of the tensor, side by side, each on links between hosts;
+//! 3. within each host, the ring's all-gather alone, from those segments.
 //!
 //! Each host then sends 2(H − 1)/H of the tensor to the next host (H hosts), where a flat ring
 //! over all H·L workers carries 2(H·L − 1)/(H·L) of it over each of its links between hosts:
 //! on 2 hosts of 2 workers, S against 1.5·S each way; half of it as L grows.
 //!
-//! Every worker ends with the same bits: slice j's host sums are made by one worker each, the
-//! ring between hosts gives all its members the same bits, and the all-gather copies them.
+//! Every worker ends with the same bits: each ring gives all its members the same bits, and
+//! each segment's host sums are made once.
 
-use super::{tensor_wire_key, NetRendezvous, Received, State};
+use super::ring::{segment, Phases};
+use super::NetRendezvous;
 use dfc_interp::{InterpError, Tensor};
-use dfc_ir::{DType, TensorType};
+use dfc_ir::TensorType;
 use std::collections::HashMap;
-use std::ops::Range;
 
 /// How the all-reduces of a run go between workers.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -84,11 +84,6 @@ pub fn host_groups(ranks: &[usize], host_of: &[usize]) -> Option<Vec<Vec<usize>>
     applies.then(|| groups.into_iter().map(|(_, members)| members).collect())
 }
 
-/// The bytes of slice `i` of `n` of a tensor of `len` elements of `size` bytes (the ring's cut).
-fn slice(len: usize, size: usize, n: usize, i: usize) -> Range<usize> {
-    (len * i / n * size)..(len * (i + 1) / n * size)
-}
-
 impl NetRendezvous {
     /// The all-reduce `key` of `value`, this worker's sum, over `hosts` (the group's ranks by
     /// host, this worker among them), hierarchically (see the module's comment).
@@ -126,101 +121,23 @@ impl NetRendezvous {
             .expect("a worker in its group");
         let local = &hosts[host];
         let per_host = local.len();
-        let (size, len) = (ty.dtype.size_in_bytes(), ty.shape.n_elements());
-        let slice_of = |i: usize| slice(len, size, per_host, i);
-        let own = slice_of(me);
+        // Each ring waits, in the end, for the worker before this one in it.
+        let previous = |ranks: &[usize], at: usize| ranks[(at + ranks.len() - 1) % ranks.len()];
 
-        // 1. The host's reduce-scatter: slice i to local worker i; this worker's slice summed.
-        let started = std::time::Instant::now();
-        for (i, &to) in local.iter().enumerate() {
-            if i != me {
-                self.send_slice(to, &scatter_key(key, me), ty.dtype, &buffer[slice_of(i)])?;
-            }
-        }
-        let mut sum: Option<Vec<u8>> = None;
-        for (i, &from) in local.iter().enumerate() {
-            let part = if i == me {
-                buffer[own.clone()].to_vec()
-            } else {
-                self.receive_slice(&scatter_key(key, i), from, own.len())?
-            };
-            match &mut sum {
-                None => sum = Some(part),
-                Some(sum) => add(sum, &part),
-            }
-        }
-        let mut sum = sum.expect("at least one worker per host");
-        let scattered = std::time::Instant::now();
-        record("host reduce-scatter", key, started, scattered, (per_host - 1) * own.len());
+        let _waiting = self.waiting(key, true, Some(previous(local, me)));
+        self.ring_phases(&format!("{key}@host-scatter"), local, ty, add, buffer, Phases::ReduceScatter)?;
+        drop(_waiting);
 
-        // 2. The ring between hosts over this worker's slice.
+        let held = segment(ty.shape.n_elements(), ty.dtype.size_in_bytes(), per_host, (me + 1) % per_host);
+        let held_type = TensorType::new(ty.dtype, vec![held.len() / ty.dtype.size_in_bytes()]);
         let across: Vec<usize> = hosts.iter().map(|members| members[me]).collect();
-        let slice_type = TensorType::new(ty.dtype, vec![own.len() / size]);
-        let ring_key = format!("{key}@hosts{me}");
-        {
-            let previous = across[(host + across.len() - 1) % across.len()];
-            let _waiting = self.waiting(key, true, Some(previous));
-            self.ring_bytes(&ring_key, &across, &slice_type, add, &mut sum)?;
-        }
-        buffer[own.clone()].copy_from_slice(&sum);
+        let _waiting = self.waiting(key, true, Some(previous(&across, host)));
+        self.ring_phases(&format!("{key}@hosts"), &across, &held_type, add, &mut buffer[held], Phases::Both)?;
+        drop(_waiting);
 
-        // 3. The host's all-gather: this worker's slice to the others, theirs into the tensor.
-        let gathering = std::time::Instant::now();
-        for (i, &to) in local.iter().enumerate() {
-            if i != me {
-                self.send_slice(to, &gather_key(key, me), ty.dtype, &sum)?;
-            }
-        }
-        for (i, &from) in local.iter().enumerate() {
-            if i != me {
-                let range = slice_of(i);
-                let part = self.receive_slice(&gather_key(key, i), from, range.len())?;
-                buffer[range].copy_from_slice(&part);
-            }
-        }
-        record("host all-gather", key, gathering, std::time::Instant::now(), (per_host - 1) * own.len());
-        Ok(())
+        let _waiting = self.waiting(key, true, Some(previous(local, me)));
+        self.ring_phases(&format!("{key}@host-gather"), local, ty, add, buffer, Phases::AllGather)
     }
-
-    /// Sends a slice of an all-reduce's tensor to worker `rank` under `key`: on the data plane
-    /// where it reaches that worker, else over gRPC.
-    fn send_slice(&self, rank: usize, key: &str, dtype: DType, bytes: &[u8]) -> Result<(), InterpError> {
-        let ty = TensorType::new(dtype, vec![bytes.len() / dtype.size_in_bytes()]);
-        let sent = if self.peers.links.reaches(rank) {
-            let wire = tensor_wire_key(key, &ty);
-            self.peers.links.send(rank, self.step, &wire, bytes, 0, bytes.len(), self.wait)
-        } else {
-            let bytes = prost::bytes::Bytes::copy_from_slice(bytes);
-            self.peers.push_bytes(rank, self.step, key, &ty, bytes, self.wait)
-        };
-        sent.map_err(|e| self.fail(e))
-    }
-
-    /// The slice sent under `key` by worker `from`, which must be `len` bytes.
-    fn receive_slice(&self, key: &str, from: usize, len: usize) -> Result<Vec<u8>, InterpError> {
-        let _waiting = self.waiting(key, true, Some(from));
-        let got = self.wait_for(key, |state: &mut State| state.received.remove(key)).map(Received::into_bytes)?;
-        if got.len() != len {
-            return Err(self.fail(format!("all-reduce slice `{key}`: {} bytes, not {len}", got.len())));
-        }
-        Ok(got)
-    }
-}
-
-/// The key of the slice that the worker at local index `from` sends in the host's
-/// reduce-scatter (each receiver gets its own slice under it).
-fn scatter_key(key: &str, from: usize) -> String {
-    format!("{key}@scatter{from}")
-}
-
-/// The key of the reduced slice that the worker at local index `from` sends in the host's
-/// all-gather.
-fn gather_key(key: &str, from: usize) -> String {
-    format!("{key}@gather{from}")
-}
-
-fn record(phase: &str, key: &str, from: std::time::Instant, to: std::time::Instant, bytes: usize) {
-    dfc_interp::trace::record_span("all_reduce", || format!("{phase} {key}"), from, to, Some(bytes as u64));
 }
 
 #[cfg(test)]
@@ -248,9 +165,9 @@ mod tests {
     }
 
     #[test]
-    fn slices_cover_the_tensor_in_order() {
+    fn segments_cover_the_tensor_in_order() {
         for (len, n) in [(10, 3), (1, 2), (0, 2), (7, 7)] {
-            let cuts: Vec<Range<usize>> = (0..n).map(|i| slice(len, 4, n, i)).collect();
+            let cuts: Vec<std::ops::Range<usize>> = (0..n).map(|i| segment(len, 4, n, i)).collect();
             assert_eq!(cuts[0].start, 0);
             assert_eq!(cuts[n - 1].end, len * 4);
             assert!(cuts.windows(2).all(|w| w[0].end == w[1].start));

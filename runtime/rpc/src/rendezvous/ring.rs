@@ -1,6 +1,8 @@
 //! The ring all-reduce across workers: reduce-scatter, then all-gather, each in n − 1 steps of
 //! one segment to the next worker, so that each link carries 2(n − 1)/n of the tensor. Each
 //! segment's sum is made by one worker and passed on, so every worker ends with the same bits.
+//! Either phase also runs alone ([`Phases`]), as the hierarchical all-reduce's steps within a
+//! host do.
 //!
 //! On the data plane ([`crate::data`]) the ring is pipelined by chunks, as NCCL's is: what a
 //! worker receives in step s is exactly what it sends in step s + 1, so each chunk is passed on
@@ -25,6 +27,9 @@
 //!   sends it back only after it has left, so the wait is the moment between the bytes leaving
 //!   and the send's return), and a chunk that came before the ring was under way here fails it;
 //! - the ring's thread sends each chunk from a slice of that chunk alone, and marks it sent.
+//!
+//! An all-gather run alone writes segments me, me − 1, …, each before it passes it on, and
+//! only sends segment me + 1, which it never writes: its chunks need no wait.
 
 use super::{NetRendezvous, Received, State};
 use crate::data::{Chunk, Placement, DATA_CHUNK};
@@ -45,6 +50,9 @@ pub(super) struct RingProgress {
     segments: Vec<Range<usize>>,
     /// Steps below this sum what they receive; the others copy it.
     reducing_steps: usize,
+    /// Whether the copying steps overwrite bytes this ring sent before (the whole ring's
+    /// all-gather does; an all-gather alone does not), so that their chunks wait for the sends.
+    guard_overwrites: bool,
     add: AddInto,
     /// Per step: bytes applied, and whether any chunk came (an empty segment is one chunk).
     filled: Vec<usize>,
@@ -114,7 +122,7 @@ impl NetRendezvous {
         Ok(Tensor::from_le_bytes(&ty, &bytes).expect("the bytes of the tensor's type"))
     }
 
-    pub(super) fn ring_bytes(
+    fn ring_bytes(
         &self,
         key: &str,
         ranks: &[usize],
@@ -122,22 +130,43 @@ impl NetRendezvous {
         add: AddInto,
         buffer: &mut [u8],
     ) -> Result<(), InterpError> {
+        self.ring_phases(key, ranks, ty, add, buffer, Phases::Both)
+    }
+
+    /// The ring's `phases` over `ranks` in `buffer`, a tensor of type `ty`. After the
+    /// reduce-scatter alone, this worker holds the sum of segment `me + 1` (of n, cut as
+    /// [`segment`] cuts); the all-gather alone starts from there.
+    pub(super) fn ring_phases(
+        &self,
+        key: &str,
+        ranks: &[usize],
+        ty: &TensorType,
+        add: AddInto,
+        buffer: &mut [u8],
+        phases: Phases,
+    ) -> Result<(), InterpError> {
         let n = ranks.len();
         let me = ranks.iter().position(|&r| r == self.routes.rank).expect("a worker in its group");
         let next = ranks[(me + 1) % n];
-        let size = ty.dtype.size_in_bytes();
-        let len = ty.shape.n_elements();
-        let range = |i: usize| (len * i / n * size)..(len * (i + 1) / n * size);
+        let (size, len) = (ty.dtype.size_in_bytes(), ty.shape.n_elements());
+        let range = |i: usize| segment(len, size, n, i);
         // Step s < n − 1 (reduce-scatter) sends segment me − s and sums segment me − s − 1 into
         // this worker's; then (all-gather) step n − 1 + t sends me + 1 − t and copies me − t.
         // After the reduce-scatter this worker holds all of segment me + 1.
         let received =
             |s: usize| if s < n - 1 { range((me + 2 * n - s - 1) % n) } else { range((me + 2 * n - (s + 1 - n)) % n) };
-        let segments: Vec<Range<usize>> = (0..2 * (n - 1)).map(received).collect();
+        let (steps, own, reducing_steps) = match phases {
+            Phases::Both => (0..2 * (n - 1), range(me), n - 1),
+            Phases::ReduceScatter => (0..n - 1, range(me), n - 1),
+            Phases::AllGather => (n - 1..2 * (n - 1), range((me + 1) % n), 0),
+        };
+        let segments: Vec<Range<usize>> = steps.map(received).collect();
+        // Alone, the all-gather overwrites no bytes this ring sends: nothing to hold chunks for.
+        let guard = phases == Phases::Both;
         if self.peers.links.ring_ready(ranks) {
-            self.pipelined_ring(key, next, range(me), segments, n - 1, add, buffer)
+            self.pipelined_ring(key, next, own, segments, reducing_steps, guard, add, buffer)
         } else {
-            self.stepped_ring(key, next, range(me), &segments, n - 1, ty.dtype, add, buffer)
+            self.stepped_ring(key, next, own, &segments, reducing_steps, ty.dtype, add, buffer)
         }
     }
 
@@ -150,6 +179,7 @@ impl NetRendezvous {
         own: Range<usize>,
         segments: Vec<Range<usize>>,
         reducing_steps: usize,
+        guard_overwrites: bool,
         add: AddInto,
         buffer: &mut [u8],
     ) -> Result<(), InterpError> {
@@ -168,6 +198,7 @@ impl NetRendezvous {
                     arrived: vec![false; steps],
                     segments,
                     reducing_steps,
+                    guard_overwrites,
                     add,
                     forwards: VecDeque::new(),
                     applying: 0,
@@ -215,18 +246,20 @@ impl NetRendezvous {
     ) -> Result<(), InterpError> {
         let links = &self.peers.links;
         let started = std::time::Instant::now();
-        let (mut gathering_from, mut scattered, mut gathered) = (None, own.len() as u64, 0u64);
+        // An all-gather alone (no reducing steps) starts with it.
+        let (mut gathering_from, mut scattered, mut gathered) =
+            if reducing_steps == 0 { (Some(started), 0, own.len() as u64) } else { (None, own.len() as u64, 0u64) };
         let phases = |gathering_from: Option<std::time::Instant>, scattered, gathered| {
             let now = std::time::Instant::now();
             let middle = gathering_from.unwrap_or(now);
-            dfc_interp::trace::record_span(
-                "all_reduce",
-                || format!("reduce-scatter {key}"),
-                started,
-                middle,
-                Some(scattered),
-            );
-            dfc_interp::trace::record_span("all_reduce", || format!("all-gather {key}"), middle, now, Some(gathered));
+            if reducing_steps > 0 {
+                let name = || format!("reduce-scatter {key}");
+                dfc_interp::trace::record_span("all_reduce", name, started, middle, Some(scattered));
+            }
+            if gathering_from.is_some() {
+                let name = || format!("all-gather {key}");
+                dfc_interp::trace::record_span("all_reduce", name, middle, now, Some(gathered));
+            }
         };
         for c in 0..chunks_of(own.len()) {
             let offset = c * DATA_CHUNK;
@@ -373,7 +406,8 @@ impl NetRendezvous {
                 return None;
             }
             // An all-gather step's segment is the one sent at step `step - reducing_steps`.
-            let sent = step < ring.reducing_steps || ring.sent[step - ring.reducing_steps][chunk];
+            let sent =
+                step < ring.reducing_steps || !ring.guard_overwrites || ring.sent[step - ring.reducing_steps][chunk];
             if sent {
                 ring.taken[step][chunk] = true;
                 let add = (step < ring.reducing_steps).then_some(ring.add);
@@ -468,6 +502,19 @@ impl NetRendezvous {
     }
 }
 
+/// Which of the ring's phases to run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Phases {
+    Both,
+    ReduceScatter,
+    AllGather,
+}
+
+/// The bytes of segment `i` of `n` of a tensor of `len` elements of `size` bytes.
+pub(super) fn segment(len: usize, size: usize, n: usize, i: usize) -> Range<usize> {
+    (len * i / n * size)..(len * (i + 1) / n * size)
+}
+
 fn copy(into: &mut [u8], from: &[u8]) {
     into.copy_from_slice(from);
 }
@@ -536,6 +583,7 @@ mod tests {
             awaiting_sends: 0,
             segments,
             reducing_steps: 1,
+            guard_overwrites: true,
             add: adder(DType::U8).unwrap_or(copy),
             forwards: VecDeque::new(),
             applying: 0,
