@@ -13,12 +13,13 @@ BUNDLE=$REPO/.gpu
 rm -rf "$BUNDLE" && mkdir -p "$BUNDLE"
 grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
 
-executable() { # the test or bench executable cargo built for $@ (its JSON messages)
+executable() { # the test or bench executable cargo built for $@ (its JSON messages; not the
+    # binaries an integration test is built with, which come too)
     cargo "$@" --message-format json 2>/dev/null |
         python3 -c 'import json, sys
 for line in sys.stdin:
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable"):
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
         print(m["executable"])' | tail -1
 }
 cargo build --release --quiet --bin dfc

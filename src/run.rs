@@ -167,6 +167,9 @@ fn run_untraced(plan: &dfc_plan::Plan, args: &RunArgs) -> Result<(), String> {
     if args.remote.cluster.is_some() || args.remote.spawn.is_some() {
         return run_remote(plan, args);
     }
+    if args.remote.all_reduce != AllReduceArg::Auto {
+        return Err("--all-reduce chooses how workers all-reduce: give it with --cluster or --spawn".into());
+    }
     if let Some(name) = &args.fetch {
         let mut session =
             dfc_driver::Session::with_backend(plan, args.train.seed, args.train.backend).map_err(|e| e.to_string())?;

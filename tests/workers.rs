@@ -683,6 +683,32 @@ fn the_hierarchical_all_reduce_across_two_hosts_trains_alike_with_fewer_bytes_on
     assert!((reported_ratio - 2.0 / 3.0).abs() < 0.01, "{flat_report} {hierarchical_report}");
 }
 
+/// `--all-reduce`: `auto` keeps one ring for workers on one host (and says so); the
+/// hierarchical all-reduce asked for there is refused in one line, and so is the option in a
+/// run without workers.
+#[test]
+fn the_all_reduce_algorithm_is_chosen_by_hosts_and_refused_where_it_cannot_apply() {
+    let dir = scratch("all-reduce-choice");
+    let feeds = regression_data(&dir, 256);
+    let plan = compile(&dir, &["--devices", "2", "--strategy", "mirrored"]);
+    let run = |extra: &[&str]| {
+        let mut args = vec!["run", s(&plan), "--feed", &feeds[0], "--feed", &feeds[1], "--epochs", "1"];
+        args.extend_from_slice(extra);
+        dfc(&args, None)
+    };
+    let auto = run(&["--spawn", "2"]);
+    assert!(auto.status.success(), "{}", text(&auto.stderr));
+    assert!(text(&auto.stderr).contains("all-reduces: one ring (2 worker(s) on 1 host(s))"), "{}", text(&auto.stderr));
+    let hierarchical = run(&["--spawn", "2", "--all-reduce", "hierarchical"]);
+    let stderr = text(&hierarchical.stderr);
+    assert!(!hierarchical.status.success(), "{stderr}");
+    assert!(stderr.contains("--all-reduce hierarchical needs workers on several hosts"), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    let in_process = run(&["--all-reduce", "ring"]);
+    let stderr = text(&in_process.stderr);
+    assert!(!in_process.status.success() && stderr.contains("give it with --cluster or --spawn"), "{stderr}");
+}
+
 /// Two free loopback addresses (bound and released: another process could take one meanwhile,
 /// which a test run on this machine does not).
 fn free_addresses(n: usize) -> Vec<String> {
