@@ -42,6 +42,11 @@ pub struct BenchAllReduceArgs {
     /// How the all-reduce goes between workers: each one given is measured.
     #[arg(long, value_delimiter = ',', default_value = "ring")]
     algorithm: Vec<AlgorithmArg>,
+    /// Under mpirun (every rank runs this command): MPI's all-reduce (MPI_Allreduce) across the
+    /// ranks next to dfc's ring across a worker in each rank, through shared memory, in the
+    /// same run (a dfc built with the `mpi` feature).
+    #[arg(long, conflicts_with_all = ["at", "workers", "tls_dir"])]
+    mpi: bool,
     /// Buffer sizes, MiB of f32.
     #[arg(long = "sizes-mib", value_delimiter = ',', default_value = "4,16,64,256")]
     sizes_mib: Vec<u64>,
@@ -115,6 +120,9 @@ impl References {
 const CACHED: u64 = 1 << 20;
 
 pub fn bench_allreduce(args: &BenchAllReduceArgs) -> Result<std::process::ExitCode, String> {
+    if args.mpi {
+        return under_mpi(args);
+    }
     let tls = args.tls_dir.as_deref().map(dfc_rpc::Tls::load).transpose()?;
     let mut results = Vec::new();
     let references = if args.at.is_empty() {
@@ -281,4 +289,169 @@ fn transport_name(result: &dfc_rpc::bench::AllReduceResult) -> &'static str {
         (Transport::SharedMemory, false) => "shm->tcp",
         (Transport::Tcp, _) => "tcp",
     }
+}
+
+/// One size's MPI all-reduce, as the ring's results have it.
+#[derive(serde::Serialize)]
+struct MpiResult {
+    workers: usize,
+    bytes: u64,
+    iterations: usize,
+    median_seconds: f64,
+    algorithm_bytes_per_second: f64,
+    bus_bytes_per_second: f64,
+}
+
+#[derive(serde::Serialize)]
+struct MpiReport {
+    /// The MPI library, as it names itself.
+    library: String,
+    /// dfc's ring across a worker in each rank (empty where the ranks are on several hosts).
+    ring: Vec<dfc_rpc::bench::AllReduceResult>,
+    mpi: Vec<MpiResult>,
+}
+
+/// `--mpi`: this process is one rank of a job mpirun started. Each rank serves a dfc worker
+/// on loopback; rank 0 times dfc's ring across them, then stops them; then every rank takes
+/// part in MPI's all-reduces; rank 0 reports both.
+fn under_mpi(args: &BenchAllReduceArgs) -> Result<std::process::ExitCode, String> {
+    let (job, rank, n) = dfc_rpc::mpi::Job::init_world()?;
+    if n < 2 {
+        return Err("an all-reduce needs at least 2 ranks: start this under mpirun -n 2 or more".into());
+    }
+    let (library, host) = dfc_rpc::mpi::library();
+    let one_host = dfc_rpc::mpi::all_gather_text(&host)?.iter().all(|h| *h == host);
+    let mut ring = Vec::new();
+    if one_host {
+        let token = dfc_rpc::mpi::broadcast_text(&dfc_rpc::auth::random_token())?;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| format!("cannot listen: {e}"))?;
+        let address = listener.local_addr().map_err(|e| e.to_string())?.to_string();
+        listener.set_nonblocking(true).map_err(|e| e.to_string())?;
+        let server_token = token.clone();
+        let server = std::thread::spawn(move || -> Result<(), String> {
+            let runtime =
+                tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| e.to_string())?;
+            runtime.block_on(async {
+                let listener = tokio::net::TcpListener::from_std(listener).map_err(|e| e.to_string())?;
+                dfc_rpc::serve(listener, server_token, None, dfc_rpc::DataPlane::default()).await
+            })
+        });
+        let addresses = dfc_rpc::mpi::all_gather_text(&address)?;
+        if rank == 0 {
+            let measured = measure_ring_under_mpi(args, &addresses, &token, &mut ring);
+            dfc_rpc::bench::shutdown(&addresses, &token, None)?;
+            measured?;
+        }
+        server.join().map_err(|_| "the worker's thread panicked")??;
+    } else if rank == 0 {
+        eprintln!("the ranks are on several hosts: dfc's ring is compared on one host only (or with --at)");
+    }
+    let mut mpi = Vec::new();
+    for &mib in &args.sizes_mib {
+        let bytes = mib << 20;
+        let mut seconds = dfc_rpc::mpi::bench_all_reduce(bytes, args.iterations.max(1))?;
+        seconds.sort_by(f64::total_cmp);
+        let median = seconds[seconds.len() / 2];
+        let algorithm = bytes as f64 / median;
+        let result = MpiResult {
+            workers: n,
+            bytes,
+            iterations: seconds.len(),
+            median_seconds: median,
+            algorithm_bytes_per_second: algorithm,
+            bus_bytes_per_second: algorithm * 2.0 * (n as f64 - 1.0) / n as f64,
+        };
+        if rank == 0 {
+            eprintln!(
+                "{n} ranks, {mib:>4} MiB, MPI: {:8.1} ms, bus bandwidth {:.2} GB/s",
+                median * 1e3,
+                result.bus_bytes_per_second / 1e9
+            );
+        }
+        mpi.push(result);
+    }
+    drop(job);
+    if rank > 0 {
+        return Ok(std::process::ExitCode::SUCCESS);
+    }
+    let report = MpiReport { library, ring, mpi };
+    if args.json {
+        println!("{}", serde_json::to_string(&report).expect("reports serialise"));
+        return Ok(std::process::ExitCode::SUCCESS);
+    }
+    println!("MPI: {}", report.library);
+    println!(
+        "{:>5} {:>6} {:>22} {:>10} {:>11} {:>11}",
+        "ranks", "MiB", "all-reduce", "median ms", "algbw GB/s", "busbw GB/s"
+    );
+    let rows = report
+        .ring
+        .iter()
+        .map(|r| {
+            (
+                r.workers,
+                r.bytes,
+                format!("dfc ring ({})", transport_name(r)),
+                r.median_seconds,
+                r.algorithm_bytes_per_second,
+                r.bus_bytes_per_second,
+            )
+        })
+        .chain(report.mpi.iter().map(|r| {
+            (
+                r.workers,
+                r.bytes,
+                "MPI_Allreduce".to_string(),
+                r.median_seconds,
+                r.algorithm_bytes_per_second,
+                r.bus_bytes_per_second,
+            )
+        }));
+    let mut rows: Vec<_> = rows.collect();
+    rows.sort_by_key(|r| r.1);
+    for (workers, bytes, name, median, algbw, busbw) in rows {
+        println!(
+            "{workers:>5} {:>6} {name:>22} {:>10.1} {:>11.2} {:>11.2}",
+            bytes >> 20,
+            median * 1e3,
+            algbw / 1e9,
+            busbw / 1e9
+        );
+    }
+    Ok(std::process::ExitCode::SUCCESS)
+}
+
+/// Rank 0's part under `--mpi`: dfc's ring across the ranks' workers, each size and transport.
+fn measure_ring_under_mpi(
+    args: &BenchAllReduceArgs,
+    addresses: &[String],
+    token: &str,
+    results: &mut Vec<dfc_rpc::bench::AllReduceResult>,
+) -> Result<(), String> {
+    for &mib in &args.sizes_mib {
+        for &transport in &args.transport {
+            let transport = match transport {
+                TransportArg::SharedMemory => Transport::SharedMemory,
+                TransportArg::Tcp => Transport::Tcp,
+            };
+            let result = dfc_rpc::bench::all_reduce(
+                addresses,
+                token,
+                None,
+                mib << 20,
+                args.iterations,
+                transport,
+                Algorithm::Ring,
+            )?;
+            eprintln!(
+                "{} ranks, {mib:>4} MiB, dfc ring ({}): {:8.1} ms, bus bandwidth {:.2} GB/s",
+                addresses.len(),
+                transport_name(&result),
+                result.median_seconds * 1e3,
+                result.bus_bytes_per_second / 1e9
+            );
+            results.push(result);
+        }
+    }
+    Ok(())
 }

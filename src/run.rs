@@ -111,7 +111,9 @@ pub struct RemoteArgs {
     /// shared memory), runs the ring between hosts and spreads the sums again, where a group's
     /// workers are on several hosts with as many on each (hosts told apart by the workers'
     /// addresses); `auto` picks it where the cluster has several hosts and several workers on
-    /// one of them, and `ring` otherwise.
+    /// one of them, and `ring` otherwise. `mpi` runs all-reduces over every worker through the
+    /// MPI library of a job that mpirun launched (one rank per worker; a dfc built with the
+    /// `mpi` feature).
     #[arg(long, value_enum, default_value_t = AllReduceArg::Auto)]
     pub all_reduce: AllReduceArg,
 }
@@ -123,6 +125,7 @@ pub enum AllReduceArg {
     Auto,
     Ring,
     Hierarchical,
+    Mpi,
 }
 
 /// The all-reduce algorithm for workers at `addresses` (a line for the person running it).
@@ -133,6 +136,7 @@ fn all_reduce_algorithm(asked: AllReduceArg, addresses: &[String]) -> Result<(Al
     let possible = count >= 2 && shared >= 1;
     let described = format!("{} worker(s) on {count} host(s)", addresses.len());
     match asked {
+        AllReduceArg::Mpi => Ok((Algorithm::Mpi, format!("all-reduces: through MPI ({described})"))),
         AllReduceArg::Ring => Ok((Algorithm::Ring, format!("all-reduces: one ring ({described})"))),
         AllReduceArg::Auto if !possible => Ok((Algorithm::Ring, format!("all-reduces: one ring ({described})"))),
         AllReduceArg::Hierarchical if !possible => Err(format!(
@@ -292,6 +296,7 @@ fn run_remote(plan: &dfc_plan::Plan, args: &RunArgs) -> Result<(), String> {
     let tls = remote.tls_dir.as_deref().map(dfc_rpc::Tls::load).transpose()?;
     let mut _spawned = None;
     let mut own_server = None;
+    let mut mpi_job: Option<dfc_rpc::mpi::Job> = None;
     let cluster = match (&remote.cluster, std::env::var("TF_CONFIG")) {
         (Some(file), _) => Some(file.clone()),
         (None, Ok(_)) if remote.spawn.is_none() => Some(PathBuf::from("TF_CONFIG")),
@@ -323,6 +328,13 @@ fn run_remote(plan: &dfc_plan::Plan, args: &RunArgs) -> Result<(), String> {
                 let address = addresses.get(rank).ok_or_else(|| {
                     format!("{source} gives rank {rank}, but the plan has {} task(s)", addresses.len())
                 })?;
+                if remote.all_reduce == AllReduceArg::Mpi {
+                    if plan.strategy.overlap {
+                        return Err("--all-reduce mpi runs all-reduces one at a time, in order: compile the plan without --overlap".into());
+                    }
+                    // Finalised when this function returns, after the job's last all-reduce.
+                    mpi_job = Some(dfc_rpc::mpi::Job::init(addresses.len(), rank)?);
+                }
                 if rank > 0 {
                     eprintln!("serving {} at {address} ({source})", assignment.names[rank]);
                     return serve_blocking(address, token, tls).map(|_| ());
@@ -334,6 +346,11 @@ fn run_remote(plan: &dfc_plan::Plan, args: &RunArgs) -> Result<(), String> {
         (None, None) => unreachable!("called for remote runs"),
     };
     let wait = std::time::Duration::from_secs_f64(remote.wait.max(0.001));
+    if remote.all_reduce == AllReduceArg::Mpi && mpi_job.is_none() {
+        return Err("--all-reduce mpi needs a job launched by mpirun (or srun), one rank per worker of --cluster, \
+             every rank running this `dfc run`"
+            .into());
+    }
     let (algorithm, described) = all_reduce_algorithm(remote.all_reduce, &addresses)?;
     let mut session = dfc_rpc::RemoteSession::connect(
         plan,
@@ -377,6 +394,7 @@ fn run_remote(plan: &dfc_plan::Plan, args: &RunArgs) -> Result<(), String> {
     if let Some(server) = own_server {
         let _ = server.join();
     }
+    drop(mpi_job);
     result
 }
 

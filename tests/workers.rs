@@ -364,6 +364,81 @@ fn mpirun_launches_a_job_with_one_command() {
     a_launcher_starts_a_job("mpirun", mpirun, "(OMPI_COMM_WORLD_RANK=1)");
 }
 
+/// `mpirun` with MPI's all-reduce (`--all-reduce mpi`, a dfc built with the `mpi` feature): on
+/// 2 and 4 ranks, training ends as the run in one process does.
+#[test]
+fn training_through_mpis_all_reduce_ends_like_one_process() {
+    let Some(mpirun) = mpirun_with_mpi_build() else { return };
+    for n in [2usize, 4] {
+        let dir = scratch(&format!("mpi-{n}"));
+        let feeds = regression_data(&dir, 256);
+        let addresses = free_addresses(n);
+        let quoted: Vec<String> = addresses.iter().map(|a| format!("\"{a}\"")).collect();
+        let cluster = dir.join("cluster.json");
+        std::fs::write(&cluster, format!("{{\"cluster\": {{\"worker\": [{}]}}}}", quoted.join(", "))).unwrap();
+        let plan = compile(&dir, &["--cluster", s(&cluster), "--strategy", "mirrored"]);
+        let embedded = train(&plan, &feeds, &dir.join("embedded"), &[], None);
+        let checkpoints = dir.join("mpi");
+        let output = mpirun(n)
+            .args([env!("CARGO_BIN_EXE_dfc"), "run", s(&plan), "--cluster", s(&cluster), "--all-reduce", "mpi"])
+            .args(["--feed", &feeds[0], "--feed", &feeds[1], "--epochs", "2", "--seed", "3"])
+            .args(["--checkpoint-dir", s(&checkpoints)])
+            .env("DFC_TOKEN", TOKEN)
+            .output()
+            .expect("run mpirun");
+        let stderr = text(&output.stderr);
+        assert!(output.status.success(), "{n} ranks: {stderr}{}", text(&output.stdout));
+        assert!(stderr.contains(&format!("all-reduces: through MPI ({n} worker(s)")), "{stderr}");
+        let launched = dfc_driver::checkpoint::latest(&checkpoints).unwrap().expect("the driver checkpoints");
+        assert_same_parameters(&format!("MPI's all-reduce on {n} ranks"), &embedded, &launched);
+    }
+}
+
+/// `dfc bench-allreduce --mpi` under mpirun reports MPI's bus bandwidth next to dfc's ring's,
+/// from one run (each all-reduce's every element checked by every rank).
+#[test]
+fn bench_allreduce_under_mpirun_reports_mpi_next_to_the_ring() {
+    let Some(mpirun) = mpirun_with_mpi_build() else { return };
+    let output = mpirun(2)
+        .args([env!("CARGO_BIN_EXE_dfc"), "bench-allreduce", "--mpi", "--sizes-mib", "1"])
+        .args(["--iterations", "2", "--transport", "shared-memory", "--json"])
+        .output()
+        .expect("run mpirun");
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).expect("one JSON report, from rank 0");
+    assert!(report["library"].as_str().unwrap().contains("Open MPI"), "{report}");
+    for kind in ["ring", "mpi"] {
+        let rows = report[kind].as_array().unwrap();
+        assert_eq!(rows.len(), 1, "{report}");
+        assert_eq!(rows[0]["workers"], 2, "{report}");
+        assert!(rows[0]["bus_bytes_per_second"].as_f64().unwrap() > 0.0, "{report}");
+    }
+}
+
+/// `mpirun -n N` (as root, oversubscribed, passing DFC_TOKEN on), if mpirun is here and this
+/// dfc was built with the `mpi` feature; else the test's skip is recorded.
+fn mpirun_with_mpi_build() -> Option<impl Fn(usize) -> Command> {
+    if Command::new("mpirun").arg("--version").output().is_err() {
+        skip::skip(skip::Need::Mpirun, "mpirun is not installed (apt-get install openmpi-bin; .ci/run does)");
+        return None;
+    }
+    if !dfc_rpc::mpi::BUILT {
+        skip::skip(
+            skip::Need::MpiBuild,
+            "dfc was built without the mpi feature (cargo test --features mpi --test workers; .ci/run runs it so)",
+        );
+        return None;
+    }
+    Some(|n: usize| {
+        let mut mpirun = Command::new("mpirun");
+        mpirun
+            .args(["-n", &n.to_string(), "--oversubscribe", "-x", "DFC_TOKEN"])
+            .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+            .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+        mpirun
+    })
+}
+
 /// Slurm's own `srun` launches the job, on a single-node Slurm (`.ci/slurm-single-node.sh`,
 /// which `.ci/run` runs): one `dfc run` per task, task 0 drives.
 #[test]
@@ -704,6 +779,9 @@ fn the_all_reduce_algorithm_is_chosen_by_hosts_and_refused_where_it_cannot_apply
     assert!(!hierarchical.status.success(), "{stderr}");
     assert!(stderr.contains("--all-reduce hierarchical needs workers on several hosts"), "{stderr}");
     assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    let without_launcher = run(&["--spawn", "2", "--all-reduce", "mpi"]);
+    let stderr = text(&without_launcher.stderr);
+    assert!(!without_launcher.status.success() && stderr.contains("needs a job launched by mpirun"), "{stderr}");
     let in_process = run(&["--all-reduce", "ring"]);
     let stderr = text(&in_process.stderr);
     assert!(!in_process.status.success() && stderr.contains("give it with --cluster or --spawn"), "{stderr}");

@@ -19,6 +19,9 @@ pub enum Need {
     Fortunes,
     /// Open MPI's `mpirun`.
     Mpirun,
+    /// A dfc built with the `mpi` feature (`cargo test --features mpi`), to all-reduce through
+    /// MPI.
+    MpiBuild,
     /// A Slurm node that is up (`.ci/slurm-single-node.sh`).
     Slurm,
     /// Network namespaces (`ip netns add`, as root).
@@ -44,10 +47,11 @@ pub enum Need {
 }
 
 impl Need {
-    pub const ALL: [Need; 14] = [
+    pub const ALL: [Need; 15] = [
         Need::FashionMnist,
         Need::Fortunes,
         Need::Mpirun,
+        Need::MpiBuild,
         Need::Slurm,
         Need::Netns,
         Need::Graphviz,
@@ -67,6 +71,7 @@ impl Need {
             Need::FashionMnist => "fashion-mnist",
             Need::Fortunes => "fortunes",
             Need::Mpirun => "mpirun",
+            Need::MpiBuild => "mpi-build",
             Need::Slurm => "slurm",
             Need::Netns => "netns",
             Need::Graphviz => "graphviz",

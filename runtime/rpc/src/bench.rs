@@ -198,3 +198,20 @@ pub fn all_reduce(
         bytes_between_hosts: replies.iter().map(|(_, _, b)| b).sum::<u64>() / iterations as u64,
     })
 }
+
+/// Asks the workers at `addresses` to stop (best effort: one that is gone already is not an
+/// error).
+pub fn shutdown(addresses: &[String], token: &str, tls: Option<&crate::Tls>) -> Result<(), String> {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+    runtime.block_on(async {
+        for address in addresses {
+            let Ok(endpoint) = crate::tls::endpoint(address, tls) else { continue };
+            let Ok(channel) = endpoint.connect().await else { continue };
+            let mut client = WorkerClient::with_interceptor(channel, AddToken::new(token));
+            let mut request = tonic::Request::new(crate::proto::ShutdownRequest {});
+            request.set_timeout(Duration::from_secs(5));
+            let _ = client.shutdown(request).await;
+        }
+    });
+    Ok(())
+}

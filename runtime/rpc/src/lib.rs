@@ -25,6 +25,7 @@ pub mod certs;
 pub mod data;
 pub mod driver;
 pub mod limits;
+pub mod mpi;
 pub mod rendezvous;
 pub mod shm;
 pub mod tensor;

@@ -9,7 +9,8 @@
 //!   then, when the group spans several workers, the last local replica to arrive runs the ring
 //!   over them ([`ring`]: on the data plane, pipelined by chunks), or, where `Routes::hosts`
 //!   asks for it and the workers sit on several hosts with as many on each, the hierarchical
-//!   all-reduce ([`hierarchy`]: within hosts, then a ring between them).
+//!   all-reduce ([`hierarchy`]: within hosts, then a ring between them), or, where it asks for
+//!   MPI and the group is every worker, `MPI_Allreduce` (`crate::mpi`).
 //! - Abort: from a failing partition here, or from another worker (`Abort`); every wait ends.
 
 use crate::auth::AddToken;
@@ -47,6 +48,8 @@ pub struct Routes {
     /// Each worker's host (by rank, [`hosts_of`]) where all-reduces go hierarchically across
     /// hosts; `None`: one flat ring.
     pub hosts: Option<Vec<usize>>,
+    /// Whether all-reduces over every worker go through MPI (`crate::mpi`).
+    pub mpi: bool,
 }
 
 /// Connections to the other workers of a run.
@@ -439,7 +442,22 @@ impl NetRendezvous {
                     .map_err(|e| self.fail(format!("all-reduce `{key}`: {e}")))?;
             }
             let hosts = self.routes.hosts.as_deref().and_then(|hosts| host_groups(ranks, hosts));
-            let result = if let Some(hosts) = hosts {
+            let result = if self.routes.mpi && ranks.len() > 1 && ranks.len() == self.peers.names.len() {
+                let _waiting = self.waiting(key, true, None);
+                let started = std::time::Instant::now();
+                let mut sum = sum;
+                crate::mpi::all_reduce(&mut sum)
+                    .map_err(|e| self.fail(format!("all-reduce `{key}` through MPI: {e}")))?;
+                let bytes = byte_len(&sum.ty()).unwrap_or(0) as u64;
+                dfc_interp::trace::record_span(
+                    "all_reduce",
+                    || format!("MPI {key}"),
+                    started,
+                    std::time::Instant::now(),
+                    Some(bytes),
+                );
+                Ok(sum)
+            } else if let Some(hosts) = hosts {
                 self.hierarchical(key, &hosts, sum)
             } else if ranks.len() > 1 {
                 // The ring waits, in the end, for the worker before this one.

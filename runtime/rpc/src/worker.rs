@@ -339,7 +339,27 @@ impl Worker for WorkerService {
         let worker_of: Vec<usize> = request.partition_worker.iter().map(|&w| w as usize).collect();
         let hosted: Vec<usize> = (0..plan.partitions.len()).filter(|&p| worker_of[p] == rank).collect();
         let mut routes = routes(&plan, &worker_of, rank);
-        routes.hosts = hosts_for(&request.all_reduce, &request.workers)?;
+        match Algorithm::from_wire_name(&request.all_reduce).map_err(bad)? {
+            Algorithm::Ring => {}
+            Algorithm::Hierarchical => routes.hosts = Some(hosts_of(&request.workers)),
+            Algorithm::Mpi => {
+                if crate::mpi::world() != Some((rank, n)) {
+                    return Err(bad(format!(
+                        "all-reduces through MPI need every worker to be a rank of one MPI job (rank {rank} of {n}; `dfc run --all-reduce mpi` under mpirun), but this worker is {}",
+                        match crate::mpi::world() {
+                            Some((r, size)) => format!("MPI's rank {r} of {size}"),
+                            None => "not in an MPI job".into(),
+                        }
+                    )));
+                }
+                if let Some((key, _)) = routes.reductions.iter().find(|(_, (_, local))| *local > 1) {
+                    return Err(bad(format!(
+                        "all-reduces through MPI need one replica per worker, but this worker holds several of `{key}`"
+                    )));
+                }
+                routes.mpi = true;
+            }
+        }
         let routes = Arc::new(routes);
         let clients = clients(&request.workers, &self.token, self.tls.as_ref())?;
         let peers = Arc::new(Peers {
@@ -570,7 +590,14 @@ impl Worker for WorkerService {
                 ("barrier".to_string(), ((0..n).collect(), 1)),
                 ("barrier after".to_string(), ((0..n).collect(), 1)),
             ]),
-            hosts: hosts_for(&request.all_reduce, &request.workers)?,
+            hosts: match Algorithm::from_wire_name(&request.all_reduce).map_err(bad)? {
+                Algorithm::Ring => None,
+                Algorithm::Hierarchical => Some(hosts_of(&request.workers)),
+                Algorithm::Mpi => {
+                    return Err(bad("MPI's all-reduce is benchmarked under mpirun: `dfc bench-allreduce --mpi`"))
+                }
+            },
+            mpi: false,
         };
         let host_of = hosts_of(&request.workers);
         let peers = Peers {
@@ -659,14 +686,6 @@ impl Worker for WorkerService {
         }
         Ok(Response::new(ShutdownReply {}))
     }
-}
-
-/// `Routes::hosts` for a registration's (or benchmark's) algorithm and workers.
-fn hosts_for(algorithm: &str, workers: &[String]) -> Result<Option<Vec<usize>>, Status> {
-    Ok(match Algorithm::from_wire_name(algorithm).map_err(bad)? {
-        Algorithm::Ring => None,
-        Algorithm::Hierarchical => Some(hosts_of(workers)),
-    })
 }
 
 /// Where each key of `plan` goes, for the worker `rank` (partition p runs on `worker_of[p]`).

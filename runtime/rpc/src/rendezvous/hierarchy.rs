@@ -30,6 +30,9 @@ pub enum Algorithm {
     /// Hierarchical where a group's workers are on several hosts with as many on each (the
     /// ring elsewhere).
     Hierarchical,
+    /// Through the MPI library of the job's launcher, for groups of every worker (the ring
+    /// elsewhere): `crate::mpi`.
+    Mpi,
 }
 
 impl Algorithm {
@@ -39,6 +42,7 @@ impl Algorithm {
         match self {
             Algorithm::Ring => "ring",
             Algorithm::Hierarchical => "hierarchical",
+            Algorithm::Mpi => "mpi",
         }
     }
 
@@ -46,7 +50,8 @@ impl Algorithm {
         match name {
             "" | "ring" => Ok(Algorithm::Ring),
             "hierarchical" => Ok(Algorithm::Hierarchical),
-            other => Err(format!("unknown all-reduce algorithm `{other}` (ring or hierarchical)")),
+            "mpi" => Ok(Algorithm::Mpi),
+            other => Err(format!("unknown all-reduce algorithm `{other}` (ring, hierarchical or mpi)")),
         }
     }
 }
@@ -176,7 +181,7 @@ mod tests {
 
     #[test]
     fn names_of_the_algorithms() {
-        for algorithm in [Algorithm::Ring, Algorithm::Hierarchical] {
+        for algorithm in [Algorithm::Ring, Algorithm::Hierarchical, Algorithm::Mpi] {
             assert_eq!(Algorithm::from_wire_name(algorithm.wire_name()), Ok(algorithm));
         }
         assert_eq!(Algorithm::from_wire_name(""), Ok(Algorithm::Ring));
