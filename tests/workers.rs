@@ -619,6 +619,37 @@ impl TwoHosts {
         command
     }
 
+    /// `dfc certs` for the two hosts' addresses into `pki`.
+    fn certs(&self, pki: &Path) {
+        certs(pki, &[&self.addresses[0], &self.addresses[1]]);
+    }
+
+    /// Host `i`'s `--tls-dir` among the files `certs` made in `pki`.
+    fn tls_dir(&self, pki: &Path, i: usize) -> String {
+        pki.join(&self.addresses[i]).display().to_string()
+    }
+
+    /// A worker on host `i` at `port`, its data port the next, in TLS.
+    fn worker(&self, i: usize, port: u16, pki: &Path) -> Worker {
+        let mut command = self.dfc(i);
+        let listen = format!("{}:{port}", self.addresses[i]);
+        command.args(["worker", "--listen", &listen, "--data-port", &(port + 1).to_string()]);
+        command.args(["--tls-dir", &self.tls_dir(pki, i)]);
+        Worker::launch(command, TOKEN, &self.addresses[i])
+    }
+
+    /// Trains `plan` for 2 epochs on the workers of `cluster`, driven from the first host (the
+    /// second is reachable only over the link), checkpointing to `checkpoints`.
+    fn train(&self, plan: &Path, cluster: &Path, feeds: &[String; 2], checkpoints: &Path, pki: &Path) -> Output {
+        self.dfc(0)
+            .args(["run", s(plan), "--cluster", s(cluster), "--feed", &feeds[0], "--feed", &feeds[1]])
+            .args(["--epochs", "2", "--seed", "3", "--checkpoint-dir", s(checkpoints)])
+            .args(["--tls-dir", &self.tls_dir(pki, 0)])
+            .env("DFC_TOKEN", TOKEN)
+            .output()
+            .expect("run dfc")
+    }
+
     /// Bytes host `i` has sent over the link between the hosts so far (its veth end's count).
     fn bytes_sent(&self, i: usize) -> u64 {
         let counter = format!("/sys/class/net/{}/statistics/tx_bytes", self.links[i]);
@@ -650,8 +681,7 @@ fn workers_on_two_hosts_train_like_one_process() {
     let dir = scratch("two-hosts");
     let feeds = regression_data(&dir, 256);
     let pki = dir.join("pki");
-    certs(&pki, &[&hosts.addresses[0], &hosts.addresses[1]]);
-    let tls_dir = |i: usize| pki.join(&hosts.addresses[i]).display().to_string();
+    hosts.certs(&pki);
     let plain = hosts
         .dfc(0)
         .args(["worker", "--listen", &format!("{}:7000", hosts.addresses[0])])
@@ -659,26 +689,12 @@ fn workers_on_two_hosts_train_like_one_process() {
         .output()
         .unwrap();
     assert!(!plain.status.success() && text(&plain.stderr).contains("dfc certs"), "{}", text(&plain.stderr));
-    let workers: Vec<Worker> = (0..2)
-        .map(|i| {
-            let mut command = hosts.dfc(i);
-            command.args(["worker", "--listen", &format!("{}:7000", hosts.addresses[i]), "--data-port", "7001"]);
-            command.args(["--tls-dir", &tls_dir(i)]);
-            Worker::launch(command, TOKEN, &hosts.addresses[i])
-        })
-        .collect();
+    let workers: Vec<Worker> = (0..2).map(|i| hosts.worker(i, 7000, &pki)).collect();
     let cluster = cluster_file(&dir, &[("worker", &[&workers[0], &workers[1]])]);
     let plan = compile(&dir, &["--cluster", s(&cluster), "--strategy", "mirrored"]);
     let embedded = train(&plan, &feeds, &dir.join("embedded"), &[], None);
-    // The driver on the first host; the second is reachable only over the link.
     let checkpoints = dir.join("two-hosts");
-    let output = hosts
-        .dfc(0)
-        .args(["run", s(&plan), "--cluster", s(&cluster), "--feed", &feeds[0], "--feed", &feeds[1]])
-        .args(["--epochs", "2", "--seed", "3", "--checkpoint-dir", s(&checkpoints), "--tls-dir", &tls_dir(0)])
-        .env("DFC_TOKEN", TOKEN)
-        .output()
-        .expect("run dfc");
+    let output = hosts.train(&plan, &cluster, &feeds, &checkpoints, &pki);
     assert!(output.status.success(), "{}", text(&output.stderr));
     let distributed = dfc_driver::checkpoint::latest(&checkpoints).unwrap().expect("a checkpoint");
     assert_same_parameters("workers on two hosts", &embedded, &distributed);
@@ -698,29 +714,13 @@ fn the_hierarchical_all_reduce_across_two_hosts_trains_alike_with_fewer_bytes_on
     let dir = scratch("hierarchical");
     let feeds = regression_data(&dir, 256);
     let pki = dir.join("pki");
-    certs(&pki, &[&hosts.addresses[0], &hosts.addresses[1]]);
-    let tls_dir = |i: usize| pki.join(&hosts.addresses[i]).display().to_string();
-    let workers: Vec<Worker> = (0..4)
-        .map(|w| {
-            let (i, port) = (w / 2, 7000 + 2 * (w % 2));
-            let mut command = hosts.dfc(i);
-            let listen = format!("{}:{port}", hosts.addresses[i]);
-            command.args(["worker", "--listen", &listen, "--data-port", &(port + 1).to_string()]);
-            command.args(["--tls-dir", &tls_dir(i)]);
-            Worker::launch(command, TOKEN, &hosts.addresses[i])
-        })
-        .collect();
+    hosts.certs(&pki);
+    let workers: Vec<Worker> = (0..4).map(|w| hosts.worker(w / 2, 7000 + 2 * (w % 2) as u16, &pki)).collect();
     let cluster = cluster_file(&dir, &[("worker", &workers.iter().collect::<Vec<_>>())]);
     let plan = compile(&dir, &["--cluster", s(&cluster), "--strategy", "mirrored"]);
     let embedded = train(&plan, &feeds, &dir.join("embedded"), &[], None);
     let checkpoints = dir.join("two-hosts");
-    let output = hosts
-        .dfc(0)
-        .args(["run", s(&plan), "--cluster", s(&cluster), "--feed", &feeds[0], "--feed", &feeds[1]])
-        .args(["--epochs", "2", "--seed", "3", "--checkpoint-dir", s(&checkpoints), "--tls-dir", &tls_dir(0)])
-        .env("DFC_TOKEN", TOKEN)
-        .output()
-        .expect("run dfc");
+    let output = hosts.train(&plan, &cluster, &feeds, &checkpoints, &pki);
     let stderr = text(&output.stderr);
     assert!(output.status.success(), "{stderr}");
     assert!(stderr.contains("all-reduces: hierarchical (4 worker(s) on 2 host(s)"), "{stderr}");
@@ -733,7 +733,7 @@ fn the_hierarchical_all_reduce_across_two_hosts_trains_alike_with_fewer_bytes_on
         let before = hosts.bytes_sent(0) + hosts.bytes_sent(1);
         let output = hosts
             .dfc(0)
-            .args(["bench-allreduce", "--at", &at, "--tls-dir", &tls_dir(0), "--algorithm", algorithm])
+            .args(["bench-allreduce", "--at", &at, "--tls-dir", &hosts.tls_dir(&pki, 0), "--algorithm", algorithm])
             .args(["--sizes-mib", "8", "--iterations", "2", "--transport", "shared-memory", "--json"])
             .env("DFC_TOKEN", TOKEN)
             .output()

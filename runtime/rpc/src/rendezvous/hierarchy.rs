@@ -92,22 +92,8 @@ pub fn host_groups(ranks: &[usize], host_of: &[usize]) -> Option<Vec<Vec<usize>>
 impl NetRendezvous {
     /// The all-reduce `key` of `value`, this worker's sum, over `hosts` (the group's ranks by
     /// host, this worker among them), hierarchically (see the module's comment).
-    pub(super) fn hierarchical(
-        &self,
-        key: &str,
-        hosts: &[Vec<usize>],
-        mut value: Tensor,
-    ) -> Result<Tensor, InterpError> {
-        let ty = value.ty();
-        let add = super::ring::adder(ty.dtype)
-            .ok_or_else(|| self.fail(format!("all-reduce `{key}` of {ty}: not a number type")))?;
-        if let Some(bytes) = value.le_bytes_mut() {
-            self.hierarchical_bytes(key, hosts, &ty, add, bytes)?;
-            return Ok(value);
-        }
-        let mut bytes = value.to_le_bytes();
-        self.hierarchical_bytes(key, hosts, &ty, add, &mut bytes)?;
-        Ok(Tensor::from_le_bytes(&ty, &bytes).expect("the bytes of the tensor's type"))
+    pub(super) fn hierarchical(&self, key: &str, hosts: &[Vec<usize>], value: Tensor) -> Result<Tensor, InterpError> {
+        self.in_place(key, value, |ty, add, bytes| self.hierarchical_bytes(key, hosts, ty, add, bytes))
     }
 
     fn hierarchical_bytes(

@@ -110,27 +110,27 @@ fn parse_wire_key(wire: &str) -> Option<(&str, usize)> {
 impl NetRendezvous {
     /// The ring over `ranks` (this worker among them) of `value`, this worker's sum, in place in
     /// the tensor's memory (in a copy of its little-endian bytes where that memory is not them).
-    pub(super) fn ring(&self, key: &str, ranks: &[usize], mut value: Tensor) -> Result<Tensor, InterpError> {
+    pub(super) fn ring(&self, key: &str, ranks: &[usize], value: Tensor) -> Result<Tensor, InterpError> {
+        self.in_place(key, value, |ty, add, bytes| self.ring_phases(key, ranks, ty, add, bytes, Phases::Both))
+    }
+
+    /// Runs `reduce` on the little-endian bytes of `value` (its own memory where it can), with
+    /// the sum of its element type; the tensor they then hold.
+    pub(super) fn in_place(
+        &self,
+        key: &str,
+        mut value: Tensor,
+        reduce: impl FnOnce(&TensorType, AddInto, &mut [u8]) -> Result<(), InterpError>,
+    ) -> Result<Tensor, InterpError> {
         let ty = value.ty();
         let add = adder(ty.dtype).ok_or_else(|| self.fail(format!("all-reduce `{key}` of {ty}: not a number type")))?;
         if let Some(bytes) = value.le_bytes_mut() {
-            self.ring_bytes(key, ranks, &ty, add, bytes)?;
+            reduce(&ty, add, bytes)?;
             return Ok(value);
         }
         let mut bytes = value.to_le_bytes();
-        self.ring_bytes(key, ranks, &ty, add, &mut bytes)?;
+        reduce(&ty, add, &mut bytes)?;
         Ok(Tensor::from_le_bytes(&ty, &bytes).expect("the bytes of the tensor's type"))
-    }
-
-    fn ring_bytes(
-        &self,
-        key: &str,
-        ranks: &[usize],
-        ty: &TensorType,
-        add: AddInto,
-        buffer: &mut [u8],
-    ) -> Result<(), InterpError> {
-        self.ring_phases(key, ranks, ty, add, buffer, Phases::Both)
     }
 
     /// The ring's `phases` over `ranks` in `buffer`, a tensor of type `ty`. After the
