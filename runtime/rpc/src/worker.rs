@@ -352,6 +352,11 @@ impl Worker for WorkerService {
                         }
                     )));
                 }
+                if plan.strategy.overlap {
+                    return Err(bad(
+                        "all-reduces through MPI run one at a time, in order: the plan overlaps them (--overlap)",
+                    ));
+                }
                 if let Some((key, _)) = routes.reductions.iter().find(|(_, (_, local))| *local > 1) {
                     return Err(bad(format!(
                         "all-reduces through MPI need one replica per worker, but this worker holds several of `{key}`"

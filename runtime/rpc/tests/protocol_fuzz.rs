@@ -187,7 +187,7 @@ async fn thousands_of_random_calls_never_crash_the_worker() {
                         backend: random.pick(&["llvm", "interp", "gpu", ""]).to_string(),
                         wait_ms: random.below(200),
                         data_ports: (0..random.below(3)).map(|_| random.number() as u32).collect(),
-                        all_reduce: random.pick(&["", "ring", "hierarchical", "tree"]).to_string(),
+                        all_reduce: random.pick(&["", "ring", "hierarchical", "mpi", "tree"]).to_string(),
                     };
                     drop(client.register(request).await)
                 }
