@@ -410,6 +410,7 @@ impl RemoteSession {
     fn describe(&self, rank: usize, wait: &crate::proto::Wait) -> String {
         let what = if wait.all_reduce { "all-reduce" } else { "tensor" };
         let from = match wait.from.map(|r| r as usize) {
+            _ if wait.through_mpi => " in MPI's library, from every other rank".into(),
             Some(r) if r < self.names.len() => format!(" from {}", self.worker(r)),
             Some(r) => format!(" from the worker of rank {r}"),
             None => " from its own replicas".into(),

@@ -228,6 +228,8 @@ pub struct Wait {
     /// The worker it waits for: a tensor's sender, the previous worker of an all-reduce's ring;
     /// `None` for this worker's own replicas.
     pub from: Option<usize>,
+    /// An all-reduce inside MPI's library, which waits on every rank.
+    pub through_mpi: bool,
     pub since: std::time::Instant,
 }
 
@@ -323,8 +325,18 @@ impl NetRendezvous {
 
     /// Notes that a partition waits for `key` from worker `from` until the result is dropped.
     fn waiting(&self, key: &str, all_reduce: bool, from: Option<usize>) -> Waiting<'_> {
+        self.note_wait(Wait {
+            key: key.to_string(),
+            all_reduce,
+            from,
+            through_mpi: false,
+            since: std::time::Instant::now(),
+        })
+    }
+
+    /// Notes `wait` until the result is dropped.
+    fn note_wait(&self, wait: Wait) -> Waiting<'_> {
         let id = self.next_wait.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let wait = Wait { key: key.to_string(), all_reduce, from, since: std::time::Instant::now() };
         self.waits.lock().unwrap_or_else(|e| e.into_inner()).push((id, wait));
         Waiting { rendezvous: self, id }
     }
@@ -443,7 +455,9 @@ impl NetRendezvous {
             }
             let hosts = self.routes.hosts.as_deref().and_then(|hosts| host_groups(ranks, hosts));
             let result = if self.routes.mpi && ranks.len() > 1 && ranks.len() == self.peers.names.len() {
-                let _waiting = self.waiting(key, true, None);
+                let now = std::time::Instant::now();
+                let wait = Wait { key: key.to_string(), all_reduce: true, from: None, through_mpi: true, since: now };
+                let _waiting = self.note_wait(wait);
                 let started = std::time::Instant::now();
                 let mut sum = sum;
                 crate::mpi::all_reduce(&mut sum)

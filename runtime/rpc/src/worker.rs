@@ -204,6 +204,7 @@ impl StepHost {
                     key: w.key,
                     all_reduce: w.all_reduce,
                     from: w.from.map(|r| r as u32),
+                    through_mpi: w.through_mpi,
                     seconds: w.since.elapsed().as_secs_f64(),
                 })
             })
