@@ -345,18 +345,47 @@ fn run_remote(plan: &dfc_plan::Plan, args: &RunArgs) -> Result<(), String> {
         }
         (None, None) => unreachable!("called for remote runs"),
     };
-    let wait = std::time::Duration::from_secs_f64(remote.wait.max(0.001));
     if remote.all_reduce == AllReduceArg::Mpi && mpi_job.is_none() {
         return Err("--all-reduce mpi needs a job launched by mpirun (or srun), one rank per worker of --cluster, \
              every rank running this `dfc run`"
             .into());
     }
-    let (algorithm, described) = all_reduce_algorithm(remote.all_reduce, &addresses)?;
+    let driven = drive(plan, args, &token, &addresses, &assignment, tls, _spawned.is_some(), own_server);
+    match (driven, mpi_job) {
+        // The other ranks may wait in an MPI all-reduce that will never end (and MPI's
+        // finalisation with them): say why, and end the whole job.
+        (Err(e), Some(job)) => {
+            eprintln!("error: {e}");
+            job.abort(1)
+        }
+        (driven, job) => {
+            drop(job);
+            driven
+        }
+    }
+}
+
+/// Runs the plan on the workers at `addresses` (some `spawned` here, one served by
+/// `own_server`), then stops them.
+#[allow(clippy::too_many_arguments)]
+fn drive(
+    plan: &dfc_plan::Plan,
+    args: &RunArgs,
+    token: &str,
+    addresses: &[String],
+    assignment: &dfc_rpc::Assignment,
+    tls: Option<dfc_rpc::Tls>,
+    spawned: bool,
+    own_server: Option<std::thread::JoinHandle<()>>,
+) -> Result<(), String> {
+    let remote = &args.remote;
+    let wait = std::time::Duration::from_secs_f64(remote.wait.max(0.001));
+    let (algorithm, described) = all_reduce_algorithm(remote.all_reduce, addresses)?;
     let mut session = dfc_rpc::RemoteSession::connect(
         plan,
-        &addresses,
-        &assignment,
-        &token,
+        addresses,
+        assignment,
+        token,
         args.train.seed,
         args.train.backend,
         wait,
@@ -373,7 +402,7 @@ fn run_remote(plan: &dfc_plan::Plan, args: &RunArgs) -> Result<(), String> {
     {
         eprintln!("{described}");
     }
-    for ((name, address), threads) in assignment.names.iter().zip(&addresses).zip(session.worker_threads()) {
+    for ((name, address), threads) in assignment.names.iter().zip(addresses).zip(session.worker_threads()) {
         let count = assignment.partition_worker.iter().filter(|&&w| assignment.names[w] == *name).count();
         eprintln!("worker {name} at {address}: {count} partition(s), {threads} compute thread(s)");
     }
@@ -388,13 +417,12 @@ fn run_remote(plan: &dfc_plan::Plan, args: &RunArgs) -> Result<(), String> {
         eprintln!("trained {} steps in {:.1} s", summary.steps, started.elapsed().as_secs_f64());
         Ok(())
     };
-    if _spawned.is_some() || own_server.is_some() {
+    if spawned || own_server.is_some() {
         session.shutdown();
     }
     if let Some(server) = own_server {
         let _ = server.join();
     }
-    drop(mpi_job);
     result
 }
 

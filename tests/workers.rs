@@ -394,6 +394,60 @@ fn training_through_mpis_all_reduce_ends_like_one_process() {
     }
 }
 
+/// A rank stopped in the middle of training through MPI's all-reduce: the driver names it
+/// within seconds and ends the whole job (MPI_Abort), where the other ranks would otherwise
+/// wait in MPI's all-reduce, or its finalisation, for ever.
+#[test]
+fn a_stopped_rank_under_mpi_is_named_and_the_job_ends() {
+    let Some(mpirun) = mpirun_with_mpi_build() else { return };
+    let dir = scratch("mpi-stopped");
+    let feeds = regression_data(&dir, 256);
+    let addresses = free_addresses(2);
+    let cluster = dir.join("cluster.json");
+    std::fs::write(&cluster, format!("{{\"cluster\": {{\"worker\": [\"{}\", \"{}\"]}}}}", addresses[0], addresses[1]))
+        .unwrap();
+    let plan = compile(&dir, &["--cluster", s(&cluster), "--strategy", "mirrored"]);
+    let mut run = mpirun(2)
+        .args([env!("CARGO_BIN_EXE_dfc"), "run", s(&plan), "--cluster", s(&cluster), "--all-reduce", "mpi"])
+        .args(["--feed", &feeds[0], "--feed", &feeds[1], "--epochs", "100000", "--wait", "3"])
+        .env("DFC_TOKEN", TOKEN)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start mpirun");
+    let stderr = drain_stderr(&mut run);
+    std::thread::sleep(Duration::from_secs(3));
+    // Rank 1: the dfc process of this plan that mpirun gave rank 1.
+    let rank_one = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .find(|pid| {
+            let read = |what: &str| std::fs::read(format!("/proc/{pid}/{what}")).unwrap_or_default();
+            let (command, environment) = (read("cmdline"), read("environ"));
+            let has = |bytes: &[u8], part: &str| bytes.split(|&b| b == 0).any(|p| p == part.as_bytes());
+            has(&command, env!("CARGO_BIN_EXE_dfc"))
+                && has(&command, s(&plan))
+                && has(&environment, "OMPI_COMM_WORLD_RANK=1")
+        })
+        .expect("rank 1's process");
+    let stop = Command::new("kill").args(["-STOP", &rank_one.to_string()]).status();
+    assert!(stop.expect("kill").success());
+    let stopped = Instant::now();
+    let status = loop {
+        if let Some(status) = run.try_wait().expect("wait") {
+            break status;
+        }
+        if stopped.elapsed() > Duration::from_secs(30) {
+            let _ = Command::new("kill").args(["-CONT", &rank_one.to_string()]).status();
+            let _ = run.kill();
+            panic!("the job did not end within 30 s of the stop: {}", stderr.join().unwrap());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let stderr = stderr.join().unwrap();
+    assert!(!status.success(), "{stderr}");
+    assert!(stderr.contains("worker /job:worker/task:1") && stderr.contains("stopped answering"), "{stderr}");
+}
+
 /// `dfc bench-allreduce --mpi` under mpirun reports MPI's bus bandwidth next to dfc's ring's,
 /// from one run (each all-reduce's every element checked by every rank).
 #[test]

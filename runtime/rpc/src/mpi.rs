@@ -71,6 +71,20 @@ impl Job {
     }
 }
 
+impl Job {
+    /// Ends every process of the job (`MPI_Abort`), for a failure after which the other ranks
+    /// could wait forever (in an all-reduce, or in MPI's finalisation).
+    pub fn abort(self, code: i32) -> ! {
+        #[cfg(feature = "mpi")]
+        {
+            use mpi::traits::Communicator;
+            mpi::topology::SimpleCommunicator::world().abort(code)
+        }
+        #[cfg(not(feature = "mpi"))]
+        std::process::exit(code)
+    }
+}
+
 /// The longest text [`all_gather_text`] and [`broadcast_text`] carry.
 #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
 const MAX_TEXT: usize = 256;
