@@ -45,19 +45,20 @@ export DFC_TOKEN
 DFC_TOKEN=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
 
 # `on HOST CMD...`: CMD in that host's namespace (the second with its own /dev/shm).
+# (exec: a worker started with `on ... &` is then the process whose pid is kept, and killed.)
 on() {
     local host=$1; shift
     if [ "$host" = a ]; then
-        ip netns exec "$a" "$@"
+        exec ip netns exec "$a" "$@"
     else
-        DFC_SHM="$dir/shm-b" ip netns exec "$b" sh -c 'mount --bind "$DFC_SHM" /dev/shm && exec "$0" "$@"' "$@"
+        DFC_SHM="$dir/shm-b" exec ip netns exec "$b" sh -c 'mount --bind "$DFC_SHM" /dev/shm && exec "$0" "$@"' "$@"
     fi
 }
 for host in a b; do
     address=$host_a; [ "$host" = b ] && address=$host_b
     for port in 7000 7002; do
-        on "$host" "$dfc" worker --listen "$address:$port" --data-port $((port + 1)) --tls-dir "$dir/pki/$address" \
-            >"$dir/worker-$host-$port.log" 2>&1 &
+        (on "$host" "$dfc" worker --listen "$address:$port" --data-port $((port + 1)) --tls-dir "$dir/pki/$address" \
+            >"$dir/worker-$host-$port.log" 2>&1) &
         pids+=($!)
     done
 done
@@ -79,8 +80,8 @@ for rate in $RATES; do
         for size in ${SIZES//,/ }; do
             for algorithm in "${order[@]}"; do
                 before=$(sent)
-                on a "$dfc" bench-allreduce --at "$at" --tls-dir "$dir/pki/$host_a" --algorithm "$algorithm" \
-                    --sizes-mib "$size" --transport shared-memory --iterations 5 --json >"$dir/out.json" 2>/dev/null
+                (on a "$dfc" bench-allreduce --at "$at" --tls-dir "$dir/pki/$host_a" --algorithm "$algorithm" \
+                    --sizes-mib "$size" --transport shared-memory --iterations 5 --json >"$dir/out.json" 2>/dev/null)
                 after=$(sent)
                 # 1 untimed and 5 timed all-reduces (the barriers' bytes are few).
                 python3 -c 'import json, sys
