@@ -110,8 +110,8 @@ pub struct RemoteArgs {
     /// How all-reduces go between workers: `hierarchical` reduces within each host (through
     /// shared memory), runs the ring between hosts and spreads the sums again, where a group's
     /// workers are on several hosts with as many on each (hosts told apart by the workers'
-    /// addresses); `auto` picks it where the cluster has several hosts and several workers on
-    /// one of them, and `ring` otherwise. `mpi` runs all-reduces over every worker through the
+    /// addresses); `auto` picks it where some all-reduce of the plan is so, and `ring`
+    /// otherwise. `mpi` runs all-reduces over every worker through the
     /// MPI library of a job that mpirun launched (one rank per worker; a dfc built with the
     /// `mpi` feature).
     #[arg(long, value_enum, default_value_t = AllReduceArg::Auto)]
@@ -128,25 +128,36 @@ pub enum AllReduceArg {
     Mpi,
 }
 
-/// The all-reduce algorithm for workers at `addresses` (a line for the person running it).
-fn all_reduce_algorithm(asked: AllReduceArg, addresses: &[String]) -> Result<(Algorithm, String), String> {
+/// The all-reduce algorithm for `plan`'s all-reduces on the workers at `addresses` (partition
+/// p on `partition_worker[p]`), and a line for the person running it. The hierarchical one
+/// applies to a group of replicas whose workers are on several hosts with as many on each.
+fn all_reduce_algorithm(
+    asked: AllReduceArg,
+    plan: &dfc_plan::Plan,
+    addresses: &[String],
+    partition_worker: &[usize],
+) -> Result<(Algorithm, String), String> {
     let hosts = dfc_rpc::rendezvous::hosts_of(addresses);
     let count = hosts.iter().max().map_or(0, |h| h + 1);
-    let shared = (0..count).filter(|&h| hosts.iter().filter(|&&x| x == h).count() >= 2).count();
-    let possible = count >= 2 && shared >= 1;
+    let groups = dfc_rpc::worker::routes(plan, partition_worker, 0).reductions;
+    let hierarchical =
+        groups.values().filter(|(ranks, _)| dfc_rpc::rendezvous::host_groups(ranks, &hosts).is_some()).count();
     let described = format!("{} worker(s) on {count} host(s)", addresses.len());
     match asked {
         AllReduceArg::Mpi => Ok((Algorithm::Mpi, format!("all-reduces: through MPI ({described})"))),
         AllReduceArg::Ring => Ok((Algorithm::Ring, format!("all-reduces: one ring ({described})"))),
-        AllReduceArg::Auto if !possible => Ok((Algorithm::Ring, format!("all-reduces: one ring ({described})"))),
-        AllReduceArg::Hierarchical if !possible => Err(format!(
-            "--all-reduce hierarchical needs workers on several hosts, with several on a host, but the {described} \
-             (hosts are told apart by the workers' addresses)"
+        AllReduceArg::Auto if hierarchical == 0 => {
+            Ok((Algorithm::Ring, format!("all-reduces: one ring ({described})")))
+        }
+        AllReduceArg::Hierarchical if hierarchical == 0 => Err(format!(
+            "--all-reduce hierarchical needs workers on several hosts, as many of an all-reduce's on each, but the \
+             {described} have no such all-reduce (hosts are told apart by the workers' addresses)"
         )),
         _ => Ok((
             Algorithm::Hierarchical,
             format!(
-                "all-reduces: hierarchical ({described}: within each host, then a ring between hosts, where a group has as many workers on each host)"
+                "all-reduces: hierarchical ({described}; {hierarchical} of {} all-reduce(s) within each host, then a ring between hosts)",
+                groups.len()
             ),
         )),
     }
@@ -380,7 +391,8 @@ fn drive(
 ) -> Result<(), String> {
     let remote = &args.remote;
     let wait = std::time::Duration::from_secs_f64(remote.wait.max(0.001));
-    let (algorithm, described) = all_reduce_algorithm(remote.all_reduce, addresses)?;
+    let (algorithm, described) =
+        all_reduce_algorithm(remote.all_reduce, plan, addresses, &assignment.partition_worker)?;
     let mut session = dfc_rpc::RemoteSession::connect(
         plan,
         addresses,
