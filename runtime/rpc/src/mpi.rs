@@ -88,6 +88,27 @@ impl Job {
 /// The longest text [`all_gather_text`] and [`broadcast_text`] carry.
 #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
 const MAX_TEXT: usize = 256;
+/// A text in a fixed slot, as MPI's collectives move it: its length (2 bytes), its bytes.
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+const SLOT: usize = MAX_TEXT + 2;
+
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+fn to_slot(value: &str) -> Result<[u8; SLOT], String> {
+    let bytes = value.as_bytes();
+    if bytes.len() > MAX_TEXT {
+        return Err(format!("`{value}` is longer than {MAX_TEXT} bytes"));
+    }
+    let mut slot = [0u8; SLOT];
+    slot[..2].copy_from_slice(&(bytes.len() as u16).to_le_bytes());
+    slot[2..2 + bytes.len()].copy_from_slice(bytes);
+    Ok(slot)
+}
+
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+fn from_slot(slot: &[u8]) -> Result<String, String> {
+    let len = (u16::from_le_bytes([slot[0], slot[1]]) as usize).min(MAX_TEXT);
+    String::from_utf8(slot[2..2 + len].to_vec()).map_err(|e| e.to_string())
+}
 
 /// Every rank's `value` (at most [`MAX_TEXT`] bytes), by rank.
 pub fn all_gather_text(value: &str) -> Result<Vec<String>, String> {
@@ -96,21 +117,10 @@ pub fn all_gather_text(value: &str) -> Result<Vec<String>, String> {
         use mpi::collective::CommunicatorCollectives;
         use mpi::traits::Communicator;
         let world = mpi::topology::SimpleCommunicator::world();
-        let mut mine = [0u8; MAX_TEXT + 2];
-        let bytes = value.as_bytes();
-        if bytes.len() > MAX_TEXT {
-            return Err(format!("`{value}` is longer than {MAX_TEXT} bytes"));
-        }
-        mine[..2].copy_from_slice(&(bytes.len() as u16).to_le_bytes());
-        mine[2..2 + bytes.len()].copy_from_slice(bytes);
-        let mut all = vec![0u8; (MAX_TEXT + 2) * world.size() as usize];
+        let mine = to_slot(value)?;
+        let mut all = vec![0u8; SLOT * world.size() as usize];
         world.all_gather_into(&mine[..], &mut all[..]);
-        all.chunks(MAX_TEXT + 2)
-            .map(|slot| {
-                let len = (u16::from_le_bytes([slot[0], slot[1]]) as usize).min(MAX_TEXT);
-                String::from_utf8(slot[2..2 + len].to_vec()).map_err(|e| e.to_string())
-            })
-            .collect()
+        all.chunks(SLOT).map(from_slot).collect()
     }
     #[cfg(not(feature = "mpi"))]
     {
@@ -125,22 +135,25 @@ pub fn broadcast_text(value: &str) -> Result<String, String> {
     {
         use mpi::collective::Root;
         use mpi::traits::Communicator;
-        let world = mpi::topology::SimpleCommunicator::world();
-        let mut slot = [0u8; MAX_TEXT + 2];
-        let bytes = value.as_bytes();
-        if bytes.len() > MAX_TEXT {
-            return Err(format!("`{value}` is longer than {MAX_TEXT} bytes"));
-        }
-        slot[..2].copy_from_slice(&(bytes.len() as u16).to_le_bytes());
-        slot[2..2 + bytes.len()].copy_from_slice(bytes);
-        world.process_at_rank(0).broadcast_into(&mut slot[..]);
-        let len = (u16::from_le_bytes([slot[0], slot[1]]) as usize).min(MAX_TEXT);
-        String::from_utf8(slot[2..2 + len].to_vec()).map_err(|e| e.to_string())
+        let mut slot = to_slot(value)?;
+        mpi::topology::SimpleCommunicator::world().process_at_rank(0).broadcast_into(&mut slot[..]);
+        from_slot(&slot)
     }
     #[cfg(not(feature = "mpi"))]
     {
         let _ = value;
         Err(NOT_BUILT.into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_text_survives_its_slot_and_a_long_one_is_refused() {
+        for text in ["", "127.0.0.1:40511", &"x".repeat(super::MAX_TEXT)] {
+            assert_eq!(super::from_slot(&super::to_slot(text).unwrap()).unwrap(), text);
+        }
+        assert!(super::to_slot(&"x".repeat(super::MAX_TEXT + 1)).unwrap_err().contains("longer than"));
     }
 }
 
