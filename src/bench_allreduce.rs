@@ -8,6 +8,15 @@ use dfc_rpc::bench::Transport;
 use dfc_rpc::rendezvous::Algorithm;
 use std::time::Duration;
 
+impl From<TransportArg> for Transport {
+    fn from(transport: TransportArg) -> Transport {
+        match transport {
+            TransportArg::SharedMemory => Transport::SharedMemory,
+            TransportArg::Tcp => Transport::Tcp,
+        }
+    }
+}
+
 /// How the all-reduce goes between workers.
 #[derive(Clone, Copy, clap::ValueEnum)]
 enum AlgorithmArg {
@@ -186,10 +195,7 @@ fn measure(
     let n = addresses.len();
     for &mib in &args.sizes_mib {
         for &transport in &args.transport {
-            let transport = match transport {
-                TransportArg::SharedMemory => Transport::SharedMemory,
-                TransportArg::Tcp => Transport::Tcp,
-            };
+            let transport = transport.into();
             for &algorithm in &args.algorithm {
                 let algorithm = match algorithm {
                     AlgorithmArg::Ring => Algorithm::Ring,
@@ -315,6 +321,10 @@ struct MpiReport {
 /// on loopback; rank 0 times dfc's ring across them, then stops them; then every rank takes
 /// part in MPI's all-reduces; rank 0 reports both.
 fn under_mpi(args: &BenchAllReduceArgs) -> Result<std::process::ExitCode, String> {
+    // As the workers refuse for the ring's benchmark: each rank holds two buffers of the size.
+    if let Some(mib) = args.sizes_mib.iter().find(|&&mib| mib > 1024) {
+        return Err(format!("--sizes-mib {mib}: at most 1024 MiB a buffer"));
+    }
     let (job, rank, n) = dfc_rpc::mpi::Job::init_world()?;
     if n < 2 {
         return Err("an all-reduce needs at least 2 ranks: start this under mpirun -n 2 or more".into());
@@ -430,10 +440,7 @@ fn measure_ring_under_mpi(
 ) -> Result<(), String> {
     for &mib in &args.sizes_mib {
         for &transport in &args.transport {
-            let transport = match transport {
-                TransportArg::SharedMemory => Transport::SharedMemory,
-                TransportArg::Tcp => Transport::Tcp,
-            };
+            let transport = transport.into();
             let result = dfc_rpc::bench::all_reduce(
                 addresses,
                 token,
