@@ -460,6 +460,28 @@ impl Schedule {
                 matches!((next_assign, last_use.get(&id)), (Some(a), Some(&l)) if l > a)
             })
             .collect();
+        // An assignment yields its variable's new value, which is the variable's buffer: where
+        // the variable is assigned again before that value's last use, the value is copied.
+        let copied_assigns: HashSet<NodeId> = order
+            .iter()
+            .copied()
+            .filter(|&id| matches!(graph.node(id).op, Op::Assign | Op::AssignAdd | Op::AssignSub))
+            .filter(|&id| {
+                let variable = graph.inputs(id)[0].node;
+                let at = position[&id];
+                let next_assign = assigns_of.get(&variable).and_then(|a| a.iter().copied().filter(|&p| p > at).min());
+                matches!((next_assign, last_use.get(&id)), (Some(a), Some(&l)) if l > a)
+            })
+            .collect();
+        let keep_value = |id: NodeId, builder: &mut Builder, steps: &mut Vec<Step>, variable: Slot| -> Slot {
+            if !copied_assigns.contains(&id) {
+                return variable;
+            }
+            let ty = graph.node(id).outputs[0].clone();
+            let out = builder.buffer(&ty);
+            steps.push(Step::Copy { from: variable, to: out, bytes: ty.size_in_bytes() });
+            out
+        };
 
         let mut builder = Builder::default();
         let mut slot_of: HashMap<NodeId, Slot> = HashMap::new();
@@ -478,7 +500,8 @@ impl Schedule {
             if let Some(&(product, alpha)) = folded.get(&id) {
                 let out = slot_of[&graph.inputs(id)[0].node];
                 steps.push(product_step(module, product, &slot_of, out, Some(alpha)));
-                slot_of.insert(id, out);
+                let value = keep_value(id, &mut builder, &mut steps, out);
+                slot_of.insert(id, value);
                 continue;
             }
             if let Some(kernel) = kernels.get(&id) {
@@ -488,8 +511,12 @@ impl Schedule {
                     _ => builder.buffer(ty.as_ref().unwrap()),
                 };
                 args.push(out);
-                slot_of.insert(id, out);
                 steps.push(Step::Kernel { kernel: index_of[&id], args });
+                let value = match node.op {
+                    Op::Assign | Op::AssignAdd | Op::AssignSub => keep_value(id, &mut builder, &mut steps, out),
+                    _ => out,
+                };
+                slot_of.insert(id, value);
                 continue;
             }
             let operands = graph.inputs(id);
@@ -530,7 +557,8 @@ impl Schedule {
                         value,
                         ty: ty.unwrap(),
                     });
-                    slot_of.insert(id, variable);
+                    let value = keep_value(id, &mut builder, &mut steps, variable);
+                    slot_of.insert(id, value);
                 }
                 Op::MatMul { .. } if ty.as_ref().unwrap().dtype == DType::F32 => {
                     let out = builder.buffer(ty.as_ref().unwrap());

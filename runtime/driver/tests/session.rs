@@ -592,3 +592,50 @@ fn a_worker_holds_the_variables_of_its_own_partitions_only() {
     assert_eq!(second.all_variables().unwrap().get("replica_1/w"), Some(&saved["w"]));
     assert_eq!(names(&second), ["replica_1/w"]);
 }
+
+/// An assignment yields its variable's new value, and that value stays what it was when the
+/// variable is assigned again before the value is used: `counted = (runs += 1)`, then
+/// `runs = 0`, then `twice = counted * 2` gives 2, not 0, on every backend. (The native
+/// scheduler once handed out the variable's own buffer, which the reset had overwritten.)
+#[test]
+fn an_assignments_value_outlives_a_later_assignment() {
+    let devs = devices(1);
+    let mut m = Builder::new();
+    m.on(&devs[0]);
+    let runs = m.add(
+        Op::Variable { ty: f32_ty(&[4]), init: Initializer::Zeros, trainable: false, partitions: 1, origin: None },
+        &[],
+        "runs",
+    );
+    let ones = Op::Const { value: ConstValue::from_f64(DType::F32, Shape::from(vec![4]), &[1.0; 4]) };
+    let one = m.add(ones, &[], "ones");
+    let counted = m.add(Op::AssignAdd, &[runs, one], "counted");
+    let zero = m.scalar("zero", 0.0);
+    let zeros = m.binary(BinaryOp::Mul, counted, zero, "zeros");
+    let reset = m.add(Op::Assign, &[runs, zeros], "reset");
+    let two = m.scalar("two", 2.0);
+    let twice = m.binary(BinaryOp::Mul, counted, two, "twice");
+    m.graph.add_control_edge(reset, twice);
+    let module = Module {
+        name: "reset".into(),
+        graph: m.graph,
+        params: vec![runs],
+        outputs: vec![Output { name: "twice".into(), tensor: twice.into() }],
+        ..Module::default()
+    };
+    let plan = Plan::build(
+        &module,
+        split(&module, &devs),
+        Cluster::local(1, DeviceKind::Cpu),
+        StrategySpec::default(),
+        "reset.df",
+        "",
+    );
+    for backend in [dfc_driver::Backend::Interp, dfc_driver::Backend::Llvm] {
+        let mut session = Session::with_backend(&plan, 0, backend).unwrap();
+        let program = session.program(&["twice"], &["reset"]).unwrap();
+        let out = session.run(&program, &HashMap::new()).unwrap();
+        assert_eq!(out[0].to_vec::<f32>(), [2.0; 4], "{backend:?}");
+        assert_eq!(session.variables().unwrap().get("runs").unwrap().to_vec::<f32>(), [0.0; 4], "{backend:?}");
+    }
+}
