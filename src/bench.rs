@@ -103,6 +103,9 @@ pub fn bench(args: &BenchArgs) -> Outcome {
         if training.updates.is_empty() {
             return Err(Failure("the plan has no update ops; recompile it with this dfc".into()));
         }
+        if plan.strategy.backup_workers > 0 {
+            return Err(failure(dfc_driver::backups_need_workers(&plan)));
+        }
         (vec![training.loss_node.as_str()], training.updates.iter().map(String::as_str).collect())
     };
     let program = session.program(&fetches, &targets).map_err(failure)?;

@@ -313,6 +313,12 @@ struct DistributeArgs {
     /// Asynchronous ps: apply every replica's gradient at the full rate, however stale.
     #[arg(long)]
     no_staleness_aware: bool,
+    /// With --strategy ps --sync: B of the workers are backups. The replicas step on their own,
+    /// and each update takes the first (workers − B) gradients computed from the current
+    /// variables and drops the rest, so that a slow worker does not hold up the others
+    /// (TensorFlow's SyncReplicasOptimizer). Needs workers of their own (--spawn, --cluster).
+    #[arg(long, value_name = "B", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=4096))]
+    backup_workers: u32,
     /// How variables are spread over their devices.
     #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(dfc_passes::VariablePlacement::NAMES), default_value = "round-robin")]
     placement: String,
@@ -664,6 +670,7 @@ fn compile_options(model: &ModelArgs, args: &DistributeArgs) -> Result<dfc_compi
             (_, true) => Some(false),
             _ => None,
         },
+        backup_workers: args.backup_workers,
     })
 }
 

@@ -408,6 +408,60 @@ fn staleness_aware_needs_asynchronous_ps_and_a_plain_optimizer() {
     assert!(text(&dfc(&["inspect", plan]).stdout).contains("asynchronous updates, staleness-aware"));
 }
 
+/// Backup workers are for synchronous parameter servers with more workers than backups, and
+/// train only where each replica has a worker of its own: otherwise refused in one line.
+#[test]
+fn backup_workers_need_synchronous_ps_and_workers_of_their_own() {
+    let mlp = root().join("examples/mlp.df");
+    let mlp = mlp.to_str().expect("utf-8");
+    let cluster = scratch("backup_cluster.json");
+    std::fs::write(&cluster, r#"{"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"], "ps": ["127.0.0.1:3"]}}"#)
+        .expect("cluster file");
+    let cluster = cluster.to_str().expect("utf-8");
+    let plan = scratch("backup.plan");
+    let plan = plan.to_str().expect("utf-8");
+    let cases: [(&[&str], &str); 3] = [
+        (&["--devices", "2", "--strategy", "mirrored", "--backup-workers", "1"], "but the strategy is mirrored"),
+        (&["--cluster", cluster, "--strategy", "ps", "--backup-workers", "1"], "but the strategy is ps without --sync"),
+        (
+            &["--cluster", cluster, "--strategy", "ps", "--sync", "--backup-workers", "2"],
+            "leave none of the 2 replicas",
+        ),
+    ];
+    for (extra, expected) in cases {
+        let mut args = vec!["compile", mlp, "-o", plan];
+        args.extend_from_slice(extra);
+        let output = dfc(&args);
+        assert_no_panic(&output);
+        assert_eq!(output.status.code(), Some(1), "{extra:?}");
+        let stderr = text(&output.stderr);
+        assert!(stderr.starts_with("error: ") && stderr.lines().count() == 1 && stderr.contains(expected), "{stderr}");
+    }
+    let compiled =
+        dfc(&["compile", mlp, "-o", plan, "--cluster", cluster, "--strategy", "ps", "--sync", "--backup-workers", "1"]);
+    assert!(compiled.status.success(), "{}", text(&compiled.stderr));
+    let inspected = text(&dfc(&["inspect", plan]).stdout);
+    assert!(
+        inspected.contains("synchronous updates, 1 backup worker (each update takes the first 1 gradients)"),
+        "{inspected}"
+    );
+    // In one process every replica would read before any gradient arrives: refused before a step.
+    // (Before the feeds are read: these name none that exist.)
+    let (images, labels) = ("images=no-such-images.npy", "labels=no-such-labels.npy");
+    for run in [vec!["run", plan, "--feed", images, "--feed", labels], vec!["bench", plan]] {
+        let output = dfc(&run);
+        assert_no_panic(&output);
+        assert_eq!(output.status.code(), Some(1), "{run:?}");
+        let stderr = text(&output.stderr);
+        assert!(
+            stderr.contains(
+                "its 2 replicas must step on their own, each on a worker of its own; run it with --spawn or --cluster"
+            ),
+            "{stderr}"
+        );
+    }
+}
+
 #[test]
 fn dims_can_be_overridden() {
     let mlp = root().join("examples/mlp.df");

@@ -570,6 +570,17 @@ fn synchronised_batch_norm_trains_as_one_device_on_the_whole_batch() {
 
     let refused = compiled(&synced, ps_cluster(2), Strategy::ParameterServer { sync: false }).expect_err("refused");
     assert!(refused.contains("asynchronous replicas do not step together"), "{refused}");
+    let options = CompileOptions {
+        cluster: ps_cluster(4),
+        strategy: Strategy::ParameterServer { sync: true },
+        backup_workers: 1,
+        ..CompileOptions::default()
+    };
+    let refused = match compile(&synced, "bn.df", &options) {
+        Err(e) => format!("{e:?}"),
+        Ok(_) => panic!("synchronised statistics with backup workers compiled"),
+    };
+    assert!(refused.contains("replicas with backup workers do not step together"), "{refused}");
 }
 
 /// The loss of each step and the parameters at the end of local SGD: each step, then the
@@ -675,4 +686,143 @@ fn replicas_that_all_reduce_in_different_orders_are_refused() {
         error.contains(&format!("`{a}` (node `")) && error.contains("of bn.df)"),
         "where the model makes them: {error}"
     );
+}
+
+/// The MLP (batch 16) with momentum, compiled for `cluster` under `strategy`, `dims` overridden.
+fn momentum_mlp(cluster: Cluster, strategy: Strategy, batch: i64, backup_workers: u32) -> Plan {
+    let source = std::fs::read_to_string(root().join("examples/mlp.df")).expect("example");
+    let optimizer = dfc_sema::check_optimizer("momentum(lr = 0.1, momentum = 0.9)").expect("an optimizer");
+    let options = CompileOptions {
+        sema: dfc_sema::Options { dims: vec![("batch".into(), batch)], optimizer: Some(optimizer) },
+        cluster,
+        strategy,
+        backup_workers,
+        ..CompileOptions::default()
+    };
+    let compiled = compile(&source, "mlp.df", &options).unwrap_or_else(|e| panic!("does not compile: {e:?}"));
+    compiled.plan
+}
+
+/// Backup workers (3 + 1): all four replicas read the variables (their steps' first stages),
+/// then their gradients arrive in order. The first three are taken and the third applies their
+/// mean, which is the step one device takes on those three replicas' rows; the fourth was
+/// computed from the values before that update and is dropped. With momentum, whose slot must
+/// not move until an update is complete, this shows every assignment is gated. A second round,
+/// all four fresh again, applies once more.
+#[test]
+fn backup_workers_apply_the_first_gradients_and_drop_the_late_one() {
+    for backend in [dfc_driver::Backend::Interp, dfc_driver::Backend::Llvm] {
+        backup_workers_on(backend);
+    }
+}
+
+fn backup_workers_on(backend: dfc_driver::Backend) {
+    let sync = Strategy::ParameterServer { sync: true };
+    let plan = momentum_mlp(ps_cluster(4), sync, 16, 1);
+    assert_eq!(plan.strategy.backup_workers, 1);
+    assert_eq!(plan.replicas.len(), 4);
+    let whole_batch = batches(&plan).remove(0);
+    let feeds = dfc_driver::replicas::node_feeds(&plan, &whole_batch).unwrap().into_owned();
+    let mut session = Session::with_backend(&plan, 0, backend).unwrap();
+    let stages: Vec<_> = plan
+        .replicas
+        .iter()
+        .map(|replica| {
+            let updates: Vec<&str> = replica.updates.iter().map(String::as_str).collect();
+            let backup = replica.backup.as_ref().expect("backup workers report");
+            let fetches = [replica.loss_node.as_str(), &backup.accepted, &backup.applied];
+            let before = session.program_stage(&fetches, &updates, Stage::BeforeRecvs).unwrap();
+            let after = session.program_stage(&fetches, &updates, Stage::AfterRecvs).unwrap();
+            (before, after)
+        })
+        .collect();
+    let round = |session: &mut Session| -> Vec<(f64, f64)> {
+        let rendezvous: Vec<_> = stages.iter().map(|_| dfc_interp::InProcessRendezvous::new()).collect();
+        for ((before, _), rendezvous) in stages.iter().zip(&rendezvous) {
+            session.run_with(before, &feeds, rendezvous).unwrap();
+        }
+        let mut reports = Vec::new();
+        for ((_, after), rendezvous) in stages.iter().zip(&rendezvous) {
+            let out = session.run_with(after, &feeds, rendezvous).unwrap();
+            let value = |i: usize| out[i].as_ref().expect("reported").scalar_f64();
+            reports.push((value(1), value(2)));
+        }
+        reports
+    };
+    assert_eq!(round(&mut session), [(1.0, 0.0), (1.0, 0.0), (1.0, 1.0), (0.0, 0.0)], "(taken, applied) per replica");
+    let after_one = session.variables().unwrap();
+
+    // One device on the first three replicas' rows (4 each) takes the same step.
+    let single = momentum_mlp(Cluster::local(1, DeviceKind::Cpu), Strategy::Single, 12, 0);
+    let rows: HashMap<String, Tensor> = whole_batch
+        .iter()
+        .map(|(name, t)| {
+            let mut size = t.shape.dims().to_vec();
+            size[0] = 12;
+            let begin = vec![0; size.len()];
+            (name.clone(), dfc_interp::eval(&dfc_ir::Op::Slice { begin, size }, &[t]).unwrap())
+        })
+        .collect();
+    let (_, reference) = train(&single, &[rows]);
+    for (name, expected) in &reference {
+        let got = after_one.get(name).unwrap_or_else(|| panic!("no `{name}`")).to_f64_vec();
+        let worst = support::worst_difference(name, &got, expected, support::relative);
+        assert!(worst <= 1e-5, "{backend:?}: `{name}` differs from one device's step by up to {worst:e}");
+    }
+    for variable in ["h1/w", "logits/b"] {
+        assert_eq!(after_one.get(&format!("{variable}/version")).unwrap().to_f64_vec(), [1.0]);
+        assert_eq!(after_one.get(&format!("{variable}/accumulated")).unwrap().to_f64_vec(), [0.0]);
+        let emptied = after_one.get(&format!("{variable}/accumulator")).unwrap().to_f64_vec();
+        assert!(emptied.iter().all(|&x| x == 0.0), "`{variable}`'s accumulator is emptied by the update");
+    }
+
+    // All read version 1 now: the first three are taken again, the fourth dropped.
+    assert_eq!(round(&mut session), [(1.0, 0.0), (1.0, 0.0), (1.0, 1.0), (0.0, 0.0)]);
+    let after_two = session.variables().unwrap();
+    assert_eq!(after_two.get("h1/w/version").unwrap().to_f64_vec(), [2.0]);
+    assert_ne!(after_two.get("h1/w").unwrap().to_f64_vec(), after_one.get("h1/w").unwrap().to_f64_vec());
+}
+
+/// A backup-worker plan whose replicas' reports do not match its strategy is refused when read.
+#[test]
+fn backup_plans_whose_reports_do_not_fit_are_refused() {
+    let plan = momentum_mlp(ps_cluster(3), Strategy::ParameterServer { sync: true }, 12, 1);
+    let refused = |change: &dyn Fn(&mut Plan), expected: &str| {
+        let mut plan = plan.clone();
+        change(&mut plan);
+        match dfc_plan::decode(&dfc_plan::encode(&plan)) {
+            Err(dfc_plan::PlanError::Invalid(message)) => assert!(message.contains(expected), "{message}"),
+            other => panic!("expected a refusal saying {expected:?}, got {:?}", other.map(|_| "a plan")),
+        }
+    };
+    dfc_plan::decode(&dfc_plan::encode(&plan)).expect("the plan as compiled reads back");
+    refused(&|plan| plan.strategy.backup_workers = 0, "reports dropped gradients, but the plan has no backup workers");
+    refused(&|plan| plan.replicas[2].backup = None, "does not report its dropped gradients");
+    refused(&|plan| plan.strategy.backup_workers = 3, "keeps 3 of its 3 replicas as backups");
+    refused(&|plan| plan.strategy.sync = false, "and asynchronous updates");
+    refused(
+        &|plan| plan.replicas[1].backup.as_mut().unwrap().version = "h1/w".into(),
+        "`h1/w` is not a node with a scalar",
+    );
+    refused(&|plan| plan.replicas[0].backup.as_mut().unwrap().applied = "nowhere".into(), "`nowhere` is not a node");
+}
+
+/// Backup workers are refused where they cannot apply, with the reason.
+#[test]
+fn backup_workers_are_refused_without_a_synchronous_parameter_server_or_enough_workers() {
+    let source = std::fs::read_to_string(root().join("examples/mlp.df")).expect("example");
+    let refused = |strategy, cluster, backup_workers| {
+        let options = CompileOptions { cluster, strategy, backup_workers, ..CompileOptions::default() };
+        match compile(&source, "mlp.df", &options) {
+            Err(dfc_compile::CompileError::Usage(message)) => message,
+            Err(other) => panic!("{other:?}"),
+            Ok(_) => panic!("compiled"),
+        }
+    };
+    let asynchronous = refused(Strategy::ParameterServer { sync: false }, ps_cluster(2), 1);
+    assert!(asynchronous.contains("strategy is ps without --sync; use --strategy ps --sync"), "{asynchronous}");
+    let mirrored = refused(Strategy::Mirrored, Cluster::local(2, DeviceKind::Cpu), 1);
+    assert!(mirrored.contains("the strategy is mirrored"), "{mirrored}");
+    let all = refused(Strategy::ParameterServer { sync: true }, ps_cluster(2), 2);
+    assert!(all.contains("2 backup workers leave none of the 2 replicas"), "{all}");
 }

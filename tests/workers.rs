@@ -1049,6 +1049,57 @@ fn asynchronous_replicas_do_not_wait_for_each_other() {
     assert!(first > second + 500, "the running replica went on while the other was stopped: {first} vs {second}");
 }
 
+/// Backup workers: 3 synchronous replicas and a backup, one of whose workers is stopped for two
+/// seconds. The others go on making updates of three gradients each (synchronous steps would
+/// wait for the stopped one), the stopped replica's late gradient is dropped, and training
+/// still fits the data as synchronous ps without a stop does.
+#[test]
+fn backup_workers_go_on_without_a_stopped_worker() {
+    let dir = scratch("backup-workers");
+    let feeds = regression_data(&dir, 32_768);
+    let workers: Vec<Worker> = (0..5).map(|_| Worker::start(TOKEN)).collect();
+    let replicas = [&workers[0], &workers[1], &workers[2], &workers[3]];
+    let cluster = cluster_file(&dir, &[("worker", &replicas), ("ps", &[&workers[4]])]);
+    let plan = compile(&dir, &["--cluster", s(&cluster), "--strategy", "ps", "--sync", "--backup-workers", "1"]);
+    let metrics = dir.join("metrics.jsonl");
+    let mut run = Command::new(env!("CARGO_BIN_EXE_dfc"))
+        .args(["run", s(&plan), "--feed", &feeds[0], "--feed", &feeds[1], "--cluster", s(&cluster)])
+        .args(["--epochs", "2", "--metrics", s(&metrics)])
+        .env("DFC_TOKEN", TOKEN)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the run");
+    let stderr = drain_stderr(&mut run);
+    std::thread::sleep(Duration::from_millis(1000));
+    let pid = workers[1].child.id().to_string();
+    assert!(Command::new("kill").args(["-STOP", &pid]).status().expect("kill").success());
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(Command::new("kill").args(["-CONT", &pid]).status().expect("kill").success());
+    let status = run.wait().expect("wait");
+    let stderr = stderr.join().unwrap();
+    assert!(status.success(), "{stderr}");
+    let records: Vec<serde_json::Value> =
+        std::fs::read_to_string(&metrics).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let total =
+        |key: &str| records.iter().map(|r| r[key].as_u64().unwrap_or_else(|| panic!("{key} in {r}"))).sum::<u64>();
+    let (updates, dropped) = (total("updates"), total("gradients_dropped"));
+    // 32,768 examples in batches of 32, twice: 2,048 plan steps of 4 replica steps of 8 rows.
+    assert_eq!(records[1]["step"].as_u64(), Some(2048), "{records:?}");
+    // Each is taken into an update or dropped, but for up to 2 taken into an update not made.
+    let accounted = 3 * updates + dropped;
+    assert!((4 * 2048 - 2..=4 * 2048).contains(&accounted), "{updates} updates, {dropped} dropped");
+    assert!(dropped > 0, "a late gradient is dropped");
+    let steps = |task: &str| {
+        let workers = records[0]["workers"].as_array().expect("per-worker metrics");
+        let worker = workers.iter().find(|w| w["name"] == task).unwrap_or_else(|| panic!("no {task}"));
+        worker["steps"].as_u64().unwrap()
+    };
+    let (stopped, running) = (steps("/job:worker/task:1"), steps("/job:worker/task:0"));
+    assert!(running > stopped + 200, "the others went on while one was stopped: {running} vs {stopped}");
+    let loss = records[1]["train_loss"].as_f64().unwrap();
+    assert!(loss < 1e-3, "the regression is fitted: the second epoch's loss is {loss}");
+}
+
 /// `dfc certs --out OUT HOSTS...`: a CA in `out` (or the one there) and a directory per host.
 fn certs(out: &Path, hosts: &[&str]) {
     let mut args = vec!["certs", "--out", s(out)];

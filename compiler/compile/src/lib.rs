@@ -87,6 +87,10 @@ pub struct CompileOptions {
     pub staleness_aware: Option<bool>,
     /// `--overlap` (mirrored only): all-reduces start as soon as their gradients are computed.
     pub overlap: bool,
+    /// `--backup-workers b` (synchronous ps only): each update takes the first N = replicas − b
+    /// gradients of the current variables and drops the rest (TensorFlow's
+    /// SyncReplicasOptimizer).
+    pub backup_workers: u32,
 }
 
 impl Default for CompileOptions {
@@ -105,6 +109,7 @@ impl Default for CompileOptions {
             sync_every: None,
             staleness_aware: None,
             overlap: false,
+            backup_workers: 0,
         }
     }
 }
@@ -209,6 +214,13 @@ pub fn compile(source: &str, source_name: &str, options: &CompileOptions) -> Res
             if options.strategy == (Strategy::ParameterServer { sync: true }) { " --sync" } else { "" }
         )));
     }
+    if options.backup_workers > 0 && options.strategy != (Strategy::ParameterServer { sync: true }) {
+        return Err(CompileError::Usage(format!(
+            "backup workers drop the slowest replicas' gradients from synchronous updates, but the strategy is {}{}; use --strategy ps --sync",
+            options.strategy.name(),
+            if options.strategy == (Strategy::ParameterServer { sync: false }) { " without --sync" } else { "" }
+        )));
+    }
     let mut clock = Clock::start();
     let (mut full, mut warnings) = front(source, options)?;
     clock.lap("parse and analyse");
@@ -233,6 +245,15 @@ pub fn compile(source: &str, source_name: &str, options: &CompileOptions) -> Res
         .map(|&i| IoSpec { name: full.graph.node(i).name.clone(), ty: full.graph.node(i).outputs[0].clone() })
         .collect();
     let staleness_aware = staleness_aware(&full, options)?;
+    let backup_workers = options.backup_workers as usize;
+    if backup_workers > 0 && backup_workers >= layout.replicas.len() {
+        return Err(CompileError::Usage(format!(
+            "{backup_workers} backup worker{} leave{} none of the {} replicas to make an update; the cluster needs more workers than backups",
+            if backup_workers == 1 { "" } else { "s" },
+            if backup_workers == 1 { "s" } else { "" },
+            layout.replicas.len()
+        )));
+    }
     let module = match layout.replication {
         None => {
             dfc_passes::drop_cross_replica_means(&mut full);
@@ -268,12 +289,13 @@ pub fn compile(source: &str, source_name: &str, options: &CompileOptions) -> Res
                 built_replicas: built,
                 local_sgd: options.sync_every.is_some(),
                 staleness_aware,
+                backup_workers,
             };
             let (module, found) =
                 dfc_passes::replicate(&per_replica, &full, &replicate).map_err(CompileError::Diagnostics)?;
-            if replication == (Replication::Shared { sync: false }) {
-                replica_interfaces =
-                    dfc_passes::replica_interfaces(&per_replica, layout.replicas.len(), staleness_aware);
+            if replication == (Replication::Shared { sync: false }) || backup_workers > 0 {
+                let n = layout.replicas.len();
+                replica_interfaces = dfc_passes::replica_interfaces(&per_replica, n, staleness_aware, backup_workers);
             }
             warnings.extend(found);
             verify_after(&module, "replicate");
@@ -353,6 +375,7 @@ pub fn compile(source: &str, source_name: &str, options: &CompileOptions) -> Res
         sync_every: options.sync_every,
         staleness_aware,
         overlap: options.overlap,
+        backup_workers: options.backup_workers,
     };
     let partitions: Vec<Partition> =
         partitioned.parts.into_iter().map(|(device, module)| Partition { device, module }).collect();
@@ -370,6 +393,7 @@ pub fn compile(source: &str, source_name: &str, options: &CompileOptions) -> Res
                 loss_node: r.loss_node,
                 updates: r.updates,
                 staleness: r.staleness,
+                backup: r.backup,
             })
             .collect();
     }

@@ -24,8 +24,8 @@ pub use partition::{partition, transfer_names, Partitioned};
 pub use place::{balance, place, PlaceOptions, Placed, VariablePlacement};
 pub use prune::{prune, PruneError};
 pub use replicate::{
-    drop_cross_replica_means, replica_interfaces, replica_name, replicate, without_averages, ReplicaInterface,
-    ReplicateOptions, Replication, AVERAGE_KEY_PREFIX,
+    drop_cross_replica_means, replica_interfaces, replica_name, replicate, without_averages, BackupNodes,
+    ReplicaInterface, ReplicateOptions, Replication, AVERAGE_KEY_PREFIX,
 };
 pub use shard::{shard_rows, shard_variables, ShardOptions};
 pub use simplify::simplify;

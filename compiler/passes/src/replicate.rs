@@ -29,6 +29,18 @@
 //!   with its gradient (`…/version_echo`, on the replica), and its update divides the gradient
 //!   by the staleness τ = the updates applied since, plus one (`…/staleness`), then counts
 //!   itself. For SGD and momentum that divides the learning rate by τ.
+//! - `Shared { sync: true }` with `backup_workers` b (TensorFlow's SyncReplicasOptimizer):
+//!   the replicas step on their own, as asynchronous ones do, but each update takes the first
+//!   N = replicas − b gradients computed from the variables' current values and drops the
+//!   rest. Per shared trainable variable, beside it: a `<name>/version` (updates applied), an
+//!   `<name>/accumulator` of the gradients taken since and their count `<name>/accumulated`.
+//!   A replica's gradient is taken if the version it read with the value is still current
+//!   (`…/fresh`); the replica whose gradient is the N-th applies the mean of the accumulator
+//!   (`…/complete`), counts the version and empties the accumulator. Every assignment of the
+//!   replica's copy of the optimizer's update is gated by `complete` (a `select` of the new
+//!   value or the old), so every optimizer works. An update that depends on one variable's
+//!   gradient is gated by that variable's flag, any other (the optimizer's counters, a model's
+//!   moving averages) by the first trainable variable's.
 //! - The loss and scalar metrics are the mean of the replicas' (exact when they are means over
 //!   the batch); batch-sized outputs are the replicas' joined along axis 0.
 //!
@@ -70,6 +82,8 @@ pub struct ReplicateOptions<'a> {
     pub local_sgd: bool,
     /// `Shared { sync: false }` only: divide each replica's gradient by its staleness.
     pub staleness_aware: bool,
+    /// `Shared { sync: true }` only: replicas beyond the N whose gradients make an update.
+    pub backup_workers: usize,
 }
 
 /// The key prefix of local SGD's averaging all-reduces, which tensor fusion keeps apart from
@@ -156,17 +170,38 @@ pub struct ReplicaInterface {
     pub updates: Vec<String>,
     /// Staleness-aware: the node of the staleness τ of its last update (of its first variable).
     pub staleness: Option<String>,
+    /// Backup workers: what its step reports of its first variable's accumulation.
+    pub backup: Option<BackupNodes>,
+}
+
+/// Backup workers: the nodes (scalars, beside the replica's first variable) that its step's
+/// second part fetches to say what became of its gradient.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct BackupNodes {
+    /// 1 if its gradient was taken into an update, 0 if it was dropped as stale.
+    pub accepted: String,
+    /// 1 if its gradient completed an update, which it then applied.
+    pub applied: String,
+    /// The variable's version (its updates) after the replica's step.
+    pub version: String,
 }
 
 /// The interface of each of the `replicas` replicas that [`replicate`] makes of `per_replica`
-/// under `Shared { sync: false }` (the only replication whose replicas share no step), with or
-/// without `staleness_aware` updates.
-pub fn replica_interfaces(per_replica: &Module, replicas: usize, staleness_aware: bool) -> Vec<ReplicaInterface> {
+/// where replicas share no step: under `Shared { sync: false }`, with or without
+/// `staleness_aware` updates, and under `Shared { sync: true }` with `backup_workers`.
+pub fn replica_interfaces(
+    per_replica: &Module,
+    replicas: usize,
+    staleness_aware: bool,
+    backup_workers: usize,
+) -> Vec<ReplicaInterface> {
     let graph = &per_replica.graph;
     let Some(training) = &per_replica.training else { return Vec::new() };
-    let versioned: Vec<&str> = match staleness_aware {
-        true => training.gradients.iter().map(|(v, _)| graph.node(*v).name.as_str()).collect(),
-        false => Vec::new(),
+    let variables: Vec<&str> = training.gradients.iter().map(|(v, _)| graph.node(*v).name.as_str()).collect();
+    let counted: &[&str] = match (staleness_aware, backup_workers) {
+        (true, _) => &["version_increment"],
+        (false, 0) => &[],
+        (false, _) => &["reset_accumulator", "reset_count", "version_increment"],
     };
     (0..replicas)
         .map(|r| ReplicaInterface {
@@ -180,11 +215,55 @@ pub fn replica_interfaces(per_replica: &Module, replicas: usize, staleness_aware
                 .updates
                 .iter()
                 .map(|&u| replica_name(r, &graph.node(u).name))
-                .chain(versioned.iter().map(|v| replica_name(r, &format!("{v}/version_increment"))))
+                .chain(
+                    variables
+                        .iter()
+                        .flat_map(|v| counted.iter().map(move |what| replica_name(r, &format!("{v}/{what}")))),
+                )
                 .collect(),
-            staleness: versioned.first().map(|v| replica_name(r, &format!("{v}/staleness"))),
+            staleness: variables
+                .first()
+                .filter(|_| staleness_aware)
+                .map(|v| replica_name(r, &format!("{v}/staleness"))),
+            backup: variables.first().filter(|_| !staleness_aware && backup_workers > 0).map(|v| BackupNodes {
+                accepted: replica_name(r, &format!("{v}/accepted")),
+                applied: replica_name(r, &format!("{v}/applied")),
+                version: replica_name(r, &format!("{v}/version_increment")),
+            }),
         })
         .collect()
+}
+
+/// Backup workers: for each assignment of the optimizer's update region, the trainable
+/// variable whose flag gates it: the one variable whose gradient it depends on, else the first.
+fn gates(src: &Module, update_region: &BTreeSet<NodeId>) -> HashMap<NodeId, NodeId> {
+    let graph = &src.graph;
+    let Some(training) = &src.training else { return HashMap::new() };
+    let Some(&(first, _)) = training.gradients.first() else { return HashMap::new() };
+    let assignment = |id: &NodeId| matches!(graph.node(*id).op, Op::Assign | Op::AssignAdd | Op::AssignSub);
+    update_region
+        .iter()
+        .filter(|id| assignment(id))
+        .map(|&id| {
+            let above = graph.ancestors(&[id]);
+            let mut from = training.gradients.iter().filter(|(_, g)| above.contains(&g.node)).map(|(v, _)| *v);
+            let gate = match (from.next(), from.next()) {
+                (Some(only), None) => only,
+                _ => first,
+            };
+            (id, gate)
+        })
+        .collect()
+}
+
+/// Backup workers: one replica's view of a shared variable's accumulation (its nodes beside
+/// the variable).
+#[derive(Clone, Copy)]
+struct Arrival {
+    /// Bool: the version the replica read is current, so its gradient is taken.
+    fresh: NodeId,
+    /// Bool: its gradient is the N-th taken, so it applies the update.
+    complete: NodeId,
 }
 
 struct Builder<'a> {
@@ -212,6 +291,13 @@ struct Builder<'a> {
     versions: HashMap<NodeId, NodeId>,
     version_reads: Vec<NodeId>,
     version_increments: Vec<NodeId>,
+    /// Backup workers: each shared variable's accumulator and count, each replica's arrival
+    /// at it, and the source variable whose flag gates each update-region node.
+    accumulators: HashMap<NodeId, (NodeId, NodeId)>,
+    arrivals: HashMap<(NodeId, usize), Arrival>,
+    gates: HashMap<NodeId, NodeId>,
+    /// Backup workers: the emptying of the accumulators and counts and the versions' counts.
+    backup_updates: Vec<NodeId>,
 }
 
 impl<'a> Builder<'a> {
@@ -224,6 +310,10 @@ impl<'a> Builder<'a> {
         let compute = graph.ancestors(&roots);
         let update_region = graph.ancestors(&training.updates).into_iter().filter(|id| !compute.contains(id)).collect();
         let gradients = training.gradients.iter().map(|(v, g)| (*g, *v)).collect();
+        let gates = match options.backup_workers {
+            0 => HashMap::new(),
+            _ => gates(src, &update_region),
+        };
         Builder {
             src,
             options,
@@ -240,6 +330,19 @@ impl<'a> Builder<'a> {
             versions: HashMap::new(),
             version_reads: Vec::new(),
             version_increments: Vec::new(),
+            accumulators: HashMap::new(),
+            arrivals: HashMap::new(),
+            gates,
+            backup_updates: Vec::new(),
+        }
+    }
+
+    /// Whether the replicas step each on its own batches (asynchronous, or with backups).
+    fn free_running(&self) -> bool {
+        match self.options.replication {
+            Replication::Shared { sync: false } => true,
+            Replication::Shared { sync: true } => self.options.backup_workers > 0,
+            Replication::Mirrored => false,
         }
     }
 
@@ -268,7 +371,7 @@ impl<'a> Builder<'a> {
                 let op = &self.src.graph.node(id).op;
                 matches!(op, Op::Variable { .. })
                     || (matches!(op, Op::Read) && !self.update_region.contains(&id))
-                    || (sync && self.update_region.contains(&id))
+                    || (sync && self.options.backup_workers == 0 && self.update_region.contains(&id))
             }
         }
     }
@@ -279,8 +382,8 @@ impl<'a> Builder<'a> {
         self.out.dims = full.dims.clone();
         let order = graph.topo_order().expect("verified modules are acyclic");
 
-        // Asynchronous replicas step on their own, each on its own batches: an input per replica.
-        if self.options.replication == (Replication::Shared { sync: false }) {
+        // Free-running replicas step on their own, each on its own batches: an input per replica.
+        if self.free_running() {
             for &input in &src.inputs {
                 let node = graph.node(input);
                 for r in 0..self.replicas() {
@@ -295,8 +398,7 @@ impl<'a> Builder<'a> {
             }
         }
         // Otherwise full-batch inputs, sliced per replica where they live.
-        let sliced =
-            if self.options.replication == (Replication::Shared { sync: false }) { &[][..] } else { &src.inputs[..] };
+        let sliced = if self.free_running() { &[][..] } else { &src.inputs[..] };
         for &input in sliced {
             let node = graph.node(input);
             let full_id = full.inputs.iter().copied().find(|&i| full.graph.node(i).name == node.name);
@@ -327,8 +429,7 @@ impl<'a> Builder<'a> {
                 continue;
             }
             if self.is_shared(id) {
-                let copy = self.copy(id, None);
-                self.shared.insert(id, copy);
+                self.shared_copy(id);
             } else {
                 for r in 0..self.built() {
                     let copy = self.copy(id, Some(r));
@@ -421,11 +522,17 @@ impl<'a> Builder<'a> {
         let cross_replica = matches!(op, Op::CrossReplicaMean);
         if let (true, Some(r)) = (cross_replica, replica) {
             let at = span.unwrap_or(Span::new(0, 0));
-            let asynchronous = self.options.replication == (Replication::Shared { sync: false });
-            if asynchronous && self.reported.insert((at.start, at.end, "cross-replica".into())) {
-                let message =
-                    "synchronised statistics average over the replicas, but asynchronous replicas do not step together";
-                let help = "compile with --sync, or keep per-replica statistics (`synchronized = false`)";
+            if self.free_running() && self.reported.insert((at.start, at.end, "cross-replica".into())) {
+                let (message, help) = match self.options.backup_workers {
+                    0 => (
+                        "synchronised statistics average over the replicas, but asynchronous replicas do not step together",
+                        "compile with --sync, or keep per-replica statistics (`synchronized = false`)",
+                    ),
+                    _ => (
+                        "synchronised statistics average over the replicas, but replicas with backup workers do not step together",
+                        "compile without --backup-workers, or keep per-replica statistics (`synchronized = false`)",
+                    ),
+                };
                 self.diagnostics.push(
                     Diagnostic::error(Code::PLACEMENT_CONFLICT, at, message)
                         .with_label("averaged over the replicas here")
@@ -435,11 +542,13 @@ impl<'a> Builder<'a> {
             let key = format!("cross_replica/{}", node.name);
             op = Op::AllReduce { key, group_size: self.replicas() as u32, replica: r as u32 };
         }
+        if let (Some(r), true) = (replica, self.options.backup_workers > 0 && self.update_region.contains(&id)) {
+            self.gate(id, r, &mut inputs);
+        }
         let outputs = node.outputs.clone();
         let copy = self.out.graph.add_with_types(op, &inputs, outputs, &name, span);
-        // Asynchronous updates are per replica but live with the shared variables.
-        let async_update =
-            self.options.replication == (Replication::Shared { sync: false }) && self.update_region.contains(&id);
+        // Free-running replicas' updates are per replica but live with the shared variables.
+        let async_update = self.free_running() && self.update_region.contains(&id);
         // A node that must live with a shared one (a shard's lookup) is not the replica's.
         let with_shared = node.colocate_with.is_some_and(|w| self.is_shared(w));
         let device = match replica {
@@ -529,7 +638,7 @@ impl<'a> Builder<'a> {
         if in_update {
             if let Some(&variable) = self.gradients.get(&operand) {
                 // One combined gradient per replica, except for synchronous shared variables.
-                let per_replica = self.options.replication != (Replication::Shared { sync: true });
+                let per_replica = self.free_running() || self.options.replication == Replication::Mirrored;
                 let key = (replica.filter(|_| per_replica), variable);
                 if let Some(&done) = self.combined.get(&key) {
                     return done;
@@ -613,6 +722,10 @@ impl<'a> Builder<'a> {
                 self.staleness_scaled(gradient, variable, r)
             }
             (Replication::Shared { sync: false }, Some(r)) => replica_gradient(self, r),
+            (Replication::Shared { sync: true }, Some(r)) if self.options.backup_workers > 0 => {
+                let gradient = replica_gradient(self, r);
+                self.accumulated_mean(gradient, variable, r)
+            }
             _ => {
                 let parts: Vec<TensorRef> = (0..n).map(|r| replica_gradient(self, r)).collect();
                 let colocate = self.shared.get(&variable).copied();
@@ -647,24 +760,8 @@ impl<'a> Builder<'a> {
         let name = self.src.graph.node(variable).name.clone();
         let span = self.src.graph.span(variable);
         let shared = self.shared[&variable];
-        let version = match self.versions.get(&variable) {
-            Some(&version) => version,
-            None => {
-                let ty = dfc_ir::TensorType::scalar(dfc_ir::DType::I64);
-                let op = Op::Variable {
-                    ty,
-                    init: dfc_ir::Initializer::Zeros,
-                    trainable: false,
-                    partitions: 1,
-                    origin: None,
-                };
-                let version = self.out.graph.add(op, &[], &format!("{name}/version"), span).expect("typed");
-                self.out.graph.node_mut(version).colocate_with = Some(shared);
-                self.versions.insert(variable, version);
-                version
-            }
-        };
-        let device = Some(self.options.devices[r].clone());
+        let (then, echo, now) = self.version_read_back(variable, r);
+        let version = self.versions[&variable];
         let at = |what: &str| replica_name(r, &format!("{name}/{what}"));
         let g = &mut self.out.graph;
         let beside = |g: &mut Graph, op: Op, inputs: &[TensorRef], what: &str| {
@@ -672,10 +769,6 @@ impl<'a> Builder<'a> {
             g.node_mut(id).colocate_with = Some(shared);
             id
         };
-        let then = beside(g, Op::Read, &[version.into()], "version_read");
-        let echo = g.add(Op::Identity, &[then.into()], &at("version_echo"), span).expect("typed");
-        g.node_mut(echo).requested_device = device;
-        let now = beside(g, Op::Read, &[version.into()], "version_now");
         let since = beside(g, Op::Binary(BinaryOp::Sub), &[now.into(), echo.into()], "updates_since");
         let since = beside(g, Op::Cast { to: dfc_ir::DType::F32 }, &[since.into()], "updates_since_f32");
         let one = beside(g, Op::Const { value: ConstValue::scalar(dfc_ir::DType::F32, 1.0) }, &[], "one");
@@ -694,6 +787,158 @@ impl<'a> Builder<'a> {
         self.version_reads.extend([then, now]);
         self.version_increments.push(increment);
         scaled.into()
+    }
+
+    /// The shared copy of the source node `id`, made now if it is not yet.
+    fn shared_copy(&mut self, id: NodeId) -> NodeId {
+        if let Some(&copy) = self.shared.get(&id) {
+            return copy;
+        }
+        let copy = self.copy(id, None);
+        self.shared.insert(id, copy);
+        copy
+    }
+
+    /// A new variable beside the shared copy of `variable`, zero to begin with.
+    fn variable_beside(&mut self, variable: NodeId, ty: dfc_ir::TensorType, what: &str) -> NodeId {
+        let name = format!("{}/{what}", self.src.graph.node(variable).name);
+        let span = self.src.graph.span(variable);
+        let shared = self.shared_copy(variable);
+        let op = Op::Variable { ty, init: dfc_ir::Initializer::Zeros, trainable: false, partitions: 1, origin: None };
+        let id = self.out.graph.add(op, &[], &name, span).expect("variables type");
+        self.out.graph.node_mut(id).colocate_with = Some(shared);
+        id
+    }
+
+    /// Replica `r`'s reads of the version of the shared `variable` (made with the first): the
+    /// one made with the variable's value, its echo from the replica's device, and the one
+    /// made with the replica's gradient. A parameter server that runs a replica's step in two
+    /// parts reads the first in the first part and the third in the second.
+    fn version_read_back(&mut self, variable: NodeId, r: usize) -> (NodeId, NodeId, NodeId) {
+        let version = match self.versions.get(&variable) {
+            Some(&version) => version,
+            None => {
+                let version = self.variable_beside(variable, dfc_ir::TensorType::scalar(dfc_ir::DType::I64), "version");
+                self.versions.insert(variable, version);
+                version
+            }
+        };
+        let name = self.src.graph.node(variable).name.clone();
+        let span = self.src.graph.span(variable);
+        let shared = self.shared[&variable];
+        let device = Some(self.options.devices[r].clone());
+        let at = |what: &str| replica_name(r, &format!("{name}/{what}"));
+        let g = &mut self.out.graph;
+        let then = g.add(Op::Read, &[version.into()], &at("version_read"), span).expect("typed");
+        g.node_mut(then).colocate_with = Some(shared);
+        let echo = g.add(Op::Identity, &[then.into()], &at("version_echo"), span).expect("typed");
+        g.node_mut(echo).requested_device = device;
+        let now = g.add(Op::Read, &[version.into()], &at("version_now"), span).expect("typed");
+        g.node_mut(now).colocate_with = Some(shared);
+        (then, echo, now)
+    }
+
+    /// Backup workers: replica `r`'s arrival at the shared `variable`'s accumulation (made
+    /// once): whether the version it read is current, its count among the gradients taken, and
+    /// after the N-th the count emptied and the version counted.
+    fn arrival(&mut self, variable: NodeId, r: usize) -> Arrival {
+        if let Some(&arrival) = self.arrivals.get(&(variable, r)) {
+            return arrival;
+        }
+        let i64_scalar = dfc_ir::TensorType::scalar(dfc_ir::DType::I64);
+        if !self.accumulators.contains_key(&variable) {
+            let ty = self.src.graph.node(variable).outputs[0].clone();
+            let accumulator = self.variable_beside(variable, ty, "accumulator");
+            let count = self.variable_beside(variable, i64_scalar.clone(), "accumulated");
+            self.accumulators.insert(variable, (accumulator, count));
+        }
+        let (_, echo, now) = self.version_read_back(variable, r);
+        let (version, (_, count)) = (self.versions[&variable], self.accumulators[&variable]);
+        let name = self.src.graph.node(variable).name.clone();
+        let span = self.src.graph.span(variable);
+        let shared = self.shared[&variable];
+        let aggregate = self.replicas() - self.options.backup_workers;
+        let at = |what: &str| replica_name(r, &format!("{name}/{what}"));
+        let g = &mut self.out.graph;
+        let beside = |g: &mut Graph, op: Op, inputs: &[TensorRef], what: &str| {
+            let id = g.add(op, inputs, &at(what), span).expect("typed");
+            g.node_mut(id).colocate_with = Some(shared);
+            id
+        };
+        let int = |value: f64| Op::Const { value: ConstValue::scalar(dfc_ir::DType::I64, value) };
+        let fresh = beside(g, Op::Compare(dfc_ir::CompareOp::Equal), &[now.into(), echo.into()], "fresh");
+        let accepted = beside(g, Op::Cast { to: dfc_ir::DType::I64 }, &[fresh.into()], "accepted");
+        let counted = beside(g, Op::AssignAdd, &[count.into(), accepted.into()], "count");
+        let n = beside(g, int(aggregate as f64), &[], "aggregate");
+        let complete = beside(g, Op::Compare(dfc_ir::CompareOp::Equal), &[counted.into(), n.into()], "complete");
+        let zero = beside(g, int(0.0), &[], "no_gradients");
+        let left = beside(g, Op::Select, &[complete.into(), zero.into(), counted.into()], "count_left");
+        let reset = beside(g, Op::Assign, &[count.into(), left.into()], "reset_count");
+        let applied = beside(g, Op::Cast { to: dfc_ir::DType::I64 }, &[complete.into()], "applied");
+        let increment = beside(g, Op::AssignAdd, &[version.into(), applied.into()], "version_increment");
+        self.backup_updates.extend([reset, increment]);
+        let arrival = Arrival { fresh, complete };
+        self.arrivals.insert((variable, r), arrival);
+        arrival
+    }
+
+    /// Backup workers: replica `r`'s `gradient` of the shared `variable` added to the
+    /// accumulator if it is fresh; the accumulator's mean for the update, which it applies only
+    /// if it completes the N (its assignments are gated), and the accumulator emptied then.
+    fn accumulated_mean(&mut self, gradient: TensorRef, variable: NodeId, r: usize) -> TensorRef {
+        let arrival = self.arrival(variable, r);
+        let (accumulator, _) = self.accumulators[&variable];
+        let name = self.src.graph.node(variable).name.clone();
+        let span = self.src.graph.span(variable);
+        let shared = self.shared[&variable];
+        let aggregate = self.replicas() - self.options.backup_workers;
+        let at = |what: &str| replica_name(r, &format!("{name}/{what}"));
+        let g = &mut self.out.graph;
+        let beside = |g: &mut Graph, op: Op, inputs: &[TensorRef], what: &str| {
+            let id = g.add(op, inputs, &at(what), span).expect("typed");
+            g.node_mut(id).colocate_with = Some(shared);
+            id
+        };
+        let dtype = g.ty(gradient).dtype;
+        let zero = beside(g, Op::Const { value: ConstValue::scalar(dtype, 0.0) }, &[], "zero");
+        // A select, not a product: a dropped gradient that overflowed adds no NaN.
+        let taken = beside(g, Op::Select, &[arrival.fresh.into(), gradient, zero.into()], "taken_gradient");
+        let summed = beside(g, Op::AssignAdd, &[accumulator.into(), taken.into()], "accumulate");
+        let k = beside(g, Op::Const { value: ConstValue::scalar(dtype, 1.0 / aggregate as f64) }, &[], "aggregated");
+        let mean = beside(g, Op::Binary(BinaryOp::Mul), &[summed.into(), k.into()], "mean_gradient");
+        let left = beside(g, Op::Select, &[arrival.complete.into(), zero.into(), summed.into()], "accumulator_left");
+        let reset = beside(g, Op::Assign, &[accumulator.into(), left.into()], "reset_accumulator");
+        // Emptied once the update has its mean.
+        g.add_control_edge(mean, reset);
+        self.backup_updates.push(reset);
+        mean.into()
+    }
+
+    /// Backup workers: the value operand of replica `r`'s copy of the update-region node `id`,
+    /// if an assignment, replaced by a select of it where the replica completes the update of
+    /// its gate variable, and otherwise of what leaves the variable as it is.
+    fn gate(&mut self, id: NodeId, r: usize, inputs: &mut [TensorRef]) {
+        let op = self.src.graph.node(id).op.clone();
+        if !matches!(op, Op::Assign | Op::AssignAdd | Op::AssignSub) {
+            return;
+        }
+        let complete = self.arrival(self.gates[&id], r).complete;
+        let (target, value) = (inputs[0], inputs[1]);
+        let name = replica_name(r, &self.src.graph.node(id).name);
+        let span = self.src.graph.span(id);
+        let g = &mut self.out.graph;
+        let dtype = g.ty(value).dtype;
+        let unchanged = match op {
+            Op::Assign => g.add(Op::Read, &[target], &format!("{name}/unchanged"), span),
+            _ => g.add(Op::Const { value: ConstValue::scalar(dtype, 0.0) }, &[], &format!("{name}/unchanged"), span),
+        }
+        .expect("typed");
+        let gated = g.add(Op::Select, &[complete.into(), value, unchanged.into()], &format!("{name}/gated"), span);
+        let gated = gated.expect("a gate types as its value");
+        for node in [unchanged, gated] {
+            g.node_mut(node).colocate_with = Some(target.node);
+        }
+        inputs[1] = gated.into();
     }
 
     /// The device replica `r`'s copy of `id` is requested on: the replica's device, checked
@@ -776,8 +1021,9 @@ impl<'a> Builder<'a> {
                 params.extend(built.iter().map(|c| c[&p]));
             }
         }
-        // The staleness-aware replicas' versions, in the order they were made.
-        let mut versions: Vec<NodeId> = self.versions.values().copied().collect();
+        // The versions (and the backup workers' accumulators), in the order they were made.
+        let accumulators = self.accumulators.values().flat_map(|&(sum, count)| [sum, count]);
+        let mut versions: Vec<NodeId> = self.versions.values().copied().chain(accumulators).collect();
         versions.sort();
         params.extend(versions);
         let mut updates = Vec::new();
@@ -789,6 +1035,7 @@ impl<'a> Builder<'a> {
             }
         }
         updates.extend(&self.version_increments);
+        updates.extend(&self.backup_updates);
         let gradients = training
             .gradients
             .iter()

@@ -57,6 +57,7 @@ fn mirrored(example: &str, replicas: usize) -> Module {
         built_replicas: None,
         local_sgd: false,
         staleness_aware: false,
+        backup_workers: 0,
     };
     let (module, _) = dfc_passes::replicate(&per_replica, &full, &options).expect("replicates");
     module

@@ -50,8 +50,9 @@ pub struct Plan {
     /// shards' devices).
     pub params: Vec<ParamSpec>,
     pub training: Option<TrainingSpec>,
-    /// Asynchronous parameter server only (else empty): what each replica feeds, fetches and
-    /// runs by itself, so that replicas can train without waiting for each other.
+    /// Asynchronous parameter server, or synchronous with backup workers (else empty): what
+    /// each replica feeds, fetches and runs by itself, so that replicas can train without
+    /// waiting for each other.
     pub replicas: Vec<ReplicaSpec>,
     /// The cost model's prediction for one training step, per device.
     pub report: Option<CostReport>,
@@ -76,6 +77,10 @@ pub struct StrategySpec {
     /// Mirrored: each all-reduce starts as soon as its gradients are computed and runs while
     /// the rest of the step goes on (`dfc compile --overlap`).
     pub overlap: bool,
+    /// Synchronous ps: replicas beyond the N = `replicas − backup_workers` whose gradients make
+    /// an update; the replicas step on their own (`Plan::replicas`) and each update takes the
+    /// first N fresh gradients (`dfc compile --backup-workers`).
+    pub backup_workers: u32,
 }
 
 impl Default for StrategySpec {
@@ -88,6 +93,7 @@ impl Default for StrategySpec {
             sync_every: None,
             staleness_aware: false,
             overlap: false,
+            backup_workers: 0,
         }
     }
 }
@@ -161,9 +167,12 @@ pub struct ReplicaSpec {
     /// Staleness-aware updates: the node of the staleness τ of its update (the updates the
     /// variable took since the replica read it, plus one), for the metrics.
     pub staleness: Option<String>,
+    /// Backup workers: the nodes that say what became of its gradient (taken or dropped, an
+    /// update applied or not, the version after it), for the metrics and for its next step.
+    pub backup: Option<BackupNodes>,
 }
 
-pub use dfc_passes::{CostReport, DeviceCost};
+pub use dfc_passes::{BackupNodes, CostReport, DeviceCost};
 
 impl Plan {
     /// A plan of the placed `combined` module (every node has a device; cross-device edges

@@ -297,6 +297,14 @@ fn strategy(s: &StrategySpec, n_devices: usize) -> String {
     if s.overlap {
         text.push_str(", all-reduces overlapped with the backward pass");
     }
+    if s.backup_workers > 0 {
+        let n = s.replicas.saturating_sub(s.backup_workers);
+        let b = s.backup_workers;
+        text.push_str(&format!(
+            ", {b} backup worker{} (each update takes the first {n} gradients)",
+            if b == 1 { "" } else { "s" }
+        ));
+    }
     if let Some(k) = s.sync_every {
         text.push_str(&format!(", variables averaged every {k} steps"));
     }

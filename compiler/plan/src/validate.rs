@@ -165,14 +165,35 @@ fn check_interface(plan: &Plan) -> Result<(), String> {
         }
     }
     let replicas = plan.replicas.len();
+    let backups = plan.strategy.backup_workers as usize;
+    if backups > 0 && !(plan.strategy.sync && replicas > backups && replicas == plan.strategy.replicas as usize) {
+        return Err(format!(
+            "the strategy keeps {backups} of its {} replicas as backups, but the plan has {replicas} that step on their own{}",
+            plan.strategy.replicas,
+            if plan.strategy.sync { "" } else { ", and asynchronous updates" }
+        ));
+    }
     for replica in &plan.replicas {
         scalar_loss(&replica.loss_node)?;
         existing(&replica.updates, "the update")?;
-        if let Some(staleness) = &replica.staleness {
-            let scalar = node(staleness).and_then(|n| n.outputs.first()).is_some_and(|ty| ty.shape.rank() == 0);
-            if !scalar {
-                return Err(format!("the staleness `{staleness}` is not a node with a scalar output"));
+        let scalar = |name: &str| node(name).and_then(|n| n.outputs.first()).is_some_and(|ty| ty.shape.rank() == 0);
+        if let Some(staleness) = replica.staleness.as_deref().filter(|s| !scalar(s)) {
+            return Err(format!("the staleness `{staleness}` is not a node with a scalar output"));
+        }
+        match &replica.backup {
+            Some(nodes) => {
+                if backups == 0 {
+                    return Err("a replica reports dropped gradients, but the plan has no backup workers".into());
+                }
+                let names = [&nodes.accepted, &nodes.applied, &nodes.version];
+                if let Some(name) = names.into_iter().find(|n| !scalar(n)) {
+                    return Err(format!("the backup workers' report `{name}` is not a node with a scalar output"));
+                }
             }
+            None if backups > 0 => {
+                return Err("the plan has backup workers, but a replica does not report its dropped gradients".into())
+            }
+            None => {}
         }
         for (input, node_name) in &replica.inputs {
             let Some(whole) = plan.inputs.iter().find(|i| i.name == *input) else {

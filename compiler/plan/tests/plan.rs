@@ -211,6 +211,7 @@ fn plans_whose_content_is_wrong_are_refused() {
     refused(&|plan| plan.training.as_mut().unwrap().updates.push("w/update".into()), "`w/update` is in no partition");
     refused(&|plan| plan.cluster.jobs[0].tasks[0].devices[0].index = Some(5), "the plan's cluster does not have");
     refused(&|plan| plan.partitions.clear(), "no partitions");
+    refused(&|plan| plan.strategy.backup_workers = 1, "keeps 1 of its 1 replicas as backups, but the plan has 0");
 }
 
 #[test]

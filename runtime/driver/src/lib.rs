@@ -31,10 +31,11 @@ pub mod train;
 
 pub use checkpoint::{Checkpoint, CheckpointError};
 pub use data::{fit, load, load_bytes, load_csv, load_idx, load_npy, shuffled_order, DataError, Dataset};
-pub use metrics::{EpochRecord, MetricsLog, WorkerMetrics};
+pub use metrics::{BackupCounts, EpochRecord, MetricsLog, WorkerMetrics};
 pub use npy::{save_npy, to_npy_bytes};
-pub use runner::{FreeReplicas, ReplicaStep, Runner};
+pub use runner::{BackupStep, FreeReplicas, ReplicaStep, Runner};
 pub use session::{Backend, Session, SessionProgram, Stage};
 pub use train::{
-    batch_size, evaluate, infer, load_feeds, restore, train, train_with, Progress, RunError, TrainOptions, TrainSummary,
+    backups_need_workers, batch_size, evaluate, infer, load_feeds, restore, train, train_with, Progress, RunError,
+    TrainOptions, TrainSummary,
 };

@@ -47,6 +47,8 @@ pub struct EpochRecord {
     /// Staleness-aware asynchronous replicas: the mean and the largest staleness τ of the
     /// epoch's updates.
     pub staleness: Option<(f64, f64)>,
+    /// Backup workers: the updates the epoch applied and the replicas' gradients it dropped.
+    pub backup: Option<BackupCounts>,
     /// Per worker of a distributed run (empty otherwise): what its training steps took.
     pub workers: Vec<WorkerMetrics>,
 }
@@ -62,6 +64,15 @@ pub struct WorkerMetrics {
     /// Of those, seconds its partitions spent in exchanges with other workers: sending, waiting
     /// for a Recv, all-reduces (summed over its partitions when it runs several).
     pub exchange_seconds: f64,
+}
+
+/// What the backup workers' updates did in an epoch.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct BackupCounts {
+    /// Updates applied (each of the first N fresh gradients).
+    pub updates: u64,
+    /// Gradients dropped: computed from variables that an update had changed since.
+    pub dropped: u64,
 }
 
 fn number(x: f64) -> Value {
@@ -100,6 +111,11 @@ impl EpochRecord {
         if let Some((mean, max)) = self.staleness {
             fields.push(("staleness_mean".into(), number(mean)));
             fields.push(("staleness_max".into(), number(max)));
+        }
+        if let Some(backup) = self.backup {
+            fields.push(("updates".into(), backup.updates.into()));
+            fields.push(("updates_per_sec".into(), number(backup.updates as f64 / self.seconds.max(1e-9))));
+            fields.push(("gradients_dropped".into(), backup.dropped.into()));
         }
         if !self.workers.is_empty() {
             let workers = serde_json::to_value(&self.workers).map_err(io::Error::other)?;

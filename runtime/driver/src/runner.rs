@@ -58,6 +58,19 @@ pub struct ReplicaStep {
     /// Staleness-aware updates: τ, the updates the variables took since the replica read them,
     /// plus one.
     pub staleness: Option<f64>,
+    /// Backup workers: what became of its gradient.
+    pub backup: Option<BackupStep>,
+}
+
+/// What became of a free-running replica's gradient under backup workers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BackupStep {
+    /// Taken into an update (else dropped: an update came between its read and its gradient).
+    pub accepted: bool,
+    /// It completed an update, which it applied.
+    pub applied: bool,
+    /// The variables' version (updates applied) after its step.
+    pub version: u64,
 }
 
 impl<'p> Runner for Session<'p> {

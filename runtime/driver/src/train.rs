@@ -9,7 +9,7 @@
 
 use crate::checkpoint;
 use crate::data::{self, Dataset};
-use crate::metrics::{EpochRecord, MetricsLog};
+use crate::metrics::{BackupCounts, EpochRecord, MetricsLog};
 use crate::runner::{FreeReplicas, ReplicaStep, Runner};
 use crate::session::{self, Session};
 use crate::tensorboard::EventWriter;
@@ -175,6 +175,9 @@ pub fn train_with<R: Runner>(
     if training.updates.is_empty() {
         return Err(RunError::Usage("the plan has no update ops; recompile it with this dfc".into()));
     }
+    if plan.strategy.backup_workers > 0 && (options.lockstep || runner.free_replicas()?.is_none()) {
+        return Err(backups_need_workers(plan));
+    }
     let batch = batch_size(plan)?;
     let train_data = {
         let _span = trace::span("data", || "load the --feed files");
@@ -280,6 +283,7 @@ pub fn train_with<R: Runner>(
         let (mut loss_sum, mut loss_count, mut trained) = (0.0, 0u64, 0u64);
         let (mut all_reduces, mut unaveraged) = (0u64, false);
         let mut staleness: Option<(f64, f64)> = None;
+        let mut backup = None;
         let limit = options.steps.map_or(u64::MAX, |limit| limit.saturating_sub(step));
         // An asynchronous plan's replicas step on their own where the runner can run them so.
         let mut free_running = false;
@@ -290,6 +294,7 @@ pub fn train_with<R: Runner>(
             let free = train_free_running(plan, replicas, epoch_data, started, progress)?;
             (loss_sum, loss_count, trained) = (free.loss_sum, free.steps, free.steps);
             staleness = free.staleness;
+            backup = free.backup;
             step += free.steps;
             free_running = true;
         }
@@ -352,6 +357,7 @@ pub fn train_with<R: Runner>(
             metrics: BTreeMap::new(),
             all_reduces,
             staleness,
+            backup,
             workers,
         };
         if let Some(eval) = &eval_data {
@@ -385,6 +391,17 @@ pub fn train_with<R: Runner>(
         }
     }
     Ok(TrainSummary { steps: step, epochs, records, variables: session.variables()? })
+}
+
+/// Why a plan with backup workers cannot train where its replicas step together (in one
+/// process, or under `--lockstep`): which gradients come first is a race between processes.
+pub fn backups_need_workers(plan: &Plan) -> RunError {
+    let n = plan.strategy.replicas;
+    RunError::Usage(format!(
+        "the plan has {} backup worker{}: its {n} replicas must step on their own, each on a worker of its own; run it with --spawn or --cluster, without --lockstep",
+        plan.strategy.backup_workers,
+        if plan.strategy.backup_workers == 1 { "" } else { "s" },
+    ))
 }
 
 /// Local SGD's averaging of the replicas' variables.
@@ -425,6 +442,8 @@ struct FreeEpoch {
     steps: u64,
     /// The mean and the largest staleness of the replicas' updates, where measured.
     staleness: Option<(f64, f64)>,
+    /// Backup workers: the updates applied and the gradients dropped.
+    backup: Option<BackupCounts>,
 }
 
 /// An epoch of free-running replicas: each takes the next replica-sized batch as soon as it is
@@ -443,18 +462,30 @@ fn train_free_running(
     let order = &epoch.order[(epoch.skip as usize) * epoch.batch..];
     let batches = std::sync::Mutex::new(epoch.data.batches(rows, order).take(epoch.steps as usize * n));
     let failed = std::sync::atomic::AtomicBool::new(false);
+    let updates = UpdateBarrier::new(n);
     let (losses, received) = std::sync::mpsc::channel::<ReplicaStep>();
     let results = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..n)
             .map(|r| {
-                let (batches, failed, losses) = (&batches, &failed, losses.clone());
+                let (batches, failed, losses, updates) = (&batches, &failed, losses.clone(), &updates);
                 scope.spawn(move || -> Result<(), RunError> {
+                    let _leaves = updates.stepper();
+                    let mut taken_at = None;
                     while !failed.load(std::sync::atomic::Ordering::Relaxed) {
+                        if let Some(version) = taken_at.take() {
+                            updates.wait_past(version, failed);
+                        }
                         let next = batches.lock().unwrap_or_else(|e| e.into_inner()).next();
                         let Some(feeds) = next else { return Ok(()) };
                         let feeds = crate::replicas::replica_feeds(&plan.replicas[r], feeds);
                         match replicas.step(r, &feeds) {
-                            Ok(step) if step.loss.is_finite() => drop(losses.send(step)),
+                            Ok(step) if step.loss.is_finite() => {
+                                if let Some(backup) = step.backup {
+                                    updates.saw(backup.version);
+                                    taken_at = (backup.accepted && !backup.applied).then_some(backup.version);
+                                }
+                                let _ = losses.send(step);
+                            }
                             Ok(ReplicaStep { loss, .. }) => {
                                 failed.store(true, std::sync::atomic::Ordering::Relaxed);
                                 return Err(RunError::Usage(format!(
@@ -476,9 +507,15 @@ fn train_free_running(
         let (mut pending, mut steps) = (Vec::with_capacity(n), 0u64);
         let mut sum = 0.0;
         let (mut stale_sum, mut stale_max, mut stale_count) = (0.0f64, 0.0f64, 0u64);
+        let mut backup: Option<BackupCounts> = None;
         for step in received {
             if let Some(tau) = step.staleness {
                 (stale_sum, stale_max, stale_count) = (stale_sum + tau, stale_max.max(tau), stale_count + 1);
+            }
+            if let Some(step) = step.backup {
+                let counts = backup.get_or_insert_with(BackupCounts::default);
+                counts.dropped += u64::from(!step.accepted);
+                counts.updates += u64::from(step.applied);
             }
             let loss = step.loss;
             pending.push(loss);
@@ -493,7 +530,7 @@ fn train_free_running(
         let results: Vec<Result<(), RunError>> =
             handles.into_iter().map(|h| h.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))).collect();
         let staleness = (stale_count > 0).then(|| (stale_sum / stale_count as f64, stale_max));
-        (results, FreeEpoch { loss_sum: sum, steps, staleness })
+        (results, FreeEpoch { loss_sum: sum, steps, staleness, backup })
     });
     let (results, free) = results;
     // The first replica's failure (the others stop after their step).
@@ -501,6 +538,68 @@ fn train_free_running(
         result?;
     }
     Ok(free)
+}
+
+/// Backup workers' pacing (TensorFlow's sync tokens): a replica whose gradient was taken but
+/// did not complete the update waits for the update before its next step, since a gradient of
+/// the variables it already has would be dropped. It stops waiting when no other replica is
+/// stepping (they all wait, or the epoch's batches are done), so that nothing waits for ever.
+struct UpdateBarrier {
+    state: std::sync::Mutex<BarrierState>,
+    changed: std::sync::Condvar,
+}
+
+struct BarrierState {
+    /// The latest version (updates applied) a step reported.
+    version: u64,
+    /// Replicas neither waiting nor finished.
+    stepping: usize,
+}
+
+/// Counts a replica out of the stepping ones when its thread ends, however it ends.
+struct Stepper<'a>(&'a UpdateBarrier);
+
+impl Drop for Stepper<'_> {
+    fn drop(&mut self) {
+        self.0.lock().stepping -= 1;
+        self.0.changed.notify_all();
+    }
+}
+
+impl UpdateBarrier {
+    fn new(replicas: usize) -> UpdateBarrier {
+        let state = BarrierState { version: 0, stepping: replicas };
+        UpdateBarrier { state: std::sync::Mutex::new(state), changed: std::sync::Condvar::new() }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BarrierState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn stepper(&self) -> Stepper<'_> {
+        Stepper(self)
+    }
+
+    /// A step reported the variables at `version`.
+    fn saw(&self, version: u64) {
+        let mut state = self.lock();
+        if version > state.version {
+            state.version = version;
+            self.changed.notify_all();
+        }
+    }
+
+    /// Waits until a step reports a version past `version`, while another replica steps.
+    fn wait_past(&self, version: u64, failed: &std::sync::atomic::AtomicBool) {
+        let mut state = self.lock();
+        state.stepping -= 1;
+        self.changed.notify_all();
+        while state.version <= version && state.stepping > 0 && !failed.load(std::sync::atomic::Ordering::Relaxed) {
+            // A failing replica stops stepping, which wakes this one.
+            state = self.changed.wait(state).unwrap_or_else(|e| e.into_inner());
+        }
+        state.stepping += 1;
+    }
 }
 
 /// Replaces initial values by a checkpoint's, which must hold every logical variable with

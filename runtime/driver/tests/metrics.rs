@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use dfc_driver::metrics::{EpochRecord, MetricsLog};
+use dfc_driver::metrics::{BackupCounts, EpochRecord, MetricsLog};
 
 fn record(epoch: u64) -> EpochRecord {
     EpochRecord {
@@ -17,6 +17,7 @@ fn record(epoch: u64) -> EpochRecord {
         metrics: BTreeMap::from([("top5".to_string(), 0.99), ("f1".to_string(), 0.8)]),
         all_reduces: 0,
         staleness: None,
+        backup: None,
         workers: Vec::new(),
     }
 }
@@ -78,4 +79,22 @@ fn a_metric_may_not_shadow_a_key() {
     assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
     assert!(e.to_string().contains("`eval_loss`"), "{e}");
     assert_eq!(std::fs::read_to_string(dir.path().join("m.jsonl")).unwrap(), "", "nothing half-written");
+}
+
+#[test]
+fn backup_workers_write_their_updates_and_dropped_gradients() {
+    let backup = Some(BackupCounts { updates: 40, dropped: 7 });
+    let r = EpochRecord {
+        epoch: 1,
+        step: 50,
+        train_loss: 0.5,
+        examples_per_sec: 8.0,
+        seconds: 2.0,
+        backup,
+        ..Default::default()
+    };
+    let line = r.to_json_line().unwrap();
+    assert!(line.ends_with(",\"updates\":40,\"updates_per_sec\":20.0,\"gradients_dropped\":7}"), "{line}");
+    let scalars = r.scalars();
+    assert!(scalars.contains(&("updates_per_sec".to_string(), 20.0)), "{scalars:?}");
 }

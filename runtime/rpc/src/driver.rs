@@ -10,7 +10,7 @@ use crate::proto::worker_client::WorkerClient;
 use crate::proto::*;
 use crate::rendezvous::Client;
 use crate::{plan_sha256, tensor, MAX_MESSAGE_BYTES};
-use dfc_driver::{Backend, FreeReplicas, ReplicaStep, RunError, Runner, Stage, WorkerMetrics};
+use dfc_driver::{Backend, BackupStep, FreeReplicas, ReplicaStep, RunError, Runner, Stage, WorkerMetrics};
 use dfc_interp::{Tensor, Variables};
 use dfc_plan::Plan;
 use std::collections::{BTreeMap, HashMap};
@@ -123,9 +123,22 @@ struct ReplicaPrograms {
     inputs: Vec<String>,
     /// `(rank, program before its Recvs, program after them)`; `None`: nothing to run then.
     servers: Vec<(usize, Option<u64>, Option<u64>)>,
-    /// Staleness-aware: the server whose second program returns the step's staleness, and
-    /// where among its fetched values.
-    staleness: Option<(usize, usize)>,
+    /// What the servers' second programs report of the step ([`Reported`]): per report, the
+    /// server that returns it and where among its fetched values.
+    reports: [Option<(usize, usize)>; 4],
+}
+
+/// The scalars a free-running replica's step reports from its servers, in the order of
+/// `ReplicaPrograms::reports`: its staleness, and with backup workers whether its gradient was
+/// taken, whether it completed an update and the version after its step.
+fn reported(replica: &dfc_plan::ReplicaSpec) -> [Option<&str>; 4] {
+    let backup = replica.backup.as_ref();
+    [
+        replica.staleness.as_deref(),
+        backup.map(|b| b.accepted.as_str()),
+        backup.map(|b| b.applied.as_str()),
+        backup.map(|b| b.version.as_str()),
+    ]
 }
 
 /// A program prepared on every worker.
@@ -503,22 +516,27 @@ impl RemoteSession {
         let mut programs = Vec::new();
         for (replica, (worker, program, inputs, server_ranks)) in replicas.iter().zip(steps) {
             let updates: Vec<&str> = replica.updates.iter().map(String::as_str).collect();
-            // The server that applies the updates returns the staleness they had.
+            // The server that applies the updates returns what they reported (the staleness
+            // they had, whether they were taken).
             let mut fetches = vec![replica.loss_node.as_str()];
-            fetches.extend(replica.staleness.as_deref());
+            let reported = reported(replica);
+            let kinds: Vec<usize> = (0..reported.len()).filter(|&k| reported[k].is_some()).collect();
+            fetches.extend(reported.iter().flatten());
             let mut servers = Vec::new();
-            let mut staleness = None;
+            let mut reports = [None; 4];
             for rank in server_ranks {
                 let (before, reply) = self.prepare(&[rank], &fetches[..1], &updates, Stage::BeforeRecvs)?;
                 let before = reply[0].1.takes_part.then_some(before);
                 let (after, reply) = self.prepare(&[rank], &fetches, &updates, Stage::AfterRecvs)?;
-                if let Some(position) = reply[0].1.provides.iter().position(|&i| i == 1) {
-                    staleness = Some((rank, position));
+                for (position, &fetch) in reply[0].1.provides.iter().enumerate() {
+                    if let Some(&kind) = (fetch as usize).checked_sub(1).and_then(|i| kinds.get(i)) {
+                        reports[kind] = Some((rank, position));
+                    }
                 }
                 let after = reply[0].1.takes_part.then_some(after);
                 servers.push((rank, before, after));
             }
-            programs.push(ReplicaPrograms { worker, program, inputs, servers, staleness });
+            programs.push(ReplicaPrograms { worker, program, inputs, servers, reports });
         }
         Ok(Some(programs))
     }
@@ -726,20 +744,27 @@ impl FreeReplicas for RemoteSession {
                 loss = Some(value.scalar_f64());
             }
         }
-        let mut staleness = None;
+        let mut values = [None; 4];
         for (rank, reply) in self.on_some(second, timeout, Some(step), |mut c, r| async move { c.run(r).await })? {
             self.count(rank, &reply, true);
-            if let Some((_, position)) = programs.staleness.filter(|(server, _)| *server == rank) {
-                let value = reply
-                    .fetched
-                    .get(position)
-                    .ok_or_else(|| RunError::Plan(format!("worker {} returned no staleness", self.names[rank])))?;
+            for (kind, report) in programs.reports.iter().enumerate() {
+                let Some((_, position)) = report.filter(|(server, _)| *server == rank) else { continue };
+                let value = reply.fetched.get(position).ok_or_else(|| {
+                    RunError::Plan(format!("worker {} returned fewer values than asked", self.names[rank]))
+                })?;
                 let value = tensor::from_proto(value)
                     .map_err(|e| RunError::Plan(format!("worker {}: {e}", self.names[rank])))?;
-                staleness = Some(value.scalar_f64());
+                values[kind] = Some(value.scalar_f64());
             }
         }
-        Ok(ReplicaStep { loss: loss.expect("the replica's worker replied"), staleness })
+        let [staleness, accepted, applied, version] = values;
+        let backup = match (accepted, applied, version) {
+            (Some(accepted), Some(applied), Some(version)) => {
+                Some(BackupStep { accepted: accepted != 0.0, applied: applied != 0.0, version: version as u64 })
+            }
+            _ => None,
+        };
+        Ok(ReplicaStep { loss: loss.expect("the replica's worker replied"), staleness, backup })
     }
 }
 
