@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Backup workers against a worker that stops (a benchmark, not a test):
 #
-#   benches/backup_workers.sh [ROUNDS]     (default 3; env EPOCHS, STOP_S, RUN_S, BASE_PORT)
+#   benches/backup_workers.sh [ROUNDS]     (default 3; env EPOCHS, STOP_S, RUN_S, BASE_PORT,
+#                                           WORKER_FLAGS: more `dfc worker` flags)
 #
 # Starts 5 workers on loopback: 4 for the MLP's replicas and a parameter server. Trains the MLP
 # on Fashion-MNIST under synchronous ps four ways, in alternating rounds: 3 synchronous replicas
@@ -39,7 +40,7 @@ addresses=()
 for i in $(seq 0 4); do
     port=$((BASE_PORT + 2 * i))
     "$dfc" worker --listen "127.0.0.1:$port" --data-port $((port + 1)) --token-file "$dir/token" \
-        --threads 1 >"$dir/worker$i.log" 2>&1 &
+        --threads 1 ${WORKER_FLAGS:-} >"$dir/worker$i.log" 2>&1 &
     pids+=($!)
     addresses+=("\"127.0.0.1:$port\"")
 done

@@ -60,9 +60,63 @@ pub struct Peers {
     pub runtime: tokio::runtime::Handle,
     /// The data plane's connections, for ring segments.
     pub links: Links,
+    /// Sends handed over to a thread per destination rather than waited for.
+    pub detached: DetachedSends,
+}
+
+/// Sends that a step hands over rather than waits for: a parameter server's first part of a
+/// free-running replica's step, which sends the replica the variables. A thread per destination
+/// sends them in order, so that a stopped replica holds up its own sends, not the server. There
+/// is at most one step's worth queued per destination: a replica's next step waits for the one
+/// before, which needs what was sent.
+#[derive(Default)]
+pub struct DetachedSends {
+    queues: Mutex<HashMap<usize, std::sync::mpsc::Sender<DetachedSend>>>,
+}
+
+struct DetachedSend {
+    step: u64,
+    wire: String,
+    bytes: Vec<u8>,
+    timeout: Duration,
 }
 
 impl Peers {
+    /// Queues `bytes` under the data plane's key `wire` for step `step` to worker `rank`;
+    /// gives them back where no sending thread can be started, for the caller to send.
+    fn send_detached(
+        self: &Arc<Self>,
+        rank: usize,
+        step: u64,
+        wire: String,
+        bytes: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<(), Vec<u8>> {
+        let mut queues = self.detached.queues.lock().unwrap_or_else(|e| e.into_inner());
+        if !queues.contains_key(&rank) {
+            let (queue, jobs) = std::sync::mpsc::channel::<DetachedSend>();
+            // Weak: the thread ends with the registration that owns the queue, not the other way.
+            let peers = Arc::downgrade(self);
+            let started = std::thread::Builder::new().name(format!("dfc-send-{rank}")).spawn(move || {
+                for job in jobs {
+                    let Some(peers) = peers.upgrade() else { return };
+                    let sent = peers.links.send(rank, job.step, &job.wire, &job.bytes, 0, job.bytes.len(), job.timeout);
+                    // The replica's Recv times out and fails its step, naming the tensor; this
+                    // says why on the sender's side.
+                    if let Err(e) = sent {
+                        eprintln!("dfc worker: step {}: {e}", job.step);
+                    }
+                }
+            });
+            if started.is_err() {
+                return Err(bytes);
+            }
+            queues.insert(rank, queue);
+        }
+        let job = DetachedSend { step, wire, bytes, timeout };
+        queues[&rank].send(job).map_err(|e| e.0.bytes)
+    }
+
     /// Pushes `value` under `key` for step `step` to worker `rank`, in chunks; waits until it is
     /// delivered (not until it is received).
     pub fn push(&self, rank: usize, step: u64, key: &str, value: &Tensor, timeout: Duration) -> Result<(), String> {
@@ -217,6 +271,8 @@ pub struct NetRendezvous {
     /// What the partitions wait for now, for `Health` (the stall inspector): by an id each.
     waits: Mutex<Vec<(u64, Wait)>>,
     next_wait: std::sync::atomic::AtomicU64,
+    /// Whether the run under way hands its sends to other workers over (`Peers::detached`).
+    detach_sends: std::sync::atomic::AtomicBool,
 }
 
 /// A wait of one of this worker's partitions within a step.
@@ -257,7 +313,15 @@ impl NetRendezvous {
             exchanging: Default::default(),
             waits: Mutex::new(Vec::new()),
             next_wait: Default::default(),
+            detach_sends: Default::default(),
         }
+    }
+
+    /// Whether the run about to start hands its sends to other workers over to a thread per
+    /// destination instead of waiting until each is delivered: for the part of a free-running
+    /// replica's step that a parameter server runs before the replica's gradients come.
+    pub fn detach_sends(&self, detach: bool) {
+        self.detach_sends.store(detach, std::sync::atomic::Ordering::Relaxed);
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -402,6 +466,14 @@ impl NetRendezvous {
             Some(&rank) if rank != self.routes.rank && self.peers.links.reaches(rank) => {
                 let wire = tensor_wire_key(key, &value.ty());
                 let mut value = value;
+                if self.detach_sends.load(std::sync::atomic::Ordering::Relaxed) {
+                    let bytes = value.to_le_bytes();
+                    let Err(bytes) = self.peers.send_detached(rank, self.step, wire.clone(), bytes, self.wait) else {
+                        return Ok(());
+                    };
+                    let sent = self.peers.links.send(rank, self.step, &wire, &bytes, 0, bytes.len(), self.wait);
+                    return sent.map_err(|e| self.fail(e));
+                }
                 let links = &self.peers.links;
                 let sent = match value.le_bytes_mut() {
                     Some(bytes) => links.send(rank, self.step, &wire, bytes, 0, bytes.len(), self.wait),

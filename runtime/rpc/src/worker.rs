@@ -374,6 +374,7 @@ impl Worker for WorkerService {
             plan_sha256: request.plan_sha256.clone(),
             runtime: tokio::runtime::Handle::current(),
             links: self.links(&request.plan_sha256, rank, &request.workers, &request.data_ports, false),
+            detached: Default::default(),
         });
         let wait = Duration::from_millis(request.wait_ms.max(1));
         let seed = request.seed;
@@ -446,6 +447,8 @@ impl Worker for WorkerService {
                     let (program, provides, stage) = programs.get(&request.program).ok_or_else(|| {
                         Status::failed_precondition(format!("program {} was not prepared", request.program))
                     })?;
+                    // A server does not wait on a free-running replica it sends the variables.
+                    rendezvous.detach_sends(*stage == Stage::BeforeRecvs);
                     let result = session.run_with(program, &feeds, &*rendezvous).map(|fetched| {
                         provides.iter().map(|&i| fetched[i].clone().expect("a hosted fetch")).collect::<Vec<Tensor>>()
                     });
@@ -612,6 +615,7 @@ impl Worker for WorkerService {
             plan_sha256: request.id.clone(),
             runtime: tokio::runtime::Handle::current(),
             links: self.links(&request.id, rank, &request.workers, &request.data_ports, request.tcp_only),
+            detached: Default::default(),
         };
         let wait = Duration::from_millis(request.wait_ms.max(1));
         let host = Arc::new(StepHost {

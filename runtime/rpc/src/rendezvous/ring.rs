@@ -571,6 +571,7 @@ mod tests {
             names,
             plan_sha256: Default::default(),
             runtime: runtime.handle().clone(),
+            detached: Default::default(),
         };
         let rendezvous = NetRendezvous::new(0, Arc::new(Routes::default()), Arc::new(peers), wait);
         let segments = vec![8..16, 0..8];
