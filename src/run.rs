@@ -62,6 +62,13 @@ impl Progress for Reporter {
         for (name, value) in &record.metrics {
             line += &format!(", {name} {value:.4}");
         }
+        if let Some((mean, max)) = record.staleness {
+            line += &format!("; staleness mean {mean:.1}, max {max:.0}");
+        }
+        if let Some(backup) = record.backup {
+            let rate = backup.updates as f64 / record.seconds.max(1e-9);
+            line += &format!("; {} updates ({rate:.0}/s), {} gradients dropped", backup.updates, backup.dropped);
+        }
         eprintln!("{line}");
         for worker in &record.workers {
             eprintln!(

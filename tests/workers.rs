@@ -1091,6 +1091,9 @@ fn backup_workers_go_on_without_a_stopped_worker() {
     let accounted = 3 * updates + dropped;
     assert!((4 * 3072 - 2..=4 * 3072).contains(&accounted), "{updates} updates, {dropped} dropped");
     assert!(dropped > 0, "a late gradient is dropped");
+    let epoch_line = stderr.lines().find(|l| l.starts_with("epoch 1:")).unwrap_or_else(|| panic!("{stderr}"));
+    assert!(epoch_line.contains(&format!("; {} updates (", records[0]["updates"])), "{epoch_line}");
+    assert!(epoch_line.ends_with(&format!("{} gradients dropped", records[0]["gradients_dropped"])), "{epoch_line}");
     // Over the whole run: the stop may come in any epoch.
     let steps = |task: &str| {
         let of_epoch = |record: &serde_json::Value| {
