@@ -66,12 +66,22 @@ pub struct Peers {
 
 /// Sends that a step hands over rather than waits for: a parameter server's first part of a
 /// free-running replica's step, which sends the replica the variables. A thread per destination
-/// sends them in order, so that a stopped replica holds up its own sends, not the server. There
-/// is at most one step's worth queued per destination: a replica's next step waits for the one
-/// before, which needs what was sent.
+/// sends them in order, so that a stopped replica holds up its own sends, not the server. A
+/// driver's replica steps queue at most one step's worth per destination (a replica's next step
+/// waits for the one before, which needs what was sent); whatever calls, no destination has
+/// more than `MAX_DETACHED_BYTES` queued: past that, a send waits as any other does.
 #[derive(Default)]
 pub struct DetachedSends {
-    queues: Mutex<HashMap<usize, std::sync::mpsc::Sender<DetachedSend>>>,
+    queues: Mutex<HashMap<usize, DetachedQueue>>,
+}
+
+/// The bytes queued for one destination at most.
+pub const MAX_DETACHED_BYTES: usize = 1 << 30;
+
+struct DetachedQueue {
+    jobs: std::sync::mpsc::Sender<DetachedSend>,
+    /// Bytes queued and not yet sent.
+    queued: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 struct DetachedSend {
@@ -92,15 +102,18 @@ impl Peers {
         bytes: Vec<u8>,
         timeout: Duration,
     ) -> Result<(), Vec<u8>> {
+        use std::sync::atomic::Ordering::Relaxed;
         let mut queues = self.detached.queues.lock().unwrap_or_else(|e| e.into_inner());
         if !queues.contains_key(&rank) {
             let (queue, jobs) = std::sync::mpsc::channel::<DetachedSend>();
+            let queued = Arc::new(std::sync::atomic::AtomicUsize::new(0));
             // Weak: the thread ends with the registration that owns the queue, not the other way.
-            let peers = Arc::downgrade(self);
+            let (peers, sent_bytes) = (Arc::downgrade(self), queued.clone());
             let started = std::thread::Builder::new().name(format!("dfc-send-{rank}")).spawn(move || {
                 for job in jobs {
                     let Some(peers) = peers.upgrade() else { return };
                     let sent = peers.links.send(rank, job.step, &job.wire, &job.bytes, 0, job.bytes.len(), job.timeout);
+                    sent_bytes.fetch_sub(job.bytes.len(), Relaxed);
                     // The replica's Recv times out and fails its step, naming the tensor; this
                     // says why on the sender's side.
                     if let Err(e) = sent {
@@ -111,10 +124,18 @@ impl Peers {
             if started.is_err() {
                 return Err(bytes);
             }
-            queues.insert(rank, queue);
+            queues.insert(rank, DetachedQueue { jobs: queue, queued });
         }
+        let queue = &queues[&rank];
+        if queue.queued.load(Relaxed).saturating_add(bytes.len()) > MAX_DETACHED_BYTES {
+            return Err(bytes);
+        }
+        queue.queued.fetch_add(bytes.len(), Relaxed);
         let job = DetachedSend { step, wire, bytes, timeout };
-        queues[&rank].send(job).map_err(|e| e.0.bytes)
+        queue.jobs.send(job).map_err(|e| {
+            queue.queued.fetch_sub(e.0.bytes.len(), Relaxed);
+            e.0.bytes
+        })
     }
 
     /// Pushes `value` under `key` for step `step` to worker `rank`, in chunks; waits until it is
