@@ -757,36 +757,39 @@ impl<'a> Builder<'a> {
     /// and compares it with the version of the second; the increment is one of the replica's
     /// updates.
     fn staleness_scaled(&mut self, gradient: TensorRef, variable: NodeId, r: usize) -> TensorRef {
-        let name = self.src.graph.node(variable).name.clone();
-        let span = self.src.graph.span(variable);
-        let shared = self.shared[&variable];
         let (then, echo, now) = self.version_read_back(variable, r);
         let version = self.versions[&variable];
-        let at = |what: &str| replica_name(r, &format!("{name}/{what}"));
-        let g = &mut self.out.graph;
-        let beside = |g: &mut Graph, op: Op, inputs: &[TensorRef], what: &str| {
-            let id = g.add(op, inputs, &at(what), span).expect("typed");
-            g.node_mut(id).colocate_with = Some(shared);
-            id
-        };
-        let since = beside(g, Op::Binary(BinaryOp::Sub), &[now.into(), echo.into()], "updates_since");
-        let since = beside(g, Op::Cast { to: dfc_ir::DType::F32 }, &[since.into()], "updates_since_f32");
-        let one = beside(g, Op::Const { value: ConstValue::scalar(dfc_ir::DType::F32, 1.0) }, &[], "one");
-        let tau = beside(g, Op::Binary(BinaryOp::Add), &[since.into(), one.into()], "staleness");
-        let ty = g.ty(gradient).clone();
-        let tau_as = if ty.dtype == dfc_ir::DType::F32 {
+        let mut beside = |op: Op, inputs: &[TensorRef], what: &str| self.beside(variable, r, op, inputs, what);
+        let since = beside(Op::Binary(BinaryOp::Sub), &[now.into(), echo.into()], "updates_since");
+        let since = beside(Op::Cast { to: dfc_ir::DType::F32 }, &[since.into()], "updates_since_f32");
+        let one = beside(Op::Const { value: ConstValue::scalar(dfc_ir::DType::F32, 1.0) }, &[], "one");
+        let tau = beside(Op::Binary(BinaryOp::Add), &[since.into(), one.into()], "staleness");
+        let dtype = self.out.graph.ty(gradient).dtype;
+        let mut beside = |op: Op, inputs: &[TensorRef], what: &str| self.beside(variable, r, op, inputs, what);
+        let tau_as = if dtype == dfc_ir::DType::F32 {
             tau
         } else {
-            beside(g, Op::Cast { to: ty.dtype }, &[tau.into()], "staleness_cast")
+            beside(Op::Cast { to: dtype }, &[tau.into()], "staleness_cast")
         };
-        let scaled = beside(g, Op::Binary(BinaryOp::Div), &[gradient, tau_as.into()], "stale_gradient");
-        let count = beside(g, Op::Const { value: ConstValue::scalar(dfc_ir::DType::I64, 1.0) }, &[], "one_update");
-        let increment = beside(g, Op::AssignAdd, &[version.into(), count.into()], "version_increment");
+        let scaled = beside(Op::Binary(BinaryOp::Div), &[gradient, tau_as.into()], "stale_gradient");
+        let count = beside(Op::Const { value: ConstValue::scalar(dfc_ir::DType::I64, 1.0) }, &[], "one_update");
+        let increment = beside(Op::AssignAdd, &[version.into(), count.into()], "version_increment");
         // Counted once τ is known: in the part of the step that has the gradient.
-        g.add_control_edge(tau, increment);
+        self.out.graph.add_control_edge(tau, increment);
         self.version_reads.extend([then, now]);
         self.version_increments.push(increment);
         scaled.into()
+    }
+
+    /// A node of replica `r` (`replica_<r>/<variable>/<what>`) beside the shared copy of
+    /// `variable`.
+    fn beside(&mut self, variable: NodeId, r: usize, op: Op, inputs: &[TensorRef], what: &str) -> NodeId {
+        let name = replica_name(r, &format!("{}/{what}", self.src.graph.node(variable).name));
+        let span = self.src.graph.span(variable);
+        let shared = self.shared[&variable];
+        let id = self.out.graph.add(op, inputs, &name, span).expect("typed");
+        self.out.graph.node_mut(id).colocate_with = Some(shared);
+        id
     }
 
     /// The shared copy of the source node `id`, made now if it is not yet.
@@ -823,18 +826,12 @@ impl<'a> Builder<'a> {
                 version
             }
         };
-        let name = self.src.graph.node(variable).name.clone();
-        let span = self.src.graph.span(variable);
-        let shared = self.shared[&variable];
-        let device = Some(self.options.devices[r].clone());
-        let at = |what: &str| replica_name(r, &format!("{name}/{what}"));
-        let g = &mut self.out.graph;
-        let then = g.add(Op::Read, &[version.into()], &at("version_read"), span).expect("typed");
-        g.node_mut(then).colocate_with = Some(shared);
-        let echo = g.add(Op::Identity, &[then.into()], &at("version_echo"), span).expect("typed");
-        g.node_mut(echo).requested_device = device;
-        let now = g.add(Op::Read, &[version.into()], &at("version_now"), span).expect("typed");
-        g.node_mut(now).colocate_with = Some(shared);
+        let then = self.beside(variable, r, Op::Read, &[version.into()], "version_read");
+        let name = replica_name(r, &format!("{}/version_echo", self.src.graph.node(variable).name));
+        let echo =
+            self.out.graph.add(Op::Identity, &[then.into()], &name, self.src.graph.span(variable)).expect("typed");
+        self.out.graph.node_mut(echo).requested_device = Some(self.options.devices[r].clone());
+        let now = self.beside(variable, r, Op::Read, &[version.into()], "version_now");
         (then, echo, now)
     }
 
@@ -854,28 +851,19 @@ impl<'a> Builder<'a> {
         }
         let (_, echo, now) = self.version_read_back(variable, r);
         let (version, (_, count)) = (self.versions[&variable], self.accumulators[&variable]);
-        let name = self.src.graph.node(variable).name.clone();
-        let span = self.src.graph.span(variable);
-        let shared = self.shared[&variable];
         let aggregate = self.replicas() - self.options.backup_workers;
-        let at = |what: &str| replica_name(r, &format!("{name}/{what}"));
-        let g = &mut self.out.graph;
-        let beside = |g: &mut Graph, op: Op, inputs: &[TensorRef], what: &str| {
-            let id = g.add(op, inputs, &at(what), span).expect("typed");
-            g.node_mut(id).colocate_with = Some(shared);
-            id
-        };
         let int = |value: f64| Op::Const { value: ConstValue::scalar(dfc_ir::DType::I64, value) };
-        let fresh = beside(g, Op::Compare(dfc_ir::CompareOp::Equal), &[now.into(), echo.into()], "fresh");
-        let accepted = beside(g, Op::Cast { to: dfc_ir::DType::I64 }, &[fresh.into()], "accepted");
-        let counted = beside(g, Op::AssignAdd, &[count.into(), accepted.into()], "count");
-        let n = beside(g, int(aggregate as f64), &[], "aggregate");
-        let complete = beside(g, Op::Compare(dfc_ir::CompareOp::Equal), &[counted.into(), n.into()], "complete");
-        let zero = beside(g, int(0.0), &[], "no_gradients");
-        let left = beside(g, Op::Select, &[complete.into(), zero.into(), counted.into()], "count_left");
-        let reset = beside(g, Op::Assign, &[count.into(), left.into()], "reset_count");
-        let applied = beside(g, Op::Cast { to: dfc_ir::DType::I64 }, &[complete.into()], "applied");
-        let increment = beside(g, Op::AssignAdd, &[version.into(), applied.into()], "version_increment");
+        let mut beside = |op: Op, inputs: &[TensorRef], what: &str| self.beside(variable, r, op, inputs, what);
+        let fresh = beside(Op::Compare(dfc_ir::CompareOp::Equal), &[now.into(), echo.into()], "fresh");
+        let accepted = beside(Op::Cast { to: dfc_ir::DType::I64 }, &[fresh.into()], "accepted");
+        let counted = beside(Op::AssignAdd, &[count.into(), accepted.into()], "count");
+        let n = beside(int(aggregate as f64), &[], "aggregate");
+        let complete = beside(Op::Compare(dfc_ir::CompareOp::Equal), &[counted.into(), n.into()], "complete");
+        let zero = beside(int(0.0), &[], "no_gradients");
+        let left = beside(Op::Select, &[complete.into(), zero.into(), counted.into()], "count_left");
+        let reset = beside(Op::Assign, &[count.into(), left.into()], "reset_count");
+        let applied = beside(Op::Cast { to: dfc_ir::DType::I64 }, &[complete.into()], "applied");
+        let increment = beside(Op::AssignAdd, &[version.into(), applied.into()], "version_increment");
         self.backup_updates.extend([reset, increment]);
         let arrival = Arrival { fresh, complete };
         self.arrivals.insert((variable, r), arrival);
@@ -888,28 +876,19 @@ impl<'a> Builder<'a> {
     fn accumulated_mean(&mut self, gradient: TensorRef, variable: NodeId, r: usize) -> TensorRef {
         let arrival = self.arrival(variable, r);
         let (accumulator, _) = self.accumulators[&variable];
-        let name = self.src.graph.node(variable).name.clone();
-        let span = self.src.graph.span(variable);
-        let shared = self.shared[&variable];
         let aggregate = self.replicas() - self.options.backup_workers;
-        let at = |what: &str| replica_name(r, &format!("{name}/{what}"));
-        let g = &mut self.out.graph;
-        let beside = |g: &mut Graph, op: Op, inputs: &[TensorRef], what: &str| {
-            let id = g.add(op, inputs, &at(what), span).expect("typed");
-            g.node_mut(id).colocate_with = Some(shared);
-            id
-        };
-        let dtype = g.ty(gradient).dtype;
-        let zero = beside(g, Op::Const { value: ConstValue::scalar(dtype, 0.0) }, &[], "zero");
+        let dtype = self.out.graph.ty(gradient).dtype;
+        let mut beside = |op: Op, inputs: &[TensorRef], what: &str| self.beside(variable, r, op, inputs, what);
+        let zero = beside(Op::Const { value: ConstValue::scalar(dtype, 0.0) }, &[], "zero");
         // A select, not a product: a dropped gradient that overflowed adds no NaN.
-        let taken = beside(g, Op::Select, &[arrival.fresh.into(), gradient, zero.into()], "taken_gradient");
-        let summed = beside(g, Op::AssignAdd, &[accumulator.into(), taken.into()], "accumulate");
-        let k = beside(g, Op::Const { value: ConstValue::scalar(dtype, 1.0 / aggregate as f64) }, &[], "aggregated");
-        let mean = beside(g, Op::Binary(BinaryOp::Mul), &[summed.into(), k.into()], "mean_gradient");
-        let left = beside(g, Op::Select, &[arrival.complete.into(), zero.into(), summed.into()], "accumulator_left");
-        let reset = beside(g, Op::Assign, &[accumulator.into(), left.into()], "reset_accumulator");
+        let taken = beside(Op::Select, &[arrival.fresh.into(), gradient, zero.into()], "taken_gradient");
+        let summed = beside(Op::AssignAdd, &[accumulator.into(), taken.into()], "accumulate");
+        let k = beside(Op::Const { value: ConstValue::scalar(dtype, 1.0 / aggregate as f64) }, &[], "aggregated");
+        let mean = beside(Op::Binary(BinaryOp::Mul), &[summed.into(), k.into()], "mean_gradient");
+        let left = beside(Op::Select, &[arrival.complete.into(), zero.into(), summed.into()], "accumulator_left");
+        let reset = beside(Op::Assign, &[accumulator.into(), left.into()], "reset_accumulator");
         // Emptied once the update has its mean.
-        g.add_control_edge(mean, reset);
+        self.out.graph.add_control_edge(mean, reset);
         self.backup_updates.push(reset);
         mean.into()
     }

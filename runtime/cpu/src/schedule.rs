@@ -449,30 +449,20 @@ impl Schedule {
                 assigns_of.entry(graph.inputs(id)[0].node).or_default().push(position[&id]);
             }
         }
-        let copied_reads: HashSet<NodeId> = order
-            .iter()
-            .copied()
-            .filter(|&id| matches!(graph.node(id).op, Op::Read))
-            .filter(|&id| {
-                let variable = graph.inputs(id)[0].node;
-                let at = position[&id];
-                let next_assign = assigns_of.get(&variable).and_then(|a| a.iter().copied().filter(|&p| p > at).min());
-                matches!((next_assign, last_use.get(&id)), (Some(a), Some(&l)) if l > a)
-            })
-            .collect();
-        // An assignment yields its variable's new value, which is the variable's buffer: where
-        // the variable is assigned again before that value's last use, the value is copied.
-        let copied_assigns: HashSet<NodeId> = order
-            .iter()
-            .copied()
-            .filter(|&id| matches!(graph.node(id).op, Op::Assign | Op::AssignAdd | Op::AssignSub))
-            .filter(|&id| {
-                let variable = graph.inputs(id)[0].node;
-                let at = position[&id];
-                let next_assign = assigns_of.get(&variable).and_then(|a| a.iter().copied().filter(|&p| p > at).min());
-                matches!((next_assign, last_use.get(&id)), (Some(a), Some(&l)) if l > a)
-            })
-            .collect();
+        // Whether the variable that `id` (a read or an assignment) yields a view of is assigned
+        // again before that value's last use: then the value is copied.
+        let overwritten = |id: NodeId| {
+            let variable = graph.inputs(id)[0].node;
+            let at = position[&id];
+            let next_assign = assigns_of.get(&variable).and_then(|a| a.iter().copied().filter(|&p| p > at).min());
+            matches!((next_assign, last_use.get(&id)), (Some(a), Some(&l)) if l > a)
+        };
+        let copied = |ops: fn(&Op) -> bool| -> HashSet<NodeId> {
+            order.iter().copied().filter(|&id| ops(&graph.node(id).op) && overwritten(id)).collect()
+        };
+        let copied_reads = copied(|op| matches!(op, Op::Read));
+        // An assignment yields its variable's new value, which is the variable's buffer.
+        let copied_assigns = copied(|op| matches!(op, Op::Assign | Op::AssignAdd | Op::AssignSub));
         let keep_value = |id: NodeId, builder: &mut Builder, steps: &mut Vec<Step>, variable: Slot| -> Slot {
             if !copied_assigns.contains(&id) {
                 return variable;
