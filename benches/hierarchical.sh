@@ -16,33 +16,13 @@ REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 ROUNDS=${ROUNDS:-3}
 SIZES=${SIZES:-16,64}
 RATES=${RATES:-none 10gbit 2gbit}
-[ "$(id -u)" -eq 0 ] || { echo "error: network namespaces need root" >&2; exit 1; }
 cd "$REPO"
 cargo build --release -q --bin dfc
 dfc=$REPO/target/release/dfc
 dir=$(mktemp -d)
-id=$$
-a=dfc-bench-a-$id; b=dfc-bench-b-$id
-link_a=dba$((id % 100000)); link_b=dbb$((id % 100000))
-subnet=10.232.$((id % 250))
-host_a=$subnet.1; host_b=$subnet.2
-pids=()
-cleanup() {
-    for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-    ip netns del "$a" 2>/dev/null || true
-    ip netns del "$b" 2>/dev/null || true
-    rm -rf "$dir"
-}
-trap cleanup EXIT
-ip netns add "$a"; ip netns add "$b"
-ip link add "$link_a" netns "$a" type veth peer name "$link_b" netns "$b"
-ip -n "$a" addr add "$host_a/24" dev "$link_a"; ip -n "$b" addr add "$host_b/24" dev "$link_b"
-for ns in "$a" "$b"; do ip -n "$ns" link set lo up; done
-ip -n "$a" link set "$link_a" up; ip -n "$b" link set "$link_b" up
+# shellcheck source=benches/two_hosts.sh
+. "$REPO/benches/two_hosts.sh"
 mkdir -p "$dir/shm-b"
-"$dfc" certs --out "$dir/pki" "$host_a" "$host_b" >/dev/null 2>&1
-export DFC_TOKEN
-DFC_TOKEN=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
 
 # `on HOST CMD...`: CMD in that host's namespace (the second with its own /dev/shm).
 # (exec: a worker started with `on ... &` is then the process whose pid is kept, and killed.)
@@ -68,11 +48,7 @@ sent() { echo $(( $(ip netns exec "$a" cat "/sys/class/net/$link_a/statistics/tx
 
 echo "cpu: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; 2 hosts x 2 workers, TLS; sizes $SIZES MiB; $ROUNDS rounds"
 for rate in $RATES; do
-    for pair in "$a $link_a" "$b $link_b"; do
-        set -- $pair
-        tc -n "$1" qdisc del dev "$2" root 2>/dev/null || true
-        [ "$rate" = none ] || tc -n "$1" qdisc add dev "$2" root tbf rate "$rate" burst 4mb latency 50ms
-    done
+    shape_link "$rate" 4mb
     : >"$dir/results"
     for round in $(seq "$ROUNDS"); do
         order=(ring hierarchical)

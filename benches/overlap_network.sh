@@ -22,32 +22,12 @@ RATES=${RATES:-5gbit 2gbit}
 DATA=${DATA:-/usr/share/datasets/fashion-mnist}
 MODELS=("${@:-mlp}")
 [ $# -eq 0 ] && MODELS=(mlp cnn)
-[ "$(id -u)" -eq 0 ] || { echo "error: network namespaces need root" >&2; exit 1; }
 cd "$REPO"
 cargo build --release -q --bin dfc
 dfc=$REPO/target/release/dfc
 dir=$(mktemp -d)
-id=$$
-a=dfc-overlap-a-$id; b=dfc-overlap-b-$id
-link_a=doa$((id % 100000)); link_b=dob$((id % 100000))
-subnet=10.233.$((id % 250))
-host_a=$subnet.1; host_b=$subnet.2
-pids=()
-cleanup() {
-    for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-    ip netns del "$a" 2>/dev/null || true
-    ip netns del "$b" 2>/dev/null || true
-    rm -rf "$dir"
-}
-trap cleanup EXIT
-ip netns add "$a"; ip netns add "$b"
-ip link add "$link_a" netns "$a" type veth peer name "$link_b" netns "$b"
-ip -n "$a" addr add "$host_a/24" dev "$link_a"; ip -n "$b" addr add "$host_b/24" dev "$link_b"
-for ns in "$a" "$b"; do ip -n "$ns" link set lo up; done
-ip -n "$a" link set "$link_a" up; ip -n "$b" link set "$link_b" up
-"$dfc" certs --out "$dir/pki" "$host_a" "$host_b" >/dev/null 2>&1
-export DFC_TOKEN
-DFC_TOKEN=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
+# shellcheck source=benches/two_hosts.sh
+. "$REPO/benches/two_hosts.sh"
 for pair in "$a $host_a" "$b $host_b"; do
     set -- $pair
     ip netns exec "$1" "$dfc" worker --listen "$2:7000" --data-port 7001 --tls-dir "$dir/pki/$2" --threads 1 --no-shared-memory \
@@ -68,11 +48,7 @@ step_ms() {  # plan → ms per step of one run
 median() { sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 
 for rate in $RATES; do
-    for pair in "$a $link_a" "$b $link_b"; do
-        set -- $pair
-        tc -n "$1" qdisc del dev "$2" root 2>/dev/null || true
-        tc -n "$1" qdisc add dev "$2" root tbf rate "$rate" burst 512kb latency 50ms
-    done
+    shape_link "$rate" 512kb
     for model in "${MODELS[@]}"; do
         common=(--cluster "$dir/cluster.json" --strategy mirrored)
         "$dfc" compile "examples/$model.df" "${common[@]}" -o "$dir/after.plan" 2>/dev/null
