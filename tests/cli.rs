@@ -442,7 +442,7 @@ fn backup_workers_need_synchronous_ps_and_workers_of_their_own() {
     assert!(compiled.status.success(), "{}", text(&compiled.stderr));
     let inspected = text(&dfc(&["inspect", plan]).stdout);
     assert!(
-        inspected.contains("synchronous updates, 1 backup worker (each update takes the first 1 gradients)"),
+        inspected.contains("synchronous updates, 1 backup worker (each update takes the first gradient)"),
         "{inspected}"
     );
     // In one process every replica would read before any gradient arrives: refused before a step.

@@ -300,8 +300,9 @@ fn strategy(s: &StrategySpec, n_devices: usize) -> String {
     if s.backup_workers > 0 {
         let n = s.replicas.saturating_sub(s.backup_workers);
         let b = s.backup_workers;
+        let first = if n == 1 { "gradient".to_string() } else { format!("{n} gradients") };
         text.push_str(&format!(
-            ", {b} backup worker{} (each update takes the first {n} gradients)",
+            ", {b} backup worker{} (each update takes the first {first})",
             if b == 1 { "" } else { "s" }
         ));
     }
