@@ -688,10 +688,12 @@ fn replicas_that_all_reduce_in_different_orders_are_refused() {
     );
 }
 
-/// The MLP (batch 16) with momentum, compiled for `cluster` under `strategy`, `dims` overridden.
-fn momentum_mlp(cluster: Cluster, strategy: Strategy, batch: i64, backup_workers: u32) -> Plan {
+const MOMENTUM: &str = "momentum(lr = 0.1, momentum = 0.9)";
+
+/// The MLP with `batch` and `optimizer`, compiled for `cluster` under `strategy`.
+fn mlp_with(optimizer: &str, cluster: Cluster, strategy: Strategy, batch: i64, backup_workers: u32) -> Plan {
     let source = std::fs::read_to_string(root().join("examples/mlp.df")).expect("example");
-    let optimizer = dfc_sema::check_optimizer("momentum(lr = 0.1, momentum = 0.9)").expect("an optimizer");
+    let optimizer = dfc_sema::check_optimizer(optimizer).expect("an optimizer");
     let options = CompileOptions {
         sema: dfc_sema::Options { dims: vec![("batch".into(), batch)], optimizer: Some(optimizer) },
         cluster,
@@ -706,19 +708,20 @@ fn momentum_mlp(cluster: Cluster, strategy: Strategy, batch: i64, backup_workers
 /// Backup workers (3 + 1): all four replicas read the variables (their steps' first stages),
 /// then their gradients arrive in order. The first three are taken and the third applies their
 /// mean, which is the step one device takes on those three replicas' rows; the fourth was
-/// computed from the values before that update and is dropped. With momentum, whose slot must
-/// not move until an update is complete, this shows every assignment is gated. A second round,
-/// all four fresh again, applies once more.
+/// computed from the values before that update and is dropped. With momentum and with Adam,
+/// whose slots (and Adam's step) must not move until an update is complete, this shows every
+/// assignment is gated. A second round, all four fresh again, applies once more.
 #[test]
 fn backup_workers_apply_the_first_gradients_and_drop_the_late_one() {
     for backend in [dfc_driver::Backend::Interp, dfc_driver::Backend::Llvm] {
-        backup_workers_on(backend);
+        backup_workers_on(MOMENTUM, backend);
     }
+    backup_workers_on("adam(lr = 0.01)", dfc_driver::Backend::Llvm);
 }
 
-fn backup_workers_on(backend: dfc_driver::Backend) {
+fn backup_workers_on(optimizer: &str, backend: dfc_driver::Backend) {
     let sync = Strategy::ParameterServer { sync: true };
-    let plan = momentum_mlp(ps_cluster(4), sync, 16, 1);
+    let plan = mlp_with(optimizer, ps_cluster(4), sync, 16, 1);
     assert_eq!(plan.strategy.backup_workers, 1);
     assert_eq!(plan.replicas.len(), 4);
     let whole_batch = batches(&plan).remove(0);
@@ -753,7 +756,7 @@ fn backup_workers_on(backend: dfc_driver::Backend) {
     let after_one = session.variables().unwrap();
 
     // One device on the first three replicas' rows (4 each) takes the same step.
-    let single = momentum_mlp(Cluster::local(1, DeviceKind::Cpu), Strategy::Single, 12, 0);
+    let single = mlp_with(optimizer, Cluster::local(1, DeviceKind::Cpu), Strategy::Single, 12, 0);
     let rows: HashMap<String, Tensor> = whole_batch
         .iter()
         .map(|(name, t)| {
@@ -767,7 +770,13 @@ fn backup_workers_on(backend: dfc_driver::Backend) {
     for (name, expected) in &reference {
         let got = after_one.get(name).unwrap_or_else(|| panic!("no `{name}`")).to_f64_vec();
         let worst = support::worst_difference(name, &got, expected, support::relative);
-        assert!(worst <= 1e-5, "{backend:?}: `{name}` differs from one device's step by up to {worst:e}");
+        // Adam's first step is about lr·sign(g): summed in another order, a gradient near 0
+        // moves it more than the sum moves.
+        let tolerance = if optimizer.starts_with("adam") { 1e-4 } else { 1e-5 };
+        assert!(
+            worst <= tolerance,
+            "{optimizer} on {backend:?}: `{name}` differs from one device's step by up to {worst:e}"
+        );
     }
     for variable in ["h1/w", "logits/b"] {
         assert_eq!(after_one.get(&format!("{variable}/version")).unwrap().to_f64_vec(), [1.0]);
@@ -786,7 +795,7 @@ fn backup_workers_on(backend: dfc_driver::Backend) {
 /// A backup-worker plan whose replicas' reports do not match its strategy is refused when read.
 #[test]
 fn backup_plans_whose_reports_do_not_fit_are_refused() {
-    let plan = momentum_mlp(ps_cluster(3), Strategy::ParameterServer { sync: true }, 12, 1);
+    let plan = mlp_with(MOMENTUM, ps_cluster(3), Strategy::ParameterServer { sync: true }, 12, 1);
     let refused = |change: &dyn Fn(&mut Plan), expected: &str| {
         let mut plan = plan.clone();
         change(&mut plan);
