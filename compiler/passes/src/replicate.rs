@@ -286,8 +286,9 @@ struct Builder<'a> {
     stub_parts: HashMap<(usize, TensorRef), TensorRef>,
     /// Local SGD: the assignments of the replicas' averaged variables.
     averages: Vec<NodeId>,
-    /// Staleness-aware asynchronous replicas: each shared variable's version, and the reads of
-    /// it and its increments made so far (every read runs before every increment of a step).
+    /// Each shared variable's version (staleness-aware replicas, backup workers), and the
+    /// staleness-aware reads of it and increments made so far (every read runs before every
+    /// increment of a step).
     versions: HashMap<NodeId, NodeId>,
     version_reads: Vec<NodeId>,
     version_increments: Vec<NodeId>,
