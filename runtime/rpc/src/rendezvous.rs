@@ -93,7 +93,8 @@ struct DetachedSend {
 
 impl Peers {
     /// Queues `bytes` under the data plane's key `wire` for step `step` to worker `rank`;
-    /// gives them back where no sending thread can be started, for the caller to send.
+    /// gives them back, for the caller to send and wait, where no sending thread can be started
+    /// or `MAX_DETACHED_BYTES` are queued for that worker already.
     fn send_detached(
         self: &Arc<Self>,
         rank: usize,
