@@ -658,21 +658,12 @@ impl<'a> Builder<'a> {
                 // A shared node uses a replicated one: a constant is copied; anything else
                 // is taken from replica 0.
                 None => match &self.src.graph.node(operand.node).op {
-                    Op::Const { .. } => self.shared_constant(operand.node),
+                    Op::Const { .. } => self.shared_copy(operand.node),
                     _ => self.copies[0][&operand.node],
                 },
             }
         };
         TensorRef { node, port }
-    }
-
-    fn shared_constant(&mut self, id: NodeId) -> NodeId {
-        if let Some(&copy) = self.shared.get(&id) {
-            return copy;
-        }
-        let copy = self.copy(id, None);
-        self.shared.insert(id, copy);
-        copy
     }
 
     /// The gradient the update of `variable` uses: the all-reduced mean (mirrored), the mean
