@@ -7,8 +7,9 @@
 # 2. cargo build --release;
 # 3. dfc compile of the three standard models (softmax_regression = the peer's logreg, mlp,
 #    cnn), timing the mlp compile (median of 5 runs of the whole `dfc compile` process);
-# 4. dfc bench --json of each model, training step and inference;
-# 5. the peer's bench_jax.py, right after;
+# 4. dfc bench --json of each model, training step and inference, and inference at batch 1
+#    (the same models compiled with --dim batch=1);
+# 5. the peer's bench_jax.py, right after, and benches/jax_batch1.py (its batch-1 inference);
 # 6. the FMA peak program (fma_peak.c), before and after 4-5: the better 512-bit, 2-thread figure;
 # 7. benches/vs_jax.py: the table of ratios and bars, and everything as JSON at --out
 #    (default target/vs_jax.json).
@@ -88,6 +89,8 @@ for pair in "${MODELS[@]}"; do
     peer=${pair%%:*} example=${pair#*:}
     "$DFC" compile "$REPO/examples/$example.df" -o "$WORK/$peer.plan" 2>/dev/null ||
         { "$DFC" compile "$REPO/examples/$example.df" -o "$WORK/$peer.plan"; exit 1; }
+    "$DFC" compile "$REPO/examples/$example.df" --dim batch=1 -o "$WORK/${peer}_batch1.plan" 2>/dev/null ||
+        { "$DFC" compile "$REPO/examples/$example.df" --dim batch=1 -o "$WORK/${peer}_batch1.plan"; exit 1; }
 done
 say "timing dfc compile examples/mlp.df (5 runs)"
 : >"$WORK/compile_ms.txt"
@@ -125,6 +128,9 @@ for pair in "${MODELS[@]}"; do
         "$DFC" bench "$WORK/$peer.plan" "${BENCH_ARGS[@]}" "${extra[@]}" >"$WORK/dfc_${peer}_${mode}.json"
         cat "$WORK/dfc_${peer}_${mode}.json" >&2
     done
+    say "dfc bench $peer inference at batch 1 ($BACKEND)"
+    "$DFC" bench "$WORK/${peer}_batch1.plan" "${BENCH_ARGS[@]}" --inference >"$WORK/dfc_${peer}_batch1.json"
+    cat "$WORK/dfc_${peer}_batch1.json" >&2
 done
 
 # --- 5. the JAX peer, right after -----------------------------------------------------------
@@ -132,6 +138,10 @@ JAX_ARGS=(--out "$WORK/jax.json")
 [ $QUICK -eq 1 ] && JAX_ARGS+=(--quick)
 say "JAX peer: bench_jax.py ${JAX_ARGS[*]}"
 (cd "$PEER_DIR" && "$PEER_VENV/bin/python" bench_jax.py "${JAX_ARGS[@]}") | tee "$WORK/jax.log" >&2
+BATCH1_ARGS=(--out "$WORK/jax_batch1.json")
+[ $QUICK -eq 1 ] && BATCH1_ARGS+=(--quick)
+say "JAX peer: jax_batch1.py ${BATCH1_ARGS[*]}"
+"$PEER_VENV/bin/python" "$REPO/benches/jax_batch1.py" "$PEER_DIR" "${BATCH1_ARGS[@]}" | tee -a "$WORK/jax.log" >&2
 
 # --- 6b. FMA peak, again ---------------------------------------------------------------------
 say "FMA peak (fma_peak.c), after"
