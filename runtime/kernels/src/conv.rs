@@ -16,7 +16,8 @@
 //! so that `col2im` never races.
 //!
 //! Windows of at most [`THIN_PATCH`] elements (a first layer on one channel) skip all this in
-//! the forward pass: see `thin`.
+//! the forward pass: see `thin`. So do 3×3 stride-1 windows over enough channels and filters,
+//! given the scratch for it: see `winograd`.
 //!
 //! Rounding: each output is a sum of products taken in the order `sgemm` chooses (and the filter
 //! gradient adds per-task partial sums), not the interpreter's strict left-to-right order, so
@@ -25,6 +26,7 @@
 
 use crate::geometry::{valid_taps, Conv2dGeometry};
 use crate::thin::{thin_conv, THIN_PATCH};
+use crate::winograd;
 use dfc_gemm::sgemm;
 use rayon::prelude::*;
 use std::ops::Range;
@@ -151,7 +153,9 @@ fn scratch_len_for(g: &Conv2dGeometry, extra: usize) -> usize {
 /// Scratch elements (`f32`) that [`conv2d`] needs for geometry `g`, with the current rayon pool
 /// (a smaller pool needs no more; a bigger one uses only the threads the scratch allows).
 pub fn conv2d_scratch_len(g: &Conv2dGeometry) -> usize {
-    if g.patch_len() <= THIN_PATCH {
+    if winograd::applies(g) {
+        winograd::scratch_len(g)
+    } else if g.patch_len() <= THIN_PATCH {
         0
     } else {
         scratch_len_for(g, 0)
@@ -287,6 +291,9 @@ pub fn conv2d(g: &Conv2dGeometry, input: &[f32], filter: &[f32], output: &mut [f
     }
     if patch == 0 {
         output.fill(0.0);
+        return;
+    }
+    if winograd::applies(g) && winograd::conv2d(g, input, filter, output, scratch) {
         return;
     }
     let image_rows = g.out_h * g.out_w;

@@ -7,7 +7,8 @@
 //! whose sums run in another order (see `conv`).
 //!
 //! - [`conv2d`], [`conv2d_backprop_input`], [`conv2d_backprop_filter`]: NHWC input, HWIO filter,
-//!   described by a [`Conv2dGeometry`]; `im2col` + [`dfc_gemm::sgemm`] over chunks of output rows.
+//!   described by a [`Conv2dGeometry`]; `im2col` + [`dfc_gemm::sgemm`] over chunks of output rows,
+//!   and the forward 3×3 stride-1 convolution over 16 channels or more by Winograd's F(2×2, 3×3).
 //! - [`max_pool`], [`max_pool_grad`], [`avg_pool`], [`avg_pool_grad`]: described by a
 //!   [`PoolGeometry`].
 //! - [`gather`], [`scatter_add`]: rows of a table by integer [`Index`]; an index out of range is
@@ -37,7 +38,9 @@ mod geometry;
 mod layout;
 mod norm;
 mod pool;
+#[macro_use]
 mod thin;
+mod winograd;
 
 pub use conv::{
     conv2d, conv2d_backprop_filter, conv2d_backprop_filter_scratch_len, conv2d_backprop_input,

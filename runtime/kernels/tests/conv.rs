@@ -240,3 +240,20 @@ fn thin_windows_are_exact() {
         assert_same_f32(&out, &want, "thin conv2d");
     }
 }
+
+/// 3×3 stride-1 windows over 16 channels or more (Winograd's F(2×2, 3×3)): odd and even
+/// outputs, `same` and `valid`, channels and filters not a multiple of 16, a batch split over
+/// threads; the gradients, which stay on `im2col`, checked with them.
+#[test]
+fn winograd_shapes_agree_with_the_interpreter() {
+    let mut rng = rng(6);
+    let mut scratch = Scratch::new();
+    for (input, filters, padding) in [
+        ([4, 13, 13, 32], 64, Padding::Valid),
+        ([3, 7, 10, 17], 20, Padding::Same),
+        ([1, 3, 3, 16], 16, Padding::Valid),
+        ([9, 6, 5, 24], 40, Padding::Same),
+    ] {
+        Case { input, filter: [3, 3, input[3], filters], strides: [1, 1], padding }.check(&mut rng, &mut scratch);
+    }
+}
