@@ -254,6 +254,7 @@ fn store(to: &mut [f32], run: &[f32; LANES], lanes: usize) {
 
 /// `Bᵀ d B` of a tile, in place.
 #[inline(always)]
+#[allow(clippy::needless_range_loop)] // lane `l` of sixteen runs at once: one vector operation each
 fn input_transform(d: &mut Tile) {
     for l in 0..LANES {
         for j in 0..4 {
