@@ -158,6 +158,28 @@ fn random_deep_and_thin_products() {
     }
 }
 
+/// Thin products large enough to be computed as dot products in chunks of rows on the pool (C or Cᵀ of at most
+/// 16 columns, with a long reduction), with every layout, strided, and as updates.
+#[test]
+fn random_thin_products_with_long_reductions() {
+    let mut rng = fastrand::Rng::with_seed(19);
+    for _ in 0..12 {
+        let (thin, wide, k) = (rng.usize(1..=16), rng.usize(200..=700), rng.usize(64..=2000));
+        let (m, n) = if rng.bool() { (wide, thin) } else { (thin, wide) };
+        let mut case = Case::packed(m, n, k, rng.bool(), rng.bool(), rng.bool(), rng.bool());
+        match rng.usize(0..3) {
+            0 => {
+                case.lda += rng.usize(1..5);
+                case.ldb += rng.usize(1..5);
+                case.ldc += rng.usize(1..5);
+            }
+            1 => (case.accumulate, case.alpha) = (true, rng.f32() * 4.0 - 2.0),
+            _ => {}
+        }
+        case.run(&mut rng);
+    }
+}
+
 /// Products split into chunks of rows, of columns and of the reduction, on pools of 1, 3 and 4 threads (the
 /// calling thread is then a worker of the pool).
 #[test]

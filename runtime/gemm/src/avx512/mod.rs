@@ -16,9 +16,13 @@
 //! panel, so such a product is computed as `Cᵀ = Bᵀ·Aᵀ` when that costs less (`cost`), storing tiles of Cᵀ
 //! through an in-register transpose.
 //!
+//! A thin product with a long reduction (C or Cᵀ of at most 16 columns, its A row-major) is computed as dot
+//! products instead (`dot`) when that costs less: every lane works, where a tile would use n of 16.
+//!
 //! Threads (`plan`, `parallel_product`) take chunks of rows, of columns or of the reduction (then summed), chosen
 //! by the same cost estimate, through `pool::run_chunks`.
 
+mod dot;
 mod kernel;
 mod pack;
 
@@ -189,9 +193,16 @@ const CHUNK_TIME: f64 = 12_000.0;
 /// # Safety
 /// The CPU supports AVX-512F, and every element of A, B and C the product addresses is in bounds.
 pub(crate) unsafe fn sgemm(p: Product, parallel: bool) {
-    let mut p = if cost(&p.transposed()) < 0.95 * cost(&p) { p.transposed() } else { p };
-    p.id = CALLS.fetch_add(1, Ordering::Relaxed);
     let threads = if parallel { rayon::current_num_threads() } else { 1 };
+    // A thin product (C or Cᵀ of at most 16 columns) as dot products, where that costs less than tiles.
+    let as_dots =
+        [p, p.transposed()].into_iter().filter(dot::applies).min_by(|x, y| dot::cost(x).total_cmp(&dot::cost(y)));
+    let mut p = if cost(&p.transposed()) < 0.95 * cost(&p) { p.transposed() } else { p };
+    if let Some(thin) = as_dots.filter(|thin| dot::cost(thin) < 0.95 * cost(&p)) {
+        // SAFETY: the caller's contract.
+        return unsafe { dot::sgemm(&thin, threads) };
+    }
+    p.id = CALLS.fetch_add(1, Ordering::Relaxed);
     match plan(&p, threads) {
         // SAFETY: the caller's contract.
         None => unsafe { block(&p, 0, p.m, 0, p.n, 0, p.k, p.c, p.ldc, p.accumulate) },

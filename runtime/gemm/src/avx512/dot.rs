@@ -1,0 +1,177 @@
+//! Thin products as dot products: `C (m × n) = α·A·B` with few columns (n ≤ 16) and a long reduction, A row-major
+//! (the logits of a classifier, `x·w` with w of 10 columns). The tiles of `block` would use n of each 16 lanes
+//! (10 of 16 for the logreg's product); here every lane works: `C[i][j]` is the dot product of A's row i and B's
+//! column j, both contiguous over the reduction (B's columns are B stored transposed, or packed so, n·k floats).
+//!
+//! The kernel holds a block of R = 4 rows × N (4 or 5) columns of C in 16–20 zmm accumulators, each summing 16
+//! steps of the reduction at once; per 16 steps it loads R vectors of A and N of Bᵀ for R·N FMAs. At the end each
+//! accumulator's 16 lanes are added up. Rows and columns past the block's end repeat the last one, and are not
+//! stored.
+
+use std::arch::x86_64::*;
+use std::cell::Cell;
+
+use super::pack::tail_mask;
+use super::{Buf, Product};
+use crate::pool;
+
+/// The most columns of C taken this way.
+pub(super) const MAX_N: usize = 16;
+/// The fewest reduction steps: below, the lanes of the final sums cost more than the tiles' wasted lanes.
+const MIN_K: usize = 64;
+/// Rows of C a kernel call computes.
+const R: usize = 4;
+/// Rows of C per chunk of a parallel product.
+const CHUNK_ROWS: usize = 32;
+
+thread_local! {
+    /// Bᵀ packed, when B is stored row-major.
+    static BT: Cell<Buf> = Cell::new(Buf::default());
+}
+
+/// Whether `p` (as oriented) can be computed as dot products.
+pub(super) fn applies(p: &Product) -> bool {
+    p.n <= MAX_N && !p.ta && p.k >= MIN_K
+}
+
+/// Rough single-thread time (ns), on the scale of `super::cost`: the FMAs at full lanes (plus the columns that
+/// the blocks of N repeat), the final sums, and packing Bᵀ.
+pub(super) fn cost(p: &Product) -> f64 {
+    let computed = p.n.div_ceil(columns(p.n)) * columns(p.n);
+    let compute = 2.0 * (p.m * computed * p.k) as f64 / 170.0;
+    let sums = (p.m * computed) as f64 * 1.0;
+    let pack = if p.tb { 0.0 } else { (p.k * p.n) as f64 * 0.16 };
+    compute + sums + pack
+}
+
+/// Columns per kernel call: 4 or 5, whichever repeats fewer.
+fn columns(n: usize) -> usize {
+    if n.div_ceil(5) * 5 < n.div_ceil(4) * 4 {
+        5
+    } else {
+        4
+    }
+}
+
+/// Computes `p`, which `applies`, on this thread and, when `threads` > 1 and it pays, rayon's workers.
+///
+/// # Safety
+/// AVX-512F, and every element of A, B and C that `p` addresses is in bounds.
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn sgemm(p: &Product, threads: usize) {
+    let mut packed = BT.take();
+    let (bt, ldbt) = if p.tb {
+        (p.b, p.ldb)
+    } else {
+        let dst = packed.ptr(p.n * p.k);
+        for q in 0..p.k {
+            for j in 0..p.n {
+                // SAFETY: B's element (q, j) is in bounds (the caller's contract); the buffer holds n·k floats.
+                unsafe { *dst.add(j * p.k + q) = *p.b.add(q * p.ldb + j) };
+            }
+        }
+        (dst.cast_const(), p.k)
+    };
+    let chunks = p.m.div_ceil(CHUNK_ROWS);
+    if threads > 1 && chunks > 1 && cost(p) > 2.0 * super::PARALLEL_OVERHEAD {
+        let bt = SendPtr(bt);
+        let work = |c: usize| {
+            let rows = c * CHUNK_ROWS..((c + 1) * CHUNK_ROWS).min(p.m);
+            // SAFETY: chunks write disjoint rows of C; Bᵀ is read-only until `run_chunks` returns.
+            unsafe { rows_of(p, rows.start, rows.end, bt.get(), ldbt) };
+        };
+        pool::run_chunks(chunks, threads - 1, &work);
+    } else {
+        // SAFETY: the caller's contract.
+        unsafe { rows_of(p, 0, p.m, bt, ldbt) };
+    }
+    BT.set(packed);
+}
+
+/// A pointer handed to the chunks of one product.
+#[derive(Clone, Copy)]
+struct SendPtr(*const f32);
+// SAFETY: the packed Bᵀ (or B itself), only read by the chunks, and alive until `run_chunks` has returned.
+unsafe impl Send for SendPtr {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for SendPtr {}
+
+impl SendPtr {
+    /// The pointer (a method, so that a closure captures the `SendPtr`, not its field).
+    fn get(self) -> *const f32 {
+        self.0
+    }
+}
+
+/// Rows `i0..i1` of C, from Bᵀ at `bt` (n rows of k, `ldbt` apart).
+///
+/// # Safety
+/// As `sgemm`.
+#[target_feature(enable = "avx512f")]
+unsafe fn rows_of(p: &Product, i0: usize, i1: usize, bt: *const f32, ldbt: usize) {
+    let nc = columns(p.n);
+    for i in (i0..i1).step_by(R) {
+        let rows = std::array::from_fn(|r| (i + r).min(i1 - 1));
+        for j in (0..p.n).step_by(nc) {
+            // SAFETY: the rows and columns are in C, A and Bᵀ (repeated ones too).
+            unsafe {
+                if nc == 5 {
+                    block::<5>(p, rows, i1 - i, j, bt, ldbt);
+                } else {
+                    block::<4>(p, rows, i1 - i, j, bt, ldbt);
+                }
+            }
+        }
+    }
+}
+
+/// One block: C's rows `rows` (the first `live_rows` stored) × columns `j..j + N` (those below n stored).
+///
+/// # Safety
+/// As `sgemm`; the rows are rows of C.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn block<const N: usize>(
+    p: &Product,
+    rows: [usize; R],
+    live_rows: usize,
+    j: usize,
+    bt: *const f32,
+    ldbt: usize,
+) {
+    let cols: [usize; N] = std::array::from_fn(|c| (j + c).min(p.n - 1));
+    let mut acc = [[_mm512_setzero_ps(); N]; R];
+    // SAFETY: every load reads steps q..q+16 (masked to k) of a row of A or of Bᵀ, in bounds by the contract.
+    unsafe {
+        let a: [*const f32; R] = rows.map(|i| p.a.add(i * p.lda));
+        let b: [*const f32; N] = cols.map(|c| bt.add(c * ldbt));
+        let mut q = 0;
+        while q + 16 <= p.k {
+            let av = a.map(|row| _mm512_loadu_ps(row.add(q)));
+            for (c, col) in b.iter().enumerate() {
+                let bv = _mm512_loadu_ps(col.add(q));
+                for r in 0..R {
+                    acc[r][c] = _mm512_fmadd_ps(av[r], bv, acc[r][c]);
+                }
+            }
+            q += 16;
+        }
+        if q < p.k {
+            let mask = tail_mask(p.k - q);
+            let av = a.map(|row| _mm512_maskz_loadu_ps(mask, row.add(q)));
+            for (c, col) in b.iter().enumerate() {
+                let bv = _mm512_maskz_loadu_ps(mask, col.add(q));
+                for r in 0..R {
+                    acc[r][c] = _mm512_fmadd_ps(av[r], bv, acc[r][c]);
+                }
+            }
+        }
+        for (r, &i) in rows.iter().enumerate().take(live_rows.min(R)) {
+            for c in 0..N.min(p.n - j) {
+                let sum = p.alpha * _mm512_reduce_add_ps(acc[r][c]);
+                let at = if p.tc { p.c.add((j + c) * p.ldc + i) } else { p.c.add(i * p.ldc + j + c) };
+                *at = if p.accumulate { *at + sum } else { sum };
+            }
+        }
+    }
+}
