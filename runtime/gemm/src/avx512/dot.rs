@@ -166,9 +166,9 @@ unsafe fn block<const N: usize>(
                 }
             }
         }
-        for (r, &i) in rows.iter().enumerate().take(live_rows.min(R)) {
-            for c in 0..N.min(p.n - j) {
-                let sum = p.alpha * _mm512_reduce_add_ps(acc[r][c]);
+        for (&i, row) in rows.iter().zip(&acc).take(live_rows.min(R)) {
+            for (c, lanes) in row.iter().enumerate().take(p.n - j) {
+                let sum = p.alpha * _mm512_reduce_add_ps(*lanes);
                 let at = if p.tc { p.c.add((j + c) * p.ldc + i) } else { p.c.add(i * p.ldc + j + c) };
                 *at = if p.accumulate { *at + sum } else { sum };
             }
