@@ -3,8 +3,10 @@
 //! (10 of 16 for the logreg's product); here every lane works: `C[i][j]` is the dot product of A's row i and B's
 //! column j, both contiguous over the reduction (B's columns are B stored transposed, or packed so, n·k floats).
 //!
-//! The kernel holds a block of R = 4 rows × N (4 or 5) columns of C in 16–20 zmm accumulators, each summing 16
-//! steps of the reduction at once; per 16 steps it loads R vectors of A and N of Bᵀ for R·N FMAs. At the end each
+//! The kernel holds a block of R = 3 rows × N (4 or 5) columns of C in 12–15 zmm accumulators, each summing 16
+//! steps of the reduction at once; per 16 steps it loads R vectors of A and N of Bᵀ for R·N FMAs. (With 4 rows
+//! and 5 columns LLVM spilled accumulators to the stack, and the step's time then depended on the stack's
+//! alignment: 58 or 67 µs for the logreg's step, from one process to the next.) At the end each
 //! accumulator's 16 lanes are added up. Rows and columns past the block's end repeat the last one, and are not
 //! stored.
 
@@ -20,7 +22,7 @@ pub(super) const MAX_N: usize = 16;
 /// The fewest reduction steps: below, the lanes of the final sums cost more than the tiles' wasted lanes.
 const MIN_K: usize = 64;
 /// Rows of C a kernel call computes.
-const R: usize = 4;
+const R: usize = 3;
 /// Rows of C per chunk of a parallel product.
 const CHUNK_ROWS: usize = 32;
 
