@@ -192,6 +192,11 @@ widest!(transform_outputs => transform_outputs_impl(
 /// A 4×4 tile of runs of lanes, position `i·4 + j`.
 type Tile = [[f32; LANES]; 16];
 
+/// A tile on the stack, each run on a cache line of its own: unaligned, a tile's loads and stores would straddle
+/// lines by where the stack happens to be (which varies between processes).
+#[repr(C, align(64))]
+struct AlignedTile(Tile);
+
 /// `U[ξ][c][f] = (G g Gᵀ)[ξ]` for every channel and filter.
 #[inline(always)]
 fn transform_filter_impl(g: &Conv2dGeometry, filter: &[f32], u: &mut [f32]) {
@@ -311,7 +316,7 @@ fn transform_inputs_impl(g: &Conv2dGeometry, input: &[f32], tile0: usize, tiles:
         let col = |j: usize| (ox + j).checked_sub(g.pad_left).filter(|&x| x < g.w);
         for c0 in (0..c).step_by(LANES) {
             let lanes = LANES.min(c - c0);
-            let mut d: Tile = [[0.0; LANES]; 16];
+            let AlignedTile(d) = &mut AlignedTile([[0.0; LANES]; 16]);
             for i in 0..4 {
                 let Some(y) = row(i) else { continue };
                 for j in 0..4 {
@@ -320,7 +325,7 @@ fn transform_inputs_impl(g: &Conv2dGeometry, input: &[f32], tile0: usize, tiles:
                     }
                 }
             }
-            input_transform(&mut d);
+            input_transform(d);
             for (xi, run) in d.iter().enumerate() {
                 store(&mut v[(xi * tiles + t) * c + c0..], run, lanes);
             }
@@ -337,8 +342,8 @@ fn transform_outputs_impl(g: &Conv2dGeometry, m: &[f32], tile0: usize, tiles: us
         let (b, oy, ox) = tile_at(g, tile0 + t);
         for f0 in (0..f).step_by(LANES) {
             let lanes = LANES.min(f - f0);
-            let mt: Tile = std::array::from_fn(|xi| load(&m[(xi * tiles + t) * f + f0..], lanes));
-            for (k, run) in output_transform(&mt).iter().enumerate() {
+            let mt = AlignedTile(std::array::from_fn(|xi| load(&m[(xi * tiles + t) * f + f0..], lanes)));
+            for (k, run) in output_transform(&mt.0).iter().enumerate() {
                 let (y, x) = (oy + k / 2, ox + k % 2);
                 if y < g.out_h && x < g.out_w {
                     store(&mut out[(((b - image0) * g.out_h + y) * g.out_w + x) * f + f0..], run, lanes);
