@@ -61,9 +61,7 @@ impl Plan {
     /// The plan for `tasks` tasks whose chunks hold at most `max_floats` `im2col` elements
     /// (but always at least one output row).
     fn new(g: &Conv2dGeometry, tasks: usize, max_floats: usize) -> Plan {
-        let n = g.n.max(1);
-        let images_per_task = n.div_ceil(tasks.clamp(1, n));
-        let tasks = n.div_ceil(images_per_task);
+        let (tasks, images_per_task) = share_images(g.n, tasks);
         let image_rows = g.out_h * g.out_w;
         let budget_rows = (max_floats.min(CHUNK_FLOATS) / g.patch_len().max(1)).max(1);
         let chunk = if image_rows <= budget_rows {
@@ -101,6 +99,14 @@ impl Plan {
             }
         }
     }
+}
+
+/// `n` images shared by at most `tasks` tasks in runs of equal length (but the last): the tasks
+/// that get images, and the images of each.
+pub(crate) fn share_images(n: usize, tasks: usize) -> (usize, usize) {
+    let n = n.max(1);
+    let images_per_task = n.div_ceil(tasks.clamp(1, n));
+    (n.div_ceil(images_per_task), images_per_task)
 }
 
 /// The number of tasks worth using for a convolution of this size.

@@ -23,6 +23,7 @@
 //! small share (`applies`). The rounding differs from `im2col`'s (the transforms add and halve
 //! before multiplying), within the tolerance the convolutions are tested at.
 
+use crate::conv::share_images;
 use crate::geometry::Conv2dGeometry;
 use dfc_gemm::sgemm;
 use rayon::prelude::*;
@@ -72,9 +73,8 @@ struct Plan {
 
 impl Plan {
     fn new(g: &Conv2dGeometry, tasks: usize, chunk: usize) -> Plan {
-        let n = g.n.max(1);
-        let images_per_task = n.div_ceil(tasks.clamp(1, n));
-        Plan { tasks: n.div_ceil(images_per_task), images_per_task, chunk: chunk.max(1) }
+        let (tasks, images_per_task) = share_images(g.n, tasks);
+        Plan { tasks, images_per_task, chunk: chunk.max(1) }
     }
 
     /// The floats of one task's slab: the chunk's transformed input and products.
