@@ -131,7 +131,7 @@ fn slab_len(g: &Conv2dGeometry, plan: &Plan, extra: usize) -> usize {
 /// `len` rounded up to whole cache lines, plus one: the stride of the slabs of several tasks,
 /// so that no two tasks ever write to the same cache line (the buffer itself need not be
 /// aligned).
-fn separated(len: usize) -> usize {
+pub(crate) fn separated(len: usize) -> usize {
     len.div_ceil(16) * 16 + 16
 }
 

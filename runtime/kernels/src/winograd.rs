@@ -23,7 +23,7 @@
 //! small share (`applies`). The rounding differs from `im2col`'s (the transforms add and halve
 //! before multiplying), within the tolerance the convolutions are tested at.
 
-use crate::conv::share_images;
+use crate::conv::{separated, share_images};
 use crate::geometry::Conv2dGeometry;
 use dfc_gemm::sgemm;
 use rayon::prelude::*;
@@ -79,7 +79,7 @@ impl Plan {
 
     /// The floats of one task's slab: the chunk's transformed input and products.
     fn slab(&self, g: &Conv2dGeometry) -> usize {
-        (XI * self.chunk * (g.c + g.filters)).div_ceil(16) * 16 + 16
+        separated(XI * self.chunk * (g.c + g.filters))
     }
 
     /// The scratch floats of the whole call: the transformed filter, then the slabs.
@@ -211,23 +211,19 @@ fn transform_filter_impl(g: &Conv2dGeometry, filter: &[f32], u: &mut [f32]) {
             let taps: [[f32; LANES]; 9] = std::array::from_fn(|k| load(&filter[(k * c + ch) * f + f0..], lanes));
             // G g (4 rows of 3 columns), then (G g) Gᵀ.
             let mut gg = [[0.0f32; LANES]; 12];
-            for l in 0..LANES {
-                for kx in 0..3 {
-                    let (g0, g1, g2) = (taps[kx][l], taps[3 + kx][l], taps[6 + kx][l]);
-                    gg[kx][l] = g0;
-                    gg[3 + kx][l] = 0.5 * (g0 + g1 + g2);
-                    gg[6 + kx][l] = 0.5 * (g0 - g1 + g2);
-                    gg[9 + kx][l] = g2;
-                }
-            }
             let mut tile: Tile = [[0.0; LANES]; 16];
             for l in 0..LANES {
+                for kx in 0..3 {
+                    let column = g_times([taps[kx][l], taps[3 + kx][l], taps[6 + kx][l]]);
+                    for (i, value) in column.into_iter().enumerate() {
+                        gg[i * 3 + kx][l] = value;
+                    }
+                }
                 for i in 0..4 {
-                    let (g0, g1, g2) = (gg[i * 3][l], gg[i * 3 + 1][l], gg[i * 3 + 2][l]);
-                    tile[i * 4][l] = g0;
-                    tile[i * 4 + 1][l] = 0.5 * (g0 + g1 + g2);
-                    tile[i * 4 + 2][l] = 0.5 * (g0 - g1 + g2);
-                    tile[i * 4 + 3][l] = g2;
+                    let row = g_times([gg[i * 3][l], gg[i * 3 + 1][l], gg[i * 3 + 2][l]]);
+                    for (j, value) in row.into_iter().enumerate() {
+                        tile[i * 4 + j][l] = value;
+                    }
                 }
             }
             for (xi, run) in tile.iter().enumerate() {
@@ -260,24 +256,40 @@ fn store(to: &mut [f32], run: &[f32; LANES], lanes: usize) {
     }
 }
 
+/// `G · [g0, g1, g2]`.
+#[inline(always)]
+fn g_times([g0, g1, g2]: [f32; 3]) -> [f32; 4] {
+    [g0, 0.5 * (g0 + g1 + g2), 0.5 * (g0 - g1 + g2), g2]
+}
+
+/// `Bᵀ · [d0, d1, d2, d3]`.
+#[inline(always)]
+fn bt_times([d0, d1, d2, d3]: [f32; 4]) -> [f32; 4] {
+    [d0 - d2, d1 + d2, d2 - d1, d1 - d3]
+}
+
+/// `Aᵀ · [m0, m1, m2, m3]`.
+#[inline(always)]
+fn at_times([m0, m1, m2, m3]: [f32; 4]) -> [f32; 2] {
+    [m0 + m1 + m2, m1 - m2 - m3]
+}
+
 /// `Bᵀ d B` of a tile, in place.
 #[inline(always)]
 #[allow(clippy::needless_range_loop)] // lane `l` of sixteen runs at once: one vector operation each
 fn input_transform(d: &mut Tile) {
     for l in 0..LANES {
         for j in 0..4 {
-            let (d0, d1, d2, d3) = (d[j][l], d[4 + j][l], d[8 + j][l], d[12 + j][l]);
-            d[j][l] = d0 - d2;
-            d[4 + j][l] = d1 + d2;
-            d[8 + j][l] = d2 - d1;
-            d[12 + j][l] = d1 - d3;
+            let column = bt_times([d[j][l], d[4 + j][l], d[8 + j][l], d[12 + j][l]]);
+            for (i, value) in column.into_iter().enumerate() {
+                d[i * 4 + j][l] = value;
+            }
         }
         for i in 0..4 {
-            let (d0, d1, d2, d3) = (d[i * 4][l], d[i * 4 + 1][l], d[i * 4 + 2][l], d[i * 4 + 3][l]);
-            d[i * 4][l] = d0 - d2;
-            d[i * 4 + 1][l] = d1 + d2;
-            d[i * 4 + 2][l] = d2 - d1;
-            d[i * 4 + 3][l] = d1 - d3;
+            let row = bt_times([d[i * 4][l], d[i * 4 + 1][l], d[i * 4 + 2][l], d[i * 4 + 3][l]]);
+            for (j, value) in row.into_iter().enumerate() {
+                d[i * 4 + j][l] = value;
+            }
         }
     }
 }
@@ -289,14 +301,16 @@ fn output_transform(m: &Tile) -> [[f32; LANES]; 4] {
     let mut y = [[0.0f32; LANES]; 4];
     for l in 0..LANES {
         for j in 0..4 {
-            let (m0, m1, m2, m3) = (m[j][l], m[4 + j][l], m[8 + j][l], m[12 + j][l]);
-            rows[j][l] = m0 + m1 + m2;
-            rows[4 + j][l] = m1 - m2 - m3;
+            let column = at_times([m[j][l], m[4 + j][l], m[8 + j][l], m[12 + j][l]]);
+            for (i, value) in column.into_iter().enumerate() {
+                rows[i * 4 + j][l] = value;
+            }
         }
         for i in 0..2 {
-            let (r0, r1, r2, r3) = (rows[i * 4][l], rows[i * 4 + 1][l], rows[i * 4 + 2][l], rows[i * 4 + 3][l]);
-            y[i * 2][l] = r0 + r1 + r2;
-            y[i * 2 + 1][l] = r1 - r2 - r3;
+            let row = at_times([rows[i * 4][l], rows[i * 4 + 1][l], rows[i * 4 + 2][l], rows[i * 4 + 3][l]]);
+            for (j, value) in row.into_iter().enumerate() {
+                y[i * 2 + j][l] = value;
+            }
         }
     }
     y

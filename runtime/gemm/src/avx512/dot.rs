@@ -14,11 +14,11 @@ use std::arch::x86_64::*;
 use std::cell::Cell;
 
 use super::pack::tail_mask;
-use super::{Buf, Product};
+use super::{Buf, Product, SendPtr};
 use crate::pool;
 
 /// The most columns of C taken this way.
-pub(super) const MAX_N: usize = 16;
+const MAX_N: usize = 16;
 /// The fewest reduction steps: below, the lanes of the final sums cost more than the tiles' wasted lanes.
 const MIN_K: usize = 64;
 /// Rows of C a kernel call computes.
@@ -75,12 +75,13 @@ pub(super) unsafe fn sgemm(p: &Product, threads: usize) {
         (dst.cast_const(), p.k)
     };
     let chunks = p.m.div_ceil(CHUNK_ROWS);
+    // Split only where a thread's half of the work outweighs handing it over.
     if threads > 1 && chunks > 1 && cost(p) > 2.0 * super::PARALLEL_OVERHEAD {
-        let bt = SendPtr(bt);
+        let bt = SendPtr(bt.cast_mut());
         let work = |c: usize| {
             let rows = c * CHUNK_ROWS..((c + 1) * CHUNK_ROWS).min(p.m);
             // SAFETY: chunks write disjoint rows of C; Bᵀ is read-only until `run_chunks` returns.
-            unsafe { rows_of(p, rows.start, rows.end, bt.get(), ldbt) };
+            unsafe { rows_of(p, rows.start, rows.end, bt.get().cast_const(), ldbt) };
         };
         pool::run_chunks(chunks, threads - 1, &work);
     } else {
@@ -88,21 +89,6 @@ pub(super) unsafe fn sgemm(p: &Product, threads: usize) {
         unsafe { rows_of(p, 0, p.m, bt, ldbt) };
     }
     BT.set(packed);
-}
-
-/// A pointer handed to the chunks of one product.
-#[derive(Clone, Copy)]
-struct SendPtr(*const f32);
-// SAFETY: the packed Bᵀ (or B itself), only read by the chunks, and alive until `run_chunks` has returned.
-unsafe impl Send for SendPtr {}
-// SAFETY: as for `Send`.
-unsafe impl Sync for SendPtr {}
-
-impl SendPtr {
-    /// The pointer (a method, so that a closure captures the `SendPtr`, not its field).
-    fn get(self) -> *const f32 {
-        self.0
-    }
 }
 
 /// Rows `i0..i1` of C, from Bᵀ at `bt` (n rows of k, `ldbt` apart).

@@ -266,14 +266,23 @@ fn range(len: usize, unit: usize, parts: usize, t: usize) -> (usize, usize) {
     ((units * t / parts * unit).min(len), (units * (t + 1) / parts * unit).min(len))
 }
 
-/// A partial sum's buffer, handed to the chunk that writes it.
+/// A buffer handed to the chunks of one product: a partial sum's, to the chunk that writes it
+/// (`parallel_product`), or a packed Bᵀ that every chunk reads (`dot`).
 #[derive(Clone, Copy)]
 struct SendPtr(*mut f32);
-// SAFETY: plain data, dereferenced only in `parallel_product`'s `unsafe` code: each partial buffer is written by
-// one chunk, then read by the calling thread after `run_chunks` has returned (every chunk done).
+// SAFETY: plain data, dereferenced only in the `unsafe` code of `parallel_product` and `dot::sgemm`: each partial
+// buffer is written by one chunk, then read by the calling thread after `run_chunks` has returned (every chunk
+// done); a packed Bᵀ is only read by the chunks, and outlives `run_chunks`.
 unsafe impl Send for SendPtr {}
 // SAFETY: as for `Send`.
 unsafe impl Sync for SendPtr {}
+
+impl SendPtr {
+    /// The pointer (a method, so that a closure captures the `SendPtr`, not its field).
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
 
 /// Computes `p` in `chunks` chunks cut along `split`, on this thread and `threads - 1` rayon workers.
 ///
