@@ -594,6 +594,7 @@ fn compile_timings_list_every_stage() {
         "read the source",
         "parse and analyse",
         "shard",
+        "pool_early",
         "autodiff",
         "optimizer",
         "simplify",

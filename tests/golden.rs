@@ -4,7 +4,8 @@
 //! - `tests/parser/ok/*.df`   → `*.ast`  (normalised AST; no diagnostics allowed)
 //! - `tests/parser/err/*.df`  → `*.diag` (every diagnostic, with line:column)
 //! - `tests/ir/*.df`, `examples/*.df` → `tests/ir/*.ir`, `tests/examples/*.ir` (IR text; verified)
-//! - `tests/passes/*.df` → `*.autodiff.ir`, `*.optimizer.ir`, `*.simplify.ir` (IR after each pass)
+//! - `tests/passes/*.df` → `*.pool_early.ir`, `*.autodiff.ir`, `*.optimizer.ir`, `*.simplify.ir` (IR after
+//!   each pass)
 //! - `tests/diagnostics/*.df` carry their expectations inline: a comment line of carets under
 //!   the faulty text, then the code and optionally part of the message (or of its label). Every
 //!   diagnostic needs a marker and every marker a diagnostic:
@@ -136,12 +137,12 @@ fn ir_of_examples() {
     ir_golden("examples", "tests/examples");
 }
 
-/// The IR after each pass, verified: `tests/passes/*.df` → `tests/passes/*.{autodiff,optimizer,
-/// simplify}.ir`, and the examples after the whole pipeline → `tests/passes/examples/*.simplify.ir`.
+/// The IR after each pass, verified: `tests/passes/*.df` → `tests/passes/*.{pool_early,autodiff,
+/// optimizer,simplify}.ir`, and the examples after the whole pipeline → `tests/passes/examples/*.simplify.ir`.
 #[test]
 fn ir_after_passes() {
     let mut failures = Vec::new();
-    let all: &[&str] = &["autodiff", "optimizer", "simplify"];
+    let all: &[&str] = &["pool_early", "autodiff", "optimizer", "simplify"];
     for (dir, expected_dir, passes) in
         [("tests/passes", "tests/passes", all), ("examples", "tests/passes/examples", &["simplify"])]
     {

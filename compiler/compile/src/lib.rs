@@ -2,8 +2,8 @@
 //! `dfc compile`, `dfc ir`, `dfc graph` and the tests share.
 //!
 //! ```text
-//! sema → shard → autodiff → optimizer → simplify ─┬────────────────────────────┬→ place → partition → plan
-//!                                                 └ replicate (data parallel) ─┘
+//! sema → shard → pool_early → autodiff → optimizer → simplify ─┬────────────────────────────┬→ place → partition → plan
+//!                                                               └ replicate (data parallel) ─┘
 //! ```
 //!
 //! Data parallelism recompiles the source for the per-replica batch (the batch dim divided by
@@ -133,7 +133,7 @@ pub struct Compiled {
 }
 
 /// The passes of `--after`, in pipeline order.
-pub const STAGES: &[&str] = &["sema", "shard", "autodiff", "optimizer", "simplify", "replicate", "place", "partition"];
+pub const STAGES: &[&str] = &["sema", "shard", "pool_early", "autodiff", "optimizer", "simplify", "replicate", "place", "partition"];
 
 /// Analyses `source` and runs the passes before data parallelism; a module with no errors.
 pub fn front(source: &str, options: &CompileOptions) -> Result<(Module, Vec<Diagnostic>), CompileError> {
@@ -166,7 +166,7 @@ fn shard_options(options: &CompileOptions) -> ShardOptions {
     ShardOptions { min_shard_bytes: options.partition_min_bytes, max_shards: ps.max(1) as u32 }
 }
 
-/// shard → autodiff → optimizer → simplify, up to `last`; verified after each in debug builds.
+/// shard → pool_early → autodiff → optimizer → simplify, up to `last`; verified after each in debug builds.
 fn local_passes(module: &mut Module, last: Option<&str>, shard: &ShardOptions) {
     if last == Some("sema") {
         return;

@@ -1,7 +1,7 @@
 //! The passes over the IR. Each is a module with one entry function and no printing; the
 //! verifier runs after each in tests (`run_pipeline` verifies in debug builds).
 //!
-//! Order for training: autodiff → optimizer → simplify. `prune` selects what a given set of
+//! Order for training: pool_early → autodiff → optimizer → simplify. `prune` selects what a given set of
 //! fetches and targets needs, for running.
 
 mod autodiff;
@@ -10,6 +10,7 @@ pub mod fuse;
 mod optimizer;
 mod partition;
 mod place;
+mod pool_early;
 mod prune;
 mod replicate;
 mod shard;
@@ -22,6 +23,7 @@ pub use fuse::{fuse, Fusion, Kernel};
 pub use optimizer::apply_optimizer;
 pub use partition::{partition, transfer_names, Partitioned};
 pub use place::{balance, place, PlaceOptions, Placed, VariablePlacement};
+pub use pool_early::pool_early;
 pub use prune::{prune, PruneError};
 pub use replicate::{
     drop_cross_replica_means, replica_interfaces, replica_name, replicate, without_averages, BackupNodes,
@@ -34,7 +36,7 @@ pub use tensor_fusion::{fuse_all_reduces, FusionOptions};
 use dfc_ir::Module;
 
 /// The passes `dfc ir --after` and `dfc compile` know, in pipeline order.
-pub const PASSES: &[&str] = &["sema", "autodiff", "optimizer", "simplify"];
+pub const PASSES: &[&str] = &["sema", "pool_early", "autodiff", "optimizer", "simplify"];
 
 /// Runs the pipeline up to and including `last` (`None`: all of it). Debug builds verify the IR
 /// after every pass and panic on a broken invariant, naming the pass: that is a compiler bug.
@@ -50,6 +52,7 @@ pub fn run_pipeline(module: &mut Module, last: Option<&str>) {
 /// Runs one pass of `PASSES` (`sema` has run already: nothing to do), verified as above.
 pub fn run_pass(module: &mut Module, pass: &str) {
     match pass {
+        "pool_early" => pool_early(module),
         "autodiff" => autodiff(module),
         "optimizer" => apply_optimizer(module),
         "simplify" => simplify(module),
