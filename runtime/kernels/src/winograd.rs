@@ -1,27 +1,30 @@
-//! The forward 3×3 stride-1 convolution by Winograd's minimal filtering, F(2×2, 3×3) (Lavin and
-//! Gray, "Fast Algorithms for Convolutional Neural Networks", 2016): each 2×2 tile of output
-//! comes from a 4×4 tile of input in 16 multiplications per (channel, filter) instead of 36, so
-//! the products do 4/9 of the multiply-adds of `im2col` + GEMM.
+//! The forward 3×3 stride-1 convolution by Winograd's minimal filtering, F(4×4, 3×3) (Lavin and
+//! Gray, "Fast Algorithms for Convolutional Neural Networks", 2016): each 4×4 tile of output
+//! comes from a 6×6 tile of input in 36 multiplications per (channel, filter) instead of 144, so
+//! the products do a quarter of the multiply-adds of `im2col` + GEMM (F(2×2, 3×3), which this
+//! replaced, did 4/9: the CNN's conv2 took 1.27 ms by it).
 //!
-//! For a tile `d` (4×4, zeros outside the input) and a filter `g` (3×3), the output tile is
+//! For a tile `d` (6×6, zeros outside the input) and a filter `g` (3×3), the output tile is
 //! `Aᵀ [(G g Gᵀ) ⊙ (Bᵀ d B)] A`, with
 //!
 //! ```text
-//!      | 1  0 -1  0 |        | 1    0    0  |
-//! Bᵀ = | 0  1  1  0 |    G = | 1/2  1/2  1/2 |    Aᵀ = | 1  1  1  0 |
-//!      | 0 -1  1  0 |        | 1/2 -1/2  1/2 |         | 0  1 -1 -1 |
-//!      | 0  1  0 -1 |        | 0    0    1  |
+//!      | 4  0 -5  0  1  0 |         |  1/4    0     0   |
+//!      | 0 -4 -4  1  1  0 |         | -1/6  -1/6  -1/6  |         | 1  1  1  1  1  0 |
+//! Bᵀ = | 0  4 -4 -1  1  0 |     G = | -1/6   1/6  -1/6  |    Aᵀ = | 0  1 -1  2 -2  0 |
+//!      | 0 -2 -1  2  1  0 |         |  1/24  1/12  1/6  |         | 0  1  1  4  4  0 |
+//!      | 0  2 -1 -2  1  0 |         |  1/24 -1/12  1/6  |         | 0  1 -1  8 -8  1 |
+//!      | 0  4  0 -5  0  1 |         |  0     0     1    |
 //! ```
 //!
-//! Summed over channels, each of the 16 positions ξ of the transformed tile is a matrix
+//! Summed over channels, each of the 36 positions ξ of the transformed tile is a matrix
 //! product: `M[ξ] (tiles × filters) = V[ξ] (tiles × channels) · U[ξ] (channels × filters)`, with
 //! `U = G g Gᵀ` (the filter, transformed once per call) and `V = Bᵀ d B` (the input, a chunk of
 //! tiles at a time). The transforms work on runs of channels (or filters), contiguous in NHWC,
 //! 16 at a time.
 //!
 //! It pays where the products dominate: enough channels and filters that the transforms are a
-//! small share (`applies`). The rounding differs from `im2col`'s (the transforms add and halve
-//! before multiplying), within the tolerance the convolutions are tested at.
+//! small share (`applies`). The rounding differs from `im2col`'s (the transforms scale and add
+//! before multiplying, by factors up to 8), within the tolerance the convolutions are tested at.
 
 use crate::conv::{separated, share_images};
 use crate::geometry::Conv2dGeometry;
@@ -29,20 +32,25 @@ use dfc_gemm::sgemm;
 use rayon::prelude::*;
 use std::ops::Range;
 
+/// The side of an output tile.
+const M: usize = 4;
+/// The side of an input tile: M + 3 − 1.
+const ALPHA: usize = M + 2;
 /// Positions of a transformed tile.
-const XI: usize = 16;
+const XI: usize = ALPHA * ALPHA;
 /// Channels (or filters) a transform handles at once: one zmm register of f32s.
 const LANES: usize = 16;
 /// The fewest input channels and filters with which Winograd is used: the transforms' work per
 /// tile grows with channels + filters, the products' with channels × filters. Measured with
-/// `cargo bench -p dfc-kernels --bench conv`, the CNN's conv2 (32 → 64) takes 1.27 ms against
-/// 1.43 ms by `im2col` (AMD EPYC, AVX-512, 2 threads); a first layer of one channel would spend
-/// its time in the transforms (and takes the `thin` path).
+/// `cargo bench -p dfc-kernels --bench conv`, the CNN's conv2 (32 → 64) takes 0.86–0.90 ms
+/// against 1.34–1.36 ms by F(2×2, 3×3) and 1.43 ms by `im2col` (AMD EPYC, AVX-512, 2 threads);
+/// a first layer of one channel would spend its time in the transforms (and takes the `thin`
+/// path).
 const MIN_CHANNELS: usize = 16;
 const MIN_FILTERS: usize = 16;
 /// The transformed input and products of a chunk of tiles aim at this many floats (512 KiB), so
 /// that a chunk stays in L2 between the transforms and the products (2^16 and 2^18 measured
-/// slower on the CNN's conv2).
+/// slower on the CNN's conv2, with F(2×2, 3×3)).
 const CHUNK_FLOATS: usize = 1 << 17;
 /// Tiles below which the work stays on the calling thread.
 const PARALLEL_MIN_TILES: usize = 64;
@@ -89,7 +97,7 @@ impl Plan {
 }
 
 fn tiles_per_image(g: &Conv2dGeometry) -> (usize, usize) {
-    (g.out_h.div_ceil(2), g.out_w.div_ceil(2))
+    (g.out_h.div_ceil(M), g.out_w.div_ceil(M))
 }
 
 fn filter_len(g: &Conv2dGeometry) -> usize {
@@ -192,8 +200,11 @@ widest!(transform_outputs => transform_outputs_impl(
     g: &Conv2dGeometry, m: &[f32], tile0: usize, tiles: usize, image0: usize, out: &mut [f32]
 ));
 
-/// A 4×4 tile of runs of lanes, position `i·4 + j`.
-type Tile = [[f32; LANES]; 16];
+/// Lanes of one position: a run of channels (or filters).
+type Run = [f32; LANES];
+
+/// An ALPHA×ALPHA tile of runs, position `i·ALPHA + j`.
+type Tile = [Run; XI];
 
 /// A tile on the stack, each run on a cache line of its own: unaligned, a tile's loads and stores would straddle
 /// lines by where the stack happens to be (which varies between processes).
@@ -208,23 +219,19 @@ fn transform_filter_impl(g: &Conv2dGeometry, filter: &[f32], u: &mut [f32]) {
         for f0 in (0..f).step_by(LANES) {
             let lanes = LANES.min(f - f0);
             // The taps, position ky·3 + kx.
-            let taps: [[f32; LANES]; 9] = std::array::from_fn(|k| load(&filter[(k * c + ch) * f + f0..], lanes));
-            // G g (4 rows of 3 columns), then (G g) Gᵀ.
-            let mut gg = [[0.0f32; LANES]; 12];
-            let mut tile: Tile = [[0.0; LANES]; 16];
-            for l in 0..LANES {
-                for kx in 0..3 {
-                    let column = g_times([taps[kx][l], taps[3 + kx][l], taps[6 + kx][l]]);
-                    for (i, value) in column.into_iter().enumerate() {
-                        gg[i * 3 + kx][l] = value;
-                    }
+            let taps = gather::<9>(|k| load(&filter[(k * c + ch) * f + f0..], lanes), 0, 1);
+            // G g (ALPHA rows of 3 columns), then (G g) Gᵀ.
+            let mut gg = [[0.0f32; LANES]; ALPHA * 3];
+            for kx in 0..3 {
+                let column = lanewise(&gather::<3>(|k| taps[k], kx, 3), g_times);
+                for (i, run) in column.into_iter().enumerate() {
+                    gg[i * 3 + kx] = run;
                 }
-                for i in 0..4 {
-                    let row = g_times([gg[i * 3][l], gg[i * 3 + 1][l], gg[i * 3 + 2][l]]);
-                    for (j, value) in row.into_iter().enumerate() {
-                        tile[i * 4 + j][l] = value;
-                    }
-                }
+            }
+            let mut tile: Tile = [[0.0; LANES]; XI];
+            for i in 0..ALPHA {
+                let row = lanewise(&gather::<3>(|k| gg[k], i * 3, 1), g_times);
+                tile[i * ALPHA..(i + 1) * ALPHA].copy_from_slice(&row);
             }
             for (xi, run) in tile.iter().enumerate() {
                 store(&mut u[(xi * c + ch) * f + f0..], run, lanes);
@@ -234,7 +241,7 @@ fn transform_filter_impl(g: &Conv2dGeometry, filter: &[f32], u: &mut [f32]) {
 }
 
 /// The first `lanes` floats of `from` (at most `LANES`), zeros after them. A whole run is one
-/// fixed-size copy (a vector load), not a call of `memcpy`.
+/// fixed-size copy (a vector load) where `lanes` is known to be `LANES` (`for_runs`).
 #[inline(always)]
 fn load(from: &[f32], lanes: usize) -> [f32; LANES] {
     if lanes == LANES {
@@ -244,6 +251,25 @@ fn load(from: &[f32], lanes: usize) -> [f32; LANES] {
         run[..lanes].copy_from_slice(&from[..lanes]);
         run
     }
+}
+
+/// `body` for each run of `len` channels, with `start` and `lanes` bound: whole runs with
+/// `lanes` the constant `LANES`, so that their loads and stores are vector moves (with `lanes` a
+/// variable, the compiler merged the whole and partial copies into calls of `memcpy`), then the
+/// rest. A macro, where a closure would be compiled apart from the caller's vector width.
+macro_rules! for_runs {
+    ($len:expr, |$start:ident, $lanes:ident| $body:block) => {{
+        let len: usize = $len;
+        let whole = len - len % LANES;
+        for $start in (0..whole).step_by(LANES) {
+            let $lanes = LANES;
+            $body
+        }
+        if whole < len {
+            let ($start, $lanes) = (whole, len - whole);
+            $body
+        }
+    }};
 }
 
 /// Writes the first `lanes` floats of `run` to the start of `to`.
@@ -258,87 +284,117 @@ fn store(to: &mut [f32], run: &[f32; LANES], lanes: usize) {
 
 /// `G · [g0, g1, g2]`.
 #[inline(always)]
-fn g_times([g0, g1, g2]: [f32; 3]) -> [f32; 4] {
-    [g0, 0.5 * (g0 + g1 + g2), 0.5 * (g0 - g1 + g2), g2]
+fn g_times([g0, g1, g2]: [f32; 3]) -> [f32; ALPHA] {
+    let (even, odd) = (g0 + g2, g1);
+    let (quarter, half) = (0.25 * g0 + g2, 0.5 * g1);
+    [0.25 * g0, -(even + odd) / 6.0, -(even - odd) / 6.0, (quarter + half) / 6.0, (quarter - half) / 6.0, g2]
 }
 
-/// `Bᵀ · [d0, d1, d2, d3]`.
+/// `Bᵀ · [d0, ..., d5]`.
 #[inline(always)]
-fn bt_times([d0, d1, d2, d3]: [f32; 4]) -> [f32; 4] {
-    [d0 - d2, d1 + d2, d2 - d1, d1 - d3]
+fn bt_times([d0, d1, d2, d3, d4, d5]: [f32; ALPHA]) -> [f32; ALPHA] {
+    let (a, b) = (d4 - 4.0 * d2, d3 - 4.0 * d1);
+    let (c, e) = (d4 - d2, 2.0 * (d3 - d1));
+    [4.0 * d0 - 5.0 * d2 + d4, a + b, a - b, c + e, c - e, 4.0 * d1 - 5.0 * d3 + d5]
 }
 
-/// `Aᵀ · [m0, m1, m2, m3]`.
+/// `Aᵀ · [m0, ..., m5]`.
 #[inline(always)]
-fn at_times([m0, m1, m2, m3]: [f32; 4]) -> [f32; 2] {
-    [m0 + m1 + m2, m1 - m2 - m3]
+fn at_times([m0, m1, m2, m3, m4, m5]: [f32; ALPHA]) -> [f32; M] {
+    let (sum12, dif12, sum34, dif34) = (m1 + m2, m1 - m2, m3 + m4, m3 - m4);
+    [m0 + sum12 + sum34, dif12 + 2.0 * dif34, sum12 + 4.0 * sum34, dif12 + 8.0 * dif34 + m5]
+}
+
+/// `f` applied lane by lane to N runs, giving K runs: a loop over the lanes that compiles to
+/// vector operations, one per operation of `f`. (Plain loops throughout: `std::array::from_fn`
+/// left calls of its closure and copies of whole tiles in the compiled transforms.)
+#[inline(always)]
+#[allow(clippy::needless_range_loop)] // lane `l` of every run at once: one vector operation each
+fn lanewise<const N: usize, const K: usize>(runs: &[Run; N], f: impl Fn([f32; N]) -> [f32; K]) -> [Run; K] {
+    let mut out = [[0.0; LANES]; K];
+    for l in 0..LANES {
+        let mut x = [0.0; N];
+        for i in 0..N {
+            x[i] = runs[i][l];
+        }
+        let y = f(x);
+        for k in 0..K {
+            out[k][l] = y[k];
+        }
+    }
+    out
+}
+
+/// Runs `at(first)`, `at(first + step)`, ..., N of them.
+#[inline(always)]
+fn gather<const N: usize>(at: impl Fn(usize) -> Run, first: usize, step: usize) -> [Run; N] {
+    let mut runs = [[0.0; LANES]; N];
+    for (i, run) in runs.iter_mut().enumerate() {
+        *run = at(first + i * step);
+    }
+    runs
 }
 
 /// `Bᵀ d B` of a tile, in place.
 #[inline(always)]
-#[allow(clippy::needless_range_loop)] // lane `l` of sixteen runs at once: one vector operation each
 fn input_transform(d: &mut Tile) {
-    for l in 0..LANES {
-        for j in 0..4 {
-            let column = bt_times([d[j][l], d[4 + j][l], d[8 + j][l], d[12 + j][l]]);
-            for (i, value) in column.into_iter().enumerate() {
-                d[i * 4 + j][l] = value;
-            }
+    for j in 0..ALPHA {
+        let column = lanewise(&gather::<ALPHA>(|xi| d[xi], j, ALPHA), bt_times);
+        for (i, run) in column.into_iter().enumerate() {
+            d[i * ALPHA + j] = run;
         }
-        for i in 0..4 {
-            let row = bt_times([d[i * 4][l], d[i * 4 + 1][l], d[i * 4 + 2][l], d[i * 4 + 3][l]]);
-            for (j, value) in row.into_iter().enumerate() {
-                d[i * 4 + j][l] = value;
-            }
-        }
+    }
+    for i in 0..ALPHA {
+        let row = lanewise(&gather::<ALPHA>(|xi| d[xi], i * ALPHA, 1), bt_times);
+        d[i * ALPHA..(i + 1) * ALPHA].copy_from_slice(&row);
     }
 }
 
-/// `Aᵀ m A` of a tile: the 2×2 output, position `i·2 + j`.
+/// `Aᵀ m A` of a tile, run `at(ξ)` holding position ξ: `emit(i·M + j, run)` for each of the
+/// M×M outputs, with `rows` for the first pass (the caller's, so that it is not zeroed per tile).
 #[inline(always)]
-fn output_transform(m: &Tile) -> [[f32; LANES]; 4] {
-    let mut rows = [[0.0f32; LANES]; 8];
-    let mut y = [[0.0f32; LANES]; 4];
-    for l in 0..LANES {
-        for j in 0..4 {
-            let column = at_times([m[j][l], m[4 + j][l], m[8 + j][l], m[12 + j][l]]);
-            for (i, value) in column.into_iter().enumerate() {
-                rows[i * 4 + j][l] = value;
-            }
-        }
-        for i in 0..2 {
-            let row = at_times([rows[i * 4][l], rows[i * 4 + 1][l], rows[i * 4 + 2][l], rows[i * 4 + 3][l]]);
-            for (j, value) in row.into_iter().enumerate() {
-                y[i * 2 + j][l] = value;
-            }
+fn output_transform(at: impl Fn(usize) -> Run, rows: &mut [Run; M * ALPHA], mut emit: impl FnMut(usize, &Run)) {
+    for j in 0..ALPHA {
+        let column = lanewise(&gather::<ALPHA>(&at, j, ALPHA), at_times);
+        for (i, run) in column.into_iter().enumerate() {
+            rows[i * ALPHA + j] = run;
         }
     }
-    y
+    for i in 0..M {
+        let row = lanewise(&gather::<ALPHA>(|xi| rows[xi], i * ALPHA, 1), at_times);
+        for (j, run) in row.iter().enumerate() {
+            emit(i * M + j, run);
+        }
+    }
 }
 
 /// The image and the top-left output position of tile `tile` (numbered over all images).
 fn tile_at(g: &Conv2dGeometry, tile: usize) -> (usize, usize, usize) {
     let (th, tw) = tiles_per_image(g);
-    (tile / (th * tw), tile / tw % th * 2, tile % tw * 2)
+    (tile / (th * tw), tile / tw % th * M, tile % tw * M)
 }
 
 /// `V[ξ][t][c] = (Bᵀ d B)[ξ]` of tiles `tile0..tile0 + tiles` (the chunk's `t`-th at `t`).
 #[inline(always)]
 fn transform_inputs_impl(g: &Conv2dGeometry, input: &[f32], tile0: usize, tiles: usize, v: &mut [f32]) {
     let c = g.c;
+    // One tile for the call: zeroed again only where a tile reaches outside the input.
+    let AlignedTile(d) = &mut AlignedTile([[0.0; LANES]; XI]);
     for t in 0..tiles {
         let (b, oy, ox) = tile_at(g, tile0 + t);
         // The input row (or column) of tap i, if inside the input.
         let row = |i: usize| (oy + i).checked_sub(g.pad_top).filter(|&y| y < g.h);
         let col = |j: usize| (ox + j).checked_sub(g.pad_left).filter(|&x| x < g.w);
-        for c0 in (0..c).step_by(LANES) {
-            let lanes = LANES.min(c - c0);
-            let AlignedTile(d) = &mut AlignedTile([[0.0; LANES]; 16]);
-            for i in 0..4 {
+        let inside = row(0).is_some() && row(ALPHA - 1).is_some() && col(0).is_some() && col(ALPHA - 1).is_some();
+        for_runs!(c, |c0, lanes| {
+            if !inside {
+                *d = [[0.0; LANES]; XI];
+            }
+            for i in 0..ALPHA {
                 let Some(y) = row(i) else { continue };
-                for j in 0..4 {
+                for j in 0..ALPHA {
                     if let Some(x) = col(j) {
-                        d[i * 4 + j] = load(&input[((b * g.h + y) * g.w + x) * c + c0..], lanes);
+                        d[i * ALPHA + j] = load(&input[((b * g.h + y) * g.w + x) * c + c0..], lanes);
                     }
                 }
             }
@@ -346,7 +402,7 @@ fn transform_inputs_impl(g: &Conv2dGeometry, input: &[f32], tile0: usize, tiles:
             for (xi, run) in d.iter().enumerate() {
                 store(&mut v[(xi * tiles + t) * c + c0..], run, lanes);
             }
-        }
+        });
     }
 }
 
@@ -355,18 +411,21 @@ fn transform_inputs_impl(g: &Conv2dGeometry, input: &[f32], tile0: usize, tiles:
 #[inline(always)]
 fn transform_outputs_impl(g: &Conv2dGeometry, m: &[f32], tile0: usize, tiles: usize, image0: usize, out: &mut [f32]) {
     let f = g.filters;
+    let rows = &mut [[0.0f32; LANES]; M * ALPHA];
     for t in 0..tiles {
         let (b, oy, ox) = tile_at(g, tile0 + t);
-        for f0 in (0..f).step_by(LANES) {
-            let lanes = LANES.min(f - f0);
-            let mt = AlignedTile(std::array::from_fn(|xi| load(&m[(xi * tiles + t) * f + f0..], lanes)));
-            for (k, run) in output_transform(&mt.0).iter().enumerate() {
-                let (y, x) = (oy + k / 2, ox + k % 2);
-                if y < g.out_h && x < g.out_w {
-                    store(&mut out[(((b - image0) * g.out_h + y) * g.out_w + x) * f + f0..], run, lanes);
-                }
-            }
-        }
+        for_runs!(f, |f0, lanes| {
+            output_transform(
+                |xi| load(&m[(xi * tiles + t) * f + f0..], lanes),
+                rows,
+                |k, run| {
+                    let (y, x) = (oy + k / M, ox + k % M);
+                    if y < g.out_h && x < g.out_w {
+                        store(&mut out[(((b - image0) * g.out_h + y) * g.out_w + x) * f + f0..], run, lanes);
+                    }
+                },
+            )
+        });
     }
 }
 
