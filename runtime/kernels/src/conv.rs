@@ -17,7 +17,7 @@
 //!
 //! Windows of at most [`THIN_PATCH`] elements (a first layer on one channel) skip all this in
 //! the forward pass: see `thin`. So do 3×3 stride-1 windows over enough channels and filters,
-//! given the scratch for it: see `winograd`.
+//! given the scratch for it, in the forward pass and the input gradient: see `winograd`.
 //!
 //! Rounding: each output is a sum of products taken in the order `sgemm` chooses (and the filter
 //! gradient adds per-task partial sums), not the interpreter's strict left-to-right order, so
@@ -170,7 +170,11 @@ pub fn conv2d_scratch_len(g: &Conv2dGeometry) -> usize {
 
 /// Scratch elements (`f32`) that [`conv2d_backprop_input`] needs for geometry `g`.
 pub fn conv2d_backprop_input_scratch_len(g: &Conv2dGeometry) -> usize {
-    scratch_len_for(g, 0)
+    if winograd::backprop_input_applies(g) {
+        winograd::backprop_input_scratch_len(g)
+    } else {
+        scratch_len_for(g, 0)
+    }
 }
 
 /// Scratch elements (`f32`) that [`conv2d_backprop_filter`] needs for geometry `g`.
@@ -353,6 +357,11 @@ pub fn conv2d_backprop_input(
     }
     if patch == 0 || g.rows() == 0 {
         grad_input.fill(0.0);
+        return;
+    }
+    if winograd::backprop_input_applies(g)
+        && winograd::conv2d_backprop_input(g, filter, grad_output, grad_input, scratch)
+    {
         return;
     }
     let (plan, slab) = fitting_plan(g, 0, scratch.len());

@@ -1,4 +1,4 @@
-//! The forward 3×3 stride-1 convolution by Winograd's minimal filtering, F(4×4, 3×3) (Lavin and
+//! The forward 3×3 stride-1 convolution, and its input gradient, by Winograd's minimal filtering, F(4×4, 3×3) (Lavin and
 //! Gray, "Fast Algorithms for Convolutional Neural Networks", 2016): each 4×4 tile of output
 //! comes from a 6×6 tile of input in 36 multiplications per (channel, filter) instead of 144, so
 //! the products do a quarter of the multiply-adds of `im2col` + GEMM (F(2×2, 3×3), which this
@@ -68,6 +68,71 @@ pub(crate) fn applies(g: &Conv2dGeometry) -> bool {
         && g.filters >= MIN_FILTERS
         && g.out_h > 0
         && g.out_w > 0
+}
+
+/// The input gradient of `g` as a forward convolution that Winograd computes: the output
+/// gradient as the input (its filters as channels), padded by 2 − `g`'s padding so that each
+/// input pixel's window covers the outputs it fed, and the filter turned half a circle with its
+/// channels and filters swapped (`flip`); `None` unless `g` is 3×3 with stride 1.
+fn transposed(g: &Conv2dGeometry) -> Option<Conv2dGeometry> {
+    (g.kh == 3 && g.kw == 3 && g.stride_h == 1 && g.stride_w == 1 && g.pad_top <= 2 && g.pad_left <= 2).then(|| {
+        Conv2dGeometry {
+            h: g.out_h,
+            w: g.out_w,
+            c: g.filters,
+            filters: g.c,
+            pad_top: 2 - g.pad_top,
+            pad_left: 2 - g.pad_left,
+            out_h: g.h,
+            out_w: g.w,
+            ..*g
+        }
+    })
+}
+
+/// Whether the input gradient of `g` runs here rather than through `im2col` and `col2im`.
+pub(crate) fn backprop_input_applies(g: &Conv2dGeometry) -> bool {
+    transposed(g).is_some_and(|t| applies(&t))
+}
+
+/// Scratch floats that `conv2d_backprop_input` uses at most: the turned filter, then a forward
+/// convolution's.
+pub(crate) fn backprop_input_scratch_len(g: &Conv2dGeometry) -> usize {
+    transposed(g).map_or(0, |t| t.filter_len() + scratch_len(&t))
+}
+
+/// `grad_input` of `conv2d` for a geometry whose input gradient `backprop_input_applies`, if
+/// `scratch` is large enough; returns whether it ran (as `conv2d`).
+pub(crate) fn conv2d_backprop_input(
+    g: &Conv2dGeometry,
+    filter: &[f32],
+    grad_output: &[f32],
+    grad_input: &mut [f32],
+    scratch: &mut [f32],
+) -> bool {
+    let Some(t) = transposed(g) else { return false };
+    if scratch.len() < t.filter_len() {
+        return false;
+    }
+    let (turned, rest) = scratch.split_at_mut(t.filter_len());
+    flip(g, filter, turned);
+    conv2d(&t, grad_output, turned, grad_input, rest)
+}
+
+/// `turned[ky][kx][f][c] = filter[2 − ky][2 − kx][c][f]` for a 3×3 filter (HWIO).
+fn flip(g: &Conv2dGeometry, filter: &[f32], turned: &mut [f32]) {
+    let (c, f) = (g.c, g.filters);
+    for ky in 0..3 {
+        for kx in 0..3 {
+            let from = &filter[((2 - ky) * 3 + 2 - kx) * c * f..][..c * f];
+            let to = &mut turned[(ky * 3 + kx) * f * c..][..f * c];
+            for ch in 0..c {
+                for k in 0..f {
+                    to[k * c + ch] = from[ch * f + k];
+                }
+            }
+        }
+    }
 }
 
 /// How one call splits its work: `tasks` tasks of whole images, each walking its tiles in
@@ -464,6 +529,63 @@ mod tests {
             }
         }
         out
+    }
+
+    /// The input gradient by its definition, summed in f64.
+    fn direct_backprop_input(g: &Conv2dGeometry, f: &[f32], go: &[f32]) -> Vec<f64> {
+        let mut grad = vec![0.0; g.input_len()];
+        for b in 0..g.n {
+            for oy in 0..g.out_h {
+                for ox in 0..g.out_w {
+                    for ky in 0..3 {
+                        for kx in 0..3 {
+                            let (Some(y), Some(x)) =
+                                ((oy + ky).checked_sub(g.pad_top), (ox + kx).checked_sub(g.pad_left))
+                            else {
+                                continue;
+                            };
+                            if y >= g.h || x >= g.w {
+                                continue;
+                            }
+                            for c in 0..g.c {
+                                for k in 0..g.filters {
+                                    grad[((b * g.h + y) * g.w + x) * g.c + c] +=
+                                        f64::from(go[((b * g.out_h + oy) * g.out_w + ox) * g.filters + k])
+                                            * f64::from(f[((ky * 3 + kx) * g.c + c) * g.filters + k]);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        grad
+    }
+
+    /// The input gradient as a forward convolution of the output gradient (valid and same
+    /// padding, odd and even sizes), against the definition.
+    #[test]
+    fn input_gradient_agrees_with_the_definition() {
+        let mut rng = fastrand::Rng::with_seed(12);
+        for (mut input, filters, padding) in [
+            ([2, 13, 13, 32], 64, Padding::Valid),
+            ([3, 6, 9, 17], 18, Padding::Same),
+            ([1, 8, 5, 20], 33, Padding::Valid),
+        ] {
+            input[0] *= rayon::current_num_threads();
+            let g = Conv2dGeometry::new(input, [3, 3, input[3], filters], [1, 1], padding);
+            assert!(backprop_input_applies(&g));
+            let f: Vec<f32> = (0..g.filter_len()).map(|_| rng.f32() * 2.0 - 1.0).collect();
+            let go: Vec<f32> = (0..g.output_len()).map(|_| rng.f32() * 2.0 - 1.0).collect();
+            let want = direct_backprop_input(&g, &f, &go);
+            let bound = (9 * g.filters) as f64 * 1e-6;
+            let mut grad = vec![f32::NAN; g.input_len()];
+            let mut scratch = vec![0.0; backprop_input_scratch_len(&g)];
+            assert!(conv2d_backprop_input(&g, &f, &go, &mut grad, &mut scratch), "{input:?}");
+            for (i, (&got, &want)) in grad.iter().zip(&want).enumerate() {
+                assert!((f64::from(got) - want).abs() <= bound, "{input:?} {i}: {got} against {want}");
+            }
+        }
     }
 
     /// Odd and even outputs (a last tile half outside), channels and filters not a multiple of

@@ -241,9 +241,10 @@ fn thin_windows_are_exact() {
     }
 }
 
-/// 3×3 stride-1 windows over 16 channels or more (Winograd's F(2×2, 3×3)): odd and even
-/// outputs, `same` and `valid`, channels and filters not a multiple of 16, a batch split over
-/// threads; the gradients, which stay on `im2col`, checked with them.
+/// 3×3 stride-1 windows over 16 channels or more (Winograd's F(4×4, 3×3), for the forward pass
+/// and the input gradient): odd and even outputs, `same` and `valid`, channels and filters not a
+/// multiple of 16, a batch split over threads; the filter gradient, which stays on `im2col`,
+/// checked with them.
 #[test]
 fn winograd_shapes_agree_with_the_interpreter() {
     let mut rng = rng(6);
