@@ -192,7 +192,9 @@ unsafe fn kernel<const R: usize, const IN_PLACE: bool, const WIDE: bool>(
             }
         }
         if tc {
-            store_transposed::<R>(&acc, c, ldc, nr, overwrite);
+            // By value: a reference would let the accumulators' address escape, and the array would be zeroed in
+            // memory (a call of `memset`) on every call of the kernel, transposed or not.
+            store_transposed::<R>(acc, c, ldc, nr, overwrite);
             return;
         }
         let (m0, m1) = (tail_mask(nr), tail_mask(nr.saturating_sub(16)));
@@ -222,7 +224,7 @@ unsafe fn kernel<const R: usize, const IN_PLACE: bool, const WIDE: bool>(
 #[inline(never)]
 #[target_feature(enable = "avx512f")]
 unsafe fn store_transposed<const R: usize>(
-    acc: &[[__m512; 2]; MR],
+    acc: [[__m512; 2]; MR],
     c: *mut f32,
     ldc: usize,
     nr: usize,
@@ -235,7 +237,7 @@ unsafe fn store_transposed<const R: usize>(
             break;
         }
         let mut rows = [_mm512_setzero_ps(); 16];
-        for (row, acc) in rows.iter_mut().zip(acc).take(R) {
+        for (row, acc) in rows.iter_mut().zip(&acc).take(R) {
             *row = acc[half];
         }
         for (j, v) in transpose16(rows).iter().enumerate().take(cols) {
