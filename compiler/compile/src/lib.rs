@@ -133,7 +133,8 @@ pub struct Compiled {
 }
 
 /// The passes of `--after`, in pipeline order.
-pub const STAGES: &[&str] = &["sema", "shard", "pool_early", "autodiff", "optimizer", "simplify", "replicate", "place", "partition"];
+pub const STAGES: &[&str] =
+    &["sema", "shard", "pool_early", "autodiff", "optimizer", "simplify", "replicate", "place", "partition"];
 
 /// Analyses `source` and runs the passes before data parallelism; a module with no errors.
 pub fn front(source: &str, options: &CompileOptions) -> Result<(Module, Vec<Diagnostic>), CompileError> {

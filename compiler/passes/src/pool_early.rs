@@ -46,8 +46,8 @@ fn chain_before(module: &Module, pool: NodeId, referenced: &HashSet<TensorRef>) 
     let (mut user, mut tensor) = (pool, graph.inputs(pool)[0]);
     loop {
         let node = graph.node(tensor.node);
-        let alone =
-            graph.users(tensor.node) == [user] && graph.inputs(user).iter().filter(|&&input| input == tensor).count() == 1;
+        let alone = graph.users(tensor.node) == [user]
+            && graph.inputs(user).iter().filter(|&&input| input == tensor).count() == 1;
         if !alone
             || node.outputs.len() != 1
             || referenced.contains(&tensor)

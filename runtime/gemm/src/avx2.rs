@@ -18,7 +18,7 @@
 use std::arch::x86_64::*;
 use std::cell::Cell;
 
-use crate::avx512::{Buf, Product};
+use crate::avx512::{dot, Buf, Product};
 use crate::pool;
 
 /// Rows of the microkernel tile.
@@ -55,6 +55,16 @@ const PARALLEL_MIN: usize = 1 << 20;
 pub(crate) unsafe fn sgemm(p: Product, parallel: bool) {
     let p = if cost(&p.transposed()) < 0.9 * cost(&p) { p.transposed() } else { p };
     let threads = if parallel { rayon::current_num_threads() } else { 1 };
+    // A thin product (C or Cᵀ of at most 16 columns) as dot products, where that costs less than tiles.
+    let as_dots = [p, p.transposed()]
+        .into_iter()
+        .filter(dot::applies)
+        .min_by(|x, y| dot_cost(x).total_cmp(&dot_cost(y)))
+        .filter(|thin| dot_cost(thin) < 0.95 * cost(&p));
+    if let Some(thin) = as_dots {
+        // SAFETY: the caller's contract.
+        return unsafe { dot::sgemm_avx2(&thin, threads) };
+    }
     if threads <= 1 || p.m * p.n * p.k < PARALLEL_MIN {
         // SAFETY: the caller's contract.
         unsafe { block(&p, 0, p.m, 0, p.n) };
@@ -95,6 +105,16 @@ fn cost(p: &Product) -> f64 {
     let pack_b = (p.k * p.n) as f64 / 8.0 * if p.tb { 8.0 } else { 1.0 };
     let pack_a = if p.ta { (p.m * p.k) as f64 / 2.0 } else { 0.0 };
     tiles + pack_b + pack_a
+}
+
+/// `cost`'s estimate for `p` computed as dot products (`dot`): FMAs of 8 full lanes, about four operations to add
+/// up each result's lanes, and packing a row-major B into Bᵀ element by element.
+fn dot_cost(p: &Product) -> f64 {
+    let computed = p.n.div_ceil(5).min(p.n.div_ceil(4)) as f64 * 5.0;
+    let fmas = p.m as f64 * computed * p.k as f64 / 8.0;
+    let sums = p.m as f64 * computed * 4.0;
+    let pack = if p.tb { 0.0 } else { (p.k * p.n) as f64 };
+    fmas + sums + pack
 }
 
 /// Rows `i0..i1` and columns `j0..j1` of the product, written to C: overwriting it unless `accumulate`.
@@ -315,9 +335,9 @@ unsafe fn kernel<const R: usize, const IN_PLACE: bool>(
 
 #[cfg(test)]
 mod tests {
-    //! The AVX2 kernels called directly (tests/sgemm.rs reaches them only on CPUs without AVX-512), against a
-    //! naive product: every edge of the tiles and blocks, both layouts of each operand, C stored transposed,
-    //! α, accumulation, and the parallel splits.
+    //! The AVX2 kernels called directly (tests/sgemm.rs reaches them only on CPUs without AVX-512, or with
+    //! `DFC_GEMM=avx2`), against a naive product: every edge of the tiles and blocks, both layouts of each operand,
+    //! C stored transposed, α, accumulation, the parallel splits, and thin products as dot products.
 
     use super::*;
 
@@ -339,6 +359,11 @@ mod tests {
             (128, 256, 784),
             (784, 256, 128),
             (128, 10, 256),
+            // Thin, with long reductions: dot products (`dot::sgemm_avx2`), reductions not a multiple of 8.
+            (100, 10, 784),
+            (9, 300, 1001),
+            (257, 3, 130),
+            (70, 16, 64),
         ]);
         for (m, n, k) in shapes {
             let (ta, tb, tc, accumulate) = (rng.bool(), rng.bool(), rng.bool(), rng.bool());

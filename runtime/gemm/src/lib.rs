@@ -3,7 +3,8 @@
 //! On x86-64 CPUs (detected at run time) the products run on this crate's own kernels, with chunks shared with
 //! rayon's workers through `pool`: with AVX-512F, `avx512` (packed panels, a 12×32 register-blocked
 //! microkernel); with AVX2 and FMA, `avx2` (a 6×16 microkernel). On other CPUs they run on the `gemm` crate,
-//! which allocates its packing buffers on every call.
+//! which allocates its packing buffers on every call. `DFC_GEMM=avx2` (or `portable`) picks the narrower kernels
+//! on a CPU with more, to measure them there.
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
@@ -118,8 +119,11 @@ fn product(
     }
     #[cfg(target_arch = "x86_64")]
     {
-        let avx512 = std::arch::is_x86_feature_detected!("avx512f");
-        let avx2 = std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma");
+        let (avx512, avx2) = match kernels() {
+            Kernels::Avx512 => (true, false),
+            Kernels::Avx2 => (false, true),
+            Kernels::Portable => (false, false),
+        };
         if !avx512 && !avx2 {
             return gemm_crate(m, n, k, alpha, a, lda, transpose_a, b, ldb, transpose_b, c, ldc, accumulate, parallel);
         }
@@ -152,6 +156,40 @@ fn product(
     }
     #[cfg(not(target_arch = "x86_64"))]
     gemm_crate(m, n, k, alpha, a, lda, transpose_a, b, ldb, transpose_b, c, ldc, accumulate, parallel);
+}
+
+/// Names the narrower kernels for every product: `avx2` (an AVX2-only CPU's) or `portable` (the `gemm`
+/// crate's), to measure them on a CPU that has more (`cargo bench -p dfc-gemm --bench sgemm`).
+pub const KERNELS_VARIABLE: &str = "DFC_GEMM";
+
+/// The kernels the products run on.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kernels {
+    Avx512,
+    Avx2,
+    Portable,
+}
+
+/// The widest kernels this CPU can run, or narrower ones where `DFC_GEMM` asks for them (found once).
+#[cfg(target_arch = "x86_64")]
+fn kernels() -> Kernels {
+    static KERNELS: std::sync::OnceLock<Kernels> = std::sync::OnceLock::new();
+    *KERNELS.get_or_init(|| {
+        let avx2 = std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma");
+        let widest = if std::arch::is_x86_feature_detected!("avx512f") {
+            Kernels::Avx512
+        } else if avx2 {
+            Kernels::Avx2
+        } else {
+            Kernels::Portable
+        };
+        match std::env::var(KERNELS_VARIABLE).as_deref() {
+            Ok("avx2") if avx2 => Kernels::Avx2,
+            Ok("portable") => Kernels::Portable,
+            _ => widest,
+        }
+    })
 }
 
 /// Asserts that a slice of `len` floats holds `rows` rows of `cols`, `ld` apart.

@@ -9,6 +9,9 @@
 //! alignment: 58 or 67 µs for the logreg's step, from one process to the next.) At the end each
 //! accumulator's 16 lanes are added up. Rows and columns past the block's end repeat the last one, and are not
 //! stored.
+//!
+//! CPUs with AVX2 but not AVX-512 (`sgemm_avx2`) have 16 ymm registers of 8 lanes: R = 2 rows × N columns in 8–10
+//! accumulators, the rest alike.
 
 use std::arch::x86_64::*;
 use std::cell::Cell;
@@ -32,7 +35,7 @@ thread_local! {
 }
 
 /// Whether `p` (as oriented) can be computed as dot products.
-pub(super) fn applies(p: &Product) -> bool {
+pub(crate) fn applies(p: &Product) -> bool {
     p.n <= MAX_N && !p.ta && p.k >= MIN_K
 }
 
@@ -61,6 +64,31 @@ fn columns(n: usize) -> usize {
 /// AVX-512F, and every element of A, B and C that `p` addresses is in bounds.
 #[target_feature(enable = "avx512f")]
 pub(super) unsafe fn sgemm(p: &Product, threads: usize) {
+    // SAFETY: the caller's contract; `rows_of` needs AVX-512F, which the caller's CPU has.
+    let rows = |i0, i1, bt, ldbt| unsafe { rows_of(p, i0, i1, bt, ldbt) };
+    // SAFETY: the caller's contract.
+    unsafe { sgemm_with(p, threads, cost(p), rows) }
+}
+
+/// `sgemm` on a CPU with AVX2 and FMA.
+///
+/// # Safety
+/// AVX2 and FMA, and every element of A, B and C that `p` addresses is in bounds.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn sgemm_avx2(p: &Product, threads: usize) {
+    // SAFETY: the caller's contract; `rows_of_avx2` needs AVX2 and FMA, which the caller's CPU has.
+    let rows = |i0, i1, bt, ldbt| unsafe { rows_of_avx2(p, i0, i1, bt, ldbt) };
+    // SAFETY: the caller's contract.
+    unsafe { sgemm_with(p, threads, cost(p), rows) }
+}
+
+/// Packs Bᵀ where B is row-major, then `rows(i0, i1, bt, ldbt)` over C's rows, in chunks on the pool where the
+/// product's `cost` pays for it.
+///
+/// # Safety
+/// Every element of A, B and C that `p` addresses is in bounds, and `rows` computes C's rows `i0..i1` from Bᵀ.
+#[inline(always)]
+unsafe fn sgemm_with(p: &Product, threads: usize, cost: f64, rows: impl Fn(usize, usize, *const f32, usize) + Sync) {
     let mut packed = BT.take();
     let (bt, ldbt) = if p.tb {
         (p.b, p.ldb)
@@ -76,17 +104,15 @@ pub(super) unsafe fn sgemm(p: &Product, threads: usize) {
     };
     let chunks = p.m.div_ceil(CHUNK_ROWS);
     // Split only where a thread's half of the work outweighs handing it over.
-    if threads > 1 && chunks > 1 && cost(p) > 2.0 * super::PARALLEL_OVERHEAD {
+    if threads > 1 && chunks > 1 && cost > 2.0 * super::PARALLEL_OVERHEAD {
         let bt = SendPtr(bt.cast_mut());
         let work = |c: usize| {
-            let rows = c * CHUNK_ROWS..((c + 1) * CHUNK_ROWS).min(p.m);
-            // SAFETY: chunks write disjoint rows of C; Bᵀ is read-only until `run_chunks` returns.
-            unsafe { rows_of(p, rows.start, rows.end, bt.get().cast_const(), ldbt) };
+            // Chunks write disjoint rows of C; Bᵀ is read-only until `run_chunks` returns.
+            rows(c * CHUNK_ROWS, ((c + 1) * CHUNK_ROWS).min(p.m), bt.get().cast_const(), ldbt);
         };
         pool::run_chunks(chunks, threads - 1, &work);
     } else {
-        // SAFETY: the caller's contract.
-        unsafe { rows_of(p, 0, p.m, bt, ldbt) };
+        rows(0, p.m, bt, ldbt);
     }
     BT.set(packed);
 }
@@ -162,4 +188,92 @@ unsafe fn block<const N: usize>(
             }
         }
     }
+}
+
+/// Rows of C an AVX2 kernel call computes: 2 × 5 accumulators, 2 rows of A and a column of Bᵀ fill 13 of the 16
+/// ymm registers.
+const R_AVX2: usize = 2;
+
+/// `rows_of` with AVX2 and FMA.
+///
+/// # Safety
+/// As `sgemm_avx2`.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn rows_of_avx2(p: &Product, i0: usize, i1: usize, bt: *const f32, ldbt: usize) {
+    let nc = columns(p.n);
+    for i in (i0..i1).step_by(R_AVX2) {
+        let rows = std::array::from_fn(|r| (i + r).min(i1 - 1));
+        for j in (0..p.n).step_by(nc) {
+            // SAFETY: the rows and columns are in C, A and Bᵀ (repeated ones too).
+            unsafe {
+                if nc == 5 {
+                    block_avx2::<5>(p, rows, i1 - i, j, bt, ldbt);
+                } else {
+                    block_avx2::<4>(p, rows, i1 - i, j, bt, ldbt);
+                }
+            }
+        }
+    }
+}
+
+/// `block` with AVX2 and FMA: 8 steps of the reduction per vector.
+///
+/// # Safety
+/// As `sgemm_avx2`; the rows are rows of C.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn block_avx2<const N: usize>(
+    p: &Product,
+    rows: [usize; R_AVX2],
+    live_rows: usize,
+    j: usize,
+    bt: *const f32,
+    ldbt: usize,
+) {
+    let cols: [usize; N] = std::array::from_fn(|c| (j + c).min(p.n - 1));
+    let mut acc = [[_mm256_setzero_ps(); N]; R_AVX2];
+    // SAFETY: every load reads steps q..q+8 (masked to k) of a row of A or of Bᵀ, in bounds by the contract.
+    unsafe {
+        let a: [*const f32; R_AVX2] = rows.map(|i| p.a.add(i * p.lda));
+        let b: [*const f32; N] = cols.map(|c| bt.add(c * ldbt));
+        let mut q = 0;
+        while q + 8 <= p.k {
+            let av = a.map(|row| _mm256_loadu_ps(row.add(q)));
+            for (c, col) in b.iter().enumerate() {
+                let bv = _mm256_loadu_ps(col.add(q));
+                for r in 0..R_AVX2 {
+                    acc[r][c] = _mm256_fmadd_ps(av[r], bv, acc[r][c]);
+                }
+            }
+            q += 8;
+        }
+        if q < p.k {
+            // Lanes below the steps left: all ones.
+            let mask =
+                _mm256_cmpgt_epi32(_mm256_set1_epi32((p.k - q) as i32), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+            let av = a.map(|row| _mm256_maskload_ps(row.add(q), mask));
+            for (c, col) in b.iter().enumerate() {
+                let bv = _mm256_maskload_ps(col.add(q), mask);
+                for r in 0..R_AVX2 {
+                    acc[r][c] = _mm256_fmadd_ps(av[r], bv, acc[r][c]);
+                }
+            }
+        }
+        for (&i, row) in rows.iter().zip(&acc).take(live_rows.min(R_AVX2)) {
+            for (c, lanes) in row.iter().enumerate().take(p.n - j) {
+                let sum = p.alpha * sum_lanes(*lanes);
+                let at = if p.tc { p.c.add((j + c) * p.ldc + i) } else { p.c.add(i * p.ldc + j + c) };
+                *at = if p.accumulate { *at + sum } else { sum };
+            }
+        }
+    }
+}
+
+/// The sum of a vector's 8 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn sum_lanes(v: __m256) -> f32 {
+    let halves = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let pairs = _mm_add_ps(halves, _mm_movehl_ps(halves, halves));
+    _mm_cvtss_f32(_mm_add_ss(pairs, _mm_movehdup_ps(pairs)))
 }

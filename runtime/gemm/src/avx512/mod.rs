@@ -22,7 +22,7 @@
 //! Threads (`plan`, `parallel_product`) take chunks of rows, of columns or of the reduction (then summed), chosen
 //! by the same cost estimate, through `pool::run_chunks`.
 
-mod dot;
+pub(crate) mod dot;
 mod kernel;
 mod pack;
 
