@@ -21,11 +21,13 @@ impl FlushDenormals {
     pub(crate) fn new() -> FlushDenormals {
         #[cfg(target_arch = "x86_64")]
         {
+            // Read first: where this thread is one of rayon's (`dfc` makes its main thread one), the broadcast
+            // sets it too, and dropping this restores the mode it had.
+            let saved = mxcsr();
             static WORKERS: std::sync::Once = std::sync::Once::new();
             WORKERS.call_once(|| {
                 rayon::broadcast(|_| set_mxcsr(mxcsr() | FLUSH));
             });
-            let saved = mxcsr();
             set_mxcsr(saved | FLUSH);
             FlushDenormals { saved }
         }

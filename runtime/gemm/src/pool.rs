@@ -255,19 +255,58 @@ pub struct Hold(());
 /// stay spinning, so that the next ones start without waking them.
 pub fn hold() -> Hold {
     POOL.holds.fetch_add(1, Ordering::AcqRel);
+    holding::enter();
     Hold(())
 }
 
-/// Makes this worker a held spinner when the pool is held by one run and has room for one more.
+/// Makes this worker a held spinner when the pool is held by one run and has room for one more. Never the thread
+/// of a run that holds the pool: where that thread is one of rayon's (`dfc` makes its main thread one), it may
+/// pick up a helper job of its own product that no worker took, and spinning there would stall its run.
 fn become_spinner() -> bool {
     let wanted = sync::threads().saturating_sub(1);
-    POOL.holds.load(Ordering::Acquire) == 1
+    !holding::here()
+        && POOL.holds.load(Ordering::Acquire) == 1
         && POOL.spinners.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < wanted).then_some(n + 1)).is_ok()
 }
 
 impl Drop for Hold {
     fn drop(&mut self) {
+        holding::leave();
         POOL.holds.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// How many holds this thread has taken and not dropped.
+#[cfg(not(feature = "loom"))]
+mod holding {
+    use std::cell::Cell;
+
+    thread_local! {
+        static HOLDS: Cell<usize> = const { Cell::new(0) };
+    }
+
+    pub fn enter() {
+        HOLDS.set(HOLDS.get() + 1);
+    }
+
+    pub fn leave() {
+        HOLDS.set(HOLDS.get().saturating_sub(1));
+    }
+
+    pub fn here() -> bool {
+        HOLDS.get() > 0
+    }
+}
+
+/// The model's threads are not the caller's: no thread of a run is one of its workers there.
+#[cfg(feature = "loom")]
+mod holding {
+    pub fn enter() {}
+
+    pub fn leave() {}
+
+    pub fn here() -> bool {
+        false
     }
 }
 
