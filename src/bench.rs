@@ -86,6 +86,7 @@ struct Report {
 pub fn bench(args: &BenchArgs) -> Outcome {
     let load_started = Instant::now();
     let plan = read_plan(&args.plan)?;
+    crate::run::compute_on_this_thread(&plan);
     let failure = |e: dfc_driver::RunError| Failure(e.to_string());
     let mut session = Session::with_backend(&plan, args.seed, args.backend.backend()).map_err(failure)?;
     let (fetches, targets): (Vec<&str>, Vec<&str>) = if args.inference {

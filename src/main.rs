@@ -390,16 +390,6 @@ struct Failure(String);
 
 type Outcome = Result<ExitCode, Failure>;
 
-/// Makes this thread, which runs the program's steps, one of rayon's threads: the pool is then this thread and
-/// one worker fewer than it would have (one per core, or `RAYON_NUM_THREADS`). Otherwise the steps ran on this
-/// thread beside as many workers as cores, and while a worker spun for the next product (`dfc_gemm::hold`), this
-/// thread and both workers shared two cores: a process now and then ran the CNN's inference at 3,400 µs against
-/// 1,230 (slower than on one thread), depending on where the scheduler put the three.
-fn compute_on_this_thread() {
-    // An error means the pool exists already: nothing to do.
-    let _ = rayon::ThreadPoolBuilder::new().use_current_thread().build_global();
-}
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
     if matches!(
@@ -411,9 +401,6 @@ fn main() -> ExitCode {
             | Command::Fmt { .. }
     ) {
         stop_quietly_on_a_closed_pipe();
-    }
-    if matches!(cli.command, Command::Bench(_) | Command::Run { .. } | Command::Sample { .. }) {
-        compute_on_this_thread();
     }
     let result = match cli.command {
         Command::Fmt { files, check } => Ok(fmt::run(&files, check)),
