@@ -32,8 +32,8 @@ pub fn pool_early(module: &mut Module) {
             continue;
         }
         let chain = chain_before(module, pool, &referenced);
-        if let Some(&(first, operand)) = chain.last() {
-            move_before(module, pool, &chain, (first, operand), &mut referenced);
+        if !chain.is_empty() {
+            move_before(module, pool, &chain, &mut referenced);
         }
     }
 }
@@ -99,14 +99,10 @@ fn has_control_inputs(module: &Module, id: NodeId) -> bool {
 }
 
 /// `pool` reads what the chain's first node read, the chain reads the pooled tensor, and the
-/// pool's users (and the module's references to it) read the chain's last node.
-fn move_before(
-    module: &mut Module,
-    pool: NodeId,
-    chain: &[(NodeId, u32)],
-    (first, operand): (NodeId, u32),
-    referenced: &mut HashSet<TensorRef>,
-) {
+/// pool's users (and the module's references to it) read the chain's last node. `chain` is
+/// `chain_before`'s, not empty: its last entry is the first node in data order.
+fn move_before(module: &mut Module, pool: NodeId, chain: &[(NodeId, u32)], referenced: &mut HashSet<TensorRef>) {
+    let (first, operand) = chain[chain.len() - 1];
     let last = TensorRef::from(chain[0].0);
     let pooled = TensorRef::from(pool);
     let source = module.graph.inputs(first)[operand as usize];
