@@ -688,6 +688,35 @@ fn sgd_updates_of_dense_weights_are_folded_into_their_products() {
     assert!(folded_updates(&plan_of(&adam, "mlp", Cluster::local(1, DeviceKind::Cpu), Strategy::Single)).is_empty());
 }
 
+/// The MLP's images, fed as bytes and scaled, are read as bytes by both products of its first layer (forward, and
+/// its weights' gradient): the kernel that scales them does not run, in training or inference. A scaled value that
+/// something other than a wide product reads (here the thin products of a logistic regression), or that is fetched,
+/// is computed as before. The values agree with the interpreter (`mlp`, and here with `* c` for `/ 255`).
+#[test]
+fn products_read_bytes_fed_in() {
+    let mlp = plan("mlp", Cluster::local(1, DeviceKind::Cpu), Strategy::Single);
+    let training = mlp.training.as_ref().unwrap();
+    let updates: Vec<&str> = training.updates.iter().map(String::as_str).collect();
+    let session = Session::with_backend(&mlp, 0, Backend::Llvm).unwrap();
+    assert_eq!(session.program(&[training.loss_node.as_str()], &updates).unwrap().bytes_read(), ["x/div"]);
+    assert_eq!(session.program(&["logits"], &[]).unwrap().bytes_read(), ["x/div"]);
+    assert!(session.program(&["x/div", "logits"], &[]).unwrap().bytes_read().is_empty());
+    let logreg = plan("softmax_regression", Cluster::local(1, DeviceKind::Cpu), Strategy::Single);
+    let session = Session::with_backend(&logreg, 0, Backend::Llvm).unwrap();
+    assert!(session
+        .program(&[logreg.training.as_ref().unwrap().loss_node.as_str()], &[])
+        .unwrap()
+        .bytes_read()
+        .is_empty());
+    let source = std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/mlp.df")).unwrap();
+    let scaled = source.replace("cast<f32>(images) / 255.0", "0.0039215 * cast<f32>(images)");
+    assert_ne!(scaled, source);
+    let plan = plan_of(&scaled, "mlp", Cluster::local(1, DeviceKind::Cpu), Strategy::Single);
+    let session = Session::with_backend(&plan, 0, Backend::Llvm).unwrap();
+    assert_eq!(session.program(&["logits"], &[]).unwrap().bytes_read(), ["x/mul"]);
+    check_plan("mlp", &plan);
+}
+
 /// An update whose product reads the variable it updates (here through `stop_gradient`: the gradient of `w` is
 /// `stop_gradient(w)ᵀ·g`, 400×400, two blocks of the reduction) is not folded, and runs as the interpreter does.
 /// On one thread, so that a product overwriting what it still reads would not hide in a race.

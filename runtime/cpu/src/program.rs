@@ -128,6 +128,11 @@ impl NativeProgram {
         self.schedule.folded_updates.clone()
     }
 
+    /// The kernels scaling bytes fed in that do not run: their products read the bytes, by node name.
+    pub fn bytes_read(&self) -> Vec<String> {
+        self.schedule.bytes_read.clone()
+    }
+
     /// The inputs the program needs.
     pub fn inputs(&self) -> Vec<String> {
         self.schedule.feeds.iter().map(|f| f.0.clone()).collect()
@@ -336,7 +341,18 @@ pub unsafe fn run_host_step(
     let exchange = |node: &str| rendezvous.ok_or_else(|| InterpError::NoRendezvous { node: node.to_string() });
     match step {
         Step::Kernel { .. } => unreachable!("kernels run on their back end"),
-        Step::MatMul { a, b, out, m, n, k, ta, tb, batches, update } => {
+        Step::MatMul { a, b, out, m, n, k, ta, tb, batches, update, bytes: Some(scale) } => {
+            let [(oa, ob)] = batches[..] else { unreachable!("a product of bytes is a product of matrices") };
+            // SAFETY: the shapes were checked by the interpreter's program: `a` holds m·k bytes (a u8 input),
+            // `b` k·n floats, `out` m·n floats.
+            unsafe {
+                let a = std::slice::from_raw_parts((at(*a) as *const u8).add(oa), m * k);
+                let b = std::slice::from_raw_parts((at(*b) as *const f32).add(ob), k * n);
+                let c = std::slice::from_raw_parts_mut(at(*out) as *mut f32, m * n);
+                dfc_gemm::sgemm_bytes(*m, *n, *k, *update, a, *scale, *ta, b, *tb, c, true);
+            }
+        }
+        Step::MatMul { a, b, out, m, n, k, ta, tb, batches, update, bytes: None } => {
             let (pa, pb, po) = (at(*a) as *const f32, at(*b) as *const f32, at(*out) as *mut f32);
             for (bi, &(oa, ob)) in batches.iter().enumerate() {
                 // SAFETY: the shapes were checked by the interpreter's program; the

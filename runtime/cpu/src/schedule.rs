@@ -6,6 +6,7 @@
 
 use crate::memory::{self, Lifetime};
 use crate::CpuError;
+use dfc_gemm::ByteScale;
 use dfc_interp::{Data, InterpError, Tensor};
 use dfc_ir::{DType, Module, NodeId, Op, TensorRef, TensorType};
 use dfc_kernels::{Conv2dGeometry, PoolGeometry};
@@ -30,6 +31,8 @@ pub struct Schedule {
     pub steps: Vec<Step>,
     /// The updates run as one GEMM into their variable (`folded_update`), by node name.
     pub folded_updates: Vec<String>,
+    /// The kernels that scale bytes fed in whose products read the bytes instead (`byte_operands`), by node name.
+    pub bytes_read: Vec<String>,
     /// Each fetched value's slot and type.
     pub fetches: Vec<(Slot, TensorType)>,
     /// `Slot::Feed(i)` is input `feeds[i]`.
@@ -72,6 +75,8 @@ pub enum Step {
         batches: Vec<(usize, usize)>,
         /// `Some(α)`: the product is folded into an update of the variable at `out`, `out += α·a·b`.
         update: Option<f32>,
+        /// `Some`: `a` holds bytes, read through the scale (`byte_operands`).
+        bytes: Option<ByteScale>,
     },
     /// A convolution or its gradients (im2col and GEMM): `(a, b)` are `(input, filter)`,
     /// `(filter, grad_out)` or `(input, grad_out)`.
@@ -220,12 +225,13 @@ impl Step {
         const F32: usize = 4;
         match self {
             Step::Kernel { .. } => (Vec::new(), Vec::new()),
-            Step::MatMul { a, b, out, m, n, k, batches, update, .. } => {
+            Step::MatMul { a, b, out, m, n, k, batches, update, bytes, .. } => {
                 // The furthest any batch reaches into each operand.
                 let a_len = batches.iter().map(|&(oa, _)| oa + m * k).max().unwrap_or(0);
                 let b_len = batches.iter().map(|&(_, ob)| ob + k * n).max().unwrap_or(0);
                 let out_len = batches.len() * m * n;
-                let mut reads = vec![(*a, a_len * F32), (*b, b_len * F32)];
+                let a_element = if bytes.is_some() { 1 } else { F32 };
+                let mut reads = vec![(*a, a_len * a_element), (*b, b_len * F32)];
                 if update.is_some() {
                     reads.push((*out, out_len * F32));
                 }
@@ -344,7 +350,20 @@ impl Schedule {
         order: &[NodeId],
         training: bool,
     ) -> Result<Schedule, CpuError> {
-        Schedule::build(module, kernels, fetches, targets, order, training, false)
+        Schedule::build(module, kernels, fetches, targets, order, training, false, true)
+    }
+
+    /// Like [`Schedule::new`], for a back end whose products take floats only: every kernel that scales bytes
+    /// for a product runs (see `byte_operands`).
+    pub fn floats_only(
+        module: &Module,
+        kernels: &[KernelSite<'_>],
+        fetches: &[TensorRef],
+        targets: &[NodeId],
+        order: &[NodeId],
+        training: bool,
+    ) -> Result<Schedule, CpuError> {
+        Schedule::build(module, kernels, fetches, targets, order, training, false, false)
     }
 
     /// Like [`Schedule::new`], with the all-reduces overlapped with the computation: each
@@ -360,9 +379,10 @@ impl Schedule {
         order: &[NodeId],
         training: bool,
     ) -> Result<Schedule, CpuError> {
-        Schedule::build(module, kernels, fetches, targets, order, training, true)
+        Schedule::build(module, kernels, fetches, targets, order, training, true, true)
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn build(
         module: &Module,
         kernels: &[KernelSite<'_>],
@@ -371,6 +391,7 @@ impl Schedule {
         order: &[NodeId],
         training: bool,
         overlap: bool,
+        read_bytes: bool,
     ) -> Result<Schedule, CpuError> {
         let graph = &module.graph;
         // The interpreter's program checks every node: the same checks hold here.
@@ -403,6 +424,9 @@ impl Schedule {
             .filter_map(|kernel| folded_update(module, kernel, &needed, &fetched).map(|f| (kernel.root, f)))
             .collect();
         let folded_products: HashSet<NodeId> = folded.values().map(|f| f.0).collect();
+        let byte_operands =
+            if read_bytes { byte_operands(module, &kernels, &needed, &fetched) } else { HashMap::new() };
+        let bytes_read: HashMap<NodeId, ByteScale> = byte_operands.iter().map(|(&root, &(_, s))| (root, s)).collect();
         let computed_inside =
             |id: NodeId| (inside.contains_key(&id) && !kernels.contains_key(&id)) || folded_products.contains(&id);
         for fetch in fetches {
@@ -489,9 +513,14 @@ impl Schedule {
             let ty = node.outputs.first().cloned();
             if let Some(&(product, alpha)) = folded.get(&id) {
                 let out = slot_of[&graph.inputs(id)[0].node];
-                steps.push(product_step(module, product, &slot_of, out, Some(alpha)));
+                steps.push(product_step(module, product, &slot_of, &bytes_read, out, Some(alpha)));
                 let value = keep_value(id, &mut builder, &mut steps, out);
                 slot_of.insert(id, value);
+                continue;
+            }
+            if let Some(&(input, _)) = byte_operands.get(&id) {
+                // Its products read the input's bytes.
+                slot_of.insert(id, slot_of[&input]);
                 continue;
             }
             if let Some(kernel) = kernels.get(&id) {
@@ -552,7 +581,7 @@ impl Schedule {
                 }
                 Op::MatMul { .. } if ty.as_ref().unwrap().dtype == DType::F32 => {
                     let out = builder.buffer(ty.as_ref().unwrap());
-                    steps.push(product_step(module, id, &slot_of, out, None));
+                    steps.push(product_step(module, id, &slot_of, &bytes_read, out, None));
                     slot_of.insert(id, out);
                 }
                 Op::Conv2d { strides, padding }
@@ -723,9 +752,12 @@ impl Schedule {
             relocate(slot);
         }
         let folded_updates = order.iter().filter(|id| folded.contains_key(id)).map(|&id| graph.node(id).name.clone());
+        let bytes_read =
+            order.iter().filter(|id| byte_operands.contains_key(id)).map(|&id| graph.node(id).name.clone());
         Ok(Schedule {
             steps,
             folded_updates: folded_updates.collect(),
+            bytes_read: bytes_read.collect(),
             fetches,
             feeds: builder.feeds,
             variables: builder.variables,
@@ -750,9 +782,18 @@ impl Builder {
     }
 }
 
-/// The step of the f32 product `id` into `out`, or with `update`, added to `out` scaled by α.
-fn product_step(module: &Module, id: NodeId, slot_of: &HashMap<NodeId, Slot>, out: Slot, update: Option<f32>) -> Step {
+/// The step of the f32 product `id` into `out`, or with `update`, added to `out` scaled by α; reading the bytes
+/// of its A where `bytes` (by the kernel it would read, see `byte_operands`) says so.
+fn product_step(
+    module: &Module,
+    id: NodeId,
+    slot_of: &HashMap<NodeId, Slot>,
+    bytes: &HashMap<NodeId, ByteScale>,
+    out: Slot,
+    update: Option<f32>,
+) -> Step {
     let graph = &module.graph;
+    let bytes = bytes.get(&through_aliases(module, graph.inputs(id)[0].node)).copied();
     let Op::MatMul { transpose_a: ta, transpose_b: tb } = graph.node(id).op else {
         unreachable!("a product step is built for a matmul")
     };
@@ -768,10 +809,101 @@ fn product_step(module: &Module, id: NodeId, slot_of: &HashMap<NodeId, Slot>, ou
     // large enough to share among threads, where a product per batch might not be.
     if rb == 2 && !ta && a_dims[..ra - 2] == o_dims[..ro - 2] {
         let rows = o_dims[..ro - 1].iter().product();
-        return Step::MatMul { a, b, out, m: rows, n, k, ta, tb, batches: vec![(0, 0)], update };
+        return Step::MatMul { a, b, out, m: rows, n, k, ta, tb, batches: vec![(0, 0)], update, bytes };
     }
     let batches = batch_offsets(&a_dims[..ra - 2], &b_dims[..rb - 2], &o_dims[..ro - 2], m * k, k * n);
-    Step::MatMul { a, b, out, m, n, k, ta, tb, batches, update }
+    Step::MatMul { a, b, out, m, n, k, ta, tb, batches, update, bytes }
+}
+
+/// The node `id` views: itself, or what the reshapes, identities and stop-gradients it is one of read.
+fn through_aliases(module: &Module, mut id: NodeId) -> NodeId {
+    while matches!(module.graph.node(id).op, Op::Reshape { .. } | Op::Identity | Op::StopGradient) {
+        id = module.graph.inputs(id)[0].node;
+    }
+    id
+}
+
+/// The value of a scalar f32 constant.
+fn scalar_const(module: &Module, t: TensorRef) -> Option<f32> {
+    match &module.graph.node(t.node).op {
+        Op::Const { value } if value.shape.n_elements() == 1 => match &value.data {
+            Data::F32(v) => Some(v[0]),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// The kernels that only scale bytes fed in (`cast<f32>(x) * c`, `c * cast<f32>(x)` or `cast<f32>(x) / c`, x a
+/// u8 input, c a scalar f32 constant) and whose every use is as the A of an f32 product of two matrices at least
+/// 32 rows and columns wide: those products read the bytes where they are fed (`dfc_gemm::sgemm_bytes`), and
+/// the kernel does not run. A layer fed images as bytes then never stores them as floats, which its two products
+/// (forward, and the weights' gradient) would read from the other core's cache; thin products keep their dot
+/// products over floats. By kernel root: the input, and the scale.
+fn byte_operands(
+    module: &Module,
+    kernels: &HashMap<NodeId, &KernelSite<'_>>,
+    needed: &std::collections::BTreeSet<NodeId>,
+    fetched: &HashSet<NodeId>,
+) -> HashMap<NodeId, (NodeId, ByteScale)> {
+    let graph = &module.graph;
+    let scaled_bytes = |kernel: &KernelSite<'_>| -> Option<(NodeId, ByteScale)> {
+        let root = kernel.root;
+        let [l, r] = graph.inputs(root)[..] else { return None };
+        let cast_of_input = |t: TensorRef| match graph.node(t.node).op {
+            Op::Cast { to: DType::F32 } if kernel.members.contains(&t.node) => {
+                let x = graph.inputs(t.node)[0];
+                let input = matches!(graph.node(x.node).op, Op::Input { .. }) && graph.ty(x).dtype == DType::U8;
+                input.then_some(x.node)
+            }
+            _ => None,
+        };
+        let (x, scale) = match graph.node(root).op {
+            Op::Binary(dfc_ir::BinaryOp::Div) => (cast_of_input(l)?, ByteScale::Div(scalar_const(module, r)?)),
+            Op::Binary(dfc_ir::BinaryOp::Mul) => match (cast_of_input(l), cast_of_input(r)) {
+                (Some(x), None) => (x, ByteScale::Mul(scalar_const(module, r)?)),
+                (None, Some(x)) => (x, ByteScale::Mul(scalar_const(module, l)?)),
+                _ => return None,
+            },
+            _ => return None,
+        };
+        let computed = kernel.members.iter().filter(|m| !matches!(graph.node(**m).op, Op::Const { .. })).count();
+        (computed == 2 && graph.node(root).outputs[0].dtype == DType::F32).then_some((x, scale))
+    };
+    // Whether every use of `id` (through views) is as the A of a wide enough product of matrices.
+    fn only_products_read(
+        module: &Module,
+        id: NodeId,
+        needed: &std::collections::BTreeSet<NodeId>,
+        fetched: &HashSet<NodeId>,
+    ) -> bool {
+        let graph = &module.graph;
+        !fetched.contains(&id)
+            && graph.users(id).into_iter().filter(|u| needed.contains(u)).all(|user| match graph.node(user).op {
+                Op::Reshape { .. } | Op::Identity | Op::StopGradient => {
+                    only_products_read(module, user, needed, fetched)
+                }
+                Op::MatMul { .. } => {
+                    let operands = graph.inputs(user);
+                    let out = &graph.node(user).outputs[0];
+                    let dims = out.shape.dims();
+                    operands[0].node == id
+                        && operands[1].node != id
+                        && out.dtype == DType::F32
+                        && operands.iter().all(|t| graph.ty(*t).shape.rank() == 2)
+                        && dims.len() == 2
+                        && dims[0] >= 32
+                        && dims[1] >= 32
+                }
+                _ => false,
+            })
+    }
+    kernels
+        .values()
+        .filter(|kernel| needed.contains(&kernel.root))
+        .filter_map(|kernel| scaled_bytes(kernel).map(|found| (kernel.root, found)))
+        .filter(|&(root, _)| only_products_read(module, root, needed, fetched))
+        .collect()
 }
 
 /// The product and α when the assignment kernel `kernel` computes `v -= c·(a·b)` or `v += c·(a·b)` (c a scalar
@@ -794,13 +926,7 @@ fn folded_update(
     let only_user = |id: NodeId, user: NodeId| {
         !fetched.contains(&id) && graph.users(id).into_iter().filter(|u| needed.contains(u)).eq([user])
     };
-    let scalar_const = |t: TensorRef| match &graph.node(t.node).op {
-        Op::Const { value } if value.shape.n_elements() == 1 => match &value.data {
-            Data::F32(v) => Some(v[0]),
-            _ => None,
-        },
-        _ => None,
-    };
+    let scalar_const = |t: TensorRef| scalar_const(module, t);
     let is_product = |t: TensorRef| matches!(graph.node(t.node).op, Op::MatMul { .. });
     let (product, scale) = match graph.node(value.node).op {
         Op::MatMul { .. } if kernel.members == [root] => (value.node, 1.0),

@@ -50,7 +50,7 @@ impl GpuProgram {
             .iter()
             .map(|k| KernelSite { root: k.root, members: &k.members, inputs: &k.inputs })
             .collect();
-        let schedule = Schedule::new(module, &sites, fetches, targets, order, training)?;
+        let schedule = Schedule::floats_only(module, &sites, fetches, targets, order, training)?;
         let run = DeviceRun::new(partition.clone(), kernels, &schedule)?;
         Ok(GpuProgram { schedule, run: Mutex::new(run) })
     }

@@ -161,6 +161,18 @@ impl SessionProgram {
             .collect()
     }
 
+    /// The kernels of the native programs that scale bytes fed in and do not run: their products read the
+    /// bytes.
+    pub fn bytes_read(&self) -> Vec<String> {
+        self.parts
+            .iter()
+            .flat_map(|p| match &p.program {
+                Executable::Native(program) => program.bytes_read(),
+                Executable::Gpu(_) | Executable::Interp(_) => Vec::new(),
+            })
+            .collect()
+    }
+
     /// The indices of the fetches that this session's partitions compute.
     pub fn hosted_fetches(&self) -> Vec<usize> {
         self.fetches.iter().enumerate().filter(|(_, f)| f.is_some()).map(|(i, _)| i).collect()

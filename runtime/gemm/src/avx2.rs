@@ -390,6 +390,7 @@ mod tests {
                 tc,
                 accumulate,
                 alpha,
+                bytes: None,
                 id: 0,
             };
             // SAFETY: AVX2 and FMA are available; the operands hold every element the product addresses.

@@ -61,6 +61,80 @@ pub fn sgemm_update(
     product(m, n, k, alpha, a, lda, transpose_a, b, ldb, transpose_b, c, n, true, parallel);
 }
 
+/// How a product reads an A of bytes: byte `e` as `f32(e) · c` or `f32(e) / c`, rounded once, as the
+/// interpreter computes `cast<f32>(x) * c` and `cast<f32>(x) / c` (images fed as bytes, scaled to [0, 1]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ByteScale {
+    Mul(f32),
+    Div(f32),
+}
+
+impl ByteScale {
+    /// The constant c.
+    pub fn factor(self) -> f32 {
+        match self {
+            ByteScale::Mul(c) | ByteScale::Div(c) => c,
+        }
+    }
+
+    /// Byte `e` read as a float.
+    pub fn apply(self, e: u8) -> f32 {
+        match self {
+            ByteScale::Mul(c) => f32::from(e) * c,
+            ByteScale::Div(c) => f32::from(e) / c,
+        }
+    }
+}
+
+/// [`sgemm`] (or with `alpha`, [`sgemm_update`]) of an A of bytes, each read through `scale`: the products of
+/// a layer fed bytes read them where they are, and the floats of A are never stored. With AVX-512 A is packed
+/// from the bytes; elsewhere it is converted into a buffer first.
+#[allow(clippy::too_many_arguments)]
+pub fn sgemm_bytes(
+    m: usize,
+    n: usize,
+    k: usize,
+    alpha: Option<f32>,
+    a: &[u8],
+    scale: ByteScale,
+    transpose_a: bool,
+    b: &[f32],
+    transpose_b: bool,
+    c: &mut [f32],
+    parallel: bool,
+) {
+    assert!(a.len() >= m * k && b.len() >= k * n && c.len() >= m * n, "sgemm operands are too small");
+    let lda = if transpose_a { m } else { k };
+    let ldb = if transpose_b { k } else { n };
+    let (accumulate, factor) = (alpha.is_some(), alpha.unwrap_or(1.0));
+    #[cfg(target_arch = "x86_64")]
+    if kernels() == Kernels::Avx512 && m > 0 && n > 0 && k > 0 {
+        let product = avx512::Product {
+            m,
+            n,
+            k,
+            a: a.as_ptr().cast(),
+            lda,
+            ta: transpose_a,
+            b: b.as_ptr(),
+            ldb,
+            tb: transpose_b,
+            c: c.as_mut_ptr(),
+            ldc: n,
+            tc: false,
+            accumulate,
+            alpha: factor,
+            bytes: Some(scale),
+            id: 0,
+        };
+        // SAFETY: AVX-512F is available; A holds m·k bytes, B k·n floats and C m·n floats, contiguous, as
+        // asserted above.
+        return unsafe { avx512::sgemm(product, parallel) };
+    }
+    let floats: Vec<f32> = a[..m * k].iter().map(|&e| scale.apply(e)).collect();
+    product(m, n, k, factor, &floats, lda, transpose_a, b, ldb, transpose_b, c, n, accumulate, parallel);
+}
+
 /// [`sgemm`] with explicit leading dimensions (the distance between consecutive rows as stored): `a` holds m rows
 /// of k (k rows of m when `transpose_a`) `lda` apart, `b` k rows of n (n rows of k when `transpose_b`) `ldb`
 /// apart, `c` m rows of n `ldc` apart. Elements between the rows are neither read nor written.
@@ -142,6 +216,7 @@ fn product(
             tc: false,
             accumulate,
             alpha,
+            bytes: None,
             id: 0,
         };
         // SAFETY: the kernels' instruction sets are available, and `check` put every element the product

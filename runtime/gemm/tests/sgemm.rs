@@ -267,3 +267,44 @@ fn products_while_the_pool_is_held() {
         }
     });
 }
+
+/// Products of an A of bytes (`sgemm_bytes`) against the naive product of A read through the scale: every
+/// orientation, small and model-sized shapes (the MLP's first layer and its weights' gradient), each scale.
+#[test]
+fn products_of_bytes() {
+    use dfc_gemm::{sgemm_bytes, ByteScale};
+    let mut rng = fastrand::Rng::with_seed(25);
+    let mut shapes: Vec<(usize, usize, usize)> =
+        (0..60).map(|_| (rng.usize(1..=70), rng.usize(1..=90), rng.usize(1..=800))).collect();
+    shapes.extend([(128, 256, 784), (784, 256, 128), (100, 10, 784), (13, 33, 17)]);
+    for (case, &(m, n, k)) in shapes.iter().enumerate() {
+        let (ta, parallel) = (rng.bool(), rng.bool());
+        let scale = if rng.bool() { ByteScale::Div(255.0) } else { ByteScale::Mul(rng.f32() * 0.1) };
+        let alpha = if case % 3 == 0 { Some(-0.01) } else { None };
+        let a: Vec<u8> = (0..m * k).map(|_| rng.u8(..)).collect();
+        let b = random(&mut rng, k * n);
+        let c0 = random(&mut rng, m * n);
+        let mut c = c0.clone();
+        sgemm_bytes(m, n, k, alpha, &a, scale, ta, &b, false, &mut c, parallel);
+        let at = |i: usize, p: usize| f64::from(scale.apply(if ta { a[p * m + i] } else { a[i * k + p] }));
+        for i in 0..m {
+            for j in 0..n {
+                let (mut sum, mut size) = (0f64, 0f64);
+                for p in 0..k {
+                    let term = at(i, p) * f64::from(b[p * n + j]);
+                    sum += term;
+                    size += term.abs();
+                }
+                let want = match alpha {
+                    Some(alpha) => f64::from(c0[i * n + j]) + f64::from(alpha) * sum,
+                    None => sum,
+                };
+                let got = f64::from(c[i * n + j]);
+                assert!(
+                    (got - want).abs() <= 1e-5 * (1.0 + size + f64::from(c0[i * n + j]).abs()),
+                    "{m}×{n}×{k} (ta {ta}, {scale:?}, α {alpha:?}) at ({i}, {j}): {got} against {want}"
+                );
+            }
+        }
+    }
+}

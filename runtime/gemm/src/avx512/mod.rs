@@ -32,8 +32,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use crate::pool;
+use crate::ByteScale;
 use kernel::KERNELS;
-use pack::{pack_a, pack_b, tail_mask};
+use pack::{pack_a, pack_a_bytes, pack_b, tail_mask, Convert};
 
 /// Rows of the microkernel tile.
 const MR: usize = 12;
@@ -115,6 +116,9 @@ pub(crate) struct Product {
     pub accumulate: bool,
     /// α, which scales each tile of the product before it is stored or added.
     pub alpha: f32,
+    /// `Some`: A holds bytes (`a` is their address), each read as a float through the scale; A is then always
+    /// packed, and the product never transposed or computed as dot products.
+    pub bytes: Option<ByteScale>,
     /// Set by `sgemm`.
     pub id: u64,
 }
@@ -127,13 +131,27 @@ unsafe impl Send for Product {}
 unsafe impl Sync for Product {}
 
 impl Product {
+    /// Whether A is packed into panels (stored transposed, or as bytes) rather than read where it is stored.
+    fn packs_a(&self) -> bool {
+        self.ta || self.bytes.is_some()
+    }
+
     /// Whether the kernels read B where it is stored (but for a last panel narrower than 32 columns) instead of
     /// packed panels. Packed panels are contiguous and stream from L2 faster than the rows of a row-major B (one
     /// 128-byte piece every ldb floats): packing pays when more than 12 row panels of A reuse it, not for the
     /// small products of a small batch (m = 128, or Cᵀ of a thin C), 5 to 10 % faster without; but it pays from 7
     /// panels on when the reduction is deeper than one block (the MLP's first layer, 128×256×784: 10 % faster).
+    ///
+    /// A product of bytes stored row-major reads B in place too: its threads share it by rows (see `plan`), and a
+    /// packed B would be packed again by every chunk (the MLP's first layer fed bytes: 7 % faster a step).
     fn b_in_place(&self) -> bool {
-        !self.tb && (self.m <= 6 * MR || (self.m <= 12 * MR && self.k <= KC))
+        !self.tb && (self.m <= 6 * MR || (self.m <= 12 * MR && self.k <= KC) || self.row_bytes())
+    }
+
+    /// Whether A holds bytes stored row-major: converted to floats row panel by row panel, once per chunk of
+    /// rows, and again by every chunk of columns or of the reduction.
+    fn row_bytes(&self) -> bool {
+        self.bytes.is_some() && !self.ta
     }
 
     /// The same product computed as `Cᵀ = Bᵀ·Aᵀ`.
@@ -178,7 +196,12 @@ fn pack_b_cost(p: &Product) -> f64 {
 /// packing B and A (a copy, when stored transposed).
 fn cost(p: &Product) -> f64 {
     let compute = 2.0 * (p.m * p.n * p.k) as f64 / lane_use(p.n) / 170.0;
-    let pack_a = if p.ta { (p.m * p.k) as f64 * 0.1 } else { 0.0 };
+    let pack_a = (p.m * p.k) as f64
+        * match (p.bytes, p.ta) {
+            (Some(_), _) => 0.04,
+            (None, true) => 0.1,
+            (None, false) => 0.0,
+        };
     compute + pack_b_cost(p) + pack_a
 }
 
@@ -195,9 +218,13 @@ const CHUNK_TIME: f64 = 12_000.0;
 pub(crate) unsafe fn sgemm(p: Product, parallel: bool) {
     let threads = if parallel { rayon::current_num_threads() } else { 1 };
     // A thin product (C or Cᵀ of at most 16 columns) as dot products, where that costs less than tiles.
-    let as_dots =
-        [p, p.transposed()].into_iter().filter(dot::applies).min_by(|x, y| dot::cost(x).total_cmp(&dot::cost(y)));
-    let mut p = if cost(&p.transposed()) < 0.95 * cost(&p) { p.transposed() } else { p };
+    // A product of bytes keeps its orientation: only A may be bytes.
+    let as_dots = [p, p.transposed()]
+        .into_iter()
+        .filter(|p| p.bytes.is_none() && dot::applies(p))
+        .min_by(|x, y| dot::cost(x).total_cmp(&dot::cost(y)));
+    let transpose = p.bytes.is_none() && cost(&p.transposed()) < 0.95 * cost(&p);
+    let mut p = if transpose { p.transposed() } else { p };
     if let Some(thin) = as_dots.filter(|thin| dot::cost(thin) < 0.95 * cost(&p)) {
         // SAFETY: the caller's contract.
         return unsafe { dot::sgemm(&thin, threads) };
@@ -251,12 +278,22 @@ fn plan(p: &Product, threads: usize) -> Option<(Split, usize)> {
         let extra = pack_b_cost(p) * (packs_per_thread - 1.0 / t) + read_b * (chunks as f64 - 1.0) / t;
         consider(Split::Rows, chunks, extra);
     }
-    // Every column chunk reads all of A again, and packs it again when A is stored transposed.
-    let read_a = (m * k) as f64 * if p.ta || m * k >= 1 << 18 { 0.1 } else { 0.02 };
-    let chunks = wanted.min(n.div_ceil(NR));
-    consider(Split::Cols, chunks, read_a * (chunks as f64 - 1.0) / t);
-    let chunks = wanted.min(k / 64);
-    consider(Split::Depth, chunks, chunks.saturating_sub(1) as f64 * (m * n) as f64 * 0.4);
+    // Bytes stored row-major are converted once by chunks of rows: only those.
+    if !p.row_bytes() {
+        // Every column chunk reads all of A again, and packs it again when A is stored transposed or as bytes.
+        let read_a = (m * k) as f64
+            * if p.bytes.is_some() {
+                0.04
+            } else if p.ta || m * k >= 1 << 18 {
+                0.1
+            } else {
+                0.02
+            };
+        let chunks = wanted.min(n.div_ceil(NR));
+        consider(Split::Cols, chunks, read_a * (chunks as f64 - 1.0) / t);
+        let chunks = wanted.min(k / 64);
+        consider(Split::Depth, chunks, chunks.saturating_sub(1) as f64 * (m * n) as f64 * 0.4);
+    }
     best.filter(|&(time, _, _)| time < single).map(|(_, split, chunks)| (split, chunks))
 }
 
@@ -403,11 +440,18 @@ unsafe fn block(
     let rows = i1 - i0;
     let panels = rows.div_ceil(MR);
     let (base, extra) = (rows / panels, rows % panels);
-    // A stored transposed is packed a group of panels at a time, each panel with 16 floats of slack for the
-    // full-width stores of `pack_a`.
-    let group = if p.ta { panels.min(MC / MR) } else { panels };
-    let a_stride = MR * kc_max + 16;
-    let a_pack = packs.a.ptr(if p.ta { group * a_stride } else { 0 });
+    // A stored transposed or as bytes is packed a group of panels at a time, each panel with 16 floats of slack
+    // for the full-width stores of `pack_a`.
+    // Bytes stored row-major are converted into rows of floats, `a_ld` apart, for the kernels that read A in place.
+    let packs_a = p.packs_a();
+    let group = if packs_a { panels.min(MC / MR) } else { panels };
+    let a_ld = kc_max.next_multiple_of(16);
+    let a_stride = if p.ta { MR * kc_max + 16 } else { MR * a_ld };
+    let a_pack = packs.a.ptr(if packs_a { group * a_stride } else { 0 });
+    let convert = match p.bytes {
+        Some(scale) => Some(Convert::new(scale)),
+        None => None,
+    };
     if packs.b.floats() < kc_max * nc_max {
         packs.b_holds = None;
     }
@@ -430,9 +474,15 @@ unsafe fn block(
             }
             for g0 in (0..panels).step_by(group) {
                 let g1 = (g0 + group).min(panels);
-                if p.ta {
-                    // SAFETY: panels g0..g1 of at most 12 rows and kc ≤ kc_max steps fit a_stride each.
-                    unsafe { pack_a(p, pc, kc, i0, (base, extra), (g0, g1), a_pack, a_stride) };
+                // SAFETY: panels g0..g1 of at most 12 rows and kc ≤ kc_max steps fit a_stride each.
+                unsafe {
+                    match convert {
+                        Some(convert) => {
+                            pack_a_bytes(p, convert, pc, kc, i0, (base, extra), (g0, g1), (a_pack, a_stride, a_ld))
+                        }
+                        None if p.ta => pack_a(p, pc, kc, i0, (base, extra), (g0, g1), a_pack, a_stride),
+                        None => {}
+                    }
                 }
                 for g in g0..g1 {
                     let (i, mr) = (i0 + g * base + g.min(extra), base + usize::from(g < extra));
@@ -442,6 +492,8 @@ unsafe fn block(
                     unsafe {
                         let (a, lda) = if p.ta {
                             (a_pack.add((g - g0) * a_stride).cast_const(), mr)
+                        } else if packs_a {
+                            (a_pack.add((g - g0) * a_stride).cast_const(), a_ld)
                         } else {
                             (p.a.add(i * p.lda + pc), p.lda)
                         };
@@ -471,7 +523,24 @@ mod tests {
     fn product(m: usize, n: usize, k: usize, ta: bool, tb: bool) -> Product {
         let (a, b, c) = (std::ptr::null(), std::ptr::null(), std::ptr::null_mut());
         let (lda, ldb) = (if ta { m } else { k }, if tb { k } else { n });
-        Product { m, n, k, a, lda, ta, b, ldb, tb, c, ldc: n, tc: false, accumulate: false, alpha: 1.0, id: 0 }
+        Product {
+            m,
+            n,
+            k,
+            a,
+            lda,
+            ta,
+            b,
+            ldb,
+            tb,
+            c,
+            ldc: n,
+            tc: false,
+            accumulate: false,
+            alpha: 1.0,
+            bytes: None,
+            id: 0,
+        }
     }
 
     /// The orientation and the split of the shapes the parallel tests in tests/sgemm.rs rely on to cover each.

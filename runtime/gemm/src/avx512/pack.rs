@@ -4,6 +4,7 @@
 use std::arch::x86_64::*;
 
 use super::{Product, NR};
+use crate::ByteScale;
 
 /// Lanes `0..min(len, 16)`.
 #[inline(always)]
@@ -44,6 +45,131 @@ pub(super) unsafe fn pack_a(
                 _mm512_storeu_ps(dst.add((g - g0) * stride + q * mr), v);
             }
         }
+    }
+}
+
+/// Packs panels `g0..g1` of an A of bytes, each byte read as a float through `scale`: stored transposed, as
+/// `pack_a` lays them out (step-major); otherwise row-major, row r of panel g at `dst[(g - g0)·stride + r·ld]`,
+/// for the kernels that read A in place (`ld` a multiple of 16, at least kc: rows are written 16 floats at a time).
+///
+/// # Safety
+/// As `pack_a`, with `stride` ≥ `12·ld` for an A stored row-major; `p.a` is the address of A's bytes, `lda` apart.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn pack_a_bytes(
+    p: &Product,
+    scale: Convert,
+    pc: usize,
+    kc: usize,
+    i0: usize,
+    (base, extra): (usize, usize),
+    (g0, g1): (usize, usize),
+    (dst, stride, ld): (*mut f32, usize, usize),
+) {
+    let bytes = p.a.cast::<u8>();
+    let (rows, cols) = if p.ta { (p.k, p.m) } else { (p.m, p.k) };
+    // A's bytes end here: 16-byte loads that would pass it go through a copy.
+    let end = (rows - 1) * p.lda + cols;
+    for g in g0..g1 {
+        let (i, mr) = (i0 + g * base + g.min(extra), base + usize::from(g < extra));
+        // SAFETY: loads read mr bytes of each step's stored row (transposed), or the panel's mr rows over
+        // pc..pc+kc, all in A (which ends at `end`); full-width stores write 16 floats at q·mr of the panel,
+        // within its mr·kc + 16 (transposed), or up to ld floats of each row (row-major).
+        unsafe {
+            let panel = dst.add((g - g0) * stride);
+            if p.ta {
+                for q in 0..kc {
+                    let v = load_bytes(bytes, end, (pc + q) * p.lda + i, mr, scale);
+                    _mm512_storeu_ps(panel.add(q * mr), v);
+                }
+            } else {
+                for r in 0..mr {
+                    let (from, to) = ((i + r) * p.lda + pc, panel.add(r * ld));
+                    for q in (0..kc).step_by(16) {
+                        _mm512_storeu_ps(to.add(q), load_bytes(bytes, end, from + q, (kc - q).min(16), scale));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// How the packing turns a byte into a float: `f32(e)·mul`, or for a division by c, the quotient of
+/// `f32(e)·mul` (mul the reciprocal of c) corrected by one fused multiply-add step where that gives the
+/// correctly rounded `f32(e) / c` for every byte (checked), else the division itself.
+#[derive(Clone, Copy)]
+pub(super) struct Convert {
+    mul: __m512,
+    /// c, for the corrected reciprocal.
+    corrected: Option<__m512>,
+    /// c, for the division.
+    divided: Option<__m512>,
+}
+
+impl Convert {
+    #[target_feature(enable = "avx512f")]
+    pub(super) fn new(scale: ByteScale) -> Convert {
+        match scale {
+            ByteScale::Mul(c) => Convert { mul: _mm512_set1_ps(c), corrected: None, divided: None },
+            ByteScale::Div(c) => {
+                let r = 1.0 / c;
+                let exact = corrects(c);
+                let v = _mm512_set1_ps(c);
+                match exact {
+                    true => Convert { mul: _mm512_set1_ps(r), corrected: Some(v), divided: None },
+                    false => Convert { mul: v, corrected: None, divided: Some(v) },
+                }
+            }
+        }
+    }
+}
+
+/// Whether the corrected reciprocal of `Convert` divides every byte by `c` exactly (the last divisor's answer is
+/// kept: a step's products divide by the same constant).
+fn corrects(c: f32) -> bool {
+    thread_local! {
+        static LAST: std::cell::Cell<Option<(u32, bool)>> = const { std::cell::Cell::new(None) };
+    }
+    if let Some((bits, exact)) = LAST.get() {
+        if bits == c.to_bits() {
+            return exact;
+        }
+    }
+    let r = 1.0 / c;
+    let exact = (0..=255u8).all(|e| {
+        let (x, q0) = (f32::from(e), f32::from(e) * r);
+        let q = (-q0).mul_add(c, x).mul_add(r, q0);
+        q.to_bits() == (x / c).to_bits()
+    });
+    LAST.set(Some((c.to_bits(), exact)));
+    exact
+}
+
+/// 16 bytes of A from offset `at` (only `len` of them are needed: those past `end` are not read) as floats.
+///
+/// # Safety
+/// Bytes `at..at + len` are in A, which ends at `end`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn load_bytes(bytes: *const u8, end: usize, at: usize, len: usize, convert: Convert) -> __m512 {
+    // SAFETY: a full 16-byte load only within A; otherwise the `len` bytes that are in it, copied.
+    let v = unsafe {
+        if at + 16 <= end {
+            _mm_loadu_si128(bytes.add(at).cast())
+        } else {
+            let mut copy = [0u8; 16];
+            std::ptr::copy_nonoverlapping(bytes.add(at), copy.as_mut_ptr(), len);
+            _mm_loadu_si128(copy.as_ptr().cast())
+        }
+    };
+    let x = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v));
+    match (convert.corrected, convert.divided) {
+        (Some(c), _) => {
+            let q0 = _mm512_mul_ps(x, convert.mul);
+            _mm512_fmadd_ps(_mm512_fnmadd_ps(q0, c, x), convert.mul, q0)
+        }
+        (None, Some(c)) => _mm512_div_ps(x, c),
+        (None, None) => _mm512_mul_ps(x, convert.mul),
     }
 }
 
