@@ -448,6 +448,8 @@ unsafe fn block(
     let a_ld = kc_max.next_multiple_of(16);
     let a_stride = if p.ta { MR * kc_max + 16 } else { MR * a_ld };
     let a_pack = packs.a.ptr(if packs_a { group * a_stride } else { 0 });
+    // Not `map(Convert::new)`: a function with target features is not a closure.
+    #[allow(clippy::manual_map)]
     let convert = match p.bytes {
         Some(scale) => Some(Convert::new(scale)),
         None => None,
