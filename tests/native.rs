@@ -717,6 +717,36 @@ fn products_read_bytes_fed_in() {
     check_plan("mlp", &plan);
 }
 
+/// A dense layer's `relu(x·w + b)` is one product whose epilogue adds the bias and takes the relu, in training
+/// (whose relu gradient reads the activation, not the sum) and inference; the logits' thin product keeps its
+/// kernel. A sum that something else reads too, or that is fetched, is stored by its product and computed by a
+/// kernel as before. The values agree with the interpreter (`mlp`, and here).
+#[test]
+fn dense_layers_are_one_product_with_an_epilogue() {
+    let mlp = plan("mlp", Cluster::local(1, DeviceKind::Cpu), Strategy::Single);
+    let training = mlp.training.as_ref().unwrap();
+    let updates: Vec<&str> = training.updates.iter().map(String::as_str).collect();
+    let session = Session::with_backend(&mlp, 0, Backend::Llvm).unwrap();
+    let fused = |fetches: &[&str], targets: &[&str]| session.program(fetches, targets).unwrap().fused_products();
+    assert_eq!(fused(&[training.loss_node.as_str()], &updates), ["h1", "h2"]);
+    assert_eq!(fused(&["logits"], &[]), ["h1", "h2"]);
+    assert_eq!(fused(&["h1/matmul", "logits"], &[]), ["h2"]);
+    let source = "
+        model shared_sum {
+            input x: f32[64, 48]
+            param w: f32[48, 40] = glorot_uniform
+            param b: f32[40] = zeros
+            param v: f32[40, 32] = glorot_uniform
+            let z = x @ w + b
+            let h = relu(z) @ v
+            let loss = mean(h * h) + mean(z * z)
+            output h
+            minimize loss with sgd(lr = 0.1)
+        }";
+    let plan = plan_of(source, "shared_sum", Cluster::local(1, DeviceKind::Cpu), Strategy::Single);
+    check_plan("shared_sum", &plan);
+}
+
 /// An update whose product reads the variable it updates (here through `stop_gradient`: the gradient of `w` is
 /// `stop_gradient(w)ᵀ·g`, 400×400, two blocks of the reduction) is not folded, and runs as the interpreter does.
 /// On one thread, so that a product overwriting what it still reads would not hide in a race.

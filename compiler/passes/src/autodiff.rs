@@ -243,8 +243,11 @@ impl Builder<'_> {
                         self.mul(scaled, y3)
                     }
                     UnaryOp::Relu => {
-                        let zero = self.zero_like(x(0));
-                        let positive = self.compare(CompareOp::Greater, x(0), zero);
+                        // relu(x) > 0 exactly where x > 0 (NaN and -0 included): the gradient reads the
+                        // activation, so that the pre-activation need not be stored (a product's epilogue
+                        // can compute relu(a·b + bias) without it).
+                        let zero = self.zero_like(y);
+                        let positive = self.compare(CompareOp::Greater, y, zero);
                         self.select(positive, g, zero)
                     }
                     UnaryOp::Sigmoid => {

@@ -133,6 +133,11 @@ impl NativeProgram {
         self.schedule.bytes_read.clone()
     }
 
+    /// The kernels (a bias, then a relu) computed by the product they follow, by node name.
+    pub fn fused_products(&self) -> Vec<String> {
+        self.schedule.fused_products.clone()
+    }
+
     /// The inputs the program needs.
     pub fn inputs(&self) -> Vec<String> {
         self.schedule.feeds.iter().map(|f| f.0.clone()).collect()
@@ -341,18 +346,29 @@ pub unsafe fn run_host_step(
     let exchange = |node: &str| rendezvous.ok_or_else(|| InterpError::NoRendezvous { node: node.to_string() });
     match step {
         Step::Kernel { .. } => unreachable!("kernels run on their back end"),
-        Step::MatMul { a, b, out, m, n, k, ta, tb, batches, update, bytes: Some(scale) } => {
-            let [(oa, ob)] = batches[..] else { unreachable!("a product of bytes is a product of matrices") };
-            // SAFETY: the shapes were checked by the interpreter's program: `a` holds m·k bytes (a u8 input),
-            // `b` k·n floats, `out` m·n floats.
+        Step::MatMul { a, b, out, m, n, k, ta, tb, batches, update, bytes, epilogue }
+            if bytes.is_some() || epilogue.is_some() =>
+        {
+            let [(oa, ob)] = batches[..] else { unreachable!("a fused product is a product of matrices") };
+            // SAFETY: the shapes were checked by the interpreter's program: `a` holds m·k floats, or bytes (a u8
+            // input) where `bytes` says so, `b` k·n floats, `out` m·n floats, an epilogue's bias n floats.
             unsafe {
-                let a = std::slice::from_raw_parts((at(*a) as *const u8).add(oa), m * k);
+                let left = match bytes {
+                    Some(scale) => {
+                        dfc_gemm::Left::Bytes(std::slice::from_raw_parts((at(*a) as *const u8).add(oa), m * k), *scale)
+                    }
+                    None => dfc_gemm::Left::Floats(std::slice::from_raw_parts((at(*a) as *const f32).add(oa), m * k)),
+                };
                 let b = std::slice::from_raw_parts((at(*b) as *const f32).add(ob), k * n);
                 let c = std::slice::from_raw_parts_mut(at(*out) as *mut f32, m * n);
-                dfc_gemm::sgemm_bytes(*m, *n, *k, *update, a, *scale, *ta, b, *tb, c, true);
+                let epilogue = epilogue.map_or(dfc_gemm::Epilogue::default(), |e| dfc_gemm::Epilogue {
+                    bias: e.bias.map(|bias| std::slice::from_raw_parts(at(bias) as *const f32, *n)),
+                    relu: e.relu,
+                });
+                dfc_gemm::sgemm_fused(*m, *n, *k, left, *ta, b, *tb, c, *update, epilogue, true);
             }
         }
-        Step::MatMul { a, b, out, m, n, k, ta, tb, batches, update, bytes: None } => {
+        Step::MatMul { a, b, out, m, n, k, ta, tb, batches, update, .. } => {
             let (pa, pb, po) = (at(*a) as *const f32, at(*b) as *const f32, at(*out) as *mut f32);
             for (bi, &(oa, ob)) in batches.iter().enumerate() {
                 // SAFETY: the shapes were checked by the interpreter's program; the

@@ -33,6 +33,8 @@ pub struct Schedule {
     pub folded_updates: Vec<String>,
     /// The kernels that scale bytes fed in whose products read the bytes instead (`byte_operands`), by node name.
     pub bytes_read: Vec<String>,
+    /// The kernels computed by the product they add a bias to (`fused_product`), by node name.
+    pub fused_products: Vec<String>,
     /// Each fetched value's slot and type.
     pub fetches: Vec<(Slot, TensorType)>,
     /// `Slot::Feed(i)` is input `feeds[i]`.
@@ -77,6 +79,8 @@ pub enum Step {
         update: Option<f32>,
         /// `Some`: `a` holds bytes, read through the scale (`byte_operands`).
         bytes: Option<ByteScale>,
+        /// `Some`: the bias and relu of the kernel this product is fused with (`fused_product`).
+        epilogue: Option<Epilogue>,
     },
     /// A convolution or its gradients (im2col and GEMM): `(a, b)` are `(input, filter)`,
     /// `(filter, grad_out)` or `(input, grad_out)`.
@@ -183,6 +187,14 @@ pub enum ConvKind {
     BackpropFilter,
 }
 
+/// What a product does to each element before storing it: adds the bias of its column (`Some`: a vector of n
+/// floats), then the relu where `relu` (`dfc_gemm::Epilogue`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Epilogue {
+    pub bias: Option<Slot>,
+    pub relu: bool,
+}
+
 #[derive(Clone, Copy, Debug)]
 pub enum PoolKind {
     Max,
@@ -196,7 +208,9 @@ impl Step {
     pub fn reads_writes(&self) -> (Vec<Slot>, Vec<Slot>) {
         match self {
             Step::Kernel { args, .. } => (args[..args.len() - 1].to_vec(), vec![*args.last().unwrap()]),
-            Step::MatMul { a, b, out, .. } => (vec![*a, *b], vec![*out]),
+            Step::MatMul { a, b, out, epilogue, .. } => {
+                (epilogue.and_then(|e| e.bias).into_iter().chain([*a, *b]).collect(), vec![*out])
+            }
             Step::Library { operands, out, .. } | Step::Layout { operands, out, .. } => {
                 (operands.iter().map(|o| o.0).collect(), vec![*out])
             }
@@ -225,13 +239,16 @@ impl Step {
         const F32: usize = 4;
         match self {
             Step::Kernel { .. } => (Vec::new(), Vec::new()),
-            Step::MatMul { a, b, out, m, n, k, batches, update, bytes, .. } => {
+            Step::MatMul { a, b, out, m, n, k, batches, update, bytes, epilogue, .. } => {
                 // The furthest any batch reaches into each operand.
                 let a_len = batches.iter().map(|&(oa, _)| oa + m * k).max().unwrap_or(0);
                 let b_len = batches.iter().map(|&(_, ob)| ob + k * n).max().unwrap_or(0);
                 let out_len = batches.len() * m * n;
                 let a_element = if bytes.is_some() { 1 } else { F32 };
                 let mut reads = vec![(*a, a_len * a_element), (*b, b_len * F32)];
+                if let Some(bias) = epilogue.and_then(|e| e.bias) {
+                    reads.push((bias, n * F32));
+                }
                 if update.is_some() {
                     reads.push((*out, out_len * F32));
                 }
@@ -272,7 +289,9 @@ impl Step {
     fn slots_mut(&mut self) -> Vec<&mut Slot> {
         match self {
             Step::Kernel { args, .. } => args.iter_mut().collect(),
-            Step::MatMul { a, b, out, .. } => vec![a, b, out],
+            Step::MatMul { a, b, out, epilogue, .. } => {
+                epilogue.as_mut().and_then(|e| e.bias.as_mut()).into_iter().chain([a, b, out]).collect()
+            }
             Step::Library { operands, out, .. } | Step::Layout { operands, out, .. } => {
                 operands.iter_mut().map(|o| &mut o.0).chain([out]).collect()
             }
@@ -353,8 +372,9 @@ impl Schedule {
         Schedule::build(module, kernels, fetches, targets, order, training, false, true)
     }
 
-    /// Like [`Schedule::new`], for a back end whose products take floats only: every kernel that scales bytes
-    /// for a product runs (see `byte_operands`).
+    /// Like [`Schedule::new`], for a back end whose products take floats and nothing else: every kernel that
+    /// scales bytes for a product runs (see `byte_operands`), and none is fused into its product
+    /// (`fused_product`).
     pub fn floats_only(
         module: &Module,
         kernels: &[KernelSite<'_>],
@@ -391,7 +411,7 @@ impl Schedule {
         order: &[NodeId],
         training: bool,
         overlap: bool,
-        read_bytes: bool,
+        fuse_products: bool,
     ) -> Result<Schedule, CpuError> {
         let graph = &module.graph;
         // The interpreter's program checks every node: the same checks hold here.
@@ -423,9 +443,28 @@ impl Schedule {
             .filter_map(|id| kernels.get(id))
             .filter_map(|kernel| folded_update(module, kernel, &needed, &fetched).map(|f| (kernel.root, f)))
             .collect();
-        let folded_products: HashSet<NodeId> = folded.values().map(|f| f.0).collect();
+        let epilogues: HashMap<NodeId, FusedProduct> = if fuse_products {
+            // How many of the kernels run read each value: a product that another kernel reads too (one that
+            // recomputes the sum inside itself) is stored.
+            let mut kernels_reading: HashMap<NodeId, usize> = HashMap::new();
+            for kernel in order.iter().filter_map(|id| kernels.get(id)) {
+                for node in kernel.inputs.iter().map(|t| t.node).collect::<HashSet<_>>() {
+                    *kernels_reading.entry(node).or_default() += 1;
+                }
+            }
+            order
+                .iter()
+                .filter_map(|id| kernels.get(id))
+                .filter_map(|kernel| fused_product(module, kernel, &needed, &fetched).map(|f| (kernel.root, f)))
+                .filter(|(_, fused)| kernels_reading.get(&fused.product) == Some(&1))
+                .collect()
+        } else {
+            HashMap::new()
+        };
+        let folded_products: HashSet<NodeId> =
+            folded.values().map(|f| f.0).chain(epilogues.values().map(|f| f.product)).collect();
         let byte_operands =
-            if read_bytes { byte_operands(module, &kernels, &needed, &fetched) } else { HashMap::new() };
+            if fuse_products { byte_operands(module, &kernels, &needed, &fetched) } else { HashMap::new() };
         let bytes_read: HashMap<NodeId, ByteScale> = byte_operands.iter().map(|(&root, &(_, s))| (root, s)).collect();
         let computed_inside =
             |id: NodeId| (inside.contains_key(&id) && !kernels.contains_key(&id)) || folded_products.contains(&id);
@@ -448,6 +487,10 @@ impl Schedule {
             }
             let inputs = match (folded.get(&id), kernels.get(&id)) {
                 (Some(&(product, _)), _) => [graph.inputs(id)[0]].into_iter().chain(graph.inputs(product)).collect(),
+                (None, Some(_)) if epilogues.contains_key(&id) => {
+                    let fused = &epilogues[&id];
+                    fused.bias.into_iter().chain(graph.inputs(fused.product)).collect()
+                }
                 (None, Some(kernel)) => kernel.inputs.to_vec(),
                 (None, None) => graph.inputs(id),
             };
@@ -513,9 +556,16 @@ impl Schedule {
             let ty = node.outputs.first().cloned();
             if let Some(&(product, alpha)) = folded.get(&id) {
                 let out = slot_of[&graph.inputs(id)[0].node];
-                steps.push(product_step(module, product, &slot_of, &bytes_read, out, Some(alpha)));
+                steps.push(product_step(module, product, &slot_of, &bytes_read, out, Some(alpha), None));
                 let value = keep_value(id, &mut builder, &mut steps, out);
                 slot_of.insert(id, value);
+                continue;
+            }
+            if let Some(fused) = epilogues.get(&id) {
+                let out = builder.buffer(ty.as_ref().unwrap());
+                let epilogue = Epilogue { bias: fused.bias.map(|t| slot_of[&t.node]), relu: fused.relu };
+                steps.push(product_step(module, fused.product, &slot_of, &bytes_read, out, None, Some(epilogue)));
+                slot_of.insert(id, out);
                 continue;
             }
             if let Some(&(input, _)) = byte_operands.get(&id) {
@@ -581,7 +631,7 @@ impl Schedule {
                 }
                 Op::MatMul { .. } if ty.as_ref().unwrap().dtype == DType::F32 => {
                     let out = builder.buffer(ty.as_ref().unwrap());
-                    steps.push(product_step(module, id, &slot_of, &bytes_read, out, None));
+                    steps.push(product_step(module, id, &slot_of, &bytes_read, out, None, None));
                     slot_of.insert(id, out);
                 }
                 Op::Conv2d { strides, padding }
@@ -754,8 +804,11 @@ impl Schedule {
         let folded_updates = order.iter().filter(|id| folded.contains_key(id)).map(|&id| graph.node(id).name.clone());
         let bytes_read =
             order.iter().filter(|id| byte_operands.contains_key(id)).map(|&id| graph.node(id).name.clone());
+        let fused_products =
+            order.iter().filter(|id| epilogues.contains_key(id)).map(|&id| graph.node(id).name.clone());
         Ok(Schedule {
             steps,
+            fused_products: fused_products.collect(),
             folded_updates: folded_updates.collect(),
             bytes_read: bytes_read.collect(),
             fetches,
@@ -791,6 +844,7 @@ fn product_step(
     bytes: &HashMap<NodeId, ByteScale>,
     out: Slot,
     update: Option<f32>,
+    epilogue: Option<Epilogue>,
 ) -> Step {
     let graph = &module.graph;
     let bytes = bytes.get(&through_aliases(module, graph.inputs(id)[0].node)).copied();
@@ -809,10 +863,10 @@ fn product_step(
     // large enough to share among threads, where a product per batch might not be.
     if rb == 2 && !ta && a_dims[..ra - 2] == o_dims[..ro - 2] {
         let rows = o_dims[..ro - 1].iter().product();
-        return Step::MatMul { a, b, out, m: rows, n, k, ta, tb, batches: vec![(0, 0)], update, bytes };
+        return Step::MatMul { a, b, out, m: rows, n, k, ta, tb, batches: vec![(0, 0)], update, bytes, epilogue };
     }
     let batches = batch_offsets(&a_dims[..ra - 2], &b_dims[..rb - 2], &o_dims[..ro - 2], m * k, k * n);
-    Step::MatMul { a, b, out, m, n, k, ta, tb, batches, update, bytes }
+    Step::MatMul { a, b, out, m, n, k, ta, tb, batches, update, bytes, epilogue }
 }
 
 /// The node `id` views: itself, or what the reshapes, identities and stop-gradients it is one of read.
@@ -821,6 +875,68 @@ fn through_aliases(module: &Module, mut id: NodeId) -> NodeId {
         id = module.graph.inputs(id)[0].node;
     }
     id
+}
+
+/// A product fused with the kernel that adds a bias to it, then takes the relu (or either alone): one step
+/// (`dfc_gemm::Epilogue`).
+struct FusedProduct {
+    product: NodeId,
+    bias: Option<TensorRef>,
+    relu: bool,
+}
+
+/// The product that kernel `kernel` only adds a bias to, then takes the relu of (or either alone), when nothing
+/// else needs the product and it is a product of matrices at least 32 wide each way: a dense layer's
+/// `relu(x·w + b)` in one GEMM, whose tiles are finished while still in cache, where a kernel on one core would
+/// read the product (written by both) and write the activations (read by both) again. Thin products keep their
+/// dot products and orientations.
+fn fused_product(
+    module: &Module,
+    kernel: &KernelSite<'_>,
+    needed: &std::collections::BTreeSet<NodeId>,
+    fetched: &HashSet<NodeId>,
+) -> Option<FusedProduct> {
+    let graph = &module.graph;
+    let root = kernel.root;
+    let computed: Vec<NodeId> =
+        kernel.members.iter().copied().filter(|m| !matches!(graph.node(*m).op, Op::Const { .. })).collect();
+    let is_product = |t: TensorRef| matches!(graph.node(t.node).op, Op::MatMul { .. });
+    let is_add = |id: NodeId| matches!(graph.node(id).op, Op::Binary(dfc_ir::BinaryOp::Add));
+    let relu = matches!(graph.node(root).op, Op::Unary(dfc_ir::UnaryOp::Relu));
+    // The node the product feeds: the sum with the bias, or the relu alone.
+    let (fed, product, bias) = match (relu, computed.len()) {
+        (true, 1) => (root, graph.inputs(root)[0], None),
+        (true, 2) | (false, 1) => {
+            let sum = if relu { graph.inputs(root)[0].node } else { root };
+            if !is_add(sum) || !computed.contains(&sum) {
+                return None;
+            }
+            match graph.inputs(sum)[..] {
+                [p, b] | [b, p] if is_product(p) && !is_product(b) => (sum, p, Some(b)),
+                _ => return None,
+            }
+        }
+        _ => return None,
+    };
+    if !is_product(product) {
+        return None;
+    }
+    let out = &graph.node(product.node).outputs[0];
+    let dims = out.shape.dims();
+    let wide = dims.len() == 2 && dims[0] >= 32 && dims[1] >= 32 && out.dtype == DType::F32;
+    let matrices = graph.inputs(product.node).iter().all(|t| graph.ty(*t).shape.rank() == 2);
+    let bias_fits = bias.is_none_or(|b| {
+        let ty = graph.ty(b);
+        ty.dtype == DType::F32 && dims.last().is_some_and(|&n| ty.shape.dims() == [n])
+    });
+    let only_user = !fetched.contains(&product.node)
+        && graph.users(product.node).into_iter().filter(|u| needed.contains(u)).eq([fed]);
+    let same_shape = graph.node(root).outputs[0] == *out;
+    (wide && matrices && bias_fits && only_user && same_shape).then_some(FusedProduct {
+        product: product.node,
+        bias,
+        relu,
+    })
 }
 
 /// The value of a scalar f32 constant.

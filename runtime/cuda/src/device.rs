@@ -803,8 +803,8 @@ impl Running<'_> {
                     let prepared = self.run.launches[at].expect("checked");
                     self.device.launch(prepared).map_err(|e| self.error(e))?;
                 }
-                Step::MatMul { a, b, out, m, n, k, ta, tb, batches, update, bytes: _ } => {
-                    // `Schedule::floats_only`: A holds floats.
+                Step::MatMul { a, b, out, m, n, k, ta, tb, batches, update, bytes: _, epilogue: _ } => {
+                    // `Schedule::floats_only`: A holds floats, and no epilogue follows.
                     let (alpha, beta) = match update {
                         Some(alpha) => (*alpha, 1.0f32),
                         None => (1.0, 0.0),

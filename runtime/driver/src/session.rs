@@ -173,6 +173,17 @@ impl SessionProgram {
             .collect()
     }
 
+    /// The kernels of the native programs (a bias, then a relu) computed by the product they follow.
+    pub fn fused_products(&self) -> Vec<String> {
+        self.parts
+            .iter()
+            .flat_map(|p| match &p.program {
+                Executable::Native(program) => program.fused_products(),
+                Executable::Gpu(_) | Executable::Interp(_) => Vec::new(),
+            })
+            .collect()
+    }
+
     /// The indices of the fetches that this session's partitions compute.
     pub fn hosted_fetches(&self) -> Vec<usize> {
         self.fetches.iter().enumerate().filter(|(_, f)| f.is_some()).map(|(i, _)| i).collect()

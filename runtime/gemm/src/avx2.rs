@@ -391,6 +391,8 @@ mod tests {
                 accumulate,
                 alpha,
                 bytes: None,
+                bias: std::ptr::null(),
+                relu: false,
                 id: 0,
             };
             // SAFETY: AVX2 and FMA are available; the operands hold every element the product addresses.

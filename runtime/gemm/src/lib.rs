@@ -86,34 +86,82 @@ impl ByteScale {
     }
 }
 
-/// [`sgemm`] (or with `alpha`, [`sgemm_update`]) of an A of bytes, each read through `scale`: the products of
-/// a layer fed bytes read them where they are, and the floats of A are never stored. With AVX-512 A is packed
-/// from the bytes; elsewhere it is converted into a buffer first.
+/// The A of a fused product: floats, or bytes read through a scale.
+#[derive(Clone, Copy, Debug)]
+pub enum Left<'a> {
+    Floats(&'a [f32]),
+    Bytes(&'a [u8], ByteScale),
+}
+
+/// What a fused product does to each element of C before it stores it: adds the bias of its column, then takes
+/// `max(·, 0)` (the interpreter's `relu`: NaN and -0 kept) where `relu`. A dense layer's `relu(x·w + b)` is then
+/// one product, and the product alone is never stored.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Epilogue<'a> {
+    pub bias: Option<&'a [f32]>,
+    pub relu: bool,
+}
+
+impl Epilogue<'_> {
+    fn is_some(&self) -> bool {
+        self.bias.is_some() || self.relu
+    }
+
+    /// Applies the epilogue to C (m rows of n, `ldc` apart) where the product did not.
+    fn apply(&self, c: &mut [f32], m: usize, n: usize, ldc: usize) {
+        for row in c.chunks_mut(ldc).take(m) {
+            for (j, x) in row[..n].iter_mut().enumerate() {
+                if let Some(bias) = self.bias {
+                    *x += bias[j];
+                }
+                if self.relu && 0.0 > *x {
+                    *x = 0.0;
+                }
+            }
+        }
+    }
+}
+
+/// A product fused with what surrounds it in a model, contiguous operands laid out as in [`sgemm`]:
+/// `c = epilogue(A·b)`, or with `update`, `c += α·A·b` (a folded update, which takes no epilogue). `A` may be
+/// bytes: a layer fed bytes reads them where they are, and the floats of A are never stored. With AVX-512, A is
+/// packed from the bytes and the epilogue applied to each tile as it is stored; elsewhere A is converted into a
+/// buffer first, and the epilogue applied to C after.
 #[allow(clippy::too_many_arguments)]
-pub fn sgemm_bytes(
+pub fn sgemm_fused(
     m: usize,
     n: usize,
     k: usize,
-    alpha: Option<f32>,
-    a: &[u8],
-    scale: ByteScale,
+    a: Left<'_>,
     transpose_a: bool,
     b: &[f32],
     transpose_b: bool,
     c: &mut [f32],
+    update: Option<f32>,
+    epilogue: Epilogue<'_>,
     parallel: bool,
 ) {
-    assert!(a.len() >= m * k && b.len() >= k * n && c.len() >= m * n, "sgemm operands are too small");
+    let a_len = match a {
+        Left::Floats(a) => a.len(),
+        Left::Bytes(a, _) => a.len(),
+    };
+    assert!(a_len >= m * k && b.len() >= k * n && c.len() >= m * n, "sgemm operands are too small");
+    assert!(epilogue.bias.is_none_or(|bias| bias.len() >= n), "sgemm: the bias is shorter than a row of C");
+    assert!(update.is_none() || !epilogue.is_some(), "sgemm: an update takes no epilogue");
     let lda = if transpose_a { m } else { k };
     let ldb = if transpose_b { k } else { n };
-    let (accumulate, factor) = (alpha.is_some(), alpha.unwrap_or(1.0));
+    let (accumulate, alpha) = (update.is_some(), update.unwrap_or(1.0));
     #[cfg(target_arch = "x86_64")]
     if kernels() == Kernels::Avx512 && m > 0 && n > 0 && k > 0 {
+        let (a, bytes) = match a {
+            Left::Floats(a) => (a.as_ptr(), None),
+            Left::Bytes(a, scale) => (a.as_ptr().cast(), Some(scale)),
+        };
         let product = avx512::Product {
             m,
             n,
             k,
-            a: a.as_ptr().cast(),
+            a,
             lda,
             ta: transpose_a,
             b: b.as_ptr(),
@@ -123,16 +171,26 @@ pub fn sgemm_bytes(
             ldc: n,
             tc: false,
             accumulate,
-            alpha: factor,
-            bytes: Some(scale),
+            alpha,
+            bytes,
+            bias: epilogue.bias.map_or(std::ptr::null(), <[f32]>::as_ptr),
+            relu: epilogue.relu,
             id: 0,
         };
-        // SAFETY: AVX-512F is available; A holds m·k bytes, B k·n floats and C m·n floats, contiguous, as
-        // asserted above.
+        // SAFETY: AVX-512F is available; A holds m·k elements (floats or bytes), B k·n floats, C m·n floats, the
+        // bias n floats, contiguous, as asserted above.
         return unsafe { avx512::sgemm(product, parallel) };
     }
-    let floats: Vec<f32> = a[..m * k].iter().map(|&e| scale.apply(e)).collect();
-    product(m, n, k, factor, &floats, lda, transpose_a, b, ldb, transpose_b, c, n, accumulate, parallel);
+    let converted: Vec<f32>;
+    let a = match a {
+        Left::Floats(a) => a,
+        Left::Bytes(a, scale) => {
+            converted = a[..m * k].iter().map(|&e| scale.apply(e)).collect();
+            &converted
+        }
+    };
+    product(m, n, k, alpha, a, lda, transpose_a, b, ldb, transpose_b, c, n, accumulate, parallel);
+    epilogue.apply(c, m, n, n);
 }
 
 /// [`sgemm`] with explicit leading dimensions (the distance between consecutive rows as stored): `a` holds m rows
@@ -217,6 +275,8 @@ fn product(
             accumulate,
             alpha,
             bytes: None,
+            bias: std::ptr::null(),
+            relu: false,
             id: 0,
         };
         // SAFETY: the kernels' instruction sets are available, and `check` put every element the product

@@ -268,11 +268,11 @@ fn products_while_the_pool_is_held() {
     });
 }
 
-/// Products of an A of bytes (`sgemm_bytes`) against the naive product of A read through the scale: every
+/// Products of an A of bytes (`sgemm_fused`) against the naive product of A read through the scale: every
 /// orientation, small and model-sized shapes (the MLP's first layer and its weights' gradient), each scale.
 #[test]
 fn products_of_bytes() {
-    use dfc_gemm::{sgemm_bytes, ByteScale};
+    use dfc_gemm::{sgemm_fused, ByteScale, Epilogue, Left};
     let mut rng = fastrand::Rng::with_seed(25);
     let mut shapes: Vec<(usize, usize, usize)> =
         (0..60).map(|_| (rng.usize(1..=70), rng.usize(1..=90), rng.usize(1..=800))).collect();
@@ -285,7 +285,7 @@ fn products_of_bytes() {
         let b = random(&mut rng, k * n);
         let c0 = random(&mut rng, m * n);
         let mut c = c0.clone();
-        sgemm_bytes(m, n, k, alpha, &a, scale, ta, &b, false, &mut c, parallel);
+        sgemm_fused(m, n, k, Left::Bytes(&a, scale), ta, &b, false, &mut c, alpha, Epilogue::default(), parallel);
         let at = |i: usize, p: usize| f64::from(scale.apply(if ta { a[p * m + i] } else { a[i * k + p] }));
         for i in 0..m {
             for j in 0..n {
@@ -304,6 +304,64 @@ fn products_of_bytes() {
                     (got - want).abs() <= 1e-5 * (1.0 + size + f64::from(c0[i * n + j]).abs()),
                     "{m}×{n}×{k} (ta {ta}, {scale:?}, α {alpha:?}) at ({i}, {j}): {got} against {want}"
                 );
+            }
+        }
+    }
+}
+
+/// Products with an epilogue (`sgemm_fused`: the bias of each column, then the relu) against the naive product
+/// followed by the epilogue: thin and wide, deep (several blocks of the reduction) and shallow, of floats and of
+/// bytes, on the pool and on one thread. NaN and -0 pass the relu as the interpreter's does.
+#[test]
+fn products_with_an_epilogue() {
+    use dfc_gemm::{sgemm_fused, ByteScale, Epilogue, Left};
+    let mut rng = fastrand::Rng::with_seed(26);
+    let mut shapes: Vec<(usize, usize, usize)> =
+        (0..60).map(|_| (rng.usize(1..=70), rng.usize(1..=90), rng.usize(0..=900))).collect();
+    shapes.extend([(128, 256, 784), (128, 256, 256), (128, 10, 256), (1, 256, 784), (5, 3, 0)]);
+    for &(m, n, k) in &shapes {
+        let (ta, tb, parallel, relu, bytes) = (rng.bool(), rng.bool(), rng.bool(), rng.bool(), rng.bool());
+        let mut bias = random(&mut rng, n);
+        if n > 2 {
+            bias[0] = f32::NAN;
+            bias[1] = -0.0;
+        }
+        let with_bias = rng.bool() || !relu;
+        let floats = random(&mut rng, m * k);
+        let scale = ByteScale::Div(255.0);
+        let raw: Vec<u8> = (0..m * k).map(|_| rng.u8(..)).collect();
+        let a: Vec<f32> = if bytes { raw.iter().map(|&e| scale.apply(e)).collect() } else { floats.clone() };
+        let b = random(&mut rng, k * n);
+        let mut c = random(&mut rng, m * n);
+        let left = if bytes { Left::Bytes(&raw, scale) } else { Left::Floats(&floats) };
+        let epilogue = Epilogue { bias: with_bias.then_some(&bias[..]), relu };
+        sgemm_fused(m, n, k, left, ta, &b, tb, &mut c, None, epilogue, parallel);
+        for i in 0..m {
+            for j in 0..n {
+                let (mut sum, mut size) = (0f64, 0f64);
+                for p in 0..k {
+                    let x = if ta { a[p * m + i] } else { a[i * k + p] };
+                    let y = if tb { b[j * k + p] } else { b[p * n + j] };
+                    sum += f64::from(x) * f64::from(y);
+                    size += (f64::from(x) * f64::from(y)).abs();
+                }
+                let mut want = sum as f32;
+                if with_bias {
+                    want += bias[j];
+                }
+                if relu && 0.0 > want {
+                    want = 0.0;
+                }
+                let got = c[i * n + j];
+                let what = format!(
+                    "{m}×{n}×{k} (ta {ta}, tb {tb}, bytes {bytes}, relu {relu}, bias {with_bias}) at ({i}, {j})"
+                );
+                if want.is_nan() {
+                    assert!(got.is_nan(), "{what}: {got} against NaN");
+                } else {
+                    let tolerance = 1e-5 * (1.0 + size + if with_bias { f64::from(bias[j]).abs() } else { 0.0 });
+                    assert!(f64::from((got - want).abs()) <= tolerance, "{what}: {got} against {want}");
+                }
             }
         }
     }

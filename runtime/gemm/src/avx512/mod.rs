@@ -119,6 +119,11 @@ pub(crate) struct Product {
     /// `Some`: A holds bytes (`a` is their address), each read as a float through the scale; A is then always
     /// packed, and the product never transposed or computed as dot products.
     pub bytes: Option<ByteScale>,
+    /// Not null: the bias of each column of C, added to each element as its tile is stored (the epilogue);
+    /// then `relu`: `max(·, 0)`. A product with an epilogue is never transposed, computed as dot products or
+    /// cut along its reduction.
+    pub bias: *const f32,
+    pub relu: bool,
     /// Set by `sgemm`.
     pub id: u64,
 }
@@ -131,6 +136,17 @@ unsafe impl Send for Product {}
 unsafe impl Sync for Product {}
 
 impl Product {
+    /// Whether the product has an epilogue (`bias`, `relu`).
+    fn epilogue(&self) -> bool {
+        !self.bias.is_null() || self.relu
+    }
+
+    /// Whether the product must keep its orientation and be computed by tiles: A holds bytes, or an epilogue
+    /// follows (both are C's and A's as given).
+    fn fixed(&self) -> bool {
+        self.bytes.is_some() || self.epilogue()
+    }
+
     /// Whether A is packed into panels (stored transposed, or as bytes) rather than read where it is stored.
     fn packs_a(&self) -> bool {
         self.ta || self.bytes.is_some()
@@ -218,12 +234,12 @@ const CHUNK_TIME: f64 = 12_000.0;
 pub(crate) unsafe fn sgemm(p: Product, parallel: bool) {
     let threads = if parallel { rayon::current_num_threads() } else { 1 };
     // A thin product (C or Cᵀ of at most 16 columns) as dot products, where that costs less than tiles.
-    // A product of bytes keeps its orientation: only A may be bytes.
+    // A product of bytes or with an epilogue keeps its orientation and its tiles (see `Product::fixed`).
     let as_dots = [p, p.transposed()]
         .into_iter()
-        .filter(|p| p.bytes.is_none() && dot::applies(p))
+        .filter(|p| !p.fixed() && dot::applies(p))
         .min_by(|x, y| dot::cost(x).total_cmp(&dot::cost(y)));
-    let transpose = p.bytes.is_none() && cost(&p.transposed()) < 0.95 * cost(&p);
+    let transpose = !p.fixed() && cost(&p.transposed()) < 0.95 * cost(&p);
     let mut p = if transpose { p.transposed() } else { p };
     if let Some(thin) = as_dots.filter(|thin| dot::cost(thin) < 0.95 * cost(&p)) {
         // SAFETY: the caller's contract.
@@ -291,7 +307,8 @@ fn plan(p: &Product, threads: usize) -> Option<(Split, usize)> {
             };
         let chunks = wanted.min(n.div_ceil(NR));
         consider(Split::Cols, chunks, read_a * (chunks as f64 - 1.0) / t);
-        let chunks = wanted.min(k / 64);
+        // The epilogue needs the whole sum.
+        let chunks = if p.epilogue() { 0 } else { wanted.min(k / 64) };
         consider(Split::Depth, chunks, chunks.saturating_sub(1) as f64 * (m * n) as f64 * 0.4);
     }
     best.filter(|&(time, _, _)| time < single).map(|(_, split, chunks)| (split, chunks))
@@ -390,6 +407,32 @@ unsafe fn add_into(p: &Product, part: *const f32, ld: usize) {
                 let mask = tail_mask(len - j);
                 let v = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, c.add(j)), _mm512_maskz_loadu_ps(mask, s.add(j)));
                 _mm512_mask_storeu_ps(c.add(j), mask, v);
+            }
+        }
+    }
+}
+
+/// The epilogue of a tile of `rows` × `cols` at `c` (`ldc` apart): adds the bias of each column (from `bias`
+/// unless null), then `max(·, 0)` where `relu` (`vmaxps(0, x)`: 0 only where 0 > x, so NaN and -0 stay).
+///
+/// # Safety
+/// The tile is in C, and `bias` (unless null) holds `cols` floats.
+#[target_feature(enable = "avx512f")]
+unsafe fn finish_tile(c: *mut f32, ldc: usize, rows: usize, cols: usize, bias: *const f32, relu: bool) {
+    for r in 0..rows {
+        for j in (0..cols).step_by(16) {
+            let mask = tail_mask(cols - j);
+            // SAFETY: masked loads and stores of the tile's row r, columns j.., and of the bias's columns.
+            unsafe {
+                let at = c.add(r * ldc + j);
+                let mut v = _mm512_maskz_loadu_ps(mask, at);
+                if !bias.is_null() {
+                    v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, bias.add(j)));
+                }
+                if relu {
+                    v = _mm512_max_ps(_mm512_setzero_ps(), v);
+                }
+                _mm512_mask_storeu_ps(at, mask, v);
             }
         }
     }
@@ -509,6 +552,12 @@ unsafe fn block(
                             };
                             let tile = if p.tc { c.add((jc + jr) * ldc + i) } else { c.add(i * ldc + jc + jr) };
                             kernel(kc, a, lda, b, ldb, tile, ldc, nr, p.tc, overwrite, p.alpha);
+                            if kb + 1 == k_blocks && p.epilogue() {
+                                // The tile's sum is complete (an epilogue's product is neither transposed
+                                // nor cut along its reduction), and still in L1.
+                                let bias = if p.bias.is_null() { p.bias } else { p.bias.add(jc + jr) };
+                                finish_tile(tile, ldc, mr, nr, bias, p.relu);
+                            }
                         }
                     }
                 }
@@ -541,6 +590,8 @@ mod tests {
             accumulate: false,
             alpha: 1.0,
             bytes: None,
+            bias: std::ptr::null(),
+            relu: false,
             id: 0,
         }
     }
