@@ -718,8 +718,8 @@ fn products_read_bytes_fed_in() {
 }
 
 /// A dense layer's `relu(x·w + b)` is one product whose epilogue adds the bias and takes the relu, in training
-/// (whose relu gradient reads the activation, not the sum) and inference; the logits' thin product keeps its
-/// kernel. A sum that something else reads too, or that is fetched, is stored by its product and computed by a
+/// (whose relu gradient reads the activation, not the sum) and inference, and the relu's gradient
+/// `select(h > 0, g·wᵀ, 0)` one product whose epilogue masks it; the logits' thin product keeps its kernel. A sum that something else reads too, or that is fetched, is stored by its product and computed by a
 /// kernel as before. The values agree with the interpreter (`mlp`, and here).
 #[test]
 fn dense_layers_are_one_product_with_an_epilogue() {
@@ -728,7 +728,8 @@ fn dense_layers_are_one_product_with_an_epilogue() {
     let updates: Vec<&str> = training.updates.iter().map(String::as_str).collect();
     let session = Session::with_backend(&mlp, 0, Backend::Llvm).unwrap();
     let fused = |fetches: &[&str], targets: &[&str]| session.program(fetches, targets).unwrap().fused_products();
-    assert_eq!(fused(&[training.loss_node.as_str()], &updates), ["h1", "h2"]);
+    let training_fused = ["h1", "h2", "gradients/h2/select", "gradients/h1/select"];
+    assert_eq!(fused(&[training.loss_node.as_str()], &updates), training_fused);
     assert_eq!(fused(&["logits"], &[]), ["h1", "h2"]);
     assert_eq!(fused(&["h1/matmul", "logits"], &[]), ["h2"]);
     let source = "

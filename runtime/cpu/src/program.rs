@@ -351,7 +351,8 @@ pub unsafe fn run_host_step(
         {
             let [(oa, ob)] = batches[..] else { unreachable!("a fused product is a product of matrices") };
             // SAFETY: the shapes were checked by the interpreter's program: `a` holds m·k floats, or bytes (a u8
-            // input) where `bytes` says so, `b` k·n floats, `out` m·n floats, an epilogue's bias n floats.
+            // input) where `bytes` says so, `b` k·n floats, `out` m·n floats, an epilogue's bias n floats and
+            // mask m·n.
             unsafe {
                 let left = match bytes {
                     Some(scale) => {
@@ -364,6 +365,7 @@ pub unsafe fn run_host_step(
                 let epilogue = epilogue.map_or(dfc_gemm::Epilogue::default(), |e| dfc_gemm::Epilogue {
                     bias: e.bias.map(|bias| std::slice::from_raw_parts(at(bias) as *const f32, *n)),
                     relu: e.relu,
+                    mask: e.mask.map(|mask| std::slice::from_raw_parts(at(mask) as *const f32, m * n)),
                 });
                 dfc_gemm::sgemm_fused(*m, *n, *k, left, *ta, b, *tb, c, *update, epilogue, true);
             }

@@ -193,6 +193,8 @@ pub enum ConvKind {
 pub struct Epilogue {
     pub bias: Option<Slot>,
     pub relu: bool,
+    /// `Some`: an m×n matrix; elements where it is not above 0 are 0.
+    pub mask: Option<Slot>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -209,7 +211,8 @@ impl Step {
         match self {
             Step::Kernel { args, .. } => (args[..args.len() - 1].to_vec(), vec![*args.last().unwrap()]),
             Step::MatMul { a, b, out, epilogue, .. } => {
-                (epilogue.and_then(|e| e.bias).into_iter().chain([*a, *b]).collect(), vec![*out])
+                let extra = epilogue.iter().flat_map(|e| e.bias.into_iter().chain(e.mask));
+                (extra.chain([*a, *b]).collect(), vec![*out])
             }
             Step::Library { operands, out, .. } | Step::Layout { operands, out, .. } => {
                 (operands.iter().map(|o| o.0).collect(), vec![*out])
@@ -248,6 +251,9 @@ impl Step {
                 let mut reads = vec![(*a, a_len * a_element), (*b, b_len * F32)];
                 if let Some(bias) = epilogue.and_then(|e| e.bias) {
                     reads.push((bias, n * F32));
+                }
+                if let Some(mask) = epilogue.and_then(|e| e.mask) {
+                    reads.push((mask, out_len * F32));
                 }
                 if update.is_some() {
                     reads.push((*out, out_len * F32));
@@ -290,7 +296,8 @@ impl Step {
         match self {
             Step::Kernel { args, .. } => args.iter_mut().collect(),
             Step::MatMul { a, b, out, epilogue, .. } => {
-                epilogue.as_mut().and_then(|e| e.bias.as_mut()).into_iter().chain([a, b, out]).collect()
+                let extra = epilogue.iter_mut().flat_map(|e| e.bias.iter_mut().chain(e.mask.iter_mut()));
+                extra.chain([a, b, out]).collect()
             }
             Step::Library { operands, out, .. } | Step::Layout { operands, out, .. } => {
                 operands.iter_mut().map(|o| &mut o.0).chain([out]).collect()
@@ -489,7 +496,7 @@ impl Schedule {
                 (Some(&(product, _)), _) => [graph.inputs(id)[0]].into_iter().chain(graph.inputs(product)).collect(),
                 (None, Some(_)) if epilogues.contains_key(&id) => {
                     let fused = &epilogues[&id];
-                    fused.bias.into_iter().chain(graph.inputs(fused.product)).collect()
+                    fused.bias.into_iter().chain(fused.mask).chain(graph.inputs(fused.product)).collect()
                 }
                 (None, Some(kernel)) => kernel.inputs.to_vec(),
                 (None, None) => graph.inputs(id),
@@ -563,7 +570,11 @@ impl Schedule {
             }
             if let Some(fused) = epilogues.get(&id) {
                 let out = builder.buffer(ty.as_ref().unwrap());
-                let epilogue = Epilogue { bias: fused.bias.map(|t| slot_of[&t.node]), relu: fused.relu };
+                let epilogue = Epilogue {
+                    bias: fused.bias.map(|t| slot_of[&t.node]),
+                    relu: fused.relu,
+                    mask: fused.mask.map(|t| slot_of[&t.node]),
+                };
                 steps.push(product_step(module, fused.product, &slot_of, &bytes_read, out, None, Some(epilogue)));
                 slot_of.insert(id, out);
                 continue;
@@ -883,6 +894,33 @@ struct FusedProduct {
     product: NodeId,
     bias: Option<TensorRef>,
     relu: bool,
+    /// `select(mask > 0, product, 0)`: a relu's gradient.
+    mask: Option<TensorRef>,
+}
+
+/// `select(m > 0, p, 0)` of a product p and a stored tensor m (a relu's gradient: m the activation), computed
+/// as kernel `kernel` (its non-constant members `computed`): the product, and m.
+fn masked_product(module: &Module, kernel: &KernelSite<'_>, computed: &[NodeId]) -> Option<FusedProduct> {
+    let graph = &module.graph;
+    let root = kernel.root;
+    let zero =
+        |t: TensorRef, signed: bool| scalar_const(module, t).is_some_and(|c| c.to_bits() == 0 || (signed && c == 0.0));
+    let (Op::Select, [cond, p, otherwise]) = (&graph.node(root).op, &graph.inputs(root)[..]) else { return None };
+    let (Op::Compare(dfc_ir::CompareOp::Greater), [mask, limit]) =
+        (&graph.node(cond.node).op, &graph.inputs(cond.node)[..])
+    else {
+        return None;
+    };
+    let stored = kernel.inputs.contains(mask) && kernel.inputs.contains(p);
+    let typed = graph.ty(*mask) == graph.ty(*p);
+    (computed.len() == 2
+        && computed.contains(&cond.node)
+        && matches!(graph.node(p.node).op, Op::MatMul { .. })
+        && zero(*limit, true)
+        && zero(*otherwise, false)
+        && stored
+        && typed)
+        .then_some(FusedProduct { product: p.node, bias: None, relu: false, mask: Some(*mask) })
 }
 
 /// The product that kernel `kernel` only adds a bias to, then takes the relu of (or either alone), when nothing
@@ -902,6 +940,16 @@ fn fused_product(
         kernel.members.iter().copied().filter(|m| !matches!(graph.node(*m).op, Op::Const { .. })).collect();
     let is_product = |t: TensorRef| matches!(graph.node(t.node).op, Op::MatMul { .. });
     let is_add = |id: NodeId| matches!(graph.node(id).op, Op::Binary(dfc_ir::BinaryOp::Add));
+    if let Some(fused) = masked_product(module, kernel, &computed) {
+        let product = fused.product;
+        let only_user =
+            !fetched.contains(&product) && graph.users(product).into_iter().filter(|u| needed.contains(u)).eq([root]);
+        let out = &graph.node(product).outputs[0];
+        let dims = out.shape.dims();
+        let wide = dims.len() == 2 && dims[0] >= 32 && dims[1] >= 32 && out.dtype == DType::F32;
+        let matrices = graph.inputs(product).iter().all(|t| graph.ty(*t).shape.rank() == 2);
+        return (only_user && wide && matrices && graph.node(root).outputs[0] == *out).then_some(fused);
+    }
     let relu = matches!(graph.node(root).op, Op::Unary(dfc_ir::UnaryOp::Relu));
     // The node the product feeds: the sum with the bias, or the relu alone.
     let (fed, product, bias) = match (relu, computed.len()) {
@@ -936,6 +984,7 @@ fn fused_product(
         product: product.node,
         bias,
         relu,
+        mask: None,
     })
 }
 

@@ -393,6 +393,7 @@ mod tests {
                 bytes: None,
                 bias: std::ptr::null(),
                 relu: false,
+                mask: std::ptr::null(),
                 id: 0,
             };
             // SAFETY: AVX2 and FMA are available; the operands hold every element the product addresses.

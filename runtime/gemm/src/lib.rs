@@ -94,27 +94,34 @@ pub enum Left<'a> {
 }
 
 /// What a fused product does to each element of C before it stores it: adds the bias of its column, then takes
-/// `max(·, 0)` (the interpreter's `relu`: NaN and -0 kept) where `relu`. A dense layer's `relu(x·w + b)` is then
+/// `max(·, 0)` (the interpreter's `relu`: NaN and -0 kept) where `relu`, then zeroes it where the mask is not
+/// above 0. A dense layer's `relu(x·w + b)` is then
 /// one product, and the product alone is never stored.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Epilogue<'a> {
     pub bias: Option<&'a [f32]>,
     pub relu: bool,
+    /// Then where this m×n matrix (laid out as C) is not above 0, 0 (a relu's gradient, the mask its
+    /// activation).
+    pub mask: Option<&'a [f32]>,
 }
 
 impl Epilogue<'_> {
     fn is_some(&self) -> bool {
-        self.bias.is_some() || self.relu
+        self.bias.is_some() || self.relu || self.mask.is_some()
     }
 
     /// Applies the epilogue to C (m rows of n, `ldc` apart) where the product did not.
     fn apply(&self, c: &mut [f32], m: usize, n: usize, ldc: usize) {
-        for row in c.chunks_mut(ldc).take(m) {
+        for (i, row) in c.chunks_mut(ldc).take(m).enumerate() {
             for (j, x) in row[..n].iter_mut().enumerate() {
                 if let Some(bias) = self.bias {
                     *x += bias[j];
                 }
                 if self.relu && 0.0 > *x {
+                    *x = 0.0;
+                }
+                if self.mask.is_some_and(|mask| !(mask[i * n + j] > 0.0)) {
                     *x = 0.0;
                 }
             }
@@ -147,6 +154,7 @@ pub fn sgemm_fused(
     };
     assert!(a_len >= m * k && b.len() >= k * n && c.len() >= m * n, "sgemm operands are too small");
     assert!(epilogue.bias.is_none_or(|bias| bias.len() >= n), "sgemm: the bias is shorter than a row of C");
+    assert!(epilogue.mask.is_none_or(|mask| mask.len() >= m * n), "sgemm: the mask is smaller than C");
     assert!(update.is_none() || !epilogue.is_some(), "sgemm: an update takes no epilogue");
     let lda = if transpose_a { m } else { k };
     let ldb = if transpose_b { k } else { n };
@@ -175,6 +183,7 @@ pub fn sgemm_fused(
             bytes,
             bias: epilogue.bias.map_or(std::ptr::null(), <[f32]>::as_ptr),
             relu: epilogue.relu,
+            mask: epilogue.mask.map_or(std::ptr::null(), <[f32]>::as_ptr),
             id: 0,
         };
         // SAFETY: AVX-512F is available; A holds m·k elements (floats or bytes), B k·n floats, C m·n floats, the
@@ -277,6 +286,7 @@ fn product(
             bytes: None,
             bias: std::ptr::null(),
             relu: false,
+            mask: std::ptr::null(),
             id: 0,
         };
         // SAFETY: the kernels' instruction sets are available, and `check` put every element the product

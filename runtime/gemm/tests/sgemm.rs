@@ -309,9 +309,10 @@ fn products_of_bytes() {
     }
 }
 
-/// Products with an epilogue (`sgemm_fused`: the bias of each column, then the relu) against the naive product
+/// Products with an epilogue (`sgemm_fused`: the bias of each column, then the relu, then the mask) against the naive product
 /// followed by the epilogue: thin and wide, deep (several blocks of the reduction) and shallow, of floats and of
-/// bytes, on the pool and on one thread. NaN and -0 pass the relu as the interpreter's does.
+/// bytes, on the pool and on one thread. NaN and -0 pass the relu as the interpreter's does; a mask of NaN, -0 or
+/// 0 zeroes.
 #[test]
 fn products_with_an_epilogue() {
     use dfc_gemm::{sgemm_fused, ByteScale, Epilogue, Left};
@@ -334,7 +335,14 @@ fn products_with_an_epilogue() {
         let b = random(&mut rng, k * n);
         let mut c = random(&mut rng, m * n);
         let left = if bytes { Left::Bytes(&raw, scale) } else { Left::Floats(&floats) };
-        let epilogue = Epilogue { bias: with_bias.then_some(&bias[..]), relu };
+        let mut mask = random(&mut rng, m * n);
+        if m * n > 3 {
+            mask[0] = f32::NAN;
+            mask[1] = -0.0;
+            mask[2] = 0.0;
+        }
+        let masked = rng.bool();
+        let epilogue = Epilogue { bias: with_bias.then_some(&bias[..]), relu, mask: masked.then_some(&mask[..]) };
         sgemm_fused(m, n, k, left, ta, &b, tb, &mut c, None, epilogue, parallel);
         for i in 0..m {
             for j in 0..n {
@@ -352,12 +360,19 @@ fn products_with_an_epilogue() {
                 if relu && 0.0 > want {
                     want = 0.0;
                 }
+                if masked && !(mask[i * n + j] > 0.0) {
+                    want = 0.0;
+                }
                 let got = c[i * n + j];
                 let what = format!(
-                    "{m}×{n}×{k} (ta {ta}, tb {tb}, bytes {bytes}, relu {relu}, bias {with_bias}) at ({i}, {j})"
+                    "{m}×{n}×{k} (ta {ta}, tb {tb}, bytes {bytes}, relu {relu}, bias {with_bias}, mask {masked}) at ({i}, {j})"
                 );
                 if want.is_nan() {
                     assert!(got.is_nan(), "{what}: {got} against NaN");
+                } else if want == 0.0 && (masked || relu) {
+                    // Zeroed (or the relu's 0): only a sum of the same sign can be near it.
+                    let tolerance = 1e-5 * (1.0 + size);
+                    assert!(f64::from(got.abs()) <= tolerance, "{what}: {got} against 0");
                 } else {
                     let tolerance = 1e-5 * (1.0 + size + if with_bias { f64::from(bias[j]).abs() } else { 0.0 });
                     assert!(f64::from((got - want).abs()) <= tolerance, "{what}: {got} against {want}");

@@ -124,6 +124,8 @@ pub(crate) struct Product {
     /// cut along its reduction.
     pub bias: *const f32,
     pub relu: bool,
+    /// Not null: an m×n matrix laid out as C (`ldc` apart); elements of C where it is not above 0 become 0.
+    pub mask: *const f32,
     /// Set by `sgemm`.
     pub id: u64,
 }
@@ -138,7 +140,7 @@ unsafe impl Sync for Product {}
 impl Product {
     /// Whether the product has an epilogue (`bias`, `relu`).
     fn epilogue(&self) -> bool {
-        !self.bias.is_null() || self.relu
+        !self.bias.is_null() || self.relu || !self.mask.is_null()
     }
 
     /// Whether the product must keep its orientation and be computed by tiles: A holds bytes, or an epilogue
@@ -413,26 +415,38 @@ unsafe fn add_into(p: &Product, part: *const f32, ld: usize) {
 }
 
 /// The epilogue of a tile of `rows` × `cols` at `c` (`ldc` apart): adds the bias of each column (from `bias`
-/// unless null), then `max(·, 0)` where `relu` (`vmaxps(0, x)`: 0 only where 0 > x, so NaN and -0 stay).
+/// unless null), then `max(·, 0)` where `relu` (`vmaxps(0, x)`: 0 only where 0 > x, so NaN and -0 stay), then
+/// zeroes the elements where the mask's (unless null; laid out as the tile) are not above 0.
 ///
 /// # Safety
-/// The tile is in C, and `bias` (unless null) holds `cols` floats.
+/// The tile is in C, `bias` (unless null) holds `cols` floats, and `mask` (unless null) a tile like C's.
 #[target_feature(enable = "avx512f")]
-unsafe fn finish_tile(c: *mut f32, ldc: usize, rows: usize, cols: usize, bias: *const f32, relu: bool) {
+unsafe fn finish_tile(
+    c: *mut f32,
+    ldc: usize,
+    rows: usize,
+    cols: usize,
+    (bias, relu, mask): (*const f32, bool, *const f32),
+) {
     for r in 0..rows {
         for j in (0..cols).step_by(16) {
-            let mask = tail_mask(cols - j);
-            // SAFETY: masked loads and stores of the tile's row r, columns j.., and of the bias's columns.
+            let lanes = tail_mask(cols - j);
+            // SAFETY: masked loads and stores of the tile's row r, columns j.., of the bias's columns and of the
+            // mask's row r.
             unsafe {
                 let at = c.add(r * ldc + j);
-                let mut v = _mm512_maskz_loadu_ps(mask, at);
+                let mut v = _mm512_maskz_loadu_ps(lanes, at);
                 if !bias.is_null() {
-                    v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, bias.add(j)));
+                    v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(lanes, bias.add(j)));
                 }
                 if relu {
                     v = _mm512_max_ps(_mm512_setzero_ps(), v);
                 }
-                _mm512_mask_storeu_ps(at, mask, v);
+                if !mask.is_null() {
+                    let m = _mm512_maskz_loadu_ps(lanes, mask.add(r * ldc + j));
+                    v = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask::<_CMP_GT_OQ>(m, _mm512_setzero_ps()), v);
+                }
+                _mm512_mask_storeu_ps(at, lanes, v);
             }
         }
     }
@@ -556,7 +570,8 @@ unsafe fn block(
                                 // The tile's sum is complete (an epilogue's product is neither transposed
                                 // nor cut along its reduction), and still in L1.
                                 let bias = if p.bias.is_null() { p.bias } else { p.bias.add(jc + jr) };
-                                finish_tile(tile, ldc, mr, nr, bias, p.relu);
+                                let mask = if p.mask.is_null() { p.mask } else { p.mask.add(i * ldc + jc + jr) };
+                                finish_tile(tile, ldc, mr, nr, (bias, p.relu, mask));
                             }
                         }
                     }
@@ -592,6 +607,7 @@ mod tests {
             bytes: None,
             bias: std::ptr::null(),
             relu: false,
+            mask: std::ptr::null(),
             id: 0,
         }
     }
