@@ -121,7 +121,8 @@ impl Epilogue<'_> {
                 if self.relu && 0.0 > *x {
                     *x = 0.0;
                 }
-                if self.mask.is_some_and(|mask| !(mask[i * n + j] > 0.0)) {
+                if self.mask.is_some_and(|mask| mask[i * n + j].partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater))
+                {
                     *x = 0.0;
                 }
             }

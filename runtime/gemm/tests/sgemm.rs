@@ -360,7 +360,7 @@ fn products_with_an_epilogue() {
                 if relu && 0.0 > want {
                     want = 0.0;
                 }
-                if masked && !(mask[i * n + j] > 0.0) {
+                if masked && mask[i * n + j].partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater) {
                     want = 0.0;
                 }
                 let got = c[i * n + j];
