@@ -1001,7 +1001,7 @@ fn scalar_const(module: &Module, t: TensorRef) -> Option<f32> {
 
 /// The kernels that only scale bytes fed in (`cast<f32>(x) * c`, `c * cast<f32>(x)` or `cast<f32>(x) / c`, x a
 /// u8 input, c a scalar f32 constant) and whose every use is as the A of an f32 product of two matrices at least
-/// 32 rows and columns wide: those products read the bytes where they are fed (`dfc_gemm::sgemm_bytes`), and
+/// 32 rows and columns wide: those products read the bytes where they are fed (`dfc_gemm::sgemm_fused`), and
 /// the kernel does not run. A layer fed images as bytes then never stores them as floats, which its two products
 /// (forward, and the weights' gradient) would read from the other core's cache; thin products keep their dot
 /// products over floats. By kernel root: the input, and the scale.
