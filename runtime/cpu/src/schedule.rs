@@ -923,8 +923,9 @@ fn masked_product(module: &Module, kernel: &KernelSite<'_>, computed: &[NodeId])
         .then_some(FusedProduct { product: p.node, bias: None, relu: false, mask: Some(*mask) })
 }
 
-/// The product that kernel `kernel` only adds a bias to, then takes the relu of (or either alone), when nothing
-/// else needs the product and it is a product of matrices at least 32 wide each way: a dense layer's
+/// The product that kernel `kernel` only adds a bias to, then takes the relu of (or either alone), or masks as a
+/// relu's gradient (`masked_product`), when nothing else needs the product and it is wide (`wide_product`): a
+/// dense layer's
 /// `relu(x·w + b)` in one GEMM, whose tiles are finished while still in cache, where a kernel on one core would
 /// read the product (written by both) and write the activations (read by both) again. Thin products keep their
 /// dot products and orientations.
@@ -936,56 +937,62 @@ fn fused_product(
 ) -> Option<FusedProduct> {
     let graph = &module.graph;
     let root = kernel.root;
-    let computed: Vec<NodeId> =
-        kernel.members.iter().copied().filter(|m| !matches!(graph.node(*m).op, Op::Const { .. })).collect();
+    let computed = computed_members(module, kernel);
     let is_product = |t: TensorRef| matches!(graph.node(t.node).op, Op::MatMul { .. });
     let is_add = |id: NodeId| matches!(graph.node(id).op, Op::Binary(dfc_ir::BinaryOp::Add));
-    if let Some(fused) = masked_product(module, kernel, &computed) {
-        let product = fused.product;
-        let only_user =
-            !fetched.contains(&product) && graph.users(product).into_iter().filter(|u| needed.contains(u)).eq([root]);
-        let out = &graph.node(product).outputs[0];
-        let dims = out.shape.dims();
-        let wide = dims.len() == 2 && dims[0] >= 32 && dims[1] >= 32 && out.dtype == DType::F32;
-        let matrices = graph.inputs(product).iter().all(|t| graph.ty(*t).shape.rank() == 2);
-        return (only_user && wide && matrices && graph.node(root).outputs[0] == *out).then_some(fused);
-    }
     let relu = matches!(graph.node(root).op, Op::Unary(dfc_ir::UnaryOp::Relu));
-    // The node the product feeds: the sum with the bias, or the relu alone.
-    let (fed, product, bias) = match (relu, computed.len()) {
-        (true, 1) => (root, graph.inputs(root)[0], None),
-        (true, 2) | (false, 1) => {
+    // The fused product, and the node it feeds: the select, the sum with the bias, or the relu alone.
+    let (fused, fed) = match (masked_product(module, kernel, &computed), relu, computed.len()) {
+        (Some(fused), _, _) => (fused, root),
+        (None, true, 1) => {
+            let product = graph.inputs(root)[0];
+            (FusedProduct { product: product.node, bias: None, relu, mask: None }, root)
+        }
+        (None, true, 2) | (None, false, 1) => {
             let sum = if relu { graph.inputs(root)[0].node } else { root };
             if !is_add(sum) || !computed.contains(&sum) {
                 return None;
             }
             match graph.inputs(sum)[..] {
-                [p, b] | [b, p] if is_product(p) && !is_product(b) => (sum, p, Some(b)),
+                [p, b] | [b, p] if is_product(p) && !is_product(b) => {
+                    (FusedProduct { product: p.node, bias: Some(b), relu, mask: None }, sum)
+                }
                 _ => return None,
             }
         }
         _ => return None,
     };
-    if !is_product(product) {
+    let product = fused.product;
+    if !matches!(graph.node(product).op, Op::MatMul { .. }) || !wide_product(module, product) {
         return None;
     }
-    let out = &graph.node(product.node).outputs[0];
-    let dims = out.shape.dims();
-    let wide = dims.len() == 2 && dims[0] >= 32 && dims[1] >= 32 && out.dtype == DType::F32;
-    let matrices = graph.inputs(product.node).iter().all(|t| graph.ty(*t).shape.rank() == 2);
-    let bias_fits = bias.is_none_or(|b| {
+    let out = &graph.node(product).outputs[0];
+    let bias_fits = fused.bias.is_none_or(|b| {
         let ty = graph.ty(b);
-        ty.dtype == DType::F32 && dims.last().is_some_and(|&n| ty.shape.dims() == [n])
+        ty.dtype == DType::F32 && out.shape.dims().last().is_some_and(|&n| ty.shape.dims() == [n])
     });
-    let only_user = !fetched.contains(&product.node)
-        && graph.users(product.node).into_iter().filter(|u| needed.contains(u)).eq([fed]);
+    let only_user =
+        !fetched.contains(&product) && graph.users(product).into_iter().filter(|u| needed.contains(u)).eq([fed]);
     let same_shape = graph.node(root).outputs[0] == *out;
-    (wide && matrices && bias_fits && only_user && same_shape).then_some(FusedProduct {
-        product: product.node,
-        bias,
-        relu,
-        mask: None,
-    })
+    (bias_fits && only_user && same_shape).then_some(fused)
+}
+
+/// Whether the product `id` (of f32 matrices) is at least 32 wide each way: one that runs by tiles, and that
+/// its threads share.
+fn wide_product(module: &Module, id: NodeId) -> bool {
+    let graph = &module.graph;
+    let out = &graph.node(id).outputs[0];
+    let dims = out.shape.dims();
+    out.dtype == DType::F32
+        && dims.len() == 2
+        && dims[0] >= 32
+        && dims[1] >= 32
+        && graph.inputs(id).iter().all(|t| graph.ty(*t).shape.rank() == 2)
+}
+
+/// The members of `kernel` that it computes (its constants left out).
+fn computed_members(module: &Module, kernel: &KernelSite<'_>) -> Vec<NodeId> {
+    kernel.members.iter().copied().filter(|m| !matches!(module.graph.node(*m).op, Op::Const { .. })).collect()
 }
 
 /// The value of a scalar f32 constant.
@@ -1032,7 +1039,7 @@ fn byte_operands(
             },
             _ => return None,
         };
-        let computed = kernel.members.iter().filter(|m| !matches!(graph.node(**m).op, Op::Const { .. })).count();
+        let computed = computed_members(module, kernel).len();
         (computed == 2 && graph.node(root).outputs[0].dtype == DType::F32).then_some((x, scale))
     };
     // Whether every use of `id` (through views) is as the A of a wide enough product of matrices.
@@ -1050,15 +1057,7 @@ fn byte_operands(
                 }
                 Op::MatMul { .. } => {
                     let operands = graph.inputs(user);
-                    let out = &graph.node(user).outputs[0];
-                    let dims = out.shape.dims();
-                    operands[0].node == id
-                        && operands[1].node != id
-                        && out.dtype == DType::F32
-                        && operands.iter().all(|t| graph.ty(*t).shape.rank() == 2)
-                        && dims.len() == 2
-                        && dims[0] >= 32
-                        && dims[1] >= 32
+                    operands[0].node == id && operands[1].node != id && wide_product(module, user)
                 }
                 _ => false,
             })
@@ -1091,7 +1090,7 @@ fn folded_update(
     let only_user = |id: NodeId, user: NodeId| {
         !fetched.contains(&id) && graph.users(id).into_iter().filter(|u| needed.contains(u)).eq([user])
     };
-    let scalar_const = |t: TensorRef| scalar_const(module, t);
+    let scalar_const = |t| scalar_const(module, t);
     let is_product = |t: TensorRef| matches!(graph.node(t.node).op, Op::MatMul { .. });
     let (product, scale) = match graph.node(value.node).op {
         Op::MatMul { .. } if kernel.members == [root] => (value.node, 1.0),

@@ -95,8 +95,7 @@ pub enum Left<'a> {
 
 /// What a fused product does to each element of C before it stores it: adds the bias of its column, then takes
 /// `max(·, 0)` (the interpreter's `relu`: NaN and -0 kept) where `relu`, then zeroes it where the mask is not
-/// above 0. A dense layer's `relu(x·w + b)` is then
-/// one product, and the product alone is never stored.
+/// above 0. A dense layer's `relu(x·w + b)` is then one product, and the product alone is never stored.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Epilogue<'a> {
     pub bias: Option<&'a [f32]>,
