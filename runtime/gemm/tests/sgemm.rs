@@ -309,6 +309,70 @@ fn products_of_bytes() {
     }
 }
 
+/// Products of bytes where many steps are zero in every row of a panel (the black borders of images, and whole
+/// black images), which the AVX-512 kernels leave out: against the naive product, with ±∞ and NaN in some rows of
+/// B, where those steps must still give NaN (0·∞), and with a scale that reads a byte 0 as NaN (0/0) in an A of
+/// zeros, where nothing may be left out. Both orientations, model-sized and small, on the pool and on one thread.
+#[test]
+fn products_of_bytes_with_zero_steps() {
+    use dfc_gemm::{sgemm_fused, ByteScale, Epilogue, Left};
+    let mut rng = fastrand::Rng::with_seed(27);
+    let mut shapes: Vec<(usize, usize, usize)> =
+        (0..40).map(|_| (rng.usize(1..=90), rng.usize(1..=90), rng.usize(1..=900))).collect();
+    shapes.extend([(128, 256, 784), (784, 256, 128), (64, 40, 784), (300, 64, 100)]);
+    for (case, &(m, n, k)) in shapes.iter().enumerate() {
+        let (ta, parallel) = (rng.bool(), rng.bool());
+        let scale = match case % 5 {
+            4 => ByteScale::Div(0.0),
+            3 => ByteScale::Mul(-0.5),
+            _ => ByteScale::Div(255.0),
+        };
+        // Row i of A (an image) over steps p (its pixels): zero near the ends of each 28-step "row", zero for
+        // every fourth image, and otherwise half zero at random.
+        let value = |rng: &mut fastrand::Rng, i: usize, p: usize| {
+            let border = p % 28 < 3 || p % 28 >= 25 || p < 56;
+            if border || i % 4 == 3 || rng.bool() { 0 } else { rng.u8(1..) }
+        };
+        let mut a = vec![0u8; m * k];
+        for i in 0..m {
+            for p in 0..k {
+                a[if ta { p * m + i } else { i * k + p }] = value(&mut rng, i, p);
+            }
+        }
+        if case % 5 == 4 {
+            // Every byte 0, each read as NaN: every element of C is NaN.
+            a.fill(0);
+        }
+        let mut b = random(&mut rng, k * n);
+        // Non-finite elements in a few rows, some of them rows of all-zero steps (the borders).
+        for (p, x) in [(0, f32::INFINITY), (1, f32::NAN), (k / 2, f32::NEG_INFINITY), (k - 1, f32::NAN)] {
+            if p < k && case % 2 == 0 {
+                b[p * n + rng.usize(..n)] = x;
+            }
+        }
+        let mut c = random(&mut rng, m * n);
+        sgemm_fused(m, n, k, Left::Bytes(&a, scale), ta, &b, false, &mut c, None, Epilogue::default(), parallel);
+        let at = |i: usize, p: usize| f64::from(scale.apply(if ta { a[p * m + i] } else { a[i * k + p] }));
+        for i in 0..m {
+            for j in 0..n {
+                let (mut sum, mut size) = (0f64, 0f64);
+                for p in 0..k {
+                    let term = at(i, p) * f64::from(b[p * n + j]);
+                    sum += term;
+                    size += term.abs();
+                }
+                let got = f64::from(c[i * n + j]);
+                let agree = if sum.is_nan() || sum.is_infinite() {
+                    got.to_bits() == sum.to_bits() || (got.is_nan() && sum.is_nan())
+                } else {
+                    (got - sum).abs() <= 1e-5 * (1.0 + size)
+                };
+                assert!(agree, "{m}×{n}×{k} (ta {ta}, {scale:?}) at ({i}, {j}): {got} against {sum}");
+            }
+        }
+    }
+}
+
 /// Products with an epilogue (`sgemm_fused`: the bias of each column, then the relu, then the mask) against the naive product
 /// followed by the epilogue: thin and wide, deep (several blocks of the reduction) and shallow, of floats and of
 /// bytes, on the pool and on one thread. NaN and -0 pass the relu as the interpreter's does; a mask of NaN, -0 or

@@ -6,40 +6,49 @@ use std::arch::x86_64::*;
 use super::pack::{tail_mask, transpose16};
 use super::MR;
 
-/// `kernel::<R, IN_PLACE, WIDE>(kc, a, lda, b, ldb, c, ldc, nr, tc, overwrite, alpha)`.
+/// `kernel::<R, IN_PLACE, WIDE, SKIP>(kc, a, lda, b, ldb, steps, c, ldc, nr, tc, overwrite, alpha)`.
 pub(super) type Kernel =
-    unsafe fn(usize, *const f32, usize, *const f32, usize, *mut f32, usize, usize, bool, bool, f32);
+    unsafe fn(usize, *const f32, usize, *const f32, usize, *const u32, *mut f32, usize, usize, bool, bool, f32);
 
-/// Instantiates `kernel::<R, IN_PLACE, WIDE>` for R = 1..=12.
+/// Instantiates `kernel::<R, IN_PLACE, WIDE, SKIP>` for R = 1..=12.
 macro_rules! heights {
-    ($in_place:literal, $wide:literal) => {
+    ($in_place:literal, $wide:literal, $skip:literal) => {
         [
-            kernel::<1, $in_place, $wide>,
-            kernel::<2, $in_place, $wide>,
-            kernel::<3, $in_place, $wide>,
-            kernel::<4, $in_place, $wide>,
-            kernel::<5, $in_place, $wide>,
-            kernel::<6, $in_place, $wide>,
-            kernel::<7, $in_place, $wide>,
-            kernel::<8, $in_place, $wide>,
-            kernel::<9, $in_place, $wide>,
-            kernel::<10, $in_place, $wide>,
-            kernel::<11, $in_place, $wide>,
-            kernel::<12, $in_place, $wide>,
+            kernel::<1, $in_place, $wide, $skip>,
+            kernel::<2, $in_place, $wide, $skip>,
+            kernel::<3, $in_place, $wide, $skip>,
+            kernel::<4, $in_place, $wide, $skip>,
+            kernel::<5, $in_place, $wide, $skip>,
+            kernel::<6, $in_place, $wide, $skip>,
+            kernel::<7, $in_place, $wide, $skip>,
+            kernel::<8, $in_place, $wide, $skip>,
+            kernel::<9, $in_place, $wide, $skip>,
+            kernel::<10, $in_place, $wide, $skip>,
+            kernel::<11, $in_place, $wide, $skip>,
+            kernel::<12, $in_place, $wide, $skip>,
         ]
     };
 }
 
-/// The microkernels, `KERNELS[wide][in_place][R - 1]`.
-pub(super) static KERNELS: [[[Kernel; MR]; 2]; 2] =
-    [[heights!(false, false), heights!(true, false)], [heights!(false, true), heights!(true, true)]];
+/// The microkernels, `KERNELS[skip][wide][in_place][R - 1]`.
+pub(super) static KERNELS: [[[[Kernel; MR]; 2]; 2]; 2] = [
+    [
+        [heights!(false, false, false), heights!(true, false, false)],
+        [heights!(false, true, false), heights!(true, true, false)],
+    ],
+    [
+        [heights!(false, false, true), heights!(true, false, true)],
+        [heights!(false, true, true), heights!(true, true, true)],
+    ],
+];
 
 /// `C[R×nr] (+)= α·A·B` for one tile: overwrites the tile when `overwrite`, else adds to it.
 ///
 /// - A (R rows × kc steps): element (i, q) at `a[i·lda + q]` when `IN_PLACE` (A as stored, row-major:
 ///   broadcasting from R rows spares transposing A into a panel), else at `a[q·R + i]` (a packed panel).
 /// - B (kc steps × nr columns): step q at `b[q·ldb..]`, 32 floats (16 unless `WIDE`), from a packed panel
-///   (ldb = 32) or B as stored.
+///   (ldb = 32) or B as stored; when `SKIP`, at `b[steps[q]·ldb..]` instead: A's steps are a selection of B's (the
+///   steps where a panel of A is not all zero, `pack_a_bytes`), and `steps` holds kc indices.
 /// - C: element (i, j) of the tile at `c[i·ldc + j]`, or `c[j·ldc + i]` when `tc`; only columns `j < nr` (≤ 32,
 ///   ≤ 16 unless `WIDE`) are written.
 ///
@@ -53,12 +62,13 @@ pub(super) static KERNELS: [[[Kernel; MR]; 2]; 2] =
 /// AVX-512F; A's R rows, B's steps and the tile's elements addressed as above are in bounds.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f")]
-unsafe fn kernel<const R: usize, const IN_PLACE: bool, const WIDE: bool>(
+unsafe fn kernel<const R: usize, const IN_PLACE: bool, const WIDE: bool, const SKIP: bool>(
     kc: usize,
     a: *const f32,
     lda: usize,
     b: *const f32,
     ldb: usize,
+    steps: *const u32,
     c: *mut f32,
     ldc: usize,
     nr: usize,
@@ -108,12 +118,24 @@ unsafe fn kernel<const R: usize, const IN_PLACE: bool, const WIDE: bool>(
             }
         }
         let mut b = b;
+        let mut steps = steps;
         // B's two vectors of step u (the second only when WIDE).
         macro_rules! load_b {
             ($u:literal) => {{
-                let b0 = _mm512_loadu_ps(b.add($u * ldb));
-                (b0, if WIDE { _mm512_loadu_ps(b.add($u * ldb + 16)) } else { b0 })
+                let row = if SKIP { b.add(*steps.add($u) as usize * ldb) } else { b.add($u * ldb) };
+                let b0 = _mm512_loadu_ps(row);
+                (b0, if WIDE { _mm512_loadu_ps(row.add(16)) } else { b0 })
             }};
+        }
+        // Past `n` steps: of B's rows, or of the selection.
+        macro_rules! advance_b {
+            ($n:literal) => {
+                if SKIP {
+                    steps = steps.add($n);
+                } else {
+                    b = b.add($n * ldb);
+                }
+            };
         }
         if IN_PLACE {
             // Rows 3g, 3g + 1, 3g + 2 at base g + 0, lda, 2·lda (lda in bytes in `ld`); the bases of groups past R
@@ -146,12 +168,12 @@ unsafe fn kernel<const R: usize, const IN_PLACE: bool, const WIDE: bool>(
                 step!(2);
                 step!(3);
                 (r0, r3, r6, r9) = (r0.wrapping_add(4), r3.wrapping_add(4), r6.wrapping_add(4), r9.wrapping_add(4));
-                b = b.add(4 * ldb);
+                advance_b!(4);
             }
             for _ in 0..kc % 4 {
                 step!(0);
                 (r0, r3, r6, r9) = (r0.wrapping_add(1), r3.wrapping_add(1), r6.wrapping_add(1), r9.wrapping_add(1));
-                b = b.add(ldb);
+                advance_b!(1);
             }
         } else {
             let mut a = a;
@@ -177,12 +199,12 @@ unsafe fn kernel<const R: usize, const IN_PLACE: bool, const WIDE: bool>(
                 step!(2);
                 step!(3);
                 a = a.add(4 * R);
-                b = b.add(4 * ldb);
+                advance_b!(4);
             }
             for _ in 0..kc % 4 {
                 step!(0);
                 a = a.add(R);
-                b = b.add(ldb);
+                advance_b!(1);
             }
         }
         if alpha != 1.0 {

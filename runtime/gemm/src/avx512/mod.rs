@@ -16,6 +16,12 @@
 //! panel, so such a product is computed as `Cᵀ = Bᵀ·Aᵀ` when that costs less (`cost`), storing tiles of Cᵀ
 //! through an in-register transpose.
 //!
+//! A of bytes (`Product::bytes`: images fed as u8) is converted to floats as it is packed, and each panel leaves out
+//! the steps at which all its rows are 0 (`pack::Selection`): the black pixels that a panel's images share, 10 to
+//! 20 % of the steps of Fashion-MNIST's batches. The kernels then read B's rows through the list of steps kept
+//! (`SKIP`). C is the same to the bit: a step is left out only where its row of B is finite and a byte 0 reads as
+//! ±0, and ±0 added to the accumulators (which start at +0) changes nothing.
+//!
 //! A thin product with a long reduction (C or Cᵀ of at most 16 columns, its A row-major) is computed as dot
 //! products instead (`dot`) when that costs less: every lane works, where a tile would use n of 16.
 //!
@@ -34,7 +40,7 @@ use std::sync::Mutex;
 use crate::pool;
 use crate::ByteScale;
 use kernel::KERNELS;
-use pack::{pack_a, pack_a_bytes, pack_b, tail_mask, Convert};
+use pack::{pack_a, pack_a_bytes, pack_b, tail_mask, Convert, FiniteRows, Selection};
 
 /// Rows of the microkernel tile.
 const MR: usize = 12;
@@ -81,6 +87,9 @@ struct Packs {
     a: Buf,
     b: Buf,
     b_holds: Option<(u64, usize, usize, usize, usize)>,
+    /// The steps that panels of bytes keep (`Selection`), and which rows of B are finite.
+    steps: Vec<u32>,
+    finite: FiniteRows,
 }
 
 thread_local! {
@@ -511,12 +520,21 @@ unsafe fn block(
         Some(scale) => Some(Convert::new(scale)),
         None => None,
     };
+    // Panels of bytes leave out their all-zero steps (pixels that are black in every image of a panel).
+    let select = !p.tb && convert.is_some_and(|c| c.zero_is_zero());
+    let steps_stride = kc_max + 16;
+    if select {
+        packs.finite.start(p);
+        packs.steps.resize(group * steps_stride, 0);
+    }
+    let mut kept = [0usize; MC / MR];
     if packs.b.floats() < kc_max * nc_max {
         packs.b_holds = None;
     }
     let b_pack = packs.b.ptr(kc_max * nc_max);
-    let wide = &KERNELS[1][usize::from(!p.ta)];
-    let narrow = &KERNELS[0][usize::from(!p.ta)];
+    let kernels = |skip: bool| {
+        (&KERNELS[usize::from(skip)][1][usize::from(!p.ta)], &KERNELS[usize::from(skip)][0][usize::from(!p.ta)])
+    };
     for nb in 0..n_blocks {
         let jc = j0 + n_panels * nb / n_blocks * NR;
         let nc = (j0 + n_panels * (nb + 1) / n_blocks * NR).min(j1) - jc;
@@ -537,7 +555,14 @@ unsafe fn block(
                 unsafe {
                     match convert {
                         Some(convert) => {
-                            pack_a_bytes(p, convert, pc, kc, i0, (base, extra), (g0, g1), (a_pack, a_stride, a_ld))
+                            let selection = select.then_some(Selection {
+                                steps: packs.steps.as_mut_ptr(),
+                                stride: steps_stride,
+                                kept: &mut kept,
+                                finite: &mut packs.finite,
+                            });
+                            let a = (a_pack, a_stride, a_ld);
+                            pack_a_bytes(p, convert, pc, kc, i0, (base, extra), (g0, g1), a, selection)
                         }
                         None if p.ta => pack_a(p, pc, kc, i0, (base, extra), (g0, g1), a_pack, a_stride),
                         None => {}
@@ -556,6 +581,12 @@ unsafe fn block(
                         } else {
                             (p.a.add(i * p.lda + pc), p.lda)
                         };
+                        // A panel that leaves out steps reads B's through its selection.
+                        let (steps, kc_a) = match select && kept[g - g0] < kc {
+                            true => (packs.steps.as_ptr().add((g - g0) * steps_stride), kept[g - g0]),
+                            false => (std::ptr::null(), kc),
+                        };
+                        let (wide, narrow) = kernels(!steps.is_null());
                         for jr in (0..nc).step_by(NR) {
                             let nr = (nc - jr).min(NR);
                             let kernel = if nr > 16 { wide[mr - 1] } else { narrow[mr - 1] };
@@ -565,7 +596,7 @@ unsafe fn block(
                                 (b_pack.add(jr * kc).cast_const(), NR)
                             };
                             let tile = if p.tc { c.add((jc + jr) * ldc + i) } else { c.add(i * ldc + jc + jr) };
-                            kernel(kc, a, lda, b, ldb, tile, ldc, nr, p.tc, overwrite, p.alpha);
+                            kernel(kc_a, a, lda, b, ldb, steps, tile, ldc, nr, p.tc, overwrite, p.alpha);
                             if kb + 1 == k_blocks && p.epilogue() {
                                 // The tile's sum is complete (an epilogue's product is neither transposed
                                 // nor cut along its reduction), and still in L1.

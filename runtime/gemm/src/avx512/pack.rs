@@ -3,7 +3,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{Product, NR};
+use super::{Product, KC, NR};
 use crate::ByteScale;
 
 /// Lanes `0..min(len, 16)`.
@@ -48,14 +48,111 @@ pub(super) unsafe fn pack_a(
     }
 }
 
+/// Where `pack_a_bytes` leaves out the steps at which a panel of A is all zero: those add nothing to C. A step is
+/// left out only where its row of B is finite, since 0·∞ and 0·NaN are NaN (`FiniteRows`), and a byte 0 is read
+/// as ±0 (`Convert::zero_is_zero`); the accumulators start at +0, to which ±0 adds nothing, so that C is the same
+/// to the bit.
+pub(super) struct Selection<'a> {
+    /// Panel g's kept steps (indices into pc..pc+kc) at `steps[(g - g0)·stride..]`; `stride` ≥ kc + 16.
+    pub steps: *mut u32,
+    pub stride: usize,
+    /// How many steps each panel of the group keeps.
+    pub kept: &'a mut [usize],
+    pub finite: &'a mut FiniteRows,
+}
+
+/// Which rows of a product's B are finite, found as they are asked for: one product's (`Product::id`).
+#[derive(Default)]
+pub(super) struct FiniteRows {
+    of: u64,
+    /// Bit q of these words: whether row q is known, and whether it is finite (one word of slack at the end).
+    known: Vec<u64>,
+    finite: Vec<u64>,
+}
+
+impl FiniteRows {
+    /// Forgets the rows of another product than `p`.
+    pub(super) fn start(&mut self, p: &Product) {
+        let words = p.k / 64 + 2;
+        if self.of != p.id || self.known.len() != words {
+            self.known.clear();
+            self.known.resize(words, 0);
+            self.finite.clear();
+            self.finite.resize(words, 0);
+            self.of = p.id;
+        }
+    }
+
+    /// The bits s of `want` for which row `q + s` of B (stored row-major) is finite.
+    ///
+    /// # Safety
+    /// `start(p)` was called; B is stored row-major (`!p.tb`), and the rows asked for are B's.
+    #[inline(always)]
+    unsafe fn rows(&mut self, p: &Product, q: usize, want: u16) -> u16 {
+        let unknown = want & !bits(&self.known, q);
+        if unknown != 0 {
+            // SAFETY: the caller's contract; the packing that asks runs with AVX-512F.
+            unsafe { self.learn(p, q, unknown) };
+        }
+        want & bits(&self.finite, q)
+    }
+
+    /// Finds whether rows `q + s` are finite, for the bits s of `unknown`. Apart, and cold: once per row a product.
+    ///
+    /// # Safety
+    /// As `rows`, and AVX-512F.
+    #[cold]
+    #[inline(never)]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn learn(&mut self, p: &Product, q: usize, unknown: u16) {
+        for s in 0..16 {
+            if unknown >> s & 1 == 1 {
+                // SAFETY: row q + s is B's (the caller's contract).
+                let finite = unsafe { row_finite(p, q + s) };
+                let (word, bit) = ((q + s) / 64, 1 << ((q + s) % 64));
+                self.known[word] |= bit;
+                self.finite[word] |= if finite { bit } else { 0 };
+            }
+        }
+    }
+}
+
+/// Bits `q..q + 16` of a bit vector (with a word of slack past them).
+#[inline]
+fn bits(words: &[u64], q: usize) -> u16 {
+    let (word, shift) = (q / 64, q % 64);
+    let low = words[word] >> shift;
+    let high = if shift > 48 { words[word + 1] << (64 - shift) } else { 0 };
+    (low | high) as u16
+}
+
+/// Whether all n elements of row q of B (stored row-major) are finite.
+///
+/// # Safety
+/// B is stored row-major and q < k.
+#[target_feature(enable = "avx512f")]
+unsafe fn row_finite(p: &Product, q: usize) -> bool {
+    // x - x is 0 where x is finite, NaN where it is ±∞ or NaN.
+    let mut sum = _mm512_setzero_ps();
+    for j in (0..p.n).step_by(16) {
+        // SAFETY: a masked load of row q's columns j..min(j + 16, n), in B.
+        let x = unsafe { _mm512_maskz_loadu_ps(tail_mask(p.n - j), p.b.add(q * p.ldb + j)) };
+        sum = _mm512_add_ps(sum, _mm512_sub_ps(x, x));
+    }
+    _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(sum, sum) == 0
+}
+
 /// Packs panels `g0..g1` of an A of bytes, each byte read as a float through `scale`: stored transposed, as
 /// `pack_a` lays them out (step-major); otherwise row-major, row r of panel g at `dst[(g - g0)·stride + r·ld]`,
 /// for the kernels that read A in place (`ld` a multiple of 16, at least kc: rows are written 16 floats at a time).
+/// With a `Selection`, each panel holds only the steps it keeps, in order, and the selection says which.
 ///
 /// # Safety
 /// As `pack_a`, with `stride` ≥ `12·ld` for an A stored row-major; `p.a` is the address of A's bytes, `lda` apart.
+/// With a selection, B is stored row-major, its `steps` hold `g1 - g0` panels of `stride` indices, and its `kept`
+/// at least `g1 - g0` counts.
 #[allow(clippy::too_many_arguments)]
-#[target_feature(enable = "avx512f")]
+#[target_feature(enable = "avx512f,popcnt")]
 pub(super) unsafe fn pack_a_bytes(
     p: &Product,
     scale: Convert,
@@ -65,29 +162,108 @@ pub(super) unsafe fn pack_a_bytes(
     (base, extra): (usize, usize),
     (g0, g1): (usize, usize),
     (dst, stride, ld): (*mut f32, usize, usize),
+    mut selection: Option<Selection>,
 ) {
     let bytes = p.a.cast::<u8>();
     let (rows, cols) = if p.ta { (p.k, p.m) } else { (p.m, p.k) };
     // A's bytes end here: 16-byte loads that would pass it go through a copy.
     let end = (rows - 1) * p.lda + cols;
+    let chunks = kc.div_ceil(16);
     for g in g0..g1 {
         let (i, mr) = (i0 + g * base + g.min(extra), base + usize::from(g < extra));
+        // Bit s of zero[c]: step 16c + s is all zero in the panel.
+        let mut zero = [0u16; KC.div_ceil(16)];
         // SAFETY: loads read mr bytes of each step's stored row (transposed), or the panel's mr rows over
         // pc..pc+kc, all in A (which ends at `end`); full-width stores write 16 floats at q·mr of the panel,
         // within its mr·kc + 16 (transposed), or up to ld floats of each row (row-major).
         unsafe {
             let panel = dst.add((g - g0) * stride);
             if p.ta {
-                for q in 0..kc {
-                    let v = load_bytes(bytes, end, (pc + q) * p.lda + i, mr, scale);
-                    _mm512_storeu_ps(panel.add(q * mr), v);
+                // Every step, then (below) the kept ones moved together.
+                let (lanes, select) = (tail_mask(mr), selection.is_some());
+                for (c, zero) in zero.iter_mut().enumerate().take(chunks) {
+                    let mut bits = 0u16;
+                    for q in 16 * c..(16 * c + 16).min(kc) {
+                        let v = load_bytes(bytes, end, (pc + q) * p.lda + i, mr, scale);
+                        _mm512_storeu_ps(panel.add(q * mr), v);
+                        if select {
+                            let all_zero = _mm512_mask_cmpneq_ps_mask(lanes, v, _mm512_setzero_ps()) == 0;
+                            bits |= u16::from(all_zero) << (q % 16);
+                        }
+                    }
+                    *zero = bits;
+                }
+            } else if selection.is_some() {
+                for (c, zero) in zero.iter_mut().enumerate().take(chunks) {
+                    let (q, len) = (16 * c, (kc - 16 * c).min(16));
+                    let mut any = _mm_setzero_si128();
+                    for r in 0..mr {
+                        any = _mm_or_si128(any, raw_bytes(bytes, end, (i + r) * p.lda + pc + q, len));
+                    }
+                    *zero = _mm_movemask_epi8(_mm_cmpeq_epi8(any, _mm_setzero_si128())) as u16;
+                }
+            }
+        }
+        // Bit s of keep[c]: step 16c + s stays (all without a selection).
+        let mut keep = [0xffffu16; KC.div_ceil(16)];
+        let mut kept = kc;
+        if let Some(s) = selection.as_mut() {
+            for c in 0..chunks {
+                let len = tail_mask(kc - 16 * c);
+                // SAFETY: rows pc + 16c + s of B, for s < len, are B's (steps of the block).
+                keep[c] = !unsafe { s.finite.rows(p, pc + 16 * c, zero[c] & len) };
+            }
+            kept = (0..chunks).map(|c| (keep[c] & tail_mask(kc - 16 * c)).count_ones() as usize).sum();
+            s.kept[g - g0] = kept;
+        }
+        // SAFETY: as above, and: a panel stored transposed moves each kept step's mr floats to its place among the
+        // kept, never after where it was (masked loads and stores of mr floats, so that no step is overwritten
+        // before it moves); indices are written 16 at a time at the count of those before, within the panel's
+        // kc + 16.
+        unsafe {
+            let panel = dst.add((g - g0) * stride);
+            if p.ta {
+                if kept < kc {
+                    let (lanes, mut at) = (tail_mask(mr), 0);
+                    for (c, &keep) in keep.iter().enumerate().take(chunks) {
+                        let mut bits = keep & tail_mask(kc - 16 * c);
+                        while bits != 0 {
+                            let q = 16 * c + bits.trailing_zeros() as usize;
+                            bits &= bits - 1;
+                            if at < q {
+                                let v = _mm512_maskz_loadu_ps(lanes, panel.add(q * mr));
+                                _mm512_mask_storeu_ps(panel.add(at * mr), lanes, v);
+                            }
+                            at += 1;
+                        }
+                    }
                 }
             } else {
                 for r in 0..mr {
                     let (from, to) = ((i + r) * p.lda + pc, panel.add(r * ld));
-                    for q in (0..kc).step_by(16) {
-                        _mm512_storeu_ps(to.add(q), load_bytes(bytes, end, from + q, (kc - q).min(16), scale));
+                    if kept == kc {
+                        for q in (0..kc).step_by(16) {
+                            _mm512_storeu_ps(to.add(q), load_bytes(bytes, end, from + q, (kc - q).min(16), scale));
+                        }
+                    } else {
+                        let mut at = 0;
+                        for (c, &keep) in keep.iter().enumerate().take(chunks) {
+                            let (q, len) = (16 * c, (kc - 16 * c).min(16));
+                            let v = load_bytes(bytes, end, from + q, len, scale);
+                            _mm512_storeu_ps(to.add(at), _mm512_maskz_compress_ps(keep, v));
+                            at += (keep & tail_mask(len)).count_ones() as usize;
+                        }
                     }
+                }
+            }
+            if let Some(s) = selection.as_ref().filter(|_| kept < kc) {
+                let (steps, mut at) = (s.steps.add((g - g0) * s.stride), 0);
+                let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+                for (c, &keep) in keep.iter().enumerate().take(chunks) {
+                    let keep = keep & tail_mask(kc - 16 * c);
+                    let index = _mm512_add_epi32(lanes, _mm512_set1_epi32(16 * c as i32));
+                    _mm512_storeu_si512(steps.add(at).cast(), _mm512_maskz_compress_epi32(keep, index));
+                    at += keep.count_ones() as usize;
                 }
             }
         }
@@ -145,15 +321,15 @@ fn corrects(c: f32) -> bool {
     exact
 }
 
-/// 16 bytes of A from offset `at` (only `len` of them are needed: those past `end` are not read) as floats.
+/// 16 bytes of A from offset `at`; only `len` of them are needed: those past `end` are not read (and are 0).
 ///
 /// # Safety
 /// Bytes `at..at + len` are in A, which ends at `end`.
 #[inline]
 #[target_feature(enable = "avx512f")]
-unsafe fn load_bytes(bytes: *const u8, end: usize, at: usize, len: usize, convert: Convert) -> __m512 {
+unsafe fn raw_bytes(bytes: *const u8, end: usize, at: usize, len: usize) -> __m128i {
     // SAFETY: a full 16-byte load only within A; otherwise the `len` bytes that are in it, copied.
-    let v = unsafe {
+    unsafe {
         if at + 16 <= end {
             _mm_loadu_si128(bytes.add(at).cast())
         } else {
@@ -161,15 +337,42 @@ unsafe fn load_bytes(bytes: *const u8, end: usize, at: usize, len: usize, conver
             std::ptr::copy_nonoverlapping(bytes.add(at), copy.as_mut_ptr(), len);
             _mm_loadu_si128(copy.as_ptr().cast())
         }
-    };
-    let x = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v));
-    match (convert.corrected, convert.divided) {
-        (Some(c), _) => {
-            let q0 = _mm512_mul_ps(x, convert.mul);
-            _mm512_fmadd_ps(_mm512_fnmadd_ps(q0, c, x), convert.mul, q0)
+    }
+}
+
+/// 16 bytes of A from offset `at` (only `len` of them are needed: those past `end` are not read) as floats.
+///
+/// # Safety
+/// Bytes `at..at + len` are in A, which ends at `end`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn load_bytes(bytes: *const u8, end: usize, at: usize, len: usize, convert: Convert) -> __m512 {
+    // SAFETY: the caller's contract.
+    let v = unsafe { raw_bytes(bytes, end, at, len) };
+    convert.apply(v)
+}
+
+impl Convert {
+    /// Whether a byte 0 is read as ±0 (not NaN: a scale 0/0 or 0·∞).
+    #[target_feature(enable = "avx512f")]
+    pub(super) fn zero_is_zero(self) -> bool {
+        _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(self.apply(_mm_setzero_si128()), _mm512_setzero_ps()) == 0xffff
+    }
+
+    /// 16 bytes as floats.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn apply(self, v: __m128i) -> __m512 {
+        let convert = self;
+        let x = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v));
+        match (convert.corrected, convert.divided) {
+            (Some(c), _) => {
+                let q0 = _mm512_mul_ps(x, convert.mul);
+                _mm512_fmadd_ps(_mm512_fnmadd_ps(q0, c, x), convert.mul, q0)
+            }
+            (None, Some(c)) => _mm512_div_ps(x, c),
+            (None, None) => _mm512_mul_ps(x, convert.mul),
         }
-        (None, Some(c)) => _mm512_div_ps(x, c),
-        (None, None) => _mm512_mul_ps(x, convert.mul),
     }
 }
 
