@@ -331,7 +331,11 @@ fn products_of_bytes_with_zero_steps() {
         // every fourth image, and otherwise half zero at random.
         let value = |rng: &mut fastrand::Rng, i: usize, p: usize| {
             let border = p % 28 < 3 || p % 28 >= 25 || p < 56;
-            if border || i % 4 == 3 || rng.bool() { 0 } else { rng.u8(1..) }
+            if border || i % 4 == 3 || rng.bool() {
+                0
+            } else {
+                rng.u8(1..)
+            }
         };
         let mut a = vec![0u8; m * k];
         for i in 0..m {
