@@ -10,7 +10,8 @@
 # 4. dfc bench --json of each model, training step and inference, and inference at batch 1
 #    (the same models compiled with --dim batch=1);
 # 5. the peer's bench_jax.py, right after, and benches/jax_batch1.py (its batch-1 inference);
-# 6. the FMA peak program (fma_peak.c), before and after 4-5: the better 512-bit, 2-thread figure;
+# 6. the FMA peak program (fma_peak.c), before and after 4-5: the better 512-bit, 2-thread figure
+#    (on a CPU without AVX-512, the program without its 512-bit loop: the 256-bit one);
 # 7. benches/vs_jax.py: the table of ratios and bars, and everything as JSON at --out
 #    (default target/vs_jax.json).
 #
@@ -103,7 +104,16 @@ done
 
 # --- 6a. FMA peak, a first time: the peak is the machine's, so vs_jax.py takes the better of
 # two runs (before and after the benchmarks), one of which other load may have slowed.
-gcc -O2 -mavx512f -mfma -fopenmp "$PEER_DIR/fma_peak.c" -o "$WORK/fma_peak"
+if grep -qw avx512f /proc/cpuinfo; then
+    gcc -O2 -mavx512f -mfma -fopenmp "$PEER_DIR/fma_peak.c" -o "$WORK/fma_peak"
+else
+    # No AVX-512 here: the 512-bit loop would stop the program at its first instruction, before
+    # its 256-bit lines are out. Build the peer's program without it, for AVX2 + FMA.
+    sed -e '/^static double run512/,/^}/d' -e 's/w<=512/w<=256/' \
+        -e 's/(w==512)? run512(iters): run256(iters)/run256(iters)/' \
+        "$PEER_DIR/fma_peak.c" >"$WORK/fma_peak_avx2.c"
+    gcc -O2 -mavx2 -mfma -fopenmp "$WORK/fma_peak_avx2.c" -o "$WORK/fma_peak"
+fi
 # How many CPUs other work keeps busy (over 2 s, while this script waits): timings are only
 # comparable on an otherwise idle machine.
 cpu_jiffies() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 + $9, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9; exit }' /proc/stat; }

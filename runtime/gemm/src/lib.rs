@@ -131,9 +131,10 @@ impl Epilogue<'_> {
 
 /// A product fused with what surrounds it in a model, contiguous operands laid out as in [`sgemm`]:
 /// `c = epilogue(A·b)`, or with `update`, `c += α·A·b` (a folded update, which takes no epilogue). `A` may be
-/// bytes: a layer fed bytes reads them where they are, and the floats of A are never stored. With AVX-512, A is
-/// packed from the bytes and the epilogue applied to each tile as it is stored; elsewhere A is converted into a
-/// buffer first, and the epilogue applied to C after.
+/// bytes: a layer fed bytes reads them where they are, and the floats of A are never stored. With AVX-512 or
+/// AVX2, A is converted from the bytes block by block as it is packed, and the epilogue applied to each tile as
+/// it is stored; elsewhere (the `gemm` crate) A is converted into a buffer first, and the epilogue applied to C
+/// after.
 #[allow(clippy::too_many_arguments)]
 pub fn sgemm_fused(
     m: usize,
@@ -160,7 +161,7 @@ pub fn sgemm_fused(
     let ldb = if transpose_b { k } else { n };
     let (accumulate, alpha) = (update.is_some(), update.unwrap_or(1.0));
     #[cfg(target_arch = "x86_64")]
-    if kernels() == Kernels::Avx512 && m > 0 && n > 0 && k > 0 {
+    if kernels() != Kernels::Portable && m > 0 && n > 0 && k > 0 {
         let (a, bytes) = match a {
             Left::Floats(a) => (a.as_ptr(), None),
             Left::Bytes(a, scale) => (a.as_ptr().cast(), Some(scale)),
@@ -186,9 +187,14 @@ pub fn sgemm_fused(
             mask: epilogue.mask.map_or(std::ptr::null(), <[f32]>::as_ptr),
             id: 0,
         };
-        // SAFETY: AVX-512F is available; A holds m·k elements (floats or bytes), B k·n floats, C m·n floats, the
-        // bias n floats, contiguous, as asserted above.
-        return unsafe { avx512::sgemm(product, parallel) };
+        // SAFETY: the kernels' instruction sets are available (`kernels`); A holds m·k elements (floats or
+        // bytes), B k·n floats, C m·n floats, the bias n floats and the mask m·n, contiguous, as asserted above.
+        return unsafe {
+            match kernels() {
+                Kernels::Avx512 => avx512::sgemm(product, parallel),
+                _ => avx2::sgemm(product, parallel),
+            }
+        };
     }
     let converted: Vec<f32>;
     let a = match a {

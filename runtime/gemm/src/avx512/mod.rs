@@ -40,6 +40,7 @@ use std::sync::Mutex;
 use crate::pool;
 use crate::ByteScale;
 use kernel::KERNELS;
+pub(crate) use pack::corrects;
 use pack::{pack_a, pack_a_bytes, pack_b, tail_mask, Convert, FiniteRows, Selection};
 
 /// Rows of the microkernel tile.
@@ -147,14 +148,14 @@ unsafe impl Send for Product {}
 unsafe impl Sync for Product {}
 
 impl Product {
-    /// Whether the product has an epilogue (`bias`, `relu`).
-    fn epilogue(&self) -> bool {
+    /// Whether the product has an epilogue (`bias`, `relu`, `mask`).
+    pub(crate) fn epilogue(&self) -> bool {
         !self.bias.is_null() || self.relu || !self.mask.is_null()
     }
 
     /// Whether the product must keep its orientation and be computed by tiles: A holds bytes, or an epilogue
     /// follows (both are C's and A's as given).
-    fn fixed(&self) -> bool {
+    pub(crate) fn fixed(&self) -> bool {
         self.bytes.is_some() || self.epilogue()
     }
 

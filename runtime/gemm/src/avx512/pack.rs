@@ -302,7 +302,7 @@ impl Convert {
 
 /// Whether the corrected reciprocal of `Convert` divides every byte by `c` exactly (the last divisor's answer is
 /// kept: a step's products divide by the same constant).
-fn corrects(c: f32) -> bool {
+pub(crate) fn corrects(c: f32) -> bool {
     thread_local! {
         static LAST: std::cell::Cell<Option<(u32, bool)>> = const { std::cell::Cell::new(None) };
     }
