@@ -2,7 +2,7 @@
 //! register-blocked microkernel, shared among threads in chunks of rows or columns.
 //!
 //! Work of one thread (`block`), in BLIS's loop order:
-//! - columns in blocks of at most `NC` = 512, the reduction in blocks of at most `KC` = 256: B's kc×nc block is
+//! - columns in blocks of at most `NC` = 512, the reduction in equal blocks of at most `KC` = 256: B's kc×nc block is
 //!   packed in 16-column panels (kc·16 floats, step-major, zero past the last column), 512 KiB that stay in L2;
 //! - rows in blocks of at most `MC` = 96: a transposed-stored A is packed in 6-row panels (the 6 elements of a step
 //!   contiguous); a row-major A is read where it is stored, the kernel broadcasting from its 6 rows;
@@ -144,8 +144,11 @@ unsafe fn block(p: &Product, i0: usize, i1: usize, j0: usize, j1: usize) {
     let scale = p.bytes.map(Scale::new);
     for jc in (j0..j1).step_by(NC) {
         let nc = NC.min(j1 - jc);
-        for pc in (0..p.k).step_by(KC) {
-            let kc = KC.min(p.k - pc);
+        // Equal blocks of the reduction: a last block of a few steps would load and store C for little work
+        // (784 steps: 4 blocks of 196, not 256, 256, 256 and 16).
+        let depth = p.k.div_ceil(p.k.div_ceil(KC).max(1)).max(1);
+        for pc in (0..p.k).step_by(depth) {
+            let kc = depth.min(p.k - pc);
             let overwrite = pc == 0 && !p.accumulate;
             let finish = pc + kc == p.k && p.epilogue();
             // SAFETY: the block's steps and columns are in B; the packed block holds ⌈nc/16⌉ panels of kc·16.
