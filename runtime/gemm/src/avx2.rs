@@ -287,7 +287,8 @@ unsafe fn convert(src: *const u8, ld: usize, rows: usize, cols: usize, dst: *mut
             }
             if q < cols {
                 std::ptr::copy_nonoverlapping(row.add(q), last.as_mut_ptr(), cols - q);
-                let floats = scale.apply(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(last.as_ptr().cast()))));
+                let floats =
+                    scale.apply(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(last.as_ptr().cast()))));
                 let mut tail = [0f32; 8];
                 _mm256_storeu_ps(tail.as_mut_ptr(), floats);
                 std::ptr::copy_nonoverlapping(tail.as_ptr(), out.add(q), cols - q);
@@ -303,7 +304,13 @@ unsafe fn convert(src: *const u8, ld: usize, rows: usize, cols: usize, dst: *mut
 /// # Safety
 /// The tile is in C, `bias` (unless null) holds `cols` floats, and `mask` (unless null) a tile like C's.
 #[target_feature(enable = "avx2,fma")]
-unsafe fn finish_tile(c: *mut f32, ldc: usize, rows: usize, cols: usize, (bias, relu, mask): (*const f32, bool, *const f32)) {
+unsafe fn finish_tile(
+    c: *mut f32,
+    ldc: usize,
+    rows: usize,
+    cols: usize,
+    (bias, relu, mask): (*const f32, bool, *const f32),
+) {
     let zero = _mm256_setzero_ps();
     let finish = |mut v: __m256, b: __m256, m: __m256| {
         if !bias.is_null() {
