@@ -748,6 +748,30 @@ fn dense_layers_are_one_product_with_an_epilogue() {
     check_plan("shared_sum", &plan);
 }
 
+/// At inference the CNN's first convolution (one channel: a thin window) is computed with the max pooling that reads
+/// it, and never stored; in training the pooling's gradient reads it, and it is stored; so is a fetched one. The
+/// values agree with the interpreter (`cnn` runs forward passes; here one fetching only the logits).
+#[test]
+fn a_first_convolution_is_pooled_as_it_is_computed_at_inference() {
+    let cnn = plan("cnn", Cluster::local(1, DeviceKind::Cpu), Strategy::Single);
+    let training = cnn.training.as_ref().unwrap();
+    let updates: Vec<&str> = training.updates.iter().map(String::as_str).collect();
+    let session = Session::with_backend(&cnn, 0, Backend::Llvm).unwrap();
+    let pooled = |fetches: &[&str], targets: &[&str]| session.program(fetches, targets).unwrap().pooled_convolutions();
+    let logits = session.program(&["logits"], &[]).unwrap();
+    assert_eq!(logits.pooled_convolutions(), ["c1/conv2d"]);
+    assert!(pooled(&[training.loss_node.as_str()], &updates).is_empty());
+    assert!(pooled(&["c1/conv2d", "logits"], &[]).is_empty());
+    let mut reference = Session::with_backend(&cnn, 0, Backend::Interp).unwrap();
+    let mut native = session;
+    let fetch = |session: &mut Session| {
+        let program = session.program(&["logits"], &[]).unwrap();
+        let feeds = batches(&cnn).remove(0);
+        session.run(&program, &feeds).unwrap().remove(0)
+    };
+    assert_close("cnn logits", &fetch(&mut reference), &fetch(&mut native));
+}
+
 /// An update whose product reads the variable it updates (here through `stop_gradient`: the gradient of `w` is
 /// `stop_gradient(w)ᵀ·g`, 400×400, two blocks of the reduction) is not folded, and runs as the interpreter does.
 /// On one thread, so that a product overwriting what it still reads would not hide in a race.

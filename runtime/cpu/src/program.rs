@@ -138,6 +138,11 @@ impl NativeProgram {
         self.schedule.fused_products.clone()
     }
 
+    /// The convolutions computed with the max pooling that reads them, never stored, by node name.
+    pub fn pooled_convolutions(&self) -> Vec<String> {
+        self.schedule.pooled_convolutions.clone()
+    }
+
     /// The inputs the program needs.
     pub fn inputs(&self) -> Vec<String> {
         self.schedule.feeds.iter().map(|f| f.0.clone()).collect()
@@ -249,7 +254,10 @@ pub fn step_label(step: &Step, module: &Module, kernel_name: &dyn Fn(usize) -> S
             ("matmul", format!("matmul {}×[{m}×{k}]·[{k}×{n}]", batches.len()))
         }
         Step::MatMul { m, n, k, .. } => ("matmul", format!("matmul [{m}×{k}]·[{k}×{n}]")),
-        Step::Conv { node, kind, .. } => ("conv", format!("{kind:?} {}", name(*node))),
+        Step::Conv { node, kind, pool, .. } => {
+            let pooled = if pool.is_some() { " and MaxPool" } else { "" };
+            ("conv", format!("{kind:?}{pooled} {}", name(*node)))
+        }
         Step::Pool { node, kind, .. } => ("pool", format!("{kind:?} {}", name(*node))),
         Step::Norm { node, op, .. } => ("norm", format!("{} {}", op.name(), name(*node))),
         Step::Layout { node, op, .. } => ("layout", format!("{} {node}", op.name())),
@@ -386,7 +394,7 @@ pub unsafe fn run_host_step(
                 }
             }
         }
-        Step::Conv { kind, geometry, a, b, out, out_len, .. } => {
+        Step::Conv { kind, geometry, a, b, out, out_len, pool, .. } => {
             let g = geometry;
             let (a_len, b_len) = match kind {
                 ConvKind::Forward => (g.input_len(), g.filter_len()),
@@ -402,16 +410,20 @@ pub unsafe fn run_host_step(
                     std::slice::from_raw_parts_mut(at(*out) as *mut f32, *out_len),
                 )
             };
-            match kind {
-                ConvKind::Forward => {
+            match (kind, pool) {
+                (ConvKind::Forward, Some(pool)) => {
+                    let scratch = scratch.get(dfc_kernels::conv2d_max_pool_scratch_len(g, pool));
+                    dfc_kernels::conv2d_max_pool(g, pool, x, y, o, scratch)
+                }
+                (ConvKind::Forward, None) => {
                     let scratch = scratch.get(dfc_kernels::conv2d_scratch_len(g));
                     dfc_kernels::conv2d(g, x, y, o, scratch)
                 }
-                ConvKind::BackpropInput => {
+                (ConvKind::BackpropInput, _) => {
                     let scratch = scratch.get(dfc_kernels::conv2d_backprop_input_scratch_len(g));
                     dfc_kernels::conv2d_backprop_input(g, x, y, o, scratch)
                 }
-                ConvKind::BackpropFilter => {
+                (ConvKind::BackpropFilter, _) => {
                     let scratch = scratch.get(dfc_kernels::conv2d_backprop_filter_scratch_len(g));
                     dfc_kernels::conv2d_backprop_filter(g, x, y, o, scratch)
                 }

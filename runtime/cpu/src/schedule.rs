@@ -35,6 +35,8 @@ pub struct Schedule {
     pub bytes_read: Vec<String>,
     /// The kernels computed by the product they add a bias to (`fused_product`), by node name.
     pub fused_products: Vec<String>,
+    /// The convolutions computed with the max pooling that reads them (`pooled_convolutions`), by node name.
+    pub pooled_convolutions: Vec<String>,
     /// Each fetched value's slot and type.
     pub fetches: Vec<(Slot, TensorType)>,
     /// `Slot::Feed(i)` is input `feeds[i]`.
@@ -93,6 +95,9 @@ pub enum Step {
         b: Slot,
         out: Slot,
         out_len: usize,
+        /// `Some`: a forward convolution max-pooled in the same pass (`pooled_convolutions`); `out` is the
+        /// pooling's, and the convolution's own output is never stored.
+        pool: Option<PoolGeometry>,
     },
     /// Pooling or its gradients on f32: `operands` are `[input]`, `[input, grad_out]` (max) or
     /// `[grad_out]` (avg).
@@ -327,6 +332,7 @@ impl Step {
         match self {
             Step::Kernel { .. } => "kernel".into(),
             Step::MatMul { .. } => "matmul".into(),
+            Step::Conv { pool: Some(_), .. } => "conv2d_max_pool".into(),
             Step::Conv { kind, .. } => match kind {
                 ConvKind::Forward => "conv2d",
                 ConvKind::BackpropInput => "conv2d_backprop_input",
@@ -380,8 +386,8 @@ impl Schedule {
     }
 
     /// Like [`Schedule::new`], for a back end whose products take floats and nothing else: every kernel that
-    /// scales bytes for a product runs (see `byte_operands`), and none is fused into its product
-    /// (`fused_product`).
+    /// scales bytes for a product runs (see `byte_operands`), none is fused into its product
+    /// (`fused_product`), and no convolution is pooled as it is computed (`pooled_convolutions`).
     pub fn floats_only(
         module: &Module,
         kernels: &[KernelSite<'_>],
@@ -468,8 +474,14 @@ impl Schedule {
         } else {
             HashMap::new()
         };
-        let folded_products: HashSet<NodeId> =
-            folded.values().map(|f| f.0).chain(epilogues.values().map(|f| f.product)).collect();
+        let pooled =
+            if fuse_products { pooled_convolutions(module, &order, &needed, &fetched) } else { HashMap::new() };
+        let folded_products: HashSet<NodeId> = folded
+            .values()
+            .map(|f| f.0)
+            .chain(epilogues.values().map(|f| f.product))
+            .chain(pooled.values().map(|p| p.conv))
+            .collect();
         let byte_operands =
             if fuse_products { byte_operands(module, &kernels, &needed, &fetched) } else { HashMap::new() };
         let bytes_read: HashMap<NodeId, ByteScale> = byte_operands.iter().map(|(&root, &(_, s))| (root, s)).collect();
@@ -579,6 +591,24 @@ impl Schedule {
                 slot_of.insert(id, out);
                 continue;
             }
+            if let Some(p) = pooled.get(&id) {
+                let ty = ty.as_ref().unwrap();
+                let out = builder.buffer(ty);
+                let operands = graph.inputs(p.conv);
+                let (a, b) = (slot_of[&operands[0].node], slot_of[&operands[1].node]);
+                steps.push(Step::Conv {
+                    node: p.conv,
+                    kind: ConvKind::Forward,
+                    geometry: p.geometry,
+                    a,
+                    b,
+                    out,
+                    out_len: ty.shape.n_elements(),
+                    pool: Some(p.pool),
+                });
+                slot_of.insert(id, out);
+                continue;
+            }
             if let Some(&(input, _)) = byte_operands.get(&id) {
                 // Its products read the input's bytes.
                 slot_of.insert(id, slot_of[&input]);
@@ -661,7 +691,8 @@ impl Schedule {
                     let geometry = Conv2dGeometry::from_dims(input, filter, *strides, *padding);
                     let out = builder.buffer(&ty);
                     let (a, b) = (slot_of[&operands[0].node], slot_of[&operands[1].node]);
-                    steps.push(Step::Conv { node: id, kind, geometry, a, b, out, out_len: ty.shape.n_elements() });
+                    let out_len = ty.shape.n_elements();
+                    steps.push(Step::Conv { node: id, kind, geometry, a, b, out, out_len, pool: None });
                     slot_of.insert(id, out);
                 }
                 Op::MaxPool { window, strides, padding }
@@ -817,9 +848,11 @@ impl Schedule {
             order.iter().filter(|id| byte_operands.contains_key(id)).map(|&id| graph.node(id).name.clone());
         let fused_products =
             order.iter().filter(|id| epilogues.contains_key(id)).map(|&id| graph.node(id).name.clone());
+        let pooled_convolutions = order.iter().filter_map(|id| pooled.get(id)).map(|p| graph.node(p.conv).name.clone());
         Ok(Schedule {
             steps,
             fused_products: fused_products.collect(),
+            pooled_convolutions: pooled_convolutions.collect(),
             folded_updates: folded_updates.collect(),
             bytes_read: bytes_read.collect(),
             fetches,
@@ -1067,6 +1100,51 @@ fn byte_operands(
         .filter(|kernel| needed.contains(&kernel.root))
         .filter_map(|kernel| scaled_bytes(kernel).map(|found| (kernel.root, found)))
         .filter(|&(root, _)| only_products_read(module, root, needed, fetched))
+        .collect()
+}
+
+/// A forward convolution that one max pooling reads, computed with it (`Step::Conv::pool`).
+struct PooledConvolution {
+    conv: NodeId,
+    geometry: Conv2dGeometry,
+    pool: PoolGeometry,
+}
+
+/// The max poolings of f32 convolutions that nothing else reads, nor fetches, which `dfc_kernels::conv2d_max_pool`
+/// computes in one pass (a thin window: a first layer on one channel), by pooling node: at inference the CNN's
+/// first layer then never stores its convolution (5.5 MB at batch 64), which the pooling would read back. In
+/// training the pooling's gradient reads the convolution too, so it is stored.
+fn pooled_convolutions(
+    module: &Module,
+    order: &[NodeId],
+    needed: &std::collections::BTreeSet<NodeId>,
+    fetched: &HashSet<NodeId>,
+) -> HashMap<NodeId, PooledConvolution> {
+    let graph = &module.graph;
+    let f32s = |ts: &[TensorRef]| ts.iter().all(|t| graph.ty(*t).dtype == DType::F32);
+    order
+        .iter()
+        .filter_map(|&id| {
+            let Op::MaxPool { window, strides, padding } = &graph.node(id).op else { return None };
+            let conv = graph.inputs(id).first()?.node;
+            let Op::Conv2d { strides: conv_strides, padding: conv_padding } = &graph.node(conv).op else {
+                return None;
+            };
+            let operands = graph.inputs(conv);
+            let (x, f) = (graph.ty(*operands.first()?), graph.ty(*operands.get(1)?));
+            let out = &graph.node(conv).outputs[0];
+            let typed = f32s(&operands) && out.dtype == DType::F32 && graph.node(id).outputs[0].dtype == DType::F32;
+            let ranks = [x.shape.rank(), f.shape.rank(), out.shape.rank()] == [4, 4, 4];
+            let only_user =
+                !fetched.contains(&conv) && graph.users(conv).into_iter().filter(|u| needed.contains(u)).eq([id]);
+            if !(typed && ranks && only_user) {
+                return None;
+            }
+            let geometry = Conv2dGeometry::from_dims(x.shape.dims(), f.shape.dims(), *conv_strides, *conv_padding);
+            let pool = PoolGeometry::from_dims(out.shape.dims(), *window, *strides, *padding);
+            dfc_kernels::conv2d_max_pool_applies(&geometry, &pool)
+                .then_some((id, PooledConvolution { conv, geometry, pool }))
+        })
         .collect()
 }
 

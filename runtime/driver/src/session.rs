@@ -184,6 +184,17 @@ impl SessionProgram {
             .collect()
     }
 
+    /// The convolutions of the native programs computed with the max pooling that reads them, never stored.
+    pub fn pooled_convolutions(&self) -> Vec<String> {
+        self.parts
+            .iter()
+            .flat_map(|p| match &p.program {
+                Executable::Native(program) => program.pooled_convolutions(),
+                Executable::Gpu(_) | Executable::Interp(_) => Vec::new(),
+            })
+            .collect()
+    }
+
     /// The indices of the fetches that this session's partitions compute.
     pub fn hosted_fetches(&self) -> Vec<usize> {
         self.fetches.iter().enumerate().filter(|(_, f)| f.is_some()).map(|(i, _)| i).collect()

@@ -17,14 +17,17 @@
 //!
 //! Windows of at most [`THIN_PATCH`] elements (a first layer on one channel) skip all this in
 //! the forward pass: see `thin`. So do 3×3 stride-1 windows over enough channels and filters,
-//! given the scratch for it, in the forward pass and the input gradient: see `winograd`.
+//! given the scratch for it, in the forward pass and the input gradient: see `winograd`. A thin
+//! forward pass whose output only a max pooling reads can run with it, never storing the
+//! convolution: [`conv2d_max_pool`].
 //!
 //! Rounding: each output is a sum of products taken in the order `sgemm` chooses (and the filter
 //! gradient adds per-task partial sums), not the interpreter's strict left-to-right order, so
 //! results differ from `dfc_interp` by rounding only. (The thin forward pass adds in the
 //! interpreter's order, and is bitwise equal.)
 
-use crate::geometry::{valid_taps, Conv2dGeometry};
+use crate::geometry::{valid_taps, Conv2dGeometry, PoolGeometry};
+use crate::pool::max_pool_image;
 use crate::thin::{thin_conv, THIN_PATCH};
 use crate::winograd;
 use dfc_gemm::sgemm;
@@ -337,6 +340,76 @@ pub fn conv2d(g: &Conv2dGeometry, input: &[f32], filter: &[f32], output: &mut [f
             .zip(scratch.par_chunks_mut(slab))
             .enumerate()
             .for_each(|(t, (out, slab))| run(plan.images(g, t), out, slab, false));
+    }
+}
+
+/// Whether [`conv2d_max_pool`] computes `max_pool(conv2d(input, filter))` for these geometries in one pass: a
+/// thin window (`thin`: a first layer on one channel), and a pooling over the convolution's output whose every
+/// window lies inside it (no padding).
+pub fn conv2d_max_pool_applies(g: &Conv2dGeometry, pool: &PoolGeometry) -> bool {
+    let patch = g.patch_len();
+    let inside = |out: usize, stride: usize, window: usize, input: usize| {
+        out > 0 && window > 0 && stride > 0 && (out - 1) * stride + window <= input
+    };
+    patch > 0
+        && patch <= THIN_PATCH
+        && pool.input_dims() == [g.n, g.out_h, g.out_w, g.filters]
+        && pool.pad_top == 0
+        && pool.pad_left == 0
+        && inside(pool.out_h, pool.stride_h, pool.kh, pool.h)
+        && inside(pool.out_w, pool.stride_w, pool.kw, pool.w)
+}
+
+/// The scratch floats [`conv2d_max_pool`] needs: per task, the rows of convolution under one pooled row.
+pub fn conv2d_max_pool_scratch_len(g: &Conv2dGeometry, pool: &PoolGeometry) -> usize {
+    share_images(g.n, wanted_tasks(g)).0 * pool.kh * g.out_w * g.filters
+}
+
+/// `output = max_pool(conv2d(input, filter))` for geometries that [`conv2d_max_pool_applies`] to, without storing
+/// the convolution: each pooled row is taken from the `pool.kh` rows of convolution under it, computed into
+/// `scratch` (a few KiB, in L1) just before. The convolution's output (the CNN's first layer: 5.5 MB at batch 64)
+/// is neither written out nor read back, by one core or the other; the results are bitwise those of
+/// [`conv2d`] then [`max_pool`](crate::max_pool). `scratch` holds at least [`conv2d_max_pool_scratch_len`] floats.
+pub fn conv2d_max_pool(
+    g: &Conv2dGeometry,
+    pool: &PoolGeometry,
+    input: &[f32],
+    filter: &[f32],
+    output: &mut [f32],
+    scratch: &mut [f32],
+) {
+    assert!(conv2d_max_pool_applies(g, pool), "conv2d_max_pool does not take {g:?} pooled by {pool:?}");
+    check_lens(g, input.len(), filter.len(), g.output_len());
+    assert_eq!(output.len(), pool.output_len(), "conv2d_max_pool output length does not match {pool:?}");
+    if output.is_empty() {
+        return;
+    }
+    let slab = pool.kh * g.out_w * g.filters;
+    let (tasks, images_per_task) = share_images(g.n, wanted_tasks(g));
+    assert!(scratch.len() >= tasks * slab, "conv2d_max_pool: scratch too small");
+    // The convolution rows under one pooled row, as an image of `kh` rows pooled to one.
+    let rows = PoolGeometry { n: 1, h: pool.kh, out_h: 1, ..*pool };
+    let pooled_row = pool.out_w * pool.c;
+    let run = |images: Range<usize>, out: &mut [f32], slab: &mut [f32]| {
+        for b in images.clone() {
+            for py in 0..pool.out_h {
+                let row0 = (b * g.out_h + py * pool.stride_h) * g.out_w;
+                thin_conv(g, input, filter, row0, pool.kh * g.out_w, slab);
+                let o = ((b - images.start) * pool.out_h + py) * pooled_row;
+                max_pool_image(&rows, slab, &mut out[o..o + pooled_row]);
+            }
+        }
+    };
+    let image_out = pool.out_h * pooled_row;
+    if tasks == 1 {
+        run(0..g.n, output, &mut scratch[..slab]);
+    } else {
+        output.par_chunks_mut(images_per_task * image_out).zip(scratch.par_chunks_mut(slab)).enumerate().for_each(
+            |(t, (out, slab))| {
+                let start = t * images_per_task;
+                run(start..(start + images_per_task).min(g.n), out, slab);
+            },
+        );
     }
 }
 

@@ -150,7 +150,7 @@ fn window_max1<T: Copy + PartialOrd>(
 }
 
 /// `max_pool` of one image, for the widest vectors the processor has.
-fn max_pool_image<T: Copy + PartialOrd>(g: &PoolGeometry, x: &[T], out: &mut [T]) {
+pub(crate) fn max_pool_image<T: Copy + PartialOrd>(g: &PoolGeometry, x: &[T], out: &mut [T]) {
     #[cfg(target_arch = "x86_64")]
     {
         #[target_feature(enable = "avx512f,avx512bw")]

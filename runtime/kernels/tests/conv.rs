@@ -241,6 +241,67 @@ fn thin_windows_are_exact() {
     }
 }
 
+/// A thin convolution and the max pooling of its output in one pass (`conv2d_max_pool`) against the
+/// interpreter's two ops: bitwise, NaN and infinities in the input included, on random convolutions, pooling
+/// windows and strides (the CNN's first layer among them); and the geometries it does not take refused.
+#[test]
+fn pooled_thin_windows_are_exact() {
+    let mut rng = rng(9);
+    let mut scratch = Scratch::new();
+    let mut fused = 0;
+    let mut cases: Vec<(Case, [usize; 2], [usize; 2], Padding)> = (0..400)
+        .map(|_| {
+            let pool = [rng.usize(1..4), rng.usize(1..4)];
+            let strides = [rng.usize(1..4), rng.usize(1..4)];
+            let padding = if rng.usize(..4) == 0 { Padding::Same } else { Padding::Valid };
+            (random_case(&mut rng), pool, strides, padding)
+        })
+        .collect();
+    let first_layer = Case { input: [64, 28, 28, 1], filter: [3, 3, 1, 32], strides: [1, 1], padding: Padding::Valid };
+    cases.push((first_layer, [2, 2], [2, 2], Padding::Valid));
+    for (case, window, strides, padding) in cases {
+        let g = case.geometry();
+        let pooled = [g.n, g.out_h, g.out_w, g.filters];
+        if g.patch_len() > 32
+            || pooled.contains(&0)
+            || (padding == Padding::Valid && (window[0] > g.out_h || window[1] > g.out_w))
+        {
+            continue;
+        }
+        let pool = PoolGeometry::new(pooled, window, strides, padding);
+        let applies = conv2d_max_pool_applies(&g, &pool);
+        // Windows that reach past the convolution's output (same padding that pads) are not taken; all others here
+        // are.
+        let inside = pool.pad_top == 0
+            && pool.pad_left == 0
+            && (pool.out_h - 1) * strides[0] + window[0] <= g.out_h
+            && (pool.out_w - 1) * strides[1] + window[1] <= g.out_w;
+        assert_eq!(applies, inside, "{g:?} {pool:?}");
+        if !applies {
+            continue;
+        }
+        let mut x = random(g.input_len(), &mut rng);
+        for _ in 0..x.len() / 50 {
+            let at = rng.usize(..x.len());
+            x[at] = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY][rng.usize(..3)];
+        }
+        let f = random(g.filter_len(), &mut rng);
+        let conv: Vec<f32> = eval(
+            &Op::Conv2d { strides: case.strides, padding: case.padding },
+            &[&tensor(&case.input, x.clone()), &tensor(&case.filter, f.clone())],
+        );
+        let want: Vec<f32> = eval(&Op::MaxPool { window, strides, padding }, &[&tensor(&pooled, conv)]);
+        let mut out = vec![0.0; pool.output_len()];
+        conv2d_max_pool(&g, &pool, &x, &f, &mut out, scratch.get(conv2d_max_pool_scratch_len(&g, &pool)));
+        assert_same_f32(&out, &want, &format!("conv2d_max_pool of {g:?} by {pool:?}"));
+        fused += 1;
+    }
+    assert!(fused > 100, "only {fused} cases fused");
+    // A window of more than 32 elements is not thin.
+    let wide = Conv2dGeometry::new([1, 8, 8, 4], [3, 3, 4, 2], [1, 1], Padding::Valid);
+    assert!(!conv2d_max_pool_applies(&wide, &PoolGeometry::new([1, 6, 6, 2], [2, 2], [2, 2], Padding::Valid)));
+}
+
 /// 3×3 stride-1 windows over 16 channels or more (Winograd's F(4×4, 3×3), for the forward pass
 /// and the input gradient): odd and even outputs, `same` and `valid`, channels and filters not a
 /// multiple of 16, a batch split over threads; the filter gradient, which stays on `im2col`,
