@@ -1069,9 +1069,26 @@ fn backup_workers_go_on_without_a_stopped_worker() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("start the run");
-    let stderr = drain_stderr(&mut run);
-    // Training takes 5 s or more; the stop comes in its first half.
-    std::thread::sleep(Duration::from_millis(1000));
+    // The run's stderr, line by line as it comes, and whole at the end.
+    let pipe = run.stderr.take().expect("piped stderr");
+    let (lines_tx, lines) = std::sync::mpsc::channel::<String>();
+    let stderr = std::thread::spawn(move || {
+        let mut text = String::new();
+        for line in std::io::BufReader::new(pipe).lines().map_while(Result::ok) {
+            text.push_str(&line);
+            text.push('\n');
+            let _ = lines_tx.send(line);
+        }
+        text
+    });
+    // The stop comes once the first epoch has ended (training is under way, however slowly the run started, and
+    // two epochs are left), and lasts 2 s: less than the 3 s after which a silent worker fails the run.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while let Ok(line) = lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+        if line.starts_with("epoch 1:") {
+            break;
+        }
+    }
     let pid = workers[1].child.id().to_string();
     assert!(Command::new("kill").args(["-STOP", &pid]).status().expect("kill").success());
     std::thread::sleep(Duration::from_secs(2));
