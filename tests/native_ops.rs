@@ -288,6 +288,18 @@ fn gelu_is_the_tanh_form() {
     }
 }
 
+/// `y = op(x)` run natively on `x`, and the ops of its program that ran in the library (not natively).
+fn native_unary(op: &str, x: &[f32]) -> (Vec<f64>, Vec<String>) {
+    let n = x.len();
+    let source = format!("model g {{\n    input x: f32[{n}]\n    let y = {op}(x)\n    output y\n}}\n");
+    let plan = compile(&source, "g.df", &CompileOptions::default()).expect("compiles").plan;
+    let mut session = Session::with_backend(&plan, 0, Backend::Llvm).unwrap();
+    let program = session.program(&["y"], &[]).unwrap();
+    let feeds = HashMap::from([("x".to_string(), Tensor::from_vec(vec![n], x.to_vec()))]);
+    let y = session.run(&program, &feeds).unwrap().remove(0).to_f64_vec();
+    (y, program.library_ops())
+}
+
 /// Native f32 `tanh` is a rational approximation (it vectorises, where libm's is a call per
 /// element): within 5e-7 of f64 tanh from -12 to 12 in steps of 1/1024, exact at 0, x itself
 /// for tiny x, ±1 for large and infinite x, NaN for NaN.
@@ -295,13 +307,7 @@ fn gelu_is_the_tanh_form() {
 fn native_tanh_is_close_everywhere() {
     let mut x: Vec<f32> = (-12 * 1024..=12 * 1024).map(|i| i as f32 / 1024.0).collect();
     x.extend([1e-30, -3e-5, 3.9e-4, 4.1e-4, 7.9, 7.91, 100.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN]);
-    let n = x.len();
-    let source = format!("model g {{\n    input x: f32[{n}]\n    let y = tanh(x)\n    output y\n}}\n");
-    let plan = compile(&source, "g.df", &CompileOptions::default()).expect("compiles").plan;
-    let mut session = Session::with_backend(&plan, 0, Backend::Llvm).unwrap();
-    let program = session.program(&["y"], &[]).unwrap();
-    let feeds = HashMap::from([("x".to_string(), Tensor::from_vec(vec![n], x.clone()))]);
-    let y = session.run(&program, &feeds).unwrap().remove(0).to_f64_vec();
+    let (y, library_ops) = native_unary("tanh", &x);
     for (&x, y) in x.iter().zip(y) {
         let want = (x as f64).tanh();
         if x.is_nan() {
@@ -311,7 +317,7 @@ fn native_tanh_is_close_everywhere() {
             assert!(y.abs() <= 1.0, "tanh({x}) = {y}");
         }
     }
-    assert_eq!(program.library_ops(), Vec::<String>::new(), "tanh runs natively");
+    assert_eq!(library_ops, Vec::<String>::new(), "tanh runs natively");
 }
 
 /// Native f32 `exp` is a polynomial with the exponent built from bits (it vectorises, where
@@ -323,13 +329,7 @@ fn native_exp_is_within_an_ulp() {
     let mut x: Vec<f32> = (-110 * 256..=90 * 256).map(|i| i as f32 / 256.0).collect();
     x.extend([-0.0, 1e-30, -87.33, -87.34, 88.72, 88.7228, 88.73, -103.97, -104.0, -1e10, 1e10]);
     x.extend([f32::INFINITY, f32::NEG_INFINITY, f32::NAN, f32::MIN_POSITIVE]);
-    let n = x.len();
-    let source = format!("model g {{\n    input x: f32[{n}]\n    let y = exp(x)\n    output y\n}}\n");
-    let plan = compile(&source, "g.df", &CompileOptions::default()).expect("compiles").plan;
-    let mut session = Session::with_backend(&plan, 0, Backend::Llvm).unwrap();
-    let program = session.program(&["y"], &[]).unwrap();
-    let feeds = HashMap::from([("x".to_string(), Tensor::from_vec(vec![n], x.clone()))]);
-    let y = session.run(&program, &feeds).unwrap().remove(0).to_f64_vec();
+    let (y, library_ops) = native_unary("exp", &x);
     for (&x, y) in x.iter().zip(y) {
         let want = (x as f64).exp();
         let y = y as f32;
@@ -344,5 +344,5 @@ fn native_exp_is_within_an_ulp() {
             assert!(ulps <= 1, "exp({x}) = {y}, not {want}: {ulps} ulp");
         }
     }
-    assert_eq!(program.library_ops(), Vec::<String>::new(), "exp runs natively");
+    assert_eq!(library_ops, Vec::<String>::new(), "exp runs natively");
 }

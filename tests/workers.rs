@@ -296,6 +296,22 @@ fn drain_stderr(child: &mut Child) -> std::thread::JoinHandle<String> {
     })
 }
 
+/// `drain_stderr`, and each line sent as it comes.
+fn stderr_lines(child: &mut Child) -> (std::sync::mpsc::Receiver<String>, std::thread::JoinHandle<String>) {
+    let stderr = child.stderr.take().expect("piped stderr");
+    let (sender, lines) = std::sync::mpsc::channel();
+    let whole = std::thread::spawn(move || {
+        let mut text = String::new();
+        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+            text.push_str(&line);
+            text.push('\n');
+            let _ = sender.send(line);
+        }
+        text
+    });
+    (lines, whole)
+}
+
 /// Trains on two workers, does `fault` to the second after two seconds, and returns the run's
 /// stderr once it has failed, which it must within 30 s.
 fn a_fault_on_the_second_worker(name: &str, wait: &str, fault: impl FnOnce(&mut Vec<Worker>)) -> String {
@@ -1069,18 +1085,7 @@ fn backup_workers_go_on_without_a_stopped_worker() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("start the run");
-    // The run's stderr, line by line as it comes, and whole at the end.
-    let pipe = run.stderr.take().expect("piped stderr");
-    let (lines_tx, lines) = std::sync::mpsc::channel::<String>();
-    let stderr = std::thread::spawn(move || {
-        let mut text = String::new();
-        for line in std::io::BufReader::new(pipe).lines().map_while(Result::ok) {
-            text.push_str(&line);
-            text.push('\n');
-            let _ = lines_tx.send(line);
-        }
-        text
-    });
+    let (lines, stderr) = stderr_lines(&mut run);
     // The stop comes once the first epoch has ended (training is under way, however slowly the run started, and
     // two epochs are left), and lasts 2 s: less than the 3 s after which a silent worker fails the run.
     let deadline = Instant::now() + Duration::from_secs(120);

@@ -330,20 +330,21 @@ unsafe fn finish_tile(
         // bias's columns and of the mask's row r (none of an absent one's).
         unsafe {
             let row = c.add(r * ldc);
-            let load = |from: *const f32, at: usize, len: usize, absent: f32| {
+            // `len` floats from `at` (an absent operand's are not read: `finish` leaves them out).
+            let load = |from: *const f32, at: usize, len: usize| {
+                let mut part = [0f32; 8];
                 if from.is_null() {
-                    _mm256_set1_ps(absent)
+                    _mm256_setzero_ps()
                 } else if len == 8 {
                     _mm256_loadu_ps(from.add(at))
                 } else {
-                    let mut part = [absent; 8];
                     std::ptr::copy_nonoverlapping(from.add(at), part.as_mut_ptr(), len);
                     _mm256_loadu_ps(part.as_ptr())
                 }
             };
             while j < cols {
                 let len = (cols - j).min(8);
-                let v = finish(load(row, j, len, 0.0), load(bias, j, len, 0.0), load(mask, r * ldc + j, len, 1.0));
+                let v = finish(load(row, j, len), load(bias, j, len), load(mask, r * ldc + j, len));
                 if len == 8 {
                     _mm256_storeu_ps(row.add(j), v);
                 } else {

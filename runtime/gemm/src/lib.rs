@@ -161,7 +161,9 @@ pub fn sgemm_fused(
     let ldb = if transpose_b { k } else { n };
     let (accumulate, alpha) = (update.is_some(), update.unwrap_or(1.0));
     #[cfg(target_arch = "x86_64")]
-    if kernels() != Kernels::Portable && m > 0 && n > 0 && k > 0 {
+    let chosen = kernels();
+    #[cfg(target_arch = "x86_64")]
+    if chosen != Kernels::Portable && m > 0 && n > 0 && k > 0 {
         let (a, bytes) = match a {
             Left::Floats(a) => (a.as_ptr(), None),
             Left::Bytes(a, scale) => (a.as_ptr().cast(), Some(scale)),
@@ -190,9 +192,10 @@ pub fn sgemm_fused(
         // SAFETY: the kernels' instruction sets are available (`kernels`); A holds m·k elements (floats or
         // bytes), B k·n floats, C m·n floats, the bias n floats and the mask m·n, contiguous, as asserted above.
         return unsafe {
-            match kernels() {
-                Kernels::Avx512 => avx512::sgemm(product, parallel),
-                _ => avx2::sgemm(product, parallel),
+            if chosen == Kernels::Avx512 {
+                avx512::sgemm(product, parallel)
+            } else {
+                avx2::sgemm(product, parallel)
             }
         };
     }

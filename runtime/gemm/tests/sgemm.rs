@@ -268,6 +268,11 @@ fn products_while_the_pool_is_held() {
     });
 }
 
+/// The sum over p < k of `term(p)`, and of its magnitudes (what rounding errors are relative to).
+fn naive_sum(k: usize, term: impl Fn(usize) -> f64) -> (f64, f64) {
+    (0..k).map(term).fold((0.0, 0.0), |(sum, size), t| (sum + t, size + t.abs()))
+}
+
 /// Products of an A of bytes (`sgemm_fused`) against the naive product of A read through the scale: every
 /// orientation, small and model-sized shapes (the MLP's first layer and its weights' gradient), each scale.
 #[test]
@@ -289,12 +294,7 @@ fn products_of_bytes() {
         let at = |i: usize, p: usize| f64::from(scale.apply(if ta { a[p * m + i] } else { a[i * k + p] }));
         for i in 0..m {
             for j in 0..n {
-                let (mut sum, mut size) = (0f64, 0f64);
-                for p in 0..k {
-                    let term = at(i, p) * f64::from(b[p * n + j]);
-                    sum += term;
-                    size += term.abs();
-                }
+                let (sum, size) = naive_sum(k, |p| at(i, p) * f64::from(b[p * n + j]));
                 let want = match alpha {
                     Some(alpha) => f64::from(c0[i * n + j]) + f64::from(alpha) * sum,
                     None => sum,
@@ -359,12 +359,7 @@ fn products_of_bytes_with_zero_steps() {
         let at = |i: usize, p: usize| f64::from(scale.apply(if ta { a[p * m + i] } else { a[i * k + p] }));
         for i in 0..m {
             for j in 0..n {
-                let (mut sum, mut size) = (0f64, 0f64);
-                for p in 0..k {
-                    let term = at(i, p) * f64::from(b[p * n + j]);
-                    sum += term;
-                    size += term.abs();
-                }
+                let (sum, size) = naive_sum(k, |p| at(i, p) * f64::from(b[p * n + j]));
                 let got = f64::from(c[i * n + j]);
                 let agree = if sum.is_nan() || sum.is_infinite() {
                     got.to_bits() == sum.to_bits() || (got.is_nan() && sum.is_nan())

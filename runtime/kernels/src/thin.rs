@@ -213,9 +213,9 @@ fn conv_group<const L: usize>(
         }
         return;
     }
-    // The bases grow with q: the last pixel's last run ends past every other.
-    let x_end = bases[PIXELS - 1] + (g.kh - 1) * stride + len;
-    assert!(bases.windows(2).all(|w| w[0] <= w[1]) && x_end <= x.len(), "thin_conv: a window past the input");
+    // The last run of the pixel furthest in ends past every other.
+    let x_end = bases.iter().max().copied().unwrap_or(0) + (g.kh - 1) * stride + len;
+    assert!(x_end <= x.len(), "thin_conv: a window past the input");
     assert!((taps - 1) * n + f + L <= filter.len(), "thin_conv: the filter is too short");
     assert!((PIXELS - 1) * n + f + L <= outs.len(), "thin_conv: the output is too short");
     let mut acc = [[0.0f32; L]; PIXELS];
@@ -226,7 +226,7 @@ fn conv_group<const L: usize>(
             // of f32 (align 4, as the slice's elements).
             let w: &[f32; L] = unsafe { &*filter.as_ptr().add(p * n + f).cast::<[f32; L]>() };
             for q in 0..PIXELS {
-                // SAFETY: bases[q] + s·stride + j < bases[PIXELS - 1] + (kh - 1)·stride + len = x_end ≤ x.len().
+                // SAFETY: bases[q] + s·stride + j < max(bases) + (kh - 1)·stride + len = x_end ≤ x.len().
                 let v = unsafe { *x.get_unchecked(bases[q] + s * stride + j) };
                 for i in 0..L {
                     acc[q][i] += v * w[i];
