@@ -2,15 +2,19 @@
 """The table of benches/vs_jax.sh: dfc against the JAX peer, ratios and bars; all as JSON.
 
 Reads what vs_jax.sh left in --work:
-  dfc_{logreg,mlp,cnn}_{train,inference,batch1}.json
+  round1/, round2/, …                            one directory per alternating round, holding
+    dfc_{logreg,mlp,cnn}_{train,inference,batch1}.json
                                                  one `dfc bench --json` object each (batch1:
                                                  inference of the model compiled at batch 1)
+    jax.json                                     bench_jax.py --out
+    jax_batch1.json                              jax_batch1.py --out
   compile_ms.txt                                 5 wall times of `dfc compile examples/mlp.df`, in µs
-  jax.json                                       bench_jax.py --out
-  jax_batch1.json                                jax_batch1.py --out
   fma.txt                                        fma_peak's output (two runs)
   busy_before.txt                                CPUs busy with other work just before timing
-Standard library only.
+
+Each round pairs dfc's figures with the peer's taken right after: a row's ratio is the median
+of its rounds' ratios, and its times the medians of the rounds' medians (with one round, that
+round's). Standard library only.
 """
 import argparse
 import json
@@ -83,9 +87,13 @@ def main():
     args = ap.parse_args()
     work = args.work
 
-    jax = load_json(os.path.join(work, "jax.json"))
-    jax_batch1 = load_json(os.path.join(work, "jax_batch1.json"))
-    jax_rows = {r["bench"]: r for r in jax.get("rows", []) + jax_batch1.get("rows", [])}
+    round_dirs = sorted(
+        (d for d in os.listdir(work) if re.fullmatch(r"round\d+", d)), key=lambda d: int(d[len("round"):])
+    )
+    if not round_dirs:
+        fail(f"no round1/ … in {work}")
+    rounds = [load_round(os.path.join(work, d)) for d in round_dirs]
+    jax = rounds[0]["jax"]
     peak, peak_what, peak_all = fma_peak(os.path.join(work, "fma.txt"))
 
     try:
@@ -95,40 +103,56 @@ def main():
         busy_before = None
 
     rows = []
-    dfc_raw = {}
     for model in MODELS:
         for mode in MODES:
-            d = load_json(os.path.join(work, f"dfc_{model}_{mode}.json"))
-            dfc_raw[f"{model}_{mode}"] = d
-            j = jax_rows.get(JAX_ROW[mode].format(model))
-            if j is None:
-                fail(f"the peer's JSON has no row `{JAX_ROW[mode].format(model)}`")
-            ratio = d["median_step_us"] / j["median_us"]
+            name = JAX_ROW[mode].format(model)
+            per_round = []
+            for r in rounds:
+                d = r["dfc"][f"{model}_{mode}"]
+                j = r["jax_rows"].get(name)
+                if j is None:
+                    fail(f"the peer's JSON in {r['dir']} has no row `{name}`")
+                per_round.append(
+                    dict(
+                        dfc_median_us=d["median_step_us"],
+                        dfc_p10_us=d["p10_step_us"],
+                        dfc_p90_us=d["p90_step_us"],
+                        jax_median_us=j["median_us"],
+                        jax_p10_us=j["p10_us"],
+                        jax_p90_us=j["p90_us"],
+                        ratio=d["median_step_us"] / j["median_us"],
+                        dfc_steps=d["steps"],
+                        jax_steps=j["n"],
+                    )
+                )
+            mid = lambda key: statistics.median(x[key] for x in per_round)  # noqa: E731
+            first = rounds[0]["dfc"][f"{model}_{mode}"]
+            ratio = mid("ratio")
             bar = BARS[mode].get(model)
             rows.append(
                 dict(
                     model=model,
-                    dfc_model=d["model"],
+                    dfc_model=first["model"],
                     mode=mode,
-                    dfc_median_us=d["median_step_us"],
-                    dfc_p10_us=d["p10_step_us"],
-                    dfc_p90_us=d["p90_step_us"],
-                    dfc_steps=d["steps"],
-                    dfc_gflops=d["gflops"],
-                    jax_median_us=j["median_us"],
-                    jax_p10_us=j["p10_us"],
-                    jax_p90_us=j["p90_us"],
-                    jax_steps=j["n"],
+                    dfc_median_us=mid("dfc_median_us"),
+                    dfc_p10_us=mid("dfc_p10_us"),
+                    dfc_p90_us=mid("dfc_p90_us"),
+                    dfc_gflops=first["gflops"] * first["median_step_us"] / mid("dfc_median_us"),
+                    jax_median_us=mid("jax_median_us"),
+                    jax_p10_us=mid("jax_p10_us"),
+                    jax_p90_us=mid("jax_p90_us"),
                     ratio=ratio,
-                    dfc_spread=d["p90_step_us"] / d["p10_step_us"],
-                    jax_spread=j["p90_us"] / j["p10_us"],
+                    round_ratios=[x["ratio"] for x in per_round],
+                    rounds=per_round,
+                    dfc_spread=statistics.median(x["dfc_p90_us"] / x["dfc_p10_us"] for x in per_round),
+                    jax_spread=statistics.median(x["jax_p90_us"] / x["jax_p10_us"] for x in per_round),
                     bar=bar,
                     passed=None if bar is None else ratio <= bar,
                 )
             )
+    by_row = {(r["model"], r["mode"]): r for r in rows}
 
-    mlp_train = dfc_raw["mlp_train"]
-    mlp_gflops = MLP_TRAIN_FLOPS / (mlp_train["median_step_us"] * 1e-6) / 1e9
+    mlp_gflops = MLP_TRAIN_FLOPS / (by_row[("mlp", "train")]["dfc_median_us"] * 1e-6) / 1e9
     peak_share = mlp_gflops / peak
     throughput = dict(
         flops_per_step=MLP_TRAIN_FLOPS,
@@ -156,21 +180,23 @@ def main():
         ratio_to_xla_compile=compile_ms / xla if xla else None,
     )
 
-    threads = mlp_train["threads"]
+    threads = rounds[0]["dfc"]["mlp_train"]["threads"]
     print()
     print(f"dfc ({args.backend} backend, {threads} threads) vs JAX {jax.get('versions', {}).get('jax', '?')} "
           f"(XLA CPU), {os.cpu_count()} CPUs{' [quick]' if args.quick == '1' else ''}")
     print()
-    print("(batch1: inference at batch 1; spread: p90/p10 of the step's time)")
+    print(f"(batch1: inference at batch 1; {len(rounds)} round(s), dfc then JAX in each: µs and spread are medians "
+          "of the rounds', dfc/JAX the median of the rounds' ratios; spread: p90/p10 of the step's time)")
     header = (f"{'model':<7} {'mode':<10} {'dfc µs':>11} {'JAX µs':>11} {'dfc/JAX':>9} {'bar':>7}  {'result':<6} "
-              f"{'dfc spread':>10} {'JAX spread':>10}")
+              f"{'dfc spread':>10} {'JAX spread':>10}  rounds' dfc/JAX")
     print(header)
     print("-" * len(header))
     for r in rows:
         bar = f"≤ {r['bar']:.1f}" if r["bar"] is not None else "-"
         result = verdict(r["passed"]) if r["passed"] is not None else "-"
         print(f"{r['model']:<7} {r['mode']:<10} {r['dfc_median_us']:>11.1f} {r['jax_median_us']:>11.1f} "
-              f"{r['ratio']:>9.2f} {bar:>7}  {result:<6} {r['dfc_spread']:>10.2f} {r['jax_spread']:>10.2f}")
+              f"{r['ratio']:>9.2f} {bar:>7}  {result:<6} {r['dfc_spread']:>10.2f} {r['jax_spread']:>10.2f}  "
+              + " ".join(f"{x:.2f}" for x in r["round_ratios"]))
     print()
     print(f"mlp train step: {mlp_gflops:.2f} GFLOP/s (peer count {MLP_TRAIN_FLOPS / 1e6:.1f} MFLOP/step) "
           f"= {100 * peak_share:.1f}% of the FMA peak {peak:.1f} GFLOP/s ({peak_what}); "
@@ -192,14 +218,15 @@ def main():
         machine=dict(cpus=os.cpu_count(), platform=platform.platform(), processor=cpu_model(), busy_cpus_before=busy_before),
         dfc_threads=threads,
         peer_versions=jax.get("versions"),
+        rounds=len(rounds),
         rows=rows,
         mlp_train_throughput=throughput,
         compile=compile_info,
         bars_met=met,
         bars=len(bars),
-        dfc_raw=dfc_raw,
-        jax_raw=jax,
-        jax_batch1_raw=jax_batch1,
+        dfc_raw=[r["dfc"] for r in rounds],
+        jax_raw=[r["jax"] for r in rounds],
+        jax_batch1_raw=[r["jax_batch1"] for r in rounds],
     )
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
@@ -208,6 +235,15 @@ def main():
     print(f"wrote {args.out}")
     if args.strict and met < len(bars):
         sys.exit(2)
+
+
+def load_round(path):
+    """One round's reports: dfc's by `model_mode`, the peer's two files, and the peer's rows by name."""
+    dfc = {f"{m}_{mode}": load_json(os.path.join(path, f"dfc_{m}_{mode}.json")) for m in MODELS for mode in MODES}
+    jax = load_json(os.path.join(path, "jax.json"))
+    jax_batch1 = load_json(os.path.join(path, "jax_batch1.json"))
+    jax_rows = {r["bench"]: r for r in jax.get("rows", []) + jax_batch1.get("rows", [])}
+    return dict(dir=path, dfc=dfc, jax=jax, jax_batch1=jax_batch1, jax_rows=jax_rows)
 
 
 def cpu_model():

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # dfc against the JAX (XLA CPU) peer, side by side on this machine, in one run.
 #
-#   benches/vs_jax.sh [--quick] [--backend llvm|interp] [--out PATH] [--strict]
+#   benches/vs_jax.sh [--quick] [--rounds N] [--backend llvm|interp] [--out PATH] [--strict]
 #
 # 1. the peer's venv (/tmp/peer: jax[cpu] 0.10.2, numpy 2.4.6), made if it cannot import jax;
 # 2. cargo build --release;
@@ -10,12 +10,16 @@
 # 4. dfc bench --json of each model, training step and inference, and inference at batch 1
 #    (the same models compiled with --dim batch=1);
 # 5. the peer's bench_jax.py, right after, and benches/jax_batch1.py (its batch-1 inference);
+#    4 and 5 again, --rounds times in all (default 3), alternating: each round's ratios pair
+#    figures taken a minute apart, so that a slow spell of the machine (they last seconds to
+#    minutes here) lands on both sides of some round rather than on one side of the run;
 # 6. the FMA peak program (fma_peak.c), before and after 4-5: the better 512-bit, 2-thread figure
 #    (on a CPU without AVX-512, the program without its 512-bit loop: the 256-bit one);
 # 7. benches/vs_jax.py: the table of ratios and bars, and everything as JSON at --out
 #    (default target/vs_jax.json).
 #
 # --quick: shorter timing on both sides (bench_jax.py --quick; dfc bench --min-time 0.5).
+# --rounds N: how many alternating rounds of 4 and 5 (1 to 9; default 3).
 # --strict: exit 2 if a bar is not met (otherwise only a failure to run is an error).
 # PEER_DIR: where bench_jax.py, common.py and fma_peak.c are [default: ../shared/bench/peers
 # relative to the repository root].
@@ -29,6 +33,7 @@ QUICK=0
 BACKEND=llvm
 OUT=$REPO/target/vs_jax.json
 STRICT=()
+ROUNDS=3
 
 usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "${BASH_SOURCE[0]}"; }
 while [ $# -gt 0 ]; do
@@ -38,6 +43,8 @@ while [ $# -gt 0 ]; do
         --backend=*) BACKEND=${1#--backend=} ;;
         --out) OUT=${2:?--out needs a path}; shift ;;
         --out=*) OUT=${1#--out=} ;;
+        --rounds) ROUNDS=${2:?--rounds needs a count}; shift ;;
+        --rounds=*) ROUNDS=${1#--rounds=} ;;
         --strict) STRICT=(--strict) ;;
         -h|--help) usage; exit 0 ;;
         *) echo "vs_jax.sh: unknown argument \`$1\`" >&2; usage >&2; exit 64 ;;
@@ -45,6 +52,7 @@ while [ $# -gt 0 ]; do
     shift
 done
 case $BACKEND in llvm|interp) ;; *) echo "vs_jax.sh: --backend is llvm or interp, not \`$BACKEND\`" >&2; exit 64 ;; esac
+case $ROUNDS in [1-9]) ;; *) echo "vs_jax.sh: --rounds is a count from 1 to 9, not \`$ROUNDS\`" >&2; exit 64 ;; esac
 case $OUT in /*) ;; *) OUT=$PWD/$OUT ;; esac
 for f in bench_jax.py common.py fma_peak.c; do
     [ -f "$PEER_DIR/$f" ] || { echo "vs_jax.sh: no $f in PEER_DIR=$PEER_DIR" >&2; exit 1; }
@@ -126,32 +134,33 @@ echo "$BUSY" >"$WORK/busy_before.txt"
 say "FMA peak (fma_peak.c), before"
 "$WORK/fma_peak" | tee "$WORK/fma.txt" >&2
 
-# --- 4. dfc bench ---------------------------------------------------------------------------
+# --- 4 and 5, alternating rounds: dfc bench, then the JAX peer right after -------------------
 BENCH_ARGS=(--json --backend "$BACKEND")
 [ $QUICK -eq 1 ] && BENCH_ARGS+=(--min-time 0.5)
-for pair in "${MODELS[@]}"; do
-    peer=${pair%%:*}
-    for mode in train inference; do
-        extra=()
-        [ $mode = inference ] && extra=(--inference)
-        say "dfc bench $peer $mode ($BACKEND)"
-        "$DFC" bench "$WORK/$peer.plan" "${BENCH_ARGS[@]}" "${extra[@]}" >"$WORK/dfc_${peer}_${mode}.json"
-        cat "$WORK/dfc_${peer}_${mode}.json" >&2
+JAX_QUICK=()
+[ $QUICK -eq 1 ] && JAX_QUICK=(--quick)
+for round in $(seq "$ROUNDS"); do
+    R=$WORK/round$round
+    mkdir -p "$R"
+    for pair in "${MODELS[@]}"; do
+        peer=${pair%%:*}
+        for mode in train inference; do
+            extra=()
+            [ $mode = inference ] && extra=(--inference)
+            say "round $round/$ROUNDS: dfc bench $peer $mode ($BACKEND)"
+            "$DFC" bench "$WORK/$peer.plan" "${BENCH_ARGS[@]}" "${extra[@]}" >"$R/dfc_${peer}_${mode}.json"
+            cat "$R/dfc_${peer}_${mode}.json" >&2
+        done
+        say "round $round/$ROUNDS: dfc bench $peer inference at batch 1 ($BACKEND)"
+        "$DFC" bench "$WORK/${peer}_batch1.plan" "${BENCH_ARGS[@]}" --inference >"$R/dfc_${peer}_batch1.json"
+        cat "$R/dfc_${peer}_batch1.json" >&2
     done
-    say "dfc bench $peer inference at batch 1 ($BACKEND)"
-    "$DFC" bench "$WORK/${peer}_batch1.plan" "${BENCH_ARGS[@]}" --inference >"$WORK/dfc_${peer}_batch1.json"
-    cat "$WORK/dfc_${peer}_batch1.json" >&2
+    say "round $round/$ROUNDS: JAX peer: bench_jax.py --out $R/jax.json ${JAX_QUICK[*]}"
+    (cd "$PEER_DIR" && "$PEER_VENV/bin/python" bench_jax.py --out "$R/jax.json" "${JAX_QUICK[@]}") | tee "$R/jax.log" >&2
+    say "round $round/$ROUNDS: JAX peer: jax_batch1.py --out $R/jax_batch1.json ${JAX_QUICK[*]}"
+    "$PEER_VENV/bin/python" "$REPO/benches/jax_batch1.py" "$PEER_DIR" --out "$R/jax_batch1.json" "${JAX_QUICK[@]}" |
+        tee -a "$R/jax.log" >&2
 done
-
-# --- 5. the JAX peer, right after -----------------------------------------------------------
-JAX_ARGS=(--out "$WORK/jax.json")
-[ $QUICK -eq 1 ] && JAX_ARGS+=(--quick)
-say "JAX peer: bench_jax.py ${JAX_ARGS[*]}"
-(cd "$PEER_DIR" && "$PEER_VENV/bin/python" bench_jax.py "${JAX_ARGS[@]}") | tee "$WORK/jax.log" >&2
-BATCH1_ARGS=(--out "$WORK/jax_batch1.json")
-[ $QUICK -eq 1 ] && BATCH1_ARGS+=(--quick)
-say "JAX peer: jax_batch1.py ${BATCH1_ARGS[*]}"
-"$PEER_VENV/bin/python" "$REPO/benches/jax_batch1.py" "$PEER_DIR" "${BATCH1_ARGS[@]}" | tee -a "$WORK/jax.log" >&2
 
 # --- 6b. FMA peak, again ---------------------------------------------------------------------
 say "FMA peak (fma_peak.c), after"
