@@ -50,7 +50,14 @@ struct Packs {
 thread_local! {
     /// This thread's packing buffers, reused by every call (taken out while a block runs).
     static PACK: Cell<Packs> = Cell::new(Packs::default());
+    /// The calling thread's copy of a whole A of bytes as floats, for products split by columns (`convert_whole`).
+    static WHOLE: Cell<Buf> = Cell::new(Buf::default());
 }
+
+/// A product split by columns whose A of bytes has at least this many elements converts A once, before the chunks
+/// (which then read its floats in place), rather than once per chunk: below it the conversion (about 0.25 ns an
+/// element) costs less than the extra hand-over to the workers.
+const CONVERT_ONCE_MIN: usize = 1 << 14;
 
 /// Products of at least this many multiply-adds (m·n·k) are shared among threads: below it a product takes less
 /// than handing chunks to a rayon worker (20 µs and more to wake one on these virtual machines) saves.
@@ -80,8 +87,8 @@ pub(crate) unsafe fn sgemm(p: Product, parallel: bool) {
         return;
     }
     // Column chunks each pack their own share of B and read all of A again (in place, packing it again when
-    // stored transposed, or converting its bytes again: a quarter of the memory, in vectors); row chunks each pack
-    // all of B again. Whichever repeats less, given enough columns.
+    // stored transposed; bytes as the floats converted once for all chunks, below); row chunks each pack all of B
+    // again. Whichever repeats less, given enough columns.
     let again_a = p.m * p.k * if p.ta && p.bytes.is_none() { 2 } else { 1 };
     let again_b = p.k * p.n * if p.tb { 4 } else { 1 };
     let by_columns = p.n >= NR * threads && again_a < again_b;
@@ -92,6 +99,14 @@ pub(crate) unsafe fn sgemm(p: Product, parallel: bool) {
         unsafe { block(&p, 0, p.m, 0, p.n) };
         return;
     }
+    // Column chunks each read all of A: an A of bytes is converted once for them all, not once per chunk.
+    let (p, whole) = if by_columns && p.bytes.is_some() && !p.ta && p.m * p.k >= CONVERT_ONCE_MIN {
+        // SAFETY: the caller's contract.
+        let (floats, whole) = unsafe { convert_whole(&p, threads) };
+        (floats, Some(whole))
+    } else {
+        (p, None)
+    };
     let range = |c: usize| ((units * c / chunks * unit).min(len), (units * (c + 1) / chunks * unit).min(len));
     let work = |c: usize| {
         let (lo, hi) = range(c);
@@ -105,6 +120,34 @@ pub(crate) unsafe fn sgemm(p: Product, parallel: bool) {
         }
     };
     pool::run_chunks(chunks, threads - 1, &work);
+    if let Some(whole) = whole {
+        WHOLE.set(whole);
+    }
+}
+
+/// A (bytes, row-major) converted to floats in this thread's `WHOLE` buffer, its rows shared among `threads`: `p`
+/// reading those floats in place, and the buffer, which must outlive that product (then back to `WHOLE`). The same
+/// floats as `block`'s conversion of each block (`convert`), so the same results.
+///
+/// # Safety
+/// As `sgemm`, for `p`.
+unsafe fn convert_whole(p: &Product, threads: usize) -> (Product, Buf) {
+    let mut whole = WHOLE.take();
+    // An address, not a pointer: the conversion's closure is shared with the workers.
+    let floats = whole.ptr(p.m * p.k) as usize;
+    let scale = Scale::new(p.bytes.expect("a product of bytes"));
+    let parts = threads.min(p.m);
+    let convert_rows = |c: usize| {
+        let (lo, hi) = (p.m * c / parts, p.m * (c + 1) / parts);
+        // SAFETY: rows lo..hi of A's bytes (k each, lda apart) are in A (the caller's contract); the parts write
+        // disjoint rows of `whole`, which holds m·k floats.
+        unsafe {
+            let dst = (floats as *mut f32).add(lo * p.k);
+            convert(p.a.cast::<u8>().add(lo * p.lda), p.lda, hi - lo, p.k, dst, &scale);
+        }
+    };
+    pool::run_chunks(parts, threads - 1, &convert_rows);
+    (Product { a: floats as *const f32, lda: p.k, bytes: None, ..*p }, whole)
 }
 
 /// Rough cost of `p` as oriented, in vector operations: the FMAs over whole tiles (a thin C wastes most lanes of
@@ -538,6 +581,56 @@ mod tests {
     }
 
     /// Products of bytes and with an epilogue (bias, relu, mask), called directly: against a naive product.
+    #[test]
+    fn bytes_split_by_columns_convert_once_to_the_same_bits() {
+        if !have_avx2() {
+            return;
+        }
+        let two = rayon::ThreadPoolBuilder::new().num_threads(2).build().expect("a pool of two threads");
+        let mut rng = fastrand::Rng::with_seed(5);
+        // The mlp's first layer, one whose rows do not split evenly, and one at the conversion's threshold.
+        for (m, n, k) in [(128, 256, 784), (37, 100, 500), (64, 96, 256)] {
+            assert!(m * k >= CONVERT_ONCE_MIN && m * k < k * n && m * n * k >= PARALLEL_MIN);
+            let raw: Vec<u8> = (0..m * k).map(|_| rng.u8(..)).collect();
+            let b: Vec<f32> = (0..k * n).map(|_| rng.f32() - 0.5).collect();
+            let bias: Vec<f32> = (0..n).map(|_| rng.f32() - 0.5).collect();
+            let product = |c: &mut Vec<f32>| Product {
+                m,
+                n,
+                k,
+                a: raw.as_ptr().cast(),
+                lda: k,
+                ta: false,
+                b: b.as_ptr(),
+                ldb: n,
+                tb: false,
+                c: c.as_mut_ptr(),
+                ldc: n,
+                tc: false,
+                accumulate: false,
+                alpha: 1.0,
+                bytes: Some(ByteScale::Div(255.0)),
+                bias: bias.as_ptr(),
+                relu: true,
+                mask: std::ptr::null(),
+                id: 0,
+            };
+            let (mut one, mut split) = (vec![f32::NAN; m * n], vec![f32::NAN; m * n]);
+            // SAFETY: AVX2 and FMA are available; the operands hold every element the product addresses.
+            unsafe { sgemm(product(&mut one), false) };
+            // SAFETY: as above.
+            two.install(|| unsafe { sgemm(product(&mut split), true) });
+            let differ = one.iter().zip(&split).position(|(x, y)| x.to_bits() != y.to_bits());
+            assert_eq!(differ, None, "{m}×{n}×{k}: split by columns differs from one thread");
+            // And both are the product (the bytes divided by 255): spot checks against a naive sum.
+            for (i, j) in [(0, 0), (m - 1, n - 1), (m / 2, n / 3)] {
+                let sum: f64 = (0..k).map(|q| f64::from(raw[i * k + q]) / 255.0 * f64::from(b[q * n + j])).sum();
+                let want = (sum + f64::from(bias[j])).max(0.0);
+                assert!((f64::from(one[i * n + j]) - want).abs() <= 1e-4 * (1.0 + want.abs()), "{m}×{n}×{k} at {i}, {j}");
+            }
+        }
+    }
+
     #[test]
     fn fused_products_match_a_naive_one() {
         if !have_avx2() {
