@@ -63,6 +63,13 @@ const CONVERT_ONCE_MIN: usize = 1 << 14;
 /// than handing chunks to a rayon worker (20 µs and more to wake one on these virtual machines) saves.
 const PARALLEL_MIN: usize = 1 << 20;
 
+/// ... and so are products of a quarter as many with a C of at least this many elements. Such a product (a short
+/// reduction into a wide C: the mlp's last input gradient, 128×256 by 10 steps, under the ReLU's mask) is bound by
+/// C and the mask rather than by its multiply-adds, and in a step on two threads the products before it left half
+/// of those in the other core's cache: one thread pulled them across (96 µs in a slow spell of the VM, 22 µs in a
+/// one-thread step), two threads sharing it by columns take 49 µs.
+const WIDE_C_MIN: usize = 1 << 14;
+
 /// Computes the product, on rayon's pool when `parallel` and the product is large enough to pay for it.
 ///
 /// # Safety
@@ -81,7 +88,8 @@ pub(crate) unsafe fn sgemm(p: Product, parallel: bool) {
         // SAFETY: the caller's contract.
         return unsafe { dot::sgemm_avx2(&thin, threads) };
     }
-    if threads <= 1 || p.m * p.n * p.k < PARALLEL_MIN {
+    let parallel_min = if p.m * p.n >= WIDE_C_MIN { PARALLEL_MIN / 4 } else { PARALLEL_MIN };
+    if threads <= 1 || p.m * p.n * p.k < parallel_min {
         // SAFETY: the caller's contract.
         unsafe { block(&p, 0, p.m, 0, p.n) };
         return;
@@ -628,6 +636,54 @@ mod tests {
                 let want = (sum + f64::from(bias[j])).max(0.0);
                 assert!((f64::from(one[i * n + j]) - want).abs() <= 1e-4 * (1.0 + want.abs()), "{m}×{n}×{k} at {i}, {j}");
             }
+        }
+    }
+
+    #[test]
+    fn wide_short_products_split_to_the_same_bits() {
+        if !have_avx2() {
+            return;
+        }
+        let two = rayon::ThreadPoolBuilder::new().num_threads(2).build().expect("a pool of two threads");
+        let mut rng = fastrand::Rng::with_seed(6);
+        // The mlp's last input gradient (Bᵀ stored, under the ReLU's mask), and an odd one.
+        for (m, n, k) in [(128, 256, 10), (131, 200, 12)] {
+            assert!(m * n >= WIDE_C_MIN && m * n * k >= PARALLEL_MIN / 4 && m * n * k < PARALLEL_MIN);
+            let a: Vec<f32> = (0..m * k).map(|_| rng.f32() - 0.5).collect();
+            let b: Vec<f32> = (0..k * n).map(|_| rng.f32() - 0.5).collect();
+            let mask: Vec<f32> = (0..m * n).map(|_| rng.f32() - 0.3).collect();
+            let product = |c: &mut Vec<f32>| Product {
+                m,
+                n,
+                k,
+                a: a.as_ptr(),
+                lda: k,
+                ta: false,
+                b: b.as_ptr(),
+                ldb: k,
+                tb: true,
+                c: c.as_mut_ptr(),
+                ldc: n,
+                tc: false,
+                accumulate: false,
+                alpha: 1.0,
+                bytes: None,
+                bias: std::ptr::null(),
+                relu: false,
+                mask: mask.as_ptr(),
+                id: 0,
+            };
+            let (mut one, mut split) = (vec![f32::NAN; m * n], vec![f32::NAN; m * n]);
+            // SAFETY: AVX2 and FMA are available; the operands hold every element the product addresses.
+            unsafe { sgemm(product(&mut one), false) };
+            // SAFETY: as above.
+            two.install(|| unsafe { sgemm(product(&mut split), true) });
+            let differ = one.iter().zip(&split).position(|(x, y)| x.to_bits() != y.to_bits());
+            assert_eq!(differ, None, "{m}×{n}×{k}: the split product differs from one thread's");
+            let (i, j) = (m - 1, n - 1);
+            let sum: f64 = (0..k).map(|q| f64::from(a[i * k + q]) * f64::from(b[j * k + q])).sum();
+            let want = if mask[i * n + j] > 0.0 { sum } else { 0.0 };
+            assert!((f64::from(one[i * n + j]) - want).abs() <= 1e-5, "{m}×{n}×{k} at {i}, {j}");
         }
     }
 
