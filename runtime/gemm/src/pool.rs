@@ -329,7 +329,7 @@ fn spin() {
         }
         sync::spin_hint();
         polls = polls.wrapping_add(1);
-        if polls % sync::POLLS_PER_CHECK == 0 {
+        if polls.is_multiple_of(sync::POLLS_PER_CHECK) {
             if sync::run_other_job() {
                 idle = sync::Idle::start();
             } else if POOL.holds.load(Ordering::Acquire) > 1 || idle.too_long() {
@@ -385,7 +385,7 @@ mod tests {
     #[test]
     fn late_helpers_touch_nothing_of_a_finished_product() {
         for round in 1..=4 {
-            let data = vec![round; 8];
+            let data = [round; 8];
             let sum = AtomicUsize::new(0);
             run_chunks(data.len(), 3, &|c| {
                 sum.fetch_add(data[c], std::sync::atomic::Ordering::Relaxed);
@@ -395,7 +395,7 @@ mod tests {
         // Held workers take later products through the board.
         let _hold = hold();
         for round in 1..=4 {
-            let data = vec![round; 8];
+            let data = [round; 8];
             let sum = AtomicUsize::new(0);
             run_chunks(data.len(), 3, &|c| {
                 sum.fetch_add(data[c], std::sync::atomic::Ordering::Relaxed);
