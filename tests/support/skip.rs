@@ -44,10 +44,12 @@ pub enum Need {
     NoCudaDriver,
     /// A Python with TensorBoard (target/tb-venv), which reads the event files dfc writes.
     TensorBoard,
+    /// `python3`, which runs the benchmark scripts' tables (`benches/vs_jax.py`).
+    Python,
 }
 
 impl Need {
-    pub const ALL: [Need; 15] = [
+    pub const ALL: [Need; 16] = [
         Need::FashionMnist,
         Need::Fortunes,
         Need::Mpirun,
@@ -63,6 +65,7 @@ impl Need {
         Need::Qemu,
         Need::NoCudaDriver,
         Need::TensorBoard,
+        Need::Python,
     ];
 
     /// Its name in `DFC_REQUIRE` and in skip lines.
@@ -83,6 +86,7 @@ impl Need {
             Need::Qemu => "qemu",
             Need::NoCudaDriver => "no-cuda-driver",
             Need::TensorBoard => "tensorboard",
+            Need::Python => "python3",
         }
     }
 }

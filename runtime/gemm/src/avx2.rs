@@ -634,7 +634,10 @@ mod tests {
             for (i, j) in [(0, 0), (m - 1, n - 1), (m / 2, n / 3)] {
                 let sum: f64 = (0..k).map(|q| f64::from(raw[i * k + q]) / 255.0 * f64::from(b[q * n + j])).sum();
                 let want = (sum + f64::from(bias[j])).max(0.0);
-                assert!((f64::from(one[i * n + j]) - want).abs() <= 1e-4 * (1.0 + want.abs()), "{m}×{n}×{k} at {i}, {j}");
+                assert!(
+                    (f64::from(one[i * n + j]) - want).abs() <= 1e-4 * (1.0 + want.abs()),
+                    "{m}×{n}×{k} at {i}, {j}"
+                );
             }
         }
     }

@@ -1,0 +1,127 @@
+//! `benches/vs_jax.py`, the table of `benches/vs_jax.sh`, on reports written here: a row's ratio is the median of
+//! its rounds' ratios (not the ratio of the medians), bars are judged on it, `--strict` fails a missed bar, and a
+//! round without a row the table needs is refused with a message that names it.
+
+use serde_json::{json, Value};
+use std::path::Path;
+use std::process::{Command, Output};
+
+#[path = "support/skip.rs"]
+mod skip;
+
+const MODELS: [&str; 3] = ["logreg", "mlp", "cnn"];
+const MODES: [&str; 3] = ["train", "inference", "batch1"];
+
+/// The peer's row name for a model and mode, as bench_jax.py and jax_batch1.py write them.
+fn peer_row(model: &str, mode: &str) -> String {
+    match mode {
+        "train" => format!("jax {model} train step (per call)"),
+        "inference" => format!("jax {model} inference fwd (per call)"),
+        _ => format!("jax {model} inference fwd batch 1 (per call)"),
+    }
+}
+
+fn write(path: &Path, value: &Value) {
+    std::fs::write(path, serde_json::to_string_pretty(value).unwrap()).unwrap();
+}
+
+/// A work directory of `rounds.len()` rounds: every row takes 10 µs on dfc's side and 100 on the peer's, except
+/// the mlp's training step, which takes `rounds[r]` = (dfc µs, JAX µs) in round r.
+fn work_dir(rounds: &[(f64, f64)]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for (r, &(mlp_dfc, mlp_jax)) in rounds.iter().enumerate() {
+        let round = dir.path().join(format!("round{}", r + 1));
+        std::fs::create_dir(&round).unwrap();
+        let (mut peer, mut peer_batch1) = (vec![], vec![]);
+        for model in MODELS {
+            for mode in MODES {
+                let (ours, theirs) = if (model, mode) == ("mlp", "train") { (mlp_dfc, mlp_jax) } else { (10.0, 100.0) };
+                let report = json!({
+                    "model": model, "median_step_us": ours, "p10_step_us": ours * 0.9, "p90_step_us": ours * 1.2,
+                    "steps": 100, "gflops": 1.0, "threads": 2,
+                });
+                write(&round.join(format!("dfc_{model}_{mode}.json")), &report);
+                let row = json!({
+                    "bench": peer_row(model, mode), "median_us": theirs, "p10_us": theirs * 0.8,
+                    "p90_us": theirs * 1.5, "n": 50,
+                });
+                if mode == "batch1" {
+                    peer_batch1.push(row)
+                } else {
+                    peer.push(row)
+                }
+            }
+        }
+        let compile = json!({"mlp_train_first_call_ms": 400.0, "mlp_train_xla_compile_ms": 300.0});
+        write(&round.join("jax.json"), &json!({"rows": peer, "versions": {"jax": "0.10.2"}, "compile": compile}));
+        write(&round.join("jax_batch1.json"), &json!({ "rows": peer_batch1 }));
+    }
+    std::fs::write(dir.path().join("compile_ms.txt"), "30000\n31000\n29000\n").unwrap();
+    let fma = "256-bit FMA, 1 thread(s): 100.0 GFLOP/s (0.38 s) sink=1\n256-bit FMA, 2 thread(s): 200.0 GFLOP/s (0.39 s) sink=2\n";
+    std::fs::write(dir.path().join("fma.txt"), fma).unwrap();
+    dir
+}
+
+/// `python3 benches/vs_jax.py --work DIR --out DIR/out.json [extra]`, or None (a logged skip) without python3.
+fn table(work: &Path, extra: &[&str]) -> Option<Output> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/vs_jax.py");
+    let out = work.join("out.json");
+    match Command::new("python3").arg(script).arg("--work").arg(work).arg("--out").arg(&out).args(extra).output() {
+        Ok(output) => Some(output),
+        Err(e) => {
+            skip::skip(skip::Need::Python, &format!("cannot run python3 ({e}); install Debian's python3"));
+            None
+        }
+    }
+}
+
+fn text(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned() + &String::from_utf8_lossy(&output.stderr)
+}
+
+#[test]
+fn a_row_s_ratio_is_the_median_of_its_rounds_ratios() {
+    // Rounds' ratios 0.5, 0.75 and 1.3: their median 0.75 misses the mlp's bar of 0.7, where the ratio of the
+    // medians (1300 / 2000 = 0.65) would meet it.
+    let work = work_dir(&[(1000.0, 2000.0), (1500.0, 2000.0), (1300.0, 1000.0)]);
+    let Some(output) = table(work.path(), &[]) else { return };
+    assert!(output.status.success(), "{}", text(&output));
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(work.path().join("out.json")).unwrap()).unwrap();
+    assert_eq!(report["rounds"], 3);
+    let rows = report["rows"].as_array().unwrap();
+    let mlp = rows.iter().find(|r| r["model"] == "mlp" && r["mode"] == "train").unwrap();
+    assert_eq!(mlp["round_ratios"], json!([0.5, 0.75, 1.3]));
+    assert_eq!(mlp["ratio"], 0.75);
+    assert_eq!(mlp["passed"], false);
+    assert_eq!(mlp["dfc_median_us"], 1300.0);
+    assert_eq!(mlp["jax_median_us"], 2000.0);
+    // Every other barred row passes (0.1); the mlp's step, 206.4 MFLOP in 1.3 ms against a peak of 200 GFLOP/s, is
+    // at 79%.
+    assert_eq!(report["bars"], 9);
+    assert_eq!(report["bars_met"], 8);
+    let share = report["mlp_train_throughput"]["share_of_peak"].as_f64().unwrap();
+    assert!((share - 206.4e6 / 1.3e-3 / 200e9).abs() < 1e-3, "{share}");
+    let printed = text(&output);
+    assert!(printed.contains("0.50 0.75 1.30"), "the rounds' ratios are printed:\n{printed}");
+
+    let Some(strict) = table(work.path(), &["--strict"]) else { return };
+    assert_eq!(strict.status.code(), Some(2), "--strict fails a missed bar:\n{}", text(&strict));
+}
+
+#[test]
+fn a_round_without_a_peer_row_is_refused_by_name() {
+    let work = work_dir(&[(1000.0, 2000.0), (1000.0, 2000.0)]);
+    let jax = work.path().join("round2/jax.json");
+    let mut peer: Value = serde_json::from_str(&std::fs::read_to_string(&jax).unwrap()).unwrap();
+    peer["rows"].as_array_mut().unwrap().retain(|r| r["bench"] != "jax cnn train step (per call)");
+    write(&jax, &peer);
+    let Some(output) = table(work.path(), &[]) else { return };
+    assert_eq!(output.status.code(), Some(1), "{}", text(&output));
+    let printed = text(&output);
+    assert!(printed.contains("round2") && printed.contains("`jax cnn train step (per call)`"), "{printed}");
+
+    let empty = tempfile::tempdir().unwrap();
+    let Some(output) = table(empty.path(), &[]) else { return };
+    assert_eq!(output.status.code(), Some(1));
+    assert!(text(&output).contains("no round1/"), "{}", text(&output));
+}
