@@ -588,13 +588,26 @@ mod tests {
         }
     }
 
-    /// Products of bytes and with an epilogue (bias, relu, mask), called directly: against a naive product.
+    /// C of `product` (given where C is) computed on one thread, once checked that two threads splitting it write
+    /// the same bits.
+    fn split_writes_the_same_bits(what: &str, len: usize, product: impl Fn(*mut f32) -> Product) -> Vec<f32> {
+        let two = rayon::ThreadPoolBuilder::new().num_threads(2).build().expect("a pool of two threads");
+        let (mut one, mut split) = (vec![f32::NAN; len], vec![f32::NAN; len]);
+        // SAFETY: the callers checked for AVX2 and FMA; `product` addresses its operands and `len` floats of C.
+        unsafe { sgemm(product(one.as_mut_ptr()), false) };
+        let split_product = product(split.as_mut_ptr());
+        // SAFETY: as above.
+        two.install(|| unsafe { sgemm(split_product, true) });
+        let differ = one.iter().zip(&split).position(|(x, y)| x.to_bits() != y.to_bits());
+        assert_eq!(differ, None, "{what}: split between two threads, the product differs from one thread's");
+        one
+    }
+
     #[test]
     fn bytes_split_by_columns_convert_once_to_the_same_bits() {
         if !have_avx2() {
             return;
         }
-        let two = rayon::ThreadPoolBuilder::new().num_threads(2).build().expect("a pool of two threads");
         let mut rng = fastrand::Rng::with_seed(5);
         // The mlp's first layer, one whose rows do not split evenly, and one at the conversion's threshold.
         for (m, n, k) in [(128, 256, 784), (37, 100, 500), (64, 96, 256)] {
@@ -602,7 +615,7 @@ mod tests {
             let raw: Vec<u8> = (0..m * k).map(|_| rng.u8(..)).collect();
             let b: Vec<f32> = (0..k * n).map(|_| rng.f32() - 0.5).collect();
             let bias: Vec<f32> = (0..n).map(|_| rng.f32() - 0.5).collect();
-            let product = |c: &mut Vec<f32>| Product {
+            let product = |c: *mut f32| Product {
                 m,
                 n,
                 k,
@@ -612,7 +625,7 @@ mod tests {
                 b: b.as_ptr(),
                 ldb: n,
                 tb: false,
-                c: c.as_mut_ptr(),
+                c,
                 ldc: n,
                 tc: false,
                 accumulate: false,
@@ -623,13 +636,7 @@ mod tests {
                 mask: std::ptr::null(),
                 id: 0,
             };
-            let (mut one, mut split) = (vec![f32::NAN; m * n], vec![f32::NAN; m * n]);
-            // SAFETY: AVX2 and FMA are available; the operands hold every element the product addresses.
-            unsafe { sgemm(product(&mut one), false) };
-            // SAFETY: as above.
-            two.install(|| unsafe { sgemm(product(&mut split), true) });
-            let differ = one.iter().zip(&split).position(|(x, y)| x.to_bits() != y.to_bits());
-            assert_eq!(differ, None, "{m}×{n}×{k}: split by columns differs from one thread");
+            let one = split_writes_the_same_bits(&format!("{m}×{n}×{k} of bytes"), m * n, product);
             // And both are the product (the bytes divided by 255): spot checks against a naive sum.
             for (i, j) in [(0, 0), (m - 1, n - 1), (m / 2, n / 3)] {
                 let sum: f64 = (0..k).map(|q| f64::from(raw[i * k + q]) / 255.0 * f64::from(b[q * n + j])).sum();
@@ -647,7 +654,6 @@ mod tests {
         if !have_avx2() {
             return;
         }
-        let two = rayon::ThreadPoolBuilder::new().num_threads(2).build().expect("a pool of two threads");
         let mut rng = fastrand::Rng::with_seed(6);
         // The mlp's last input gradient (Bᵀ stored, under the ReLU's mask), and an odd one.
         for (m, n, k) in [(128, 256, 10), (131, 200, 12)] {
@@ -655,7 +661,7 @@ mod tests {
             let a: Vec<f32> = (0..m * k).map(|_| rng.f32() - 0.5).collect();
             let b: Vec<f32> = (0..k * n).map(|_| rng.f32() - 0.5).collect();
             let mask: Vec<f32> = (0..m * n).map(|_| rng.f32() - 0.3).collect();
-            let product = |c: &mut Vec<f32>| Product {
+            let product = |c: *mut f32| Product {
                 m,
                 n,
                 k,
@@ -665,7 +671,7 @@ mod tests {
                 b: b.as_ptr(),
                 ldb: k,
                 tb: true,
-                c: c.as_mut_ptr(),
+                c,
                 ldc: n,
                 tc: false,
                 accumulate: false,
@@ -676,13 +682,7 @@ mod tests {
                 mask: mask.as_ptr(),
                 id: 0,
             };
-            let (mut one, mut split) = (vec![f32::NAN; m * n], vec![f32::NAN; m * n]);
-            // SAFETY: AVX2 and FMA are available; the operands hold every element the product addresses.
-            unsafe { sgemm(product(&mut one), false) };
-            // SAFETY: as above.
-            two.install(|| unsafe { sgemm(product(&mut split), true) });
-            let differ = one.iter().zip(&split).position(|(x, y)| x.to_bits() != y.to_bits());
-            assert_eq!(differ, None, "{m}×{n}×{k}: the split product differs from one thread's");
+            let one = split_writes_the_same_bits(&format!("{m}×{n}×{k}, a wide C"), m * n, product);
             let (i, j) = (m - 1, n - 1);
             let sum: f64 = (0..k).map(|q| f64::from(a[i * k + q]) * f64::from(b[j * k + q])).sum();
             let want = if mask[i * n + j] > 0.0 { sum } else { 0.0 };
@@ -690,6 +690,7 @@ mod tests {
         }
     }
 
+    /// Products of bytes and with an epilogue (bias, relu, mask), called directly: against a naive product.
     #[test]
     fn fused_products_match_a_naive_one() {
         if !have_avx2() {
