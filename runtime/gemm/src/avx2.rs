@@ -66,8 +66,8 @@ const PARALLEL_MIN: usize = 1 << 20;
 /// ... and so are products of a quarter as many with a C of at least this many elements. Such a product (a short
 /// reduction into a wide C: the mlp's last input gradient, 128×256 by 10 steps, under the ReLU's mask) is bound by
 /// C and the mask rather than by its multiply-adds, and in a step on two threads the products before it left half
-/// of those in the other core's cache: one thread pulled them across (96 µs in a slow spell of the VM, 22 µs in a
-/// one-thread step), two threads sharing it by columns take 49 µs.
+/// of those in the other core's cache: one thread pulling them across took 41–44 µs (22 in a one-thread step),
+/// two threads sharing it by columns take 23.
 const WIDE_C_MIN: usize = 1 << 14;
 
 /// Computes the product, on rayon's pool when `parallel` and the product is large enough to pay for it.
