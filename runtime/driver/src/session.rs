@@ -164,32 +164,25 @@ impl SessionProgram {
     /// The kernels of the native programs that scale bytes fed in and do not run: their products read the
     /// bytes.
     pub fn bytes_read(&self) -> Vec<String> {
-        self.parts
-            .iter()
-            .flat_map(|p| match &p.program {
-                Executable::Native(program) => program.bytes_read(),
-                Executable::Gpu(_) | Executable::Interp(_) => Vec::new(),
-            })
-            .collect()
+        self.of_native(NativeProgram::bytes_read)
     }
 
     /// The kernels of the native programs (a bias, then a relu) computed by the product they follow.
     pub fn fused_products(&self) -> Vec<String> {
-        self.parts
-            .iter()
-            .flat_map(|p| match &p.program {
-                Executable::Native(program) => program.fused_products(),
-                Executable::Gpu(_) | Executable::Interp(_) => Vec::new(),
-            })
-            .collect()
+        self.of_native(NativeProgram::fused_products)
     }
 
     /// The convolutions of the native programs computed with the max pooling that reads them, never stored.
     pub fn pooled_convolutions(&self) -> Vec<String> {
+        self.of_native(NativeProgram::pooled_convolutions)
+    }
+
+    /// `list` of each native program, one after another (other programs have none).
+    fn of_native(&self, list: fn(&NativeProgram) -> Vec<String>) -> Vec<String> {
         self.parts
             .iter()
             .flat_map(|p| match &p.program {
-                Executable::Native(program) => program.pooled_convolutions(),
+                Executable::Native(program) => list(program),
                 Executable::Gpu(_) | Executable::Interp(_) => Vec::new(),
             })
             .collect()
