@@ -11,6 +11,9 @@ Reads what vs_jax.sh left in --work:
   compile_ms.txt                                 5 wall times of `dfc compile examples/mlp.df`, in µs
   fma.txt                                        fma_peak's output (two runs)
   busy_before.txt                                CPUs busy with other work just before timing
+  roundN/stat_{dfc,jax}.txt                      the `cpu` line of /proc/stat before and after each
+                                                 side of the round (optional): the share of CPU
+                                                 time the hypervisor stole while it ran
 
 Each round pairs dfc's figures with the peer's taken right after: a row's ratio is the median
 of its rounds' ratios, and its times the medians of the rounds' medians (with one round, that
@@ -34,6 +37,8 @@ BARS = {
 }
 # The mlp training step's FLOP rate, by the peer's count, as a share of the FMA peak: at least.
 PEAK_BAR = 0.75
+# A side of a round that lost more than this share of the CPUs' time to the hypervisor gets a note.
+STOLEN_NOTE = 0.02
 # The peer's count (common.py): 3 × the forward matmuls, 784-256-256-10, batch 128.
 MLP_TRAIN_FLOPS = 3 * 2 * 128 * (784 * 256 + 256 * 256 + 256 * 10)
 JAX_ROW = {
@@ -57,20 +62,36 @@ def load_json(path):
 
 
 def fma_peak(path):
-    """GFLOP/s of the 512-bit, 2-thread line (else the best line, with a note). fma_peak ran more
-    than once: the best of each line, since other load can only slow it."""
+    """GFLOP/s of the best line on the most threads, of any width (Zen 4 runs its 512-bit FMAs as
+    two 256-bit halves: its 256-bit loop is as fast, and either may be the one a spell slowed).
+    fma_peak ran more than once: the best of each line, since other load can only slow it."""
     with open(path) as f:
         text = f.read()
     found = {}
     for bits, threads, gflops in re.findall(r"(\d+)-bit FMA, (\d+) thread\(s\): ([\d.]+) GFLOP/s", text):
         key = (int(bits), int(threads))
         found[key] = max(found.get(key, 0.0), float(gflops))
-    if (512, 2) in found:
-        return found[(512, 2)], "512-bit, 2 threads", found
     if not found:
         fail(f"no FMA figures in {path}:\n{text}")
-    best = max(found, key=found.get)
-    return found[best], f"{best[0]}-bit, {best[1]} thread(s) (no 512-bit 2-thread line)", found
+    most = max(t for _, t in found)
+    best = max((k for k in found if k[1] == most), key=found.get)
+    return found[best], f"{best[0]}-bit, {best[1]} thread(s)", found
+
+
+def stolen_share(path):
+    """The share of all CPU time the hypervisor stole between the two `cpu` lines of /proc/stat in
+    `path` (user nice system idle iowait irq softirq steal …), or None without them."""
+    try:
+        with open(path) as f:
+            lines = [line.split() for line in f if line.startswith("cpu ")]
+    except OSError:
+        return None
+    if len(lines) != 2:
+        return None
+    before, after = ([int(x) for x in line[1:9]] for line in lines)
+    delta = [b - a for a, b in zip(before, after)]
+    total = sum(delta)
+    return delta[7] / total if total > 0 else None
 
 
 def verdict(ok):
@@ -86,6 +107,8 @@ def main():
     ap.add_argument("--strict", action="store_true", help="exit 2 if a bar is not met")
     args = ap.parse_args()
     work = args.work
+    if not os.path.isdir(work):
+        fail(f"--work {work} is not a directory")
 
     round_dirs = sorted(
         (d for d in os.listdir(work) if re.fullmatch(r"round\d+", d)), key=lambda d: int(d[len("round"):])
@@ -211,6 +234,14 @@ def main():
     print(f"\n{met} of {len(bars)} bars met")
     if busy_before is not None and busy_before > 0.25:
         print(f"note: other work kept {busy_before} CPUs busy just before timing: the figures are perturbed")
+    stolen = [r["stolen"] for r in rounds]
+    if any(v is not None for s in stolen for v in s.values()):
+        share = lambda v: "?" if v is None else f"{100 * v:.1f}%"  # noqa: E731
+        print("CPU time stolen by the hypervisor, dfc / JAX, per round: "
+              + ", ".join(f"{i + 1}: {share(s['dfc'])} / {share(s['jax'])}" for i, s in enumerate(stolen)))
+        if any(v is not None and v > STOLEN_NOTE for s in stolen for v in s.values()):
+            print(f"note: a round lost more than {100 * STOLEN_NOTE:.0f}% of its CPU time to the hypervisor: "
+                  "that side was timed on a slower machine")
 
     result = dict(
         backend=args.backend,
@@ -219,6 +250,7 @@ def main():
         dfc_threads=threads,
         peer_versions=jax.get("versions"),
         rounds=len(rounds),
+        stolen_per_round=stolen,
         rows=rows,
         mlp_train_throughput=throughput,
         compile=compile_info,
@@ -243,7 +275,8 @@ def load_round(path):
     jax = load_json(os.path.join(path, "jax.json"))
     jax_batch1 = load_json(os.path.join(path, "jax_batch1.json"))
     jax_rows = {r["bench"]: r for r in jax.get("rows", []) + jax_batch1.get("rows", [])}
-    return dict(dir=path, dfc=dfc, jax=jax, jax_batch1=jax_batch1, jax_rows=jax_rows)
+    stolen = {side: stolen_share(os.path.join(path, f"stat_{side}.txt")) for side in ("dfc", "jax")}
+    return dict(dir=path, dfc=dfc, jax=jax, jax_batch1=jax_batch1, jax_rows=jax_rows, stolen=stolen)
 
 
 def cpu_model():

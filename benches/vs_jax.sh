@@ -13,8 +13,11 @@
 #    4 and 5 again, --rounds times in all (default 3), alternating: each round's ratios pair
 #    figures taken a minute apart, so that a slow spell of the machine (they last seconds to
 #    minutes here) lands on both sides of some round rather than on one side of the run;
-# 6. the FMA peak program (fma_peak.c), before and after 4-5: the better 512-bit, 2-thread figure
-#    (on a CPU without AVX-512, the program without its 512-bit loop: the 256-bit one);
+# 6. the FMA peak program (fma_peak.c), before and after 4-5: the best figure on all the CPUs, of
+#    either width (on Zen 4 the 256-bit loop is as fast; on a CPU without AVX-512, the program
+#    runs without its 512-bit loop);
+#    the time the hypervisor stole from this VM is read from /proc/stat around each side of each
+#    round (vs_jax.py reports it: a round with stolen time timed a slower machine);
 # 7. benches/vs_jax.py: the table of ratios and bars, and everything as JSON at --out
 #    (default target/vs_jax.json).
 #
@@ -142,6 +145,7 @@ JAX_QUICK=()
 for round in $(seq "$ROUNDS"); do
     R=$WORK/round$round
     mkdir -p "$R"
+    head -1 /proc/stat >"$R/stat_dfc.txt"
     for pair in "${MODELS[@]}"; do
         peer=${pair%%:*}
         for mode in train inference; do
@@ -155,11 +159,14 @@ for round in $(seq "$ROUNDS"); do
         "$DFC" bench "$WORK/${peer}_batch1.plan" "${BENCH_ARGS[@]}" --inference >"$R/dfc_${peer}_batch1.json"
         cat "$R/dfc_${peer}_batch1.json" >&2
     done
+    head -1 /proc/stat >>"$R/stat_dfc.txt"
+    head -1 /proc/stat >"$R/stat_jax.txt"
     say "round $round/$ROUNDS: JAX peer: bench_jax.py --out $R/jax.json ${JAX_QUICK[*]}"
     (cd "$PEER_DIR" && "$PEER_VENV/bin/python" bench_jax.py --out "$R/jax.json" "${JAX_QUICK[@]}") | tee "$R/jax.log" >&2
     say "round $round/$ROUNDS: JAX peer: jax_batch1.py --out $R/jax_batch1.json ${JAX_QUICK[*]}"
     "$PEER_VENV/bin/python" "$REPO/benches/jax_batch1.py" "$PEER_DIR" --out "$R/jax_batch1.json" "${JAX_QUICK[@]}" |
         tee -a "$R/jax.log" >&2
+    head -1 /proc/stat >>"$R/stat_jax.txt"
 done
 
 # --- 6b. FMA peak, again ---------------------------------------------------------------------

@@ -1,6 +1,7 @@
 //! `benches/vs_jax.py`, the table of `benches/vs_jax.sh`, on reports written here: a row's ratio is the median of
 //! its rounds' ratios (not the ratio of the medians), bars are judged on it, `--strict` fails a missed bar, and a
-//! round without a row the table needs is refused with a message that names it.
+//! round without a row the table needs is refused with a message that names it; the FMA peak is the best width on
+//! the most threads, and the CPU time the hypervisor stole in each side of a round is reported.
 
 use serde_json::{json, Value};
 use std::path::Path;
@@ -124,4 +125,31 @@ fn a_round_without_a_peer_row_is_refused_by_name() {
     let Some(output) = table(empty.path(), &[]) else { return };
     assert_eq!(output.status.code(), Some(1));
     assert!(text(&output).contains("no round1/"), "{}", text(&output));
+}
+
+#[test]
+fn the_peak_is_the_best_width_on_the_most_threads_and_stolen_time_is_reported() {
+    let work = work_dir(&[(1000.0, 2000.0), (1000.0, 2000.0)]);
+    // A spell slowed the 512-bit two-thread loop; the 256-bit one, as fast on Zen 4, was not: the peak is 228.
+    let fma = "256-bit FMA, 1 thread(s): 113.0 GFLOP/s\n256-bit FMA, 2 thread(s): 228.0 GFLOP/s\n\
+               512-bit FMA, 1 thread(s): 114.0 GFLOP/s\n512-bit FMA, 2 thread(s): 132.0 GFLOP/s\n";
+    std::fs::write(work.path().join("fma.txt"), fma).unwrap();
+    // Round 1's dfc side: 1000 jiffies, 150 of them stolen (15%); its JAX side 500, none stolen; round 2 has no
+    // stat files.
+    let zero = "cpu  0 0 0 0 0 0 0 0 0 0\n";
+    std::fs::write(work.path().join("round1/stat_dfc.txt"), format!("{zero}cpu  600 0 50 200 0 0 0 150 0 0\n"))
+        .unwrap();
+    std::fs::write(work.path().join("round1/stat_jax.txt"), format!("{zero}cpu  400 0 50 50 0 0 0 0 0 0\n")).unwrap();
+    let Some(output) = table(work.path(), &[]) else { return };
+    assert!(output.status.success(), "{}", text(&output));
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(work.path().join("out.json")).unwrap()).unwrap();
+    assert_eq!(report["mlp_train_throughput"]["fma_peak_gflops"], 228.0);
+    assert_eq!(report["mlp_train_throughput"]["fma_peak_line"], "256-bit, 2 thread(s)");
+    let stolen = &report["stolen_per_round"];
+    assert!((stolen[0]["dfc"].as_f64().unwrap() - 0.15).abs() < 1e-9, "{stolen}");
+    assert_eq!(stolen[0]["jax"], 0.0);
+    assert_eq!(stolen[1]["dfc"], Value::Null);
+    let printed = text(&output);
+    assert!(printed.contains("1: 15.0% / 0.0%, 2: ? / ?"), "{printed}");
+    assert!(printed.contains("more than 2% of its CPU time"), "{printed}");
 }
