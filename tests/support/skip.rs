@@ -38,6 +38,8 @@ pub enum Need {
     Gpu,
     /// A CPU with AVX2 and FMA.
     Avx2,
+    /// A CPU with AVX-512F.
+    Avx512,
     /// QEMU's user mode (`qemu-x86_64`, Debian's qemu-user), to run dfc on an emulated CPU.
     Qemu,
     /// No CUDA driver (a check of what happens without one).
@@ -49,7 +51,7 @@ pub enum Need {
 }
 
 impl Need {
-    pub const ALL: [Need; 16] = [
+    pub const ALL: [Need; 17] = [
         Need::FashionMnist,
         Need::Fortunes,
         Need::Mpirun,
@@ -62,6 +64,7 @@ impl Need {
         Need::Npm,
         Need::Gpu,
         Need::Avx2,
+        Need::Avx512,
         Need::Qemu,
         Need::NoCudaDriver,
         Need::TensorBoard,
@@ -83,6 +86,7 @@ impl Need {
             Need::Npm => "npm",
             Need::Gpu => "gpu",
             Need::Avx2 => "avx2",
+            Need::Avx512 => "avx512",
             Need::Qemu => "qemu",
             Need::NoCudaDriver => "no-cuda-driver",
             Need::TensorBoard => "tensorboard",

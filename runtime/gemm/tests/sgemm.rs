@@ -382,7 +382,7 @@ fn products_with_an_epilogue() {
     let mut rng = fastrand::Rng::with_seed(26);
     let mut shapes: Vec<(usize, usize, usize)> =
         (0..60).map(|_| (rng.usize(1..=70), rng.usize(1..=90), rng.usize(0..=900))).collect();
-    shapes.extend([(128, 256, 784), (128, 256, 256), (128, 10, 256), (1, 256, 784), (5, 3, 0)]);
+    shapes.extend([(128, 256, 784), (128, 256, 256), (128, 10, 256), (128, 256, 10), (1, 256, 784), (5, 3, 0)]);
     for &(m, n, k) in &shapes {
         let (ta, tb, parallel, relu, bytes) = (rng.bool(), rng.bool(), rng.bool(), rng.bool(), rng.bool());
         let mut bias = random(&mut rng, n);

@@ -235,6 +235,14 @@ fn cost(p: &Product) -> f64 {
 
 /// Extra time (ns) of a parallel product: handing chunks to a rayon worker (waking it) and waiting at the end.
 const PARALLEL_OVERHEAD: f64 = 20_000.0;
+/// A product with a C of at least this many elements and at least `WIDE_MIN_MADDS` multiply-adds is shared among
+/// the threads by rows or columns even where `cost` has one thread faster. Such a product over a short reduction
+/// (the mlp's last input gradient, 128×256 under the relu's mask from 10 steps) is bound by C and the mask, not by
+/// its multiply-adds, and in a step on two threads the products before it left half of those lines in the other
+/// core's cache: on one thread in a two-thread step it took 18–25 µs on Zen 4 (15–17 in a one-thread step), split
+/// 16 µs.
+const WIDE_C_MIN: usize = 1 << 14;
+const WIDE_MIN_MADDS: usize = 1 << 18;
 /// Target time (ns) of a chunk of a parallel product: a worker woken late (20 µs and more on this virtual
 /// machine) still finds a fair share left, and each chunk's start-up stays small.
 const CHUNK_TIME: f64 = 12_000.0;
@@ -279,7 +287,7 @@ enum Split {
 
 /// How `threads` threads should share `p`, and in how many chunks; `None` when one thread is faster. Estimates each
 /// split's time (a thread's share of the work, the packing or reading it repeats, half a chunk of imbalance, the
-/// hand-off) and takes the fastest.
+/// hand-off) and takes the fastest; a wide C is split by rows or columns regardless (`WIDE_C_MIN`).
 fn plan(p: &Product, threads: usize) -> Option<(Split, usize)> {
     if threads <= 1 {
         return None;
@@ -323,7 +331,9 @@ fn plan(p: &Product, threads: usize) -> Option<(Split, usize)> {
         let chunks = if p.epilogue() { 0 } else { wanted.min(k / 64) };
         consider(Split::Depth, chunks, chunks.saturating_sub(1) as f64 * (m * n) as f64 * 0.4);
     }
-    best.filter(|&(time, _, _)| time < single).map(|(_, split, chunks)| (split, chunks))
+    let wide = m * n >= WIDE_C_MIN && m * n * k >= WIDE_MIN_MADDS;
+    best.filter(|&(time, split, _)| time < single || (wide && split != Split::Depth))
+        .map(|(_, split, chunks)| (split, chunks))
 }
 
 /// Splits `0..len` in `parts` nearly equal ranges, multiples of `unit` except the last.
@@ -644,6 +654,45 @@ mod tests {
         }
     }
 
+    /// A wide C from a short reduction under a mask, split between two threads (`WIDE_C_MIN`), is the same to the
+    /// bit as one thread's, and right.
+    #[test]
+    fn wide_short_products_split_to_the_same_bits() {
+        if !is_x86_feature_detected!("avx512f") {
+            crate::skip::skip(crate::skip::Need::Avx512, "this CPU has no AVX-512F");
+            return;
+        }
+        let two = rayon::ThreadPoolBuilder::new().num_threads(2).build().expect("a pool of two threads");
+        let mut rng = fastrand::Rng::with_seed(7);
+        // The mlp's last input gradient (Bᵀ stored, under the relu's mask), and an odd one.
+        for (m, n, k) in [(128, 256, 10), (131, 200, 12)] {
+            let a: Vec<f32> = (0..m * k).map(|_| rng.f32() - 0.5).collect();
+            let b: Vec<f32> = (0..k * n).map(|_| rng.f32() - 0.5).collect();
+            let mask: Vec<f32> = (0..m * n).map(|_| rng.f32() - 0.3).collect();
+            let (mut one, mut split) = (vec![f32::NAN; m * n], vec![f32::NAN; m * n]);
+            let product = |c: *mut f32| Product {
+                a: a.as_ptr(),
+                b: b.as_ptr(),
+                c,
+                mask: mask.as_ptr(),
+                ..product(m, n, k, false, true)
+            };
+            assert!(plan(&product(one.as_mut_ptr()), 2).is_some(), "{m}×{n}×{k} is split");
+            // SAFETY: AVX-512F is here; the product addresses m×k floats of A, n×k of B, m×n of C and the mask.
+            unsafe { sgemm(product(one.as_mut_ptr()), false) };
+            let split_product = product(split.as_mut_ptr());
+            // SAFETY: as above.
+            two.install(|| unsafe { sgemm(split_product, true) });
+            let differ = one.iter().zip(&split).position(|(x, y)| x.to_bits() != y.to_bits());
+            assert_eq!(differ, None, "{m}×{n}×{k}: split between two threads, the product differs from one thread's");
+            for (i, j) in [(0, 0), (m - 1, n - 1), (m / 2, n / 3)] {
+                let sum: f64 = (0..k).map(|q| f64::from(a[i * k + q]) * f64::from(b[j * k + q])).sum();
+                let want = if mask[i * n + j] > 0.0 { sum } else { 0.0 };
+                assert!((f64::from(one[i * n + j]) - want).abs() <= 1e-5, "{m}×{n}×{k} at {i}, {j}");
+            }
+        }
+    }
+
     /// The orientation and the split of the shapes the parallel tests in tests/sgemm.rs rely on to cover each.
     #[test]
     fn plans() {
@@ -657,6 +706,9 @@ mod tests {
             (32, 32, 6000, false, false, false, 2, Some(Split::Depth)),
             (288, 64, 7744, true, false, true, 2, Some(Split::Depth)),
             (1600, 64, 64, true, false, true, 2, Some(Split::Cols)),
+            // A wide C from a short reduction: one thread by the cost of its multiply-adds, split all the same.
+            (128, 256, 10, false, true, false, 2, Some(Split::Cols)),
+            (128, 256, 10, false, true, false, 1, None),
         ] {
             let p = oriented(product(m, n, k, ta, tb));
             assert_eq!(p.tc, tc, "{m}×{n}×{k}");
