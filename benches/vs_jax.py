@@ -14,6 +14,8 @@ Reads what vs_jax.sh left in --work:
   roundN/stat_{dfc,jax}.txt                      the `cpu` line of /proc/stat before and after each
                                                  side of the round (optional): the share of CPU
                                                  time the hypervisor stole while it ran
+  roundN/round_trip_{dfc,jax}.txt                the round trip between CPUs 0 and 1 in ns, before
+                                                 and after each side (optional)
 
 Each round pairs dfc's figures with the peer's taken right after: a row's ratio is the median
 of its rounds' ratios, and its times the medians of the rounds' medians (with one round, that
@@ -39,6 +41,9 @@ BARS = {
 PEAK_BAR = 0.75
 # A side of a round that lost more than this share of the CPUs' time to the hypervisor gets a note.
 STOLEN_NOTE = 0.02
+# A round trip between the CPUs longer than this (ns) gets a note: 55–100 ns where they share a cache here,
+# 260–390 in the slow spells.
+FAR_ROUND_TRIP_NS = 200
 # The peer's count (common.py): 3 × the forward matmuls, 784-256-256-10, batch 128.
 MLP_TRAIN_FLOPS = 3 * 2 * 128 * (784 * 256 + 256 * 256 + 256 * 10)
 JAX_ROW = {
@@ -242,6 +247,14 @@ def main():
         if any(v is not None and v > STOLEN_NOTE for s in stolen for v in s.values()):
             print(f"note: a round lost more than {100 * STOLEN_NOTE:.0f}% of its CPU time to the hypervisor: "
                   "that side was timed on a slower machine")
+    trips = [r["round_trips"] for r in rounds]
+    if any(t for s in trips for t in s.values()):
+        span = lambda t: "?" if not t else "–".join(f"{x:.0f}" for x in (min(t), max(t)))  # noqa: E731
+        print("round trip between CPUs 0 and 1 (ns, before and after), dfc / JAX, per round: "
+              + ", ".join(f"{i + 1}: {span(s['dfc'])} / {span(s['jax'])}" for i, s in enumerate(trips)))
+        if any(x > FAR_ROUND_TRIP_NS for s in trips for t in s.values() for x in t):
+            print(f"note: a round trip above {FAR_ROUND_TRIP_NS} ns: the two CPUs shared no cache then, and "
+                  "every line one wrote and the other read crossed between them (a slow spell)")
 
     result = dict(
         backend=args.backend,
@@ -251,6 +264,7 @@ def main():
         peer_versions=jax.get("versions"),
         rounds=len(rounds),
         stolen_per_round=stolen,
+        round_trip_ns_per_round=trips,
         rows=rows,
         mlp_train_throughput=throughput,
         compile=compile_info,
@@ -276,7 +290,20 @@ def load_round(path):
     jax_batch1 = load_json(os.path.join(path, "jax_batch1.json"))
     jax_rows = {r["bench"]: r for r in jax.get("rows", []) + jax_batch1.get("rows", [])}
     stolen = {side: stolen_share(os.path.join(path, f"stat_{side}.txt")) for side in ("dfc", "jax")}
-    return dict(dir=path, dfc=dfc, jax=jax, jax_batch1=jax_batch1, jax_rows=jax_rows, stolen=stolen)
+    trips = {side: round_trips(os.path.join(path, f"round_trip_{side}.txt")) for side in ("dfc", "jax")}
+    return dict(dir=path, dfc=dfc, jax=jax, jax_batch1=jax_batch1, jax_rows=jax_rows, stolen=stolen,
+                round_trips=trips)
+
+
+def round_trips(path):
+    """The round trips (ns) in `path`, one a line, or [] without the file."""
+    try:
+        with open(path) as f:
+            return [float(line) for line in f if line.strip()]
+    except OSError:
+        return []
+    except ValueError as e:
+        fail(f"{path}: not a round trip in ns: {e}")
 
 
 def cpu_model():

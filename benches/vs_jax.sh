@@ -17,7 +17,9 @@
 #    either width (on Zen 4 the 256-bit loop is as fast; on a CPU without AVX-512, the program
 #    runs without its 512-bit loop);
 #    the time the hypervisor stole from this VM is read from /proc/stat around each side of each
-#    round (vs_jax.py reports it: a round with stolen time timed a slower machine);
+#    round, and the round trip of a cache line between CPUs 0 and 1 (benches/round_trip.c) is
+#    timed before and after each side (vs_jax.py reports both: a side with stolen time, or with a
+#    round trip of hundreds of ns, timed a slower machine);
 # 7. benches/vs_jax.py: the table of ratios and bars, and everything as JSON at --out
 #    (default target/vs_jax.json).
 #
@@ -125,6 +127,11 @@ else
         "$PEER_DIR/fma_peak.c" >"$WORK/fma_peak_avx2.c"
     gcc -O2 -mavx2 -mfma -fopenmp "$WORK/fma_peak_avx2.c" -o "$WORK/fma_peak"
 fi
+# The round trip between CPUs 0 and 1, in ns (none on one CPU): timed before and after each side.
+gcc -O2 -pthread "$REPO/benches/round_trip.c" -o "$WORK/round_trip"
+round_trip() {
+    if [ "$(nproc)" -ge 2 ]; then timeout 20 "$WORK/round_trip" >>"$1" || echo "round_trip failed" >&2; fi
+}
 # How many CPUs other work keeps busy (over 2 s, while this script waits): timings are only
 # comparable on an otherwise idle machine.
 cpu_jiffies() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 + $9, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9; exit }' /proc/stat; }
@@ -145,6 +152,7 @@ JAX_QUICK=()
 for round in $(seq "$ROUNDS"); do
     R=$WORK/round$round
     mkdir -p "$R"
+    round_trip "$R/round_trip_dfc.txt"
     head -1 /proc/stat >"$R/stat_dfc.txt"
     for pair in "${MODELS[@]}"; do
         peer=${pair%%:*}
@@ -160,6 +168,8 @@ for round in $(seq "$ROUNDS"); do
         cat "$R/dfc_${peer}_batch1.json" >&2
     done
     head -1 /proc/stat >>"$R/stat_dfc.txt"
+    round_trip "$R/round_trip_dfc.txt"
+    round_trip "$R/round_trip_jax.txt"
     head -1 /proc/stat >"$R/stat_jax.txt"
     say "round $round/$ROUNDS: JAX peer: bench_jax.py --out $R/jax.json ${JAX_QUICK[*]}"
     (cd "$PEER_DIR" && "$PEER_VENV/bin/python" bench_jax.py --out "$R/jax.json" "${JAX_QUICK[@]}") | tee "$R/jax.log" >&2
@@ -167,6 +177,7 @@ for round in $(seq "$ROUNDS"); do
     "$PEER_VENV/bin/python" "$REPO/benches/jax_batch1.py" "$PEER_DIR" --out "$R/jax_batch1.json" "${JAX_QUICK[@]}" |
         tee -a "$R/jax.log" >&2
     head -1 /proc/stat >>"$R/stat_jax.txt"
+    round_trip "$R/round_trip_jax.txt"
 done
 
 # --- 6b. FMA peak, again ---------------------------------------------------------------------

@@ -1,7 +1,8 @@
 //! `benches/vs_jax.py`, the table of `benches/vs_jax.sh`, on reports written here: a row's ratio is the median of
 //! its rounds' ratios (not the ratio of the medians), bars are judged on it, `--strict` fails a missed bar, and a
 //! round without a row the table needs is refused with a message that names it; the FMA peak is the best width on
-//! the most threads, and the CPU time the hypervisor stole in each side of a round is reported.
+//! the most threads, and the CPU time the hypervisor stole in each side of a round and the round trips between the
+//! CPUs around it are reported.
 
 use serde_json::{json, Value};
 use std::path::Path;
@@ -128,7 +129,7 @@ fn a_round_without_a_peer_row_is_refused_by_name() {
 }
 
 #[test]
-fn the_peak_is_the_best_width_on_the_most_threads_and_stolen_time_is_reported() {
+fn the_peak_is_the_best_width_on_the_most_threads_and_stolen_time_and_round_trips_are_reported() {
     let work = work_dir(&[(1000.0, 2000.0), (1000.0, 2000.0)]);
     // A spell slowed the 512-bit two-thread loop; the 256-bit one, as fast on Zen 4, was not: the peak is 228.
     let fma = "256-bit FMA, 1 thread(s): 113.0 GFLOP/s\n256-bit FMA, 2 thread(s): 228.0 GFLOP/s\n\
@@ -140,6 +141,9 @@ fn the_peak_is_the_best_width_on_the_most_threads_and_stolen_time_is_reported() 
     std::fs::write(work.path().join("round1/stat_dfc.txt"), format!("{zero}cpu  600 0 50 200 0 0 0 150 0 0\n"))
         .unwrap();
     std::fs::write(work.path().join("round1/stat_jax.txt"), format!("{zero}cpu  400 0 50 50 0 0 0 0 0 0\n")).unwrap();
+    // Round 2's round trips: dfc's side began in a slow spell (340 ns) and ended out of it.
+    std::fs::write(work.path().join("round2/round_trip_dfc.txt"), "340\n71\n").unwrap();
+    std::fs::write(work.path().join("round2/round_trip_jax.txt"), "70\n75\n").unwrap();
     let Some(output) = table(work.path(), &[]) else { return };
     assert!(output.status.success(), "{}", text(&output));
     let report: Value = serde_json::from_str(&std::fs::read_to_string(work.path().join("out.json")).unwrap()).unwrap();
@@ -152,4 +156,13 @@ fn the_peak_is_the_best_width_on_the_most_threads_and_stolen_time_is_reported() 
     let printed = text(&output);
     assert!(printed.contains("1: 15.0% / 0.0%, 2: ? / ?"), "{printed}");
     assert!(printed.contains("more than 2% of its CPU time"), "{printed}");
+    assert_eq!(report["round_trip_ns_per_round"][1]["dfc"], json!([340.0, 71.0]));
+    assert!(printed.contains("1: ? / ?, 2: 71–340 / 70–75"), "{printed}");
+    assert!(printed.contains("a round trip above 200 ns"), "{printed}");
+
+    // A round trip that is not a number is refused, naming the file.
+    std::fs::write(work.path().join("round2/round_trip_jax.txt"), "70\nfast\n").unwrap();
+    let Some(output) = table(work.path(), &[]) else { return };
+    assert_eq!(output.status.code(), Some(1), "{}", text(&output));
+    assert!(text(&output).contains("round2/round_trip_jax.txt"), "{}", text(&output));
 }
