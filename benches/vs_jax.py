@@ -253,8 +253,8 @@ def main():
         print("round trip between CPUs 0 and 1 (ns, before and after), dfc / JAX, per round: "
               + ", ".join(f"{i + 1}: {span(s['dfc'])} / {span(s['jax'])}" for i, s in enumerate(trips)))
         if any(x > FAR_ROUND_TRIP_NS for s in trips for t in s.values() for x in t):
-            print(f"note: a round trip above {FAR_ROUND_TRIP_NS} ns: the two CPUs shared no cache then, and "
-                  "every line one wrote and the other read crossed between them (a slow spell)")
+            print(f"note: a round trip above {FAR_ROUND_TRIP_NS} ns: the two CPUs shared no cache then (a slow "
+                  "spell: every line one wrote and the other read crossed between them), or other work held one")
 
     result = dict(
         backend=args.backend,
