@@ -553,6 +553,7 @@ mod tests {
     //! epilogues.
 
     use super::*;
+    use crate::avx512::split_writes_the_same_bits;
 
     fn have_avx2() -> bool {
         let have = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma");
@@ -588,21 +589,6 @@ mod tests {
         }
     }
 
-    /// C of `product` (given where C is) computed on one thread, once checked that two threads splitting it write
-    /// the same bits.
-    fn split_writes_the_same_bits(what: &str, len: usize, product: impl Fn(*mut f32) -> Product) -> Vec<f32> {
-        let two = rayon::ThreadPoolBuilder::new().num_threads(2).build().expect("a pool of two threads");
-        let (mut one, mut split) = (vec![f32::NAN; len], vec![f32::NAN; len]);
-        // SAFETY: the callers checked for AVX2 and FMA; `product` addresses its operands and `len` floats of C.
-        unsafe { sgemm(product(one.as_mut_ptr()), false) };
-        let split_product = product(split.as_mut_ptr());
-        // SAFETY: as above.
-        two.install(|| unsafe { sgemm(split_product, true) });
-        let differ = one.iter().zip(&split).position(|(x, y)| x.to_bits() != y.to_bits());
-        assert_eq!(differ, None, "{what}: split between two threads, the product differs from one thread's");
-        one
-    }
-
     #[test]
     fn bytes_split_by_columns_convert_once_to_the_same_bits() {
         if !have_avx2() {
@@ -636,7 +622,7 @@ mod tests {
                 mask: std::ptr::null(),
                 id: 0,
             };
-            let one = split_writes_the_same_bits(&format!("{m}×{n}×{k} of bytes"), m * n, product);
+            let one = split_writes_the_same_bits(sgemm, &format!("{m}×{n}×{k} of bytes"), m * n, product);
             // And both are the product (the bytes divided by 255): spot checks against a naive sum.
             for (i, j) in [(0, 0), (m - 1, n - 1), (m / 2, n / 3)] {
                 let sum: f64 = (0..k).map(|q| f64::from(raw[i * k + q]) / 255.0 * f64::from(b[q * n + j])).sum();
@@ -682,7 +668,7 @@ mod tests {
                 mask: mask.as_ptr(),
                 id: 0,
             };
-            let one = split_writes_the_same_bits(&format!("{m}×{n}×{k}, a wide C"), m * n, product);
+            let one = split_writes_the_same_bits(sgemm, &format!("{m}×{n}×{k}, a wide C"), m * n, product);
             let (i, j) = (m - 1, n - 1);
             let sum: f64 = (0..k).map(|q| f64::from(a[i * k + q]) * f64::from(b[j * k + q])).sum();
             let want = if mask[i * n + j] > 0.0 { sum } else { 0.0 };

@@ -624,6 +624,28 @@ unsafe fn block(
     PACK.set(packs);
 }
 
+/// C of `product` (given where C is) computed by `sgemm` on one thread, once checked that two threads splitting it
+/// write the same bits (the AVX-512 and AVX2 kernels' tests of their splits).
+#[cfg(test)]
+pub(crate) fn split_writes_the_same_bits(
+    sgemm: unsafe fn(Product, bool),
+    what: &str,
+    len: usize,
+    product: impl Fn(*mut f32) -> Product,
+) -> Vec<f32> {
+    let two = rayon::ThreadPoolBuilder::new().num_threads(2).build().expect("a pool of two threads");
+    let (mut one, mut split) = (vec![f32::NAN; len], vec![f32::NAN; len]);
+    // SAFETY: the callers checked that the CPU has what `sgemm` needs; `product` addresses its operands and `len`
+    // floats of C.
+    unsafe { sgemm(product(one.as_mut_ptr()), false) };
+    let split_product = product(split.as_mut_ptr());
+    // SAFETY: as above.
+    two.install(|| unsafe { sgemm(split_product, true) });
+    let differ = one.iter().zip(&split).position(|(x, y)| x.to_bits() != y.to_bits());
+    assert_eq!(differ, None, "{what}: split between two threads, the product differs from one thread's");
+    one
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -662,14 +684,12 @@ mod tests {
             crate::skip::skip(crate::skip::Need::Avx512, "this CPU has no AVX-512F");
             return;
         }
-        let two = rayon::ThreadPoolBuilder::new().num_threads(2).build().expect("a pool of two threads");
         let mut rng = fastrand::Rng::with_seed(7);
         // The mlp's last input gradient (Bᵀ stored, under the relu's mask), and an odd one.
         for (m, n, k) in [(128, 256, 10), (131, 200, 12)] {
             let a: Vec<f32> = (0..m * k).map(|_| rng.f32() - 0.5).collect();
             let b: Vec<f32> = (0..k * n).map(|_| rng.f32() - 0.5).collect();
             let mask: Vec<f32> = (0..m * n).map(|_| rng.f32() - 0.3).collect();
-            let (mut one, mut split) = (vec![f32::NAN; m * n], vec![f32::NAN; m * n]);
             let product = |c: *mut f32| Product {
                 a: a.as_ptr(),
                 b: b.as_ptr(),
@@ -677,14 +697,8 @@ mod tests {
                 mask: mask.as_ptr(),
                 ..product(m, n, k, false, true)
             };
-            assert!(plan(&product(one.as_mut_ptr()), 2).is_some(), "{m}×{n}×{k} is split");
-            // SAFETY: AVX-512F is here; the product addresses m×k floats of A, n×k of B, m×n of C and the mask.
-            unsafe { sgemm(product(one.as_mut_ptr()), false) };
-            let split_product = product(split.as_mut_ptr());
-            // SAFETY: as above.
-            two.install(|| unsafe { sgemm(split_product, true) });
-            let differ = one.iter().zip(&split).position(|(x, y)| x.to_bits() != y.to_bits());
-            assert_eq!(differ, None, "{m}×{n}×{k}: split between two threads, the product differs from one thread's");
+            assert!(plan(&product(std::ptr::null_mut()), 2).is_some(), "{m}×{n}×{k} is split");
+            let one = split_writes_the_same_bits(sgemm, &format!("{m}×{n}×{k}, a wide C"), m * n, product);
             for (i, j) in [(0, 0), (m - 1, n - 1), (m / 2, n / 3)] {
                 let sum: f64 = (0..k).map(|q| f64::from(a[i * k + q]) * f64::from(b[j * k + q])).sum();
                 let want = if mask[i * n + j] > 0.0 { sum } else { 0.0 };
