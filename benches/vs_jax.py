@@ -93,7 +93,12 @@ def stolen_share(path):
         return None
     if len(lines) != 2:
         return None
-    before, after = ([int(x) for x in line[1:9]] for line in lines)
+    try:
+        before, after = ([int(x) for x in line[1:9]] for line in lines)
+    except ValueError as e:
+        fail(f"{path}: not a `cpu` line of /proc/stat: {e}")
+    if len(before) != 8 or len(after) != 8:
+        fail(f"{path}: a `cpu` line of /proc/stat has 8 counts or more, this one fewer")
     delta = [b - a for a, b in zip(before, after)]
     total = sum(delta)
     return delta[7] / total if total > 0 else None

@@ -160,9 +160,16 @@ fn the_peak_is_the_best_width_on_the_most_threads_and_stolen_time_and_round_trip
     assert!(printed.contains("1: ? / ?, 2: 71–340 / 70–75"), "{printed}");
     assert!(printed.contains("a round trip above 200 ns"), "{printed}");
 
-    // A round trip that is not a number is refused, naming the file.
+    // A round trip that is not a number, or a damaged /proc/stat line, is refused, naming the file.
     std::fs::write(work.path().join("round2/round_trip_jax.txt"), "70\nfast\n").unwrap();
     let Some(output) = table(work.path(), &[]) else { return };
     assert_eq!(output.status.code(), Some(1), "{}", text(&output));
     assert!(text(&output).contains("round2/round_trip_jax.txt"), "{}", text(&output));
+    std::fs::write(work.path().join("round2/round_trip_jax.txt"), "70\n").unwrap();
+    for damaged in ["cpu  1 2 x 4 5 6 7 8 0 0\n", "cpu  1 2 3\n"] {
+        std::fs::write(work.path().join("round1/stat_jax.txt"), format!("{zero}{damaged}")).unwrap();
+        let Some(output) = table(work.path(), &[]) else { return };
+        assert_eq!(output.status.code(), Some(1), "{}", text(&output));
+        assert!(text(&output).contains("round1/stat_jax.txt"), "{}", text(&output));
+    }
 }
