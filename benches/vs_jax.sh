@@ -129,8 +129,15 @@ else
 fi
 # The round trip between CPUs 0 and 1, in ns (none on one CPU): timed before and after each side.
 gcc -O2 -pthread "$REPO/benches/round_trip.c" -o "$WORK/round_trip"
+# round_trip FILE…: one timing, appended to each FILE.
 round_trip() {
-    if [ "$(nproc)" -ge 2 ]; then timeout 20 "$WORK/round_trip" >>"$1" || echo "round_trip failed" >&2; fi
+    [ "$(nproc)" -ge 2 ] || return 0
+    local ns
+    if ns=$(timeout 20 "$WORK/round_trip"); then
+        for file in "$@"; do echo "$ns" >>"$file"; done
+    else
+        echo "round_trip failed" >&2
+    fi
 }
 # How many CPUs other work keeps busy (over 2 s, while this script waits): timings are only
 # comparable on an otherwise idle machine.
@@ -167,10 +174,9 @@ for round in $(seq "$ROUNDS"); do
         "$DFC" bench "$WORK/${peer}_batch1.plan" "${BENCH_ARGS[@]}" --inference >"$R/dfc_${peer}_batch1.json"
         cat "$R/dfc_${peer}_batch1.json" >&2
     done
-    head -1 /proc/stat >>"$R/stat_dfc.txt"
-    round_trip "$R/round_trip_dfc.txt"
-    round_trip "$R/round_trip_jax.txt"
-    head -1 /proc/stat >"$R/stat_jax.txt"
+    # The end of dfc's side is the start of the peer's.
+    head -1 /proc/stat | tee -a "$R/stat_dfc.txt" >"$R/stat_jax.txt"
+    round_trip "$R/round_trip_dfc.txt" "$R/round_trip_jax.txt"
     say "round $round/$ROUNDS: JAX peer: bench_jax.py --out $R/jax.json ${JAX_QUICK[*]}"
     (cd "$PEER_DIR" && "$PEER_VENV/bin/python" bench_jax.py --out "$R/jax.json" "${JAX_QUICK[@]}") | tee "$R/jax.log" >&2
     say "round $round/$ROUNDS: JAX peer: jax_batch1.py --out $R/jax_batch1.json ${JAX_QUICK[*]}"
