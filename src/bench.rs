@@ -52,6 +52,10 @@ pub struct BenchArgs {
     /// Print one JSON object on stdout instead of a line for a person.
     #[arg(long)]
     json: bool,
+    /// Write a timeline of the timed steps to this file (Trace Event Format JSON, as `dfc run --timeline`): each
+    /// step, and its kernels, products and exchanges. Recording adds its own cost to the times reported.
+    #[arg(long, value_name = "FILE")]
+    timeline: Option<PathBuf>,
 }
 
 fn non_negative(text: &str) -> Result<f64, String> {
@@ -126,14 +130,32 @@ pub fn bench(args: &BenchArgs) -> Outcome {
     }
     let min_time = Duration::from_secs_f64(args.min_time);
     let mut times: Vec<f64> = Vec::new();
+    if args.timeline.is_some() {
+        dfc_interp::trace::enable();
+    }
     let started = Instant::now();
     let mut last = Vec::new();
     while (times.len() < args.min_steps as usize || started.elapsed() < min_time)
         && times.len() < args.max_steps as usize
     {
-        let t0 = Instant::now();
-        last = run(&mut session)?;
-        times.push(t0.elapsed().as_secs_f64());
+        let timed = times.len();
+        let (out, took) = dfc_interp::trace::on_track("driver", || {
+            let t0 = Instant::now();
+            let out = run(&mut session);
+            let end = Instant::now();
+            dfc_interp::trace::record_span("step", || format!("step {timed}"), t0, end, None);
+            (out, end.duration_since(t0))
+        });
+        last = out?;
+        times.push(took.as_secs_f64());
+    }
+    if let Some(path) = &args.timeline {
+        dfc_interp::trace::set_enabled(false);
+        let events = dfc_interp::trace::take();
+        let name = format!("dfc bench {}", plan.model);
+        dfc_driver::timeline::write(path, &[dfc_driver::timeline::Process { name, events: &events }])
+            .map_err(|e| Failure(format!("cannot write the timeline {}: {e}", path.display())))?;
+        eprintln!("timeline: {} spans in {}", events.len(), path.display());
     }
     if !args.inference {
         if let Some(loss) = last.first().map(Tensor::scalar_f64).filter(|l| !l.is_finite()) {

@@ -205,3 +205,50 @@ fn bad_plans_are_refused_with_one_line() {
         }
     }
 }
+
+/// `dfc bench --timeline FILE`: a Trace Event Format document with one span per timed step (not the warm-up's),
+/// on the driver's track, and the products of each step inside it on the partition's track; the report's step
+/// count is the timeline's. A timeline that cannot be written is refused by its path, after the timing.
+#[test]
+fn a_timeline_holds_the_timed_steps_and_their_products() {
+    let dir = scratch("timeline");
+    let plan = compile("mlp", &dir);
+    let timeline = dir.join("bench.json");
+    let args = ["--min-time", "0", "--min-steps", "4", "--max-steps", "4", "--warmup", "2", "--json"];
+    let output = dfc(&[&["bench", s(&plan), "--timeline", s(&timeline)][..], &args].concat());
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    assert!(text(&output.stderr).contains("timeline: "), "{}", text(&output.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    assert_eq!(report["steps"], 4);
+    let document: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&timeline).expect("written")).expect("JSON");
+    let events = document["traceEvents"].as_array().expect("traceEvents");
+    let mut tracks = std::collections::HashMap::new();
+    for event in events.iter().filter(|e| e["ph"] == "M" && e["name"] == "thread_name") {
+        tracks.insert(event["tid"].as_u64().expect("a tid"), event["args"]["name"].as_str().expect("a name"));
+    }
+    let spans = |category: &str| -> Vec<&serde_json::Value> {
+        events.iter().filter(|e| e["ph"] == "X" && e["cat"] == category).collect()
+    };
+    let at = |span: &serde_json::Value| (span["ts"].as_f64().unwrap(), span["dur"].as_f64().unwrap());
+    let steps = spans("step");
+    assert_eq!(steps.len(), 4, "the timed steps only");
+    assert!(steps.iter().all(|step| tracks[&step["tid"].as_u64().unwrap()] == "driver"));
+    let products = spans("matmul");
+    // The mlp's step: three products forward, five backward (the first layer's input has no gradient).
+    assert_eq!(products.len(), 4 * 8, "each step's products");
+    for product in products {
+        let (start, length) = at(product);
+        assert!(
+            steps.iter().map(|step| at(step)).any(|(s, d)| start >= s - 1.0 && start + length <= s + d + 1.0),
+            "a product outside every step: {product}"
+        );
+        assert_ne!(tracks[&product["tid"].as_u64().unwrap()], "driver", "{product}");
+    }
+
+    let nowhere = dir.join("no such directory").join("bench.json");
+    let output = dfc(&[&["bench", s(&plan), "--timeline", s(&nowhere)][..], &args].concat());
+    assert_eq!(output.status.code(), Some(1), "{}", text(&output.stderr));
+    let stderr = text(&output.stderr);
+    assert!(stderr.contains("cannot write the timeline") && stderr.contains("no such directory"), "{stderr}");
+}
