@@ -4,6 +4,9 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+#[path = "support/timeline.rs"]
+mod timeline;
+
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
@@ -220,13 +223,7 @@ fn a_timeline_holds_the_timed_steps_and_their_products() {
     assert!(text(&output.stderr).contains("timeline: "), "{}", text(&output.stderr));
     let report: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
     assert_eq!(report["steps"], 4);
-    let document: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&timeline).expect("written")).expect("JSON");
-    let events = document["traceEvents"].as_array().expect("traceEvents");
-    let mut tracks = std::collections::HashMap::new();
-    for event in events.iter().filter(|e| e["ph"] == "M" && e["name"] == "thread_name") {
-        tracks.insert(event["tid"].as_u64().expect("a tid"), event["args"]["name"].as_str().expect("a name"));
-    }
+    let (events, tracks) = timeline::read(&timeline);
     let spans = |category: &str| -> Vec<&serde_json::Value> {
         events.iter().filter(|e| e["ph"] == "X" && e["cat"] == category).collect()
     };

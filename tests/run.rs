@@ -10,6 +10,8 @@ use std::process::{Command, Output};
 mod close;
 #[path = "support/skip.rs"]
 mod skip;
+#[path = "support/timeline.rs"]
+mod timeline;
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -653,13 +655,7 @@ fn a_timeline_shows_steps_kernels_and_all_reduces() {
         let output = dfc(&args);
         assert!(output.status.success(), "{}", text(&output.stderr));
         assert!(text(&output.stderr).contains("timeline: "), "{}", text(&output.stderr));
-        let document: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(&timeline).expect("written")).expect("JSON");
-        let events = document["traceEvents"].as_array().expect("traceEvents");
-        let mut tracks = std::collections::HashMap::new();
-        for event in events.iter().filter(|e| e["ph"] == "M" && e["name"] == "thread_name") {
-            tracks.insert(event["tid"].as_u64().expect("a tid"), event["args"]["name"].as_str().expect("a name"));
-        }
+        let (events, tracks) = timeline::read(&timeline);
         let spans: Vec<&serde_json::Value> = events.iter().filter(|e| e["ph"] == "X").collect();
         for span in &spans {
             for key in ["ts", "dur", "pid", "tid"] {
@@ -670,7 +666,7 @@ fn a_timeline_shows_steps_kernels_and_all_reduces() {
         }
         let on =
             |category: &str| -> Vec<&&serde_json::Value> { spans.iter().filter(|s| s["cat"] == category).collect() };
-        let track = |span: &serde_json::Value| tracks[&span["tid"].as_u64().unwrap()];
+        let track = |span: &serde_json::Value| tracks[&span["tid"].as_u64().unwrap()].as_str();
         let steps = on("step");
         assert_eq!(steps.len(), 16, "two epochs of 8 steps");
         assert!(steps.iter().all(|s| track(s) == "driver"));
