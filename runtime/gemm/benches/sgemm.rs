@@ -27,6 +27,12 @@ const SHAPES: &[(&str, usize, usize, usize, bool, bool)] = &[
     ("cnn fc1 dw", 1600, 64, 64, true, false),
     ("logreg", 100, 10, 784, false, false),
     ("logreg dw", 784, 10, 100, true, false),
+    // Inference at batch 1: one row of C.
+    ("mlp b1 fc1", 1, 256, 784, false, false),
+    ("mlp b1 fc2", 1, 256, 256, false, false),
+    ("mlp b1 fc3", 1, 10, 256, false, false),
+    ("cnn b1 fc1", 1, 64, 1600, false, false),
+    ("logreg b1", 1, 10, 784, false, false),
 ];
 const MLP: usize = 8;
 

@@ -17,6 +17,8 @@
 //! `relu`, `mask`) finishes each tile as its sum completes, while it is in L1. Neither product is transposed nor
 //! computed as dot products (`Product::fixed`).
 //!
+//! A product of one to three rows of C (a batch of one) runs in `rows` instead: B read where it is stored.
+//!
 //! Every buffer is the thread's own and kept across calls, so that after the first products of a shape a
 //! training step allocates nothing here (tests/native_alloc.rs).
 
@@ -26,6 +28,8 @@ use std::cell::Cell;
 use crate::avx512::{corrects, dot, Buf, Product};
 use crate::pool;
 use crate::ByteScale;
+
+mod rows;
 
 /// Rows of the microkernel tile.
 const MR: usize = 6;
@@ -75,9 +79,14 @@ const WIDE_C_MIN: usize = 1 << 14;
 /// # Safety
 /// The CPU supports AVX2 and FMA, and every element of A, B and C the product addresses is in bounds.
 pub(crate) unsafe fn sgemm(p: Product, parallel: bool) {
+    let threads = if parallel { rayon::current_num_threads() } else { 1 };
+    // One to three rows of C (a batch of one), or of Cᵀ: B read in place, once, in order.
+    if let Some(few) = [p, p.transposed()].into_iter().take(if p.fixed() { 1 } else { 2 }).find(rows::applies) {
+        // SAFETY: the caller's contract.
+        return unsafe { rows::sgemm(&few, threads) };
+    }
     // A product of bytes or with an epilogue keeps its orientation and its tiles (`Product::fixed`).
     let p = if !p.fixed() && cost(&p.transposed()) < 0.9 * cost(&p) { p.transposed() } else { p };
-    let threads = if parallel { rayon::current_num_threads() } else { 1 };
     // A thin product (C or Cᵀ of at most 16 columns) as dot products, where that costs less than tiles.
     let as_dots = [p, p.transposed()]
         .into_iter()
