@@ -1,7 +1,8 @@
 //! Times the library kernels of one training step of the CNN (batch 64): conv1 3×3 1→32 on
 //! 28×28 valid, max pool 2, conv2 3×3 32→64 on 13×13 valid, max pool 2. Each line is the
 //! median of `RUNS` calls after warm-up; the total is the sum of the kernels a training step
-//! runs (conv1's input gradient is not one of them: the images need none).
+//! runs (conv1's input gradient is not one of them: the images need none; nor is the first convolution pooled as
+//! it is computed, which inference runs).
 //!
 //! `cargo bench -p dfc-kernels --bench conv` (`-- --runs N` to change the count, `-- --only WORD`
 //! for the kernels whose name holds WORD).
@@ -117,6 +118,10 @@ fn main() {
     time("conv1 backprop filter", true, &mut || {
         conv2d_backprop_filter(&g1, &x, &d_y1, &mut d_f1, scratch.get(conv2d_backprop_filter_scratch_len(&g1)));
         black_box(&d_f1);
+    });
+    time("conv1 + max_pool1 at inference (not in a step)", false, &mut || {
+        conv2d_max_pool(&g1, &p1, &x, &f1, &mut a1, scratch.get(conv2d_max_pool_scratch_len(&g1, &p1)));
+        black_box(&a1);
     });
     time("conv1 backprop input (not in a step)", false, &mut || {
         conv2d_backprop_input(&g1, &f1, &d_y1, &mut d_x, scratch.get(conv2d_backprop_input_scratch_len(&g1)));

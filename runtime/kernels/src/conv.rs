@@ -28,7 +28,7 @@
 
 use crate::geometry::{valid_taps, Conv2dGeometry, PoolGeometry};
 use crate::pool::max_pool_image;
-use crate::thin::{thin_conv, THIN_PATCH};
+use crate::thin::{pooled_quads_apply, thin_conv, thin_conv_max_pool_2x2, THIN_PATCH};
 use crate::winograd;
 use dfc_gemm::sgemm;
 use rayon::prelude::*;
@@ -393,9 +393,13 @@ pub fn conv2d_max_pool(
     let run = |images: Range<usize>, out: &mut [f32], slab: &mut [f32]| {
         for b in images.clone() {
             for py in 0..pool.out_h {
+                let o = ((b - images.start) * pool.out_h + py) * pooled_row;
+                if pooled_quads_apply(g, pool, py) {
+                    thin_conv_max_pool_2x2(g, pool, input, filter, b, py, &mut out[o..o + pooled_row]);
+                    continue;
+                }
                 let row0 = (b * g.out_h + py * pool.stride_h) * g.out_w;
                 thin_conv(g, input, filter, row0, pool.kh * g.out_w, slab);
-                let o = ((b - images.start) * pool.out_h + py) * pooled_row;
                 max_pool_image(&rows, slab, &mut out[o..o + pooled_row]);
             }
         }

@@ -14,7 +14,7 @@ use std::ops::Range;
 /// first NaN wins); ties keep the earlier element.
 #[inline(always)]
 #[allow(clippy::eq_op)]
-fn beats_max<T: PartialOrd>(candidate: T, best: T) -> bool {
+pub(crate) fn beats_max<T: PartialOrd>(candidate: T, best: T) -> bool {
     (candidate > best) | ((candidate != candidate) & (best == best))
 }
 

@@ -11,7 +11,8 @@
 //! Each function is compiled three times and picks, at run time, the copy for the widest
 //! vectors the processor has (AVX-512, AVX2, or the baseline).
 
-use crate::geometry::{valid_taps, Conv2dGeometry};
+use crate::geometry::{valid_taps, Conv2dGeometry, PoolGeometry};
+use crate::pool::beats_max;
 
 /// The longest window (`kh * kw * c`) handled here.
 pub(crate) const THIN_PATCH: usize = 32;
@@ -146,6 +147,19 @@ macro_rules! widest {
 }
 
 widest!(thin_conv => thin_conv_impl(g: &Conv2dGeometry, x: &[f32], filter: &[f32], row0: usize, rows: usize, out: &mut [f32]));
+widest!(thin_conv_max_pool_2x2 => thin_conv_max_pool_2x2_impl(g: &Conv2dGeometry, pool: &PoolGeometry, x: &[f32], filter: &[f32], b: usize, py: usize, out: &mut [f32]));
+
+/// Whether pooled row `py` (of a pooling without padding over the convolution's output) can be computed by
+/// [`thin_conv_max_pool_2x2`]: a 2×2 window whose four convolution windows lie inside the input at every pooled
+/// pixel of the row.
+pub(crate) fn pooled_quads_apply(g: &Conv2dGeometry, pool: &PoolGeometry, py: usize) -> bool {
+    if pool.kh != 2 || pool.kw != 2 || pool.out_w == 0 || pool.pad_top != 0 || pool.pad_left != 0 {
+        return false;
+    }
+    // The windows inside the input form a rectangle of output positions: its corners tell.
+    let (oy, last) = (py * pool.stride_h, (pool.out_w - 1) * pool.stride_w + 1);
+    [oy, oy + 1].into_iter().all(|oy| g.interior(oy, 0) && g.interior(oy, last))
+}
 
 /// Rows `row0..row0 + rows` of the forward pass (`out` is `rows × filters`): each output the
 /// sum over its window, in order, of plain products, starting from 0 — bitwise what the
@@ -191,12 +205,7 @@ fn thin_conv_impl(g: &Conv2dGeometry, x: &[f32], filter: &[f32], row0: usize, ro
 }
 
 /// Filters `f..f + L` of the `PIXELS` outputs of a group (rows of `outs`, `filters` apart).
-///
-/// The bounds of every element read and written are checked once, before the loop: checks per
-/// element kept the loop from being vectorised along the filters (the cnn's first layer ran at a
-/// quarter of the speed of its multiplies and adds).
 #[inline(always)]
-#[allow(clippy::needless_range_loop)] // `q` and `i` index the accumulators in step with the runs and filters
 fn conv_group<const L: usize>(
     g: &Conv2dGeometry,
     x: &[f32],
@@ -205,22 +214,71 @@ fn conv_group<const L: usize>(
     f: usize,
     outs: &mut [f32],
 ) {
-    let (n, len, stride) = (g.filters, g.kw * g.c, g.w * g.c);
-    let taps = g.kh * len;
+    let n = g.filters;
+    assert!((PIXELS - 1) * n + f + L <= outs.len(), "thin_conv: the output is too short");
+    let acc = conv_pixels::<L>(g, x, bases, filter, f);
+    for q in 0..PIXELS {
+        outs[q * n + f..q * n + f + L].copy_from_slice(&acc[q]);
+    }
+}
+
+/// Filters `f..f + L` of `PIXELS` outputs whose windows lie inside the input, starting at `bases` (each `kh` runs
+/// of `kw * c`, `w * c` apart): the sums, held in registers.
+///
+/// The bounds of every element read are checked once, before the loop: checks per element kept the loop from
+/// being vectorised along the filters (the cnn's first layer ran at a quarter of the speed of its multiplies and
+/// adds).
+#[inline(always)]
+fn conv_pixels<const L: usize>(
+    g: &Conv2dGeometry,
+    x: &[f32],
+    bases: [usize; PIXELS],
+    filter: &[f32],
+    f: usize,
+) -> [[f32; L]; PIXELS] {
+    // A 3×3 window on one channel (a first layer on grey images), its loops unrolled; any other shape as it comes.
+    match (g.kh, g.kw * g.c) {
+        (3, 3) => sum_windows::<L, 3, 3>(g, x, bases, filter, f),
+        (kh, len) => sum_windows_of::<L>(g, x, bases, filter, f, kh, len),
+    }
+}
+
+/// `conv_pixels` for windows of `KH` runs of `LEN` elements, known when compiled.
+#[inline(always)]
+fn sum_windows<const L: usize, const KH: usize, const LEN: usize>(
+    g: &Conv2dGeometry,
+    x: &[f32],
+    bases: [usize; PIXELS],
+    filter: &[f32],
+    f: usize,
+) -> [[f32; L]; PIXELS] {
+    sum_windows_of::<L>(g, x, bases, filter, f, KH, LEN)
+}
+
+/// `conv_pixels` over windows of `kh` runs of `len` elements (`kw · c`).
+#[inline(always)]
+#[allow(clippy::needless_range_loop)] // `q` and `i` index the accumulators in step with the runs and filters
+fn sum_windows_of<const L: usize>(
+    g: &Conv2dGeometry,
+    x: &[f32],
+    bases: [usize; PIXELS],
+    filter: &[f32],
+    f: usize,
+    kh: usize,
+    len: usize,
+) -> [[f32; L]; PIXELS] {
+    let (n, stride) = (g.filters, g.w * g.c);
+    let taps = kh * len;
+    let mut acc = [[0.0f32; L]; PIXELS];
     if taps == 0 {
-        for q in 0..PIXELS {
-            outs[q * n + f..q * n + f + L].fill(0.0);
-        }
-        return;
+        return acc;
     }
     // The last run of the pixel furthest in ends past every other.
-    let x_end = bases.iter().max().copied().unwrap_or(0) + (g.kh - 1) * stride + len;
+    let x_end = bases.iter().max().copied().unwrap_or(0) + (kh - 1) * stride + len;
     assert!(x_end <= x.len(), "thin_conv: a window past the input");
     assert!((taps - 1) * n + f + L <= filter.len(), "thin_conv: the filter is too short");
-    assert!((PIXELS - 1) * n + f + L <= outs.len(), "thin_conv: the output is too short");
-    let mut acc = [[0.0f32; L]; PIXELS];
     let mut p = 0;
-    for s in 0..g.kh {
+    for s in 0..kh {
         for j in 0..len {
             // SAFETY: p < taps, so p·n + f + L ≤ filter.len() (asserted above); the L floats are read as an array
             // of f32 (align 4, as the slice's elements).
@@ -235,9 +293,67 @@ fn conv_group<const L: usize>(
             p += 1;
         }
     }
-    for q in 0..PIXELS {
-        outs[q * n + f..q * n + f + L].copy_from_slice(&acc[q]);
+    acc
+}
+
+/// Pooled row `py` of image `b` (`out`, `pool.out_w × filters`) of a 2×2 max pooling over the convolution, where
+/// [`pooled_quads_apply`]: each pooled pixel from its window's four convolution outputs, summed side by side in
+/// registers (as a group of [`PIXELS`] in a row is) and their maximum taken there, the convolution never stored.
+/// The same bits as [`thin_conv`] then `max_pool`: the same sums, and the window's elements compared in its order.
+#[inline(always)]
+fn thin_conv_max_pool_2x2_impl(
+    g: &Conv2dGeometry,
+    pool: &PoolGeometry,
+    x: &[f32],
+    filter: &[f32],
+    b: usize,
+    py: usize,
+    out: &mut [f32],
+) {
+    const { assert!(PIXELS == 4, "a 2×2 window is a group of pixels") };
+    let n = g.filters;
+    assert!(out.len() >= pool.out_w * n, "thin_conv_max_pool_2x2: the output is too short");
+    let base =
+        |oy: usize, ox: usize| ((b * g.h + oy * g.stride_h - g.pad_top) * g.w + ox * g.stride_w - g.pad_left) * g.c;
+    let oy = py * pool.stride_h;
+    for px in 0..pool.out_w {
+        let ox = px * pool.stride_w;
+        // The window's pixels in its order: row by row.
+        let bases = [base(oy, ox), base(oy, ox + 1), base(oy + 1, ox), base(oy + 1, ox + 1)];
+        let out = &mut out[px * n..(px + 1) * n];
+        let mut f = 0;
+        while f + 16 <= n {
+            pooled::<16>(g, x, bases, filter, f, &mut out[f..f + 16]);
+            f += 16;
+        }
+        while f < n {
+            pooled::<1>(g, x, bases, filter, f, &mut out[f..f + 1]);
+            f += 1;
+        }
     }
+}
+
+/// Filters `f..f + L` of one pooled pixel: the largest of its window's `PIXELS` outputs (the first NaN, if any;
+/// the earlier on ties), as `max_pool` compares them.
+#[inline(always)]
+fn pooled<const L: usize>(
+    g: &Conv2dGeometry,
+    x: &[f32],
+    bases: [usize; PIXELS],
+    filter: &[f32],
+    f: usize,
+    out: &mut [f32],
+) {
+    let acc = conv_pixels::<L>(g, x, bases, filter, f);
+    let mut best = acc[0];
+    for sums in &acc[1..] {
+        for (best, &sum) in best.iter_mut().zip(sums) {
+            if beats_max(sum, *best) {
+                *best = sum;
+            }
+        }
+    }
+    out.copy_from_slice(&best);
 }
 
 /// Filters `f..f + L` of one output.

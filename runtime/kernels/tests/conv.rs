@@ -259,6 +259,14 @@ fn pooled_thin_windows_are_exact() {
         .collect();
     let first_layer = Case { input: [64, 28, 28, 1], filter: [3, 3, 1, 32], strides: [1, 1], padding: Padding::Valid };
     cases.push((first_layer, [2, 2], [2, 2], Padding::Valid));
+    // 2×2 windows computed by quads (`thin_conv_max_pool_2x2`) where the convolution's windows lie inside the
+    // input, the rows that reach into its padding as before: filters not a multiple of 16, strides, channels.
+    let quads = [
+        (Case { input: [2, 9, 11, 1], filter: [3, 3, 1, 20], strides: [1, 1], padding: Padding::Same }, [2, 2]),
+        (Case { input: [3, 10, 10, 3], filter: [3, 3, 3, 17], strides: [2, 1], padding: Padding::Same }, [1, 2]),
+        (Case { input: [1, 12, 9, 2], filter: [2, 3, 2, 33], strides: [1, 1], padding: Padding::Valid }, [3, 2]),
+    ];
+    cases.extend(quads.map(|(case, strides)| (case, [2, 2], strides, Padding::Valid)));
     for (case, window, strides, padding) in cases {
         let g = case.geometry();
         let pooled = [g.n, g.out_h, g.out_w, g.filters];
