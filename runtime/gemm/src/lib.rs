@@ -211,6 +211,63 @@ pub fn sgemm_fused(
     epilogue.apply(c, m, n, n);
 }
 
+/// A B of many products `C = A·B` (`k×n`, row-major), laid out once for all of them: packed into the panels the
+/// AVX2 kernels read, on CPUs whose products run on those; elsewhere B as given. Made by [`pack_b`], used by
+/// [`sgemm_packed`]. (A Winograd convolution multiplies 36 chunks of tiles by each of its 36 transformed filters.)
+#[derive(Clone, Copy, Debug)]
+pub struct PackedB<'a> {
+    k: usize,
+    n: usize,
+    layout: Layout<'a>,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Layout<'a> {
+    /// B as given, multiplied by [`sgemm`].
+    Plain(&'a [f32]),
+    /// The AVX2 kernels' panels: 16 columns (zeros past n) of all k steps each, step-major, 32-byte aligned.
+    #[cfg(target_arch = "x86_64")]
+    Panels(&'a [f32]),
+}
+
+/// The floats of the buffer that [`pack_b`] needs for a `k×n` B (0 where B is used as given).
+pub fn packed_b_len(k: usize, n: usize) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    if kernels() == Kernels::Avx2 {
+        return avx2::packed_len(k, n);
+    }
+    let _ = (k, n);
+    0
+}
+
+/// `b` (`k×n`, row-major) laid out for [`sgemm_packed`], in `buf` (at least [`packed_b_len`] floats).
+pub fn pack_b<'a>(k: usize, n: usize, b: &'a [f32], buf: &'a mut [f32]) -> PackedB<'a> {
+    assert!(b.len() >= k * n, "pack_b: B is too small");
+    #[cfg(target_arch = "x86_64")]
+    if kernels() == Kernels::Avx2 {
+        assert!(buf.len() >= avx2::packed_len(k, n), "pack_b: the buffer is too small");
+        // SAFETY: the CPU has AVX2 and FMA (`kernels`); B holds k·n floats and `buf` packed_len(k, n).
+        let panels = unsafe { avx2::pack_whole_b(k, n, b, buf) };
+        return PackedB { k, n, layout: Layout::Panels(panels) };
+    }
+    let _ = buf;
+    PackedB { k, n, layout: Layout::Plain(b) }
+}
+
+/// `c = a·b` for a B laid out by [`pack_b`], on the calling thread: `a` is m×k and `c` m×n, row-major and
+/// contiguous. The same bits as [`sgemm`] of the same operands without `parallel`.
+pub fn sgemm_packed(m: usize, a: &[f32], b: &PackedB<'_>, c: &mut [f32]) {
+    let (k, n) = (b.k, b.n);
+    assert!(a.len() >= m * k && c.len() >= m * n, "sgemm_packed operands are too small");
+    match b.layout {
+        Layout::Plain(b) => sgemm(m, n, k, a, false, b, false, c, false, false),
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Panels` are made only where the CPU has AVX2 and FMA (`pack_b`), and hold ⌈n/16⌉ panels of k·16
+        // floats; A holds m·k floats and C m·n, as asserted.
+        Layout::Panels(panels) => unsafe { avx2::sgemm_packed(m, n, k, a, panels, c) },
+    }
+}
+
 /// [`sgemm`] with explicit leading dimensions (the distance between consecutive rows as stored): `a` holds m rows
 /// of k (k rows of m when `transpose_a`) `lda` apart, `b` k rows of n (n rows of k when `transpose_b`) `ldb`
 /// apart, `c` m rows of n `ldc` apart. Elements between the rows are neither read nor written.

@@ -444,3 +444,33 @@ fn products_with_an_epilogue() {
         }
     }
 }
+
+/// Products with a B laid out once (`pack_b`, `sgemm_packed`: a Winograd convolution's transformed filters) against
+/// the naive product, and to the bit against `sgemm` where it computes the same tiles (at least 4 rows, and C wide
+/// enough that it is neither transposed nor taken as dot products): edges of the tiles, reductions of several
+/// blocks, no steps, a buffer that starts off a 32-byte boundary.
+#[test]
+fn products_with_a_b_packed_once() {
+    use dfc_gemm::{pack_b, packed_b_len, sgemm_packed};
+    let mut rng = fastrand::Rng::with_seed(41);
+    let mut shapes: Vec<(usize, usize, usize)> =
+        (0..60).map(|_| (rng.usize(4..=50), rng.usize(17..=70), rng.usize(1..=80))).collect();
+    // The CNN's conv2 (36 tiles, 32 channels, 64 filters), a reduction of 3 blocks, an odd one, none.
+    shapes.extend([(36, 64, 32), (24, 40, 600), (37, 33, 17), (8, 20, 0)]);
+    for (m, n, k) in shapes {
+        let (a, b) = (random(&mut rng, m * k), random(&mut rng, k * n));
+        let mut buf = vec![f32::NAN; packed_b_len(k, n) + 1];
+        let offset = rng.usize(0..2);
+        let packed = pack_b(k, n, &b, &mut buf[offset..]);
+        let mut c = vec![f32::NAN; m * n];
+        sgemm_packed(m, &a, &packed, &mut c);
+        let mut want = vec![f32::NAN; m * n];
+        sgemm(m, n, k, &a, false, &b, false, &mut want, false, false);
+        for (x, (got, want)) in c.iter().zip(&want).enumerate() {
+            assert_eq!(got.to_bits(), want.to_bits(), "{m}×{n}×{k}: c[{x}] {got} ≠ sgemm's {want}");
+            let (i, j) = (x / n, x % n);
+            let (sum, size) = naive_sum(k, |p| f64::from(a[i * k + p]) * f64::from(b[p * n + j]));
+            assert!((f64::from(*got) - sum).abs() <= 1e-4 * size + 1e-30, "{m}×{n}×{k}: c[{i}][{j}] {got}, want {sum}");
+        }
+    }
+}

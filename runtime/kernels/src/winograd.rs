@@ -28,7 +28,7 @@
 
 use crate::conv::{separated, share_images};
 use crate::geometry::Conv2dGeometry;
-use dfc_gemm::sgemm;
+use dfc_gemm::{pack_b, packed_b_len, sgemm_packed, PackedB};
 use rayon::prelude::*;
 use std::ops::Range;
 
@@ -165,7 +165,12 @@ fn tiles_per_image(g: &Conv2dGeometry) -> (usize, usize) {
     (g.out_h.div_ceil(M), g.out_w.div_ceil(M))
 }
 
+/// The transformed filter's floats, then each of its 36 products' B laid out once (`dfc_gemm::pack_b`).
 fn filter_len(g: &Conv2dGeometry) -> usize {
+    transformed_len(g) + XI * packed_b_len(g.c, g.filters)
+}
+
+fn transformed_len(g: &Conv2dGeometry) -> usize {
     (XI * g.c * g.filters).div_ceil(16) * 16
 }
 
@@ -215,8 +220,17 @@ pub(crate) fn conv2d(
     debug_assert!(applies(g));
     let Some(plan) = fitting_plan(g, scratch.len()) else { return false };
     let (u, rest) = scratch.split_at_mut(filter_len(g));
+    let (u, mut packed) = u.split_at_mut(transformed_len(g));
     transform_filter(g, filter, u);
     let u = &*u;
+    // Each position's filter, the B of its product with every chunk of tiles, laid out once for them all.
+    let (c, f, per) = (g.c, g.filters, packed_b_len(g.c, g.filters));
+    let u: [PackedB<'_>; XI] = std::array::from_fn(|xi| {
+        let (buf, rest) = std::mem::take(&mut packed).split_at_mut(per);
+        packed = rest;
+        pack_b(c, f, &u[xi * c * f..(xi + 1) * c * f], buf)
+    });
+    let u = &u;
     let image_out = g.out_h * g.out_w * g.filters;
     let slab = plan.slab(g);
     if plan.tasks == 1 {
@@ -237,7 +251,7 @@ fn run(
     g: &Conv2dGeometry,
     plan: &Plan,
     input: &[f32],
-    u: &[f32],
+    u: &[PackedB<'_>; XI],
     images: Range<usize>,
     out: &mut [f32],
     slab: &mut [f32],
@@ -249,11 +263,10 @@ fn run(
     for tile0 in (first..end).step_by(plan.chunk) {
         let tiles = plan.chunk.min(end - tile0);
         transform_inputs(g, input, tile0, tiles, v);
-        for xi in 0..XI {
+        for (xi, ux) in u.iter().enumerate() {
             let vx = &v[xi * tiles * g.c..(xi + 1) * tiles * g.c];
-            let ux = &u[xi * g.c * g.filters..(xi + 1) * g.c * g.filters];
             let mx = &mut m[xi * tiles * g.filters..(xi + 1) * tiles * g.filters];
-            sgemm(tiles, g.filters, g.c, vx, false, ux, false, mx, false, false);
+            sgemm_packed(tiles, vx, ux, mx);
         }
         transform_outputs(g, m, tile0, tiles, images.start, out);
     }

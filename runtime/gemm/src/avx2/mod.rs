@@ -142,6 +142,82 @@ pub(crate) unsafe fn sgemm(p: Product, parallel: bool) {
     }
 }
 
+/// The floats `pack_whole_b` needs for a `k×n` B: ⌈n/16⌉ panels of k·16, and room to align them.
+pub(crate) fn packed_len(k: usize, n: usize) -> usize {
+    n.div_ceil(NR) * NR * k + 8
+}
+
+/// Packs all of `b` (`k×n`, row-major) into 16-column panels of all k steps (`pack_b`'s layout for one block of
+/// every step), in `buf` from its first 32-byte boundary; the panels.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA; `b` holds k·n floats and `buf` at least `packed_len(k, n)`.
+pub(crate) unsafe fn pack_whole_b<'a>(k: usize, n: usize, b: &[f32], buf: &'a mut [f32]) -> &'a [f32] {
+    let skip = buf.as_ptr().align_offset(32).min(8);
+    let panels = &mut buf[skip..skip + n.div_ceil(NR) * NR * k];
+    if k > 0 && n > 0 {
+        let p = Product {
+            m: 0,
+            n,
+            k,
+            a: std::ptr::null(),
+            lda: 0,
+            ta: false,
+            b: b.as_ptr(),
+            ldb: n,
+            tb: false,
+            c: std::ptr::null_mut(),
+            ldc: 0,
+            tc: false,
+            accumulate: false,
+            alpha: 1.0,
+            bytes: None,
+            bias: std::ptr::null(),
+            relu: false,
+            mask: std::ptr::null(),
+            id: 0,
+        };
+        // SAFETY: B's k steps and n columns are in `b`; `panels` holds ⌈n/16⌉ panels of k·16 floats from a 32-byte
+        // boundary.
+        unsafe { pack_b(&p, 0, k, 0, n, panels.as_mut_ptr()) };
+    }
+    panels
+}
+
+/// `c = a·B` for B packed by `pack_whole_b` (`panels`), A m×k and C m×n row-major, on this thread: the sums of
+/// `block`'s tiles (the reduction in the same equal blocks), without packing B again.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA; `a` holds m·k floats, `c` m·n, and `panels` ⌈n/16⌉ panels of k·16 from a 32-byte
+/// boundary.
+pub(crate) unsafe fn sgemm_packed(m: usize, n: usize, k: usize, a: &[f32], panels: &[f32], c: &mut [f32]) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        c[..m * n].fill(0.0);
+        return;
+    }
+    let depth = k.div_ceil(k.div_ceil(KC));
+    for pc in (0..k).step_by(depth) {
+        let kc = depth.min(k - pc);
+        for jr in (0..n).step_by(NR) {
+            let nr = NR.min(n - jr);
+            for ir in (0..m).step_by(MR) {
+                let mr = MR.min(m - ir);
+                // SAFETY: the kernel reads mr rows of A from row ir, steps pc..pc+kc (in `a`), the panel's steps
+                // pc..pc+kc (aligned: a panel is 64·k bytes, a step 64), and writes rows ir.., columns jr.. of C
+                // (mr × nr of them, in `c`).
+                unsafe {
+                    let panel = panels.as_ptr().add(jr * k + pc * NR);
+                    let tile = c.as_mut_ptr().add(ir * n + jr);
+                    KERNELS[1][mr - 1](kc, a.as_ptr().add(ir * k + pc), k, panel, tile, n, nr, false, pc == 0, 1.0);
+                }
+            }
+        }
+    }
+}
+
 /// A (bytes, row-major) converted to floats in this thread's `WHOLE` buffer, its rows shared among `threads`: `p`
 /// reading those floats in place, and the buffer, which must outlive that product (then back to `WHOLE`). The same
 /// floats as `block`'s conversion of each block (`convert`), so the same results.
