@@ -366,7 +366,8 @@ pub fn conv2d_max_pool_scratch_len(g: &Conv2dGeometry, pool: &PoolGeometry) -> u
 }
 
 /// `output = max_pool(conv2d(input, filter))` for geometries that [`conv2d_max_pool_applies`] to, without storing
-/// the convolution: each pooled row is taken from the `pool.kh` rows of convolution under it, computed into
+/// the convolution: a 2×2 window's pooled pixel from its four convolution outputs, summed in registers, where their
+/// windows lie inside the input; other pooled rows from the `pool.kh` rows of convolution under them, computed into
 /// `scratch` (a few KiB, in L1) just before. The convolution's output (the CNN's first layer: 5.5 MB at batch 64)
 /// is neither written out nor read back, by one core or the other; the results are bitwise those of
 /// [`conv2d`] then [`max_pool`](crate::max_pool). `scratch` holds at least [`conv2d_max_pool_scratch_len`] floats.

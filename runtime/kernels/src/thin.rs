@@ -6,7 +6,8 @@
 //!
 //! Output rows are walked in [`Steps`]: groups of [`PIXELS`] windows side by side, all inside
 //! the input (they share each filter load), or single windows, copied with zeros to the stack
-//! when they reach into the padding.
+//! when they reach into the padding. A convolution max-pooled 2×2 as it is computed takes the
+//! four pixels of each pooling window as its group, and their maximum in registers.
 //!
 //! Each function is compiled three times and picks, at run time, the copy for the widest
 //! vectors the processor has (AVX-512, AVX2, or the baseline).
