@@ -749,8 +749,9 @@ fn dense_layers_are_one_product_with_an_epilogue() {
 }
 
 /// At inference the CNN's first convolution (one channel: a thin window) is computed with the max pooling that reads
-/// it, and never stored; in training the pooling's gradient reads it, and it is stored; so is a fetched one. The
-/// values agree with the interpreter (`cnn` runs forward passes; here one fetching only the logits).
+/// it, and never stored, and the bias and relu after the pooling with them; in training the pooling's gradient reads
+/// it, and it is stored; so is a fetched one. The values agree with the interpreter (`cnn` runs forward passes; here
+/// one fetching only the logits).
 #[test]
 fn a_first_convolution_is_pooled_as_it_is_computed_at_inference() {
     let cnn = plan("cnn", Cluster::local(1, DeviceKind::Cpu), Strategy::Single);
@@ -760,8 +761,15 @@ fn a_first_convolution_is_pooled_as_it_is_computed_at_inference() {
     let pooled = |fetches: &[&str], targets: &[&str]| session.program(fetches, targets).unwrap().pooled_convolutions();
     let logits = session.program(&["logits"], &[]).unwrap();
     assert_eq!(logits.pooled_convolutions(), ["c1/conv2d"]);
+    // The pooling's bias and relu (after it: `pool_early`) are computed with it; the second layer's pooling is not
+    // a thin convolution's.
+    assert_eq!(logits.pooled_epilogues(), ["c1/relu"]);
     assert!(pooled(&[training.loss_node.as_str()], &updates).is_empty());
     assert!(pooled(&["c1/conv2d", "logits"], &[]).is_empty());
+    // A fetched pooling is stored: its bias and relu run as a kernel of their own.
+    let fetching_the_pooling = session.program(&["c1", "logits"], &[]).unwrap();
+    assert_eq!(fetching_the_pooling.pooled_convolutions(), ["c1/conv2d"]);
+    assert!(fetching_the_pooling.pooled_epilogues().is_empty());
     let mut reference = Session::with_backend(&cnn, 0, Backend::Interp).unwrap();
     let mut native = session;
     let fetch = |session: &mut Session| {

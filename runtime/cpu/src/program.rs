@@ -143,6 +143,11 @@ impl NativeProgram {
         self.schedule.pooled_convolutions.clone()
     }
 
+    /// The kernels (a bias, then a relu) computed by the pooled convolution they follow, by node name.
+    pub fn pooled_epilogues(&self) -> Vec<String> {
+        self.schedule.pooled_epilogues.clone()
+    }
+
     /// The inputs the program needs.
     pub fn inputs(&self) -> Vec<String> {
         self.schedule.feeds.iter().map(|f| f.0.clone()).collect()
@@ -412,8 +417,12 @@ pub unsafe fn run_host_step(
             };
             match (kind, pool) {
                 (ConvKind::Forward, Some(pool)) => {
-                    let scratch = scratch.get(dfc_kernels::conv2d_max_pool_scratch_len(g, pool));
-                    dfc_kernels::conv2d_max_pool(g, pool, x, y, o, scratch)
+                    // SAFETY: the bias slot holds one f32 per filter (the schedule checked its type), and is not
+                    // the output.
+                    let bias = pool.bias.map(|b| unsafe { std::slice::from_raw_parts(at(b) as *const f32, g.filters) });
+                    let then = dfc_kernels::PoolEpilogue { bias, relu: pool.relu };
+                    let scratch = scratch.get(dfc_kernels::conv2d_max_pool_scratch_len(g, &pool.geometry));
+                    dfc_kernels::conv2d_max_pool(g, &pool.geometry, x, y, then, o, scratch)
                 }
                 (ConvKind::Forward, None) => {
                     let scratch = scratch.get(dfc_kernels::conv2d_scratch_len(g));

@@ -37,6 +37,8 @@ pub struct Schedule {
     pub fused_products: Vec<String>,
     /// The convolutions computed with the max pooling that reads them (`pooled_convolutions`), by node name.
     pub pooled_convolutions: Vec<String>,
+    /// The kernels (a bias, then a relu) computed by the pooled convolution they follow, by node name.
+    pub pooled_epilogues: Vec<String>,
     /// Each fetched value's slot and type.
     pub fetches: Vec<(Slot, TensorType)>,
     /// `Slot::Feed(i)` is input `feeds[i]`.
@@ -96,8 +98,8 @@ pub enum Step {
         out: Slot,
         out_len: usize,
         /// `Some`: a forward convolution max-pooled in the same pass (`pooled_convolutions`); `out` is the
-        /// pooling's, and the convolution's own output is never stored.
-        pool: Option<PoolGeometry>,
+        /// pooling's (or what follows it there), and the convolution's own output is never stored.
+        pool: Option<Pooling>,
     },
     /// Pooling or its gradients on f32: `operands` are `[input]`, `[input, grad_out]` (max) or
     /// `[grad_out]` (avg).
@@ -202,6 +204,16 @@ pub struct Epilogue {
     pub mask: Option<Slot>,
 }
 
+/// The max pooling computed with a forward convolution (`Step::Conv::pool`), and what each pooled element then
+/// gets there (`dfc_kernels::PoolEpilogue`): the bias of its filter (`Some`: a vector of one per filter), then the
+/// relu.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Pooling {
+    pub geometry: PoolGeometry,
+    pub bias: Option<Slot>,
+    pub relu: bool,
+}
+
 #[derive(Clone, Copy, Debug)]
 pub enum PoolKind {
     Max,
@@ -222,7 +234,9 @@ impl Step {
             Step::Library { operands, out, .. } | Step::Layout { operands, out, .. } => {
                 (operands.iter().map(|o| o.0).collect(), vec![*out])
             }
-            Step::Conv { a, b, out, .. } => (vec![*a, *b], vec![*out]),
+            Step::Conv { a, b, out, pool, .. } => {
+                (pool.and_then(|p| p.bias).into_iter().chain([*a, *b]).collect(), vec![*out])
+            }
             Step::Pool { operands, out, .. } | Step::Norm { operands, out, .. } => {
                 (operands.iter().map(|o| o.0).collect(), vec![*out])
             }
@@ -265,13 +279,14 @@ impl Step {
                 }
                 (reads, vec![(*out, out_len * F32)])
             }
-            Step::Conv { kind, geometry: g, a, b, out, out_len, .. } => {
+            Step::Conv { kind, geometry: g, a, b, out, out_len, pool, .. } => {
                 let (a_len, b_len) = match kind {
                     ConvKind::Forward => (g.input_len(), g.filter_len()),
                     ConvKind::BackpropInput => (g.filter_len(), g.output_len()),
                     ConvKind::BackpropFilter => (g.input_len(), g.output_len()),
                 };
-                (vec![(*a, a_len * F32), (*b, b_len * F32)], vec![(*out, out_len * F32)])
+                let bias = pool.and_then(|p| p.bias).map(|bias| (bias, g.filters * F32));
+                (bias.into_iter().chain([(*a, a_len * F32), (*b, b_len * F32)]).collect(), vec![(*out, out_len * F32)])
             }
             Step::Pool { operands, out, out_len, .. } | Step::Norm { operands, out, out_len, .. } => {
                 (operands.iter().map(|&(s, len)| (s, len * F32)).collect(), vec![(*out, out_len * F32)])
@@ -307,7 +322,9 @@ impl Step {
             Step::Library { operands, out, .. } | Step::Layout { operands, out, .. } => {
                 operands.iter_mut().map(|o| &mut o.0).chain([out]).collect()
             }
-            Step::Conv { a, b, out, .. } => vec![a, b, out],
+            Step::Conv { a, b, out, pool, .. } => {
+                pool.iter_mut().flat_map(|p| p.bias.iter_mut()).chain([a, b, out]).collect()
+            }
             Step::Pool { operands, out, .. } | Step::Norm { operands, out, .. } => {
                 operands.iter_mut().map(|o| &mut o.0).chain([out]).collect()
             }
@@ -476,11 +493,19 @@ impl Schedule {
         };
         let pooled =
             if fuse_products { pooled_convolutions(module, &order, &needed, &fetched) } else { HashMap::new() };
+        // Kernels that only add a bias to a pooling computed with its convolution and take the relu, by root: the
+        // pooling (then not stored), the bias, the relu.
+        let pooled_epilogues: HashMap<NodeId, PooledEpilogue> = order
+            .iter()
+            .filter_map(|id| kernels.get(id))
+            .filter_map(|kernel| pooled_epilogue(module, kernel, &pooled, &needed, &fetched).map(|e| (kernel.root, e)))
+            .collect();
         let folded_products: HashSet<NodeId> = folded
             .values()
             .map(|f| f.0)
             .chain(epilogues.values().map(|f| f.product))
             .chain(pooled.values().map(|p| p.conv))
+            .chain(pooled_epilogues.values().map(|e| e.pool))
             .collect();
         let byte_operands =
             if fuse_products { byte_operands(module, &kernels, &needed, &fetched) } else { HashMap::new() };
@@ -509,6 +534,10 @@ impl Schedule {
                 (None, Some(_)) if epilogues.contains_key(&id) => {
                     let fused = &epilogues[&id];
                     fused.bias.into_iter().chain(fused.mask).chain(graph.inputs(fused.product)).collect()
+                }
+                (None, Some(_)) if pooled_epilogues.contains_key(&id) => {
+                    let then = &pooled_epilogues[&id];
+                    then.bias.into_iter().chain(graph.inputs(pooled[&then.pool].conv)).collect()
                 }
                 (None, Some(kernel)) => kernel.inputs.to_vec(),
                 (None, None) => graph.inputs(id),
@@ -591,11 +620,18 @@ impl Schedule {
                 slot_of.insert(id, out);
                 continue;
             }
-            if let Some(p) = pooled.get(&id) {
+            // A pooled convolution at its pooling, or at the kernel that finishes the pooling (then not stored).
+            let then = pooled_epilogues.get(&id);
+            if let Some(p) = then.map_or_else(|| pooled.get(&id), |then| pooled.get(&then.pool)) {
                 let ty = ty.as_ref().unwrap();
                 let out = builder.buffer(ty);
                 let operands = graph.inputs(p.conv);
                 let (a, b) = (slot_of[&operands[0].node], slot_of[&operands[1].node]);
+                let pool = Pooling {
+                    geometry: p.pool,
+                    bias: then.and_then(|then| then.bias).map(|t| slot_of[&t.node]),
+                    relu: then.is_some_and(|then| then.relu),
+                };
                 steps.push(Step::Conv {
                     node: p.conv,
                     kind: ConvKind::Forward,
@@ -604,7 +640,7 @@ impl Schedule {
                     b,
                     out,
                     out_len: ty.shape.n_elements(),
-                    pool: Some(p.pool),
+                    pool: Some(pool),
                 });
                 slot_of.insert(id, out);
                 continue;
@@ -849,10 +885,13 @@ impl Schedule {
         let fused_products =
             order.iter().filter(|id| epilogues.contains_key(id)).map(|&id| graph.node(id).name.clone());
         let pooled_convolutions = order.iter().filter_map(|id| pooled.get(id)).map(|p| graph.node(p.conv).name.clone());
+        let pooled_epilogues =
+            order.iter().filter(|id| pooled_epilogues.contains_key(id)).map(|&id| graph.node(id).name.clone());
         Ok(Schedule {
             steps,
             fused_products: fused_products.collect(),
             pooled_convolutions: pooled_convolutions.collect(),
+            pooled_epilogues: pooled_epilogues.collect(),
             folded_updates: folded_updates.collect(),
             bytes_read: bytes_read.collect(),
             fetches,
@@ -1146,6 +1185,58 @@ fn pooled_convolutions(
                 .then_some((id, PooledConvolution { conv, geometry, pool }))
         })
         .collect()
+}
+
+/// What kernel `kernel` does to a pooling computed with its convolution (`Step::Conv::pool`), when that is all it
+/// does: `relu(pool + b)` (a convolutional layer pooled before its bias and activation, `pool_early`), `pool + b`
+/// or `relu(pool)`, b one f32 per filter.
+struct PooledEpilogue {
+    pool: NodeId,
+    bias: Option<TensorRef>,
+    relu: bool,
+}
+
+/// The pooled convolution (in `pooled`, by pooling node) whose pooling kernel `kernel` only finishes, when nothing
+/// else needs nor fetches the pooling: the pooled pixels then get their bias and relu while still in registers
+/// (`dfc_kernels::PoolEpilogue`), and the pooling is never stored and read back (at inference the CNN's first
+/// layer, 1.4 MB at batch 64).
+fn pooled_epilogue(
+    module: &Module,
+    kernel: &KernelSite<'_>,
+    pooled: &HashMap<NodeId, PooledConvolution>,
+    needed: &std::collections::BTreeSet<NodeId>,
+    fetched: &HashSet<NodeId>,
+) -> Option<PooledEpilogue> {
+    let graph = &module.graph;
+    let root = kernel.root;
+    let computed = computed_members(module, kernel);
+    let relu = matches!(graph.node(root).op, Op::Unary(dfc_ir::UnaryOp::Relu));
+    let is_pooling = |t: TensorRef| pooled.contains_key(&t.node);
+    // The pooling, the bias, and the node that reads the pooling.
+    let (pool, bias, reader) = match (relu, computed.len()) {
+        (true, 1) => (graph.inputs(root)[0], None, root),
+        (true, 2) | (false, 1) => {
+            let sum = if relu { graph.inputs(root)[0].node } else { root };
+            if !matches!(graph.node(sum).op, Op::Binary(dfc_ir::BinaryOp::Add)) || !computed.contains(&sum) {
+                return None;
+            }
+            match graph.inputs(sum)[..] {
+                [p, b] | [b, p] if is_pooling(p) && !is_pooling(b) => (p, Some(b), sum),
+                _ => return None,
+            }
+        }
+        _ => return None,
+    };
+    let filters = pooled.get(&pool.node)?.geometry.filters;
+    let bias_fits = bias.is_none_or(|b| {
+        let ty = graph.ty(b);
+        ty.dtype == DType::F32 && ty.shape.dims() == [filters] && kernel.inputs.contains(&b)
+    });
+    let same_type = graph.node(root).outputs.first() == Some(graph.ty(pool));
+    let only_reader =
+        !fetched.contains(&pool.node) && graph.users(pool.node).into_iter().filter(|u| needed.contains(u)).eq([reader]);
+    (is_pooling(pool) && kernel.inputs.contains(&pool) && bias_fits && same_type && only_reader)
+        .then_some(PooledEpilogue { pool: pool.node, bias, relu })
 }
 
 /// The product and α when the assignment kernel `kernel` computes `v -= c·(a·b)` or `v += c·(a·b)` (c a scalar

@@ -177,6 +177,11 @@ impl SessionProgram {
         self.of_native(NativeProgram::pooled_convolutions)
     }
 
+    /// The kernels of the native programs (a bias, then a relu) computed by the pooled convolution they follow.
+    pub fn pooled_epilogues(&self) -> Vec<String> {
+        self.of_native(NativeProgram::pooled_epilogues)
+    }
+
     /// `list` of each native program, one after another (other programs have none).
     fn of_native(&self, list: fn(&NativeProgram) -> Vec<String>) -> Vec<String> {
         self.parts

@@ -119,10 +119,13 @@ fn main() {
         conv2d_backprop_filter(&g1, &x, &d_y1, &mut d_f1, scratch.get(conv2d_backprop_filter_scratch_len(&g1)));
         black_box(&d_f1);
     });
-    time("conv1 + max_pool1 at inference (not in a step)", false, &mut || {
-        conv2d_max_pool(&g1, &p1, &x, &f1, &mut a1, scratch.get(conv2d_max_pool_scratch_len(&g1, &p1)));
+    let b1 = random(g1.filters, &mut rng);
+    time("conv1 + max_pool1 + bias + relu at inference (not in a step)", false, &mut || {
+        let then = PoolEpilogue { bias: Some(&b1), relu: true };
+        conv2d_max_pool(&g1, &p1, &x, &f1, then, &mut a1, scratch.get(conv2d_max_pool_scratch_len(&g1, &p1)));
         black_box(&a1);
     });
+
     time("conv1 backprop input (not in a step)", false, &mut || {
         conv2d_backprop_input(&g1, &f1, &d_y1, &mut d_x, scratch.get(conv2d_backprop_input_scratch_len(&g1)));
         black_box(&d_x);

@@ -370,18 +370,21 @@ pub fn conv2d_max_pool_scratch_len(g: &Conv2dGeometry, pool: &PoolGeometry) -> u
 /// windows lie inside the input; other pooled rows from the `pool.kh` rows of convolution under them, computed into
 /// `scratch` (a few KiB, in L1) just before. The convolution's output (the CNN's first layer: 5.5 MB at batch 64)
 /// is neither written out nor read back, by one core or the other; the results are bitwise those of
-/// [`conv2d`] then [`max_pool`](crate::max_pool). `scratch` holds at least [`conv2d_max_pool_scratch_len`] floats.
+/// [`conv2d`] then [`max_pool`](crate::max_pool), then `then` (a bias per filter added, the relu taken). `scratch`
+/// holds at least [`conv2d_max_pool_scratch_len`] floats.
 pub fn conv2d_max_pool(
     g: &Conv2dGeometry,
     pool: &PoolGeometry,
     input: &[f32],
     filter: &[f32],
+    then: PoolEpilogue<'_>,
     output: &mut [f32],
     scratch: &mut [f32],
 ) {
     assert!(conv2d_max_pool_applies(g, pool), "conv2d_max_pool does not take {g:?} pooled by {pool:?}");
     check_lens(g, input.len(), filter.len(), g.output_len());
     assert_eq!(output.len(), pool.output_len(), "conv2d_max_pool output length does not match {pool:?}");
+    assert!(then.bias.is_none_or(|b| b.len() == g.filters), "conv2d_max_pool: the bias is not one per filter");
     if output.is_empty() {
         return;
     }
@@ -396,12 +399,15 @@ pub fn conv2d_max_pool(
             for py in 0..pool.out_h {
                 let o = ((b - images.start) * pool.out_h + py) * pooled_row;
                 if pooled_quads_apply(g, pool, py) {
-                    thin_conv_max_pool_2x2(g, pool, input, filter, b, py, &mut out[o..o + pooled_row]);
+                    thin_conv_max_pool_2x2(g, pool, input, filter, then, (b, py), &mut out[o..o + pooled_row]);
                     continue;
                 }
                 let row0 = (b * g.out_h + py * pool.stride_h) * g.out_w;
                 thin_conv(g, input, filter, row0, pool.kh * g.out_w, slab);
                 max_pool_image(&rows, slab, &mut out[o..o + pooled_row]);
+                for pixel in out[o..o + pooled_row].chunks_exact_mut(g.filters) {
+                    then.apply(pixel, 0);
+                }
             }
         }
     };
@@ -415,6 +421,54 @@ pub fn conv2d_max_pool(
                 run(start..(start + images_per_task).min(g.n), out, slab);
             },
         );
+    }
+}
+
+/// What [`conv2d_max_pool`] does to each pooled element after the pooling, as the interpreter would after it: adds
+/// the bias of its filter, then takes the relu (`max(·, 0)`: NaN and -0 kept). (A convolutional layer whose pooling
+/// comes before its bias and activation, `pool_early`'s rewrite, then needs no pass of its own over the pooling.)
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PoolEpilogue<'a> {
+    pub bias: Option<&'a [f32]>,
+    pub relu: bool,
+}
+
+impl PoolEpilogue<'_> {
+    /// Applies it to `pixel`, the pooled elements of filters `f..f + pixel.len()`: 16 lanes at a time (arrays of a
+    /// length known when compiled, which the compiler keeps in vector registers), then the rest.
+    #[inline(always)]
+    pub(crate) fn apply(&self, pixel: &mut [f32], f: usize) {
+        const LANES: usize = 16;
+        let len = pixel.len();
+        let whole = len - len % LANES;
+        for at in (0..whole).step_by(LANES) {
+            let lanes: &mut [f32; LANES] = (&mut pixel[at..at + LANES]).try_into().expect("16 lanes");
+            self.apply_lanes(lanes, f + at);
+        }
+        for (at, x) in pixel.iter_mut().enumerate().skip(whole) {
+            let mut lane = [*x];
+            self.apply_lanes(&mut lane, f + at);
+            *x = lane[0];
+        }
+    }
+
+    /// On a copy of the lanes (a local array, held in registers: through the reference the compiler added lane by
+    /// lane), written back once.
+    #[inline(always)]
+    fn apply_lanes<const L: usize>(&self, lanes: &mut [f32; L], f: usize) {
+        let mut v = *lanes;
+        if let Some(bias) = self.bias {
+            let bias: [f32; L] = bias[f..f + L].try_into().expect("L filters");
+            for (x, b) in v.iter_mut().zip(bias) {
+                *x += b;
+            }
+        }
+        if self.relu {
+            for x in &mut v {
+                *x = if 0.0 > *x { 0.0 } else { *x };
+            }
+        }
+        *lanes = v;
     }
 }
 

@@ -45,7 +45,7 @@ mod winograd;
 pub use conv::{
     conv2d, conv2d_backprop_filter, conv2d_backprop_filter_scratch_len, conv2d_backprop_input,
     conv2d_backprop_input_scratch_len, conv2d_max_pool, conv2d_max_pool_applies, conv2d_max_pool_scratch_len,
-    conv2d_scratch_len,
+    conv2d_scratch_len, PoolEpilogue,
 };
 pub use dfc_ir::Padding;
 pub use gather::{gather, scatter_add, Accumulate, Index, IndexOutOfRange};

@@ -12,6 +12,7 @@
 //! Each function is compiled three times and picks, at run time, the copy for the widest
 //! vectors the processor has (AVX-512, AVX2, or the baseline).
 
+use crate::conv::PoolEpilogue;
 use crate::geometry::{valid_taps, Conv2dGeometry, PoolGeometry};
 use crate::pool::beats_max;
 
@@ -148,7 +149,10 @@ macro_rules! widest {
 }
 
 widest!(thin_conv => thin_conv_impl(g: &Conv2dGeometry, x: &[f32], filter: &[f32], row0: usize, rows: usize, out: &mut [f32]));
-widest!(thin_conv_max_pool_2x2 => thin_conv_max_pool_2x2_impl(g: &Conv2dGeometry, pool: &PoolGeometry, x: &[f32], filter: &[f32], b: usize, py: usize, out: &mut [f32]));
+widest!(thin_conv_max_pool_2x2 => thin_conv_max_pool_2x2_impl(
+    g: &Conv2dGeometry, pool: &PoolGeometry, x: &[f32], filter: &[f32], then: PoolEpilogue<'_>, row: (usize, usize),
+    out: &mut [f32]
+));
 
 /// Whether pooled row `py` (of a pooling without padding over the convolution's output) can be computed by
 /// [`thin_conv_max_pool_2x2`]: a 2×2 window whose four convolution windows lie inside the input at every pooled
@@ -297,18 +301,19 @@ fn sum_windows_of<const L: usize>(
     acc
 }
 
-/// Pooled row `py` of image `b` (`out`, `pool.out_w × filters`) of a 2×2 max pooling over the convolution, where
-/// [`pooled_quads_apply`]: each pooled pixel from its window's four convolution outputs, summed side by side in
-/// registers (as a group of [`PIXELS`] in a row is) and their maximum taken there, the convolution never stored.
-/// The same bits as [`thin_conv`] then `max_pool`: the same sums, and the window's elements compared in its order.
+/// Pooled row `(b, py)`, row `py` of image `b` (`out`, `pool.out_w × filters`) of a 2×2 max pooling over the
+/// convolution, where [`pooled_quads_apply`]: each pooled pixel from its window's four convolution outputs, summed
+/// side by side in registers (as a group of [`PIXELS`] in a row is) and their maximum taken there, then `then` over
+/// the row, the convolution never stored. The same bits as [`thin_conv`] then `max_pool` then `then`: the same sums,
+/// and the window's elements compared in its order.
 #[inline(always)]
 fn thin_conv_max_pool_2x2_impl(
     g: &Conv2dGeometry,
     pool: &PoolGeometry,
     x: &[f32],
     filter: &[f32],
-    b: usize,
-    py: usize,
+    then: PoolEpilogue<'_>,
+    (b, py): (usize, usize),
     out: &mut [f32],
 ) {
     const { assert!(PIXELS == 4, "a 2×2 window is a group of pixels") };
@@ -317,6 +322,7 @@ fn thin_conv_max_pool_2x2_impl(
     let base =
         |oy: usize, ox: usize| ((b * g.h + oy * g.stride_h - g.pad_top) * g.w + ox * g.stride_w - g.pad_left) * g.c;
     let oy = py * pool.stride_h;
+    let out = &mut out[..pool.out_w * n];
     for px in 0..pool.out_w {
         let ox = px * pool.stride_w;
         // The window's pixels in its order: row by row.
@@ -331,6 +337,11 @@ fn thin_conv_max_pool_2x2_impl(
             pooled::<1>(g, x, bases, filter, f, &mut out[f..f + 1]);
             f += 1;
         }
+    }
+    // The epilogue over the row, still in L1, in a pass of its own: inside the loop above it kept the compiler from
+    // holding the sums in vector registers (the first layer ran 3.5 times as long).
+    for pixel in out.chunks_exact_mut(n) {
+        then.apply(pixel, 0);
     }
 }
 

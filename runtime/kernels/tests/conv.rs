@@ -298,10 +298,24 @@ fn pooled_thin_windows_are_exact() {
             &Op::Conv2d { strides: case.strides, padding: case.padding },
             &[&tensor(&case.input, x.clone()), &tensor(&case.filter, f.clone())],
         );
-        let want: Vec<f32> = eval(&Op::MaxPool { window, strides, padding }, &[&tensor(&pooled, conv)]);
+        let mut want: Vec<f32> = eval(&Op::MaxPool { window, strides, padding }, &[&tensor(&pooled, conv)]);
+        // Then, in some cases, a bias per filter (NaN and ±0 among them) and the relu, as the interpreter adds and
+        // takes them.
+        let mut bias = random(g.filters, &mut rng);
+        bias[0] = [f32::NAN, -0.0, 0.0, 1.0][rng.usize(..4)];
+        let (with_bias, relu) = (rng.bool(), rng.bool());
+        let out_dims = pool.output_dims();
+        if with_bias {
+            let add = Op::Binary(dfc_ir::BinaryOp::Add);
+            want = eval(&add, &[&tensor(&out_dims, want), &tensor(&[g.filters], bias.clone())]);
+        }
+        if relu {
+            want = eval(&Op::Unary(dfc_ir::UnaryOp::Relu), &[&tensor(&out_dims, want)]);
+        }
+        let then = PoolEpilogue { bias: with_bias.then_some(&bias[..]), relu };
         let mut out = vec![0.0; pool.output_len()];
-        conv2d_max_pool(&g, &pool, &x, &f, &mut out, scratch.get(conv2d_max_pool_scratch_len(&g, &pool)));
-        assert_same_f32(&out, &want, &format!("conv2d_max_pool of {g:?} by {pool:?}"));
+        conv2d_max_pool(&g, &pool, &x, &f, then, &mut out, scratch.get(conv2d_max_pool_scratch_len(&g, &pool)));
+        assert_same_f32(&out, &want, &format!("conv2d_max_pool of {g:?} by {pool:?}, then {then:?}"));
         fused += 1;
     }
     assert!(fused > 100, "only {fused} cases fused");
