@@ -241,23 +241,12 @@ fn conv_pixels<const L: usize>(
     filter: &[f32],
     f: usize,
 ) -> [[f32; L]; PIXELS] {
-    // A 3×3 window on one channel (a first layer on grey images), its loops unrolled; any other shape as it comes.
+    // A 3×3 window on one channel (a first layer on grey images), its loops unrolled with the constants; any other
+    // shape as it comes.
     match (g.kh, g.kw * g.c) {
-        (3, 3) => sum_windows::<L, 3, 3>(g, x, bases, filter, f),
+        (3, 3) => sum_windows_of::<L>(g, x, bases, filter, f, 3, 3),
         (kh, len) => sum_windows_of::<L>(g, x, bases, filter, f, kh, len),
     }
-}
-
-/// `conv_pixels` for windows of `KH` runs of `LEN` elements, known when compiled.
-#[inline(always)]
-fn sum_windows<const L: usize, const KH: usize, const LEN: usize>(
-    g: &Conv2dGeometry,
-    x: &[f32],
-    bases: [usize; PIXELS],
-    filter: &[f32],
-    f: usize,
-) -> [[f32; L]; PIXELS] {
-    sum_windows_of::<L>(g, x, bases, filter, f, KH, LEN)
 }
 
 /// `conv_pixels` over windows of `kh` runs of `len` elements (`kw · c`).

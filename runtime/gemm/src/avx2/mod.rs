@@ -640,7 +640,8 @@ mod tests {
     use super::*;
     use crate::avx512::split_writes_the_same_bits;
 
-    fn have_avx2() -> bool {
+    /// Whether the CPU runs the AVX2 kernels (a skip line if not).
+    pub(super) fn have_avx2() -> bool {
         let have = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma");
         if !have {
             crate::skip::skip(crate::skip::Need::Avx2, "this CPU has no AVX2 and FMA");

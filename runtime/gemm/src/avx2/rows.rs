@@ -219,17 +219,10 @@ mod tests {
     //! epilogues; and the threads' split by columns, to the bit.
 
     use super::super::sgemm;
+    use super::super::tests::have_avx2;
     use super::*;
     use crate::avx512::split_writes_the_same_bits;
     use crate::ByteScale;
-
-    fn have_avx2() -> bool {
-        let have = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma");
-        if !have {
-            crate::skip::skip(crate::skip::Need::Avx2, "this CPU has no AVX2 and FMA");
-        }
-        have
-    }
 
     /// A product's operands, and C as it was before.
     struct Operands {
