@@ -99,6 +99,8 @@ impl NativeProgram {
                 functions[kernel] = Some((function, described.rows, described.parallel));
             }
         }
+        // Every buffer a step's products use is in place before its first step.
+        dfc_gemm::reserve_workers();
         let lines = HostArena::new(schedule.arena_bytes);
         let arena = Mutex::new(Arena { lines, scratch: dfc_kernels::Scratch::new(), args: Vec::new() });
         let kernel_name = |kernel: usize| jit.kernels()[kernel].function.clone();

@@ -18,6 +18,25 @@ mod skip;
 
 pub use pool::{hold, run_chunks, Hold};
 
+/// Grows the packing buffers of each of rayon's workers to the most a product asks of them, once per process.
+/// A worker's buffers otherwise grow in the first product it helps with, which may come at any step: a busy
+/// machine can keep a worker out of a program's first steps (tests/native_alloc.rs saw 50–512 KiB so).
+pub fn reserve_workers() {
+    static RESERVED: std::sync::Once = std::sync::Once::new();
+    RESERVED.call_once(|| {
+        #[cfg(target_arch = "x86_64")]
+        match kernels() {
+            Kernels::Avx512 => {
+                rayon::broadcast(|_| avx512::reserve_thread());
+            }
+            Kernels::Avx2 => {
+                rayon::broadcast(|_| avx2::reserve_thread());
+            }
+            Kernels::Portable => {}
+        }
+    });
+}
+
 /// `c = a·b` (or `c += a·b` when `accumulate`), all row-major and contiguous: `a` is m×k
 /// (k×m when `transpose_a`), `b` is k×n (n×k when `transpose_b`), `c` is m×n.
 /// `parallel` lets the product use the rayon pool when it is large enough to pay for it.

@@ -58,6 +58,16 @@ thread_local! {
     static WHOLE: Cell<Buf> = Cell::new(Buf::default());
 }
 
+/// Grows this thread's packing buffers to what every `block` asks of them, so that a thread's first block in a
+/// later step allocates nothing.
+pub(crate) fn reserve_thread() {
+    let mut packs = PACK.take();
+    packs.a.ptr(MC * KC);
+    packs.b.ptr(KC * NC);
+    packs.converted.ptr(MC * KC);
+    PACK.set(packs);
+}
+
 /// A product split by columns whose A of bytes has at least this many elements converts A once, before the chunks
 /// (which then read its floats in place), rather than once per chunk: below it the conversion (about 0.25 ns an
 /// element) costs less than the extra hand-over to the workers.

@@ -100,6 +100,16 @@ thread_local! {
     static PACK: Cell<Packs> = Cell::new(Packs::default());
 }
 
+/// Grows this thread's packing buffers to the most any block asks of them (`block`: A's groups of panels of at
+/// most `KC` steps, B's blocks of `KC`×`NC`), so that a thread's first block in a later step allocates nothing.
+pub(crate) fn reserve_thread() {
+    let mut packs = PACK.take();
+    packs.a.ptr(MC / MR * (MR * KC + 16));
+    packs.b.ptr(KC * NC);
+    packs.steps.reserve(MC / MR * (KC + 16));
+    PACK.set(packs);
+}
+
 /// Partial sums of reduction chunks, reused across calls.
 static PARTIALS: Mutex<Vec<Buf>> = Mutex::new(Vec::new());
 
