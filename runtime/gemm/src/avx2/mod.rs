@@ -19,8 +19,9 @@
 //!
 //! A product of one to three rows of C (a batch of one) runs in `rows` instead: B read where it is stored.
 //!
-//! Every buffer is the thread's own and kept across calls, so that after the first products of a shape a
-//! training step allocates nothing here (tests/native_alloc.rs).
+//! Every buffer is the thread's own and kept across calls (the workers' grown to their largest up front,
+//! `reserve_thread`), so that after the first products of a shape a training step allocates nothing here
+//! (tests/native_alloc.rs).
 
 use std::arch::x86_64::*;
 use std::cell::Cell;
