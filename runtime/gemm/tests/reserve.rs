@@ -38,9 +38,17 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
 
+/// Whether the products run on dfc-gemm's own kernels (AVX2 and FMA at least), which keep their buffers.
+fn own_kernels() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma");
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
 #[test]
 fn a_workers_first_products_after_reserve_workers_allocate_no_buffer() {
-    if !(std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")) {
+    if !own_kernels() {
         // The `gemm` crate's products (other CPUs) allocate their packing on every call.
         skip::skip(skip::Need::Avx2, "this CPU has no AVX2 and FMA, so its products run on the gemm crate");
         return;
