@@ -407,7 +407,8 @@ fn kernels() -> Kernels {
     static KERNELS: std::sync::OnceLock<Kernels> = std::sync::OnceLock::new();
     *KERNELS.get_or_init(|| {
         let avx2 = std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma");
-        let widest = if std::arch::is_x86_feature_detected!("avx512f") {
+        // The AVX-512 kernels run the AVX2 ones for a batch of one (`avx2::rows`); every CPU with AVX-512F has both.
+        let widest = if std::arch::is_x86_feature_detected!("avx512f") && avx2 {
             Kernels::Avx512
         } else if avx2 {
             Kernels::Avx2

@@ -30,7 +30,7 @@ use crate::avx512::{corrects, dot, Buf, Product};
 use crate::pool;
 use crate::ByteScale;
 
-mod rows;
+pub(crate) mod rows;
 
 /// Rows of the microkernel tile.
 const MR: usize = 6;
@@ -92,7 +92,7 @@ const WIDE_C_MIN: usize = 1 << 14;
 pub(crate) unsafe fn sgemm(p: Product, parallel: bool) {
     let threads = if parallel { rayon::current_num_threads() } else { 1 };
     // One to three rows of C (a batch of one), or of Cᵀ: B read in place, once, in order.
-    if let Some(few) = [p, p.transposed()].into_iter().take(if p.fixed() { 1 } else { 2 }).find(rows::applies) {
+    if let Some(few) = rows::oriented(&p) {
         // SAFETY: the caller's contract.
         return unsafe { rows::sgemm(&few, threads) };
     }

@@ -7,6 +7,9 @@
 //! of C is summed 64 columns at a time in 8 accumulators (each step one broadcast of A and 8 FMAs on B's row),
 //! two rows 32 columns at a time (8 accumulators, B's 4 vectors loaded once for both rows). A third row is a
 //! single row's pass. The threads share the columns.
+//!
+//! The AVX-512 kernels hand their few-row products here too: their tiles pack all of B as well (on Zen 4 the mlp's
+//! forward pass at batch 1 took 15–21 µs so, 10–15 here; docs/benchmarks.md).
 
 use std::arch::x86_64::*;
 
@@ -23,15 +26,20 @@ const CHUNK_COLUMNS: usize = 64;
 const PARALLEL_MIN_FLOATS: usize = 1 << 16;
 
 /// Whether `p` (as oriented) is computed here: at most `MAX_ROWS` rows, B row-major.
-pub(super) fn applies(p: &Product) -> bool {
+fn applies(p: &Product) -> bool {
     p.m <= MAX_ROWS && !p.tb
+}
+
+/// `p`, or `Cᵀ = Bᵀ·Aᵀ` where `p` may be transposed (`Product::fixed`), as computed here; `None` if neither applies.
+pub(crate) fn oriented(p: &Product) -> Option<Product> {
+    [*p, p.transposed()].into_iter().take(if p.fixed() { 1 } else { 2 }).find(applies)
 }
 
 /// Computes `p`, which `applies`, on this thread and, when `threads` > 1 and B is large, rayon's workers.
 ///
 /// # Safety
 /// AVX2 and FMA, and every element of A, B and C that `p` addresses is in bounds.
-pub(super) unsafe fn sgemm(p: &Product, threads: usize) {
+pub(crate) unsafe fn sgemm(p: &Product, threads: usize) {
     // Bytes are converted once, before the chunks: m·k of them, at most three rows.
     let mut whole = None;
     let p = match p.bytes {
