@@ -9,7 +9,7 @@
 //! single row's pass. The threads share the columns.
 //!
 //! The AVX-512 kernels hand their few-row products here too: their tiles pack all of B as well (on Zen 4 the mlp's
-//! forward pass at batch 1 took 15–21 µs so, 10–15 here; docs/benchmarks.md).
+//! forward pass at batch 1 took 15–19 µs so, 10–15 here; docs/benchmarks.md).
 
 use std::arch::x86_64::*;
 

@@ -267,7 +267,7 @@ pub(crate) unsafe fn sgemm(p: Product, parallel: bool) {
     let threads = if parallel { rayon::current_num_threads() } else { 1 };
     // One to three rows of C (a batch of one), or of Cᵀ: the AVX2 pass over B in place, once, in order. Here the
     // tiles would pack all of B for a row or two, and dot products would pack a row-major B as Bᵀ: on Zen 4 the
-    // mlp's forward pass at batch 1 took 15–21 µs so, 10–15 this way, the logreg's 3.3–3.4 against 1.4.
+    // mlp's forward pass at batch 1 took 15–19 µs so, 10–15 this way, the logreg's 3.3–3.4 against 1.4.
     if let Some(few) = crate::avx2::rows::oriented(&p) {
         // SAFETY: the caller's contract, AVX2 and FMA included.
         return unsafe { crate::avx2::rows::sgemm(&few, threads) };
