@@ -689,7 +689,8 @@ fn sgd_updates_of_dense_weights_are_folded_into_their_products() {
 }
 
 /// The MLP's images, fed as bytes and scaled, are read as bytes by both products of its first layer (forward, and
-/// its weights' gradient): the kernel that scales them does not run, in training or inference. A scaled value that
+/// its weights' gradient): the kernel that scales them does not run, in training or inference. In training the
+/// forward product's weights are rewritten by the same step (`b_rewritten`). A scaled value that
 /// something other than a wide product reads (here the thin products of a logistic regression), or that is fetched,
 /// is computed as before. The values agree with the interpreter (`mlp`, and here with `* c` for `/ 255`).
 #[test]
@@ -700,6 +701,9 @@ fn products_read_bytes_fed_in() {
     let session = Session::with_backend(&mlp, 0, Backend::Llvm).unwrap();
     assert_eq!(session.program(&[training.loss_node.as_str()], &updates).unwrap().bytes_read(), ["x/div"]);
     assert_eq!(session.program(&["logits"], &[]).unwrap().bytes_read(), ["x/div"]);
+    // The training step's first layer multiplies the bytes by weights that the same step updates; inference's not.
+    assert_eq!(session.program(&[training.loss_node.as_str()], &updates).unwrap().bytes_times_rewritten(), 1);
+    assert_eq!(session.program(&["logits"], &[]).unwrap().bytes_times_rewritten(), 0);
     assert!(session.program(&["x/div", "logits"], &[]).unwrap().bytes_read().is_empty());
     let logreg = plan("softmax_regression", Cluster::local(1, DeviceKind::Cpu), Strategy::Single);
     let session = Session::with_backend(&logreg, 0, Backend::Llvm).unwrap();

@@ -135,6 +135,13 @@ impl NativeProgram {
         self.schedule.bytes_read.clone()
     }
 
+    /// How many products read bytes fed in times a variable that this program also writes (a training step's
+    /// first layer): their threads split them along the reduction (`dfc_gemm::sgemm_fused`'s `b_rewritten`).
+    pub fn bytes_times_rewritten(&self) -> usize {
+        let counted = |step: &&Step| matches!(step, Step::MatMul { bytes: Some(_), b_rewritten: true, .. });
+        self.schedule.steps.iter().filter(counted).count()
+    }
+
     /// The kernels (a bias, then a relu) computed by the product they follow, by node name.
     pub fn fused_products(&self) -> Vec<String> {
         self.schedule.fused_products.clone()
@@ -361,7 +368,7 @@ pub unsafe fn run_host_step(
     let exchange = |node: &str| rendezvous.ok_or_else(|| InterpError::NoRendezvous { node: node.to_string() });
     match step {
         Step::Kernel { .. } => unreachable!("kernels run on their back end"),
-        Step::MatMul { a, b, out, m, n, k, ta, tb, batches, update, bytes, epilogue }
+        Step::MatMul { a, b, out, m, n, k, ta, tb, batches, update, bytes, epilogue, b_rewritten }
             if bytes.is_some() || epilogue.is_some() =>
         {
             let [(oa, ob)] = batches[..] else { unreachable!("a fused product is a product of matrices") };
@@ -382,7 +389,7 @@ pub unsafe fn run_host_step(
                     relu: e.relu,
                     mask: e.mask.map(|mask| std::slice::from_raw_parts(at(mask) as *const f32, m * n)),
                 });
-                dfc_gemm::sgemm_fused(*m, *n, *k, left, *ta, b, *tb, c, *update, epilogue, true);
+                dfc_gemm::sgemm_fused(*m, *n, *k, left, *ta, b, *tb, c, *update, epilogue, *b_rewritten, true);
             }
         }
         Step::MatMul { a, b, out, m, n, k, ta, tb, batches, update, .. } => {

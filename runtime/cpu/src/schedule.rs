@@ -85,6 +85,9 @@ pub enum Step {
         bytes: Option<ByteScale>,
         /// `Some`: the bias and relu of the kernel this product is fused with (`fused_product`).
         epilogue: Option<Epilogue>,
+        /// `b` is a variable that a step of this schedule writes (a weight the training step updates): the
+        /// product's threads then read it by columns where `a` is bytes (`dfc_gemm::sgemm_fused`).
+        b_rewritten: bool,
     },
     /// A convolution or its gradients (im2col and GEMM): `(a, b)` are `(input, filter)`,
     /// `(filter, grad_out)` or `(input, grad_out)`.
@@ -879,6 +882,7 @@ impl Schedule {
         for (slot, _) in &mut fetches {
             relocate(slot);
         }
+        mark_rewritten_operands(&mut steps);
         let folded_updates = order.iter().filter(|id| folded.contains_key(id)).map(|&id| graph.node(id).name.clone());
         let bytes_read =
             order.iter().filter(|id| byte_operands.contains_key(id)).map(|&id| graph.node(id).name.clone());
@@ -946,10 +950,22 @@ fn product_step(
     // large enough to share among threads, where a product per batch might not be.
     if rb == 2 && !ta && a_dims[..ra - 2] == o_dims[..ro - 2] {
         let rows = o_dims[..ro - 1].iter().product();
-        return Step::MatMul { a, b, out, m: rows, n, k, ta, tb, batches: vec![(0, 0)], update, bytes, epilogue };
+        let batches = vec![(0, 0)];
+        return Step::MatMul { a, b, out, m: rows, n, k, ta, tb, batches, update, bytes, epilogue, b_rewritten: false };
     }
     let batches = batch_offsets(&a_dims[..ra - 2], &b_dims[..rb - 2], &o_dims[..ro - 2], m * k, k * n);
-    Step::MatMul { a, b, out, m, n, k, ta, tb, batches, update, bytes, epilogue }
+    Step::MatMul { a, b, out, m, n, k, ta, tb, batches, update, bytes, epilogue, b_rewritten: false }
+}
+
+/// Marks the products whose `b` is a variable that a step writes (`Step::MatMul::b_rewritten`).
+fn mark_rewritten_operands(steps: &mut [Step]) {
+    let written: HashSet<Slot> =
+        steps.iter().flat_map(|step| step.reads_writes().1).filter(|slot| matches!(slot, Slot::Variable(_))).collect();
+    for step in steps {
+        if let Step::MatMul { b, b_rewritten, .. } = step {
+            *b_rewritten = written.contains(b);
+        }
+    }
 }
 
 /// The node `id` views: itself, or what the reshapes, identities and stop-gradients it is one of read.

@@ -803,7 +803,7 @@ impl Running<'_> {
                     let prepared = self.run.launches[at].expect("checked");
                     self.device.launch(prepared).map_err(|e| self.error(e))?;
                 }
-                Step::MatMul { a, b, out, m, n, k, ta, tb, batches, update, bytes: _, epilogue: _ } => {
+                Step::MatMul { a, b, out, m, n, k, ta, tb, batches, update, bytes: _, epilogue: _, b_rewritten: _ } => {
                     // `Schedule::floats_only`: A holds floats, and no epilogue follows.
                     let (alpha, beta) = match update {
                         Some(alpha) => (*alpha, 1.0f32),

@@ -167,6 +167,16 @@ impl SessionProgram {
         self.of_native(NativeProgram::bytes_read)
     }
 
+    /// How many products of the native programs read bytes fed in times a variable that the program also writes
+    /// (a training step's first layer, split along its reduction).
+    pub fn bytes_times_rewritten(&self) -> usize {
+        let count = |part: &Part| match &part.program {
+            Executable::Native(program) => program.bytes_times_rewritten(),
+            Executable::Gpu(_) | Executable::Interp(_) => 0,
+        };
+        self.parts.iter().map(count).sum()
+    }
+
     /// The kernels of the native programs (a bias, then a relu) computed by the product they follow.
     pub fn fused_products(&self) -> Vec<String> {
         self.of_native(NativeProgram::fused_products)

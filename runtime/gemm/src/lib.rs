@@ -154,6 +154,11 @@ impl Epilogue<'_> {
 /// AVX2, A is converted from the bytes block by block as it is packed, and the epilogue applied to each tile as
 /// it is stored; elsewhere (the `gemm` crate) A is converted into a buffer first, and the epilogue applied to C
 /// after.
+///
+/// `b_rewritten`: B is rewritten between calls by other parallel products (a weight that each training step
+/// updates through [`sgemm_update`], whose threads share it by rows of B). With AVX-512 and an A of bytes, the
+/// threads then share the product along its reduction, one chunk per thread, each reading the rows of B it last
+/// wrote, rather than by rows of C, each reading all of B; the epilogue follows the partial sums.
 #[allow(clippy::too_many_arguments)]
 pub fn sgemm_fused(
     m: usize,
@@ -166,6 +171,7 @@ pub fn sgemm_fused(
     c: &mut [f32],
     update: Option<f32>,
     epilogue: Epilogue<'_>,
+    b_rewritten: bool,
     parallel: bool,
 ) {
     let a_len = match a {
@@ -206,6 +212,7 @@ pub fn sgemm_fused(
             bias: epilogue.bias.map_or(std::ptr::null(), <[f32]>::as_ptr),
             relu: epilogue.relu,
             mask: epilogue.mask.map_or(std::ptr::null(), <[f32]>::as_ptr),
+            b_rewritten,
             id: 0,
         };
         // SAFETY: the kernels' instruction sets are available (`kernels`); A holds m·k elements (floats or
@@ -372,6 +379,7 @@ fn product(
             bias: std::ptr::null(),
             relu: false,
             mask: std::ptr::null(),
+            b_rewritten: false,
             id: 0,
         };
         // SAFETY: the kernels' instruction sets are available, and `check` put every element the product

@@ -65,7 +65,7 @@ fn a_workers_first_products_after_reserve_workers_allocate_no_buffer() {
             sgemm(m, n, k, &a, transpose_a, &b, false, &mut c, false, false);
         }
         let scaled = Left::Bytes(&bytes, ByteScale::Div(255.0));
-        sgemm_fused(m, n, k, scaled, false, &b, false, &mut c, None, Epilogue::default(), false);
+        sgemm_fused(m, n, k, scaled, false, &b, false, &mut c, None, Epilogue::default(), false, false);
         COUNTING.set(false);
         LARGEST.get()
     });

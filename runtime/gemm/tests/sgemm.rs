@@ -290,7 +290,21 @@ fn products_of_bytes() {
         let b = random(&mut rng, k * n);
         let c0 = random(&mut rng, m * n);
         let mut c = c0.clone();
-        sgemm_fused(m, n, k, Left::Bytes(&a, scale), ta, &b, false, &mut c, alpha, Epilogue::default(), parallel);
+        let rewritten = case % 3 == 1;
+        sgemm_fused(
+            m,
+            n,
+            k,
+            Left::Bytes(&a, scale),
+            ta,
+            &b,
+            false,
+            &mut c,
+            alpha,
+            Epilogue::default(),
+            rewritten,
+            parallel,
+        );
         let at = |i: usize, p: usize| f64::from(scale.apply(if ta { a[p * m + i] } else { a[i * k + p] }));
         for i in 0..m {
             for j in 0..n {
@@ -355,7 +369,21 @@ fn products_of_bytes_with_zero_steps() {
             }
         }
         let mut c = random(&mut rng, m * n);
-        sgemm_fused(m, n, k, Left::Bytes(&a, scale), ta, &b, false, &mut c, None, Epilogue::default(), parallel);
+        let rewritten = case % 3 == 1;
+        sgemm_fused(
+            m,
+            n,
+            k,
+            Left::Bytes(&a, scale),
+            ta,
+            &b,
+            false,
+            &mut c,
+            None,
+            Epilogue::default(),
+            rewritten,
+            parallel,
+        );
         let at = |i: usize, p: usize| f64::from(scale.apply(if ta { a[p * m + i] } else { a[i * k + p] }));
         for i in 0..m {
             for j in 0..n {
@@ -374,7 +402,7 @@ fn products_of_bytes_with_zero_steps() {
 
 /// Products with an epilogue (`sgemm_fused`: the bias of each column, then the relu, then the mask) against the naive product
 /// followed by the epilogue: thin and wide, deep (several blocks of the reduction) and shallow, of floats and of
-/// bytes, on the pool and on one thread. NaN and -0 pass the relu as the interpreter's does; a mask of NaN, -0 or
+/// bytes, on the pool and on one thread, B rewritten between calls or not (the MLP's first layer in a training step). NaN and -0 pass the relu as the interpreter's does; a mask of NaN, -0 or
 /// 0 zeroes.
 #[test]
 fn products_with_an_epilogue() {
@@ -383,8 +411,14 @@ fn products_with_an_epilogue() {
     let mut shapes: Vec<(usize, usize, usize)> =
         (0..60).map(|_| (rng.usize(1..=70), rng.usize(1..=90), rng.usize(0..=900))).collect();
     shapes.extend([(128, 256, 784), (128, 256, 256), (128, 10, 256), (128, 256, 10), (1, 256, 784), (5, 3, 0)]);
-    for &(m, n, k) in &shapes {
+    for (case, &(m, n, k)) in shapes.iter().enumerate() {
         let (ta, tb, parallel, relu, bytes) = (rng.bool(), rng.bool(), rng.bool(), rng.bool(), rng.bool());
+        // The first layer of a training step (its weights rewritten between steps), on the pool: split along the
+        // reduction, the epilogue after the sum.
+        let (ta, parallel, bytes, rewritten) = match case {
+            60 => (false, true, true, true),
+            _ => (ta, parallel, bytes, case % 2 == 0),
+        };
         let mut bias = random(&mut rng, n);
         if n > 2 {
             bias[0] = f32::NAN;
@@ -406,7 +440,7 @@ fn products_with_an_epilogue() {
         }
         let masked = rng.bool();
         let epilogue = Epilogue { bias: with_bias.then_some(&bias[..]), relu, mask: masked.then_some(&mask[..]) };
-        sgemm_fused(m, n, k, left, ta, &b, tb, &mut c, None, epilogue, parallel);
+        sgemm_fused(m, n, k, left, ta, &b, tb, &mut c, None, epilogue, rewritten, parallel);
         for i in 0..m {
             for j in 0..n {
                 let (mut sum, mut size) = (0f64, 0f64);

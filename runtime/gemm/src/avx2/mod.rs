@@ -186,6 +186,7 @@ pub(crate) unsafe fn pack_whole_b<'a>(k: usize, n: usize, b: &[f32], buf: &'a mu
             bias: std::ptr::null(),
             relu: false,
             mask: std::ptr::null(),
+            b_rewritten: false,
             id: 0,
         };
         // SAFETY: B's k steps and n columns are in `b`; `panels` holds ⌈n/16⌉ panels of k·16 floats from a 32-byte
@@ -717,6 +718,7 @@ mod tests {
                 bias: bias.as_ptr(),
                 relu: true,
                 mask: std::ptr::null(),
+                b_rewritten: false,
                 id: 0,
             };
             let one = split_writes_the_same_bits(sgemm, &format!("{m}×{n}×{k} of bytes"), m * n, product);
@@ -763,6 +765,7 @@ mod tests {
                 bias: std::ptr::null(),
                 relu: false,
                 mask: mask.as_ptr(),
+                b_rewritten: false,
                 id: 0,
             };
             let one = split_writes_the_same_bits(sgemm, &format!("{m}×{n}×{k}, a wide C"), m * n, product);
@@ -812,6 +815,7 @@ mod tests {
                 bias: if bias_on { bias.as_ptr() } else { std::ptr::null() },
                 relu,
                 mask: if mask_on { mask.as_ptr() } else { std::ptr::null() },
+                b_rewritten: false,
                 id: 0,
             };
             // SAFETY: AVX2 and FMA are available; the operands hold every element the product addresses.
@@ -896,6 +900,7 @@ mod tests {
                 bias: std::ptr::null(),
                 relu: false,
                 mask: std::ptr::null(),
+                b_rewritten: false,
                 id: 0,
             };
             // SAFETY: AVX2 and FMA are available; the operands hold every element the product addresses.
