@@ -17,6 +17,10 @@
 //! `relu`, `mask`) finishes each tile as its sum completes, while it is in L1. Neither product is transposed nor
 //! computed as dot products (`Product::fixed`).
 //!
+//! Threads take chunks of rows or of columns of C, whichever repeats less packing; a product of bytes times a B that
+//! each training step rewrites (the first layer's weights) takes one chunk of the reduction each instead
+//! (`by_reduction`), so that each thread reads the rows of B it wrote in the update.
+//!
 //! A product of one to three rows of C (a batch of one) runs in `rows` instead: B read where it is stored.
 //!
 //! Every buffer is the thread's own and kept across calls (the workers' grown to their largest up front,
@@ -26,7 +30,7 @@
 use std::arch::x86_64::*;
 use std::cell::Cell;
 
-use crate::avx512::{corrects, dot, Buf, Product};
+use crate::avx512::{corrects, dot, Buf, Product, PARTIALS};
 use crate::pool;
 use crate::ByteScale;
 
@@ -111,8 +115,12 @@ pub(crate) unsafe fn sgemm(p: Product, parallel: bool) {
     let parallel_min = if p.m * p.n >= WIDE_C_MIN { PARALLEL_MIN / 4 } else { PARALLEL_MIN };
     if threads <= 1 || p.m * p.n * p.k < parallel_min {
         // SAFETY: the caller's contract.
-        unsafe { block(&p, 0, p.m, 0, p.n) };
+        unsafe { block(&p, 0, p.m, 0, p.n, 0, p.k) };
         return;
+    }
+    if splits_reduction(&p, threads) {
+        // SAFETY: the caller's contract.
+        return unsafe { by_reduction(&p, threads) };
     }
     // Column chunks each pack their own share of B and read all of A again (in place, packing it again when
     // stored transposed; bytes as the floats converted once for all chunks, below); row chunks each pack all of B
@@ -124,7 +132,7 @@ pub(crate) unsafe fn sgemm(p: Product, parallel: bool) {
     let chunks = units.min(2 * threads);
     if chunks < 2 {
         // SAFETY: the caller's contract.
-        unsafe { block(&p, 0, p.m, 0, p.n) };
+        unsafe { block(&p, 0, p.m, 0, p.n, 0, p.k) };
         return;
     }
     // Column chunks each read all of A: an A of bytes is converted once for them all, not once per chunk.
@@ -141,15 +149,102 @@ pub(crate) unsafe fn sgemm(p: Product, parallel: bool) {
         // SAFETY: chunks write disjoint row or column ranges of C; the caller's contract covers A and B.
         unsafe {
             if by_columns {
-                block(&p, 0, p.m, lo, hi)
+                block(&p, 0, p.m, lo, hi, 0, p.k)
             } else {
-                block(&p, lo, hi, 0, p.n)
+                block(&p, lo, hi, 0, p.n, 0, p.k)
             }
         }
     };
     pool::run_chunks(chunks, threads - 1, &work);
     if let Some(whole) = whole {
         WHOLE.set(whole);
+    }
+}
+
+/// Whether `p` is bytes times a B that each training step rewrites (the first layer's weights), large enough to
+/// share: then each thread takes one chunk of the reduction (`by_reduction`) rather than of the columns. The update
+/// of such a B splits it by rows (its product, `xᵀ·dy`, by rows of C), the caller's chunks first and the worker's
+/// last, as the reduction's chunks are claimed; so each thread reads the rows of B that it wrote, and converts only
+/// its own steps of A. Split by columns, each thread read half of B and half of A's floats from the other core's
+/// cache, and the update then took back every line of B that the other thread had read.
+fn splits_reduction(p: &Product, threads: usize) -> bool {
+    p.bytes.is_some() && !p.ta && !p.tc && p.b_rewritten && p.k >= 64 * threads
+}
+
+/// The most threads that share a product by its reduction (each past the first sums into a partial of its own).
+const MAX_PARTS: usize = 64;
+
+/// `p` in one chunk of the reduction per thread: the caller's into C, each worker's into a partial sum of its own,
+/// then each thread adds the partials into its share of C's rows and finishes them (the epilogue).
+///
+/// # Safety
+/// As `sgemm`; C is not stored transposed.
+unsafe fn by_reduction(p: &Product, threads: usize) {
+    let threads = threads.min(MAX_PARTS);
+    let mut partials = std::mem::take(&mut *PARTIALS.lock().unwrap_or_else(|e| e.into_inner()));
+    if partials.len() < threads - 1 {
+        partials.resize_with(threads - 1, Buf::default);
+    }
+    // Addresses, not pointers: the closures are shared with the workers.
+    let mut addresses = [0usize; MAX_PARTS];
+    for (address, buf) in addresses.iter_mut().zip(&mut partials).take(threads - 1) {
+        *address = buf.ptr(p.m * p.n) as usize;
+    }
+    let parts = &addresses[..threads - 1];
+    let sums = Product { bias: std::ptr::null(), relu: false, mask: std::ptr::null(), ..*p };
+    let steps =
+        |c: usize| ((p.k * c / threads) & !15, if c + 1 == threads { p.k } else { (p.k * (c + 1) / threads) & !15 });
+    let work = |c: usize| {
+        let (k0, k1) = steps(c);
+        let into = match c {
+            0 => sums,
+            _ => Product { c: parts[c - 1] as *mut f32, ldc: p.n, accumulate: false, ..sums },
+        };
+        // SAFETY: chunk 0 writes C, chunk c its own partial of m·n floats; the caller's contract covers A and B.
+        unsafe { block(&into, 0, p.m, 0, p.n, k0, k1) };
+    };
+    pool::run_chunks(threads, threads - 1, &work);
+    let rows = threads.min(p.m);
+    let finish = |c: usize| {
+        let (lo, hi) = (p.m * c / rows, p.m * (c + 1) / rows);
+        // SAFETY: AVX2 (the caller's contract); the partials hold C's m×n, n apart; the chunks write disjoint rows of
+        // C (row-major), and the bias holds n floats, the mask C's rows.
+        unsafe { add_and_finish(p, parts, lo, hi) };
+    };
+    pool::run_chunks(rows, threads - 1, &finish);
+    let mut pool = PARTIALS.lock().unwrap_or_else(|e| e.into_inner());
+    if pool.len() < partials.len() {
+        *pool = partials;
+    }
+}
+
+/// Rows `lo..hi` of C (row-major) += those of each partial (m×n, n apart, at the addresses `parts`), then the
+/// epilogue of `p` over them.
+///
+/// # Safety
+/// As `finish_tile`, for those rows of `p`'s C; each partial holds m·n floats.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn add_and_finish(p: &Product, parts: &[usize], lo: usize, hi: usize) {
+    for &part in parts {
+        for r in lo..hi {
+            // SAFETY: row r of C holds n floats at c + r·ldc, the partial's at part + r·n.
+            unsafe {
+                let (c, s) = (p.c.add(r * p.ldc), (part as *const f32).add(r * p.n));
+                let mut j = 0;
+                while j + 8 <= p.n {
+                    _mm256_storeu_ps(c.add(j), _mm256_add_ps(_mm256_loadu_ps(c.add(j)), _mm256_loadu_ps(s.add(j))));
+                    j += 8;
+                }
+                for j in j..p.n {
+                    *c.add(j) += *s.add(j);
+                }
+            }
+        }
+    }
+    if p.epilogue() {
+        let mask = if p.mask.is_null() { p.mask } else { p.mask.wrapping_add(lo * p.ldc) };
+        // SAFETY: the caller's contract.
+        unsafe { finish_tile(p.c.add(lo * p.ldc), p.ldc, hi - lo, p.n, (p.bias, p.relu, mask)) };
     }
 }
 
@@ -275,13 +370,13 @@ fn dot_cost(p: &Product) -> f64 {
     fmas + sums + pack
 }
 
-/// Rows `i0..i1` and columns `j0..j1` of the product, written to C: overwriting it unless `accumulate`, and
-/// finished by the epilogue.
+/// Rows `i0..i1` and columns `j0..j1` of the product over the steps `k0..k1`, written to C: overwriting it unless
+/// `accumulate`, and finished by the epilogue when the steps end at k.
 ///
 /// # Safety
 /// As `sgemm`.
 #[target_feature(enable = "avx2,fma")]
-unsafe fn block(p: &Product, i0: usize, i1: usize, j0: usize, j1: usize) {
+unsafe fn block(p: &Product, i0: usize, i1: usize, j0: usize, j1: usize, k0: usize, k1: usize) {
     if i0 >= i1 || j0 >= j1 {
         return;
     }
@@ -294,10 +389,10 @@ unsafe fn block(p: &Product, i0: usize, i1: usize, j0: usize, j1: usize) {
         let nc = NC.min(j1 - jc);
         // Equal blocks of the reduction: a last block of a few steps would load and store C for little work
         // (784 steps: 4 blocks of 196, not 256, 256, 256 and 16).
-        let depth = p.k.div_ceil(p.k.div_ceil(KC).max(1)).max(1);
-        for pc in (0..p.k).step_by(depth) {
-            let kc = depth.min(p.k - pc);
-            let overwrite = pc == 0 && !p.accumulate;
+        let depth = (k1 - k0).div_ceil((k1 - k0).div_ceil(KC).max(1)).max(1);
+        for pc in (k0..k1).step_by(depth) {
+            let kc = depth.min(k1 - pc);
+            let overwrite = pc == k0 && !p.accumulate;
             let finish = pc + kc == p.k && p.epilogue();
             // SAFETY: the block's steps and columns are in B; the packed block holds ⌈nc/16⌉ panels of kc·16.
             unsafe { pack_b(p, pc, kc, jc, nc, b_pack) };
@@ -843,6 +938,90 @@ mod tests {
                         "{m}×{n}×{k} ta {ta} bytes {bytes} bias {bias_on} relu {relu} mask {mask_on}: \
                          c[{i}, {j}] {got} ≠ {want}"
                     );
+                }
+            }
+        }
+    }
+
+    /// The first layer of a training step (bytes times weights rewritten by each step) on a pool of 2 and of 3
+    /// threads: one chunk of the reduction each, the partials summed and the epilogue applied after; against a naive
+    /// product, with accumulation and α too. Only such products split so.
+    #[test]
+    fn products_of_bytes_times_a_rewritten_b_are_split_along_the_reduction() {
+        if !have_avx2() {
+            return;
+        }
+        let shape = |m, n, k, b_rewritten, ta| Product {
+            m,
+            n,
+            k,
+            a: std::ptr::null(),
+            lda: if ta { m } else { k },
+            ta,
+            b: std::ptr::null(),
+            ldb: n,
+            tb: false,
+            c: std::ptr::null_mut(),
+            ldc: n,
+            tc: false,
+            accumulate: false,
+            alpha: 1.0,
+            bytes: Some(ByteScale::Div(255.0)),
+            bias: std::ptr::null(),
+            relu: true,
+            mask: std::ptr::null(),
+            b_rewritten,
+            id: 0,
+        };
+        assert!(splits_reduction(&shape(128, 256, 784, true, false), 2));
+        assert!(!splits_reduction(&shape(128, 256, 784, false, false), 2));
+        assert!(!splits_reduction(&shape(128, 256, 784, true, true), 2));
+        assert!(!splits_reduction(&shape(128, 256, 100, true, false), 2));
+        let mut rng = fastrand::Rng::with_seed(12);
+        for (threads, (m, n, k)) in
+            [(2, (128, 256, 784)), (3, (37, 100, 500)), (2, (64, 96, 300)), (3, (128, 256, 784))]
+        {
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("a pool");
+            let raw: Vec<u8> = (0..m * k).map(|_| rng.u8(..)).collect();
+            let b: Vec<f32> = (0..k * n).map(|_| rng.f32() - 0.5).collect();
+            let bias: Vec<f32> = (0..n).map(|_| rng.f32() - 0.5).collect();
+            let mask: Vec<f32> = (0..m * n).map(|_| rng.f32() - 0.3).collect();
+            let c0: Vec<f32> = (0..m * n).map(|_| rng.f32() - 0.5).collect();
+            for (accumulate, alpha, epilogue) in [(false, 1.0, true), (true, -0.25, false), (false, 0.5, false)] {
+                let mut c = c0.clone();
+                let p = Product {
+                    a: raw.as_ptr().cast(),
+                    b: b.as_ptr(),
+                    c: c.as_mut_ptr(),
+                    accumulate,
+                    alpha,
+                    bias: if epilogue { bias.as_ptr() } else { std::ptr::null() },
+                    relu: epilogue,
+                    mask: if epilogue { mask.as_ptr() } else { std::ptr::null() },
+                    ..shape(m, n, k, true, false)
+                };
+                assert!(splits_reduction(&p, threads) && m * n * k >= PARALLEL_MIN / 4);
+                // SAFETY: AVX2 and FMA are available; the operands hold every element the product addresses.
+                pool.install(|| unsafe { sgemm(p, true) });
+                for i in 0..m {
+                    for j in 0..n {
+                        let sum: f64 =
+                            (0..k).map(|q| f64::from(raw[i * k + q]) / 255.0 * f64::from(b[q * n + j])).sum();
+                        let old = if accumulate { f64::from(c0[i * n + j]) } else { 0.0 };
+                        let mut want = old + f64::from(alpha) * sum;
+                        if epilogue {
+                            want = (want + f64::from(bias[j])).max(0.0);
+                            if mask[i * n + j] <= 0.0 {
+                                want = 0.0;
+                            }
+                        }
+                        let got = f64::from(c[i * n + j]);
+                        assert!(
+                            (got - want).abs() <= 1e-5 * (k as f64).sqrt() * (1.0 + want.abs()),
+                            "{m}×{n}×{k} on {threads} threads, accumulate {accumulate}, α {alpha}, epilogue {epilogue}: \
+                             c[{i}, {j}] {got} ≠ {want}"
+                        );
+                    }
                 }
             }
         }

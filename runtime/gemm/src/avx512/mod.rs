@@ -115,7 +115,7 @@ pub(crate) fn reserve_thread() {
 }
 
 /// Partial sums of reduction chunks, reused across calls.
-static PARTIALS: Mutex<Vec<Buf>> = Mutex::new(Vec::new());
+pub(crate) static PARTIALS: Mutex<Vec<Buf>> = Mutex::new(Vec::new());
 
 /// Distinguishes calls, for `Packs::b_holds`.
 static CALLS: AtomicU64 = AtomicU64::new(1);
