@@ -156,10 +156,10 @@ impl Epilogue<'_> {
 /// after.
 ///
 /// `b_rewritten`: B is rewritten between calls by other parallel products (a weight that each training step
-/// updates through [`sgemm_update`], whose threads share it by rows of B). With an A of bytes stored row-major
-/// (on the AVX-512 and the AVX2 kernels), the threads then share the product along its reduction, one chunk per
-/// thread, each reading the rows of B it last wrote, rather than by rows (AVX-512) or columns (AVX2) of C, each
-/// reading all of B or all of A; the epilogue follows the partial sums.
+/// updates through [`sgemm_update`], whose threads share it by rows of B). With AVX-512 and an A of bytes stored
+/// row-major, the threads then share the product along its reduction, one chunk per thread, each reading the rows
+/// of B it last wrote, rather than by rows of C, each reading all of B; the epilogue follows the partial sums. (The
+/// AVX2 kernels share every such product of bytes so, flag or not.)
 #[allow(clippy::too_many_arguments)]
 pub fn sgemm_fused(
     m: usize,

@@ -17,9 +17,10 @@
 //! `relu`, `mask`) finishes each tile as its sum completes, while it is in L1. Neither product is transposed nor
 //! computed as dot products (`Product::fixed`).
 //!
-//! Threads take chunks of rows or of columns of C, whichever repeats less packing; a product of bytes times a B that
-//! each training step rewrites (the first layer's weights) takes one chunk of the reduction each instead
-//! (`by_reduction`), so that each thread reads the rows of B it wrote in the update.
+//! Threads take chunks of rows or of columns of C, whichever repeats less packing; a product of bytes stored
+//! row-major (the first layer's images) takes one chunk of the reduction each instead (`by_reduction`), so that each
+//! thread converts only its own steps of A and reads only those rows of B (in training, the rows it wrote in the
+//! update).
 //!
 //! A product of one to three rows of C (a batch of one) runs in `rows` instead: B read where it is stored.
 //!
@@ -59,7 +60,7 @@ struct Packs {
 thread_local! {
     /// This thread's packing buffers, reused by every call (taken out while a block runs).
     static PACK: Cell<Packs> = Cell::new(Packs::default());
-    /// The calling thread's copy of a whole A of bytes as floats, for products split by columns (`convert_whole`).
+    /// The calling thread's copy of a whole A of bytes as floats, for products of a few rows (`rows`).
     static WHOLE: Cell<Buf> = Cell::new(Buf::default());
 }
 
@@ -72,11 +73,6 @@ pub(crate) fn reserve_thread() {
     packs.converted.ptr(MC * KC);
     PACK.set(packs);
 }
-
-/// A product split by columns whose A of bytes has at least this many elements converts A once, before the chunks
-/// (which then read its floats in place), rather than once per chunk: below it the conversion (about 0.25 ns an
-/// element) costs less than the extra hand-over to the workers.
-const CONVERT_ONCE_MIN: usize = 1 << 14;
 
 /// Products of at least this many multiply-adds (m·n·k) are shared among threads: below it a product takes less
 /// than handing chunks to a rayon worker (20 µs and more to wake one on these virtual machines) saves.
@@ -123,8 +119,8 @@ pub(crate) unsafe fn sgemm(p: Product, parallel: bool) {
         return unsafe { by_reduction(&p, threads) };
     }
     // Column chunks each pack their own share of B and read all of A again (in place, packing it again when
-    // stored transposed; bytes as the floats converted once for all chunks, below); row chunks each pack all of B
-    // again. Whichever repeats less, given enough columns.
+    // stored transposed or converting it again from bytes); row chunks each pack all of B again. Whichever repeats
+    // less, given enough columns.
     let again_a = p.m * p.k * if p.ta && p.bytes.is_none() { 2 } else { 1 };
     let again_b = p.k * p.n * if p.tb { 4 } else { 1 };
     let by_columns = p.n >= NR * threads && again_a < again_b;
@@ -135,14 +131,6 @@ pub(crate) unsafe fn sgemm(p: Product, parallel: bool) {
         unsafe { block(&p, 0, p.m, 0, p.n, 0, p.k) };
         return;
     }
-    // Column chunks each read all of A: an A of bytes is converted once for them all, not once per chunk.
-    let (p, whole) = if by_columns && p.bytes.is_some() && !p.ta && p.m * p.k >= CONVERT_ONCE_MIN {
-        // SAFETY: the caller's contract.
-        let (floats, whole) = unsafe { convert_whole(&p, threads) };
-        (floats, Some(whole))
-    } else {
-        (p, None)
-    };
     let range = |c: usize| ((units * c / chunks * unit).min(len), (units * (c + 1) / chunks * unit).min(len));
     let work = |c: usize| {
         let (lo, hi) = range(c);
@@ -156,19 +144,17 @@ pub(crate) unsafe fn sgemm(p: Product, parallel: bool) {
         }
     };
     pool::run_chunks(chunks, threads - 1, &work);
-    if let Some(whole) = whole {
-        WHOLE.set(whole);
-    }
 }
 
-/// Whether `p` is bytes times a B that each training step rewrites (the first layer's weights), large enough to
-/// share: then each thread takes one chunk of the reduction (`by_reduction`) rather than of the columns. The update
-/// of such a B splits it by rows (its product, `xᵀ·dy`, by rows of C), the caller's chunks first and the worker's
-/// last, as the reduction's chunks are claimed; so each thread reads the rows of B that it wrote, and converts only
-/// its own steps of A. Split by columns, each thread read half of B and half of A's floats from the other core's
-/// cache, and the update then took back every line of B that the other thread had read.
+/// Whether the threads share `p` along its reduction (`by_reduction`): an A of bytes stored row-major (the first
+/// layer's images), at least 64 steps a thread. Each thread then converts only its own steps of A, block by block in
+/// its own buffer, and reads only those rows of B. Split by columns, the threads converted A once between them and
+/// each read all its floats, half of them from the other core's cache. In a training step B is the first layer's
+/// weights, which the update splits by rows (its product, `xᵀ·dy`, by rows of C), the caller's chunks first and the
+/// worker's last, as the reduction's chunks are claimed: each thread reads the rows of B that it wrote, where split by
+/// columns each read half of B from the other core's cache, and the update took those lines back.
 fn splits_reduction(p: &Product, threads: usize) -> bool {
-    p.bytes.is_some() && !p.ta && !p.tc && p.b_rewritten && p.k >= 64 * threads
+    p.bytes.is_some() && !p.ta && !p.tc && p.k >= 64 * threads
 }
 
 /// The most threads that share a product by its reduction (each past the first sums into a partial of its own).
@@ -323,31 +309,6 @@ pub(crate) unsafe fn sgemm_packed(m: usize, n: usize, k: usize, a: &[f32], panel
             }
         }
     }
-}
-
-/// A (bytes, row-major) converted to floats in this thread's `WHOLE` buffer, its rows shared among `threads`: `p`
-/// reading those floats in place, and the buffer, which must outlive that product (then back to `WHOLE`). The same
-/// floats as `block`'s conversion of each block (`convert`), so the same results.
-///
-/// # Safety
-/// As `sgemm`, for `p`.
-unsafe fn convert_whole(p: &Product, threads: usize) -> (Product, Buf) {
-    let mut whole = WHOLE.take();
-    // An address, not a pointer: the conversion's closure is shared with the workers.
-    let floats = whole.ptr(p.m * p.k) as usize;
-    let scale = Scale::new(p.bytes.expect("a product of bytes"));
-    let parts = threads.min(p.m);
-    let convert_rows = |c: usize| {
-        let (lo, hi) = (p.m * c / parts, p.m * (c + 1) / parts);
-        // SAFETY: rows lo..hi of A's bytes (k each, lda apart) are in A (the caller's contract); the parts write
-        // disjoint rows of `whole`, which holds m·k floats.
-        unsafe {
-            let dst = (floats as *mut f32).add(lo * p.k);
-            convert(p.a.cast::<u8>().add(lo * p.lda), p.lda, hi - lo, p.k, dst, &scale);
-        }
-    };
-    pool::run_chunks(parts, threads - 1, &convert_rows);
-    (Product { a: floats as *const f32, lda: p.k, bytes: None, ..*p }, whole)
 }
 
 /// Rough cost of `p` as oriented, in vector operations: the FMAs over whole tiles (a thin C wastes most lanes of
@@ -782,15 +743,15 @@ mod tests {
         }
     }
 
+    /// Bytes over a short reduction (fewer than 64 steps a thread) are split by columns, each chunk converting A
+    /// again: the same bits as one thread.
     #[test]
-    fn bytes_split_by_columns_convert_once_to_the_same_bits() {
+    fn bytes_split_by_columns_convert_to_the_same_bits() {
         if !have_avx2() {
             return;
         }
         let mut rng = fastrand::Rng::with_seed(5);
-        // The mlp's first layer, one whose rows do not split evenly, and one at the conversion's threshold.
-        for (m, n, k) in [(128, 256, 784), (37, 100, 500), (64, 96, 256)] {
-            assert!(m * k >= CONVERT_ONCE_MIN && m * k < k * n && m * n * k >= PARALLEL_MIN);
+        for (m, n, k) in [(128, 256, 100), (37, 300, 120), (300, 512, 64)] {
             let raw: Vec<u8> = (0..m * k).map(|_| rng.u8(..)).collect();
             let b: Vec<f32> = (0..k * n).map(|_| rng.f32() - 0.5).collect();
             let bias: Vec<f32> = (0..n).map(|_| rng.f32() - 0.5).collect();
@@ -816,6 +777,7 @@ mod tests {
                 b_rewritten: false,
                 id: 0,
             };
+            assert!(!splits_reduction(&product(std::ptr::null_mut()), 2) && m * k < k * n && m * n * k >= PARALLEL_MIN);
             let one = split_writes_the_same_bits(sgemm, &format!("{m}×{n}×{k} of bytes"), m * n, product);
             // And both are the product (the bytes divided by 255): spot checks against a naive sum.
             for (i, j) in [(0, 0), (m - 1, n - 1), (m / 2, n / 3)] {
@@ -943,11 +905,11 @@ mod tests {
         }
     }
 
-    /// The first layer of a training step (bytes times weights rewritten by each step) on a pool of 2 and of 3
-    /// threads: one chunk of the reduction each, the partials summed and the epilogue applied after; against a naive
-    /// product, with accumulation and α too. Only such products split so.
+    /// The first layer (bytes stored row-major times its weights) on a pool of 2 and of 3 threads: one chunk of the
+    /// reduction each, the partials summed and the epilogue applied after; against a naive product, with
+    /// accumulation and α too. Only such products split so.
     #[test]
-    fn products_of_bytes_times_a_rewritten_b_are_split_along_the_reduction() {
+    fn products_of_bytes_are_split_along_the_reduction() {
         if !have_avx2() {
             return;
         }
@@ -974,9 +936,10 @@ mod tests {
             id: 0,
         };
         assert!(splits_reduction(&shape(128, 256, 784, true, false), 2));
-        assert!(!splits_reduction(&shape(128, 256, 784, false, false), 2));
+        assert!(splits_reduction(&shape(128, 256, 784, false, false), 2));
         assert!(!splits_reduction(&shape(128, 256, 784, true, true), 2));
         assert!(!splits_reduction(&shape(128, 256, 100, true, false), 2));
+        assert!(!splits_reduction(&Product { bytes: None, ..shape(128, 256, 784, true, false) }, 2));
         let mut rng = fastrand::Rng::with_seed(12);
         for (threads, (m, n, k)) in
             [(2, (128, 256, 784)), (3, (37, 100, 500)), (2, (64, 96, 300)), (3, (128, 256, 784))]
