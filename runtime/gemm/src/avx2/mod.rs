@@ -3,7 +3,8 @@
 //!
 //! Work of one thread (`block`), in BLIS's loop order:
 //! - columns in blocks of at most `NC` = 512, the reduction in equal blocks of at most `KC` = 256: B's kc×nc block is
-//!   packed in 16-column panels (kc·16 floats, step-major, zero past the last column), 512 KiB that stay in L2;
+//!   packed in 16-column panels (kc·16 floats, step-major, zero past the last column), 512 KiB that stay in L2,
+//!   once per thread and product (`Packs::b_holds`: a thread's later row chunks of the product reuse it);
 //! - rows in blocks of at most `MC` = 96: a transposed-stored A is packed in 6-row panels (the 6 elements of a step
 //!   contiguous); a row-major A is read where it is stored, the kernel broadcasting from its 6 rows;
 //! - each 16-column B panel (16 KiB) stays in L1 while the kernel walks the block's row panels past it.
@@ -31,9 +32,10 @@
 use std::arch::x86_64::*;
 use std::cell::Cell;
 
-use crate::avx512::{corrects, dot, Buf, Product, PARTIALS};
+use crate::avx512::{corrects, dot, Buf, Product, CALLS, PARTIALS};
 use crate::pool;
 use crate::ByteScale;
+use std::sync::atomic::Ordering;
 
 pub(crate) mod rows;
 
@@ -48,11 +50,13 @@ const NC: usize = 512;
 /// Rows of A per block (16 panels).
 const MC: usize = 96;
 
-/// A thread's packing buffers.
+/// A thread's packing buffers, with the identity of the block of B packed (call, pc, kc, jc, nc), so that the row
+/// chunks of one product that a thread runs pack B once.
 #[derive(Default)]
 struct Packs {
     a: Buf,
     b: Buf,
+    b_holds: Option<(u64, usize, usize, usize, usize)>,
     /// A block of an A of bytes, converted to floats.
     converted: Buf,
 }
@@ -97,7 +101,7 @@ pub(crate) unsafe fn sgemm(p: Product, parallel: bool) {
         return unsafe { rows::sgemm(&few, threads) };
     }
     // A product of bytes or with an epilogue keeps its orientation and its tiles (`Product::fixed`).
-    let p = if !p.fixed() && cost(&p.transposed()) < 0.9 * cost(&p) { p.transposed() } else { p };
+    let mut p = if !p.fixed() && cost(&p.transposed()) < 0.9 * cost(&p) { p.transposed() } else { p };
     // A thin product (C or Cᵀ of at most 16 columns) as dot products, where that costs less than tiles.
     let as_dots = [p, p.transposed()]
         .into_iter()
@@ -108,6 +112,7 @@ pub(crate) unsafe fn sgemm(p: Product, parallel: bool) {
         // SAFETY: the caller's contract.
         return unsafe { dot::sgemm_avx2(&thin, threads) };
     }
+    p.id = CALLS.fetch_add(1, Ordering::Relaxed);
     let parallel_min = if p.m * p.n >= WIDE_C_MIN { PARALLEL_MIN / 4 } else { PARALLEL_MIN };
     if threads <= 1 || p.m * p.n * p.k < parallel_min {
         // SAFETY: the caller's contract.
@@ -342,6 +347,9 @@ unsafe fn block(p: &Product, i0: usize, i1: usize, j0: usize, j1: usize, k0: usi
         return;
     }
     let mut packs = PACK.take();
+    if packs.b.floats() < KC * NC {
+        packs.b_holds = None;
+    }
     let b_pack = packs.b.ptr(KC * NC);
     let a_pack = packs.a.ptr(if p.ta { MC * KC } else { 0 });
     let converted = packs.converted.ptr(if p.bytes.is_some() { MC * KC } else { 0 });
@@ -355,8 +363,14 @@ unsafe fn block(p: &Product, i0: usize, i1: usize, j0: usize, j1: usize, k0: usi
             let kc = depth.min(k1 - pc);
             let overwrite = pc == k0 && !p.accumulate;
             let finish = pc + kc == p.k && p.epilogue();
-            // SAFETY: the block's steps and columns are in B; the packed block holds ⌈nc/16⌉ panels of kc·16.
-            unsafe { pack_b(p, pc, kc, jc, nc, b_pack) };
+            // The thread's earlier row chunk of this product packed the same block (a product built elsewhere, with
+            // no call's id, packs it every time).
+            let block_of_b = (p.id, pc, kc, jc, nc);
+            if p.id == 0 || packs.b_holds != Some(block_of_b) {
+                // SAFETY: the block's steps and columns are in B; the packed block holds ⌈nc/16⌉ panels of kc·16.
+                unsafe { pack_b(p, pc, kc, jc, nc, b_pack) };
+                packs.b_holds = Some(block_of_b);
+            }
             for ic in (i0..i1).step_by(MC) {
                 let mc = MC.min(i1 - ic);
                 // Where the kernels read A's block of floats: A itself, or the block converted from bytes (mc rows

@@ -81,7 +81,7 @@ impl Buf {
         self.0.as_mut_ptr().cast()
     }
 
-    fn floats(&self) -> usize {
+    pub(crate) fn floats(&self) -> usize {
         self.0.len() * 16
     }
 }
@@ -118,7 +118,7 @@ pub(crate) fn reserve_thread() {
 pub(crate) static PARTIALS: Mutex<Vec<Buf>> = Mutex::new(Vec::new());
 
 /// Distinguishes calls, for `Packs::b_holds`.
-static CALLS: AtomicU64 = AtomicU64::new(1);
+pub(crate) static CALLS: AtomicU64 = AtomicU64::new(1);
 
 /// A product `C = α·A·B` (or `C += α·A·B` when `accumulate`) over raw pointers.
 ///
