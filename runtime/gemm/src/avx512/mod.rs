@@ -499,7 +499,10 @@ unsafe fn parallel_product(p: &Product, split: Split, chunks: usize, threads: us
     };
     let chunks = if split == Split::Rows { rows.len } else { chunks };
     pool::run_chunks(chunks, threads - 1, &work);
-    if split == Split::Depth && whole.epilogue() {
+    if split != Split::Depth {
+        return;
+    }
+    if whole.epilogue() {
         // The threads sum the partials into rows of C and finish them, each its own rows.
         let parts = threads.min(p.m);
         let sum = |c: usize| {
@@ -515,17 +518,15 @@ unsafe fn parallel_product(p: &Product, split: Split, chunks: usize, threads: us
             }
         };
         pool::run_chunks(parts, threads - 1, &sum);
-    } else if split == Split::Depth {
+    } else {
         for ptr in &part[..chunks - 1] {
             // SAFETY: AVX-512F (the caller's contract); the partial has C's shape, `part_ld` apart.
             unsafe { add_into(p, ptr.0, part_ld) };
         }
     }
-    if split == Split::Depth {
-        let mut pool = PARTIALS.lock().unwrap_or_else(|e| e.into_inner());
-        if pool.len() < partials.len() {
-            *pool = partials;
-        }
+    let mut pool = PARTIALS.lock().unwrap_or_else(|e| e.into_inner());
+    if pool.len() < partials.len() {
+        *pool = partials;
     }
 }
 
