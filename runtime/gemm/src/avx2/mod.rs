@@ -14,7 +14,8 @@
 //! small array.
 //!
 //! A of bytes (`Product::bytes`: images fed as u8) is converted to floats a block at a time (mc rows × kc steps, in
-//! a buffer of the thread's), then read as a float A would be. A product with an epilogue (`Product::bias`,
+//! a buffer of the thread's), then read as a float A would be; stored transposed, it is converted as it is packed
+//! (`pack_a_bytes`). A product with an epilogue (`Product::bias`,
 //! `relu`, `mask`) finishes each tile as its sum completes, while it is in L1. Neither product is transposed nor
 //! computed as dot products (`Product::fixed`).
 //!
@@ -352,7 +353,7 @@ unsafe fn block(p: &Product, i0: usize, i1: usize, j0: usize, j1: usize, k0: usi
     }
     let b_pack = packs.b.ptr(KC * NC);
     let a_pack = packs.a.ptr(if p.ta { MC * KC } else { 0 });
-    let converted = packs.converted.ptr(if p.bytes.is_some() { MC * KC } else { 0 });
+    let converted = packs.converted.ptr(if p.bytes.is_some() && !p.ta { MC * KC } else { 0 });
     let scale = p.bytes.map(Scale::new);
     for jc in (j0..j1).step_by(NC) {
         let nc = NC.min(j1 - jc);
@@ -374,21 +375,22 @@ unsafe fn block(p: &Product, i0: usize, i1: usize, j0: usize, j1: usize, k0: usi
             for ic in (i0..i1).step_by(MC) {
                 let mc = MC.min(i1 - ic);
                 // Where the kernels read A's block of floats: A itself, or the block converted from bytes (mc rows
-                // of kc, or stored transposed kc rows of mc).
+                // of kc); a transposed-stored A is packed into panels, bytes converted on the way.
                 let (a, lda, (a_pc, a_ic)) = match scale {
-                    None => (p.a, p.lda, (pc, ic)),
-                    Some(scale) => {
-                        let (rows, cols, at) = if p.ta { (kc, mc, pc * p.lda + ic) } else { (mc, kc, ic * p.lda + pc) };
-                        // SAFETY: the block's rows and columns of A's bytes are in A, and `converted` holds MC·KC
+                    Some(scale) if !p.ta => {
+                        // SAFETY: the block's rows and steps of A's bytes are in A, and `converted` holds MC·KC
                         // floats.
-                        unsafe { convert(p.a.cast::<u8>().add(at), p.lda, rows, cols, converted, &scale) };
-                        (converted.cast_const(), cols, (0, 0))
+                        unsafe { convert(p.a.cast::<u8>().add(ic * p.lda + pc), p.lda, mc, kc, converted, &scale) };
+                        (converted.cast_const(), kc, (0, 0))
                     }
+                    _ => (p.a, p.lda, (pc, ic)),
                 };
-                if p.ta {
-                    // SAFETY: the block's rows and steps are in A (or its converted block); ⌈mc/6⌉ panels of kc·6
-                    // fit MC·KC.
-                    unsafe { pack_a(a, lda, a_pc, kc, a_ic, mc, a_pack) };
+                match scale {
+                    // SAFETY: the block's rows and steps are in A; ⌈mc/6⌉ panels of kc·6 fit MC·KC.
+                    Some(scale) if p.ta => unsafe { pack_a_bytes(p.a.cast(), p.lda, pc, kc, ic, mc, a_pack, &scale) },
+                    // SAFETY: as above.
+                    None if p.ta => unsafe { pack_a(a, lda, a_pc, kc, a_ic, mc, a_pack) },
+                    _ => {}
                 }
                 for jr in (0..nc).step_by(NR) {
                     let nr = NR.min(nc - jr);
@@ -447,6 +449,52 @@ unsafe fn pack_a(a: *const f32, lda: usize, pc: usize, kc: usize, i: usize, mc: 
             let (s, d) = (src.add(full * MR), dst.add(full * MR * kc + q * mr));
             for r in 0..mr {
                 *d.add(r) = *s.add(r);
+            }
+        }
+    }
+}
+
+/// `pack_a` for an A of bytes: rows `i..i+mc` of A stored transposed (at `a`, its stored rows `lda` apart) over the
+/// steps `pc..pc+kc`, converted as `convert` converts them (the same floats) into the same panels.
+///
+/// # Safety
+/// The rows and steps are in A; `dst` holds ⌈mc/6⌉·6·kc floats.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn pack_a_bytes(
+    a: *const u8,
+    lda: usize,
+    pc: usize,
+    kc: usize,
+    i: usize,
+    mc: usize,
+    dst: *mut f32,
+    scale: &Scale,
+) {
+    let (full, tail) = (mc / MR, mc % MR);
+    let mut bytes = [0u8; 8];
+    let mut floats = [0f32; 8];
+    for q in 0..kc {
+        // SAFETY: row pc+q of the stored A holds the block's mc bytes from column i, read 6 at a time (an 8-byte load
+        // could pass A's end), the last panel's through a copy; panel g's step q lies at g·6·kc + q·6 in dst (the last panel's at
+        // full·6·kc + q·tail), and each store writes only that step's 6 (or tail) floats.
+        unsafe {
+            let src = a.add((pc + q) * lda + i);
+            for g in 0..full {
+                // The 6 bytes as 4 and 2, into a register (through memory, a store of 6 and a load of 8 would stall).
+                let at = src.add(g * MR);
+                let four = _mm_cvtsi32_si128(at.cast::<i32>().read_unaligned());
+                let six = _mm_insert_epi16::<2>(four, i32::from(at.add(4).cast::<u16>().read_unaligned()));
+                let row = scale.apply(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(six)));
+                let d = dst.add(g * MR * kc + q * MR);
+                _mm_storeu_ps(d, _mm256_castps256_ps128(row));
+                _mm_storel_epi64(d.add(4).cast(), _mm_castps_si128(_mm256_extractf128_ps::<1>(row)));
+            }
+            if tail > 0 {
+                std::ptr::copy_nonoverlapping(src.add(full * MR), bytes.as_mut_ptr(), tail);
+                let row = scale.apply(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(bytes.as_ptr().cast()))));
+                _mm256_storeu_ps(floats.as_mut_ptr(), row);
+                std::ptr::copy_nonoverlapping(floats.as_ptr(), dst.add(full * MR * kc + q * tail), tail);
             }
         }
     }
