@@ -15,9 +15,8 @@
 //!
 //! A of bytes (`Product::bytes`: images fed as u8) is converted to floats a block at a time (mc rows × kc steps, in
 //! a buffer of the thread's), then read as a float A would be; stored transposed, it is converted as it is packed
-//! (`pack_a_bytes`). A product with an epilogue (`Product::bias`,
-//! `relu`, `mask`) finishes each tile as its sum completes, while it is in L1. Neither product is transposed nor
-//! computed as dot products (`Product::fixed`).
+//! (`pack_a_bytes`). A product with an epilogue (`Product::bias`, `relu`, `mask`) finishes each tile as its sum
+//! completes, while it is in L1. Neither product is transposed nor computed as dot products (`Product::fixed`).
 //!
 //! Threads take chunks of rows or of columns of C, whichever repeats less packing; a product of bytes stored
 //! row-major (the first layer's images) takes one chunk of the reduction each instead (`by_reduction`), so that each
@@ -475,9 +474,9 @@ unsafe fn pack_a_bytes(
     let mut bytes = [0u8; 8];
     let mut floats = [0f32; 8];
     for q in 0..kc {
-        // SAFETY: row pc+q of the stored A holds the block's mc bytes from column i, read 6 at a time (an 8-byte load
-        // could pass A's end), the last panel's through a copy; panel g's step q lies at g·6·kc + q·6 in dst (the last panel's at
-        // full·6·kc + q·tail), and each store writes only that step's 6 (or tail) floats.
+        // SAFETY: row pc+q of the stored A holds the block's mc bytes from column i, read 6 at a time (an 8-byte
+        // load could pass A's end), the last panel's through a copy; panel g's step q lies at g·6·kc + q·6 in dst
+        // (the last panel's at full·6·kc + q·tail), and each store writes only that step's 6 (or tail) floats.
         unsafe {
             let src = a.add((pc + q) * lda + i);
             for g in 0..full {
