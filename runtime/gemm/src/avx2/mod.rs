@@ -29,6 +29,7 @@
 //! `reserve_thread`), so that after the first products of a shape a training step allocates nothing here
 //! (tests/native_alloc.rs).
 
+use std::arch::asm;
 use std::arch::x86_64::*;
 use std::cell::Cell;
 
@@ -693,7 +694,10 @@ static KERNELS: [[Kernel; MR]; 2] = [heights!(false), heights!(true)];
 ///   written.
 ///
 /// Per step: two B loads, and per row a broadcast into two FMAs: 12 FMAs against 8 loads at R = 6, so the two
-/// FMA ports bound it.
+/// FMA ports bound it. As in the AVX-512 kernels, the k loop is unrolled by 4 and each row's step is one small
+/// `asm!` block, a broadcast at a constant displacement: compiled from intrinsics, the loop computed three row
+/// addresses and advanced its pointers every step, 27 instructions for 12 FMAs. (On Zen 4, the mlp's training
+/// step's products on these kernels, whole steps alternated in one process: 5–7 % faster.)
 ///
 /// # Safety
 /// AVX2 and FMA; A's R rows, B's steps and the tile's elements addressed as above are in bounds.
@@ -711,29 +715,105 @@ unsafe fn kernel<const R: usize, const IN_PLACE: bool>(
     overwrite: bool,
     alpha: f32,
 ) {
-    let mut acc = [[_mm256_setzero_ps(); 2]; R];
+    let mut acc = [[_mm256_setzero_ps(); 2]; MR];
+    // One row of one step: acc[i] += A(i, step) · (b0, b1), A's element at `[address]`.
+    macro_rules! row {
+        ($i:expr, $address:literal, $b0:ident, $b1:ident, $($operands:tt)*) => {
+            if $i < R {
+                asm!(
+                    concat!("vbroadcastss {t}, dword ptr [", $address, "]"),
+                    "vfmadd231ps {c0}, {b0}, {t}",
+                    "vfmadd231ps {c1}, {b1}, {t}",
+                    $($operands)*
+                    b0 = in(ymm_reg) $b0,
+                    b1 = in(ymm_reg) $b1,
+                    c0 = inout(ymm_reg) acc[$i][0],
+                    c1 = inout(ymm_reg) acc[$i][1],
+                    t = out(ymm_reg) _,
+                    options(pure, readonly, nostack, preserves_flags),
+                );
+            }
+        };
+    }
     // SAFETY: the caller's contract covers every address below.
     unsafe {
-        let (mut a, mut b) = (a, b);
-        let a_step = if IN_PLACE { 1 } else { R };
-        for _ in 0..kc {
-            let (b0, b1) = (_mm256_load_ps(b), _mm256_load_ps(b.add(8)));
-            for (i, row) in acc.iter_mut().enumerate() {
-                let x = _mm256_broadcast_ss(&*a.add(if IN_PLACE { i * lda } else { i }));
-                row[0] = _mm256_fmadd_ps(x, b0, row[0]);
-                row[1] = _mm256_fmadd_ps(x, b1, row[1]);
+        if !tc {
+            for i in 0..R {
+                _mm_prefetch::<_MM_HINT_T0>(c.add(i * ldc).cast());
+                _mm_prefetch::<_MM_HINT_T0>(c.add(i * ldc + nr - 1).cast());
             }
-            a = a.add(a_step);
-            b = b.add(NR);
+        }
+        let mut b = b;
+        if IN_PLACE {
+            // Rows 3g, 3g + 1, 3g + 2 at base g + 0, lda, 2·lda (lda in bytes in `ld`); the base of a group past R
+            // is never dereferenced.
+            let ld = lda * 4;
+            let (mut r0, mut r3) = (a, a.wrapping_add(3 * lda));
+            macro_rules! group {
+                ($u:literal, $g:literal, $base:ident, $b0:ident, $b1:ident) => {
+                    row!(3 * $g, "{r} + {d}", $b0, $b1, r = in(reg) $base, d = const $u * 4,);
+                    row!(3 * $g + 1, "{r} + {l} + {d}", $b0, $b1,
+                        r = in(reg) $base, l = in(reg) ld, d = const $u * 4,);
+                    row!(3 * $g + 2, "{r} + {l}*2 + {d}", $b0, $b1,
+                        r = in(reg) $base, l = in(reg) ld, d = const $u * 4,);
+                };
+            }
+            macro_rules! step {
+                ($u:literal) => {
+                    let (b0, b1) = (_mm256_load_ps(b.add($u * NR)), _mm256_load_ps(b.add($u * NR + 8)));
+                    group!($u, 0, r0, b0, b1);
+                    group!($u, 1, r3, b0, b1);
+                };
+            }
+            // Unrolled by 4: fewer pointer updates and branches per FMA.
+            for _ in 0..kc / 4 {
+                step!(0);
+                step!(1);
+                step!(2);
+                step!(3);
+                (r0, r3) = (r0.wrapping_add(4), r3.wrapping_add(4));
+                b = b.add(4 * NR);
+            }
+            for _ in 0..kc % 4 {
+                step!(0);
+                (r0, r3) = (r0.wrapping_add(1), r3.wrapping_add(1));
+                b = b.add(NR);
+            }
+        } else {
+            let mut a = a;
+            macro_rules! step {
+                ($u:literal) => {
+                    let (b0, b1) = (_mm256_load_ps(b.add($u * NR)), _mm256_load_ps(b.add($u * NR + 8)));
+                    row!(0, "{a} + {d}", b0, b1, a = in(reg) a, d = const ($u * R) * 4,);
+                    row!(1, "{a} + {d}", b0, b1, a = in(reg) a, d = const ($u * R + 1) * 4,);
+                    row!(2, "{a} + {d}", b0, b1, a = in(reg) a, d = const ($u * R + 2) * 4,);
+                    row!(3, "{a} + {d}", b0, b1, a = in(reg) a, d = const ($u * R + 3) * 4,);
+                    row!(4, "{a} + {d}", b0, b1, a = in(reg) a, d = const ($u * R + 4) * 4,);
+                    row!(5, "{a} + {d}", b0, b1, a = in(reg) a, d = const ($u * R + 5) * 4,);
+                };
+            }
+            for _ in 0..kc / 4 {
+                step!(0);
+                step!(1);
+                step!(2);
+                step!(3);
+                a = a.add(4 * R);
+                b = b.add(4 * NR);
+            }
+            for _ in 0..kc % 4 {
+                step!(0);
+                a = a.add(R);
+                b = b.add(NR);
+            }
         }
         if alpha != 1.0 {
             let alpha = _mm256_set1_ps(alpha);
-            for row in &mut acc {
+            for row in acc.iter_mut().take(R) {
                 *row = [_mm256_mul_ps(row[0], alpha), _mm256_mul_ps(row[1], alpha)];
             }
         }
         if !tc && nr == NR {
-            for (i, [v0, v1]) in acc.iter().enumerate() {
+            for (i, [v0, v1]) in acc.iter().enumerate().take(R) {
                 let row = c.add(i * ldc);
                 if overwrite {
                     _mm256_storeu_ps(row, *v0);
