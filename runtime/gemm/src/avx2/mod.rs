@@ -650,11 +650,29 @@ unsafe fn pack_b(p: &Product, pc: usize, kc: usize, j: usize, nc: usize, dst: *m
                     }
                 }
             } else {
-                // Bᵀ stored: column j + jr + c is a stored row, read in order.
+                // Bᵀ stored: column j + jr + c is a stored row, read in order; 8 of them at a time, 8 steps of each
+                // transposed in registers into the 8 steps' halves of the panel.
                 if nr < NR {
                     std::ptr::write_bytes(panel, 0, kc * NR);
                 }
-                for c in 0..nr {
+                let whole = nr / 8 * 8;
+                for c0 in (0..whole).step_by(8) {
+                    let src = p.b.add((j + jr + c0) * p.ldb + pc);
+                    let mut q = 0;
+                    while q + 8 <= kc {
+                        let rows: [__m256; 8] = std::array::from_fn(|r| _mm256_loadu_ps(src.add(r * p.ldb + q)));
+                        for (t, v) in transpose8(rows).into_iter().enumerate() {
+                            _mm256_store_ps(panel.add((q + t) * NR + c0), v);
+                        }
+                        q += 8;
+                    }
+                    for c in c0..c0 + 8 {
+                        for q in q..kc {
+                            *panel.add(q * NR + c) = *src.add((c - c0) * p.ldb + q);
+                        }
+                    }
+                }
+                for c in whole..nr {
                     let src = p.b.add((j + jr + c) * p.ldb + pc);
                     for q in 0..kc {
                         *panel.add(q * NR + c) = *src.add(q);
@@ -663,6 +681,37 @@ unsafe fn pack_b(p: &Product, pc: usize, kc: usize, j: usize, nc: usize, dst: *m
             }
         }
     }
+}
+
+/// The 8×8 transpose of `r` (row i of the result holds element i of each of `r`'s rows).
+#[target_feature(enable = "avx2,fma")]
+fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
+    // Pairs of rows interleaved, then pairs of pairs, then the 128-bit halves exchanged.
+    let t: [__m256; 8] = std::array::from_fn(|i| {
+        let (a, b) = (r[i / 2 * 2], r[i / 2 * 2 + 1]);
+        if i % 2 == 0 {
+            _mm256_unpacklo_ps(a, b)
+        } else {
+            _mm256_unpackhi_ps(a, b)
+        }
+    });
+    let u: [__m256; 8] = std::array::from_fn(|i| {
+        let (g, half) = (i / 4 * 4, i % 4 / 2);
+        let (a, b) = (t[g + half], t[g + half + 2]);
+        if i % 2 == 0 {
+            _mm256_shuffle_ps::<0x44>(a, b)
+        } else {
+            _mm256_shuffle_ps::<0xEE>(a, b)
+        }
+    });
+    std::array::from_fn(|i| {
+        let (a, b) = (u[i % 4], u[i % 4 + 4]);
+        if i < 4 {
+            _mm256_permute2f128_ps::<0x20>(a, b)
+        } else {
+            _mm256_permute2f128_ps::<0x31>(a, b)
+        }
+    })
 }
 
 /// `kernel::<R, IN_PLACE>(kc, a, lda, b, c, ldc, nr, tc, overwrite, alpha)`.
@@ -856,6 +905,29 @@ mod tests {
             crate::skip::skip(crate::skip::Need::Avx2, "this CPU has no AVX2 and FMA");
         }
         have
+    }
+
+    /// `transpose8` puts element i of row r at element r of row i.
+    #[test]
+    fn transpose8_transposes() {
+        if !have_avx2() {
+            return;
+        }
+        let rows: [[f32; 8]; 8] = std::array::from_fn(|r| std::array::from_fn(|i| (10 * r + i) as f32));
+        // SAFETY: AVX2 is available; loads and stores of 8 floats each from arrays of 8.
+        let out: [[f32; 8]; 8] = unsafe {
+            let t = transpose8(std::array::from_fn(|r| _mm256_loadu_ps(rows[r].as_ptr())));
+            std::array::from_fn(|i| {
+                let mut row = [0f32; 8];
+                _mm256_storeu_ps(row.as_mut_ptr(), t[i]);
+                row
+            })
+        };
+        for (i, row) in out.iter().enumerate() {
+            for (r, &x) in row.iter().enumerate() {
+                assert_eq!(x, rows[r][i], "element {r} of row {i}");
+            }
+        }
     }
 
     /// Bytes convert to the floats `ByteScale::apply` gives, to the bit: every byte, at every position of a row
