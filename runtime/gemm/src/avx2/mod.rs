@@ -318,8 +318,9 @@ pub(crate) unsafe fn sgemm_packed(m: usize, n: usize, k: usize, a: &[f32], panel
 }
 
 /// Rough cost of `p` as oriented, in vector operations: the FMAs over whole tiles (a thin C wastes most lanes of
-/// its 16-column tiles, where `Cᵀ = Bᵀ·Aᵀ` fills 6-row ones), packing B (a transposed-stored B element by element)
-/// and packing a transposed-stored A.
+/// its 16-column tiles, where `Cᵀ = Bᵀ·Aᵀ` fills 6-row ones), packing B (a transposed-stored B at a higher
+/// price, set when it was packed element by element; now 8×8 at a time through registers) and packing a
+/// transposed-stored A.
 fn cost(p: &Product) -> f64 {
     let tiles = (p.m.div_ceil(MR) * MR * p.n.div_ceil(NR) * NR * p.k) as f64 / 8.0;
     let pack_b = (p.k * p.n) as f64 / 8.0 * if p.tb { 8.0 } else { 1.0 };
