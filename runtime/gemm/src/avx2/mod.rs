@@ -7,7 +7,8 @@
 //!   once per thread and product (`Packs::b_holds`: a thread's later row chunks of the product reuse it);
 //! - rows in blocks of at most `MC` = 96: a transposed-stored A is packed in 6-row panels (the 6 elements of a step
 //!   contiguous); a row-major A is read where it is stored, the kernel broadcasting from its 6 rows;
-//! - each 16-column B panel (12.5 KiB) stays in L1 while the kernel walks the block's row panels past it.
+//! - each 16-column B panel (12.5 KiB) stays in L1 while the kernel walks the block's row panels past it. A
+//!   product of a few rows (`b_in_place`) reads B's whole panels where B is stored instead.
 //!
 //! The microkernel holds a 6×16 tile of C in 12 ymm accumulators; with B's two vectors and a broadcast that is 15
 //! of the 16 registers. A tile on the edge of C (fewer rows, fewer columns, or C stored transposed) goes through a
@@ -314,7 +315,7 @@ pub(crate) unsafe fn sgemm_packed(m: usize, n: usize, k: usize, a: &[f32], panel
                 unsafe {
                     let panel = panels.as_ptr().add(jr * k + pc * NR);
                     let tile = c.as_mut_ptr().add(ir * n + jr);
-                    KERNELS[1][mr - 1](kc, a.as_ptr().add(ir * k + pc), k, panel, tile, n, nr, false, pc == 0, 1.0);
+                    KERNELS[1][mr - 1](kc, a.as_ptr().add(ir * k + pc), k, panel, NR, tile, n, nr, false, pc == 0, 1.0);
                 }
             }
         }
@@ -362,6 +363,8 @@ unsafe fn block(p: &Product, i0: usize, i1: usize, j0: usize, j1: usize, k0: usi
     let scale = p.bytes.map(Scale::new);
     for jc in (j0..j1).step_by(NC) {
         let nc = NC.min(j1 - jc);
+        // Columns jc..jc+in_place are read from B as stored, the rest from packed panels.
+        let in_place = if b_in_place(p) { nc - nc % NR } else { 0 };
         // Equal blocks of the reduction: a last block of a few steps would load and store C for little work
         // (784 steps: 4 blocks of 196, not 256, 256, 256 and 16).
         let depth = (k1 - k0).div_ceil((k1 - k0).div_ceil(KC).max(1)).max(1);
@@ -372,9 +375,9 @@ unsafe fn block(p: &Product, i0: usize, i1: usize, j0: usize, j1: usize, k0: usi
             // The thread's earlier row chunk of this product packed the same block (a product built elsewhere, with
             // no call's id, packs it every time).
             let block_of_b = (p.id, pc, kc, jc, nc);
-            if p.id == 0 || packs.b_holds != Some(block_of_b) {
+            if in_place < nc && (p.id == 0 || packs.b_holds != Some(block_of_b)) {
                 // SAFETY: the block's steps and columns are in B; the packed block holds ⌈nc/16⌉ panels of kc·16.
-                unsafe { pack_b(p, pc, kc, jc, nc, b_pack) };
+                unsafe { pack_b(p, pc, kc, jc + in_place, nc - in_place, b_pack) };
                 packs.b_holds = Some(block_of_b);
             }
             for ic in (i0..i1).step_by(MC) {
@@ -402,7 +405,8 @@ unsafe fn block(p: &Product, i0: usize, i1: usize, j0: usize, j1: usize, k0: usi
                     for ir in (0..mc).step_by(MR) {
                         let mr = MR.min(mc - ir);
                         // SAFETY: the kernel reads mr rows × kc steps of A (packed panel ir/6, or in place from
-                        // row a_ic + ir, step a_pc), B's packed panel jr/16, and writes rows ic+ir.., columns
+                        // row a_ic + ir, step a_pc), kc steps of B's 16 columns from jc+jr (where B is stored, all
+                        // 16 columns in B, or packed panel (jr - in_place)/16), and writes rows ic+ir.., columns
                         // jc+jr.. of C (mr × nr of them); the epilogue reads the bias's columns and the mask's
                         // elements of the same tile (laid out as C, which is not transposed when there is one).
                         unsafe {
@@ -413,8 +417,13 @@ unsafe fn block(p: &Product, i0: usize, i1: usize, j0: usize, j1: usize, k0: usi
                             };
                             let (i, j) = (ic + ir, jc + jr);
                             let tile = if p.tc { p.c.add(j * p.ldc + i) } else { p.c.add(i * p.ldc + j) };
+                            let (b, ldb) = if jr < in_place {
+                                (p.b.add(pc * p.ldb + j), p.ldb)
+                            } else {
+                                (b_pack.add((jr - in_place) * kc).cast_const(), NR)
+                            };
                             let kernel = KERNELS[usize::from(!p.ta)][mr - 1];
-                            kernel(kc, a, lda, b_pack.add(jr * kc), tile, p.ldc, nr, p.tc, overwrite, p.alpha);
+                            kernel(kc, a, lda, b, ldb, tile, p.ldc, nr, p.tc, overwrite, p.alpha);
                             if finish {
                                 let bias = if p.bias.is_null() { p.bias } else { p.bias.add(j) };
                                 let mask = if p.mask.is_null() { p.mask } else { p.mask.add(i * p.ldc + j) };
@@ -427,6 +436,15 @@ unsafe fn block(p: &Product, i0: usize, i1: usize, j0: usize, j1: usize, k0: usi
         }
     }
     PACK.set(packs);
+}
+
+/// Whether `block` reads B's whole 16-column panels where B is stored (row-major), `ldb` apart, rather than packing
+/// them: where at most 4 row panels of A reuse each (the mlp's last weight gradient, computed as `Cᵀ`, 10 rows:
+/// 13.4–13.7 against 15.4–16.3 µs in a step; a logistic regression's, 784×10×100: 28–29 against 32–33). With more
+/// it measured no faster (the mlp's 128-row products, 64-byte-aligned operands) or slower (its weight gradients
+/// of 256 and 784 rows, 3–5 %; 15–20 % where B's rows were not aligned to cache lines).
+fn b_in_place(p: &Product) -> bool {
+    !p.tb && p.m <= 4 * MR
 }
 
 /// Packs rows `i..i+mc` of an A stored transposed (at `a`, its stored rows `lda` apart) over the steps `pc..pc+kc`
@@ -719,8 +737,8 @@ fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
     })
 }
 
-/// `kernel::<R, IN_PLACE>(kc, a, lda, b, c, ldc, nr, tc, overwrite, alpha)`.
-type Kernel = unsafe fn(usize, *const f32, usize, *const f32, *mut f32, usize, usize, bool, bool, f32);
+/// `kernel::<R, IN_PLACE>(kc, a, lda, b, ldb, c, ldc, nr, tc, overwrite, alpha)`.
+type Kernel = unsafe fn(usize, *const f32, usize, *const f32, usize, *mut f32, usize, usize, bool, bool, f32);
 
 /// Instantiates `kernel::<R, IN_PLACE>` for R = 1..=6.
 macro_rules! heights {
@@ -743,7 +761,7 @@ static KERNELS: [[Kernel; MR]; 2] = [heights!(false), heights!(true)];
 ///
 /// - A (R rows × kc steps): element (i, q) at `a[i·lda + q]` when `IN_PLACE` (A as stored, row-major), else at
 ///   `a[q·R + i]` (a packed panel).
-/// - B: a packed panel, step q's 16 floats at `b[q·16..]`, 32-byte aligned.
+/// - B: step q's 16 floats at `b[q·ldb..]`: a packed panel (ldb = 16) or B where it is stored.
 /// - C: element (i, j) of the tile at `c[i·ldc + j]`, or `c[j·ldc + i]` when `tc`; only columns `j < nr` are
 ///   written.
 ///
@@ -762,6 +780,7 @@ unsafe fn kernel<const R: usize, const IN_PLACE: bool>(
     a: *const f32,
     lda: usize,
     b: *const f32,
+    ldb: usize,
     c: *mut f32,
     ldc: usize,
     nr: usize,
@@ -814,7 +833,7 @@ unsafe fn kernel<const R: usize, const IN_PLACE: bool>(
             }
             macro_rules! step {
                 ($u:literal) => {
-                    let (b0, b1) = (_mm256_load_ps(b.add($u * NR)), _mm256_load_ps(b.add($u * NR + 8)));
+                    let (b0, b1) = (_mm256_loadu_ps(b.add($u * ldb)), _mm256_loadu_ps(b.add($u * ldb + 8)));
                     group!($u, 0, r0, b0, b1);
                     group!($u, 1, r3, b0, b1);
                 };
@@ -826,18 +845,18 @@ unsafe fn kernel<const R: usize, const IN_PLACE: bool>(
                 step!(2);
                 step!(3);
                 (r0, r3) = (r0.wrapping_add(4), r3.wrapping_add(4));
-                b = b.add(4 * NR);
+                b = b.add(4 * ldb);
             }
             for _ in 0..kc % 4 {
                 step!(0);
                 (r0, r3) = (r0.wrapping_add(1), r3.wrapping_add(1));
-                b = b.add(NR);
+                b = b.add(ldb);
             }
         } else {
             let mut a = a;
             macro_rules! step {
                 ($u:literal) => {
-                    let (b0, b1) = (_mm256_load_ps(b.add($u * NR)), _mm256_load_ps(b.add($u * NR + 8)));
+                    let (b0, b1) = (_mm256_loadu_ps(b.add($u * ldb)), _mm256_loadu_ps(b.add($u * ldb + 8)));
                     row!(0, "{a} + {d}", b0, b1, a = in(reg) a, d = const ($u * R) * 4,);
                     row!(1, "{a} + {d}", b0, b1, a = in(reg) a, d = const ($u * R + 1) * 4,);
                     row!(2, "{a} + {d}", b0, b1, a = in(reg) a, d = const ($u * R + 2) * 4,);
@@ -852,12 +871,12 @@ unsafe fn kernel<const R: usize, const IN_PLACE: bool>(
                 step!(2);
                 step!(3);
                 a = a.add(4 * R);
-                b = b.add(4 * NR);
+                b = b.add(4 * ldb);
             }
             for _ in 0..kc % 4 {
                 step!(0);
                 a = a.add(R);
-                b = b.add(NR);
+                b = b.add(ldb);
             }
         }
         if alpha != 1.0 {
@@ -1216,7 +1235,7 @@ mod tests {
         let mut rng = fastrand::Rng::with_seed(7);
         let mut shapes: Vec<(usize, usize, usize)> =
             (0..300).map(|_| (rng.usize(1..=40), rng.usize(1..=40), rng.usize(1..=40))).collect();
-        // Past one block of rows (96), of the reduction (256) and of columns (512), and products large enough to
+        // Past one block of rows (96), of the reduction (200) and of columns (512), and products large enough to
         // be shared among threads.
         shapes.extend([
             (97, 17, 257),
