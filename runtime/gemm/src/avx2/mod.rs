@@ -217,33 +217,62 @@ unsafe fn by_reduction(p: &Product, threads: usize) {
 }
 
 /// Rows `lo..hi` of C (row-major) += those of each partial (m×n, n apart, at the addresses `parts`), then the
-/// epilogue of `p` over them.
+/// epilogue of `p` over them: in one pass over each row's whole vectors, the rest of the row after.
 ///
 /// # Safety
 /// As `finish_tile`, for those rows of `p`'s C; each partial holds m·n floats.
 #[target_feature(enable = "avx2,fma")]
 unsafe fn add_and_finish(p: &Product, parts: &[usize], lo: usize, hi: usize) {
-    for &part in parts {
-        for r in lo..hi {
-            // SAFETY: row r of C holds n floats at c + r·ldc, the partial's at part + r·n.
-            unsafe {
-                let (c, s) = (p.c.add(r * p.ldc), (part as *const f32).add(r * p.n));
-                let mut j = 0;
-                while j + 8 <= p.n {
-                    _mm256_storeu_ps(c.add(j), _mm256_add_ps(_mm256_loadu_ps(c.add(j)), _mm256_loadu_ps(s.add(j))));
-                    j += 8;
+    let whole = p.n / 8 * 8;
+    for r in lo..hi {
+        // SAFETY: row r of C holds n floats at c + r·ldc, each partial's at part + r·n; the bias holds n floats and
+        // the mask's row r (laid out as C) n at mask + r·ldc.
+        unsafe {
+            let c = p.c.add(r * p.ldc);
+            let mask = if p.mask.is_null() { p.mask } else { p.mask.add(r * p.ldc) };
+            for j in (0..whole).step_by(8) {
+                let mut v = _mm256_loadu_ps(c.add(j));
+                for &part in parts {
+                    v = _mm256_add_ps(v, _mm256_loadu_ps((part as *const f32).add(r * p.n + j)));
                 }
-                for j in j..p.n {
-                    *c.add(j) += *s.add(j);
+                let at = |x: *const f32| if x.is_null() { x } else { x.add(j) };
+                _mm256_storeu_ps(c.add(j), finish8(v, at(p.bias), p.relu, at(mask)));
+            }
+            for j in whole..p.n {
+                for &part in parts {
+                    *c.add(j) += *(part as *const f32).add(r * p.n + j);
                 }
+            }
+            if p.epilogue() && whole < p.n {
+                let at = |x: *const f32| if x.is_null() { x } else { x.add(whole) };
+                finish_tile(c.add(whole), p.ldc, 1, p.n - whole, (at(p.bias), p.relu, at(mask)));
             }
         }
     }
-    if p.epilogue() {
-        let mask = if p.mask.is_null() { p.mask } else { p.mask.wrapping_add(lo * p.ldc) };
-        // SAFETY: the caller's contract.
-        unsafe { finish_tile(p.c.add(lo * p.ldc), p.ldc, hi - lo, p.n, (p.bias, p.relu, mask)) };
+}
+
+/// The epilogue of 8 elements of C: `v` plus the bias's 8 floats at `bias` (unless null), then `max(0, ·)` where
+/// `relu`, then 0 where the mask's 8 floats at `mask` (unless null) are not above 0; as `finish_tile` computes it.
+///
+/// # Safety
+/// `bias` and `mask` (unless null) each hold 8 floats.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn finish8(mut v: __m256, bias: *const f32, relu: bool, mask: *const f32) -> __m256 {
+    let zero = _mm256_setzero_ps();
+    // SAFETY: the caller's contract.
+    unsafe {
+        if !bias.is_null() {
+            v = _mm256_add_ps(v, _mm256_loadu_ps(bias));
+        }
+        if relu {
+            v = _mm256_max_ps(zero, v);
+        }
+        if !mask.is_null() {
+            v = _mm256_and_ps(v, _mm256_cmp_ps::<_CMP_GT_OQ>(_mm256_loadu_ps(mask), zero));
+        }
     }
+    v
 }
 
 /// The floats `pack_whole_b` needs for a `k×n` B: ⌈n/16⌉ panels of k·16, and room to align them.
@@ -924,27 +953,17 @@ unsafe fn kernel<const R: usize, const IN_PLACE: bool>(
             }
         }
         if !tc && nr == NR {
-            let zero = _mm256_setzero_ps();
             for (i, &[mut v0, mut v1]) in acc.iter().enumerate().take(R) {
                 let row = c.add(i * ldc);
                 if !overwrite {
                     v0 = _mm256_add_ps(v0, _mm256_loadu_ps(row));
                     v1 = _mm256_add_ps(v1, _mm256_loadu_ps(row.add(8)));
                 }
-                // As `finish_tile` computes it.
                 if let Some((bias, relu, mask)) = finish {
-                    if !bias.is_null() {
-                        v0 = _mm256_add_ps(v0, _mm256_loadu_ps(bias));
-                        v1 = _mm256_add_ps(v1, _mm256_loadu_ps(bias.add(8)));
-                    }
-                    if relu {
-                        (v0, v1) = (_mm256_max_ps(zero, v0), _mm256_max_ps(zero, v1));
-                    }
-                    if !mask.is_null() {
-                        let m = mask.add(i * ldc);
-                        v0 = _mm256_and_ps(v0, _mm256_cmp_ps::<_CMP_GT_OQ>(_mm256_loadu_ps(m), zero));
-                        v1 = _mm256_and_ps(v1, _mm256_cmp_ps::<_CMP_GT_OQ>(_mm256_loadu_ps(m.add(8)), zero));
-                    }
+                    let at = |x: *const f32, j: usize| if x.is_null() { x } else { x.add(j) };
+                    let m = at(mask, i * ldc);
+                    v0 = finish8(v0, bias, relu, m);
+                    v1 = finish8(v1, at(bias, 8), relu, at(m, 8));
                 }
                 _mm256_storeu_ps(row, v0);
                 _mm256_storeu_ps(row.add(8), v1);
