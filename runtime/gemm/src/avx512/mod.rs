@@ -511,10 +511,11 @@ unsafe fn parallel_product(p: &Product, split: Split, chunks: usize, threads: us
             // write disjoint rows of C (never transposed: an epilogue's product keeps its orientation), and the
             // bias holds n floats, the mask C's rows (`sgemm`'s contract).
             unsafe {
-                for ptr in &part[..chunks - 1] {
-                    add_rows(p, ptr.get(), part_ld, lo, hi);
+                let mut parts = [std::ptr::null::<f32>(); MAX_CHUNKS];
+                for (to, ptr) in parts.iter_mut().zip(&part[..chunks - 1]) {
+                    *to = ptr.get();
                 }
-                finish_rows(&whole, lo, hi);
+                add_and_finish(&whole, &parts[..chunks - 1], part_ld, lo, hi);
             }
         };
         pool::run_chunks(parts, threads - 1, &sum);
@@ -530,15 +531,39 @@ unsafe fn parallel_product(p: &Product, split: Split, chunks: usize, threads: us
     }
 }
 
-/// The epilogue of rows `lo..hi` of C (stored row-major).
+/// Rows `lo..hi` of C (stored row-major) += those of each partial (laid out like C, `ld` apart), then the epilogue
+/// of `p`, in one pass over each row.
 ///
 /// # Safety
-/// As `finish_tile`, for those rows of `p`'s C.
+/// As `finish_tile` and `add_rows`, for those rows of `p`'s C and of each partial.
 #[target_feature(enable = "avx512f")]
-unsafe fn finish_rows(p: &Product, lo: usize, hi: usize) {
-    let mask = if p.mask.is_null() { p.mask } else { p.mask.add(lo * p.ldc) };
-    // SAFETY: the caller's contract.
-    unsafe { finish_tile(p.c.add(lo * p.ldc), p.ldc, hi - lo, p.n, (p.bias, p.relu, mask)) }
+unsafe fn add_and_finish(p: &Product, parts: &[*const f32], ld: usize, lo: usize, hi: usize) {
+    let zero = _mm512_setzero_ps();
+    for r in lo..hi {
+        for j in (0..p.n).step_by(16) {
+            let lanes = tail_mask(p.n - j);
+            // SAFETY: masked loads and stores of row r, columns j.., of C, of each partial, of the bias's columns and
+            // of the mask's row r (laid out as C).
+            unsafe {
+                let at = p.c.add(r * p.ldc + j);
+                let mut v = _mm512_maskz_loadu_ps(lanes, at);
+                for &part in parts {
+                    v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(lanes, part.add(r * ld + j)));
+                }
+                if !p.bias.is_null() {
+                    v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(lanes, p.bias.add(j)));
+                }
+                if p.relu {
+                    v = _mm512_max_ps(zero, v);
+                }
+                if !p.mask.is_null() {
+                    let m = _mm512_maskz_loadu_ps(lanes, p.mask.add(r * p.ldc + j));
+                    v = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask::<_CMP_GT_OQ>(m, zero), v);
+                }
+                _mm512_mask_storeu_ps(at, lanes, v);
+            }
+        }
+    }
 }
 
 /// C += partial, the partial laid out like C, `ld` apart.
