@@ -44,7 +44,7 @@ use std::sync::Mutex;
 
 use crate::pool;
 use crate::ByteScale;
-use kernel::KERNELS;
+use kernel::{finish16, KERNELS};
 pub(crate) use pack::corrects;
 use pack::{pack_a, pack_a_bytes, pack_b, tail_mask, Convert, FiniteRows, Selection};
 
@@ -535,10 +535,10 @@ unsafe fn parallel_product(p: &Product, split: Split, chunks: usize, threads: us
 /// of `p`, in one pass over each row.
 ///
 /// # Safety
-/// As `finish_tile` and `add_rows`, for those rows of `p`'s C and of each partial.
+/// Rows `lo..hi` of C and of each partial are in them; the bias (unless null) holds n floats, the mask (unless
+/// null) C's rows, laid out as C.
 #[target_feature(enable = "avx512f")]
 unsafe fn add_and_finish(p: &Product, parts: &[*const f32], ld: usize, lo: usize, hi: usize) {
-    let zero = _mm512_setzero_ps();
     for r in lo..hi {
         for j in (0..p.n).step_by(16) {
             let lanes = tail_mask(p.n - j);
@@ -550,16 +550,8 @@ unsafe fn add_and_finish(p: &Product, parts: &[*const f32], ld: usize, lo: usize
                 for &part in parts {
                     v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(lanes, part.add(r * ld + j)));
                 }
-                if !p.bias.is_null() {
-                    v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(lanes, p.bias.add(j)));
-                }
-                if p.relu {
-                    v = _mm512_max_ps(zero, v);
-                }
-                if !p.mask.is_null() {
-                    let m = _mm512_maskz_loadu_ps(lanes, p.mask.add(r * p.ldc + j));
-                    v = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask::<_CMP_GT_OQ>(m, zero), v);
-                }
+                let at_j = |x: *const f32, i: usize| if x.is_null() { x } else { x.add(i) };
+                let v = finish16(v, lanes, at_j(p.bias, j), p.relu, at_j(p.mask, r * p.ldc + j));
                 _mm512_mask_storeu_ps(at, lanes, v);
             }
         }
@@ -586,44 +578,6 @@ unsafe fn add_rows(p: &Product, part: *const f32, ld: usize, lo: usize, hi: usiz
                 let mask = tail_mask(len - j);
                 let v = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, c.add(j)), _mm512_maskz_loadu_ps(mask, s.add(j)));
                 _mm512_mask_storeu_ps(c.add(j), mask, v);
-            }
-        }
-    }
-}
-
-/// The epilogue of a tile of `rows` × `cols` at `c` (`ldc` apart): adds the bias of each column (from `bias`
-/// unless null), then `max(·, 0)` where `relu` (`vmaxps(0, x)`: 0 only where 0 > x, so NaN and -0 stay), then
-/// zeroes the elements where the mask's (unless null; laid out as the tile) are not above 0.
-///
-/// # Safety
-/// The tile is in C, `bias` (unless null) holds `cols` floats, and `mask` (unless null) a tile like C's.
-#[target_feature(enable = "avx512f")]
-unsafe fn finish_tile(
-    c: *mut f32,
-    ldc: usize,
-    rows: usize,
-    cols: usize,
-    (bias, relu, mask): (*const f32, bool, *const f32),
-) {
-    for r in 0..rows {
-        for j in (0..cols).step_by(16) {
-            let lanes = tail_mask(cols - j);
-            // SAFETY: masked loads and stores of the tile's row r, columns j.., of the bias's columns and of the
-            // mask's row r.
-            unsafe {
-                let at = c.add(r * ldc + j);
-                let mut v = _mm512_maskz_loadu_ps(lanes, at);
-                if !bias.is_null() {
-                    v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(lanes, bias.add(j)));
-                }
-                if relu {
-                    v = _mm512_max_ps(_mm512_setzero_ps(), v);
-                }
-                if !mask.is_null() {
-                    let m = _mm512_maskz_loadu_ps(lanes, mask.add(r * ldc + j));
-                    v = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask::<_CMP_GT_OQ>(m, _mm512_setzero_ps()), v);
-                }
-                _mm512_mask_storeu_ps(at, lanes, v);
             }
         }
     }
@@ -764,14 +718,14 @@ unsafe fn block(
                                 (b_pack.add(jr * kc).cast_const(), NR)
                             };
                             let tile = if p.tc { c.add((jc + jr) * ldc + i) } else { c.add(i * ldc + jc + jr) };
-                            kernel(kc_a, a, lda, b, ldb, steps, tile, ldc, nr, p.tc, overwrite, p.alpha);
-                            if kb + 1 == k_blocks && p.epilogue() {
-                                // The tile's sum is complete (an epilogue's product is neither transposed
-                                // nor cut along its reduction), and still in L1.
+                            // The tile's sum is complete in the last block (an epilogue's product is neither
+                            // transposed nor cut along its reduction): the kernel finishes it in registers.
+                            let epilogue = (kb + 1 == k_blocks && p.epilogue()).then(|| {
                                 let bias = if p.bias.is_null() { p.bias } else { p.bias.add(jc + jr) };
                                 let mask = if p.mask.is_null() { p.mask } else { p.mask.add(i * ldc + jc + jr) };
-                                finish_tile(tile, ldc, mr, nr, (bias, p.relu, mask));
-                            }
+                                (bias, p.relu, mask)
+                            });
+                            kernel(kc_a, a, lda, b, ldb, steps, tile, ldc, nr, p.tc, overwrite, p.alpha, epilogue);
                         }
                     }
                 }
