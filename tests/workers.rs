@@ -1028,22 +1028,27 @@ fn asynchronous_parameter_servers_converge_on_fashion_mnist() {
 #[test]
 fn asynchronous_replicas_do_not_wait_for_each_other() {
     let dir = scratch("free-running");
-    let feeds = regression_data(&dir, 131_072);
+    let feeds = regression_data(&dir, 65_536);
     let workers: Vec<Worker> = (0..3).map(|_| Worker::start(TOKEN)).collect();
     let cluster = cluster_file(&dir, &[("worker", &[&workers[0], &workers[1]]), ("ps", &[&workers[2]])]);
     let plan = compile(&dir, &["--cluster", s(&cluster), "--strategy", "ps", "--dim", "batch=16"]);
     let metrics = dir.join("metrics.jsonl");
     let mut run = Command::new(env!("CARGO_BIN_EXE_dfc"))
         .args(["run", s(&plan), "--feed", &feeds[0], "--feed", &feeds[1], "--cluster", s(&cluster)])
-        .args(["--metrics", s(&metrics)])
+        .args(["--epochs", "3", "--metrics", s(&metrics)])
         .env("DFC_TOKEN", TOKEN)
         .stderr(Stdio::piped())
         .spawn()
         .expect("start the run");
-    let stderr = drain_stderr(&mut run);
-    // Stop the second replica's worker part-way. 131,072 examples: with 65,536 a fast run was largely over
-    // before the stop (4,331 against 3,861 replica steps in a CI run; 5,488 against 2,704 when written).
-    std::thread::sleep(Duration::from_millis(1200));
+    let (lines, stderr) = stderr_lines(&mut run);
+    // The stop comes once the first epoch has ended, so that it falls inside training however fast
+    // or slowly the run goes (a fixed 1.2 s in missed a CI run: 8,129 against 8,255 replica steps).
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while let Ok(line) = lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+        if line.starts_with("epoch 1:") {
+            break;
+        }
+    }
     let pid = workers[1].child.id().to_string();
     assert!(Command::new("kill").args(["-STOP", &pid]).status().expect("kill").success());
     std::thread::sleep(Duration::from_secs(2));
@@ -1051,18 +1056,22 @@ fn asynchronous_replicas_do_not_wait_for_each_other() {
     let status = run.wait().expect("wait");
     let stderr = stderr.join().unwrap();
     assert!(status.success(), "{stderr}");
-    let record: serde_json::Value =
-        serde_json::from_str(std::fs::read_to_string(&metrics).unwrap().lines().next().unwrap()).unwrap();
+    let records: Vec<serde_json::Value> =
+        std::fs::read_to_string(&metrics).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    // Over the whole run, each epoch's record counting its own steps.
     let steps = |task: &str| {
-        let workers = record["workers"].as_array().expect("per-worker metrics");
-        let worker = workers.iter().find(|w| w["name"] == task).unwrap_or_else(|| panic!("no {task} in {record}"));
-        worker["steps"].as_u64().unwrap()
+        let of_epoch = |record: &serde_json::Value| {
+            let workers = record["workers"].as_array().expect("per-worker metrics");
+            let worker = workers.iter().find(|w| w["name"] == task).unwrap_or_else(|| panic!("no {task} in {record}"));
+            worker["steps"].as_u64().unwrap()
+        };
+        records.iter().map(of_epoch).sum::<u64>()
     };
     let (first, second) = (steps("/job:worker/task:0"), steps("/job:worker/task:1"));
-    // 131,072 examples in batches of 16: 8,192 steps, each two replica steps of 8.
-    assert_eq!(record["step"].as_u64(), Some(8192), "{record}");
-    assert_eq!(first + second, 16384, "every replica batch once: {first} + {second}");
-    assert_eq!(steps("/job:ps/task:0"), 16384, "the ps applies every replica step");
+    // 65,536 examples in batches of 16, three times: 12,288 steps, each two replica steps of 8.
+    assert_eq!(records.last().and_then(|r| r["step"].as_u64()), Some(12_288), "{records:?}");
+    assert_eq!(first + second, 24_576, "every replica batch once: {first} + {second}");
+    assert_eq!(steps("/job:ps/task:0"), 24_576, "the ps applies every replica step");
     assert!(first > second + 500, "the running replica went on while the other was stopped: {first} vs {second}");
 }
 
