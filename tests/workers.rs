@@ -312,6 +312,25 @@ fn stderr_lines(child: &mut Child) -> (std::sync::mpsc::Receiver<String>, std::t
     (lines, whole)
 }
 
+/// Waits (up to 120 s) for the first line of `lines` that starts with `prefix`.
+fn wait_for_line(lines: &std::sync::mpsc::Receiver<String>, prefix: &str) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while let Ok(line) = lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+        if line.starts_with(prefix) {
+            return;
+        }
+    }
+    panic!("no line starting with {prefix:?} within 120 s");
+}
+
+/// Stops `worker`'s process (SIGSTOP) for `how_long`, then lets it go on.
+fn pause(worker: &Worker, how_long: Duration) {
+    let pid = worker.child.id().to_string();
+    assert!(Command::new("kill").args(["-STOP", &pid]).status().expect("kill").success());
+    std::thread::sleep(how_long);
+    assert!(Command::new("kill").args(["-CONT", &pid]).status().expect("kill").success());
+}
+
 /// Trains on two workers, does `fault` to the second after two seconds, and returns the run's
 /// stderr once it has failed, which it must within 30 s.
 fn a_fault_on_the_second_worker(name: &str, wait: &str, fault: impl FnOnce(&mut Vec<Worker>)) -> String {
@@ -1041,18 +1060,16 @@ fn asynchronous_replicas_do_not_wait_for_each_other() {
         .spawn()
         .expect("start the run");
     let (lines, stderr) = stderr_lines(&mut run);
-    // The stop comes once the first epoch has ended, so that it falls inside training however fast
-    // or slowly the run goes (a fixed 1.2 s in missed a CI run: 8,129 against 8,255 replica steps).
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while let Ok(line) = lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-        if line.starts_with("epoch 1:") {
-            break;
-        }
+    // From the end of the first epoch to the end of the run, the second worker is stopped two
+    // seconds of every three: its replica's share of the last two epochs is then set by time,
+    // not by how fast a loaded machine steps (one 2 s stop gave a margin of 2,600 steps here and
+    // of 268 in a CI run with the other tests beside it). A stop stays under the heartbeat's
+    // health check patience, after which a silent worker fails the run.
+    wait_for_line(&lines, "epoch 1:");
+    while run.try_wait().expect("poll the run").is_none() {
+        pause(&workers[1], Duration::from_secs(2));
+        std::thread::sleep(Duration::from_secs(1));
     }
-    let pid = workers[1].child.id().to_string();
-    assert!(Command::new("kill").args(["-STOP", &pid]).status().expect("kill").success());
-    std::thread::sleep(Duration::from_secs(2));
-    assert!(Command::new("kill").args(["-CONT", &pid]).status().expect("kill").success());
     let status = run.wait().expect("wait");
     let stderr = stderr.join().unwrap();
     assert!(status.success(), "{stderr}");
@@ -1072,7 +1089,9 @@ fn asynchronous_replicas_do_not_wait_for_each_other() {
     assert_eq!(records.last().and_then(|r| r["step"].as_u64()), Some(12_288), "{records:?}");
     assert_eq!(first + second, 24_576, "every replica batch once: {first} + {second}");
     assert_eq!(steps("/job:ps/task:0"), 24_576, "the ps applies every replica step");
-    assert!(first > second + 500, "the running replica went on while the other was stopped: {first} vs {second}");
+    // Stopped two thirds of the time, the second replica takes about a third of the last two
+    // epochs' 16,384 batches: about 8,000 fewer than the first in all.
+    assert!(first > second + 4_000, "the running replica went on while the other was stopped: {first} vs {second}");
 }
 
 /// Backup workers: 3 synchronous replicas and a backup, one of whose workers is stopped for two
@@ -1098,16 +1117,8 @@ fn backup_workers_go_on_without_a_stopped_worker() {
     let (lines, stderr) = stderr_lines(&mut run);
     // The stop comes once the first epoch has ended (training is under way, however slowly the run started, and
     // two epochs are left), and lasts 2 s: less than the 3 s after which a silent worker fails the run.
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while let Ok(line) = lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-        if line.starts_with("epoch 1:") {
-            break;
-        }
-    }
-    let pid = workers[1].child.id().to_string();
-    assert!(Command::new("kill").args(["-STOP", &pid]).status().expect("kill").success());
-    std::thread::sleep(Duration::from_secs(2));
-    assert!(Command::new("kill").args(["-CONT", &pid]).status().expect("kill").success());
+    wait_for_line(&lines, "epoch 1:");
+    pause(&workers[1], Duration::from_secs(2));
     let status = run.wait().expect("wait");
     let stderr = stderr.join().unwrap();
     assert!(status.success(), "{stderr}");
