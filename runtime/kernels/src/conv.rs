@@ -9,11 +9,13 @@
 //!   `col2im`;
 //! - filter gradient: `grad_filter = colsᵀ · grad_out`, summed over every row.
 //!
-//! The rows are never expanded all at once: each task (thread) owns a contiguous range of images
-//! and walks it in chunks of about [`CHUNK_FLOATS`] expanded elements, which stay in cache
-//! between `im2col` and the product. Output rows are contiguous in NHWC, so the forward pass and
-//! the filter gradient take chunks of any rows; the input gradient owns whole images per task
-//! so that `col2im` never races.
+//! The rows are never expanded all at once: the work goes in runs of whole images, walked in
+//! chunks of about [`CHUNK_FLOATS`] expanded elements, which stay in cache between `im2col` and
+//! the product. In the forward pass and the input gradient each thread claims the next run of
+//! images when done with its last ([`claim_units`]: a descheduled virtual CPU holds up one run,
+//! not a thread's fixed share), and since runs are whole images `col2im` never races. The filter
+//! gradient gives each thread a fixed range of images and adds their partial sums in order, so
+//! that its rounding does not depend on which thread was late.
 //!
 //! Windows of at most [`THIN_PATCH`] elements (a first layer on one channel) skip all this in
 //! the forward pass: see `thin`. So do 3×3 stride-1 windows over enough channels and filters,
@@ -49,9 +51,9 @@ enum Chunk {
     OutRows(usize),
 }
 
-/// How one call splits its rows: `tasks` tasks, task `t` owning images
-/// `t * images_per_task ..` (at most `images_per_task` of them), walked in `chunk`s of at most
-/// `chunk_rows` rows.
+/// How one call splits its rows: `tasks` tasks (threads), walking images in `chunk`s of at most
+/// `chunk_rows` rows; in the filter gradient task `t` owns images `t * images_per_task ..` (at most
+/// `images_per_task` of them), elsewhere tasks claim runs of images ([`claim_units`]).
 #[derive(Clone, Copy, Debug)]
 struct Plan {
     tasks: usize,
@@ -77,6 +79,14 @@ impl Plan {
             Chunk::OutRows(r) => r * g.out_w,
         };
         Plan { tasks, images_per_task, chunk, chunk_rows }
+    }
+
+    /// The images of a chunk, where a chunk holds whole images (else 1): a unit that threads claim holds as many.
+    fn unit_images(&self) -> usize {
+        match self.chunk {
+            Chunk::Images(k) => k,
+            Chunk::OutRows(_) => 1,
+        }
     }
 
     fn images(&self, g: &Conv2dGeometry, task: usize) -> Range<usize> {
@@ -110,6 +120,47 @@ pub(crate) fn share_images(n: usize, tasks: usize) -> (usize, usize) {
     let n = n.max(1);
     let images_per_task = n.div_ceil(tasks.clamp(1, n));
     (n.div_ceil(images_per_task), images_per_task)
+}
+
+/// Units of whole images for `tasks` threads to claim in turn ([`claim_units`]): about four a thread, so that
+/// one late thread delays the call by a quarter of its share, and at least `least` images each (a chunk's).
+fn images_per_unit(n: usize, tasks: usize, least: usize) -> usize {
+    n.div_ceil(4 * tasks.max(1)).max(least).max(1)
+}
+
+/// Runs `run(images, out, slab)` over a batch of `n` images in units of `images_per_unit` images, `out` a unit's
+/// part of `output` (`image_out` floats an image), on `tasks` threads, thread `t` with slab `t` of `slab` floats in
+/// `slabs`: each thread claims the next unit once it is done with its last. A thread that the machine takes away (a
+/// virtual CPU descheduled by its host for a millisecond or more) then holds up only the unit it is on, where a
+/// fixed share of the batch per thread would leave the others waiting for all of its share. Each image's output is
+/// computed alone, so the results do not depend on which thread took which unit.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn claim_units(
+    n: usize,
+    images_per_unit: usize,
+    image_out: usize,
+    output: &mut [f32],
+    tasks: usize,
+    slabs: &mut [f32],
+    slab: usize,
+    run: impl Fn(Range<usize>, &mut [f32], &mut [f32]) + Sync,
+) {
+    let per_unit = images_per_unit.max(1);
+    let units = std::sync::Mutex::new(output.chunks_mut((per_unit * image_out).max(1)).enumerate());
+    // Each claim holds the lock only to take the next unit; a poisoned lock (a panic in another thread's
+    // `run`, which rayon passes on to the caller) still hands out units.
+    let claim = || units.lock().unwrap_or_else(std::sync::PoisonError::into_inner).next();
+    let work = |slab: &mut [f32]| {
+        while let Some((unit, out)) = claim() {
+            let start = unit * per_unit;
+            run(start..(start + per_unit).min(n), out, slab);
+        }
+    };
+    // (Slabs of no floats are no chunks of `slabs`.)
+    match slab {
+        0 => (0..tasks).into_par_iter().for_each(|_| work(&mut [])),
+        _ => slabs[..tasks * slab].par_chunks_mut(slab).for_each(work),
+    }
 }
 
 /// The number of tasks worth using for a convolution of this size.
@@ -316,9 +367,9 @@ pub fn conv2d(g: &Conv2dGeometry, input: &[f32], filter: &[f32], output: &mut [f
         if plan.tasks == 1 {
             thin_conv(g, input, filter, 0, g.rows(), output);
         } else {
-            output.par_chunks_mut(plan.images_per_task * image_out).enumerate().for_each(|(t, out)| {
-                let images = plan.images(g, t);
-                thin_conv(g, input, filter, images.start * image_rows, images.len() * image_rows, out);
+            let per_unit = images_per_unit(g.n, plan.tasks, 1);
+            claim_units(g.n, per_unit, image_out, output, plan.tasks, &mut [], 0, |images, out, _| {
+                thin_conv(g, input, filter, images.start * image_rows, images.len() * image_rows, out)
             });
         }
         return;
@@ -335,11 +386,10 @@ pub fn conv2d(g: &Conv2dGeometry, input: &[f32], filter: &[f32], output: &mut [f
     if plan.tasks == 1 {
         run(0..g.n, output, scratch, true);
     } else {
-        output
-            .par_chunks_mut(plan.images_per_task * image_out)
-            .zip(scratch.par_chunks_mut(slab))
-            .enumerate()
-            .for_each(|(t, (out, slab))| run(plan.images(g, t), out, slab, false));
+        let per_unit = images_per_unit(g.n, plan.tasks, plan.unit_images());
+        claim_units(g.n, per_unit, image_out, output, plan.tasks, scratch, slab, |images, out, slab| {
+            run(images, out, slab, false)
+        });
     }
 }
 
@@ -389,7 +439,7 @@ pub fn conv2d_max_pool(
         return;
     }
     let slab = pool.kh * g.out_w * g.filters;
-    let (tasks, images_per_task) = share_images(g.n, wanted_tasks(g));
+    let tasks = share_images(g.n, wanted_tasks(g)).0;
     assert!(scratch.len() >= tasks * slab, "conv2d_max_pool: scratch too small");
     // The convolution rows under one pooled row, as an image of `kh` rows pooled to one.
     let rows = PoolGeometry { n: 1, h: pool.kh, out_h: 1, ..*pool };
@@ -415,12 +465,7 @@ pub fn conv2d_max_pool(
     if tasks == 1 {
         run(0..g.n, output, &mut scratch[..slab]);
     } else {
-        output.par_chunks_mut(images_per_task * image_out).zip(scratch.par_chunks_mut(slab)).enumerate().for_each(
-            |(t, (out, slab))| {
-                let start = t * images_per_task;
-                run(start..(start + images_per_task).min(g.n), out, slab);
-            },
-        );
+        claim_units(g.n, images_per_unit(g.n, tasks, 1), image_out, output, tasks, scratch, slab, run);
     }
 }
 
@@ -510,11 +555,10 @@ pub fn conv2d_backprop_input(
     if plan.tasks == 1 {
         run(0..g.n, grad_input, scratch, true);
     } else {
-        grad_input
-            .par_chunks_mut(plan.images_per_task * image_in)
-            .zip(scratch.par_chunks_mut(slab))
-            .enumerate()
-            .for_each(|(t, (grad_in, slab))| run(plan.images(g, t), grad_in, slab, false));
+        let per_unit = images_per_unit(g.n, plan.tasks, plan.unit_images());
+        claim_units(g.n, per_unit, image_in, grad_input, plan.tasks, scratch, slab, |images, grad_in, slab| {
+            run(images, grad_in, slab, false)
+        });
     }
 }
 

@@ -26,10 +26,9 @@
 //! small share (`applies`). The rounding differs from `im2col`'s (the transforms scale and add
 //! before multiplying, by factors up to 8), within the tolerance the convolutions are tested at.
 
-use crate::conv::{separated, share_images};
+use crate::conv::{claim_units, separated, share_images};
 use crate::geometry::Conv2dGeometry;
 use dfc_gemm::{pack_b, packed_b_len, sgemm_packed, PackedB};
-use rayon::prelude::*;
 use std::ops::Range;
 
 /// The side of an output tile.
@@ -135,21 +134,17 @@ fn flip(g: &Conv2dGeometry, filter: &[f32], turned: &mut [f32]) {
     }
 }
 
-/// How one call splits its work: `tasks` tasks of whole images, each walking its tiles in
-/// chunks of at most `chunk` tiles.
+/// How one call splits its work: `tasks` threads, each with a slab of its own, claiming units of
+/// `images_per_unit` whole images in turn ([`claim_units`]) and walking each unit's tiles in chunks of at most
+/// `chunk` tiles.
 #[derive(Clone, Copy, Debug)]
 struct Plan {
     tasks: usize,
-    images_per_task: usize,
+    images_per_unit: usize,
     chunk: usize,
 }
 
 impl Plan {
-    fn new(g: &Conv2dGeometry, tasks: usize, chunk: usize) -> Plan {
-        let (tasks, images_per_task) = share_images(g.n, tasks);
-        Plan { tasks, images_per_task, chunk: chunk.max(1) }
-    }
-
     /// The floats of one task's slab: the chunk's transformed input and products.
     fn slab(&self, g: &Conv2dGeometry) -> usize {
         separated(XI * self.chunk * (g.c + g.filters))
@@ -179,10 +174,19 @@ fn wanted_plan(g: &Conv2dGeometry) -> Plan {
     let (th, tw) = tiles_per_image(g);
     let image_tiles = th * tw;
     let tasks = if g.n >= 2 && g.n * image_tiles >= PARALLEL_MIN_TILES { rayon::current_num_threads() } else { 1 };
-    let plan = Plan::new(g, tasks, 1);
+    let tasks = share_images(g.n, tasks).0;
     // Whole panels of the GEMM's 12-row microkernel.
-    let chunk = (CHUNK_FLOATS / (XI * (g.c + g.filters)) / 12 * 12).max(12).min(plan.images_per_task * image_tiles);
-    Plan { chunk, ..plan }
+    let chunk = (CHUNK_FLOATS / (XI * (g.c + g.filters)) / 12 * 12).max(12);
+    plan_of(g, tasks, chunk)
+}
+
+/// `tasks` threads walking chunks of at most `chunk` tiles: a unit is as many whole images as a chunk holds (at
+/// least one), and no chunk is longer than a unit.
+fn plan_of(g: &Conv2dGeometry, tasks: usize, chunk: usize) -> Plan {
+    let (th, tw) = tiles_per_image(g);
+    let image_tiles = (th * tw).max(1);
+    let images_per_unit = (chunk / image_tiles).clamp(1, g.n.max(1));
+    Plan { tasks, images_per_unit, chunk: chunk.min(images_per_unit * image_tiles).max(1) }
 }
 
 /// Scratch floats that a Winograd convolution of `g` uses at most.
@@ -195,11 +199,10 @@ pub(crate) fn scratch_len(g: &Conv2dGeometry) -> usize {
 fn fitting_plan(g: &Conv2dGeometry, scratch_len: usize) -> Option<Plan> {
     let wanted = wanted_plan(g);
     for tasks in (1..=wanted.tasks).rev() {
-        let plan = Plan::new(g, tasks, wanted.chunk);
-        let room = scratch_len.checked_sub(filter_len(g))? / plan.tasks;
+        let room = scratch_len.checked_sub(filter_len(g))? / tasks;
         let chunk = (room.saturating_sub(16) / (XI * (g.c + g.filters))).min(wanted.chunk);
         if chunk > 0 {
-            let plan = Plan { chunk, ..plan };
+            let plan = plan_of(g, tasks, chunk);
             if plan.scratch(g) <= scratch_len {
                 return Some(plan);
             }
@@ -236,12 +239,9 @@ pub(crate) fn conv2d(
     if plan.tasks == 1 {
         run(g, &plan, input, u, 0..g.n, output, &mut rest[..slab]);
     } else {
-        output.par_chunks_mut(plan.images_per_task * image_out).zip(rest.par_chunks_mut(slab)).enumerate().for_each(
-            |(t, (out, slab))| {
-                let start = t * plan.images_per_task;
-                run(g, &plan, input, u, start..(start + plan.images_per_task).min(g.n), out, slab);
-            },
-        );
+        claim_units(g.n, plan.images_per_unit, image_out, output, plan.tasks, rest, slab, |images, out, slab| {
+            run(g, &plan, input, u, images, out, slab)
+        });
     }
     true
 }

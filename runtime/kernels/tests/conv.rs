@@ -326,7 +326,7 @@ fn pooled_thin_windows_are_exact() {
 
 /// 3×3 stride-1 windows over 16 channels or more (Winograd's F(4×4, 3×3), for the forward pass
 /// and the input gradient): odd and even outputs, `same` and `valid`, channels and filters not a
-/// multiple of 16, a batch split over threads; the filter gradient, which stays on `im2col`,
+/// multiple of 16, a batch split over threads in units of whole images; the filter gradient, which stays on `im2col`,
 /// checked with them.
 #[test]
 fn winograd_shapes_agree_with_the_interpreter() {
@@ -334,6 +334,8 @@ fn winograd_shapes_agree_with_the_interpreter() {
     let mut scratch = Scratch::new();
     for (input, filters, padding) in [
         ([4, 13, 13, 32], 64, Padding::Valid),
+        // Units of 4 images that the threads claim in turn, the last of 1.
+        ([21, 13, 13, 32], 64, Padding::Valid),
         ([3, 7, 10, 17], 20, Padding::Same),
         ([1, 3, 3, 16], 16, Padding::Valid),
         ([9, 6, 5, 24], 40, Padding::Same),
