@@ -123,9 +123,16 @@ pub(crate) fn share_images(n: usize, tasks: usize) -> (usize, usize) {
 }
 
 /// Units of whole images for `tasks` threads to claim in turn ([`claim_units`]): about four a thread, so that
-/// one late thread delays the call by a quarter of its share, and at least `least` images each (a chunk's).
+/// one late thread delays the call by a quarter of its share, and about `least` images each at least (a chunk's).
 fn images_per_unit(n: usize, tasks: usize, least: usize) -> usize {
-    n.div_ceil(4 * tasks.max(1)).max(least).max(1)
+    balanced_unit(n, tasks, n.div_ceil(4 * tasks.max(1)).max(least))
+}
+
+/// The images of a unit of about `want` (at most), `n` images making a multiple of `tasks` units, so that threads
+/// that run alike end together (64 images in units of 20 would give one thread 40 and the other 24).
+pub(crate) fn balanced_unit(n: usize, tasks: usize, want: usize) -> usize {
+    let units = n.div_ceil(want.max(1)).next_multiple_of(tasks.max(1));
+    n.div_ceil(units.max(1)).max(1)
 }
 
 /// Runs `run(images, out, slab)` over a batch of `n` images in units of `images_per_unit` images, `out` a unit's

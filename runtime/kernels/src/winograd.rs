@@ -26,7 +26,7 @@
 //! small share (`applies`). The rounding differs from `im2col`'s (the transforms scale and add
 //! before multiplying, by factors up to 8), within the tolerance the convolutions are tested at.
 
-use crate::conv::{claim_units, separated, share_images};
+use crate::conv::{balanced_unit, claim_units, separated, share_images};
 use crate::geometry::Conv2dGeometry;
 use dfc_gemm::{pack_b, packed_b_len, sgemm_packed, PackedB};
 use std::ops::Range;
@@ -180,12 +180,12 @@ fn wanted_plan(g: &Conv2dGeometry) -> Plan {
     plan_of(g, tasks, chunk)
 }
 
-/// `tasks` threads walking chunks of at most `chunk` tiles: a unit is as many whole images as a chunk holds (at
-/// least one), and no chunk is longer than a unit.
+/// `tasks` threads walking chunks of at most `chunk` tiles: a unit is at most as many whole images as a chunk
+/// holds (at least one), the units a multiple of the threads, and no chunk is longer than a unit.
 fn plan_of(g: &Conv2dGeometry, tasks: usize, chunk: usize) -> Plan {
     let (th, tw) = tiles_per_image(g);
     let image_tiles = (th * tw).max(1);
-    let images_per_unit = (chunk / image_tiles).clamp(1, g.n.max(1));
+    let images_per_unit = balanced_unit(g.n, tasks, chunk / image_tiles);
     Plan { tasks, images_per_unit, chunk: chunk.min(images_per_unit * image_tiles).max(1) }
 }
 
