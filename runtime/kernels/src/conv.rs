@@ -20,8 +20,8 @@
 //! Windows of at most [`THIN_PATCH`] elements (a first layer on one channel) skip all this in
 //! the forward pass: see `thin`. So do 3×3 stride-1 windows over enough channels and filters,
 //! given the scratch for it, in the forward pass and the input gradient: see `winograd`. A thin
-//! forward pass whose output only a max pooling reads can run with it, never storing the
-//! convolution: [`conv2d_max_pool`].
+//! or Winograd forward pass whose output only a max pooling reads can run with it, never storing
+//! the convolution: [`conv2d_max_pool`].
 //!
 //! Rounding: each output is a sum of products taken in the order `sgemm` chooses (and the filter
 //! gradient adds per-task partial sums), not the interpreter's strict left-to-right order, so
@@ -401,15 +401,16 @@ pub fn conv2d(g: &Conv2dGeometry, input: &[f32], filter: &[f32], output: &mut [f
 }
 
 /// Whether [`conv2d_max_pool`] computes `max_pool(conv2d(input, filter))` for these geometries in one pass: a
-/// thin window (`thin`: a first layer on one channel), and a pooling over the convolution's output whose every
-/// window lies inside it (no padding).
+/// pooling over the convolution's output whose every window lies inside it (no padding), of a thin window
+/// (`thin`: a first layer on one channel) or of a Winograd convolution whose tiles hold whole windows
+/// (`winograd::pools_by_tiles`: a 3×3 layer over enough channels, pooled 2×2 by strides of 2).
 pub fn conv2d_max_pool_applies(g: &Conv2dGeometry, pool: &PoolGeometry) -> bool {
     let patch = g.patch_len();
     let inside = |out: usize, stride: usize, window: usize, input: usize| {
         out > 0 && window > 0 && stride > 0 && (out - 1) * stride + window <= input
     };
     patch > 0
-        && patch <= THIN_PATCH
+        && (patch <= THIN_PATCH || winograd::pools_by_tiles(g, pool))
         && pool.input_dims() == [g.n, g.out_h, g.out_w, g.filters]
         && pool.pad_top == 0
         && pool.pad_left == 0
@@ -417,16 +418,22 @@ pub fn conv2d_max_pool_applies(g: &Conv2dGeometry, pool: &PoolGeometry) -> bool 
         && inside(pool.out_w, pool.stride_w, pool.kw, pool.w)
 }
 
-/// The scratch floats [`conv2d_max_pool`] needs: per task, the rows of convolution under one pooled row.
+/// The scratch floats [`conv2d_max_pool`] needs: per task, the rows of convolution under one pooled row (thin), or
+/// the Winograd convolution's.
 pub fn conv2d_max_pool_scratch_len(g: &Conv2dGeometry, pool: &PoolGeometry) -> usize {
-    share_images(g.n, wanted_tasks(g)).0 * pool.kh * g.out_w * g.filters
+    if g.patch_len() <= THIN_PATCH {
+        share_images(g.n, wanted_tasks(g)).0 * pool.kh * g.out_w * g.filters
+    } else {
+        winograd::scratch_len(g)
+    }
 }
 
 /// `output = max_pool(conv2d(input, filter))` for geometries that [`conv2d_max_pool_applies`] to, without storing
-/// the convolution: a 2×2 window's pooled pixel from its four convolution outputs, summed in registers, where their
-/// windows lie inside the input; other pooled rows from the `pool.kh` rows of convolution under them, computed into
-/// `scratch` (a few KiB, in L1) just before. The convolution's output (the CNN's first layer: 5.5 MB at batch 64)
-/// is neither written out nor read back, by one core or the other; the results are bitwise those of
+/// the convolution. A thin window: a 2×2 window's pooled pixel from its four convolution outputs, summed in
+/// registers, where their windows lie inside the input; other pooled rows from the `pool.kh` rows of convolution
+/// under them, computed into `scratch` (a few KiB, in L1) just before. A Winograd convolution: each output tile
+/// pooled as it is transformed. The convolution's output (the CNN's first layer: 5.5 MB at batch 64; its second,
+/// 2 MB) is neither written out nor read back, by one core or the other; the results are bitwise those of
 /// [`conv2d`] then [`max_pool`](crate::max_pool), then `then` (a bias per filter added, the relu taken). `scratch`
 /// holds at least [`conv2d_max_pool_scratch_len`] floats.
 pub fn conv2d_max_pool(
@@ -443,6 +450,11 @@ pub fn conv2d_max_pool(
     assert_eq!(output.len(), pool.output_len(), "conv2d_max_pool output length does not match {pool:?}");
     assert!(then.bias.is_none_or(|b| b.len() == g.filters), "conv2d_max_pool: the bias is not one per filter");
     if output.is_empty() {
+        return;
+    }
+    if g.patch_len() > THIN_PATCH {
+        let ran = winograd::conv2d_max_pool(g, pool, input, filter, then, output, scratch);
+        assert!(ran, "conv2d_max_pool: scratch too small");
         return;
     }
     let slab = pool.kh * g.out_w * g.filters;

@@ -123,13 +123,16 @@ impl Iterator for Steps<'_> {
 /// Defines `$name`, which calls `$imp` compiled for the widest vectors the processor has.
 macro_rules! widest {
     ($name:ident => $imp:ident ($($arg:ident: $ty:ty),*)) => {
+        #[allow(clippy::too_many_arguments)]
         pub(crate) fn $name($($arg: $ty),*) {
             #[cfg(target_arch = "x86_64")]
             {
+                #[allow(clippy::too_many_arguments)]
                 #[target_feature(enable = "avx512f")]
                 unsafe fn avx512($($arg: $ty),*) {
                     $imp($($arg),*)
                 }
+                #[allow(clippy::too_many_arguments)]
                 #[target_feature(enable = "avx2")]
                 unsafe fn avx2($($arg: $ty),*) {
                     $imp($($arg),*)

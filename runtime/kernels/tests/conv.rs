@@ -343,3 +343,68 @@ fn winograd_shapes_agree_with_the_interpreter() {
         Case { input, filter: [3, 3, input[3], filters], strides: [1, 1], padding }.check(&mut rng, &mut scratch);
     }
 }
+
+/// A Winograd convolution and the max pooling of its output in one pass (`conv2d_max_pool` pooling each output
+/// tile as it is transformed) against `conv2d` then `max_pool` then the interpreter's bias and relu: bitwise, NaN
+/// and infinities in the input included; odd outputs whose last tile is partly outside, windows of 1, 2 and 4 in
+/// either direction, filters not a multiple of 16, `same` padding on the convolution, a batch split over threads
+/// (the CNN's second layer among them); and the poolings whose windows cross tiles refused.
+#[test]
+fn pooled_winograd_tiles_are_exact() {
+    let mut rng = rng(10);
+    let mut scratch = Scratch::new();
+    let threads = rayon::current_num_threads();
+    let cases = [
+        ([64, 13, 13, 32], 64, Padding::Valid, [2, 2]),
+        ([3 * threads, 11, 9, 17], 20, Padding::Same, [2, 2]),
+        ([threads, 10, 14, 16], 33, Padding::Valid, [1, 2]),
+        ([2 * threads + 1, 14, 11, 24], 16, Padding::Same, [4, 4]),
+        ([threads, 9, 8, 16], 18, Padding::Same, [4, 1]),
+    ];
+    for (input, filters, padding, window) in cases {
+        let case = Case { input, filter: [3, 3, input[3], filters], strides: [1, 1], padding };
+        let g = case.geometry();
+        let pooled = [g.n, g.out_h, g.out_w, g.filters];
+        let pool = PoolGeometry::new(pooled, window, window, Padding::Valid);
+        assert!(conv2d_max_pool_applies(&g, &pool), "{g:?} {pool:?}");
+        let mut x = random(g.input_len(), &mut rng);
+        for _ in 0..x.len() / 50 {
+            let at = rng.usize(..x.len());
+            x[at] = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY][rng.usize(..3)];
+        }
+        let f = random(g.filter_len(), &mut rng);
+        let mut conv = vec![f32::NAN; g.output_len()];
+        conv2d(&g, &x, &f, &mut conv, scratch.get(conv2d_scratch_len(&g)));
+        let mut want = vec![f32::NAN; pool.output_len()];
+        max_pool(&pool, &conv, &mut want);
+        let mut bias = random(g.filters, &mut rng);
+        bias[0] = [f32::NAN, -0.0, 0.0, 1.0][rng.usize(..4)];
+        for (with_bias, relu) in [(false, false), (true, false), (true, true), (false, true)] {
+            let out_dims = pool.output_dims();
+            let mut want = want.clone();
+            if with_bias {
+                let add = Op::Binary(dfc_ir::BinaryOp::Add);
+                want = eval(&add, &[&tensor(&out_dims, want), &tensor(&[g.filters], bias.clone())]);
+            }
+            if relu {
+                want = eval(&Op::Unary(dfc_ir::UnaryOp::Relu), &[&tensor(&out_dims, want)]);
+            }
+            let then = PoolEpilogue { bias: with_bias.then_some(&bias[..]), relu };
+            let mut out = vec![f32::NAN; pool.output_len()];
+            conv2d_max_pool(&g, &pool, &x, &f, then, &mut out, scratch.get(conv2d_max_pool_scratch_len(&g, &pool)));
+            assert_same_f32(&out, &want, &format!("conv2d_max_pool of {g:?} by {pool:?}, then {then:?}"));
+        }
+    }
+    // Windows that cross the 4×4 tiles (wider than their strides, or of 3) are pooled apart.
+    let g = Conv2dGeometry::new([threads, 13, 13, 32], [3, 3, 32, 64], [1, 1], Padding::Valid);
+    for (window, strides) in [([2, 2], [1, 1]), ([3, 3], [3, 3]), ([2, 2], [2, 1]), ([3, 2], [2, 2])] {
+        let pool = PoolGeometry::new([g.n, g.out_h, g.out_w, g.filters], window, strides, Padding::Valid);
+        assert!(!conv2d_max_pool_applies(&g, &pool), "{window:?} {strides:?}");
+    }
+    // Fewer images than threads stay on im2col, which pools apart.
+    if threads > 1 {
+        let g = Conv2dGeometry { n: threads - 1, ..g };
+        let pool = PoolGeometry::new([g.n, g.out_h, g.out_w, g.filters], [2, 2], [2, 2], Padding::Valid);
+        assert!(!conv2d_max_pool_applies(&g, &pool));
+    }
+}
