@@ -1168,8 +1168,8 @@ struct PooledConvolution {
 /// The max poolings of f32 convolutions that nothing else reads, nor fetches, which `dfc_kernels::conv2d_max_pool`
 /// computes in one pass (a thin window: a first layer on one channel; or Winograd tiles holding whole windows), by
 /// pooling node: at inference the CNN's layers then never store their convolutions (5.5 and 2 MB at batch 64),
-/// which the poolings would read back. In
-/// training the pooling's gradient reads the convolution too, so it is stored.
+/// which the poolings would read back. In training the pooling's gradient reads the convolution too, so it is
+/// stored.
 fn pooled_convolutions(
     module: &Module,
     order: &[NodeId],

@@ -241,6 +241,20 @@ fn thin_windows_are_exact() {
     }
 }
 
+/// `pooled` (laid out as `pool`'s output) with `then`'s bias per filter added and relu taken, as the interpreter
+/// adds and takes them.
+fn finished_by_the_interpreter(mut pooled: Vec<f32>, pool: &PoolGeometry, then: PoolEpilogue<'_>) -> Vec<f32> {
+    let dims = pool.output_dims();
+    if let Some(bias) = then.bias {
+        let add = Op::Binary(dfc_ir::BinaryOp::Add);
+        pooled = eval(&add, &[&tensor(&dims, pooled), &tensor(&[bias.len()], bias.to_vec())]);
+    }
+    if then.relu {
+        pooled = eval(&Op::Unary(dfc_ir::UnaryOp::Relu), &[&tensor(&dims, pooled)]);
+    }
+    pooled
+}
+
 /// A thin convolution and the max pooling of its output in one pass (`conv2d_max_pool`) against the
 /// interpreter's two ops: bitwise, NaN and infinities in the input included, on random convolutions, pooling
 /// windows and strides (the CNN's first layer among them); and the geometries it does not take refused.
@@ -304,15 +318,8 @@ fn pooled_thin_windows_are_exact() {
         let mut bias = random(g.filters, &mut rng);
         bias[0] = [f32::NAN, -0.0, 0.0, 1.0][rng.usize(..4)];
         let (with_bias, relu) = (rng.bool(), rng.bool());
-        let out_dims = pool.output_dims();
-        if with_bias {
-            let add = Op::Binary(dfc_ir::BinaryOp::Add);
-            want = eval(&add, &[&tensor(&out_dims, want), &tensor(&[g.filters], bias.clone())]);
-        }
-        if relu {
-            want = eval(&Op::Unary(dfc_ir::UnaryOp::Relu), &[&tensor(&out_dims, want)]);
-        }
         let then = PoolEpilogue { bias: with_bias.then_some(&bias[..]), relu };
+        want = finished_by_the_interpreter(want, &pool, then);
         let mut out = vec![0.0; pool.output_len()];
         conv2d_max_pool(&g, &pool, &x, &f, then, &mut out, scratch.get(conv2d_max_pool_scratch_len(&g, &pool)));
         assert_same_f32(&out, &want, &format!("conv2d_max_pool of {g:?} by {pool:?}, then {then:?}"));
@@ -380,16 +387,8 @@ fn pooled_winograd_tiles_are_exact() {
         let mut bias = random(g.filters, &mut rng);
         bias[0] = [f32::NAN, -0.0, 0.0, 1.0][rng.usize(..4)];
         for (with_bias, relu) in [(false, false), (true, false), (true, true), (false, true)] {
-            let out_dims = pool.output_dims();
-            let mut want = want.clone();
-            if with_bias {
-                let add = Op::Binary(dfc_ir::BinaryOp::Add);
-                want = eval(&add, &[&tensor(&out_dims, want), &tensor(&[g.filters], bias.clone())]);
-            }
-            if relu {
-                want = eval(&Op::Unary(dfc_ir::UnaryOp::Relu), &[&tensor(&out_dims, want)]);
-            }
             let then = PoolEpilogue { bias: with_bias.then_some(&bias[..]), relu };
+            let want = finished_by_the_interpreter(want.clone(), &pool, then);
             let mut out = vec![f32::NAN; pool.output_len()];
             conv2d_max_pool(&g, &pool, &x, &f, then, &mut out, scratch.get(conv2d_max_pool_scratch_len(&g, &pool)));
             assert_same_f32(&out, &want, &format!("conv2d_max_pool of {g:?} by {pool:?}, then {then:?}"));
