@@ -340,6 +340,12 @@ fn spin() {
     POOL.spinners.fetch_sub(1, Ordering::AcqRel);
 }
 
+/// Whether held workers are spinning now: a product's chunks reach them within a poll, where a parked worker takes
+/// tens of microseconds to wake.
+pub(crate) fn workers_spinning() -> bool {
+    POOL.holds.load(Ordering::Acquire) > 0 && POOL.spinners.load(Ordering::Acquire) > 0
+}
+
 /// Runs `work(c)` for every chunk c in `0..chunks`, on this thread and on up to `helpers` rayon jobs, and returns
 /// once every chunk is done.
 pub fn run_chunks(chunks: usize, helpers: usize, work: &(dyn Fn(usize) + Sync)) {
@@ -350,7 +356,7 @@ pub fn run_chunks(chunks: usize, helpers: usize, work: &(dyn Fn(usize) + Sync)) 
         panicked: AtomicBool::new(false),
         work: std::ptr::from_ref(&work).cast(),
     });
-    let held = POOL.holds.load(Ordering::Acquire) > 0 && POOL.spinners.load(Ordering::Acquire) > 0;
+    let held = workers_spinning();
     // Dropped before `work` (a parameter, which outlives every local), on return or unwind alike: from here on
     // workers may run chunks.
     let finish = Finish { job: &job, chunks, held };

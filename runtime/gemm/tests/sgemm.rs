@@ -239,7 +239,8 @@ fn model_shapes() {
 }
 
 /// Products while runs hold the pool (`dfc_gemm::hold`): the workers that helped stay spinning for the next
-/// product, other rayon jobs still run meanwhile, and runs holding it side by side on several threads each finish.
+/// product (thin ones, as dot products, share their rows with them), other rayon jobs still run meanwhile, and runs
+/// holding it side by side on several threads each finish.
 #[test]
 fn products_while_the_pool_is_held() {
     use rayon::prelude::*;
@@ -249,6 +250,7 @@ fn products_while_the_pool_is_held() {
         for _ in 0..60 {
             let (m, n, k) = (rng.usize(100..=300), rng.usize(100..=300), rng.usize(100..=400));
             Case::packed(m, n, k, rng.bool(), rng.bool(), rng.bool(), true).run(&mut rng);
+            thin_after_parallel(&mut rng);
             // A rayon job from this thread while a worker spins: the spinner runs it.
             let sum: u64 = (0..10_000u64).into_par_iter().sum();
             assert_eq!(sum, 49_995_000);
@@ -266,6 +268,29 @@ fn products_while_the_pool_is_held() {
             });
         }
     });
+}
+
+/// A thin product (dot products) right after parallel ones, while the worker that helped with them spins: its rows
+/// shared with the spinner (a classifier's logits after its hidden layer, in a step), against the naive product.
+fn thin_after_parallel(rng: &mut fastrand::Rng) {
+    let (m, n, k) = (rng.usize(100..=200), rng.usize(4..=16), rng.usize(200..=400));
+    let (a, b) = (random(rng, m * k), random(rng, k * n));
+    let (wide_a, wide_b, mut wide_c) = (random(rng, 200 * 300), random(rng, 300 * 200), vec![0f32; 200 * 200]);
+    let mut c = vec![f32::NAN; m * n];
+    for _ in 0..2 {
+        dfc_gemm::sgemm(200, 200, 300, &wide_a, false, &wide_b, false, &mut wide_c, false, true);
+    }
+    dfc_gemm::sgemm(m, n, k, &a, false, &b, false, &mut c, false, true);
+    for i in 0..m {
+        for j in 0..n {
+            let (want, size) = naive_sum(k, |p| f64::from(a[i * k + p]) * f64::from(b[p * n + j]));
+            let got = f64::from(c[i * n + j]);
+            assert!(
+                (got - want).abs() <= 1e-5 * (1.0 + size),
+                "{m}×{n}×{k} after parallel products at ({i}, {j}): {got} against {want}"
+            );
+        }
+    }
 }
 
 /// The sum over p < k of `term(p)`, and of its magnitudes (what rounding errors are relative to).

@@ -28,6 +28,11 @@ const MIN_K: usize = 64;
 const R: usize = 3;
 /// Rows of C per chunk of a parallel product.
 const CHUNK_ROWS: usize = 32;
+/// Extra time (ns) of sharing the rows with workers that spin (`pool::workers_spinning`, a program's step): the
+/// hand-off within a poll, and waiting for the last chunk. With the pool's `PARALLEL_OVERHEAD` (a parked worker
+/// woken), the mlp's logits (128×256·256×10, ~5.5 µs by `cost`) ran on one thread: 12.5 µs, against 8.7 split
+/// (Zen 4, in one process, alternated).
+const SPINNING_OVERHEAD: f64 = 2_000.0;
 
 thread_local! {
     /// Bᵀ packed, when B is stored row-major.
@@ -103,8 +108,7 @@ unsafe fn sgemm_with(p: &Product, threads: usize, cost: f64, rows: impl Fn(usize
         (dst.cast_const(), p.k)
     };
     let chunks = p.m.div_ceil(CHUNK_ROWS);
-    // Split only where a thread's half of the work outweighs handing it over.
-    if threads > 1 && chunks > 1 && cost > 2.0 * super::PARALLEL_OVERHEAD {
+    if shared(cost, chunks, threads, pool::workers_spinning()) {
         let bt = SendPtr(bt.cast_mut());
         let work = |c: usize| {
             // Chunks write disjoint rows of C; Bᵀ is read-only until `run_chunks` returns.
@@ -115,6 +119,13 @@ unsafe fn sgemm_with(p: &Product, threads: usize, cost: f64, rows: impl Fn(usize
         rows(0, p.m, bt, ldbt);
     }
     BT.set(packed);
+}
+
+/// Whether `threads` threads share the `chunks` chunks of a product that `cost` estimates: where a thread's half of
+/// the work outweighs handing it over, to workers that spin (`spinning`) or that must be woken.
+fn shared(cost: f64, chunks: usize, threads: usize, spinning: bool) -> bool {
+    let overhead = if spinning { SPINNING_OVERHEAD } else { super::PARALLEL_OVERHEAD };
+    threads > 1 && chunks > 1 && cost > 2.0 * overhead
 }
 
 /// Rows `i0..i1` of C, from Bᵀ at `bt` (n rows of k, `ldbt` apart).
@@ -276,4 +287,44 @@ fn sum_lanes(v: __m256) -> f32 {
     let halves = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
     let pairs = _mm_add_ps(halves, _mm_movehl_ps(halves, halves));
     _mm_cvtss_f32(_mm_add_ss(pairs, _mm_movehdup_ps(pairs)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The mlp's logits (128×256·256×10) are shared between two threads when a worker spins (a program's step,
+    /// after its first parallel product), not when one would be woken; a small thin product never is.
+    #[test]
+    fn logits_are_shared_with_a_spinning_worker() {
+        let logits = Product {
+            m: 128,
+            n: 10,
+            k: 256,
+            a: std::ptr::null(),
+            lda: 256,
+            ta: false,
+            b: std::ptr::null(),
+            ldb: 10,
+            tb: false,
+            c: std::ptr::null_mut(),
+            ldc: 10,
+            tc: false,
+            accumulate: false,
+            alpha: 1.0,
+            bytes: None,
+            bias: std::ptr::null(),
+            relu: false,
+            mask: std::ptr::null(),
+            b_rewritten: false,
+            id: 0,
+        };
+        assert!(applies(&logits));
+        let chunks = logits.m.div_ceil(CHUNK_ROWS);
+        assert!(shared(cost(&logits), chunks, 2, true));
+        assert!(!shared(cost(&logits), chunks, 2, false));
+        assert!(!shared(cost(&logits), chunks, 1, true));
+        let small = Product { m: 64, k: 64, lda: 64, ..logits };
+        assert!(!shared(cost(&small), small.m.div_ceil(CHUNK_ROWS), 2, true));
+    }
 }
