@@ -297,34 +297,13 @@ mod tests {
     /// after its first parallel product), not when one would be woken; a small thin product never is.
     #[test]
     fn logits_are_shared_with_a_spinning_worker() {
-        let logits = Product {
-            m: 128,
-            n: 10,
-            k: 256,
-            a: std::ptr::null(),
-            lda: 256,
-            ta: false,
-            b: std::ptr::null(),
-            ldb: 10,
-            tb: false,
-            c: std::ptr::null_mut(),
-            ldc: 10,
-            tc: false,
-            accumulate: false,
-            alpha: 1.0,
-            bytes: None,
-            bias: std::ptr::null(),
-            relu: false,
-            mask: std::ptr::null(),
-            b_rewritten: false,
-            id: 0,
-        };
+        let logits = crate::avx512::tests::product(128, 10, 256, false, false);
         assert!(applies(&logits));
         let chunks = logits.m.div_ceil(CHUNK_ROWS);
         assert!(shared(cost(&logits), chunks, 2, true));
         assert!(!shared(cost(&logits), chunks, 2, false));
         assert!(!shared(cost(&logits), chunks, 1, true));
-        let small = Product { m: 64, k: 64, lda: 64, ..logits };
+        let small = crate::avx512::tests::product(64, 10, 64, false, false);
         assert!(!shared(cost(&small), small.m.div_ceil(CHUNK_ROWS), 2, true));
     }
 }

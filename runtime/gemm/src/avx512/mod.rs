@@ -779,7 +779,7 @@ pub(crate) fn split_writes_the_same_bits(
 mod tests {
     use super::*;
 
-    fn product(m: usize, n: usize, k: usize, ta: bool, tb: bool) -> Product {
+    pub(super) fn product(m: usize, n: usize, k: usize, ta: bool, tb: bool) -> Product {
         let (a, b, c) = (std::ptr::null(), std::ptr::null(), std::ptr::null_mut());
         let (lda, ldb) = (if ta { m } else { k }, if tb { k } else { n });
         Product {
