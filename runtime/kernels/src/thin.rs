@@ -7,7 +7,9 @@
 //! Output rows are walked in [`Steps`]: groups of [`PIXELS`] windows side by side, all inside
 //! the input (they share each filter load), or single windows, copied with zeros to the stack
 //! when they reach into the padding. A convolution max-pooled 2×2 as it is computed takes the
-//! four pixels of each pooling window as its group, and their maximum in registers.
+//! four pixels of each pooling window as its group, and their maximum in registers; with
+//! AVX-512, a 3×3 window of stride 1 on one channel (the first layer on grey images) reads the
+//! 4×4 patch under the group once, 32 filters at a time.
 //!
 //! Each function is compiled three times and picks, at run time, the copy for the widest
 //! vectors the processor has (AVX-512, AVX2, or the baseline).
@@ -120,9 +122,13 @@ impl Iterator for Steps<'_> {
     }
 }
 
-/// Defines `$name`, which calls `$imp` compiled for the widest vectors the processor has.
+/// Defines `$name`, which calls `$imp` compiled for the widest vectors the processor has; with two paths, the
+/// first for AVX-512 (32 vector registers) and the second for the narrower copies.
 macro_rules! widest {
     ($name:ident => $imp:ident ($($arg:ident: $ty:ty),*)) => {
+        widest!($name => [$imp, $imp] ($($arg: $ty),*));
+    };
+    ($name:ident => [$wide:path, $narrow:path] ($($arg:ident: $ty:ty),*)) => {
         #[allow(clippy::too_many_arguments)]
         pub(crate) fn $name($($arg: $ty),*) {
             #[cfg(target_arch = "x86_64")]
@@ -130,12 +136,12 @@ macro_rules! widest {
                 #[allow(clippy::too_many_arguments)]
                 #[target_feature(enable = "avx512f")]
                 unsafe fn avx512($($arg: $ty),*) {
-                    $imp($($arg),*)
+                    $wide($($arg),*)
                 }
                 #[allow(clippy::too_many_arguments)]
                 #[target_feature(enable = "avx2")]
                 unsafe fn avx2($($arg: $ty),*) {
-                    $imp($($arg),*)
+                    $narrow($($arg),*)
                 }
                 if std::arch::is_x86_feature_detected!("avx512f") {
                     // SAFETY: the processor has AVX-512F.
@@ -146,13 +152,13 @@ macro_rules! widest {
                     return unsafe { avx2($($arg),*) };
                 }
             }
-            $imp($($arg),*)
+            $narrow($($arg),*)
         }
     };
 }
 
 widest!(thin_conv => thin_conv_impl(g: &Conv2dGeometry, x: &[f32], filter: &[f32], row0: usize, rows: usize, out: &mut [f32]));
-widest!(thin_conv_max_pool_2x2 => thin_conv_max_pool_2x2_impl(
+widest!(thin_conv_max_pool_2x2 => [thin_conv_max_pool_2x2_impl::<true>, thin_conv_max_pool_2x2_impl::<false>] (
     g: &Conv2dGeometry, pool: &PoolGeometry, x: &[f32], filter: &[f32], then: PoolEpilogue<'_>, row: (usize, usize),
     out: &mut [f32]
 ));
@@ -299,7 +305,7 @@ fn sum_windows_of<const L: usize>(
 /// the row, the convolution never stored. The same bits as [`thin_conv`] then `max_pool` then `then`: the same sums,
 /// and the window's elements compared in its order.
 #[inline(always)]
-fn thin_conv_max_pool_2x2_impl(
+fn thin_conv_max_pool_2x2_impl<const ZMM: bool>(
     g: &Conv2dGeometry,
     pool: &PoolGeometry,
     x: &[f32],
@@ -315,12 +321,24 @@ fn thin_conv_max_pool_2x2_impl(
         |oy: usize, ox: usize| ((b * g.h + oy * g.stride_h - g.pad_top) * g.w + ox * g.stride_w - g.pad_left) * g.c;
     let oy = py * pool.stride_h;
     let out = &mut out[..pool.out_w * n];
+    // With AVX-512's 32 vector registers; with 16 (AVX2), the patch and the sums spilled, slower than `pooled`.
+    let grey_3x3 = ZMM && g.kh == 3 && g.kw == 3 && g.c == 1 && g.stride_h == 1 && g.stride_w == 1;
     for px in 0..pool.out_w {
         let ox = px * pool.stride_w;
         // The window's pixels in its order: row by row.
         let bases = [base(oy, ox), base(oy, ox + 1), base(oy + 1, ox), base(oy + 1, ox + 1)];
         let out = &mut out[px * n..(px + 1) * n];
         let mut f = 0;
+        if grey_3x3 {
+            while f + 32 <= n {
+                pooled_grey_3x3::<32>(x, bases[0], g.w, filter, n, f, &mut out[f..f + 32]);
+                f += 32;
+            }
+            while f + 16 <= n {
+                pooled_grey_3x3::<16>(x, bases[0], g.w, filter, n, f, &mut out[f..f + 16]);
+                f += 16;
+            }
+        }
         while f + 16 <= n {
             pooled::<16>(g, x, bases, filter, f, &mut out[f..f + 16]);
             f += 16;
@@ -349,6 +367,12 @@ fn pooled<const L: usize>(
     out: &mut [f32],
 ) {
     let acc = conv_pixels::<L>(g, x, bases, filter, f);
+    out.copy_from_slice(&largest(acc));
+}
+
+/// The largest of the window's `PIXELS` sums, lane by lane, as `max_pool` compares them.
+#[inline(always)]
+fn largest<const L: usize>(acc: [[f32; L]; PIXELS]) -> [f32; L] {
     let mut best = acc[0];
     for sums in &acc[1..] {
         for (best, &sum) in best.iter_mut().zip(sums) {
@@ -357,7 +381,61 @@ fn pooled<const L: usize>(
             }
         }
     }
-    out.copy_from_slice(&best);
+    best
+}
+
+/// [`pooled`] for a 3×3 window of stride 1 on one channel (a first layer on grey images), whose four windows lie
+/// in a 4×4 patch of the input from `top` (rows `row` apart): each element of the patch is read once and
+/// multiplied by every tap that sees it. The same sums in the same order, to the bit. Written out so, the sums
+/// stay in registers and each element is broadcast once, not once per window and tap: the CNN's first layer at
+/// inference on Zen 4 took 0.47–0.48 ms on one thread, 0.72–0.74 as `pooled` (two threads: 0.27–0.28, 0.38–0.40).
+#[inline(always)]
+#[allow(clippy::needless_range_loop)] // `q`, `r` and `i` index the patch and the accumulators in step
+fn pooled_grey_3x3<const L: usize>(
+    x: &[f32],
+    top: usize,
+    row: usize,
+    filter: &[f32],
+    n: usize,
+    f: usize,
+    out: &mut [f32],
+) {
+    assert!(top + 3 * row + 4 <= x.len(), "thin_conv: a window past the input");
+    assert!(8 * n + f + L <= filter.len(), "thin_conv: the filter is too short");
+    let mut patch = [[0.0f32; 4]; 4];
+    for r in 0..4 {
+        // SAFETY: top + r·row + 4 ≤ top + 3·row + 4 ≤ x.len() (asserted above).
+        patch[r] = unsafe { *x.as_ptr().add(top + r * row).cast::<[f32; 4]>() };
+    }
+    let mut acc = [[0.0f32; L]; PIXELS];
+    // The rows of taps written out one by one: as a loop, LLVM kept it one, reading the patch from the stack.
+    grey_3x3_taps(&mut acc, &patch, 0, filter, n, f);
+    grey_3x3_taps(&mut acc, &patch, 1, filter, n, f);
+    grey_3x3_taps(&mut acc, &patch, 2, filter, n, f);
+    out.copy_from_slice(&largest(acc));
+}
+
+/// Row `s` of [`pooled_grey_3x3`]'s taps, added to the four windows' sums.
+#[inline(always)]
+#[allow(clippy::needless_range_loop)]
+fn grey_3x3_taps<const L: usize>(
+    acc: &mut [[f32; L]; PIXELS],
+    patch: &[[f32; 4]; 4],
+    s: usize,
+    filter: &[f32],
+    n: usize,
+    f: usize,
+) {
+    for j in 0..3 {
+        // SAFETY: (s·3 + j)·n + f + L ≤ 8·n + f + L ≤ filter.len() (asserted by the caller); read as an array of f32.
+        let w: &[f32; L] = unsafe { &*filter.as_ptr().add((s * 3 + j) * n + f).cast::<[f32; L]>() };
+        for q in 0..PIXELS {
+            let v = patch[s + q / 2][j + q % 2];
+            for i in 0..L {
+                acc[q][i] += v * w[i];
+            }
+        }
+    }
 }
 
 /// Filters `f..f + L` of one output.

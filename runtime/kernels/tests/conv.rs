@@ -279,6 +279,10 @@ fn pooled_thin_windows_are_exact() {
         (Case { input: [2, 9, 11, 1], filter: [3, 3, 1, 20], strides: [1, 1], padding: Padding::Same }, [2, 2]),
         (Case { input: [3, 10, 10, 3], filter: [3, 3, 3, 17], strides: [2, 1], padding: Padding::Same }, [1, 2]),
         (Case { input: [1, 12, 9, 2], filter: [2, 3, 2, 33], strides: [1, 1], padding: Padding::Valid }, [3, 2]),
+        // 3×3 on one channel at stride 1, from the 4×4 patch under each pooled pixel (`pooled_grey_3x3`, AVX-512):
+        // 32 filters and 16 at a time, the rest one by one; pooled windows that overlap.
+        (Case { input: [2, 10, 9, 1], filter: [3, 3, 1, 48], strides: [1, 1], padding: Padding::Valid }, [2, 2]),
+        (Case { input: [1, 9, 12, 1], filter: [3, 3, 1, 37], strides: [1, 1], padding: Padding::Same }, [1, 1]),
     ];
     cases.extend(quads.map(|(case, strides)| (case, [2, 2], strides, Padding::Valid)));
     for (case, window, strides, padding) in cases {
