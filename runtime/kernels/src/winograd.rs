@@ -350,6 +350,25 @@ widest!(transform_outputs_pooled => transform_outputs_pooled_impl(
     image0: usize, out: &mut [f32]
 ));
 
+/// `body` for each run of `len` channels, with `start` and `lanes` bound: whole runs with
+/// `lanes` the constant `LANES`, so that their loads and stores are vector moves (with `lanes` a
+/// variable, the compiler merged the whole and partial copies into calls of `memcpy`), then the
+/// rest. A macro, where a closure would be compiled apart from the caller's vector width.
+macro_rules! for_runs {
+    ($len:expr, |$start:ident, $lanes:ident| $body:block) => {{
+        let len: usize = $len;
+        let whole = len - len % LANES;
+        for $start in (0..whole).step_by(LANES) {
+            let $lanes = LANES;
+            $body
+        }
+        if whole < len {
+            let ($start, $lanes) = (whole, len - whole);
+            $body
+        }
+    }};
+}
+
 /// Lanes of one position: a run of channels (or filters).
 type Run = [f32; LANES];
 
@@ -366,8 +385,7 @@ struct AlignedTile(Tile);
 fn transform_filter_impl(g: &Conv2dGeometry, filter: &[f32], u: &mut [f32]) {
     let (c, f) = (g.c, g.filters);
     for ch in 0..c {
-        for f0 in (0..f).step_by(LANES) {
-            let lanes = LANES.min(f - f0);
+        for_runs!(f, |f0, lanes| {
             // The taps, position ky·3 + kx.
             let taps = gather::<9>(|k| load(&filter[(k * c + ch) * f + f0..], lanes), 0, 1);
             // G g (ALPHA rows of 3 columns), then (G g) Gᵀ.
@@ -386,7 +404,7 @@ fn transform_filter_impl(g: &Conv2dGeometry, filter: &[f32], u: &mut [f32]) {
             for (xi, run) in tile.iter().enumerate() {
                 store(&mut u[(xi * c + ch) * f + f0..], run, lanes);
             }
-        }
+        });
     }
 }
 
@@ -401,25 +419,6 @@ fn load(from: &[f32], lanes: usize) -> [f32; LANES] {
         run[..lanes].copy_from_slice(&from[..lanes]);
         run
     }
-}
-
-/// `body` for each run of `len` channels, with `start` and `lanes` bound: whole runs with
-/// `lanes` the constant `LANES`, so that their loads and stores are vector moves (with `lanes` a
-/// variable, the compiler merged the whole and partial copies into calls of `memcpy`), then the
-/// rest. A macro, where a closure would be compiled apart from the caller's vector width.
-macro_rules! for_runs {
-    ($len:expr, |$start:ident, $lanes:ident| $body:block) => {{
-        let len: usize = $len;
-        let whole = len - len % LANES;
-        for $start in (0..whole).step_by(LANES) {
-            let $lanes = LANES;
-            $body
-        }
-        if whole < len {
-            let ($start, $lanes) = (whole, len - whole);
-            $body
-        }
-    }};
 }
 
 /// Writes the first `lanes` floats of `run` to the start of `to`.
