@@ -303,13 +303,7 @@ pub(super) unsafe fn finish16(
 /// transposes (a tile of Cᵀ when the product is computed as `Cᵀ = Bᵀ·Aᵀ`).
 #[inline(never)]
 #[target_feature(enable = "avx512f")]
-unsafe fn store_transposed<const R: usize>(
-    acc: [[__m512; 2]; R],
-    c: *mut f32,
-    ldc: usize,
-    nr: usize,
-    overwrite: bool,
-) {
+unsafe fn store_transposed<const R: usize>(acc: [[__m512; 2]; R], c: *mut f32, ldc: usize, nr: usize, overwrite: bool) {
     let mask = tail_mask(R);
     for half in 0..2 {
         let cols = nr.saturating_sub(16 * half).min(16);
