@@ -390,7 +390,7 @@ fn largest<const L: usize>(acc: [[f32; L]; PIXELS]) -> [f32; L] {
 /// stay in registers and each element is broadcast once, not once per window and tap: the CNN's first layer at
 /// inference on Zen 4 took 0.47–0.48 ms on one thread, 0.72–0.74 as `pooled` (two threads: 0.27–0.28, 0.38–0.40).
 #[inline(always)]
-#[allow(clippy::needless_range_loop)] // `q`, `r` and `i` index the patch and the accumulators in step
+#[allow(clippy::needless_range_loop)] // `r` indexes the patch and the input's rows in step
 fn pooled_grey_3x3<const L: usize>(
     x: &[f32],
     top: usize,
@@ -417,7 +417,7 @@ fn pooled_grey_3x3<const L: usize>(
 
 /// Row `s` of [`pooled_grey_3x3`]'s taps, added to the four windows' sums.
 #[inline(always)]
-#[allow(clippy::needless_range_loop)]
+#[allow(clippy::needless_range_loop)] // `q` and `i` index the patch and the sums in step
 fn grey_3x3_taps<const L: usize>(
     acc: &mut [[f32; L]; PIXELS],
     patch: &[[f32; 4]; 4],
