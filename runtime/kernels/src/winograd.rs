@@ -350,7 +350,7 @@ widest!(transform_outputs_pooled => transform_outputs_pooled_impl(
     image0: usize, out: &mut [f32]
 ));
 
-/// `body` for each run of `len` channels, with `start` and `lanes` bound: whole runs with
+/// `body` for each run of `len` channels (or filters), with `start` and `lanes` bound: whole runs with
 /// `lanes` the constant `LANES`, so that their loads and stores are vector moves (with `lanes` a
 /// variable, the compiler merged the whole and partial copies into calls of `memcpy`), then the
 /// rest. A macro, where a closure would be compiled apart from the caller's vector width.
