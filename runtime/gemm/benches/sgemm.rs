@@ -1,6 +1,8 @@
 //! Median time and GFLOP/s of `dfc_gemm::sgemm` against the `gemm` crate on the products of dfc's models,
-//! single-threaded and on rayon's pool. `cargo bench -p dfc-gemm --bench sgemm [-- FILTER]`: FILTER keeps the
-//! shapes whose label contains it; `SGEMM_RUNS` sets the minimum number of runs per measurement (default 300).
+//! single-threaded and on rayon's pool, and of `dfc_gemm::sgemm_fused` alone on the MLP's first layer fed bytes
+//! (the products a training step on images runs; the `gemm` crate reads no bytes).
+//! `cargo bench -p dfc-gemm --bench sgemm [-- FILTER]`: FILTER keeps the shapes whose label contains it;
+//! `SGEMM_RUNS` sets the minimum number of runs per measurement (default 300).
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -35,6 +37,47 @@ const SHAPES: &[(&str, usize, usize, usize, bool, bool)] = &[
     ("logreg b1", 1, 10, 784, false, false),
 ];
 const MLP: usize = 8;
+
+/// The MLP's first layer as a training step runs it on images fed as bytes (`sgemm_fused`, A read through
+/// `ByteScale::Div(255)`, the weights rewritten by each step's update): (label, m, n, k, transpose_a, update).
+/// Its forward product takes the bias and relu; its weight gradient is folded into the update.
+const BYTE_SHAPES: &[(&str, usize, usize, usize, bool, bool)] =
+    &[("mlp fc1 u8", 128, 256, 784, false, false), ("mlp fc1 dw u8", 784, 256, 128, true, true)];
+
+/// Operands of a `BYTE_SHAPES` product: random bytes, a fifth of them 0 (black pixels).
+struct ByteOperands {
+    shape: (usize, usize, usize, bool, bool),
+    a: Vec<u8>,
+    b: Vec<f32>,
+    bias: Vec<f32>,
+    c: Vec<f32>,
+}
+
+impl ByteOperands {
+    fn new(&(_, m, n, k, ta, update): &(&str, usize, usize, usize, bool, bool)) -> ByteOperands {
+        let mut rng = fastrand::Rng::with_seed(1);
+        let a = (0..m * k).map(|_| if rng.u8(..) < 51 { 0 } else { rng.u8(..) }).collect();
+        let b = (0..k * n).map(|_| rng.f32() - 0.5).collect();
+        let bias = (0..n).map(|_| rng.f32() - 0.5).collect();
+        ByteOperands { shape: (m, n, k, ta, update), a, b, bias, c: vec![0.0; m * n] }
+    }
+
+    fn flops(&self) -> f64 {
+        let (m, n, k, _, _) = self.shape;
+        2.0 * (m * n * k) as f64
+    }
+
+    fn ours(&mut self, parallel: bool) {
+        let (m, n, k, ta, update) = self.shape;
+        let a = dfc_gemm::Left::Bytes(&self.a, dfc_gemm::ByteScale::Div(255.0));
+        let (update, epilogue) = match update {
+            true => (Some(-1e-6), dfc_gemm::Epilogue::default()),
+            false => (None, dfc_gemm::Epilogue { bias: Some(&self.bias), relu: true, mask: None }),
+        };
+        dfc_gemm::sgemm_fused(m, n, k, a, ta, &self.b, false, &mut self.c, update, epilogue, true, parallel);
+        black_box(&mut self.c);
+    }
+}
 
 struct Operands {
     m: usize,
@@ -149,6 +192,15 @@ fn main() {
                 *total += t;
             }
         }
+    }
+    for shape in BYTE_SHAPES.iter().filter(|shape| shape.0.contains(filter.as_str())) {
+        let mut ops = ByteOperands::new(shape);
+        let times = [median(runs, || ops.ours(false)), median(runs, || ops.ours(true))];
+        let (_, m, n, k, ta, _) = *shape;
+        let dims = format!("{m}×{n}×{k}{}", if ta { " ta" } else { "" });
+        let cells: Vec<String> =
+            times.iter().map(|t| format!("{:>9.1} ({:>6.1})", t * 1e6, ops.flops() / t / 1e9)).collect();
+        println!("{:<14} {:>17} {:>22} {:>22} {:>22} {:>22}", shape.0, dims, cells[0], "", cells[1], "");
     }
     if mlp_flops > 0.0 {
         let cells: Vec<String> =
