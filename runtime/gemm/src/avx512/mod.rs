@@ -27,7 +27,8 @@
 //! one to three rows of C (a batch of one) runs on the AVX2 kernels' pass over B in place (`avx2::rows`).
 //!
 //! Threads (`plan`, `parallel_product`) take chunks of rows, of columns or of the reduction (then summed), chosen
-//! by the same cost estimate, through `pool::run_chunks`. Row chunks are runs of whole panels but in the middle,
+//! by the same cost estimate, through `pool::run_chunks`; while the workers spin (a program's step), a product of a
+//! few microseconds is shared by rows or columns even where the estimate has one thread faster (`SPUN_MIN`). Row chunks are runs of whole panels but in the middle,
 //! where the threads meet, half panels (`RowChunks`). A product of bytes whose B each training step rewrites (the
 //! first layer's weights: `Product::b_rewritten`) takes one chunk of the reduction per thread, whatever the
 //! estimate: each thread then reads the rows of B that it wrote in the update, which splits B by rows; the threads
@@ -263,6 +264,14 @@ const PARALLEL_OVERHEAD: f64 = 20_000.0;
 /// 16 µs.
 const WIDE_C_MIN: usize = 1 << 14;
 const WIDE_MIN_MADDS: usize = 1 << 18;
+/// A product estimated at least this long (ns) is shared among the threads by rows or columns, where the estimate
+/// has one thread faster, when the workers spin (`pool::workers_spinning`: a program's step), so that a chunk reaches
+/// them within a poll. In a step on two threads its operands were written by both (a layer's activations, split
+/// among them), and one thread would read half of them from the other core's cache; split, each reads about its own
+/// half. The mlp's last weight update (w3 += α·h2ᵀ·dlogits, 256×128·128×10, ~4 µs by `cost`) took 9.2–10.0 µs on one
+/// thread in a two-thread step on an Intel Xeon (AVX-512, 2 vCPUs), 5.3–5.8 split; whole steps 474.8 → 468.8 µs
+/// (medians of 8 processes each way, alternated); the cnn's and the logreg's steps and inference within noise.
+const SPUN_MIN: f64 = 3_000.0;
 /// Target time (ns) of a chunk of a parallel product: a worker woken late (20 µs and more on this virtual
 /// machine) still finds a fair share left, and each chunk's start-up stays small.
 const CHUNK_TIME: f64 = 12_000.0;
@@ -293,7 +302,7 @@ pub(crate) unsafe fn sgemm(p: Product, parallel: bool) {
         return unsafe { dot::sgemm(&thin, threads) };
     }
     p.id = CALLS.fetch_add(1, Ordering::Relaxed);
-    match plan(&p, threads) {
+    match plan(&p, threads, pool::workers_spinning()) {
         // SAFETY: the caller's contract.
         None => unsafe { block(&p, 0, p.m, 0, p.n, 0, p.k, p.c, p.ldc, p.accumulate) },
         // SAFETY: the caller's contract.
@@ -314,8 +323,9 @@ enum Split {
 
 /// How `threads` threads should share `p`, and in how many chunks; `None` when one thread is faster. Estimates each
 /// split's time (a thread's share of the work, the packing or reading it repeats, half a chunk of imbalance, the
-/// hand-off) and takes the fastest; a wide C is split by rows or columns regardless (`WIDE_C_MIN`).
-fn plan(p: &Product, threads: usize) -> Option<(Split, usize)> {
+/// hand-off) and takes the fastest; a wide C (`WIDE_C_MIN`), or a product of `SPUN_MIN` or more while the workers
+/// are `spinning`, is split by rows or columns regardless.
+fn plan(p: &Product, threads: usize, spinning: bool) -> Option<(Split, usize)> {
     if threads <= 1 {
         return None;
     }
@@ -373,7 +383,8 @@ fn plan(p: &Product, threads: usize) -> Option<(Split, usize)> {
         consider(Split::Depth, chunks, chunks.saturating_sub(1) as f64 * (m * n) as f64 * 0.4);
     }
     let wide = m * n >= WIDE_C_MIN && m * n * k >= WIDE_MIN_MADDS;
-    best.filter(|&(time, split, _)| time < single || (wide && split != Split::Depth))
+    let regardless = wide || (spinning && single >= SPUN_MIN);
+    best.filter(|&(time, split, _)| time < single || (regardless && split != Split::Depth))
         .map(|(_, split, chunks)| (split, chunks))
 }
 
@@ -827,7 +838,7 @@ mod tests {
                 mask: mask.as_ptr(),
                 ..product(m, n, k, false, true)
             };
-            assert!(plan(&product(std::ptr::null_mut()), 2).is_some(), "{m}×{n}×{k} is split");
+            assert!(plan(&product(std::ptr::null_mut()), 2, false).is_some(), "{m}×{n}×{k} is split");
             let one = split_writes_the_same_bits(sgemm, &format!("{m}×{n}×{k}, a wide C"), m * n, product);
             for (i, j) in [(0, 0), (m - 1, n - 1), (m / 2, n / 3)] {
                 let sum: f64 = (0..k).map(|q| f64::from(a[i * k + q]) * f64::from(b[j * k + q])).sum();
@@ -875,9 +886,9 @@ mod tests {
             b_rewritten,
             ..product(128, 256, 784, false, false)
         };
-        assert_eq!(plan(&layer(true), 2), Some((Split::Depth, 2)));
-        assert_eq!(plan(&layer(true), 4), Some((Split::Depth, 4)));
-        assert_eq!(plan(&layer(false), 2).map(|(split, _)| split), Some(Split::Rows));
+        assert_eq!(plan(&layer(true), 2, false), Some((Split::Depth, 2)));
+        assert_eq!(plan(&layer(true), 4, false), Some((Split::Depth, 4)));
+        assert_eq!(plan(&layer(false), 2, false).map(|(split, _)| split), Some(Split::Rows));
     }
 
     /// A dense layer of floats whose weights no step rewrites (the mlp's second layer at inference) is split by rows,
@@ -886,15 +897,15 @@ mod tests {
     #[test]
     fn inference_layers_keep_their_rows() {
         let layer = |b_rewritten, relu| Product { relu, b_rewritten, ..product(128, 256, 256, false, false) };
-        assert_eq!(plan(&layer(false, true), 2).map(|(split, _)| split), Some(Split::Rows));
-        assert_eq!(plan(&layer(true, true), 2).map(|(split, _)| split), Some(Split::Cols));
-        assert_eq!(plan(&layer(false, false), 2).map(|(split, _)| split), Some(Split::Cols));
+        assert_eq!(plan(&layer(false, true), 2, false).map(|(split, _)| split), Some(Split::Rows));
+        assert_eq!(plan(&layer(true, true), 2, false).map(|(split, _)| split), Some(Split::Cols));
+        assert_eq!(plan(&layer(false, false), 2, false).map(|(split, _)| split), Some(Split::Cols));
         let packed = Product { relu: true, ..product(300, 256, 256, false, false) };
         assert!(!packed.b_in_place());
-        assert_ne!(plan(&packed, 2).map(|(split, _)| split), None);
+        assert_ne!(plan(&packed, 2, false).map(|(split, _)| split), None);
         assert!(!keeps_rows(&packed));
         // Too little work to share: one thread.
-        assert_eq!(plan(&Product { relu: true, ..product(24, 64, 64, false, false) }, 2), None);
+        assert_eq!(plan(&Product { relu: true, ..product(24, 64, 64, false, false) }, 2, false), None);
     }
 
     /// The orientation and the split of the shapes the parallel tests in tests/sgemm.rs rely on to cover each.
@@ -916,7 +927,13 @@ mod tests {
         ] {
             let p = oriented(product(m, n, k, ta, tb));
             assert_eq!(p.tc, tc, "{m}×{n}×{k}");
-            assert_eq!(plan(&p, threads).map(|(split, _)| split), want, "{m}×{n}×{k}");
+            assert_eq!(plan(&p, threads, false).map(|(split, _)| split), want, "{m}×{n}×{k}");
         }
+        // The mlp's last weight update (Cᵀ 10×256 from 128 steps, ~4 µs): one thread, but shared by columns of Cᵀ
+        // (rows of the update) when the workers spin; one of ~1 µs stays on one thread either way.
+        let update = oriented(product(256, 10, 128, true, false));
+        assert_eq!(plan(&update, 2, true).map(|(split, _)| split), Some(Split::Cols));
+        assert_eq!(plan(&update, 1, true), None);
+        assert_eq!(plan(&Product { relu: true, ..product(24, 64, 64, false, false) }, 2, true), None);
     }
 }
