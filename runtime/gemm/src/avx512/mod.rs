@@ -26,15 +26,15 @@
 //! products instead (`dot`) when that costs less: every lane works, where a tile would use n of 16. A product of
 //! one to three rows of C (a batch of one) runs on the AVX2 kernels' pass over B in place (`avx2::rows`).
 //!
-//! Threads (`plan`, `parallel_product`) take chunks of rows, of columns or of the reduction (then summed), chosen
-//! by the same cost estimate, through `pool::run_chunks`; while the workers spin (a program's step), a product of a
-//! few microseconds is shared by rows or columns even where the estimate has one thread faster (`SPUN_MIN`). Row chunks are runs of whole panels but in the middle,
-//! where the threads meet, half panels (`RowChunks`). A product of bytes whose B each training step rewrites (the
-//! first layer's weights: `Product::b_rewritten`) takes one chunk of the reduction per thread, whatever the
-//! estimate: each thread then reads the rows of B that it wrote in the update, which splits B by rows; the threads
-//! sum the partials and apply the epilogue each over its own rows of C. A dense layer of floats whose B is never
-//! rewritten (an inference's weights, read in place) is split by rows of C, as the layer before it (`keeps_rows`):
-//! each thread reads the rows of A that it wrote.
+//! Threads (`plan`, `parallel_product`) take chunks of rows, of columns or of the reduction (then summed), chosen by
+//! the same cost estimate, through `pool::run_chunks`; while the workers spin (a program's step), a product of a few
+//! microseconds is shared by rows or columns even where the estimate has one thread faster (`SPUN_MIN`). Row chunks are
+//! runs of whole panels but in the middle, where the threads meet, half panels (`RowChunks`). A product of bytes whose
+//! B each training step rewrites (the first layer's weights: `Product::b_rewritten`) takes one chunk of the reduction
+//! per thread, whatever the estimate: each thread then reads the rows of B that it wrote in the update, which splits B
+//! by rows; the threads sum the partials and apply the epilogue each over its own rows of C. A dense layer of floats
+//! whose B is never rewritten (an inference's weights, read in place) is split by rows of C, as the layer before it
+//! (`keeps_rows`): each thread reads the rows of A that it wrote.
 
 pub(crate) mod dot;
 mod kernel;
