@@ -20,10 +20,10 @@
 //! completes: a whole tile in the kernel's registers before it is stored, an edge tile in L1 after (`finish_tile`).
 //! Neither product is transposed nor computed as dot products (`Product::fixed`).
 //!
-//! Threads take chunks of rows or of columns of C, whichever repeats less packing; a product of bytes stored
-//! row-major (the first layer's images) takes one chunk of the reduction each instead (`by_reduction`), so that each
-//! thread converts only its own steps of A and reads only those rows of B (in training, the rows it wrote in the
-//! update).
+//! Threads take chunks of rows or of columns of C, whichever repeats less packing, of products large enough (`shared`:
+//! while the workers spin, from a few microseconds on); a product of bytes stored row-major (the first layer's
+//! images) takes one chunk of the reduction each instead (`by_reduction`), so that each thread converts only its own
+//! steps of A and reads only those rows of B (in training, the rows it wrote in the update).
 //!
 //! A product of one to three rows of C (a batch of one) runs in `rows` instead: B read where it is stored.
 //!
@@ -96,6 +96,14 @@ const PARALLEL_MIN: usize = 1 << 20;
 /// two threads sharing it by columns take 23.
 const WIDE_C_MIN: usize = 1 << 14;
 
+/// ... and so, while the pool's workers spin (a program's step), is a product that `cost` puts at this many vector
+/// operations or more (about 3 µs on one core), as the AVX-512 kernels' `SPUN_MIN`: a chunk then reaches a worker
+/// within a poll, not a wake-up. In a step on two threads its operands were written by both (a layer's activations,
+/// split among them), and one thread would read half of them from the other core's cache. The mlp's last weight
+/// update (w3 += α·h2ᵀ·dlogits, 256×128·128×10, below `PARALLEL_MIN`) took 12.3 µs on one thread in a two-thread
+/// step (an Intel Xeon, `DFC_GEMM=avx2`), 7.0–7.1 shared.
+const SPUN_MIN: f64 = 24_000.0;
+
 /// Computes the product, on rayon's pool when `parallel` and the product is large enough to pay for it.
 ///
 /// # Safety
@@ -120,8 +128,7 @@ pub(crate) unsafe fn sgemm(p: Product, parallel: bool) {
         return unsafe { dot::sgemm_avx2(&thin, threads) };
     }
     p.id = CALLS.fetch_add(1, Ordering::Relaxed);
-    let parallel_min = if p.m * p.n >= WIDE_C_MIN { PARALLEL_MIN / 4 } else { PARALLEL_MIN };
-    if threads <= 1 || p.m * p.n * p.k < parallel_min {
+    if !shared(&p, threads, pool::workers_spinning()) {
         // SAFETY: the caller's contract.
         unsafe { block(&p, 0, p.m, 0, p.n, 0, p.k) };
         return;
@@ -156,6 +163,13 @@ pub(crate) unsafe fn sgemm(p: Product, parallel: bool) {
         }
     };
     pool::run_chunks(chunks, threads - 1, &work);
+}
+
+/// Whether `threads` threads share `p` (as oriented): a product of `PARALLEL_MIN` multiply-adds or more (a quarter as
+/// many with a wide C), or of `SPUN_MIN` by `cost` while the workers are `spinning`.
+fn shared(p: &Product, threads: usize, spinning: bool) -> bool {
+    let parallel_min = if p.m * p.n >= WIDE_C_MIN { PARALLEL_MIN / 4 } else { PARALLEL_MIN };
+    threads > 1 && (p.m * p.n * p.k >= parallel_min || (spinning && cost(p) >= SPUN_MIN))
 }
 
 /// Whether the threads share `p` along its reduction (`by_reduction`): an A of bytes stored row-major (the first
@@ -1099,6 +1113,49 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// While the workers spin, the mlp's last weight update (Cᵀ 10×256 from 128 steps, a few µs) is shared among
+    /// the threads, below `PARALLEL_MIN`; a product of about 1 µs is not, nor any without spinning workers or on one
+    /// thread.
+    #[test]
+    fn spinning_workers_share_products_of_a_few_microseconds() {
+        let dims = |m, n, k, ta| Product {
+            m,
+            n,
+            k,
+            a: std::ptr::null(),
+            lda: if ta { m } else { k },
+            ta,
+            b: std::ptr::null(),
+            ldb: n,
+            tb: false,
+            c: std::ptr::null_mut(),
+            ldc: n,
+            tc: false,
+            accumulate: true,
+            alpha: -0.1,
+            bytes: None,
+            bias: std::ptr::null(),
+            relu: false,
+            mask: std::ptr::null(),
+            b_rewritten: false,
+            id: 0,
+        };
+        let oriented = |p: Product| if cost(&p.transposed()) < 0.9 * cost(&p) { p.transposed() } else { p };
+        let update = oriented(dims(256, 10, 128, true));
+        assert!(
+            update.m * update.n * update.k < PARALLEL_MIN
+                && update.m * update.n < WIDE_C_MIN
+                && cost(&update) >= SPUN_MIN
+        );
+        assert!(shared(&update, 2, true));
+        assert!(!shared(&update, 2, false) && !shared(&update, 1, true));
+        let small = oriented(dims(24, 64, 64, false));
+        assert!(!shared(&small, 2, true));
+        // Large products are shared either way.
+        let layer = dims(128, 256, 256, false);
+        assert!(shared(&layer, 2, false) && shared(&layer, 2, true) && !shared(&layer, 1, false));
     }
 
     #[test]
