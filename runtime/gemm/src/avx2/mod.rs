@@ -1121,26 +1121,9 @@ mod tests {
     #[test]
     fn spinning_workers_share_products_of_a_few_microseconds() {
         let dims = |m, n, k, ta| Product {
-            m,
-            n,
-            k,
-            a: std::ptr::null(),
-            lda: if ta { m } else { k },
-            ta,
-            b: std::ptr::null(),
-            ldb: n,
-            tb: false,
-            c: std::ptr::null_mut(),
-            ldc: n,
-            tc: false,
             accumulate: true,
             alpha: -0.1,
-            bytes: None,
-            bias: std::ptr::null(),
-            relu: false,
-            mask: std::ptr::null(),
-            b_rewritten: false,
-            id: 0,
+            ..crate::avx512::tests::product(m, n, k, ta, false)
         };
         let oriented = |p: Product| if cost(&p.transposed()) < 0.9 * cost(&p) { p.transposed() } else { p };
         let update = oriented(dims(256, 10, 128, true));

@@ -787,10 +787,11 @@ pub(crate) fn split_writes_the_same_bits(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    pub(super) fn product(m: usize, n: usize, k: usize, ta: bool, tb: bool) -> Product {
+    /// A product of these dimensions and layouts, its operands null (for `plan` and `cost`).
+    pub(crate) fn product(m: usize, n: usize, k: usize, ta: bool, tb: bool) -> Product {
         let (a, b, c) = (std::ptr::null(), std::ptr::null(), std::ptr::null_mut());
         let (lda, ldb) = (if ta { m } else { k }, if tb { k } else { n });
         Product {
