@@ -723,8 +723,9 @@ fn products_read_bytes_fed_in() {
 
 /// A dense layer's `relu(x·w + b)` is one product whose epilogue adds the bias and takes the relu, in training
 /// (whose relu gradient reads the activation, not the sum) and inference, and the relu's gradient
-/// `select(h > 0, g·wᵀ, 0)` one product whose epilogue masks it; the logits' thin product keeps its kernel. A sum that something else reads too, or that is fetched, is stored by its product and computed by a
-/// kernel as before. The values agree with the interpreter (`mlp`, and here).
+/// `select(h > 0, g·wᵀ, 0)` one product whose epilogue masks it, and sums its columns (the bias's gradient); the
+/// logits' thin product keeps its kernel. A sum that something else reads too, or that is fetched, is stored by its
+/// product and computed by a kernel as before. The values agree with the interpreter (`mlp`, and here).
 #[test]
 fn dense_layers_are_one_product_with_an_epilogue() {
     let mlp = plan("mlp", Cluster::local(1, DeviceKind::Cpu), Strategy::Single);
@@ -734,6 +735,23 @@ fn dense_layers_are_one_product_with_an_epilogue() {
     let fused = |fetches: &[&str], targets: &[&str]| session.program(fetches, targets).unwrap().fused_products();
     let training_fused = ["h1", "h2", "gradients/h2/select", "gradients/h1/select"];
     assert_eq!(fused(&[training.loss_node.as_str()], &updates), training_fused);
+    // The biases' gradients, the masked products' columns summed, are summed by those products.
+    let summed = |fetches: &[&str], targets: &[&str]| session.program(fetches, targets).unwrap().summed_columns();
+    let training_summed = ["gradients/h2/add/sum", "gradients/h1/add/sum"];
+    assert_eq!(summed(&[training.loss_node.as_str()], &updates), training_summed);
+    assert!(summed(&["logits"], &[]).is_empty());
+    // Fetched, a sum is stored by its product, and agrees with the interpreter's.
+    let fetches = [training.loss_node.as_str(), "gradients/h2/add/sum", "gradients/h1/add/sum"];
+    assert_eq!(summed(&fetches, &[]), training_summed);
+    let run = |backend| {
+        let mut session = Session::with_backend(&mlp, 0, backend).unwrap();
+        let program = session.program(&fetches, &[]).unwrap();
+        session.run(&program, &batches(&mlp)[0]).unwrap()
+    };
+    let (reference, native) = (run(Backend::Interp), run(Backend::Llvm));
+    for (name, (want, got)) in fetches.iter().zip(reference.iter().zip(&native)) {
+        assert_close(name, want, got);
+    }
     assert_eq!(fused(&["logits"], &[]), ["h1", "h2"]);
     assert_eq!(fused(&["h1/matmul", "logits"], &[]), ["h2"]);
     let source = "

@@ -147,6 +147,11 @@ impl NativeProgram {
         self.schedule.fused_products.clone()
     }
 
+    /// The kernels that sum a fused product's columns, computed by the product instead, by node name.
+    pub fn summed_columns(&self) -> Vec<String> {
+        self.schedule.summed_columns.clone()
+    }
+
     /// The convolutions computed with the max pooling that reads them, never stored, by node name.
     pub fn pooled_convolutions(&self) -> Vec<String> {
         self.schedule.pooled_convolutions.clone()
@@ -373,8 +378,8 @@ pub unsafe fn run_host_step(
         {
             let [(oa, ob)] = batches[..] else { unreachable!("a fused product is a product of matrices") };
             // SAFETY: the shapes were checked by the interpreter's program: `a` holds m·k floats, or bytes (a u8
-            // input) where `bytes` says so, `b` k·n floats, `out` m·n floats, an epilogue's bias n floats and
-            // mask m·n.
+            // input) where `bytes` says so, `b` k·n floats, `out` m·n floats, an epilogue's bias n floats, mask
+            // m·n and column sums n (a slot of its own, `Schedule`'s `column_sums`).
             unsafe {
                 let left = match bytes {
                     Some(scale) => {
@@ -388,6 +393,7 @@ pub unsafe fn run_host_step(
                     bias: e.bias.map(|bias| std::slice::from_raw_parts(at(bias) as *const f32, *n)),
                     relu: e.relu,
                     mask: e.mask.map(|mask| std::slice::from_raw_parts(at(mask) as *const f32, m * n)),
+                    col_sums: e.col_sums.map(|sums| std::slice::from_raw_parts_mut(at(sums) as *mut f32, *n)),
                 });
                 dfc_gemm::sgemm_fused(*m, *n, *k, left, *ta, b, *tb, c, *update, epilogue, *b_rewritten, true);
             }

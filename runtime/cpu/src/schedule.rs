@@ -35,6 +35,8 @@ pub struct Schedule {
     pub bytes_read: Vec<String>,
     /// The kernels computed by the product they add a bias to (`fused_product`), by node name.
     pub fused_products: Vec<String>,
+    /// The kernels that sum a fused product's columns, computed by the product (`column_sums`), by node name.
+    pub summed_columns: Vec<String>,
     /// The convolutions computed with the max pooling that reads them (`pooled_convolutions`), by node name.
     pub pooled_convolutions: Vec<String>,
     /// The kernels (a bias, then a relu) computed by the pooled convolution they follow, by node name.
@@ -205,6 +207,8 @@ pub struct Epilogue {
     pub relu: bool,
     /// `Some`: an m×n matrix; elements where it is not above 0 are 0.
     pub mask: Option<Slot>,
+    /// `Some`: n floats that get the sums of C's finished columns (`column_sums`).
+    pub col_sums: Option<Slot>,
 }
 
 /// The max pooling computed with a forward convolution (`Step::Conv::pool`), and what each pooled element then
@@ -232,7 +236,8 @@ impl Step {
             Step::Kernel { args, .. } => (args[..args.len() - 1].to_vec(), vec![*args.last().unwrap()]),
             Step::MatMul { a, b, out, epilogue, .. } => {
                 let extra = epilogue.iter().flat_map(|e| e.bias.into_iter().chain(e.mask));
-                (extra.chain([*a, *b]).collect(), vec![*out])
+                let sums = epilogue.and_then(|e| e.col_sums);
+                (extra.chain([*a, *b]).collect(), [*out].into_iter().chain(sums).collect())
             }
             Step::Library { operands, out, .. } | Step::Layout { operands, out, .. } => {
                 (operands.iter().map(|o| o.0).collect(), vec![*out])
@@ -280,7 +285,8 @@ impl Step {
                 if update.is_some() {
                     reads.push((*out, out_len * F32));
                 }
-                (reads, vec![(*out, out_len * F32)])
+                let sums = epilogue.and_then(|e| e.col_sums).map(|sums| (sums, n * F32));
+                (reads, [(*out, out_len * F32)].into_iter().chain(sums).collect())
             }
             Step::Conv { kind, geometry: g, a, b, out, out_len, pool, .. } => {
                 let (a_len, b_len) = match kind {
@@ -319,7 +325,9 @@ impl Step {
         match self {
             Step::Kernel { args, .. } => args.iter_mut().collect(),
             Step::MatMul { a, b, out, epilogue, .. } => {
-                let extra = epilogue.iter_mut().flat_map(|e| e.bias.iter_mut().chain(e.mask.iter_mut()));
+                let extra = epilogue
+                    .iter_mut()
+                    .flat_map(|e| e.bias.iter_mut().chain(e.mask.iter_mut()).chain(e.col_sums.iter_mut()));
                 extra.chain([a, b, out]).collect()
             }
             Step::Library { operands, out, .. } | Step::Layout { operands, out, .. } => {
@@ -494,6 +502,13 @@ impl Schedule {
         } else {
             HashMap::new()
         };
+        // Kernels that only sum a fused product's columns, by root: the fused kernel's root.
+        let summed: HashMap<NodeId, NodeId> = order
+            .iter()
+            .filter_map(|id| kernels.get(id))
+            .filter_map(|kernel| column_sums(module, kernel, &epilogues).map(|fused| (kernel.root, fused)))
+            .collect();
+        let sums_of: HashMap<NodeId, NodeId> = summed.iter().map(|(&sum, &fused)| (fused, sum)).collect();
         let pooled =
             if fuse_products { pooled_convolutions(module, &order, &needed, &fetched) } else { HashMap::new() };
         // Kernels that only add a bias to a pooling computed with its convolution and take the relu, by root: the
@@ -597,7 +612,8 @@ impl Schedule {
         // Replicas of an all-reduce that an earlier one of this program contributes.
         let mut reduced_later: HashSet<NodeId> = HashSet::new();
         for &id in &order {
-            if reduced_later.contains(&id) || computed_inside(id) {
+            // A column sum's slot is its product's, written there.
+            if reduced_later.contains(&id) || computed_inside(id) || summed.contains_key(&id) {
                 continue;
             }
             let node = graph.node(id);
@@ -614,10 +630,16 @@ impl Schedule {
             }
             if let Some(fused) = epilogues.get(&id) {
                 let out = builder.buffer(ty.as_ref().unwrap());
+                let col_sums = sums_of.get(&id).map(|&sum| {
+                    let slot = builder.buffer(&graph.node(sum).outputs[0]);
+                    slot_of.insert(sum, slot);
+                    slot
+                });
                 let epilogue = Epilogue {
                     bias: fused.bias.map(|t| slot_of[&t.node]),
                     relu: fused.relu,
                     mask: fused.mask.map(|t| slot_of[&t.node]),
+                    col_sums,
                 };
                 steps.push(product_step(module, fused.product, &slot_of, &bytes_read, out, None, Some(epilogue)));
                 slot_of.insert(id, out);
@@ -888,12 +910,14 @@ impl Schedule {
             order.iter().filter(|id| byte_operands.contains_key(id)).map(|&id| graph.node(id).name.clone());
         let fused_products =
             order.iter().filter(|id| epilogues.contains_key(id)).map(|&id| graph.node(id).name.clone());
+        let summed_columns = order.iter().filter(|id| summed.contains_key(id)).map(|&id| graph.node(id).name.clone());
         let pooled_convolutions = order.iter().filter_map(|id| pooled.get(id)).map(|p| graph.node(p.conv).name.clone());
         let pooled_epilogues =
             order.iter().filter(|id| pooled_epilogues.contains_key(id)).map(|&id| graph.node(id).name.clone());
         Ok(Schedule {
             steps,
             fused_products: fused_products.collect(),
+            summed_columns: summed_columns.collect(),
             pooled_convolutions: pooled_convolutions.collect(),
             pooled_epilogues: pooled_epilogues.collect(),
             folded_updates: folded_updates.collect(),
@@ -1063,6 +1087,29 @@ fn fused_product(
         !fetched.contains(&product) && graph.users(product).into_iter().filter(|u| needed.contains(u)).eq([fed]);
     let same_shape = graph.node(root).outputs[0] == *out;
     (bias_fits && only_user && same_shape).then_some(fused)
+}
+
+/// The fused kernel (`fused_product`) whose result kernel `kernel` only sums down its columns, `sum(g, axes = [0])` of
+/// an m×n matrix g: a dense layer's bias gradient, whose product (the gradient's, masked by the relu) then sums
+/// each part of C as its thread finishes it (`dfc_gemm::Epilogue::col_sums`), and the kernel does not run.
+fn column_sums(module: &Module, kernel: &KernelSite<'_>, epilogues: &HashMap<NodeId, FusedProduct>) -> Option<NodeId> {
+    let graph = &module.graph;
+    let root = kernel.root;
+    let (Op::Reduce { kind: dfc_ir::ReduceKind::Sum, axes, keep_dims: false }, [g]) =
+        (&graph.node(root).op, &graph.inputs(root)[..])
+    else {
+        return None;
+    };
+    let matrix = graph.ty(*g);
+    let floats = matrix.dtype == DType::F32 && graph.node(root).outputs[0].dtype == DType::F32;
+    let only_sum = computed_members(module, kernel) == [root] && kernel.inputs == [*g];
+    (epilogues.contains_key(&g.node)
+        && g.port == 0
+        && axes[..] == [0]
+        && matrix.shape.rank() == 2
+        && floats
+        && only_sum)
+        .then_some(g.node)
 }
 
 /// Whether the product `id` (of f32 matrices) is at least 32 wide each way: one that runs by tiles, and that

@@ -182,6 +182,11 @@ impl SessionProgram {
         self.of_native(NativeProgram::fused_products)
     }
 
+    /// The kernels of the native programs that sum a fused product's columns, computed by the product instead.
+    pub fn summed_columns(&self) -> Vec<String> {
+        self.of_native(NativeProgram::summed_columns)
+    }
+
     /// The convolutions of the native programs computed with the max pooling that reads them, never stored.
     pub fn pooled_convolutions(&self) -> Vec<String> {
         self.of_native(NativeProgram::pooled_convolutions)

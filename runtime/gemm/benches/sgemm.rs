@@ -72,7 +72,7 @@ impl ByteOperands {
         let a = dfc_gemm::Left::Bytes(&self.a, dfc_gemm::ByteScale::Div(255.0));
         let (update, epilogue) = match update {
             true => (Some(-1e-6), dfc_gemm::Epilogue::default()),
-            false => (None, dfc_gemm::Epilogue { bias: Some(&self.bias), relu: true, mask: None }),
+            false => (None, dfc_gemm::Epilogue { bias: Some(&self.bias), relu: true, ..Default::default() }),
         };
         dfc_gemm::sgemm_fused(m, n, k, a, ta, &self.b, false, &mut self.c, update, epilogue, true, parallel);
         black_box(&mut self.c);

@@ -11,6 +11,8 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 mod pool;
+#[cfg(target_arch = "x86_64")]
+mod sums;
 
 #[cfg(test)]
 #[path = "../../../tests/support/skip.rs"]
@@ -115,16 +117,23 @@ pub enum Left<'a> {
 /// What a fused product does to each element of C before it stores it: adds the bias of its column, then takes
 /// `max(·, 0)` (the interpreter's `relu`: NaN and -0 kept) where `relu`, then zeroes it where the mask is not
 /// above 0. A dense layer's `relu(x·w + b)` is then one product, and the product alone is never stored.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Debug, Default)]
 pub struct Epilogue<'a> {
     pub bias: Option<&'a [f32]>,
     pub relu: bool,
     /// Then where this m×n matrix (laid out as C) is not above 0, 0 (a relu's gradient, the mask its
     /// activation).
     pub mask: Option<&'a [f32]>,
+    /// `Some`: n floats that get the sums of C's finished columns (the interpreter's `sum(c, axes = [0])`: a
+    /// dense layer's bias gradient), each computed by the thread that finished those elements while they are in
+    /// its cache. Summed in order of rows from +0, as the interpreter adds, where one thread finishes a whole
+    /// column (threads sharing the product by columns; one thread); by chunks of rows otherwise (the chunks'
+    /// sums added in order).
+    pub col_sums: Option<&'a mut [f32]>,
 }
 
 impl Epilogue<'_> {
+    /// Whether anything changes C's elements (the column sums only read them).
     fn is_some(&self) -> bool {
         self.bias.is_some() || self.relu || self.mask.is_some()
     }
@@ -182,7 +191,11 @@ pub fn sgemm_fused(
     assert!(a_len >= m * k && b.len() >= k * n && c.len() >= m * n, "sgemm operands are too small");
     assert!(epilogue.bias.is_none_or(|bias| bias.len() >= n), "sgemm: the bias is shorter than a row of C");
     assert!(epilogue.mask.is_none_or(|mask| mask.len() >= m * n), "sgemm: the mask is smaller than C");
-    assert!(update.is_none() || !epilogue.is_some(), "sgemm: an update takes no epilogue");
+    assert!(epilogue.col_sums.as_ref().is_none_or(|sums| sums.len() >= n), "sgemm: the column sums are fewer than n");
+    assert!(
+        update.is_none() || !(epilogue.is_some() || epilogue.col_sums.is_some()),
+        "sgemm: an update takes no epilogue"
+    );
     let lda = if transpose_a { m } else { k };
     let ldb = if transpose_b { k } else { n };
     let (accumulate, alpha) = (update.is_some(), update.unwrap_or(1.0));
@@ -213,11 +226,13 @@ pub fn sgemm_fused(
             bias: epilogue.bias.map_or(std::ptr::null(), <[f32]>::as_ptr),
             relu: epilogue.relu,
             mask: epilogue.mask.map_or(std::ptr::null(), <[f32]>::as_ptr),
+            sums: epilogue.col_sums.map_or(std::ptr::null_mut(), <[f32]>::as_mut_ptr),
             b_rewritten,
             id: 0,
         };
         // SAFETY: the kernels' instruction sets are available (`kernels`); A holds m·k elements (floats or
-        // bytes), B k·n floats, C m·n floats, the bias n floats and the mask m·n, contiguous, as asserted above.
+        // bytes), B k·n floats, C m·n floats, the bias n floats, the mask m·n and the column sums n, contiguous, as
+        // asserted above.
         return unsafe {
             if chosen == Kernels::Avx512 {
                 avx512::sgemm(product, parallel)
@@ -236,6 +251,14 @@ pub fn sgemm_fused(
     };
     product(m, n, k, alpha, a, lda, transpose_a, b, ldb, transpose_b, c, n, accumulate, parallel);
     epilogue.apply(c, m, n, n);
+    if let Some(sums) = epilogue.col_sums {
+        sums[..n].fill(0.0);
+        for row in c[..m * n].chunks_exact(n.max(1)) {
+            for (s, &x) in sums.iter_mut().zip(row) {
+                *s += x;
+            }
+        }
+    }
 }
 
 /// A B of many products `C = A·B` (`k×n`, row-major), laid out once for all of them: packed into the panels the
@@ -380,6 +403,7 @@ fn product(
             bias: std::ptr::null(),
             relu: false,
             mask: std::ptr::null(),
+            sums: std::ptr::null_mut(),
             b_rewritten: false,
             id: 0,
         };

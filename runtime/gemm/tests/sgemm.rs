@@ -428,7 +428,8 @@ fn products_of_bytes_with_zero_steps() {
 /// Products with an epilogue (`sgemm_fused`: the bias of each column, then the relu, then the mask) against the naive product
 /// followed by the epilogue: thin and wide, deep (several blocks of the reduction) and shallow, of floats and of
 /// bytes, on the pool and on one thread, B rewritten between calls or not (the MLP's first layer in a training step). NaN and -0 pass the relu as the interpreter's does; a mask of NaN, -0 or
-/// 0 zeroes.
+/// 0 zeroes. The column sums (`Epilogue::col_sums`, in half the cases, alone in some) against C's columns summed
+/// in order of rows: the same bits on one thread, within rounding on the pool (chunks of rows add their sums).
 #[test]
 fn products_with_an_epilogue() {
     use dfc_gemm::{sgemm_fused, ByteScale, Epilogue, Left};
@@ -464,8 +465,32 @@ fn products_with_an_epilogue() {
             mask[2] = 0.0;
         }
         let masked = rng.bool();
-        let epilogue = Epilogue { bias: with_bias.then_some(&bias[..]), relu, mask: masked.then_some(&mask[..]) };
+        // Column sums alone too: a product that only sums.
+        let (with_bias, relu, masked) = if case % 7 == 3 { (false, false, false) } else { (with_bias, relu, masked) };
+        let summed = case % 7 == 3 || rng.bool();
+        let mut sums = vec![7.0f32; n + 1];
+        let epilogue = Epilogue {
+            bias: with_bias.then_some(&bias[..]),
+            relu,
+            mask: masked.then_some(&mask[..]),
+            col_sums: summed.then_some(&mut sums[..n]),
+        };
         sgemm_fused(m, n, k, left, ta, &b, tb, &mut c, None, epilogue, rewritten, parallel);
+        if summed {
+            assert_eq!(sums[n], 7.0, "{m}×{n}×{k}: a sum past n");
+            for j in 0..n {
+                let in_order = (0..m).fold(0f32, |s, i| s + c[i * n + j]);
+                let size: f32 = (0..m).map(|i| c[i * n + j].abs()).sum();
+                let (got, what) = (sums[j], format!("{m}×{n}×{k} (parallel {parallel}): column {j}'s sum"));
+                if in_order.is_nan() {
+                    assert!(got.is_nan(), "{what}: {got} against NaN");
+                } else if !parallel {
+                    assert_eq!(got.to_bits(), in_order.to_bits(), "{what}: {got} against {in_order}");
+                } else {
+                    assert!((got - in_order).abs() <= 1e-6 * size, "{what}: {got} against {in_order}");
+                }
+            }
+        }
         for i in 0..m {
             for j in 0..n {
                 let (mut sum, mut size) = (0f64, 0f64);

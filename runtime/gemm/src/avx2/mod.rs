@@ -37,6 +37,7 @@ use std::cell::Cell;
 
 use crate::avx512::{corrects, dot, Buf, Product, CALLS, PARTIALS};
 use crate::pool;
+use crate::sums::{self, RowSums};
 use crate::ByteScale;
 use std::sync::atomic::Ordering;
 
@@ -112,8 +113,11 @@ pub(crate) unsafe fn sgemm(p: Product, parallel: bool) {
     let threads = if parallel { rayon::current_num_threads() } else { 1 };
     // One to three rows of C (a batch of one), or of Cᵀ: B read in place, once, in order.
     if let Some(few) = rows::oriented(&p) {
-        // SAFETY: the caller's contract.
-        return unsafe { rows::sgemm(&few, threads) };
+        // SAFETY: the caller's contract; the column sums (if any) are of C as given.
+        return unsafe {
+            rows::sgemm(&few, threads);
+            sums::all(&p)
+        };
     }
     // A product of bytes or with an epilogue keeps its orientation and its tiles (`Product::fixed`).
     let mut p = if !p.fixed() && cost(&p.transposed()) < 0.9 * cost(&p) { p.transposed() } else { p };
@@ -130,7 +134,10 @@ pub(crate) unsafe fn sgemm(p: Product, parallel: bool) {
     p.id = CALLS.fetch_add(1, Ordering::Relaxed);
     if !shared(&p, threads, pool::workers_spinning()) {
         // SAFETY: the caller's contract.
-        unsafe { block(&p, 0, p.m, 0, p.n, 0, p.k) };
+        unsafe {
+            block(&p, 0, p.m, 0, p.n, 0, p.k);
+            sums::all(&p)
+        };
         return;
     }
     if splits_reduction(&p, threads) {
@@ -147,22 +154,38 @@ pub(crate) unsafe fn sgemm(p: Product, parallel: bool) {
     let chunks = units.min(2 * threads);
     if chunks < 2 {
         // SAFETY: the caller's contract.
-        unsafe { block(&p, 0, p.m, 0, p.n, 0, p.k) };
+        unsafe {
+            block(&p, 0, p.m, 0, p.n, 0, p.k);
+            sums::all(&p)
+        };
         return;
     }
     let range = |c: usize| ((units * c / chunks * unit).min(len), (units * (c + 1) / chunks * unit).min(len));
+    // Chunks of rows each sum their rows' columns apart; chunks of columns write their columns' sums.
+    let row_sums = if by_columns { None } else { RowSums::new(&p, chunks) };
     let work = |c: usize| {
         let (lo, hi) = range(c);
-        // SAFETY: chunks write disjoint row or column ranges of C; the caller's contract covers A and B.
+        // SAFETY: chunks write disjoint row or column ranges of C, and sum them (`sums`) into disjoint columns of
+        // the sums or rows of the partials; the caller's contract covers A and B.
         unsafe {
             if by_columns {
-                block(&p, 0, p.m, lo, hi, 0, p.k)
+                block(&p, 0, p.m, lo, hi, 0, p.k);
+                if !p.sums.is_null() {
+                    sums::column_sums(p.c, p.ldc, (0, p.m), (lo, hi), p.sums);
+                }
             } else {
-                block(&p, lo, hi, 0, p.n, 0, p.k)
+                block(&p, lo, hi, 0, p.n, 0, p.k);
+                if let Some(sums) = &row_sums {
+                    sums.chunk(&p, c, lo, hi);
+                }
             }
         }
     };
     pool::run_chunks(chunks, threads - 1, &work);
+    if let Some(sums) = row_sums {
+        // SAFETY: every chunk is done; `sums` holds n floats (the caller's contract).
+        unsafe { sums.finish(&p) };
+    }
 }
 
 /// Whether `threads` threads share `p` (as oriented): a product of `PARALLEL_MIN` multiply-adds or more (a quarter as
@@ -203,7 +226,8 @@ unsafe fn by_reduction(p: &Product, threads: usize) {
         *address = buf.ptr(p.m * p.n) as usize;
     }
     let parts = &addresses[..threads - 1];
-    let sums = Product { bias: std::ptr::null(), relu: false, mask: std::ptr::null(), ..*p };
+    let sums =
+        Product { bias: std::ptr::null(), relu: false, mask: std::ptr::null(), sums: std::ptr::null_mut(), ..*p };
     let steps =
         |c: usize| ((p.k * c / threads) & !15, if c + 1 == threads { p.k } else { (p.k * (c + 1) / threads) & !15 });
     let work = |c: usize| {
@@ -217,13 +241,23 @@ unsafe fn by_reduction(p: &Product, threads: usize) {
     };
     pool::run_chunks(threads, threads - 1, &work);
     let rows = threads.min(p.m);
+    let row_sums = RowSums::new(p, rows);
     let finish = |c: usize| {
         let (lo, hi) = (p.m * c / rows, p.m * (c + 1) / rows);
         // SAFETY: AVX2 (the caller's contract); the partials hold C's m×n, n apart; the chunks write disjoint rows of
-        // C (row-major), and the bias holds n floats, the mask C's rows.
-        unsafe { add_and_finish(p, parts, lo, hi) };
+        // C (row-major), and the bias holds n floats, the mask C's rows; each sums its rows into its own partials.
+        unsafe {
+            add_and_finish(p, parts, lo, hi);
+            if let Some(sums) = &row_sums {
+                sums.chunk(p, c, lo, hi);
+            }
+        }
     };
     pool::run_chunks(rows, threads - 1, &finish);
+    if let Some(sums) = row_sums {
+        // SAFETY: every chunk is done; `sums` holds n floats (the caller's contract).
+        unsafe { sums.finish(p) };
+    }
     let mut pool = PARTIALS.lock().unwrap_or_else(|e| e.into_inner());
     if pool.len() < partials.len() {
         *pool = partials;
@@ -322,6 +356,7 @@ pub(crate) unsafe fn pack_whole_b<'a>(k: usize, n: usize, b: &[f32], buf: &'a mu
             bias: std::ptr::null(),
             relu: false,
             mask: std::ptr::null(),
+            sums: std::ptr::null_mut(),
             b_rewritten: false,
             id: 0,
         };
@@ -1098,6 +1133,7 @@ mod tests {
                 bias: bias.as_ptr(),
                 relu: true,
                 mask: std::ptr::null(),
+                sums: std::ptr::null_mut(),
                 b_rewritten: false,
                 id: 0,
             };
@@ -1172,6 +1208,7 @@ mod tests {
                 bias: std::ptr::null(),
                 relu: false,
                 mask: mask.as_ptr(),
+                sums: std::ptr::null_mut(),
                 b_rewritten: false,
                 id: 0,
             };
@@ -1183,7 +1220,8 @@ mod tests {
         }
     }
 
-    /// Products of bytes and with an epilogue (bias, relu, mask), called directly: against a naive product.
+    /// Products of bytes and with an epilogue (bias, relu, mask) or column sums, called directly: against a naive
+    /// product, the sums against C's columns summed in order.
     #[test]
     fn fused_products_match_a_naive_one() {
         if !have_avx2() {
@@ -1203,6 +1241,8 @@ mod tests {
             let bias: Vec<f32> = (0..n).map(|_| rng.f32() - 0.5).collect();
             let mask: Vec<f32> = (0..m * n).map(|_| rng.f32() - 0.3).collect();
             let mut c = vec![f32::NAN; m * n];
+            let summed = rng.bool();
+            let mut sums = vec![f32::NAN; n];
             let p = Product {
                 m,
                 n,
@@ -1222,11 +1262,22 @@ mod tests {
                 bias: if bias_on { bias.as_ptr() } else { std::ptr::null() },
                 relu,
                 mask: if mask_on { mask.as_ptr() } else { std::ptr::null() },
+                sums: if summed { sums.as_mut_ptr() } else { std::ptr::null_mut() },
                 b_rewritten: false,
                 id: 0,
             };
             // SAFETY: AVX2 and FMA are available; the operands hold every element the product addresses.
             unsafe { sgemm(p, parallel) };
+            for j in (0..n).filter(|_| summed) {
+                // C's column in order of rows: the same bits on one thread, within rounding in chunks of rows.
+                let in_order = (0..m).fold(0f32, |s, i| s + c[i * n + j]);
+                let size: f32 = (0..m).map(|i| c[i * n + j].abs()).sum();
+                let what = format!("{m}×{n}×{k} ta {ta} bytes {bytes} parallel {parallel}: column {j}'s sum");
+                match parallel {
+                    false => assert_eq!(sums[j].to_bits(), in_order.to_bits(), "{what}: {} ≠ {in_order}", sums[j]),
+                    true => assert!((sums[j] - in_order).abs() <= 1e-6 * size, "{what}: {} ≠ {in_order}", sums[j]),
+                }
+            }
             let at = |i: usize, q: usize| {
                 let x = if ta { q * m + i } else { i * k + q };
                 f64::from(if bytes { scale.apply(raw[x]) } else { floats[x] })
@@ -1282,6 +1333,7 @@ mod tests {
             bias: std::ptr::null(),
             relu: true,
             mask: std::ptr::null(),
+            sums: std::ptr::null_mut(),
             b_rewritten,
             id: 0,
         };
@@ -1311,6 +1363,7 @@ mod tests {
                     bias: if epilogue { bias.as_ptr() } else { std::ptr::null() },
                     relu: epilogue,
                     mask: if epilogue { mask.as_ptr() } else { std::ptr::null() },
+                    sums: std::ptr::null_mut(),
                     ..shape(m, n, k, true, false)
                 };
                 assert!(splits_reduction(&p, threads) && m * n * k >= PARALLEL_MIN / 4);
@@ -1392,6 +1445,7 @@ mod tests {
                 bias: std::ptr::null(),
                 relu: false,
                 mask: std::ptr::null(),
+                sums: std::ptr::null_mut(),
                 b_rewritten: false,
                 id: 0,
             };

@@ -294,6 +294,7 @@ mod tests {
                 bias: if bias { o.bias.as_ptr() } else { std::ptr::null() },
                 relu,
                 mask: if mask { o.mask.as_ptr() } else { std::ptr::null() },
+                sums: std::ptr::null_mut(),
                 b_rewritten: false,
                 id: 0,
             }

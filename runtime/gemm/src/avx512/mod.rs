@@ -46,6 +46,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use crate::pool;
+use crate::sums::{self, RowSums};
 use crate::ByteScale;
 use kernel::{finish16, KERNELS};
 pub(crate) use pack::corrects;
@@ -75,6 +76,11 @@ struct Line([f32; 16]);
 pub(crate) struct Buf(Vec<Line>);
 
 impl Buf {
+    /// An empty buffer (for statics).
+    pub(crate) const fn new() -> Buf {
+        Buf(Vec::new())
+    }
+
     /// The buffer, grown to hold at least `floats`.
     pub(crate) fn ptr(&mut self, floats: usize) -> *mut f32 {
         let lines = floats.div_ceil(16);
@@ -154,6 +160,9 @@ pub(crate) struct Product {
     pub relu: bool,
     /// Not null: an m×n matrix laid out as C (`ldc` apart); elements of C where it is not above 0 become 0.
     pub mask: *const f32,
+    /// Not null: n floats that get the sums of C's finished columns (`crate::sums`). C is then never stored
+    /// transposed, and the product never cut along its reduction but as the epilogue's is (by rows, after).
+    pub sums: *mut f32,
     /// B is rewritten between calls by other products split among the threads (a weight that each training step
     /// updates): a product of bytes is then split along its reduction (`plan`).
     pub b_rewritten: bool,
@@ -174,10 +183,10 @@ impl Product {
         !self.bias.is_null() || self.relu || !self.mask.is_null()
     }
 
-    /// Whether the product must keep its orientation and be computed by tiles: A holds bytes, or an epilogue
-    /// follows (both are C's and A's as given).
+    /// Whether the product must keep its orientation and be computed by tiles: A holds bytes, or an epilogue or
+    /// column sums follow (all are C's and A's as given).
     pub(crate) fn fixed(&self) -> bool {
-        self.bytes.is_some() || self.epilogue()
+        self.bytes.is_some() || self.epilogue() || !self.sums.is_null()
     }
 
     /// Whether A is packed into panels (stored transposed, or as bytes) rather than read where it is stored.
@@ -286,8 +295,11 @@ pub(crate) unsafe fn sgemm(p: Product, parallel: bool) {
     // tiles would pack all of B for a row or two, and dot products would pack a row-major B as Bᵀ: on Zen 4 the
     // mlp's forward pass at batch 1 took 15–19 µs so, 10–15 this way, the logreg's 3.3–3.4 against 1.4.
     if let Some(few) = crate::avx2::rows::oriented(&p) {
-        // SAFETY: the caller's contract, AVX2 and FMA included.
-        return unsafe { crate::avx2::rows::sgemm(&few, threads) };
+        // SAFETY: the caller's contract, AVX2 and FMA included; the column sums (if any) are of C as given.
+        return unsafe {
+            crate::avx2::rows::sgemm(&few, threads);
+            sums::all(&p)
+        };
     }
     // A thin product (C or Cᵀ of at most 16 columns) as dot products, where that costs less than tiles.
     // A product of bytes or with an epilogue keeps its orientation and its tiles (see `Product::fixed`).
@@ -304,7 +316,10 @@ pub(crate) unsafe fn sgemm(p: Product, parallel: bool) {
     p.id = CALLS.fetch_add(1, Ordering::Relaxed);
     match plan(&p, threads, pool::workers_spinning()) {
         // SAFETY: the caller's contract.
-        None => unsafe { block(&p, 0, p.m, 0, p.n, 0, p.k, p.c, p.ldc, p.accumulate) },
+        None => unsafe {
+            block(&p, 0, p.m, 0, p.n, 0, p.k, p.c, p.ldc, p.accumulate);
+            sums::all(&p)
+        },
         // SAFETY: the caller's contract.
         Some((split, chunks)) => unsafe { parallel_product(&p, split, chunks, threads) },
     }
@@ -378,8 +393,8 @@ fn plan(p: &Product, threads: usize, spinning: bool) -> Option<(Split, usize)> {
             };
         let chunks = wanted.min(n.div_ceil(NR));
         consider(Split::Cols, chunks, read_a * (chunks as f64 - 1.0) / t);
-        // The epilogue needs the whole sum.
-        let chunks = if p.epilogue() { 0 } else { wanted.min(k / 64) };
+        // The epilogue and the column sums need the whole sum.
+        let chunks = if p.epilogue() || !p.sums.is_null() { 0 } else { wanted.min(k / 64) };
         consider(Split::Depth, chunks, chunks.saturating_sub(1) as f64 * (m * n) as f64 * 0.4);
     }
     let wide = m * n >= WIDE_C_MIN && m * n * k >= WIDE_MIN_MADDS;
@@ -500,9 +515,14 @@ unsafe fn parallel_product(p: &Product, split: Split, chunks: usize, threads: us
     // Reduction chunks compute partial sums: an epilogue follows their sum.
     let whole = *p;
     let p = &match split {
-        Split::Depth => Product { bias: std::ptr::null(), relu: false, mask: std::ptr::null(), ..whole },
+        Split::Depth => {
+            Product { bias: std::ptr::null(), relu: false, mask: std::ptr::null(), sums: std::ptr::null_mut(), ..whole }
+        }
         _ => whole,
     };
+    let chunks = if split == Split::Rows { rows.len } else { chunks };
+    // Chunks of rows each sum their rows' columns apart; chunks of columns write their columns' sums.
+    let row_sums = if split == Split::Rows { RowSums::new(p, chunks) } else { None };
     let work = |c: usize| {
         // SAFETY: chunks write disjoint row or column ranges of C, or (reduction chunks) chunk 0 writes C and chunk
         // c its own partial buffer of m·n floats; the caller's contract covers A and B.
@@ -510,11 +530,17 @@ unsafe fn parallel_product(p: &Product, split: Split, chunks: usize, threads: us
             match split {
                 Split::Rows => {
                     let (lo, hi) = rows.get(c);
-                    block(p, lo, hi, 0, p.n, 0, p.k, p.c, p.ldc, p.accumulate)
+                    block(p, lo, hi, 0, p.n, 0, p.k, p.c, p.ldc, p.accumulate);
+                    if let Some(sums) = &row_sums {
+                        sums.chunk(p, c, lo, hi);
+                    }
                 }
                 Split::Cols => {
                     let (lo, hi) = range(p.n, NR, chunks, c);
-                    block(p, 0, p.m, lo, hi, 0, p.k, p.c, p.ldc, p.accumulate)
+                    block(p, 0, p.m, lo, hi, 0, p.k, p.c, p.ldc, p.accumulate);
+                    if !p.sums.is_null() {
+                        sums::column_sums(p.c, p.ldc, (0, p.m), (lo, hi), p.sums);
+                    }
                 }
                 Split::Depth => {
                     let (lo, hi) = range(p.k, 16, chunks, c);
@@ -526,14 +552,18 @@ unsafe fn parallel_product(p: &Product, split: Split, chunks: usize, threads: us
             }
         }
     };
-    let chunks = if split == Split::Rows { rows.len } else { chunks };
     pool::run_chunks(chunks, threads - 1, &work);
     if split != Split::Depth {
+        if let Some(sums) = row_sums {
+            // SAFETY: every chunk is done; `sums` holds n floats (the caller's contract).
+            unsafe { sums.finish(p) };
+        }
         return;
     }
-    if whole.epilogue() {
+    if whole.epilogue() || !whole.sums.is_null() {
         // The threads sum the partials into rows of C and finish them, each its own rows.
         let parts = threads.min(p.m);
+        let row_sums = RowSums::new(&whole, parts);
         let sum = |c: usize| {
             let (lo, hi) = (p.m * c / parts, p.m * (c + 1) / parts);
             // SAFETY: AVX-512F (the caller's contract); the partials have C's shape, `part_ld` apart; the parts
@@ -545,9 +575,16 @@ unsafe fn parallel_product(p: &Product, split: Split, chunks: usize, threads: us
                     *to = ptr.get();
                 }
                 add_and_finish(&whole, &parts[..chunks - 1], part_ld, lo, hi);
+                if let Some(sums) = &row_sums {
+                    sums.chunk(&whole, c, lo, hi);
+                }
             }
         };
         pool::run_chunks(parts, threads - 1, &sum);
+        if let Some(sums) = row_sums {
+            // SAFETY: every part is done; `sums` holds n floats (the caller's contract).
+            unsafe { sums.finish(&whole) };
+        }
     } else {
         for ptr in &part[..chunks - 1] {
             // SAFETY: AVX-512F (the caller's contract); the partial has C's shape, `part_ld` apart.
@@ -813,6 +850,7 @@ pub(crate) mod tests {
             bias: std::ptr::null(),
             relu: false,
             mask: std::ptr::null(),
+            sums: std::ptr::null_mut(),
             b_rewritten: false,
             id: 0,
         }
@@ -837,6 +875,7 @@ pub(crate) mod tests {
                 b: b.as_ptr(),
                 c,
                 mask: mask.as_ptr(),
+                sums: std::ptr::null_mut(),
                 ..product(m, n, k, false, true)
             };
             assert!(plan(&product(std::ptr::null_mut()), 2, false).is_some(), "{m}×{n}×{k} is split");
