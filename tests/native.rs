@@ -893,3 +893,42 @@ fn an_overlapped_schedule_starts_all_reduces_early_and_waits_for_them_late() {
         }
     }
 }
+
+/// A byte read as a float and divided by a constant (`cast<f32>(x) / c`: images scaled to [0, 1]) is the division's
+/// bits for every byte, on the CPU and on the grid emulator, whether the kernel multiplies by the corrected
+/// reciprocal (255, 7, -0.3) or divides (2e-38, whose quotients overflow; 3e38, whose reciprocal is subnormal).
+#[test]
+fn bytes_divided_by_a_constant_are_the_divisions_bits() {
+    let source = "
+        model scaled {
+            input x: u8[256]
+            let images = cast<f32>(x) / 255.0
+            let sevenths = cast<f32>(x) / 7.0
+            let negative = cast<f32>(x) / -0.3
+            let overflowing = cast<f32>(x) / 2.0e-38
+            let tiny = cast<f32>(x) / 3.0e38
+            output images
+            output sevenths
+            output negative
+            output overflowing
+            output tiny
+        }";
+    let outputs = ["images", "sevenths", "negative", "overflowing", "tiny"];
+    let feeds = HashMap::from([("x".to_string(), Tensor::from_vec(vec![256], (0..=255u8).collect::<Vec<u8>>()))]);
+    for (device, backend) in [(DeviceKind::Cpu, Backend::Llvm), (DeviceKind::Gpu, Backend::GridEmulator)] {
+        let plan = plan_of(source, "scaled", Cluster::local(1, device), Strategy::Single);
+        let run = |backend| {
+            let mut session = Session::with_backend(&plan, 0, backend).unwrap();
+            let program = session.program(&outputs, &[]).unwrap();
+            session.run(&program, &feeds).unwrap()
+        };
+        let (reference, found) = (run(Backend::Interp), run(backend));
+        for (name, (want, got)) in outputs.iter().zip(reference.iter().zip(&found)) {
+            let bits = |t: &Tensor| t.to_f64_vec().iter().map(|&v| (v as f32).to_bits()).collect::<Vec<u32>>();
+            // The native runtime flushes subnormal results to 0 (the interpreter keeps them): 3e38's quotients are.
+            let flushed =
+                |t: &Tensor| bits(t).iter().map(|&b| if b & 0x7f80_0000 == 0 { 0 } else { b }).collect::<Vec<_>>();
+            assert_eq!(flushed(want), flushed(got), "{name} on {backend:?}");
+        }
+    }
+}
