@@ -768,6 +768,33 @@ fn dense_layers_are_one_product_with_an_epilogue() {
         }";
     let plan = plan_of(source, "shared_sum", Cluster::local(1, DeviceKind::Cpu), Strategy::Single);
     check_plan("shared_sum", &plan);
+    // A forward layer's stored activations summed down their columns (written twice, one sum after simplification):
+    // the product computes the sum, as the interpreter does.
+    let source = "
+        model two_sums {
+            input x: f32[64, 48]
+            param w: f32[48, 40] = glorot_uniform
+            param b: f32[40] = zeros
+            let h = relu(x @ w + b)
+            let first = sum(h, axis = 0)
+            let second = sum(h, axis = 0)
+            output h
+            output first
+            output second
+        }";
+    let plan = plan_of(source, "two_sums", Cluster::local(1, DeviceKind::Cpu), Strategy::Single);
+    let session = Session::with_backend(&plan, 0, Backend::Llvm).unwrap();
+    let fetches = ["h", "first", "second"];
+    assert_eq!(session.program(&fetches, &[]).unwrap().summed_columns().len(), 1, "one sum, by the product");
+    let feeds = batches(&plan).remove(0);
+    let run = |backend| {
+        let mut session = Session::with_backend(&plan, 0, backend).unwrap();
+        let program = session.program(&fetches, &[]).unwrap();
+        session.run(&program, &feeds).unwrap()
+    };
+    for (name, (want, got)) in fetches.iter().zip(run(Backend::Interp).iter().zip(&run(Backend::Llvm))) {
+        assert_close(name, want, got);
+    }
 }
 
 /// At inference the CNN's convolutions are computed with the max poolings that read them, and never stored (the

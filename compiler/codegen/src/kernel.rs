@@ -1013,12 +1013,13 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
             Op::Binary(op @ (BinaryOp::Maximum | BinaryOp::Minimum)) => {
                 self.maximum(args[0], args[1], dtype, *op == BinaryOp::Maximum)
             }
-            Op::Binary(BinaryOp::Div) if dtype == DType::F32 && self.byte_divisor(id).is_some() => {
-                let c = self.byte_divisor(id).expect("checked");
-                self.divide_byte(args[0].into_float_value(), c).into()
-            }
             Op::Binary(op) if dtype.is_float() => {
-                self.float_binary(*op, args[0].into_float_value(), args[1].into_float_value()).into()
+                let (x, y) = (args[0].into_float_value(), args[1].into_float_value());
+                let divides = *op == BinaryOp::Div && dtype == DType::F32;
+                match divides.then(|| self.byte_divisor(id)).flatten() {
+                    Some(c) => self.divide_byte(x, c).into(),
+                    None => self.float_binary(*op, x, y).into(),
+                }
             }
             Op::Binary(op) => {
                 let (x, y) = (args[0].into_int_value(), args[1].into_int_value());

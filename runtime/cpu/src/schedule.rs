@@ -502,13 +502,15 @@ impl Schedule {
         } else {
             HashMap::new()
         };
-        // Kernels that only sum a fused product's columns, by root: the fused kernel's root.
-        let summed: HashMap<NodeId, NodeId> = order
-            .iter()
-            .filter_map(|id| kernels.get(id))
-            .filter_map(|kernel| column_sums(module, kernel, &epilogues).map(|fused| (kernel.root, fused)))
-            .collect();
-        let sums_of: HashMap<NodeId, NodeId> = summed.iter().map(|(&sum, &fused)| (fused, sum)).collect();
+        // The kernel that only sums a fused product's columns, by fused kernel root (one: simplification leaves no
+        // second such sum of a result, and one would run as a kernel); and each such kernel's fused kernel.
+        let mut sums_of: HashMap<NodeId, NodeId> = HashMap::new();
+        for kernel in order.iter().filter_map(|id| kernels.get(id)) {
+            if let Some(fused) = column_sums(module, kernel, &epilogues) {
+                sums_of.entry(fused).or_insert(kernel.root);
+            }
+        }
+        let summed: HashMap<NodeId, NodeId> = sums_of.iter().map(|(&fused, &sum)| (sum, fused)).collect();
         let pooled =
             if fuse_products { pooled_convolutions(module, &order, &needed, &fetched) } else { HashMap::new() };
         // Kernels that only add a bias to a pooling computed with its convolution and take the relu, by root: the
