@@ -1,6 +1,8 @@
 //! Median time and GFLOP/s of `dfc_gemm::sgemm` against the `gemm` crate on the products of dfc's models,
 //! single-threaded and on rayon's pool, and of `dfc_gemm::sgemm_fused` alone on the MLP's first layer fed bytes
-//! (the products a training step on images runs; the `gemm` crate reads no bytes).
+//! (the products a training step on images runs; the `gemm` crate reads no bytes): on random bytes, and on a batch of
+//! Fashion-MNIST's images where that is installed (`FASHION_MNIST`, default /usr/share/datasets/fashion-mnist), whose
+//! black pixels the kernels leave out.
 //! `cargo bench -p dfc-gemm --bench sgemm [-- FILTER]`: FILTER keeps the shapes whose label contains it;
 //! `SGEMM_RUNS` sets the minimum number of runs per measurement (default 300).
 
@@ -54,9 +56,13 @@ struct ByteOperands {
 }
 
 impl ByteOperands {
-    fn new(&(_, m, n, k, ta, update): &(&str, usize, usize, usize, bool, bool)) -> ByteOperands {
+    /// Random bytes, or the first m·k of `images` (whole images, as a batch stores them).
+    fn new(&(_, m, n, k, ta, update): &(&str, usize, usize, usize, bool, bool), images: Option<&[u8]>) -> ByteOperands {
         let mut rng = fastrand::Rng::with_seed(1);
-        let a = (0..m * k).map(|_| if rng.u8(..) < 51 { 0 } else { rng.u8(..) }).collect();
+        let a = match images {
+            Some(images) => images[..m * k].to_vec(),
+            None => (0..m * k).map(|_| if rng.u8(..) < 51 { 0 } else { rng.u8(..) }).collect(),
+        };
         let b = (0..k * n).map(|_| rng.f32() - 0.5).collect();
         let bias = (0..n).map(|_| rng.f32() - 0.5).collect();
         ByteOperands { shape: (m, n, k, ta, update), a, b, bias, c: vec![0.0; m * n] }
@@ -143,6 +149,17 @@ impl Operands {
     }
 }
 
+/// Fashion-MNIST's first 128 training images (784 bytes each), where the dataset is installed.
+fn fashion_mnist_batch() -> Option<Vec<u8>> {
+    use std::io::Read;
+    let dir = std::env::var("FASHION_MNIST").unwrap_or_else(|_| "/usr/share/datasets/fashion-mnist".into());
+    let file = std::fs::File::open(format!("{dir}/train-images-idx3-ubyte.gz")).ok()?;
+    let mut bytes = Vec::new();
+    // The IDX header (16 bytes), then the images.
+    flate2::read::GzDecoder::new(file).take(16 + 128 * 784).read_to_end(&mut bytes).ok()?;
+    (bytes.len() == 16 + 128 * 784).then(|| bytes.split_off(16))
+}
+
 /// Median seconds of `f` over at least `runs` runs and 0.1 s, after a warm-up.
 fn median(runs: usize, mut f: impl FnMut()) -> f64 {
     let warm = Instant::now();
@@ -193,14 +210,22 @@ fn main() {
             }
         }
     }
+    let images = fashion_mnist_batch();
     for shape in BYTE_SHAPES.iter().filter(|shape| shape.0.contains(filter.as_str())) {
-        let mut ops = ByteOperands::new(shape);
-        let times = [median(runs, || ops.ours(false)), median(runs, || ops.ours(true))];
-        let (_, m, n, k, ta, _) = *shape;
-        let dims = format!("{m}×{n}×{k}{}", if ta { " ta" } else { "" });
-        let cells: Vec<String> =
-            times.iter().map(|t| format!("{:>9.1} ({:>6.1})", t * 1e6, ops.flops() / t / 1e9)).collect();
-        println!("{:<14} {:>17} {:>22} {:>22} {:>22} {:>22}", shape.0, dims, cells[0], "", cells[1], "");
+        for (source, images) in [("", None), (" fmnist", images.as_deref())] {
+            let (label, m, n, k, ta, _) = *shape;
+            if source.is_empty() || images.is_some() {
+                let mut ops = ByteOperands::new(shape, images);
+                let times = [median(runs, || ops.ours(false)), median(runs, || ops.ours(true))];
+                let dims = format!("{m}×{n}×{k}{}", if ta { " ta" } else { "" });
+                let cells: Vec<String> =
+                    times.iter().map(|t| format!("{:>9.1} ({:>6.1})", t * 1e6, ops.flops() / t / 1e9)).collect();
+                let label = format!("{label}{source}");
+                println!("{label:<14} {dims:>17} {:>22} {:>22} {:>22} {:>22}", cells[0], "", cells[1], "");
+            } else {
+                println!("{label} fmnist: skipped, no Fashion-MNIST images (FASHION_MNIST)");
+            }
+        }
     }
     if mlp_flops > 0.0 {
         let cells: Vec<String> =

@@ -10,6 +10,8 @@
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod finite;
 mod pool;
 #[cfg(target_arch = "x86_64")]
 mod sums;

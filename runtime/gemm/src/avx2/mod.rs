@@ -16,7 +16,10 @@
 //!
 //! A of bytes (`Product::bytes`: images fed as u8) is converted to floats a block at a time (mc rows × kc steps, in
 //! a buffer of the thread's), then read as a float A would be; stored transposed, it is converted as it is packed
-//! (`pack_a_bytes`). A product with an epilogue (`Product::bias`, `relu`, `mask`) finishes each tile as its sum
+//! (`bytes`). Each 6-row panel of bytes leaves out the steps at which all its rows are 0 (`bytes`: black pixels, 17 %
+//! of the first layer's steps on Fashion-MNIST's batches and 32 % of its weights' gradient's), and the kernels read
+//! B's rows through the steps kept (`SKIP`); C is the same to the bit. A product with an epilogue
+//! (`Product::bias`, `relu`, `mask`) finishes each tile as its sum
 //! completes: a whole tile in the kernel's registers before it is stored, an edge tile in L1 after (`finish_tile`).
 //! Neither product is transposed nor computed as dot products (`Product::fixed`).
 //!
@@ -35,13 +38,16 @@ use std::arch::asm;
 use std::arch::x86_64::*;
 use std::cell::Cell;
 
-use crate::avx512::{corrects, dot, Buf, Product, CALLS, PARTIALS};
+use crate::avx512::{dot, Buf, Product, CALLS, PARTIALS};
+use crate::finite::{FiniteRows, Selection, RESERVED_STEPS};
 use crate::pool;
 use crate::sums::{self, RowSums};
-use crate::ByteScale;
 use std::sync::atomic::Ordering;
 
+mod bytes;
 pub(crate) mod rows;
+
+use bytes::{convert, convert_selecting, pack_a_bytes, Scale};
 
 /// Rows of the microkernel tile.
 const MR: usize = 6;
@@ -57,6 +63,11 @@ const KC: usize = 200;
 const NC: usize = 512;
 /// Rows of A per block (16 panels).
 const MC: usize = 96;
+/// Panels of A in a block.
+const PANELS: usize = MC / MR;
+/// Room for where a panel's kept steps lie in a packed B panel (`Selection`, `bytes::STEP_BYTES`): a block's steps,
+/// and the 8 past them that a store writes.
+const STEPS_STRIDE: usize = KC + 16;
 
 /// A thread's packing buffers, with the identity of the block of B packed (call, pc, kc, jc, nc), so that the row
 /// chunks of one product that a thread runs pack B once.
@@ -67,6 +78,9 @@ struct Packs {
     b_holds: Option<(u64, usize, usize, usize, usize)>,
     /// A block of an A of bytes, converted to floats.
     converted: Buf,
+    /// The steps that panels of bytes keep (`Selection`), and which rows of B are finite.
+    steps: Vec<u32>,
+    finite: FiniteRows,
 }
 
 thread_local! {
@@ -83,6 +97,8 @@ pub(crate) fn reserve_thread() {
     packs.a.ptr(MC * KC);
     packs.b.ptr(KC * NC);
     packs.converted.ptr(MC * KC);
+    packs.steps.reserve(PANELS * STEPS_STRIDE);
+    packs.finite.reserve(RESERVED_STEPS);
     PACK.set(packs);
 }
 
@@ -394,12 +410,13 @@ pub(crate) unsafe fn sgemm_packed(m: usize, n: usize, k: usize, a: &[f32], panel
                 unsafe {
                     let panel = panels.as_ptr().add(jr * k + pc * NR);
                     let tile = c.as_mut_ptr().add(ir * n + jr);
-                    KERNELS[1][mr - 1](
+                    KERNELS[0][1][mr - 1](
                         kc,
                         a.as_ptr().add(ir * k + pc),
                         k,
                         panel,
                         NR,
+                        std::ptr::null(),
                         tile,
                         n,
                         nr,
@@ -453,6 +470,19 @@ unsafe fn block(p: &Product, i0: usize, i1: usize, j0: usize, j1: usize, k0: usi
     let a_pack = packs.a.ptr(if p.ta { MC * KC } else { 0 });
     let converted = packs.converted.ptr(if p.bytes.is_some() && !p.ta { MC * KC } else { 0 });
     let scale = p.bytes.map(Scale::new);
+    // Panels of bytes leave out their all-zero steps (pixels black in every image of a panel, or a panel's pixels
+    // black in an image) where B is stored row-major and packed (the kernels read its kept steps at offsets into a
+    // panel); a product is known by its call's id (`FiniteRows`). Not in a chunk of the reduction (`by_reduction`,
+    // the first layer of a training step on two threads): the halves of an image differ in black (Fashion-MNIST's
+    // top half 16–23 % of the steps, its bottom half 9–13 %), and the caller waited for the slower; its step took
+    // 4 µs longer so (`DFC_GEMM=avx2`, an Intel Xeon).
+    let select =
+        !p.tb && !b_in_place(p) && p.id != 0 && (k0, k1) == (0, p.k) && scale.is_some_and(|scale| scale.zero_is_zero());
+    if select {
+        packs.finite.start(p);
+        packs.steps.resize(PANELS * STEPS_STRIDE, 0);
+    }
+    let mut kept = [0usize; PANELS];
     for jc in (j0..j1).step_by(NC) {
         let nc = NC.min(j1 - jc);
         // Columns jc..jc+in_place are read from B as stored, the rest from packed panels.
@@ -476,18 +506,33 @@ unsafe fn block(p: &Product, i0: usize, i1: usize, j0: usize, j1: usize, k0: usi
                 let mc = MC.min(i1 - ic);
                 // Where the kernels read A's block of floats: A itself, or the block converted from bytes (mc rows
                 // of kc); a transposed-stored A is packed into panels, bytes converted on the way.
+                let mut selection = select.then_some(Selection {
+                    steps: packs.steps.as_mut_ptr(),
+                    stride: STEPS_STRIDE,
+                    kept: &mut kept,
+                    finite: &mut packs.finite,
+                });
                 let (a, lda, (a_pc, a_ic)) = match scale {
                     Some(scale) if !p.ta => {
+                        let bytes = (p.a.cast::<u8>().add(ic * p.lda + pc), p.lda);
                         // SAFETY: the block's rows and steps of A's bytes are in A, and `converted` holds MC·KC
-                        // floats.
-                        unsafe { convert(p.a.cast::<u8>().add(ic * p.lda + pc), p.lda, mc, kc, converted, &scale) };
+                        // floats; the selection holds a block's panels of STEPS_STRIDE steps.
+                        unsafe {
+                            match selection.as_mut() {
+                                Some(s) => convert_selecting(p, pc, bytes, mc, kc, converted, &scale, s),
+                                None => convert(bytes.0, bytes.1, mc, kc, converted, &scale),
+                            }
+                        };
                         (converted.cast_const(), kc, (0, 0))
                     }
                     _ => (p.a, p.lda, (pc, ic)),
                 };
                 match scale {
-                    // SAFETY: the block's rows and steps are in A; ⌈mc/6⌉ panels of kc·6 fit MC·KC.
-                    Some(scale) if p.ta => unsafe { pack_a_bytes(p.a.cast(), p.lda, pc, kc, ic, mc, a_pack, &scale) },
+                    // SAFETY: the block's rows and steps are in A; ⌈mc/6⌉ panels of kc·6 fit MC·KC; the selection
+                    // as above.
+                    Some(scale) if p.ta => unsafe {
+                        pack_a_bytes(p, (pc, kc), (ic, mc), a_pack, &scale, selection.as_mut())
+                    },
                     // SAFETY: as above.
                     None if p.ta => unsafe { pack_a(a, lda, a_pc, kc, a_ic, mc, a_pack) },
                     _ => {}
@@ -496,9 +541,16 @@ unsafe fn block(p: &Product, i0: usize, i1: usize, j0: usize, j1: usize, k0: usi
                     let nr = NR.min(nc - jr);
                     for ir in (0..mc).step_by(MR) {
                         let mr = MR.min(mc - ir);
+                        // A panel that leaves out steps reads B's through its selection.
+                        let (steps, kc_a) = match select && kept[ir / MR] < kc {
+                            // SAFETY: panel ir/6's steps, within the selection's.
+                            true => (unsafe { packs.steps.as_ptr().add(ir / MR * STEPS_STRIDE) }, kept[ir / MR]),
+                            false => (std::ptr::null(), kc),
+                        };
                         // SAFETY: the kernel reads mr rows × kc steps of A (packed panel ir/6, or in place from
                         // row a_ic + ir, step a_pc), kc steps of B's 16 columns from jc+jr (where B is stored, all
-                        // 16 columns in B, or packed panel (jr - in_place)/16), and writes rows ic+ir.., columns
+                        // 16 columns in B, or packed panel (jr - in_place)/16; a selection's kc_a steps of A, and
+                        // B's steps at its offsets, each within the packed panel), and writes rows ic+ir.., columns
                         // jc+jr.. of C (mr × nr of them); the epilogue reads the bias's columns and the mask's
                         // elements of the same tile (laid out as C, which is not transposed when there is one).
                         unsafe {
@@ -514,7 +566,7 @@ unsafe fn block(p: &Product, i0: usize, i1: usize, j0: usize, j1: usize, k0: usi
                             } else {
                                 (b_pack.add((jr - in_place) * kc).cast_const(), NR)
                             };
-                            let kernel = KERNELS[usize::from(!p.ta)][mr - 1];
+                            let kernel = KERNELS[usize::from(!steps.is_null())][usize::from(!p.ta)][mr - 1];
                             let epilogue = finish.then(|| {
                                 let bias = if p.bias.is_null() { p.bias } else { p.bias.add(j) };
                                 let mask = if p.mask.is_null() { p.mask } else { p.mask.add(i * p.ldc + j) };
@@ -523,7 +575,7 @@ unsafe fn block(p: &Product, i0: usize, i1: usize, j0: usize, j1: usize, k0: usi
                             // Whole tiles of a C stored as laid out are finished in the kernel, in registers.
                             let in_kernel = !p.tc && nr == NR;
                             let (with, after) = if in_kernel { (epilogue, None) } else { (None, epilogue) };
-                            kernel(kc, a, lda, b, ldb, tile, p.ldc, nr, p.tc, overwrite, p.alpha, with);
+                            kernel(kc_a, a, lda, b, ldb, steps, tile, p.ldc, nr, p.tc, overwrite, p.alpha, with);
                             if let Some(epilogue) = after {
                                 finish_tile(tile, p.ldc, mr, nr, epilogue);
                             }
@@ -570,115 +622,6 @@ unsafe fn pack_a(a: *const f32, lda: usize, pc: usize, kc: usize, i: usize, mc: 
             let (s, d) = (src.add(full * MR), dst.add(full * MR * kc + q * mr));
             for r in 0..mr {
                 *d.add(r) = *s.add(r);
-            }
-        }
-    }
-}
-
-/// `pack_a` for an A of bytes: rows `i..i+mc` of A stored transposed (at `a`, its stored rows `lda` apart) over the
-/// steps `pc..pc+kc`, converted as `convert` converts them (the same floats) into the same panels.
-///
-/// # Safety
-/// The rows and steps are in A; `dst` holds ⌈mc/6⌉·6·kc floats.
-#[allow(clippy::too_many_arguments)]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn pack_a_bytes(
-    a: *const u8,
-    lda: usize,
-    pc: usize,
-    kc: usize,
-    i: usize,
-    mc: usize,
-    dst: *mut f32,
-    scale: &Scale,
-) {
-    let (full, tail) = (mc / MR, mc % MR);
-    let mut bytes = [0u8; 8];
-    let mut floats = [0f32; 8];
-    for q in 0..kc {
-        // SAFETY: row pc+q of the stored A holds the block's mc bytes from column i, read 6 at a time (an 8-byte
-        // load could pass A's end), the last panel's through a copy; panel g's step q lies at g·6·kc + q·6 in dst
-        // (the last panel's at full·6·kc + q·tail), and each store writes only that step's 6 (or tail) floats.
-        unsafe {
-            let src = a.add((pc + q) * lda + i);
-            for g in 0..full {
-                // The 6 bytes as 4 and 2, into a register (through memory, a store of 6 and a load of 8 would stall).
-                let at = src.add(g * MR);
-                let four = _mm_cvtsi32_si128(at.cast::<i32>().read_unaligned());
-                let six = _mm_insert_epi16::<2>(four, i32::from(at.add(4).cast::<u16>().read_unaligned()));
-                let row = scale.apply(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(six)));
-                let d = dst.add(g * MR * kc + q * MR);
-                _mm_storeu_ps(d, _mm256_castps256_ps128(row));
-                _mm_storel_epi64(d.add(4).cast(), _mm_castps_si128(_mm256_extractf128_ps::<1>(row)));
-            }
-            if tail > 0 {
-                std::ptr::copy_nonoverlapping(src.add(full * MR), bytes.as_mut_ptr(), tail);
-                let row = scale.apply(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(bytes.as_ptr().cast()))));
-                _mm256_storeu_ps(floats.as_mut_ptr(), row);
-                std::ptr::copy_nonoverlapping(floats.as_ptr(), dst.add(full * MR * kc + q * tail), tail);
-            }
-        }
-    }
-}
-
-/// How bytes become floats, as `ByteScale::apply` computes them: `f32(e)·c`; for a division by c, the quotient of
-/// `f32(e)·(1/c)` corrected by one fused multiply-add where that is the correctly rounded `f32(e) / c` for every
-/// byte (`corrects`), else the division itself.
-#[derive(Clone, Copy)]
-enum Scale {
-    Mul(f32),
-    Corrected { c: f32, reciprocal: f32 },
-    Div(f32),
-}
-
-impl Scale {
-    fn new(scale: ByteScale) -> Scale {
-        match scale {
-            ByteScale::Mul(c) => Scale::Mul(c),
-            ByteScale::Div(c) if corrects(c) => Scale::Corrected { c, reciprocal: 1.0 / c },
-            ByteScale::Div(c) => Scale::Div(c),
-        }
-    }
-
-    /// Eight bytes' floats.
-    #[target_feature(enable = "avx2,fma")]
-    fn apply(&self, x: __m256) -> __m256 {
-        match *self {
-            Scale::Mul(c) => _mm256_mul_ps(x, _mm256_set1_ps(c)),
-            Scale::Corrected { c, reciprocal } => {
-                let r = _mm256_set1_ps(reciprocal);
-                let q = _mm256_mul_ps(x, r);
-                _mm256_fmadd_ps(_mm256_fnmadd_ps(q, _mm256_set1_ps(c), x), r, q)
-            }
-            Scale::Div(c) => _mm256_div_ps(x, _mm256_set1_ps(c)),
-        }
-    }
-}
-
-/// Converts `rows` rows of `cols` bytes (`ld` apart, from `src`) to floats, `cols` apart at `dst`.
-///
-/// # Safety
-/// The bytes addressed are in A; `dst` holds rows·cols floats.
-#[target_feature(enable = "avx2,fma")]
-unsafe fn convert(src: *const u8, ld: usize, rows: usize, cols: usize, dst: *mut f32, scale: &Scale) {
-    let mut last = [0u8; 8];
-    for r in 0..rows {
-        // SAFETY: 8-byte loads only where the row holds 8 more bytes; its tail through a copy of at most 7.
-        unsafe {
-            let (row, out) = (src.add(r * ld), dst.add(r * cols));
-            let mut q = 0;
-            while q + 8 <= cols {
-                let bytes = _mm_loadl_epi64(row.add(q).cast());
-                _mm256_storeu_ps(out.add(q), scale.apply(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes))));
-                q += 8;
-            }
-            if q < cols {
-                std::ptr::copy_nonoverlapping(row.add(q), last.as_mut_ptr(), cols - q);
-                let floats =
-                    scale.apply(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(last.as_ptr().cast()))));
-                let mut tail = [0f32; 8];
-                _mm256_storeu_ps(tail.as_mut_ptr(), floats);
-                std::ptr::copy_nonoverlapping(tail.as_ptr(), out.add(q), cols - q);
             }
         }
     }
@@ -835,13 +778,14 @@ fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
     })
 }
 
-/// `kernel::<R, IN_PLACE>(kc, a, lda, b, ldb, c, ldc, nr, tc, overwrite, alpha, finish)`.
+/// `kernel::<R, IN_PLACE, SKIP>(kc, a, lda, b, ldb, steps, c, ldc, nr, tc, overwrite, alpha, finish)`.
 type Kernel = unsafe fn(
     usize,
     *const f32,
     usize,
     *const f32,
     usize,
+    *const u32,
     *mut f32,
     usize,
     usize,
@@ -851,28 +795,31 @@ type Kernel = unsafe fn(
     Option<(*const f32, bool, *const f32)>,
 );
 
-/// Instantiates `kernel::<R, IN_PLACE>` for R = 1..=6.
+/// Instantiates `kernel::<R, IN_PLACE, SKIP>` for R = 1..=6.
 macro_rules! heights {
-    ($in_place:literal) => {
+    ($in_place:literal, $skip:literal) => {
         [
-            kernel::<1, $in_place>,
-            kernel::<2, $in_place>,
-            kernel::<3, $in_place>,
-            kernel::<4, $in_place>,
-            kernel::<5, $in_place>,
-            kernel::<6, $in_place>,
+            kernel::<1, $in_place, $skip>,
+            kernel::<2, $in_place, $skip>,
+            kernel::<3, $in_place, $skip>,
+            kernel::<4, $in_place, $skip>,
+            kernel::<5, $in_place, $skip>,
+            kernel::<6, $in_place, $skip>,
         ]
     };
 }
 
-/// The microkernels, `KERNELS[in_place][R - 1]`.
-static KERNELS: [[Kernel; MR]; 2] = [heights!(false), heights!(true)];
+/// The microkernels, `KERNELS[skip][in_place][R - 1]`.
+static KERNELS: [[[Kernel; MR]; 2]; 2] =
+    [[heights!(false, false), heights!(true, false)], [heights!(false, true), heights!(true, true)]];
 
 /// `C[R×nr] (+)= α·A·B` for one tile: overwrites the tile when `overwrite`, else adds to it.
 ///
 /// - A (R rows × kc steps): element (i, q) at `a[i·lda + q]` when `IN_PLACE` (A as stored, row-major), else at
 ///   `a[q·R + i]` (a packed panel).
-/// - B: step q's 16 floats at `b[q·ldb..]`: a packed panel (ldb = 16) or B where it is stored.
+/// - B: step q's 16 floats at `b[q·ldb..]`: a packed panel (ldb = 16) or B where it is stored; when `SKIP`, `steps[q]`
+///   bytes past `b` in a packed panel instead: A's steps are a selection of B's (those where a panel of bytes is not
+///   all zero, `bytes::convert_selecting`, `bytes::pack_a_bytes`), and `steps` holds kc offsets.
 /// - C: element (i, j) of the tile at `c[i·ldc + j]`, or `c[j·ldc + i]` when `tc`; only columns `j < nr` are
 ///   written.
 /// - `finish` (only for a whole tile, nr = 16, C not transposed): the epilogue applied before the store, as
@@ -890,12 +837,13 @@ static KERNELS: [[Kernel; MR]; 2] = [heights!(false), heights!(true)];
 /// AVX2 and FMA; A's R rows, B's steps and the tile's elements addressed as above are in bounds.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn kernel<const R: usize, const IN_PLACE: bool>(
+unsafe fn kernel<const R: usize, const IN_PLACE: bool, const SKIP: bool>(
     kc: usize,
     a: *const f32,
     lda: usize,
     b: *const f32,
     ldb: usize,
+    steps: *const u32,
     c: *mut f32,
     ldc: usize,
     nr: usize,
@@ -932,7 +880,25 @@ unsafe fn kernel<const R: usize, const IN_PLACE: bool>(
                 _mm_prefetch::<_MM_HINT_T0>(c.add(i * ldc + nr - 1).cast());
             }
         }
-        let mut b = b;
+        debug_assert!(!SKIP || ldb == NR, "a selection's steps are offsets into a packed panel");
+        let (mut b, mut steps) = (b, steps);
+        // Step u's two vectors of B, from the current step (the u-th next kept one when `SKIP`).
+        macro_rules! load_b {
+            ($u:literal) => {{
+                let row = if SKIP { b.byte_add(*steps.add($u) as usize) } else { b.add($u * ldb) };
+                (_mm256_loadu_ps(row), _mm256_loadu_ps(row.add(8)))
+            }};
+        }
+        // Past `n` steps: B's pointer, or the selection's.
+        macro_rules! advance {
+            ($n:expr) => {
+                if SKIP {
+                    steps = steps.add($n);
+                } else {
+                    b = b.add($n * ldb);
+                }
+            };
+        }
         if IN_PLACE {
             // Rows 3g, 3g + 1, 3g + 2 at base g + 0, lda, 2·lda (lda in bytes in `ld`); the base of a group past R
             // is never dereferenced.
@@ -949,7 +915,7 @@ unsafe fn kernel<const R: usize, const IN_PLACE: bool>(
             }
             macro_rules! step {
                 ($u:literal) => {
-                    let (b0, b1) = (_mm256_loadu_ps(b.add($u * ldb)), _mm256_loadu_ps(b.add($u * ldb + 8)));
+                    let (b0, b1) = load_b!($u);
                     group!($u, 0, r0, b0, b1);
                     group!($u, 1, r3, b0, b1);
                 };
@@ -961,18 +927,18 @@ unsafe fn kernel<const R: usize, const IN_PLACE: bool>(
                 step!(2);
                 step!(3);
                 (r0, r3) = (r0.wrapping_add(4), r3.wrapping_add(4));
-                b = b.add(4 * ldb);
+                advance!(4);
             }
             for _ in 0..kc % 4 {
                 step!(0);
                 (r0, r3) = (r0.wrapping_add(1), r3.wrapping_add(1));
-                b = b.add(ldb);
+                advance!(1);
             }
         } else {
             let mut a = a;
             macro_rules! step {
                 ($u:literal) => {
-                    let (b0, b1) = (_mm256_loadu_ps(b.add($u * ldb)), _mm256_loadu_ps(b.add($u * ldb + 8)));
+                    let (b0, b1) = load_b!($u);
                     row!(0, "{a} + {d}", b0, b1, a = in(reg) a, d = const ($u * R) * 4,);
                     row!(1, "{a} + {d}", b0, b1, a = in(reg) a, d = const ($u * R + 1) * 4,);
                     row!(2, "{a} + {d}", b0, b1, a = in(reg) a, d = const ($u * R + 2) * 4,);
@@ -987,12 +953,12 @@ unsafe fn kernel<const R: usize, const IN_PLACE: bool>(
                 step!(2);
                 step!(3);
                 a = a.add(4 * R);
-                b = b.add(4 * ldb);
+                advance!(4);
             }
             for _ in 0..kc % 4 {
                 step!(0);
                 a = a.add(R);
-                b = b.add(ldb);
+                advance!(1);
             }
         }
         if alpha != 1.0 {
@@ -1043,6 +1009,7 @@ mod tests {
 
     use super::*;
     use crate::avx512::split_writes_the_same_bits;
+    use crate::ByteScale;
 
     /// Whether the CPU runs the AVX2 kernels (a skip line if not).
     pub(super) fn have_avx2() -> bool {
@@ -1300,6 +1267,95 @@ mod tests {
                         (got - want).abs() <= tolerance,
                         "{m}×{n}×{k} ta {ta} bytes {bytes} bias {bias_on} relu {relu} mask {mask_on}: \
                          c[{i}, {j}] {got} ≠ {want}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// Products of bytes where many steps are zero in every row of a panel (black borders, black images), which
+    /// the panels leave out (`bytes`), called directly: against a naive product, with ±∞ and NaN in some rows of B
+    /// (those steps must still give NaN), a scale that reads a byte 0 as NaN, accumulation, α and epilogues; both
+    /// orientations, on one thread, on the pool (split along the reduction for the first layer), and past a block
+    /// of rows, steps and columns.
+    #[test]
+    fn products_of_bytes_leave_out_zero_steps_exactly() {
+        if !have_avx2() {
+            return;
+        }
+        let mut rng = fastrand::Rng::with_seed(13);
+        let mut shapes: Vec<(usize, usize, usize)> =
+            (0..40).map(|_| (rng.usize(1..=110), rng.usize(1..=70), rng.usize(1..=450))).collect();
+        shapes.extend([(128, 256, 784), (784, 256, 128), (100, 530, 300), (97, 40, 401)]);
+        for (case, &(m, n, k)) in shapes.iter().enumerate() {
+            let (ta, parallel, epilogue) = (rng.bool(), rng.bool(), rng.bool());
+            let (accumulate, alpha) = if rng.bool() { (true, -0.5) } else { (false, 1.0) };
+            let scale = match case % 5 {
+                4 => ByteScale::Div(0.0),
+                3 => ByteScale::Mul(-0.5),
+                _ => ByteScale::Div(255.0),
+            };
+            let mut raw = vec![0u8; m * k];
+            for i in 0..m {
+                for q in 0..k {
+                    let black = q % 28 < 3 || q % 28 >= 25 || i % 4 == 3 || rng.bool();
+                    raw[if ta { q * m + i } else { i * k + q }] = if black { 0 } else { rng.u8(1..) };
+                }
+            }
+            let mut b: Vec<f32> = (0..k * n).map(|_| rng.f32() - 0.5).collect();
+            for (q, x) in [(0, f32::INFINITY), (1, f32::NAN), (k / 2, f32::NEG_INFINITY), (k - 1, f32::NAN)] {
+                if case % 2 == 0 {
+                    b[q * n + rng.usize(..n)] = x;
+                }
+            }
+            let bias: Vec<f32> = (0..n).map(|_| rng.f32() - 0.5).collect();
+            let c0: Vec<f32> = (0..m * n).map(|_| rng.f32() - 0.5).collect();
+            let mut c = c0.clone();
+            let p = Product {
+                m,
+                n,
+                k,
+                a: raw.as_ptr().cast(),
+                lda: if ta { m } else { k },
+                ta,
+                b: b.as_ptr(),
+                ldb: n,
+                tb: false,
+                c: c.as_mut_ptr(),
+                ldc: n,
+                tc: false,
+                accumulate,
+                alpha,
+                bytes: Some(scale),
+                bias: if epilogue { bias.as_ptr() } else { std::ptr::null() },
+                relu: epilogue,
+                mask: std::ptr::null(),
+                sums: std::ptr::null_mut(),
+                b_rewritten: case % 3 == 0,
+                id: 0,
+            };
+            // SAFETY: AVX2 and FMA are available; the operands hold every element the product addresses.
+            unsafe { sgemm(p, parallel) };
+            let at = |i: usize, q: usize| f64::from(scale.apply(raw[if ta { q * m + i } else { i * k + q }]));
+            for i in 0..m {
+                for j in 0..n {
+                    let terms = (0..k).map(|q| at(i, q) * f64::from(b[q * n + j]));
+                    let size: f64 = terms.clone().map(f64::abs).sum();
+                    let old = if accumulate { f64::from(c0[i * n + j]) } else { 0.0 };
+                    let mut want = old + f64::from(alpha) * terms.sum::<f64>();
+                    if epilogue {
+                        // The relu keeps NaN (`finish8`).
+                        want += f64::from(bias[j]);
+                        want = if want.is_nan() { want } else { want.max(0.0) };
+                    }
+                    let got = f64::from(c[i * n + j]);
+                    let agree = match want.is_finite() {
+                        true => (got - want).abs() <= 1e-5 * (1.0 + size + old.abs()),
+                        false => got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                    };
+                    assert!(
+                        agree,
+                        "{m}×{n}×{k} (ta {ta}, {scale:?}, parallel {parallel}) at ({i}, {j}): {got} ≠ {want}"
                     );
                 }
             }

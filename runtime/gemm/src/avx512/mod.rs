@@ -17,7 +17,7 @@
 //! through an in-register transpose.
 //!
 //! A of bytes (`Product::bytes`: images fed as u8) is converted to floats as it is packed, and each panel leaves out
-//! the steps at which all its rows are 0 (`pack::Selection`): the black pixels that a panel's images share, 10 to
+//! the steps at which all its rows are 0 (`finite::Selection`): the black pixels that a panel's images share, 10 to
 //! 20 % of the steps of Fashion-MNIST's batches. The kernels then read B's rows through the list of steps kept
 //! (`SKIP`). C is the same to the bit: a step is left out only where its row of B is finite and a byte 0 reads as
 //! ±0, and ±0 added to the accumulators (which start at +0) changes nothing.
@@ -45,12 +45,13 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
+use crate::finite::{FiniteRows, Selection, RESERVED_STEPS};
 use crate::pool;
 use crate::sums::{self, RowSums};
 use crate::ByteScale;
 use kernel::{finish16, KERNELS};
 pub(crate) use pack::corrects;
-use pack::{pack_a, pack_a_bytes, pack_b, tail_mask, Convert, FiniteRows, Selection};
+use pack::{pack_a, pack_a_bytes, pack_b, tail_mask, Convert};
 
 /// Rows of the microkernel tile.
 const MR: usize = 12;
@@ -120,6 +121,7 @@ pub(crate) fn reserve_thread() {
     packs.a.ptr(MC / MR * (MR * KC + 16));
     packs.b.ptr(KC * NC);
     packs.steps.reserve(MC / MR * (KC + 16));
+    packs.finite.reserve(RESERVED_STEPS);
     PACK.set(packs);
 }
 

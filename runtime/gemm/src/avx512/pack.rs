@@ -4,6 +4,7 @@
 use std::arch::x86_64::*;
 
 use super::{Product, KC, NR};
+use crate::finite::Selection;
 use crate::ByteScale;
 
 /// Lanes `0..min(len, 16)`.
@@ -46,100 +47,6 @@ pub(super) unsafe fn pack_a(
             }
         }
     }
-}
-
-/// Where `pack_a_bytes` leaves out the steps at which a panel of A is all zero: those add nothing to C. A step is
-/// left out only where its row of B is finite, since 0·∞ and 0·NaN are NaN (`FiniteRows`), and a byte 0 is read
-/// as ±0 (`Convert::zero_is_zero`); the accumulators start at +0, to which ±0 adds nothing, so that C is the same
-/// to the bit.
-pub(super) struct Selection<'a> {
-    /// Panel g's kept steps (indices into pc..pc+kc) at `steps[(g - g0)·stride..]`; `stride` ≥ kc + 16.
-    pub steps: *mut u32,
-    pub stride: usize,
-    /// How many steps each panel of the group keeps.
-    pub kept: &'a mut [usize],
-    pub finite: &'a mut FiniteRows,
-}
-
-/// Which rows of a product's B are finite, found as they are asked for: one product's (`Product::id`).
-#[derive(Default)]
-pub(super) struct FiniteRows {
-    of: u64,
-    /// Bit q of these words: whether row q is known, and whether it is finite (one word of slack at the end).
-    known: Vec<u64>,
-    finite: Vec<u64>,
-}
-
-impl FiniteRows {
-    /// Forgets the rows of another product than `p`.
-    pub(super) fn start(&mut self, p: &Product) {
-        let words = p.k / 64 + 2;
-        if self.of != p.id || self.known.len() != words {
-            self.known.clear();
-            self.known.resize(words, 0);
-            self.finite.clear();
-            self.finite.resize(words, 0);
-            self.of = p.id;
-        }
-    }
-
-    /// The bits s of `want` for which row `q + s` of B (stored row-major) is finite.
-    ///
-    /// # Safety
-    /// `start(p)` was called; B is stored row-major (`!p.tb`), and the rows asked for are B's.
-    #[inline(always)]
-    unsafe fn rows(&mut self, p: &Product, q: usize, want: u16) -> u16 {
-        let unknown = want & !bits(&self.known, q);
-        if unknown != 0 {
-            // SAFETY: the caller's contract; the packing that asks runs with AVX-512F.
-            unsafe { self.learn(p, q, unknown) };
-        }
-        want & bits(&self.finite, q)
-    }
-
-    /// Finds whether rows `q + s` are finite, for the bits s of `unknown`. Apart, and cold: once per row a product.
-    ///
-    /// # Safety
-    /// As `rows`, and AVX-512F.
-    #[cold]
-    #[inline(never)]
-    #[target_feature(enable = "avx512f")]
-    unsafe fn learn(&mut self, p: &Product, q: usize, unknown: u16) {
-        for s in 0..16 {
-            if unknown >> s & 1 == 1 {
-                // SAFETY: row q + s is B's (the caller's contract).
-                let finite = unsafe { row_finite(p, q + s) };
-                let (word, bit) = ((q + s) / 64, 1 << ((q + s) % 64));
-                self.known[word] |= bit;
-                self.finite[word] |= if finite { bit } else { 0 };
-            }
-        }
-    }
-}
-
-/// Bits `q..q + 16` of a bit vector (with a word of slack past them).
-#[inline]
-fn bits(words: &[u64], q: usize) -> u16 {
-    let (word, shift) = (q / 64, q % 64);
-    let low = words[word] >> shift;
-    let high = if shift > 48 { words[word + 1] << (64 - shift) } else { 0 };
-    (low | high) as u16
-}
-
-/// Whether all n elements of row q of B (stored row-major) are finite.
-///
-/// # Safety
-/// B is stored row-major and q < k.
-#[target_feature(enable = "avx512f")]
-unsafe fn row_finite(p: &Product, q: usize) -> bool {
-    // x - x is 0 where x is finite, NaN where it is ±∞ or NaN.
-    let mut sum = _mm512_setzero_ps();
-    for j in (0..p.n).step_by(16) {
-        // SAFETY: a masked load of row q's columns j..min(j + 16, n), in B.
-        let x = unsafe { _mm512_maskz_loadu_ps(tail_mask(p.n - j), p.b.add(q * p.ldb + j)) };
-        sum = _mm512_add_ps(sum, _mm512_sub_ps(x, x));
-    }
-    _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(sum, sum) == 0
 }
 
 /// Packs panels `g0..g1` of an A of bytes, each byte read as a float through `scale`: stored transposed, as
