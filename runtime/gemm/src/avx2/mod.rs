@@ -81,6 +81,8 @@ struct Packs {
     /// The steps that panels of bytes keep (`Selection`), and which rows of B are finite.
     steps: Vec<u32>,
     finite: FiniteRows,
+    /// The call whose blocks this thread no longer selects from: one of them had no all-zero step.
+    unselected: u64,
 }
 
 thread_local! {
@@ -475,9 +477,15 @@ unsafe fn block(p: &Product, i0: usize, i1: usize, j0: usize, j1: usize, k0: usi
     // panel); a product is known by its call's id (`FiniteRows`). Not in a chunk of the reduction (`by_reduction`,
     // the first layer of a training step on two threads): the halves of an image differ in black (Fashion-MNIST's
     // top half 16–23 % of the steps, its bottom half 9–13 %), and the caller waited for the slower; its step took
-    // 4 µs longer so (`DFC_GEMM=avx2`, an Intel Xeon).
-    let select =
-        !p.tb && !b_in_place(p) && p.id != 0 && (k0, k1) == (0, p.k) && scale.is_some_and(|scale| scale.zero_is_zero());
+    // 4 µs longer so (`DFC_GEMM=avx2`, an Intel Xeon). A block of bytes without an all-zero step in any panel (random
+    // bytes, as benchmarks feed) ends the selection for the rest of the call on this thread: finding none cost the
+    // mlp's weight gradient 6–7 µs a step on the two threads.
+    let mut select = !p.tb
+        && !b_in_place(p)
+        && p.id != 0
+        && packs.unselected != p.id
+        && (k0, k1) == (0, p.k)
+        && scale.is_some_and(|scale| scale.zero_is_zero());
     if select {
         packs.finite.start(p);
         packs.steps.resize(PANELS * STEPS_STRIDE, 0);
@@ -536,6 +544,9 @@ unsafe fn block(p: &Product, i0: usize, i1: usize, j0: usize, j1: usize, k0: usi
                     // SAFETY: as above.
                     None if p.ta => unsafe { pack_a(a, lda, a_pc, kc, a_ic, mc, a_pack) },
                     _ => {}
+                }
+                if select && kept[..mc.div_ceil(MR)].iter().all(|&kept| kept == kc) {
+                    (select, packs.unselected) = (false, p.id);
                 }
                 for jr in (0..nc).step_by(NR) {
                     let nr = NR.min(nc - jr);
