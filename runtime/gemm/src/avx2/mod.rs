@@ -1287,8 +1287,8 @@ mod tests {
     /// Products of bytes where many steps are zero in every row of a panel (black borders, black images), which
     /// the panels leave out (`bytes`), called directly: against a naive product, with ±∞ and NaN in some rows of B
     /// (those steps must still give NaN), a scale that reads a byte 0 as NaN, accumulation, α and epilogues; both
-    /// orientations, on one thread, on the pool (split along the reduction for the first layer), and past a block
-    /// of rows, steps and columns.
+    /// orientations, on one thread, on the pool (split along the reduction for the first layer, which leaves out
+    /// nothing), and past a block of rows, steps and columns.
     #[test]
     fn products_of_bytes_leave_out_zero_steps_exactly() {
         if !have_avx2() {
