@@ -7,7 +7,7 @@
 use std::arch::x86_64::*;
 
 use super::MR;
-use crate::avx512::Product;
+use crate::avx512::{tail_mask, Product};
 use crate::finite::Selection;
 use crate::ByteScale;
 
@@ -177,14 +177,8 @@ fn left_pack_lanes(mask: u8) -> __m256i {
     _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(LEFT_PACK[usize::from(mask)] as i64))
 }
 
-/// Lanes `0..min(len, 16)`.
-fn lanes(len: usize) -> u16 {
-    if len >= 16 {
-        0xffff
-    } else {
-        ((1u32 << len) - 1) as u16
-    }
-}
+/// Bit s of word c of a panel's: step 16c + s (of a block of at most `KC` steps).
+type StepBits = [u16; super::KC.div_ceil(16)];
 
 /// Which of the 16-step groups' steps a panel keeps: bit s of `keep[c]` for step 16c + s of `kc` (no bit past
 /// kc), given the steps at which the panel is all zero (`zero`, likewise), leaving out those whose row of B
@@ -192,10 +186,10 @@ fn lanes(len: usize) -> u16 {
 ///
 /// # Safety
 /// As `FiniteRows::rows` for B's rows `pc..pc+kc`.
-unsafe fn keep(p: &Product, pc: usize, kc: usize, zero: &[u16], s: &mut Selection, keeps: &mut [u16]) -> usize {
+unsafe fn keep(p: &Product, pc: usize, kc: usize, zero: &StepBits, s: &mut Selection, keeps: &mut StepBits) -> usize {
     let mut kept = 0;
     for (c, (keep, &zero)) in keeps.iter_mut().zip(zero).enumerate().take(kc.div_ceil(16)) {
-        let len = lanes(kc - 16 * c);
+        let len = tail_mask(kc - 16 * c);
         // SAFETY: rows pc + 16c + s of B, for the bits s of len, are the block's (the caller's contract).
         *keep = !unsafe { s.finite.rows(p, pc + 16 * c, zero & len) } & len;
         kept += keep.count_ones() as usize;
@@ -215,13 +209,14 @@ pub(super) const STEP_BYTES: u32 = (super::NR * std::mem::size_of::<f32>()) as u
 /// `steps` holds the kept steps and 8 more.
 #[target_feature(enable = "avx2,fma")]
 unsafe fn write_steps(keep: &[u16], steps: *mut u32) {
+    // Lane l: the offset of step l of 8.
+    let lanes = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(STEP_BYTES as i32));
     let mut at = 0;
     for (c, &keep) in keep.iter().enumerate() {
         for half in 0..2 {
             let bits = (keep >> (8 * half)) as u8;
             let first = _mm256_set1_epi32(((16 * c + 8 * half) as u32 * STEP_BYTES) as i32);
-            let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-            let index = _mm256_add_epi32(first, _mm256_mullo_epi32(lanes, _mm256_set1_epi32(STEP_BYTES as i32)));
+            let index = _mm256_add_epi32(first, lanes);
             // SAFETY: `at` indices kept before these, and 8 stored: within the caller's contract.
             unsafe {
                 _mm256_storeu_si256(steps.add(at).cast(), _mm256_permutevar8x32_epi32(index, left_pack_lanes(bits)))
@@ -259,18 +254,18 @@ pub(super) unsafe fn convert_selecting(
         let mut any = [0u64; super::KC.div_ceil(16) * 2];
         // SAFETY: the panel's rows (the caller's contract); `any` holds ⌈KC/8⌉ words.
         unsafe { convert_noting::<true>(src.add(r0 * ld), ld, mr, cols, dst.add(r0 * cols), scale, &mut any) };
-        let mut zero = [0u16; super::KC.div_ceil(16)];
+        let mut zero = StepBits::default();
         let mut none = true;
         for (c, zero) in zero.iter_mut().enumerate().take(groups) {
             let both = _mm_set_epi64x(any[2 * c + 1] as i64, any[2 * c] as i64);
-            *zero = _mm_movemask_epi8(_mm_cmpeq_epi8(both, _mm_setzero_si128())) as u16 & lanes(cols - 16 * c);
+            *zero = _mm_movemask_epi8(_mm_cmpeq_epi8(both, _mm_setzero_si128())) as u16 & tail_mask(cols - 16 * c);
             none &= *zero == 0;
         }
         if none {
             s.kept[g] = cols;
             continue;
         }
-        let mut keeps = [0u16; super::KC.div_ceil(16)];
+        let mut keeps = StepBits::default();
         // SAFETY: the block's rows of B (the caller's contract).
         let kept = unsafe { keep(p, pc, cols, &zero, s, &mut keeps) };
         s.kept[g] = kept;
@@ -307,9 +302,6 @@ pub(super) unsafe fn convert_selecting(
         unsafe { write_steps(&keeps[..groups], s.steps.add(g * s.stride)) };
     }
 }
-
-/// Bit s of word c of a panel's: step 16c + s (of a block of at most `KC` steps).
-type StepBits = [u16; super::KC.div_ceil(16)];
 
 /// `pack_a` for an A of bytes: rows `i..i+mc` of A stored transposed (at `a`, its stored rows `lda` apart) over the
 /// steps `pc..pc+kc`, converted as `convert` converts them (the same floats) into the same panels. With a

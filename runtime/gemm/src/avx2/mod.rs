@@ -1323,27 +1323,16 @@ mod tests {
             let c0: Vec<f32> = (0..m * n).map(|_| rng.f32() - 0.5).collect();
             let mut c = c0.clone();
             let p = Product {
-                m,
-                n,
-                k,
                 a: raw.as_ptr().cast(),
-                lda: if ta { m } else { k },
-                ta,
                 b: b.as_ptr(),
-                ldb: n,
-                tb: false,
                 c: c.as_mut_ptr(),
-                ldc: n,
-                tc: false,
                 accumulate,
                 alpha,
                 bytes: Some(scale),
                 bias: if epilogue { bias.as_ptr() } else { std::ptr::null() },
                 relu: epilogue,
-                mask: std::ptr::null(),
-                sums: std::ptr::null_mut(),
                 b_rewritten: case % 3 == 0,
-                id: 0,
+                ..crate::avx512::tests::product(m, n, k, ta, false)
             };
             // SAFETY: AVX2 and FMA are available; the operands hold every element the product addresses.
             unsafe { sgemm(p, parallel) };

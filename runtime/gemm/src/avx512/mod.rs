@@ -50,8 +50,8 @@ use crate::pool;
 use crate::sums::{self, RowSums};
 use crate::ByteScale;
 use kernel::{finish16, KERNELS};
-pub(crate) use pack::corrects;
-use pack::{pack_a, pack_a_bytes, pack_b, tail_mask, Convert};
+pub(crate) use pack::{corrects, tail_mask};
+use pack::{pack_a, pack_a_bytes, pack_b, Convert};
 
 /// Rows of the microkernel tile.
 const MR: usize = 12;

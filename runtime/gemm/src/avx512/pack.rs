@@ -9,7 +9,7 @@ use crate::ByteScale;
 
 /// Lanes `0..min(len, 16)`.
 #[inline(always)]
-pub(super) fn tail_mask(len: usize) -> __mmask16 {
+pub(crate) fn tail_mask(len: usize) -> __mmask16 {
     if len >= 16 {
         0xffff
     } else {
