@@ -23,10 +23,11 @@
 //! completes: a whole tile in the kernel's registers before it is stored, an edge tile in L1 after (`finish_tile`).
 //! Neither product is transposed nor computed as dot products (`Product::fixed`).
 //!
-//! Threads take chunks of rows or of columns of C, whichever repeats less packing, of products large enough (`shared`:
-//! while the workers spin, from a few microseconds on); a product of bytes stored row-major (the first layer's
-//! images) takes one chunk of the reduction each instead (`by_reduction`), so that each thread converts only its own
-//! steps of A and reads only those rows of B (in training, the rows it wrote in the update).
+//! Threads take chunks of rows or of columns of C, whichever repeats less packing (rows for a short reduction,
+//! `by_columns`), of products large enough (`shared`: while the workers spin, from a few microseconds on); a product
+//! of bytes stored row-major (the first layer's images) takes one chunk of the reduction each instead
+//! (`by_reduction`), so that each thread converts only its own steps of A and reads only those rows of B (in training,
+//! the rows it wrote in the update).
 //!
 //! A product of one to three rows of C (a batch of one) runs in `rows` instead: B read where it is stored.
 //!
@@ -38,7 +39,7 @@ use std::arch::asm;
 use std::arch::x86_64::*;
 use std::cell::Cell;
 
-use crate::avx512::{dot, Buf, Product, CALLS, PARTIALS};
+use crate::avx512::{dot, Buf, Product, CALLS, PARTIALS, SHORT_REDUCTION};
 use crate::finite::{FiniteRows, Selection, RESERVED_STEPS};
 use crate::pool;
 use crate::sums::{self, RowSums};
@@ -162,12 +163,7 @@ pub(crate) unsafe fn sgemm(p: Product, parallel: bool) {
         // SAFETY: the caller's contract.
         return unsafe { by_reduction(&p, threads) };
     }
-    // Column chunks each pack their own share of B and read all of A again (in place, packing it again when
-    // stored transposed or converting it again from bytes); row chunks each pack all of B again. Whichever repeats
-    // less, given enough columns.
-    let again_a = p.m * p.k * if p.ta && p.bytes.is_none() { 2 } else { 1 };
-    let again_b = p.k * p.n * if p.tb { 4 } else { 1 };
-    let by_columns = p.n >= NR * threads && again_a < again_b;
+    let by_columns = by_columns(&p, threads);
     let (units, unit, len) = if by_columns { (p.n.div_ceil(NR), NR, p.n) } else { (p.m.div_ceil(MR), MR, p.m) };
     let chunks = units.min(2 * threads);
     if chunks < 2 {
@@ -211,6 +207,16 @@ pub(crate) unsafe fn sgemm(p: Product, parallel: bool) {
 fn shared(p: &Product, threads: usize, spinning: bool) -> bool {
     let parallel_min = if p.m * p.n >= WIDE_C_MIN { PARALLEL_MIN / 4 } else { PARALLEL_MIN };
     threads > 1 && (p.m * p.n * p.k >= parallel_min || (spinning && cost(p) >= SPUN_MIN))
+}
+
+/// Whether the threads share `p` (as oriented) by columns of C rather than by rows. Column chunks each pack their own
+/// share of B and read all of A again (in place, packing it again when stored transposed or converting it again from
+/// bytes); row chunks each pack all of B again. Whichever repeats less, given enough columns; rows for a short
+/// reduction, which C and the mask bound (`SHORT_REDUCTION`).
+fn by_columns(p: &Product, threads: usize) -> bool {
+    let again_a = p.m * p.k * if p.ta && p.bytes.is_none() { 2 } else { 1 };
+    let again_b = p.k * p.n * if p.tb { 4 } else { 1 };
+    p.n >= NR * threads && again_a < again_b && p.k > SHORT_REDUCTION
 }
 
 /// Whether the threads share `p` along its reduction (`by_reduction`): an A of bytes stored row-major (the first
@@ -1153,6 +1159,18 @@ mod tests {
         // Large products are shared either way.
         let layer = dims(128, 256, 256, false);
         assert!(shared(&layer, 2, false) && shared(&layer, 2, true) && !shared(&layer, 1, false));
+    }
+
+    /// The mlp's products shared by columns where that repeats less packing, but for the short reduction of its last
+    /// input gradient (10 steps into 128×256), which is shared by rows as the products around it.
+    #[test]
+    fn short_reductions_are_shared_by_rows() {
+        let dims = |m, n, k, ta, tb| crate::avx512::tests::product(m, n, k, ta, tb);
+        assert!(by_columns(&dims(128, 256, 256, false, true), 2));
+        assert!(by_columns(&dims(128, 256, 256, false, false), 2));
+        assert!(!by_columns(&dims(128, 256, 10, false, true), 2));
+        assert!(!by_columns(&dims(784, 256, 128, true, false), 2));
+        assert!(!by_columns(&dims(128, 10, 256, false, false), 2));
     }
 
     #[test]

@@ -28,7 +28,8 @@
 //!
 //! Threads (`plan`, `parallel_product`) take chunks of rows, of columns or of the reduction (then summed), chosen by
 //! the same cost estimate, through `pool::run_chunks`; while the workers spin (a program's step), a product of a few
-//! microseconds is shared by rows or columns even where the estimate has one thread faster (`SPUN_MIN`). Row chunks are
+//! microseconds is shared by rows or columns even where the estimate has one thread faster (`SPUN_MIN`), and a short
+//! reduction by rows even where it has columns (`SHORT_REDUCTION`: C and its mask bound it). Row chunks are
 //! runs of whole panels but in the middle, where the threads meet, half panels (`RowChunks`). A product of bytes whose
 //! B each training step rewrites (the first layer's weights: `Product::b_rewritten`) takes one chunk of the reduction
 //! per thread, whatever the estimate: each thread then reads the rows of B that it wrote in the update, which splits B
@@ -283,6 +284,14 @@ const WIDE_MIN_MADDS: usize = 1 << 18;
 /// thread in a two-thread step on an Intel Xeon (AVX-512, 2 vCPUs), 5.3–5.8 split; whole steps 474.8 → 468.8 µs
 /// (medians of 8 processes each way, alternated); the cnn's and the logreg's steps and inference within noise.
 const SPUN_MIN: f64 = 3_000.0;
+/// A product of at most this many steps that the threads share by columns (`plan`'s estimate; `avx2::sgemm`'s, which
+/// weighs only the packing each split repeats) is shared by rows instead. Such a product is bound by C and the mask,
+/// not by B, which is small: the mlp's last input gradient (dlogits·w3ᵀ, 10 steps into 128×256 under h2's mask).
+/// By columns each thread wrote half of every row of C and read half of every row of the mask, half of them in the
+/// other core's cache; by rows it writes and reads whole rows, as the layers around it split their activations and
+/// gradients. On an Intel Xeon (2 vCPUs, one process, `pool::run_chunks` timed per product), the caller's share of
+/// that product in a training step 17.7–19.3 → 12.9–14.0 µs (AVX-512), 18.6–19.2 → 14.2–14.9 µs (`DFC_GEMM=avx2`).
+pub(crate) const SHORT_REDUCTION: usize = 32;
 /// Target time (ns) of a chunk of a parallel product: a worker woken late (20 µs and more on this virtual
 /// machine) still finds a fair share left, and each chunk's start-up stays small.
 const CHUNK_TIME: f64 = 12_000.0;
@@ -401,8 +410,13 @@ fn plan(p: &Product, threads: usize, spinning: bool) -> Option<(Split, usize)> {
     }
     let wide = m * n >= WIDE_C_MIN && m * n * k >= WIDE_MIN_MADDS;
     let regardless = wide || (spinning && single >= SPUN_MIN);
-    best.filter(|&(time, split, _)| time < single || (regardless && split != Split::Depth))
-        .map(|(_, split, chunks)| (split, chunks))
+    let short = k <= SHORT_REDUCTION && !p.tc && row_chunks >= 2;
+    best.filter(|&(time, split, _)| time < single || (regardless && split != Split::Depth)).map(|(_, split, chunks)| {
+        match split {
+            Split::Cols if short => (Split::Rows, row_chunks),
+            _ => (split, chunks),
+        }
+    })
 }
 
 /// Whether `p` is a dense layer that reads its input where the layer before it left it: a product with an epilogue,
@@ -963,8 +977,9 @@ pub(crate) mod tests {
             (32, 32, 6000, false, false, false, 2, Some(Split::Depth)),
             (288, 64, 7744, true, false, true, 2, Some(Split::Depth)),
             (1600, 64, 64, true, false, true, 2, Some(Split::Cols)),
-            // A wide C from a short reduction: one thread by the cost of its multiply-adds, split all the same.
-            (128, 256, 10, false, true, false, 2, Some(Split::Cols)),
+            // A wide C from a short reduction: one thread by the cost of its multiply-adds, split all the same, and
+            // by rows where the estimate has columns (`SHORT_REDUCTION`).
+            (128, 256, 10, false, true, false, 2, Some(Split::Rows)),
             (128, 256, 10, false, true, false, 1, None),
         ] {
             let p = oriented(product(m, n, k, ta, tb));
