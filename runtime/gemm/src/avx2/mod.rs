@@ -113,7 +113,7 @@ const PARALLEL_MIN: usize = 1 << 20;
 /// reduction into a wide C: the mlp's last input gradient, 128×256 by 10 steps, under the ReLU's mask) is bound by
 /// C and the mask rather than by its multiply-adds, and in a step on two threads the products before it left half
 /// of those in the other core's cache: one thread pulling them across took 41–44 µs (22 in a one-thread step),
-/// two threads sharing it by columns take 23.
+/// two threads sharing it by columns 23, by rows 14.8 on a later day (`SHORT_REDUCTION`, as it is shared now).
 const WIDE_C_MIN: usize = 1 << 14;
 
 /// ... and so, while the pool's workers spin (a program's step), is a product that `cost` puts at this many vector
