@@ -46,6 +46,8 @@ STOLEN_NOTE = 0.02
 FAR_ROUND_TRIP_NS = 200
 # The peer's count (common.py): 3 × the forward matmuls, 784-256-256-10, batch 128.
 MLP_TRAIN_FLOPS = 3 * 2 * 128 * (784 * 256 + 256 * 256 + 256 * 10)
+# vs_jax.sh --isa: the widest vectors each limit leaves both sides, in bits (native: whatever the CPU has).
+ISA_WIDEST = {"native": 512, "avx2": 256}
 JAX_ROW = {
     "train": "jax {} train step (per call)",
     "inference": "jax {} inference fwd (per call)",
@@ -66,9 +68,10 @@ def load_json(path):
         fail(f"cannot read {path}: {e}")
 
 
-def fma_peak(path):
-    """GFLOP/s of the best line on the most threads, of any width (Zen 4 runs its 512-bit FMAs as
-    two 256-bit halves: its 256-bit loop is as fast, and either may be the one a spell slowed).
+def fma_peak(path, widest):
+    """GFLOP/s of the best line on the most threads, of any width up to `widest` bits (Zen 4 runs its
+    512-bit FMAs as two 256-bit halves: its 256-bit loop is as fast, and either may be the one a spell
+    slowed; under --isa avx2 the 512-bit lines, if any, are not a peak the run could reach).
     fma_peak ran more than once: the best of each line, since other load can only slow it."""
     with open(path) as f:
         text = f.read()
@@ -76,11 +79,12 @@ def fma_peak(path):
     for bits, threads, gflops in re.findall(r"(\d+)-bit FMA, (\d+) thread\(s\): ([\d.]+) GFLOP/s", text):
         key = (int(bits), int(threads))
         found[key] = max(found.get(key, 0.0), float(gflops))
-    if not found:
-        fail(f"no FMA figures in {path}:\n{text}")
-    most = max(t for _, t in found)
-    best = max((k for k in found if k[1] == most), key=found.get)
-    return found[best], f"{best[0]}-bit, {best[1]} thread(s)", found
+    reachable = {k: g for k, g in found.items() if k[0] <= widest}
+    if not reachable:
+        fail(f"no FMA figures of {widest} bits or fewer in {path}:\n{text}")
+    most = max(t for _, t in reachable)
+    best = max((k for k in reachable if k[1] == most), key=reachable.get)
+    return reachable[best], f"{best[0]}-bit, {best[1]} thread(s)", found
 
 
 def stolen_share(path):
@@ -115,6 +119,8 @@ def main():
     ap.add_argument("--quick", default="0")
     ap.add_argument("--out", default="target/vs_jax.json")
     ap.add_argument("--strict", action="store_true", help="exit 2 if a bar is not met")
+    ap.add_argument("--isa", choices=ISA_WIDEST, default="native",
+                    help="what both sides were limited to (vs_jax.sh --isa): avx2 reads the 256-bit FMA peak")
     args = ap.parse_args()
     work = args.work
     if not os.path.isdir(work):
@@ -127,7 +133,7 @@ def main():
         fail(f"no round1/ … in {work}")
     rounds = [load_round(os.path.join(work, d)) for d in round_dirs]
     jax = rounds[0]["jax"]
-    peak, peak_what, peak_all = fma_peak(os.path.join(work, "fma.txt"))
+    peak, peak_what, peak_all = fma_peak(os.path.join(work, "fma.txt"), ISA_WIDEST[args.isa])
 
     try:
         with open(os.path.join(work, "busy_before.txt")) as f:
@@ -217,6 +223,9 @@ def main():
     print()
     print(f"dfc ({args.backend} backend, {threads} threads) vs JAX {jax.get('versions', {}).get('jax', '?')} "
           f"(XLA CPU), {os.cpu_count()} CPUs{' [quick]' if args.quick == '1' else ''}")
+    if args.isa == "avx2":
+        print("--isa avx2: both sides limited to AVX2 + FMA (DFC_GEMM=avx2, XLA_FLAGS=--xla_cpu_max_isa=AVX2), "
+              "the FMA peak of 256-bit vectors: a CPU without AVX-512, as far as this CPU can stand for one")
     print()
     print(f"(batch1: inference at batch 1; {len(rounds)} round(s), dfc then JAX in each: µs and spread are medians "
           "of the rounds', dfc/JAX the median of the rounds' ratios; spread: p90/p10 of the step's time)")
@@ -263,6 +272,7 @@ def main():
 
     result = dict(
         backend=args.backend,
+        isa=args.isa,
         quick=args.quick == "1",
         machine=dict(cpus=os.cpu_count(), platform=platform.platform(), processor=cpu_model(), busy_cpus_before=busy_before),
         dfc_threads=threads,

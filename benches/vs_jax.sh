@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # dfc against the JAX (XLA CPU) peer, side by side on this machine, in one run.
 #
-#   benches/vs_jax.sh [--quick] [--rounds N] [--backend llvm|interp] [--out PATH] [--strict]
+#   benches/vs_jax.sh [--quick] [--rounds N] [--backend llvm|interp] [--isa native|avx2] [--out PATH] [--strict]
 #
 # 1. the peer's venv (/tmp/peer: jax[cpu] 0.10.2, numpy 2.4.6), made if it cannot import jax;
 # 2. cargo build --release;
@@ -26,6 +26,10 @@
 # --quick: shorter timing on both sides (bench_jax.py --quick; dfc bench --min-time 0.5).
 # --rounds N: how many alternating rounds of 4 and 5 (1 to 9; default 3).
 # --strict: exit 2 if a bar is not met (otherwise only a failure to run is an error).
+# --isa avx2: both sides limited to AVX2 + FMA on a CPU that has more (a stand-in for a CPU without
+#   AVX-512): dfc's products on its AVX2 kernels (DFC_GEMM=avx2), XLA's code at most AVX2
+#   (XLA_FLAGS=--xla_cpu_max_isa=AVX2), and fma_peak built without its 512-bit loop, as on such a CPU.
+#   The default, native: each side uses what the CPU has.
 # PEER_DIR: where bench_jax.py, common.py and fma_peak.c are [default: ../shared/bench/peers
 # relative to the repository root].
 set -euo pipefail
@@ -39,6 +43,7 @@ BACKEND=llvm
 OUT=$REPO/target/vs_jax.json
 STRICT=()
 ROUNDS=3
+ISA=native
 
 usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "${BASH_SOURCE[0]}"; }
 while [ $# -gt 0 ]; do
@@ -51,6 +56,8 @@ while [ $# -gt 0 ]; do
         --rounds) ROUNDS=${2:?--rounds needs a count}; shift ;;
         --rounds=*) ROUNDS=${1#--rounds=} ;;
         --strict) STRICT=(--strict) ;;
+        --isa) ISA=${2:?--isa needs native or avx2}; shift ;;
+        --isa=*) ISA=${1#--isa=} ;;
         -h|--help) usage; exit 0 ;;
         *) echo "vs_jax.sh: unknown argument \`$1\`" >&2; usage >&2; exit 64 ;;
     esac
@@ -58,6 +65,21 @@ while [ $# -gt 0 ]; do
 done
 case $BACKEND in llvm|interp) ;; *) echo "vs_jax.sh: --backend is llvm or interp, not \`$BACKEND\`" >&2; exit 64 ;; esac
 case $ROUNDS in [1-9]) ;; *) echo "vs_jax.sh: --rounds is a count from 1 to 9, not \`$ROUNDS\`" >&2; exit 64 ;; esac
+case $ISA in
+    native)
+        if [ "${DFC_GEMM:-}" = avx2 ]; then
+            echo "vs_jax.sh: DFC_GEMM=avx2 limits dfc alone, and the FMA peak is the CPU's widest;" \
+                "--isa avx2 limits both sides and reads the 256-bit peak" >&2
+        fi
+        ;;
+    avx2)
+        grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo ||
+            { echo "vs_jax.sh: --isa avx2 needs a CPU with AVX2 and FMA; this one lacks them" >&2; exit 1; }
+        export DFC_GEMM=avx2
+        export XLA_FLAGS="${XLA_FLAGS:+$XLA_FLAGS }--xla_cpu_max_isa=AVX2"
+        ;;
+    *) echo "vs_jax.sh: --isa is native or avx2, not \`$ISA\`" >&2; exit 64 ;;
+esac
 case $OUT in /*) ;; *) OUT=$PWD/$OUT ;; esac
 for f in bench_jax.py common.py fma_peak.c; do
     [ -f "$PEER_DIR/$f" ] || { echo "vs_jax.sh: no $f in PEER_DIR=$PEER_DIR" >&2; exit 1; }
@@ -117,11 +139,11 @@ done
 
 # --- 6a. FMA peak, a first time: the peak is the machine's, so vs_jax.py takes the better of
 # two runs (before and after the benchmarks), one of which other load may have slowed.
-if grep -qw avx512f /proc/cpuinfo; then
+if [ "$ISA" = native ] && grep -qw avx512f /proc/cpuinfo; then
     gcc -O2 -mavx512f -mfma -fopenmp "$PEER_DIR/fma_peak.c" -o "$WORK/fma_peak"
 else
-    # No AVX-512 here: the 512-bit loop would stop the program at its first instruction, before
-    # its 256-bit lines are out. Build the peer's program without it, for AVX2 + FMA.
+    # No AVX-512 here (or --isa avx2): the 512-bit loop would stop the program at its first
+    # instruction, before its 256-bit lines are out. Build the peer's program without it, for AVX2 + FMA.
     sed -e '/^static double run512/,/^}/d' -e 's/w<=512/w<=256/' \
         -e 's/(w==512)? run512(iters): run256(iters)/run256(iters)/' \
         "$PEER_DIR/fma_peak.c" >"$WORK/fma_peak_avx2.c"
@@ -192,4 +214,4 @@ say "FMA peak (fma_peak.c), after"
 
 # --- 7. the table ---------------------------------------------------------------------------
 mkdir -p "$(dirname "$OUT")"
-python3 "$REPO/benches/vs_jax.py" --work "$WORK" --backend "$BACKEND" --quick "$QUICK" --out "$OUT" "${STRICT[@]}"
+python3 "$REPO/benches/vs_jax.py" --work "$WORK" --backend "$BACKEND" --isa "$ISA" --quick "$QUICK" --out "$OUT" "${STRICT[@]}"

@@ -2,7 +2,7 @@
 //! its rounds' ratios (not the ratio of the medians), bars are judged on it, `--strict` fails a missed bar, and a
 //! round without a row the table needs is refused with a message that names it; the FMA peak is the best width on
 //! the most threads, and the CPU time the hypervisor stole in each side of a round and the round trips between the
-//! CPUs around it are reported.
+//! CPUs around it are reported; under `--isa avx2` the peak is the best 256-bit line.
 
 use serde_json::{json, Value};
 use std::path::Path;
@@ -172,4 +172,39 @@ fn the_peak_is_the_best_width_on_the_most_threads_and_stolen_time_and_round_trip
         assert_eq!(output.status.code(), Some(1), "{}", text(&output));
         assert!(text(&output).contains("round1/stat_jax.txt"), "{}", text(&output));
     }
+}
+
+#[test]
+fn under_isa_avx2_the_peak_is_the_best_256_bit_line() {
+    let work = work_dir(&[(1000.0, 2000.0)]);
+    // An Intel core with two full-width 512-bit FMA units: its 512-bit peak is twice its 256-bit one, out of reach
+    // of code limited to AVX2.
+    let fma = "256-bit FMA, 1 thread(s): 116.0 GFLOP/s\n256-bit FMA, 2 thread(s): 232.0 GFLOP/s\n\
+               512-bit FMA, 1 thread(s): 228.0 GFLOP/s\n512-bit FMA, 2 thread(s): 441.0 GFLOP/s\n";
+    std::fs::write(work.path().join("fma.txt"), fma).unwrap();
+    let report = |extra: &[&str]| -> Option<(Value, String)> {
+        let output = table(work.path(), extra)?;
+        assert!(output.status.success(), "{}", text(&output));
+        let json = std::fs::read_to_string(work.path().join("out.json")).unwrap();
+        Some((serde_json::from_str(&json).unwrap(), text(&output)))
+    };
+    let Some((native, _)) = report(&[]) else { return };
+    assert_eq!(native["isa"], "native");
+    assert_eq!(native["mlp_train_throughput"]["fma_peak_line"], "512-bit, 2 thread(s)");
+    assert_eq!(native["mlp_train_throughput"]["fma_peak_gflops"], 441.0);
+    let Some((avx2, printed)) = report(&["--isa", "avx2"]) else { return };
+    assert_eq!(avx2["isa"], "avx2");
+    assert_eq!(avx2["mlp_train_throughput"]["fma_peak_line"], "256-bit, 2 thread(s)");
+    assert_eq!(avx2["mlp_train_throughput"]["fma_peak_gflops"], 232.0);
+    assert!(printed.contains("--isa avx2: both sides limited to AVX2"), "{printed}");
+    // Every width is still listed.
+    assert_eq!(avx2["mlp_train_throughput"]["fma_all"].as_array().unwrap().len(), 4);
+
+    // Without a 256-bit line there is no peak to read: refused, naming the file.
+    std::fs::write(work.path().join("fma.txt"), "512-bit FMA, 2 thread(s): 441.0 GFLOP/s\n").unwrap();
+    let Some(output) = table(work.path(), &["--isa", "avx2"]) else { return };
+    assert_eq!(output.status.code(), Some(1), "{}", text(&output));
+    assert!(text(&output).contains("no FMA figures of 256 bits or fewer"), "{}", text(&output));
+    let Some(output) = table(work.path(), &["--isa", "sse"]) else { return };
+    assert_eq!(output.status.code(), Some(2), "argparse refuses an unknown --isa: {}", text(&output));
 }
