@@ -539,8 +539,9 @@ fn products_with_a_b_packed_once() {
     let mut rng = fastrand::Rng::with_seed(41);
     let mut shapes: Vec<(usize, usize, usize)> =
         (0..60).map(|_| (rng.usize(4..=50), rng.usize(17..=70), rng.usize(1..=80))).collect();
-    // The CNN's conv2 (36 tiles, 32 channels, 64 filters), a reduction of 3 blocks, an odd one, none.
-    shapes.extend([(36, 64, 32), (24, 40, 600), (37, 33, 17), (8, 20, 0)]);
+    // The CNN's conv2 (36 tiles, 32 channels, 64 filters), a reduction of 3 blocks, one of 230 steps (one block
+    // where L1d holds 48 KiB, two elsewhere), an odd one, none.
+    shapes.extend([(36, 64, 32), (24, 40, 600), (30, 40, 230), (37, 33, 17), (8, 20, 0)]);
     for (m, n, k) in shapes {
         let (a, b) = (random(&mut rng, m * k), random(&mut rng, k * n));
         let mut buf = vec![f32::NAN; packed_b_len(k, n) + 1];

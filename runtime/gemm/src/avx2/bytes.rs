@@ -177,8 +177,8 @@ fn left_pack_lanes(mask: u8) -> __m256i {
     _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(LEFT_PACK[usize::from(mask)] as i64))
 }
 
-/// Bit s of word c of a panel's: step 16c + s (of a block of at most `KC` steps).
-type StepBits = [u16; super::KC.div_ceil(16)];
+/// Bit s of word c of a panel's: step 16c + s (of a block of at most `KC_MAX` steps).
+type StepBits = [u16; super::KC_MAX.div_ceil(16)];
 
 /// Which of the 16-step groups' steps a panel keeps: bit s of `keep[c]` for step 16c + s of `kc` (no bit past
 /// kc), given the steps at which the panel is all zero (`zero`, likewise), leaving out those whose row of B
@@ -233,7 +233,7 @@ unsafe fn write_steps(keep: &[u16], steps: *mut u32) {
 ///
 /// # Safety
 /// As `convert`, and `Scale::zero_is_zero`; B is stored row-major; `s` holds ⌈rows/6⌉ panels of `stride` ≥ cols +
-/// 16 indices and counts, and `cols` ≤ `KC`.
+/// 16 indices and counts, and `cols` ≤ `KC_MAX`.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma")]
 pub(super) unsafe fn convert_selecting(
@@ -251,8 +251,8 @@ pub(super) unsafe fn convert_selecting(
         let mr = MR.min(rows - r0);
         // Converted as `convert` converts, the panel's bytes ORed 8 steps at a time on the way: where no step is all
         // zero (as on random bytes), that is all.
-        let mut any = [0u64; super::KC.div_ceil(16) * 2];
-        // SAFETY: the panel's rows (the caller's contract); `any` holds ⌈KC/8⌉ words.
+        let mut any = [0u64; super::KC_MAX.div_ceil(16) * 2];
+        // SAFETY: the panel's rows (the caller's contract); `any` holds ⌈KC_MAX/8⌉ words.
         unsafe { convert_noting::<true>(src.add(r0 * ld), ld, mr, cols, dst.add(r0 * cols), scale, &mut any) };
         let mut zero = StepBits::default();
         let mut none = true;
@@ -574,7 +574,7 @@ mod tests {
                 kept: &mut kept,
                 finite: &mut finite_rows,
             };
-            let mut dst = vec![f32::NAN; super::super::MC * super::super::KC];
+            let mut dst = vec![f32::NAN; super::super::MC * super::super::KC_MAX];
             // SAFETY: AVX2 and FMA; the block's bytes are in A, B row-major with its rows; dst and the selection hold a
             // block's panels.
             unsafe {

@@ -2,12 +2,14 @@
 //! register-blocked microkernel, shared among threads in chunks of rows or columns.
 //!
 //! Work of one thread (`block`), in BLIS's loop order:
-//! - columns in blocks of at most `NC` = 512, the reduction in equal blocks of at most `KC` = 200: B's kc×nc block is
-//!   packed in 16-column panels (kc·16 floats, step-major, zero past the last column), 400 KiB that stay in L2,
+//! - columns in blocks of at most `NC` = 512, the reduction in equal blocks of at most `KC` = 200 (one block of up to
+//!   256 where L1d holds 48 KiB or more, `depth`): B's kc×nc block is
+//!   packed in 16-column panels (kc·16 floats, step-major, zero past the last column), at most 400 KiB (512 in one
+//!   block of 256) that stay in L2,
 //!   once per thread and product (`Packs::b_holds`: a thread's later row chunks of the product reuse it);
 //! - rows in blocks of at most `MC` = 96: a transposed-stored A is packed in 6-row panels (the 6 elements of a step
 //!   contiguous); a row-major A is read where it is stored, the kernel broadcasting from its 6 rows;
-//! - each 16-column B panel (12.5 KiB) stays in L1 while the kernel walks the block's row panels past it. A
+//! - each 16-column B panel (12.5 KiB; 16 in one block of 256) stays in L1 while the kernel walks the block's row panels past it. A
 //!   product of a few rows (`b_in_place`) reads B's whole panels where B is stored instead.
 //!
 //! The microkernel holds a 6×16 tile of C in 12 ymm accumulators; with B's two vectors and a broadcast that is 15
@@ -55,12 +57,22 @@ const MR: usize = 6;
 /// Columns of the microkernel tile: two ymm vectors.
 const NR: usize = 16;
 /// Most steps in a block: a B panel of 200 steps × 16 columns is 12.5 KiB, in L1 beside A's rows. Reductions
-/// are cut in equal blocks (`block`), so 200 rather than 256 cuts those of 201 to 256 steps (the mlp's second layer
+/// are cut in equal blocks (`depth`), so 200 rather than 256 cuts those of 201 to 256 steps (the mlp's second layer
 /// and its input gradient, 256) in two blocks of about 128 and leaves the first layer's (784, or 392 a thread) in
-/// blocks of 196. On Zen 4, those two products in one process, whole training steps alternated with 256: within
-/// 2% in quiet spells, 4–13% faster (medians) in slow ones, where the core seems to share its caches.
+/// blocks of 196. On Zen 4 (32 KiB of L1d), those two products in one process, whole training steps alternated
+/// with 256: within 2% in quiet spells, 4–13% faster (medians) in slow ones, where the core seems to share its
+/// caches. Where L1d holds 48 KiB or more, such a reduction is one block (`ONE_BLOCK`).
 const KC: usize = 200;
-/// Columns of a packed B block: 200 × 512 floats are 400 KiB, held in L2 while A's rows stream past.
+/// The most steps of a reduction that is one block where L1d holds `WIDE_L1` bytes or more: a 256-step B panel is
+/// 16 KiB. On an Intel Xeon with 48 KiB (`DFC_GEMM=avx2`), the mlp's two 256-step products in its two-thread
+/// training step: 94.1 → 91.9 and 95.7 → 92.9 µs (medians of 4 alternated processes each), the rest unchanged.
+const ONE_BLOCK: usize = 256;
+/// L1d bytes from which a reduction of up to `ONE_BLOCK` steps is one block.
+const WIDE_L1: usize = 48 << 10;
+/// The most steps in any block: what the packing buffers hold.
+const KC_MAX: usize = if ONE_BLOCK > KC { ONE_BLOCK } else { KC };
+/// Columns of a packed B block: 256 × 512 floats are 512 KiB at most (400 KiB at 200 steps), held in L2 while A's
+/// rows stream past.
 const NC: usize = 512;
 /// Rows of A per block (16 panels).
 const MC: usize = 96;
@@ -68,7 +80,22 @@ const MC: usize = 96;
 const PANELS: usize = MC / MR;
 /// Room for where a panel's kept steps lie in a packed B panel (`Selection`, `bytes::STEP_BYTES`): a block's steps,
 /// and the 8 past them that a store writes.
-const STEPS_STRIDE: usize = KC + 16;
+const STEPS_STRIDE: usize = KC_MAX + 16;
+
+/// The steps of each block of a reduction of `steps`: equal blocks of at most `KC`, or one block of up to
+/// `ONE_BLOCK` steps where L1d holds `WIDE_L1` bytes or more (`wide_l1`).
+fn depth(steps: usize, wide_l1: bool) -> usize {
+    if wide_l1 && steps <= ONE_BLOCK {
+        return steps.max(1);
+    }
+    steps.div_ceil(steps.div_ceil(KC).max(1)).max(1)
+}
+
+/// Whether this CPU's L1 data cache holds `WIDE_L1` bytes or more (CPUID, read once; no when it does not say).
+fn wide_l1() -> bool {
+    static WIDE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *WIDE.get_or_init(|| cache_size::l1_cache_size().is_some_and(|bytes| bytes >= WIDE_L1))
+}
 
 /// A thread's packing buffers, with the identity of the block of B packed (call, pc, kc, jc, nc), so that the row
 /// chunks of one product that a thread runs pack B once.
@@ -97,9 +124,9 @@ thread_local! {
 /// later step allocates nothing.
 pub(crate) fn reserve_thread() {
     let mut packs = PACK.take();
-    packs.a.ptr(MC * KC);
-    packs.b.ptr(KC * NC);
-    packs.converted.ptr(MC * KC);
+    packs.a.ptr(MC * KC_MAX);
+    packs.b.ptr(KC_MAX * NC);
+    packs.converted.ptr(MC * KC_MAX);
     packs.steps.reserve(PANELS * STEPS_STRIDE);
     packs.finite.reserve(RESERVED_STEPS);
     PACK.set(packs);
@@ -405,7 +432,7 @@ pub(crate) unsafe fn sgemm_packed(m: usize, n: usize, k: usize, a: &[f32], panel
         c[..m * n].fill(0.0);
         return;
     }
-    let depth = k.div_ceil(k.div_ceil(KC));
+    let depth = depth(k, wide_l1());
     for pc in (0..k).step_by(depth) {
         let kc = depth.min(k - pc);
         for jr in (0..n).step_by(NR) {
@@ -471,12 +498,12 @@ unsafe fn block(p: &Product, i0: usize, i1: usize, j0: usize, j1: usize, k0: usi
         return;
     }
     let mut packs = PACK.take();
-    if packs.b.floats() < KC * NC {
+    if packs.b.floats() < KC_MAX * NC {
         packs.b_holds = None;
     }
-    let b_pack = packs.b.ptr(KC * NC);
-    let a_pack = packs.a.ptr(if p.ta { MC * KC } else { 0 });
-    let converted = packs.converted.ptr(if p.bytes.is_some() && !p.ta { MC * KC } else { 0 });
+    let b_pack = packs.b.ptr(KC_MAX * NC);
+    let a_pack = packs.a.ptr(if p.ta { MC * KC_MAX } else { 0 });
+    let converted = packs.converted.ptr(if p.bytes.is_some() && !p.ta { MC * KC_MAX } else { 0 });
     let scale = p.bytes.map(Scale::new);
     // Panels of bytes leave out their all-zero steps (pixels black in every image of a panel, or a panel's pixels
     // black in an image) where B is stored row-major and packed (the kernels read its kept steps at offsets into a
@@ -503,7 +530,7 @@ unsafe fn block(p: &Product, i0: usize, i1: usize, j0: usize, j1: usize, k0: usi
         let in_place = if b_in_place(p) { nc - nc % NR } else { 0 };
         // Equal blocks of the reduction: a last block of a few steps would load and store C for little work
         // (784 steps: 4 blocks of 196, not 256, 256, 256 and 16).
-        let depth = (k1 - k0).div_ceil((k1 - k0).div_ceil(KC).max(1)).max(1);
+        let depth = depth(k1 - k0, wide_l1());
         for pc in (k0..k1).step_by(depth) {
             let kc = depth.min(k1 - pc);
             let overwrite = pc == k0 && !p.accumulate;
@@ -529,7 +556,7 @@ unsafe fn block(p: &Product, i0: usize, i1: usize, j0: usize, j1: usize, k0: usi
                 let (a, lda, (a_pc, a_ic)) = match scale {
                     Some(scale) if !p.ta => {
                         let bytes = (p.a.cast::<u8>().add(ic * p.lda + pc), p.lda);
-                        // SAFETY: the block's rows and steps of A's bytes are in A, and `converted` holds MC·KC
+                        // SAFETY: the block's rows and steps of A's bytes are in A, and `converted` holds MC·KC_MAX
                         // floats; the selection holds a block's panels of STEPS_STRIDE steps.
                         unsafe {
                             match selection.as_mut() {
@@ -542,7 +569,7 @@ unsafe fn block(p: &Product, i0: usize, i1: usize, j0: usize, j1: usize, k0: usi
                     _ => (p.a, p.lda, (pc, ic)),
                 };
                 match scale {
-                    // SAFETY: the block's rows and steps are in A; ⌈mc/6⌉ panels of kc·6 fit MC·KC; the selection
+                    // SAFETY: the block's rows and steps are in A; ⌈mc/6⌉ panels of kc·6 fit MC·KC_MAX; the selection
                     // as above.
                     Some(scale) if p.ta => unsafe {
                         pack_a_bytes(p, (pc, kc), (ic, mc), a_pack, &scale, selection.as_mut())
@@ -1037,6 +1064,22 @@ mod tests {
         have
     }
 
+    /// A reduction is cut in equal blocks of at most `KC` steps, but is one block of up to `ONE_BLOCK` where L1d is
+    /// wide; a reduction of 0 steps has blocks of 1 (no step loop is empty-stepped).
+    #[test]
+    fn reductions_are_cut_in_equal_blocks_or_one_where_l1_is_wide() {
+        assert_eq!(depth(256, false), 128);
+        assert_eq!(depth(256, true), 256);
+        assert_eq!(depth(200, false), 200);
+        assert_eq!(depth(201, true), 201);
+        assert_eq!(depth(784, false), 196);
+        assert_eq!(depth(784, true), 196);
+        assert_eq!(depth(392, true), 196);
+        assert_eq!(depth(1600, true), 200);
+        assert_eq!(depth(0, true), 1);
+        assert_eq!(depth(0, false), 1);
+    }
+
     /// `transpose8` puts element i of row r at element r of row i.
     #[test]
     fn transpose8_transposes() {
@@ -1475,10 +1518,11 @@ mod tests {
         let mut rng = fastrand::Rng::with_seed(7);
         let mut shapes: Vec<(usize, usize, usize)> =
             (0..300).map(|_| (rng.usize(1..=40), rng.usize(1..=40), rng.usize(1..=40))).collect();
-        // Past one block of rows (96), of the reduction (200) and of columns (512), and products large enough to
-        // be shared among threads.
+        // Past one block of rows (96), of the reduction (200; 230 steps are one block where L1d is wide) and of
+        // columns (512), and products large enough to be shared among threads.
         shapes.extend([
             (97, 17, 257),
+            (50, 40, 230),
             (13, 513, 300),
             (200, 130, 90),
             (128, 256, 784),
