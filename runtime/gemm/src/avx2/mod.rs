@@ -3,14 +3,13 @@
 //!
 //! Work of one thread (`block`), in BLIS's loop order:
 //! - columns in blocks of at most `NC` = 512, the reduction in equal blocks of at most `KC` = 200 (one block of up to
-//!   256 where L1d holds 48 KiB or more, `depth`): B's kc×nc block is
-//!   packed in 16-column panels (kc·16 floats, step-major, zero past the last column), at most 400 KiB (512 in one
-//!   block of 256) that stay in L2,
-//!   once per thread and product (`Packs::b_holds`: a thread's later row chunks of the product reuse it);
+//!   256 where L1d holds 48 KiB or more, `depth`): B's kc×nc block is packed in 16-column panels (kc·16 floats,
+//!   step-major, zero past the last column), at most 400 KiB (512 in one block of 256) that stay in L2, once per
+//!   thread and product (`Packs::b_holds`: a thread's later row chunks of the product reuse it);
 //! - rows in blocks of at most `MC` = 96: a transposed-stored A is packed in 6-row panels (the 6 elements of a step
 //!   contiguous); a row-major A is read where it is stored, the kernel broadcasting from its 6 rows;
-//! - each 16-column B panel (12.5 KiB; 16 in one block of 256) stays in L1 while the kernel walks the block's row panels past it. A
-//!   product of a few rows (`b_in_place`) reads B's whole panels where B is stored instead.
+//! - each 16-column B panel (12.5 KiB; 16 in one block of 256) stays in L1 while the kernel walks the block's row
+//!   panels past it. A product of a few rows (`b_in_place`) reads B's whole panels where B is stored instead.
 //!
 //! The microkernel holds a 6×16 tile of C in 12 ymm accumulators; with B's two vectors and a broadcast that is 15
 //! of the 16 registers. A tile on the edge of C (fewer rows, fewer columns, or C stored transposed) goes through a
