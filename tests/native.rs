@@ -959,3 +959,73 @@ fn bytes_divided_by_a_constant_are_the_divisions_bits() {
         }
     }
 }
+
+/// On the AVX2 kernels, an inference program keeps the weights its products read packed between runs (`dfc_cpu`'s
+/// `kept`), and a training step keeps none (it writes them). Run after run, after training steps of another program,
+/// and after the weights are set from outside (a checkpoint restored), its logits are the bits of a program made
+/// afresh (which packs them anew) and agree with the interpreter's. The kernels are chosen once per process: the
+/// test runs itself again with `DFC_GEMM=avx2`.
+#[test]
+fn kept_weights_follow_every_write_of_them() {
+    const NAME: &str = "kept_weights_follow_every_write_of_them";
+    if std::env::var("DFC_GEMM").as_deref() != Ok("avx2") {
+        #[cfg(target_arch = "x86_64")]
+        let avx2 = std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma");
+        #[cfg(not(target_arch = "x86_64"))]
+        let avx2 = false;
+        if !avx2 {
+            return skip::skip(skip::Need::Avx2, "this CPU has no AVX2 and FMA");
+        }
+        let test = std::process::Command::new(std::env::current_exe().expect("the test binary"))
+            .args([NAME, "--exact", "--nocapture"])
+            .env("DFC_GEMM", "avx2")
+            .output()
+            .expect("the test binary runs");
+        let output = String::from_utf8_lossy(&test.stdout);
+        assert!(test.status.success(), "under DFC_GEMM=avx2: {output}{}", String::from_utf8_lossy(&test.stderr));
+        assert!(output.contains("1 passed"), "the test did not run under DFC_GEMM=avx2: {output}");
+        return;
+    }
+    let plan = plan("mlp", Cluster::local(1, DeviceKind::Cpu), Strategy::Single);
+    let data = batches(&plan);
+    let training = plan.training.as_ref().unwrap();
+    let updates: Vec<&str> = training.updates.iter().map(String::as_str).collect();
+    let mut native = Session::with_backend(&plan, 0, Backend::Llvm).unwrap();
+    let mut interp = Session::with_backend(&plan, 0, Backend::Interp).unwrap();
+    let loss = training.loss_node.as_str();
+    let (kept, native_step) = (native.program(&["logits"], &[]).unwrap(), native.program(&[loss], &updates).unwrap());
+    let interp_step = interp.program(&[loss], &updates).unwrap();
+    let mut weights = kept.kept_weights();
+    weights.sort();
+    assert_eq!(weights, ["h1/w", "h2/w", "logits/w"]);
+    assert_eq!(native_step.kept_weights(), Vec::<String>::new(), "a training step writes its weights");
+    let check = |what: &str, native: &mut Session, interp: &mut Session, feeds: &HashMap<String, Tensor>| {
+        let found = native.run(&kept, feeds).unwrap().remove(0);
+        let afresh = native.program(&["logits"], &[]).unwrap();
+        let packed_anew = native.run(&afresh, feeds).unwrap().remove(0);
+        assert_eq!(found, packed_anew, "{what}: the logits from kept panels and from a program made afresh");
+        let program = interp.program(&["logits"], &[]).unwrap();
+        assert_close(what, &interp.run(&program, feeds).unwrap()[0], &found);
+    };
+    for (i, feeds) in data.iter().enumerate() {
+        check(&format!("run {i}"), &mut native, &mut interp, feeds);
+    }
+    for (i, feeds) in data.iter().enumerate() {
+        native.run(&native_step, feeds).unwrap();
+        interp.run(&interp_step, feeds).unwrap();
+        check(&format!("after training step {i}"), &mut native, &mut interp, feeds);
+    }
+    let restored: std::collections::BTreeMap<String, Tensor> = native
+        .variables()
+        .unwrap()
+        .iter()
+        .map(|(name, value)| {
+            let halved = value.to_f64_vec().iter().map(|&x| (x / 2.0) as f32).collect::<Vec<f32>>();
+            (name.clone(), Tensor::from_vec(value.ty().shape.dims().to_vec(), halved))
+        })
+        .collect();
+    let path = std::path::Path::new("halved.safetensors");
+    native.restore(&restored, path).unwrap();
+    interp.restore(&restored, path).unwrap();
+    check("after a restore", &mut native, &mut interp, &data[0]);
+}

@@ -20,6 +20,7 @@
 
 mod denormals;
 pub mod jit;
+mod kept;
 mod memory;
 pub mod overlap;
 mod program;

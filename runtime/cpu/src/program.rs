@@ -3,6 +3,7 @@
 //! ([`run_host_step`]), which the grid emulator's GPU programs share.
 
 use crate::jit::{Jitted, KernelFn};
+use crate::kept;
 use crate::overlap::{CommThread, Communicator};
 use crate::schedule::{ConvKind, KernelSite, PoolKind, Schedule, Slot, Step};
 use crate::CpuError;
@@ -23,6 +24,8 @@ pub struct NativeProgram {
     comm: Mutex<Option<CommThread>>,
     /// Per step, its category and name on the timeline (`dfc_interp::trace`).
     labels: Vec<(&'static str, Arc<str>)>,
+    /// Per step, the weight's kept panels its product reads as B, if any (`kept`).
+    kept_reads: Vec<Option<usize>>,
     /// Keeps the kernels' code alive.
     _jit: Arc<Jitted>,
 }
@@ -55,6 +58,10 @@ struct Arena {
     scratch: dfc_kernels::Scratch,
     /// Scratch for kernel argument arrays.
     args: Vec<*mut u8>,
+    /// The weights' kept panels (`kept::plan`), and the variables' stamp the last run that ended left, while they
+    /// hold what those variables hold (none during a run, and after one that failed).
+    kept: Vec<(usize, dfc_gemm::KeptPanels)>,
+    kept_stamp: Option<u64>,
 }
 
 // SAFETY: the raw pointers in `args` are scratch, rewritten before every use.
@@ -102,7 +109,9 @@ impl NativeProgram {
         // Every buffer a step's products use is in place before its first step.
         dfc_gemm::reserve_workers();
         let lines = HostArena::new(schedule.arena_bytes);
-        let arena = Mutex::new(Arena { lines, scratch: dfc_kernels::Scratch::new(), args: Vec::new() });
+        let (kept_reads, kept) = kept::plan(&schedule);
+        let arena =
+            Mutex::new(Arena { lines, scratch: dfc_kernels::Scratch::new(), args: Vec::new(), kept, kept_stamp: None });
         let kernel_name = |kernel: usize| jit.kernels()[kernel].function.clone();
         let labels = schedule
             .steps
@@ -112,7 +121,7 @@ impl NativeProgram {
                 (category, Arc::from(name))
             })
             .collect();
-        Ok(NativeProgram { schedule, functions, arena, comm: Mutex::new(None), labels, _jit: jit })
+        Ok(NativeProgram { schedule, functions, arena, comm: Mutex::new(None), labels, kept_reads, _jit: jit })
     }
 
     /// The schedule the program runs.
@@ -162,6 +171,13 @@ impl NativeProgram {
         self.schedule.pooled_epilogues.clone()
     }
 
+    /// The variables whose packed panels the program keeps between runs (`kept`), by name: none but on the AVX2
+    /// kernels.
+    pub fn kept_weights(&self) -> Vec<String> {
+        let arena = self.arena.lock().unwrap_or_else(|e| e.into_inner());
+        arena.kept.iter().map(|(v, _)| self.schedule.variables[*v].0.clone()).collect()
+    }
+
     /// The inputs the program needs.
     pub fn inputs(&self) -> Vec<String> {
         self.schedule.feeds.iter().map(|f| f.0.clone()).collect()
@@ -180,9 +196,16 @@ impl NativeProgram {
         feeds: &HashMap<String, Tensor>,
         rendezvous: Option<&dyn Rendezvous>,
     ) -> Result<Vec<Tensor>, InterpError> {
+        let stamp = variables.stamp();
         let bindings = Bindings::new(&self.schedule, variables, feeds)?;
+        let bound = variables.stamp();
         let mut arena = self.arena.lock().unwrap_or_else(|e| e.into_inner());
         let arena = &mut *arena;
+        // Kept panels hold the variables as the last run left them, if nothing wrote them since.
+        if arena.kept_stamp != Some(stamp) {
+            arena.kept.iter_mut().for_each(|(_, panels)| panels.stale());
+        }
+        arena.kept_stamp = None;
         let base = arena.lines.base();
         let at = |slot: Slot| bindings.at(base, slot);
         // The products of a run start without waking rayon's workers (see `dfc_gemm::hold`).
@@ -203,6 +226,7 @@ impl NativeProgram {
             }
             _ => self.run_steps(&at, arena, rendezvous, None),
         }?;
+        arena.kept_stamp = Some(bound);
         // SAFETY: as above.
         Ok(self.schedule.fetches.iter().map(|(slot, ty)| unsafe { read_tensor(at(*slot), ty) }).collect())
     }
@@ -215,7 +239,7 @@ impl NativeProgram {
         rendezvous: Option<&dyn Rendezvous>,
         mut communicator: Option<&mut Communicator<'_>>,
     ) -> Result<(), InterpError> {
-        for (step, label) in self.schedule.steps.iter().zip(&self.labels) {
+        for ((step, label), kept) in self.schedule.steps.iter().zip(&self.labels).zip(&self.kept_reads) {
             let mut span = dfc_interp::trace::span(label.0, || label.1.clone());
             if let Some(span) = span.as_mut() {
                 if let Some(bytes) = exchanged_bytes(step) {
@@ -223,6 +247,13 @@ impl NativeProgram {
                 }
             }
             match (step, communicator.as_deref_mut()) {
+                (Step::MatMul { .. }, _) if kept.is_some() => {
+                    let panels = kept.map(|i| &mut arena.kept[i].1);
+                    // SAFETY: every slot of the schedule holds a value of the type the schedule planned for it
+                    // (see `Bindings::at`); `kept::plan` gave panels to a product of one matrix whose B is the
+                    // whole weight, of the panels' shape.
+                    unsafe { product(step, at, panels) };
+                }
                 (Step::Kernel { kernel, args }, _) => {
                     let (function, rows, parallel) = self.functions[*kernel].expect("looked up for every kernel step");
                     arena.args.clear();
@@ -373,30 +404,9 @@ pub unsafe fn run_host_step(
     let exchange = |node: &str| rendezvous.ok_or_else(|| InterpError::NoRendezvous { node: node.to_string() });
     match step {
         Step::Kernel { .. } => unreachable!("kernels run on their back end"),
-        Step::MatMul { a, b, out, m, n, k, ta, tb, batches, update, bytes, epilogue, b_rewritten }
-            if bytes.is_some() || epilogue.is_some() =>
-        {
-            let [(oa, ob)] = batches[..] else { unreachable!("a fused product is a product of matrices") };
-            // SAFETY: the shapes were checked by the interpreter's program: `a` holds m·k floats, or bytes (a u8
-            // input) where `bytes` says so, `b` k·n floats, `out` m·n floats, an epilogue's bias n floats, mask
-            // m·n and column sums n (a slot of its own, `Schedule`'s `column_sums`).
-            unsafe {
-                let left = match bytes {
-                    Some(scale) => {
-                        dfc_gemm::Left::Bytes(std::slice::from_raw_parts((at(*a) as *const u8).add(oa), m * k), *scale)
-                    }
-                    None => dfc_gemm::Left::Floats(std::slice::from_raw_parts((at(*a) as *const f32).add(oa), m * k)),
-                };
-                let b = std::slice::from_raw_parts((at(*b) as *const f32).add(ob), k * n);
-                let c = std::slice::from_raw_parts_mut(at(*out) as *mut f32, m * n);
-                let epilogue = epilogue.map_or(dfc_gemm::Epilogue::default(), |e| dfc_gemm::Epilogue {
-                    bias: e.bias.map(|bias| std::slice::from_raw_parts(at(bias) as *const f32, *n)),
-                    relu: e.relu,
-                    mask: e.mask.map(|mask| std::slice::from_raw_parts(at(mask) as *const f32, m * n)),
-                    col_sums: e.col_sums.map(|sums| std::slice::from_raw_parts_mut(at(sums) as *mut f32, *n)),
-                });
-                dfc_gemm::sgemm_fused(*m, *n, *k, left, *ta, b, *tb, c, *update, epilogue, *b_rewritten, true);
-            }
+        Step::MatMul { bytes, epilogue, .. } if bytes.is_some() || epilogue.is_some() => {
+            // SAFETY: the caller's contract.
+            unsafe { product(step, at, None) }
         }
         Step::MatMul { a, b, out, m, n, k, ta, tb, batches, update, .. } => {
             let (pa, pb, po) = (at(*a) as *const f32, at(*b) as *const f32, at(*out) as *mut f32);
@@ -569,6 +579,39 @@ pub unsafe fn run_host_step(
         }
     }
     Ok(())
+}
+
+/// A product of one matrix (`Step::MatMul` with one batch) through `dfc_gemm::sgemm_kept`: fused with what
+/// surrounds it (bytes read through a scale, an epilogue, an update folded into it), B read from a weight's kept
+/// panels where given.
+///
+/// # Safety
+/// As [`run_host_step`]: the shapes were checked by the interpreter's program: `a` holds m·k floats, or bytes (a u8
+/// input) where `bytes` says so, `b` k·n floats, `out` m·n floats, an epilogue's bias n floats, mask m·n and column
+/// sums n (a slot of its own, `Schedule`'s `column_sums`); kept panels are of B's k×n.
+unsafe fn product(step: &Step, at: &dyn Fn(Slot) -> *mut u8, kept: Option<&mut dfc_gemm::KeptPanels>) {
+    let Step::MatMul { a, b, out, m, n, k, ta, tb, batches, update, bytes, epilogue, b_rewritten } = step else {
+        unreachable!("a product")
+    };
+    let [(oa, ob)] = batches[..] else { unreachable!("a fused product is a product of matrices") };
+    // SAFETY: the caller's contract.
+    unsafe {
+        let left = match bytes {
+            Some(scale) => {
+                dfc_gemm::Left::Bytes(std::slice::from_raw_parts((at(*a) as *const u8).add(oa), m * k), *scale)
+            }
+            None => dfc_gemm::Left::Floats(std::slice::from_raw_parts((at(*a) as *const f32).add(oa), m * k)),
+        };
+        let b = std::slice::from_raw_parts((at(*b) as *const f32).add(ob), k * n);
+        let c = std::slice::from_raw_parts_mut(at(*out) as *mut f32, m * n);
+        let epilogue = epilogue.map_or(dfc_gemm::Epilogue::default(), |e| dfc_gemm::Epilogue {
+            bias: e.bias.map(|bias| std::slice::from_raw_parts(at(bias) as *const f32, *n)),
+            relu: e.relu,
+            mask: e.mask.map(|mask| std::slice::from_raw_parts(at(mask) as *const f32, m * n)),
+            col_sums: e.col_sums.map(|sums| std::slice::from_raw_parts_mut(at(sums) as *mut f32, *n)),
+        });
+        dfc_gemm::sgemm_kept(*m, *n, *k, left, *ta, b, *tb, c, *update, epilogue, *b_rewritten, true, kept);
+    }
 }
 
 /// Transpose, concat, slice, pad or gather on elements of `T`'s size.

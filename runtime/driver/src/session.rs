@@ -177,6 +177,11 @@ impl SessionProgram {
         self.parts.iter().map(count).sum()
     }
 
+    /// The variables whose packed panels the native programs keep between runs, their products reading them there.
+    pub fn kept_weights(&self) -> Vec<String> {
+        self.of_native(NativeProgram::kept_weights)
+    }
+
     /// The kernels of the native programs (a bias, then a relu) computed by the product they follow.
     pub fn fused_products(&self) -> Vec<String> {
         self.of_native(NativeProgram::fused_products)

@@ -186,6 +186,93 @@ pub fn sgemm_fused(
     b_rewritten: bool,
     parallel: bool,
 ) {
+    sgemm_kept(m, n, k, a, transpose_a, b, transpose_b, c, update, epilogue, b_rewritten, parallel, None);
+}
+
+/// A weight that products read as their B (`k×n`, stored row-major) and that does not change from one call to the
+/// next (inference), kept packed between calls in the panels the AVX2 kernels read: the first product that reads it
+/// after it went stale packs it whole, later ones read the panels and pack nothing (the mlp's inference on the AVX2
+/// kernels packed 8–12 µs of its weights a batch). Whoever writes the weight marks the panels
+/// [`stale`](KeptPanels::stale). On other kernels (AVX-512, the portable ones) the panels hold nothing and every
+/// product packs B as it always does.
+#[derive(Debug)]
+pub struct KeptPanels {
+    k: usize,
+    n: usize,
+    /// The panels from their first 64-byte boundary, or nothing until first packed.
+    buf: Vec<f32>,
+    fresh: bool,
+}
+
+impl KeptPanels {
+    /// Panels for a `k×n` weight, stale.
+    pub fn new(k: usize, n: usize) -> KeptPanels {
+        KeptPanels { k, n, buf: Vec::new(), fresh: false }
+    }
+
+    /// Whether the kernels the products run on read kept panels (the AVX2 kernels): elsewhere keeping them is
+    /// pointless.
+    pub fn used() -> bool {
+        #[cfg(target_arch = "x86_64")]
+        return kernels() == Kernels::Avx2;
+        #[cfg(not(target_arch = "x86_64"))]
+        false
+    }
+
+    /// Forgets what the panels hold: the weight was written.
+    pub fn stale(&mut self) {
+        self.fresh = false;
+    }
+
+    /// Whether the panels hold the weight as it is now (as far as they know: see [`stale`](KeptPanels::stale)).
+    pub fn is_fresh(&self) -> bool {
+        self.fresh
+    }
+
+    /// The panels of `b` (the weight, `k×n` row-major), packed first if stale: ⌈n/16⌉ panels of k·16 floats from a
+    /// 64-byte boundary (each step of a panel one cache line).
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA; `b` holds k·n floats.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn packed(&mut self, b: &[f32]) -> *const f32 {
+        let len = avx2::packed_len(self.k, self.n) + 16;
+        if self.buf.len() < len {
+            self.buf = vec![0.0; len];
+        }
+        let skip = self.buf.as_ptr().align_offset(64).min(16);
+        let buf = &mut self.buf[skip..];
+        if !self.fresh {
+            // SAFETY: the caller's contract; `buf` holds at least packed_len(k, n) floats from a 64-byte boundary,
+            // where the panels then start.
+            unsafe { avx2::pack_whole_b(self.k, self.n, b, buf) };
+            self.fresh = true;
+        }
+        buf.as_ptr()
+    }
+}
+
+/// [`sgemm_fused`] with B read from `kept`, the panels of a weight that B is (stored row-major: not `transpose_b`),
+/// where the kernels read kept panels (packed there first if they are stale).
+#[allow(clippy::too_many_arguments)]
+pub fn sgemm_kept(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Left<'_>,
+    transpose_a: bool,
+    b: &[f32],
+    transpose_b: bool,
+    c: &mut [f32],
+    update: Option<f32>,
+    epilogue: Epilogue<'_>,
+    b_rewritten: bool,
+    parallel: bool,
+    kept: Option<&mut KeptPanels>,
+) {
+    if let Some(panels) = &kept {
+        assert!((panels.k, panels.n, transpose_b) == (k, n, false), "sgemm: kept panels of another B");
+    }
     let a_len = match a {
         Left::Floats(a) => a.len(),
         Left::Bytes(a, _) => a.len(),
@@ -230,16 +317,18 @@ pub fn sgemm_fused(
             mask: epilogue.mask.map_or(std::ptr::null(), <[f32]>::as_ptr),
             sums: epilogue.col_sums.map_or(std::ptr::null_mut(), <[f32]>::as_mut_ptr),
             b_rewritten,
+            b_panels: std::ptr::null(),
             id: 0,
         };
-        // SAFETY: the kernels' instruction sets are available (`kernels`); A holds m·k elements (floats or
-        // bytes), B k·n floats, C m·n floats, the bias n floats, the mask m·n and the column sums n, contiguous, as
-        // asserted above.
+        // SAFETY: the kernels' instruction sets are available (`kernels`); A holds m·k elements (floats or bytes),
+        // B k·n floats, C m·n floats, the bias n floats, the mask m·n and the column sums n, contiguous, as asserted
+        // above; kept panels hold ⌈n/16⌉ panels of k·16 floats from a 64-byte boundary (`KeptPanels::packed`).
         return unsafe {
             if chosen == Kernels::Avx512 {
                 avx512::sgemm(product, parallel)
             } else {
-                avx2::sgemm(product, parallel)
+                let b_panels = kept.map_or(std::ptr::null(), |panels| panels.packed(b));
+                avx2::sgemm(avx512::Product { b_panels, ..product }, parallel)
             }
         };
     }
@@ -407,6 +496,7 @@ fn product(
             mask: std::ptr::null(),
             sums: std::ptr::null_mut(),
             b_rewritten: false,
+            b_panels: std::ptr::null(),
             id: 0,
         };
         // SAFETY: the kernels' instruction sets are available, and `check` put every element the product

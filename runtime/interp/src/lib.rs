@@ -56,9 +56,19 @@ use dfc_ir::{Op, TensorType};
 use std::collections::BTreeMap;
 
 /// The values of a module's variables, keyed by the `Variable` node's name.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default)]
 pub struct Variables {
     values: BTreeMap<String, Tensor>,
+    /// Changed by every access that may write a value (`get_mut`, `insert`, `remove`) to a number no other access
+    /// in the process got: see [`Variables::stamp`].
+    stamp: u64,
+}
+
+/// Equal values (whatever their stamps).
+impl PartialEq for Variables {
+    fn eq(&self, other: &Variables) -> bool {
+        self.values == other.values
+    }
 }
 
 impl Variables {
@@ -71,16 +81,32 @@ impl Variables {
     }
 
     pub fn get_mut(&mut self, name: &str) -> Option<&mut Tensor> {
+        self.restamp();
         self.values.get_mut(name)
     }
 
     /// Sets (or replaces) the value of `name`.
     pub fn insert(&mut self, name: String, t: Tensor) {
+        self.restamp();
         self.values.insert(name, t);
     }
 
     pub fn remove(&mut self, name: &str) -> Option<Tensor> {
+        self.restamp();
         self.values.remove(name)
+    }
+
+    /// Where these values stand: unchanged since an access left this stamp, the values are what they were then
+    /// (or what the holder of raw pointers taken then made them; a clone keeps the stamp of equal values). A
+    /// program keeping copies of variables between runs (a weight's packed panels) trusts them only while the stamp
+    /// is the one its last run left.
+    pub fn stamp(&self) -> u64 {
+        self.stamp
+    }
+
+    fn restamp(&mut self) {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        self.stamp = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Every variable, in name order.

@@ -153,7 +153,8 @@ const SPUN_MIN: f64 = 24_000.0;
 /// Computes the product, on rayon's pool when `parallel` and the product is large enough to pay for it.
 ///
 /// # Safety
-/// The CPU supports AVX2 and FMA, and every element of A, B and C the product addresses is in bounds.
+/// The CPU supports AVX2 and FMA, and every element of A, B and C the product addresses is in bounds, and of
+/// `b_panels` where not null (`Product::b_panels`).
 pub(crate) unsafe fn sgemm(p: Product, parallel: bool) {
     let threads = if parallel { rayon::current_num_threads() } else { 1 };
     // One to three rows of C (a batch of one), or of Cᵀ: B read in place, once, in order.
@@ -408,6 +409,7 @@ pub(crate) unsafe fn pack_whole_b<'a>(k: usize, n: usize, b: &[f32], buf: &'a mu
             mask: std::ptr::null(),
             sums: std::ptr::null_mut(),
             b_rewritten: false,
+            b_panels: std::ptr::null(),
             id: 0,
         };
         // SAFETY: B's k steps and n columns are in `b`; `panels` holds ⌈n/16⌉ panels of k·16 floats from a 32-byte
@@ -512,8 +514,10 @@ unsafe fn block(p: &Product, i0: usize, i1: usize, j0: usize, j1: usize, k0: usi
     // 4 µs longer so (`DFC_GEMM=avx2`, an Intel Xeon). A block of bytes without an all-zero step in any panel (random
     // bytes, as benchmarks feed) ends the selection for the rest of the call on this thread: finding none cost the
     // mlp's weight gradient 6–7 µs a step on the two threads.
+    // B's whole panels where it is stored, unless kept panels hold it.
+    let b_stored = b_in_place(p) && p.b_panels.is_null();
     let mut select = !p.tb
-        && !b_in_place(p)
+        && !b_stored
         && p.id != 0
         && packs.unselected != p.id
         && (k0, k1) == (0, p.k)
@@ -525,8 +529,8 @@ unsafe fn block(p: &Product, i0: usize, i1: usize, j0: usize, j1: usize, k0: usi
     let mut kept = [0usize; PANELS];
     for jc in (j0..j1).step_by(NC) {
         let nc = NC.min(j1 - jc);
-        // Columns jc..jc+in_place are read from B as stored, the rest from packed panels.
-        let in_place = if b_in_place(p) { nc - nc % NR } else { 0 };
+        // Columns jc..jc+in_place are read from B as stored, the rest from packed panels (kept ones where given).
+        let in_place = if b_stored { nc - nc % NR } else { 0 };
         // Equal blocks of the reduction: a last block of a few steps would load and store C for little work
         // (784 steps: 4 blocks of 196, not 256, 256, 256 and 16).
         let depth = depth(k1 - k0, wide_l1());
@@ -537,7 +541,7 @@ unsafe fn block(p: &Product, i0: usize, i1: usize, j0: usize, j1: usize, k0: usi
             // The thread's earlier row chunk of this product packed the same block (a product built elsewhere, with
             // no call's id, packs it every time).
             let block_of_b = (p.id, pc, kc, jc, nc);
-            if in_place < nc && (p.id == 0 || packs.b_holds != Some(block_of_b)) {
+            if p.b_panels.is_null() && in_place < nc && (p.id == 0 || packs.b_holds != Some(block_of_b)) {
                 // SAFETY: the block's steps and columns are in B; the packed block holds ⌈nc/16⌉ panels of kc·16.
                 unsafe { pack_b(p, pc, kc, jc + in_place, nc - in_place, b_pack) };
                 packs.b_holds = Some(block_of_b);
@@ -606,6 +610,8 @@ unsafe fn block(p: &Product, i0: usize, i1: usize, j0: usize, j1: usize, k0: usi
                             let tile = if p.tc { p.c.add(j * p.ldc + i) } else { p.c.add(i * p.ldc + j) };
                             let (b, ldb) = if jr < in_place {
                                 (p.b.add(pc * p.ldb + j), p.ldb)
+                            } else if !p.b_panels.is_null() {
+                                (p.b_panels.add(j / NR * p.k * NR + pc * NR), NR)
                             } else {
                                 (b_pack.add((jr - in_place) * kc).cast_const(), NR)
                             };
@@ -1161,6 +1167,7 @@ mod tests {
                 mask: std::ptr::null(),
                 sums: std::ptr::null_mut(),
                 b_rewritten: false,
+                b_panels: std::ptr::null(),
                 id: 0,
             };
             assert!(!splits_reduction(&product(std::ptr::null_mut()), 2) && m * k < k * n && m * n * k >= PARALLEL_MIN);
@@ -1248,6 +1255,7 @@ mod tests {
                 mask: mask.as_ptr(),
                 sums: std::ptr::null_mut(),
                 b_rewritten: false,
+                b_panels: std::ptr::null(),
                 id: 0,
             };
             let one = split_writes_the_same_bits(sgemm, &format!("{m}×{n}×{k}, a wide C"), m * n, product);
@@ -1302,6 +1310,7 @@ mod tests {
                 mask: if mask_on { mask.as_ptr() } else { std::ptr::null() },
                 sums: if summed { sums.as_mut_ptr() } else { std::ptr::null_mut() },
                 b_rewritten: false,
+                b_panels: std::ptr::null(),
                 id: 0,
             };
             // SAFETY: AVX2 and FMA are available; the operands hold every element the product addresses.
@@ -1340,6 +1349,66 @@ mod tests {
                          c[{i}, {j}] {got} ≠ {want}"
                     );
                 }
+            }
+        }
+    }
+
+    /// A B read from kept panels (`Product::b_panels`, `crate::KeptPanels`: all of B packed once, from a 64-byte
+    /// boundary) gives the bits of the same product packing B itself: floats and bytes (with all-zero steps, which
+    /// the kernels then read B's kept steps of from the panels, and ±∞ in B), every split, a few rows (which read B
+    /// where it is stored without panels), epilogues, accumulation.
+    #[test]
+    fn products_reading_kept_panels_give_the_same_bits() {
+        if !have_avx2() {
+            return;
+        }
+        let mut rng = fastrand::Rng::with_seed(17);
+        let mut shapes: Vec<(usize, usize, usize)> =
+            (0..40).map(|_| (rng.usize(4..=110), rng.usize(1..=70), rng.usize(1..=450))).collect();
+        shapes.extend([(128, 256, 784), (128, 256, 256), (128, 10, 256), (20, 256, 784), (97, 530, 300)]);
+        for (case, &(m, n, k)) in shapes.iter().enumerate() {
+            let (ta, bytes, parallel, epilogue) = (rng.bool(), rng.bool(), rng.bool(), rng.bool());
+            let (accumulate, alpha) = if !epilogue && rng.bool() { (true, -0.5) } else { (false, 1.0) };
+            let raw: Vec<u8> =
+                (0..m * k).map(|q| if q % 28 < 4 || rng.u8(..3) == 0 { 0 } else { rng.u8(..) }).collect();
+            let floats: Vec<f32> = (0..m * k).map(|_| rng.f32() - 0.5).collect();
+            let mut b: Vec<f32> = (0..k * n).map(|_| rng.f32() - 0.5).collect();
+            if case % 3 == 0 {
+                b[rng.usize(..k * n)] = f32::INFINITY;
+            }
+            let bias: Vec<f32> = (0..n).map(|_| rng.f32() - 0.5).collect();
+            let c0: Vec<f32> = (0..m * n).map(|_| rng.f32() - 0.5).collect();
+            let mut buf = vec![0f32; packed_len(k, n) + 16];
+            let skip = buf.as_ptr().align_offset(64);
+            // SAFETY: AVX2 and FMA are available; B holds k·n floats, the buffer packed_len(k, n) from a 64-byte
+            // boundary.
+            let panels = unsafe { pack_whole_b(k, n, &b, &mut buf[skip..]) }.as_ptr();
+            let product = |b_panels: *const f32| {
+                let mut c = c0.clone();
+                let p = Product {
+                    a: if bytes { raw.as_ptr().cast() } else { floats.as_ptr() },
+                    b: b.as_ptr(),
+                    c: c.as_mut_ptr(),
+                    accumulate,
+                    alpha,
+                    bytes: bytes.then_some(ByteScale::Div(255.0)),
+                    bias: if epilogue { bias.as_ptr() } else { std::ptr::null() },
+                    relu: epilogue,
+                    b_rewritten: case % 2 == 0,
+                    b_panels,
+                    ..crate::avx512::tests::product(m, n, k, ta, false)
+                };
+                // SAFETY: AVX2 and FMA are available; the operands hold every element the product addresses, and
+                // the panels (when given) all of B.
+                unsafe { sgemm(p, parallel) };
+                c
+            };
+            let (packing, kept) = (product(std::ptr::null()), product(panels));
+            for (i, (x, y)) in packing.iter().zip(&kept).enumerate() {
+                assert!(
+                    x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()),
+                    "{m}×{n}×{k} (ta {ta}, bytes {bytes}, parallel {parallel}) at {i}: {y} from kept panels, {x} without"
+                );
             }
         }
     }
@@ -1392,6 +1461,7 @@ mod tests {
                 bias: if epilogue { bias.as_ptr() } else { std::ptr::null() },
                 relu: epilogue,
                 b_rewritten: case % 3 == 0,
+                b_panels: std::ptr::null(),
                 ..crate::avx512::tests::product(m, n, k, ta, false)
             };
             // SAFETY: AVX2 and FMA are available; the operands hold every element the product addresses.
@@ -1451,6 +1521,7 @@ mod tests {
             mask: std::ptr::null(),
             sums: std::ptr::null_mut(),
             b_rewritten,
+            b_panels: std::ptr::null(),
             id: 0,
         };
         assert!(splits_reduction(&shape(128, 256, 784, true, false), 2));
@@ -1564,6 +1635,7 @@ mod tests {
                 mask: std::ptr::null(),
                 sums: std::ptr::null_mut(),
                 b_rewritten: false,
+                b_panels: std::ptr::null(),
                 id: 0,
             };
             // SAFETY: AVX2 and FMA are available; the operands hold every element the product addresses.

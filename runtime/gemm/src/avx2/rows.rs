@@ -296,6 +296,7 @@ mod tests {
                 mask: if mask { o.mask.as_ptr() } else { std::ptr::null() },
                 sums: std::ptr::null_mut(),
                 b_rewritten: false,
+                b_panels: std::ptr::null(),
                 id: 0,
             }
         }

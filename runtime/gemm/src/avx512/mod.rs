@@ -169,6 +169,10 @@ pub(crate) struct Product {
     /// B is rewritten between calls by other products split among the threads (a weight that each training step
     /// updates): a product of bytes is then split along its reduction (`plan`).
     pub b_rewritten: bool,
+    /// Not null: B (k×n, stored row-major: `tb` false) packed whole in the AVX2 kernels' 16-column panels of all k
+    /// steps, from a 32-byte boundary (`crate::KeptPanels`), which the AVX2 kernels read instead of packing B again;
+    /// other kernels ignore it.
+    pub b_panels: *const f32,
     /// Set by `sgemm`.
     pub id: u64,
 }
@@ -227,6 +231,8 @@ impl Product {
             ldb: self.lda,
             tb: !self.ta,
             tc: !self.tc,
+            // The panels are of B as given.
+            b_panels: std::ptr::null(),
             ..self
         }
     }
@@ -868,6 +874,7 @@ pub(crate) mod tests {
             mask: std::ptr::null(),
             sums: std::ptr::null_mut(),
             b_rewritten: false,
+            b_panels: std::ptr::null(),
             id: 0,
         }
     }
