@@ -5,7 +5,7 @@
 //! training step's program, a checkpoint restored) makes them stale.
 //!
 //! Only where the products run on the AVX2 kernels, which pack B on every call (the mlp's inference, 128 images a
-//! batch: 8–12 µs of its 350 a batch, an Intel Xeon with `DFC_GEMM=avx2`). A weight that a training step updates
+//! batch: 330 → 318 µs, an Intel Xeon with `DFC_GEMM=avx2`). A weight that a training step updates
 //! is not kept: its update would have to store each new value twice (in the weight and in its panels), which cost
 //! the mlp's training step as much as its products saved.
 

@@ -1355,8 +1355,8 @@ mod tests {
 
     /// A B read from kept panels (`Product::b_panels`, `crate::KeptPanels`: all of B packed once, from a 64-byte
     /// boundary) gives the bits of the same product packing B itself: floats and bytes (with all-zero steps, which
-    /// the kernels then read B's kept steps of from the panels, and ±∞ in B), every split, a few rows (which read B
-    /// where it is stored without panels), epilogues, accumulation.
+    /// the kernels then read B's kept steps of from the panels, and ±∞ in B), every split, products of at most 24 rows
+    /// (which read B where it is stored when given no panels), epilogues, accumulation.
     #[test]
     fn products_reading_kept_panels_give_the_same_bits() {
         if !have_avx2() {
