@@ -11,6 +11,7 @@
 
 use crate::schedule::{Schedule, Slot, Step};
 use dfc_gemm::KeptPanels;
+use std::collections::{HashMap, HashSet};
 
 /// Products of this many rows or fewer (a batch of one to three) read B where it is stored, once, in order
 /// (`dfc_gemm`'s `avx2::rows`), and would never read the panels.
@@ -24,22 +25,21 @@ pub fn plan(schedule: &Schedule) -> (Vec<Option<usize>>, Vec<(usize, KeptPanels)
     if !KeptPanels::used() {
         return (reads, Vec::new());
     }
-    let written: Vec<Slot> = schedule.steps.iter().flat_map(|step| step.reads_writes().1).collect();
-    // The kept variables, each with its shape as a B.
+    let written: HashSet<Slot> = schedule.steps.iter().flat_map(|step| step.reads_writes().1).collect();
+    // The kept weights, each as a B of its shape (a weight read through reshapes of two shapes has two).
     let mut kept: Vec<(usize, (usize, usize))> = Vec::new();
+    let mut index: HashMap<(usize, (usize, usize)), usize> = HashMap::new();
     for (read, step) in reads.iter_mut().zip(&schedule.steps) {
         let Step::MatMul { b: Slot::Variable(v), m, k, n, tb: false, batches, .. } = step else { continue };
         let whole = batches.len() == 1 && batches[0].1 == 0 && k * n == schedule.variables[*v].1.shape.n_elements();
         if !whole || *m <= FEW_ROWS || written.contains(&Slot::Variable(*v)) {
             continue;
         }
-        *read = Some(match kept.iter().position(|(w, _)| w == v) {
-            Some(i) => i,
-            None => {
-                kept.push((*v, (*k, *n)));
-                kept.len() - 1
-            }
-        });
+        let weight = (*v, (*k, *n));
+        *read = Some(*index.entry(weight).or_insert_with(|| {
+            kept.push(weight);
+            kept.len() - 1
+        }));
     }
     let panels = kept.iter().map(|&(v, (k, n))| (v, KeptPanels::new(k, n))).collect();
     (reads, panels)

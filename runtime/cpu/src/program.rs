@@ -171,11 +171,15 @@ impl NativeProgram {
         self.schedule.pooled_epilogues.clone()
     }
 
-    /// The variables whose packed panels the program keeps between runs (`kept`), by name: none but on the AVX2
-    /// kernels.
+    /// The variables whose packed panels the program keeps between runs (`kept`), by name, in order: none but on
+    /// the AVX2 kernels.
     pub fn kept_weights(&self) -> Vec<String> {
         let arena = self.arena.lock().unwrap_or_else(|e| e.into_inner());
-        arena.kept.iter().map(|(v, _)| self.schedule.variables[*v].0.clone()).collect()
+        let mut names: Vec<String> = arena.kept.iter().map(|(v, _)| self.schedule.variables[*v].0.clone()).collect();
+        // A weight read in two shapes (through reshapes) has panels of each.
+        names.sort();
+        names.dedup();
+        names
     }
 
     /// The inputs the program needs.
