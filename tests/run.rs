@@ -690,8 +690,14 @@ fn a_timeline_shows_steps_kernels_and_all_reduces() {
             })
         };
         let kernels = on("kernel");
-        let outside = kernels.iter().filter(|k| !within(k)).count();
-        assert_eq!(outside, 0, "{outside} of {} kernels outside every step", kernels.len());
+        let outside: Vec<_> = kernels.iter().filter(|k| !within(k)).collect();
+        assert!(
+            outside.is_empty(),
+            "{} of {} kernels outside every step (spawned: {spawned}), the first {}",
+            outside.len(),
+            kernels.len(),
+            outside[0]
+        );
     }
 }
 

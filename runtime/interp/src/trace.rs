@@ -21,10 +21,10 @@ thread_local! {
 }
 
 /// The instant the timeline counts from, and when that was in microseconds since the Unix
-/// epoch (what puts the spans of several processes on one time line). The two clocks are read
-/// between two reads of the monotonic one, again while those lie far apart: a process
-/// descheduled between its two reads (a worker on a busy machine) put all its spans off by as
-/// long on the driver's timeline, outside the steps that ran them.
+/// epoch (a first guess at where another process's spans go on this one's time line; the
+/// driver keeps a worker's within the exchanges of its runs). The two clocks are read between
+/// two reads of the monotonic one, again while those lie far apart, so that a process
+/// descheduled between its reads does not shift all its spans by as long.
 fn origins() -> (Instant, f64) {
     static ORIGIN: OnceLock<(Instant, f64)> = OnceLock::new();
     *ORIGIN.get_or_init(|| {
@@ -53,6 +53,16 @@ fn origin() -> Instant {
 /// When this process's timeline starts, in microseconds since the Unix epoch.
 pub fn origin_unix_us() -> f64 {
     origins().1
+}
+
+/// `instant` on this process's time line, in microseconds (0 if before it started).
+pub fn micros_at(instant: Instant) -> f64 {
+    instant.saturating_duration_since(origin()).as_secs_f64() * 1e6
+}
+
+/// Now on this process's time line, in microseconds.
+pub fn now_us() -> f64 {
+    micros_at(Instant::now())
 }
 
 /// One span of work.
@@ -126,12 +136,11 @@ pub fn span<N: Into<Arc<str>>>(category: &'static str, name: impl FnOnce() -> N)
 impl Drop for Span {
     fn drop(&mut self) {
         let end = Instant::now();
-        let since = |t: Instant| t.saturating_duration_since(origin()).as_secs_f64() * 1e6;
         let event = Event {
             track: TRACK.with(|t| t.borrow().clone()),
             category: Cow::Borrowed(self.category),
             name: self.name.clone(),
-            start_us: since(self.start),
+            start_us: micros_at(self.start),
             duration_us: end.saturating_duration_since(self.start).as_secs_f64() * 1e6,
             bytes: self.bytes,
         };
@@ -155,7 +164,7 @@ pub fn record_span(
         track: TRACK.with(|t| t.borrow().clone()),
         category: Cow::Borrowed(category),
         name: name().into(),
-        start_us: start.saturating_duration_since(origin()).as_secs_f64() * 1e6,
+        start_us: micros_at(start),
         duration_us: end.saturating_duration_since(start).as_secs_f64() * 1e6,
         bytes,
     });

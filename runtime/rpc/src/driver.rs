@@ -104,12 +104,59 @@ pub struct RemoteSession {
     wait: Duration,
     /// Per worker, what its runs took since `take_worker_metrics` last drained them.
     worker_metrics: Mutex<Vec<WorkerMetrics>>,
+    /// Per worker, the shifts from its time line to this process's that its traced runs
+    /// allow so far (`TraceWindow::shift`).
+    trace_bounds: Mutex<Vec<Option<(f64, f64)>>>,
     /// The free-running replicas' programs, once asked for (`None` inside: they cannot run so).
     free: Option<Option<Vec<ReplicaPrograms>>>,
     /// Per worker, the threads it computes on (as it said when connected).
     worker_threads: Vec<usize>,
     /// Where the stall inspector's reports go (a step still waiting after a heartbeat).
     on_stall: Option<Box<dyn Fn(&str) + Send + Sync>>,
+}
+
+/// When this process sent a Run and when it had the replies, on its time line: a worker's
+/// run lies between, whatever the two machines' clocks say.
+#[derive(Clone, Copy)]
+struct TraceWindow {
+    sent_us: f64,
+    replied_us: f64,
+}
+
+impl TraceWindow {
+    fn open() -> Self {
+        let now = dfc_interp::trace::now_us();
+        TraceWindow { sent_us: now, replied_us: now }
+    }
+
+    fn close(self) -> Self {
+        TraceWindow { replied_us: dfc_interp::trace::now_us(), ..self }
+    }
+
+    /// What to add to the times of `reply`'s spans to put them on this process's time line:
+    /// the shift between the two processes' clock origins, kept to the shifts that put the
+    /// worker's run (from its arrival to its reply) inside this window and every earlier one
+    /// (`bounds`, narrowed here). Two readings of the system clock, taken apart, can disagree by
+    /// more than a kernel lasts (busy or virtual machines; other hosts), which put a worker's
+    /// spans outside the steps that ran them.
+    fn shift(self, reply: &RunReply, bounds: &mut Option<(f64, f64)>) -> f64 {
+        // A reply's times are another process's word: one not finite counts as 0.
+        let finite = |x: f64| if x.is_finite() { x } else { 0.0 };
+        let low = self.sent_us - finite(reply.trace_arrived_us);
+        let high = self.replied_us - finite(reply.trace_replied_us);
+        // Earlier windows narrow this one unless none fits both (the clocks run at other rates).
+        let (low, high) = match *bounds {
+            Some((l, h)) if l.max(low) <= h.min(high) => (l.max(low), h.min(high)),
+            _ => (low, high),
+        };
+        *bounds = Some((low, high));
+        let guess = finite(reply.trace_origin_unix_us - dfc_interp::trace::origin_unix_us());
+        if low <= high {
+            guess.clamp(low, high)
+        } else {
+            (low + high) / 2.0
+        }
+    }
 }
 
 /// What one free-running replica runs: its step on its own worker, and on each worker that
@@ -234,6 +281,7 @@ impl RemoteSession {
                     .map(|name| WorkerMetrics { name: name.clone(), ..WorkerMetrics::default() })
                     .collect(),
             ),
+            trace_bounds: Mutex::new(vec![None; assignment.names.len()]),
             free: None,
             worker_threads: Vec::new(),
             on_stall: None,
@@ -541,15 +589,24 @@ impl RemoteSession {
         Ok(Some(programs))
     }
 
-    /// Adds a Run's reply to its worker's metrics (`step`: count it as a step).
-    fn count(&self, rank: usize, reply: &RunReply, step: bool) {
-        let mut metrics = self.worker_metrics.lock().unwrap_or_else(|e| e.into_inner());
-        let metrics = &mut metrics[rank];
-        metrics.steps += u64::from(step);
-        metrics.run_seconds += reply.run_seconds;
-        metrics.exchange_seconds += reply.exchange_seconds;
+    /// Adds a Run's reply to its worker's metrics (`step`: count it as a step), and its spans
+    /// to the timeline; `window`: when this process sent the Run and had the reply.
+    fn count(&self, rank: usize, reply: &RunReply, step: bool, window: TraceWindow) {
+        {
+            let mut metrics = self.worker_metrics.lock().unwrap_or_else(|e| e.into_inner());
+            let metrics = &mut metrics[rank];
+            metrics.steps += u64::from(step);
+            metrics.run_seconds += reply.run_seconds;
+            metrics.exchange_seconds += reply.exchange_seconds;
+        }
+        if reply.spans.is_empty() {
+            return;
+        }
         // A traced run's spans, on this process's time line, each on a track of its worker's.
-        let shift = reply.trace_origin_unix_us - dfc_interp::trace::origin_unix_us();
+        let shift = {
+            let mut bounds = self.trace_bounds.lock().unwrap_or_else(|e| e.into_inner());
+            window.shift(reply, &mut bounds[rank])
+        };
         let mut tracks: HashMap<&str, std::sync::Arc<str>> = HashMap::new();
         for span in &reply.spans {
             let track =
@@ -630,10 +687,12 @@ impl Runner for RemoteSession {
             requests.push((*rank, request));
         }
         let timeout = self.wait + CALL_MARGIN;
+        let window = TraceWindow::open();
         let replies = self.on_some(requests, timeout, Some(step), |mut c, r| async move { c.run(r).await })?;
+        let window = window.close();
         let mut fetched: Vec<Option<Tensor>> = vec![None; program.fetches];
         for (rank, reply) in replies {
-            self.count(rank, &reply, true);
+            self.count(rank, &reply, true, window);
             let part = program.parts.iter().find(|p| p.0 == rank).expect("a reply from a part");
             if reply.fetched.len() != part.2.len() {
                 return Err(RunError::Plan(format!(
@@ -729,11 +788,13 @@ impl FreeReplicas for RemoteSession {
         let second: Vec<(usize, RunRequest)> =
             programs.servers.iter().filter_map(|&(rank, _, after)| Some((rank, request(after?, vec![])))).collect();
         let timeout = self.wait + CALL_MARGIN;
+        let window = TraceWindow::open();
         let replies = self.on_some(first, timeout, Some(step), |mut c, r| async move { c.run(r).await })?;
+        let window = window.close();
         let mut loss = None;
         for (rank, reply) in replies {
             // A server's step counts once, when it applies the replica's updates.
-            self.count(rank, &reply, rank == programs.worker);
+            self.count(rank, &reply, rank == programs.worker, window);
             if rank == programs.worker {
                 let value = reply
                     .fetched
@@ -745,8 +806,11 @@ impl FreeReplicas for RemoteSession {
             }
         }
         let mut values = [None; 4];
-        for (rank, reply) in self.on_some(second, timeout, Some(step), |mut c, r| async move { c.run(r).await })? {
-            self.count(rank, &reply, true);
+        let window = TraceWindow::open();
+        let replies = self.on_some(second, timeout, Some(step), |mut c, r| async move { c.run(r).await })?;
+        let window = window.close();
+        for (rank, reply) in replies {
+            self.count(rank, &reply, true, window);
             for (kind, report) in programs.reports.iter().enumerate() {
                 let Some((_, position)) = report.filter(|(server, _)| *server == rank) else { continue };
                 let value = reply.fetched.get(position).ok_or_else(|| {
@@ -829,5 +893,47 @@ impl Drop for LocalWorkers {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reply(origin_unix_us: f64, arrived_us: f64, replied_us: f64) -> RunReply {
+        RunReply {
+            trace_origin_unix_us: dfc_interp::trace::origin_unix_us() + origin_unix_us,
+            trace_arrived_us: arrived_us,
+            trace_replied_us: replied_us,
+            ..RunReply::default()
+        }
+    }
+
+    /// A worker's spans go where its system clock says while that fits the Run's exchange, and
+    /// within the exchange when the clocks disagree: its run from arrival to reply lies inside
+    /// the window, narrowed by every earlier window.
+    #[test]
+    fn worker_spans_stay_within_the_runs_that_made_them() {
+        let window = |sent_us, replied_us| TraceWindow { sent_us, replied_us };
+        let mut bounds = None;
+        // Sent at 1000, replied at 2000; the worker had it from 100 to 900 on its time line:
+        // shifts from 900 to 1100 fit, and its clock's 950 is one of them.
+        assert_eq!(window(1000.0, 2000.0).shift(&reply(950.0, 100.0, 900.0), &mut bounds), 950.0);
+        assert_eq!(bounds, Some((900.0, 1100.0)));
+        // A clock off by a millisecond: the nearest shift that fits.
+        assert_eq!(window(1000.0, 2000.0).shift(&reply(-50.0, 100.0, 900.0), &mut bounds), 900.0);
+        assert_eq!(window(1000.0, 2000.0).shift(&reply(5000.0, 100.0, 900.0), &mut bounds), 1100.0);
+        // A later exchange narrows what fits: its run from 2100 to 2500, sent at 3050, replied
+        // at 3700: shifts from 950 to 1200, and with the first, 950 to 1100.
+        assert_eq!(window(3050.0, 3700.0).shift(&reply(0.0, 2100.0, 2500.0), &mut bounds), 950.0);
+        assert_eq!(bounds, Some((950.0, 1100.0)));
+        // One that fits none of the earlier ones (clocks at other rates) stands alone.
+        assert_eq!(window(9000.0, 9100.0).shift(&reply(0.0, 4000.0, 4050.0), &mut bounds), 5000.0);
+        assert_eq!(bounds, Some((5000.0, 5050.0)));
+        // Times that are not numbers count as 0; the shift stays a number.
+        let mut fresh = None;
+        let shift = window(10.0, 20.0).shift(&reply(f64::NAN, f64::INFINITY, f64::NAN), &mut fresh);
+        assert_eq!(shift, 10.0);
+        assert_eq!(fresh, Some((10.0, 20.0)));
     }
 }

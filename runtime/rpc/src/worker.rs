@@ -426,6 +426,7 @@ impl Worker for WorkerService {
     }
 
     async fn run(&self, request: Request<RunRequest>) -> Result<Response<RunReply>, Status> {
+        let arrived = std::time::Instant::now();
         let request = request.into_inner();
         let registered = self.current(&request.plan_sha256)?;
         let mut feeds = HashMap::new();
@@ -470,6 +471,8 @@ impl Worker for WorkerService {
                     exchange_seconds: rendezvous.exchange_seconds(),
                     spans,
                     trace_origin_unix_us: dfc_interp::trace::origin_unix_us(),
+                    trace_arrived_us: dfc_interp::trace::micros_at(arrived),
+                    trace_replied_us: dfc_interp::trace::now_us(),
                 })),
                 Err(error) => {
                     let host = &registered.host;
