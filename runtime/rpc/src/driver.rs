@@ -159,6 +159,15 @@ impl TraceWindow {
     }
 }
 
+/// `span`'s start on this process's time line and its duration, or `None` for times that are
+/// not a span's (not finite, or a negative duration): a worker's word, which would otherwise
+/// reach the timeline's JSON as `null`.
+fn placed(span: &crate::proto::TraceSpan, shift: f64) -> Option<(f64, f64)> {
+    let start_us = span.start_us + shift;
+    (start_us.is_finite() && span.duration_us.is_finite() && span.duration_us >= 0.0)
+        .then_some((start_us, span.duration_us))
+}
+
 /// What one free-running replica runs: its step on its own worker, and on each worker that
 /// serves it (a parameter server) the step's part that needs no Recv (sending it the
 /// variables) and the rest (receiving its gradients, applying its updates), as separate Runs
@@ -609,14 +618,15 @@ impl RemoteSession {
         };
         let mut tracks: HashMap<&str, std::sync::Arc<str>> = HashMap::new();
         for span in &reply.spans {
+            let Some((start_us, duration_us)) = placed(span, shift) else { continue };
             let track =
                 tracks.entry(&span.track).or_insert_with(|| format!("{}: {}", self.names[rank], span.track).into());
             dfc_interp::trace::record(dfc_interp::trace::Event {
                 track: track.clone(),
                 category: span.category.clone().into(),
                 name: span.name.as_str().into(),
-                start_us: span.start_us + shift,
-                duration_us: span.duration_us,
+                start_us,
+                duration_us,
                 bytes: span.bytes,
             });
         }
@@ -935,5 +945,19 @@ mod tests {
         let shift = window(10.0, 20.0).shift(&reply(f64::NAN, f64::INFINITY, f64::NAN), &mut fresh);
         assert_eq!(shift, 10.0);
         assert_eq!(fresh, Some((10.0, 20.0)));
+    }
+
+    /// A worker's spans with times that are not a span's stay off the timeline.
+    #[test]
+    fn spans_with_times_that_are_not_numbers_are_left_out() {
+        let span = |start_us, duration_us| crate::proto::TraceSpan { start_us, duration_us, ..Default::default() };
+        assert_eq!(placed(&span(5.0, 2.0), 10.0), Some((15.0, 2.0)));
+        assert_eq!(placed(&span(5.0, 0.0), -5.0), Some((0.0, 0.0)));
+        for (start, duration) in
+            [(f64::NAN, 1.0), (1.0, f64::INFINITY), (f64::NEG_INFINITY, 1.0), (1.0, -1.0), (f64::MAX, 0.0)]
+        {
+            let shift = if start == f64::MAX { f64::MAX } else { 0.0 };
+            assert_eq!(placed(&span(start, duration), shift), None, "{start} {duration}");
+        }
     }
 }
