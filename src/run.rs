@@ -200,12 +200,13 @@ pub fn compute_on_this_thread(plan: &dfc_plan::Plan) {
 }
 
 fn run_untraced(plan: &dfc_plan::Plan, args: &RunArgs) -> Result<(), String> {
-    if args.remote.cluster.is_some() || args.remote.spawn.is_some() {
-        return run_remote(plan, args);
+    let cluster = cluster_source(&args.remote)?;
+    if cluster.is_some() || args.remote.spawn.is_some() {
+        return run_remote(plan, args, cluster);
     }
     compute_on_this_thread(plan);
     if args.remote.all_reduce != AllReduceArg::Auto {
-        return Err("--all-reduce chooses how workers all-reduce: give it with --cluster or --spawn".into());
+        return Err("--all-reduce chooses how workers all-reduce: give it with --cluster, TF_CONFIG or --spawn".into());
     }
     if let Some(name) = &args.fetch {
         let mut session =
@@ -323,20 +324,38 @@ pub fn worker(
     Ok(std::process::ExitCode::SUCCESS)
 }
 
-/// Trains (or with --fetch runs) the plan on remote workers: those of --cluster, or --spawn N
-/// local ones.
-fn run_remote(plan: &dfc_plan::Plan, args: &RunArgs) -> Result<(), String> {
+/// Where a run's cluster is described: `--cluster FILE`, or (without it and without `--spawn`)
+/// the TF_CONFIG environment variable, as TensorFlow's multi-worker strategies read it.
+enum ClusterSource {
+    File(PathBuf),
+    TfConfig(String),
+}
+
+/// The cluster of this run, if it has one; an empty TF_CONFIG counts as none.
+fn cluster_source(remote: &RemoteArgs) -> Result<Option<ClusterSource>, String> {
+    if let Some(file) = &remote.cluster {
+        return Ok(Some(ClusterSource::File(file.clone())));
+    }
+    if remote.spawn.is_some() {
+        return Ok(None);
+    }
+    match std::env::var("TF_CONFIG") {
+        Ok(text) if text.trim().is_empty() => Ok(None),
+        Ok(text) => Ok(Some(ClusterSource::TfConfig(text))),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(_)) => Err("TF_CONFIG is not valid UTF-8".into()),
+    }
+}
+
+/// Trains (or with --fetch runs) the plan on remote workers: those of the `cluster` (--cluster
+/// or TF_CONFIG), or --spawn N local ones.
+fn run_remote(plan: &dfc_plan::Plan, args: &RunArgs, cluster: Option<ClusterSource>) -> Result<(), String> {
     let remote = &args.remote;
     let tls = remote.tls_dir.as_deref().map(dfc_rpc::Tls::load).transpose()?;
     let mut _spawned = None;
     let mut own_server = None;
     let mut mpi_job: Option<dfc_rpc::mpi::Job> = None;
-    let cluster = match (&remote.cluster, std::env::var("TF_CONFIG")) {
-        (Some(file), _) => Some(file.clone()),
-        (None, Ok(_)) if remote.spawn.is_none() => Some(PathBuf::from("TF_CONFIG")),
-        _ => None,
-    };
-    let (token, addresses, assignment) = match (&cluster, remote.spawn) {
+    let (token, addresses, assignment) = match (cluster, remote.spawn) {
         (_, Some(n)) => {
             let token = match &remote.token_file {
                 Some(_) => dfc_rpc::auth::load_token(remote.token_file.as_deref())?,
@@ -349,13 +368,15 @@ fn run_remote(plan: &dfc_plan::Plan, args: &RunArgs) -> Result<(), String> {
             _spawned = Some(workers);
             (token, addresses, assignment)
         }
-        (Some(file), None) => {
-            let text = if remote.cluster.is_none() {
-                std::env::var("TF_CONFIG").expect("checked above")
-            } else {
-                std::fs::read_to_string(file).map_err(|e| format!("cannot read `{}`: {e}", file.display()))?
+        (Some(source), None) => {
+            let (text, origin) = match source {
+                ClusterSource::TfConfig(text) => (text, "TF_CONFIG".to_string()),
+                ClusterSource::File(file) => (
+                    std::fs::read_to_string(&file).map_err(|e| format!("cannot read `{}`: {e}", file.display()))?,
+                    file.display().to_string(),
+                ),
             };
-            let (token, addresses, assignment) = cluster_workers(plan, &text, &file.display().to_string(), remote)?;
+            let (token, addresses, assignment) = cluster_workers(plan, &text, &origin, remote)?;
             // Under a launcher (mpirun, srun) or TF_CONFIG's `task`, every process runs this
             // command: the first drives (and serves its own task), the others serve.
             if let Some((rank, source)) = launcher_rank(&text, &assignment)? {

@@ -914,9 +914,18 @@ fn launcher_ranks_and_tf_config_start_a_job_with_one_command() {
     let rank0 = command(&|c| {
         c.args(["--cluster", s(&cluster)]).env("OMPI_COMM_WORLD_RANK", "0");
     });
-    for (name, child) in [("rank 0", rank0), ("rank 1", rank1)] {
+    let serving = "serving /job:worker/task:1";
+    for (name, child, serves) in [("rank 0", rank0, false), ("rank 1", rank1, true)] {
         let output = child.wait_with_output().unwrap();
-        assert!(output.status.success(), "{name}: {}", text(&output.stderr));
+        let stderr = text(&output.stderr);
+        assert!(output.status.success(), "{name}: {stderr}");
+        // A process that trained alone would end with the same parameters: its words tell.
+        assert_eq!(
+            stderr.contains(&format!("{serving} at {} (OMPI_COMM_WORLD_RANK=1)", addresses[1])),
+            serves,
+            "{name}: {stderr}"
+        );
+        assert_eq!(stderr.contains("worker /job:worker/task:1 at"), !serves, "{name}: {stderr}");
     }
     let launched = dfc_driver::checkpoint::latest(&checkpoints).unwrap().expect("the driver checkpoints");
     assert_same_parameters("mpirun-style ranks", &embedded, &launched);
@@ -936,9 +945,16 @@ fn launcher_ranks_and_tf_config_start_a_job_with_one_command() {
     let task0 = command(&|c| {
         c.env("TF_CONFIG", with_task(0));
     });
-    for (name, child) in [("task 0", task0), ("task 1", task1)] {
+    for (name, child, serves) in [("task 0", task0, false), ("task 1", task1, true)] {
         let output = child.wait_with_output().unwrap();
-        assert!(output.status.success(), "{name}: {}", text(&output.stderr));
+        let stderr = text(&output.stderr);
+        assert!(output.status.success(), "{name}: {stderr}");
+        assert_eq!(
+            stderr.contains(&format!("{serving} at {} (TF_CONFIG task", addresses[1])),
+            serves,
+            "{name}: {stderr}"
+        );
+        assert_eq!(stderr.contains("worker /job:worker/task:1 at"), !serves, "{name}: {stderr}");
     }
     let launched = dfc_driver::checkpoint::latest(&checkpoints).unwrap().expect("the driver checkpoints");
     assert_same_parameters("TF_CONFIG tasks", &embedded, &launched);
