@@ -39,6 +39,9 @@ pub struct Binding {
     pub span: Span,
     pub kind: BindingKind,
     pub used: bool,
+    /// Set when the name was used before any definition: the index of that use's E0101 in the
+    /// diagnostics, so that a definition later on points there rather than being "defined twice".
+    pub used_before_defined: Option<usize>,
 }
 
 /// The names visible in a model or in one layer instance.
@@ -257,7 +260,13 @@ impl<'a> Lowerer<'a> {
                     if !self.scope.bindings.contains_key(&name.name) {
                         self.scope.bindings.insert(
                             name.name.clone(),
-                            Binding { value: Val::Error, span: name.span, kind: BindingKind::Let, used: true },
+                            Binding {
+                                value: Val::Error,
+                                span: name.span,
+                                kind: BindingKind::Let,
+                                used: true,
+                                used_before_defined: None,
+                            },
                         );
                     }
                 }
@@ -287,6 +296,18 @@ impl<'a> Lowerer<'a> {
     // ---- names ------------------------------------------------------------------------------
 
     pub fn define(&mut self, name: &Ident, value: Val, kind: BindingKind) {
+        let forward_use = self.scope.bindings.get(&name.name).and_then(|b| b.used_before_defined);
+        if let Some(index) = forward_use {
+            // The earlier use was the mistake (reported then); this is the name's one definition.
+            let use_before = &mut self.diagnostics[index];
+            use_before.message = format!("`{}` is used before it is defined", name.name);
+            use_before.primary.message = "used here".into();
+            use_before
+                .secondary
+                .push(dfc_diag::Label { span: name.span, message: "defined here, after the use".into() });
+            use_before.help = Some("move the definition above its first use".into());
+            self.scope.bindings.remove(&name.name);
+        }
         if let Some(previous) = self.scope.bindings.get(&name.name) {
             let previous_span = previous.span;
             let previous_kind = previous.kind.word();
@@ -310,9 +331,11 @@ impl<'a> Lowerer<'a> {
             );
         }
         self.note_type(name.span, &value);
-        let used = name.name.starts_with('_') || kind == BindingKind::LayerArgument;
+        let used = name.name.starts_with('_') || kind == BindingKind::LayerArgument || forward_use.is_some();
         self.scope.order.push(name.name.clone());
-        self.scope.bindings.insert(name.name.clone(), Binding { value, span: name.span, kind, used });
+        self.scope
+            .bindings
+            .insert(name.name.clone(), Binding { value, span: name.span, kind, used, used_before_defined: None });
     }
 
     pub fn lookup(&mut self, ident: &Ident) -> Val {
@@ -350,7 +373,13 @@ impl<'a> Lowerer<'a> {
         // Define it as poisoned so that later uses report nothing more.
         self.scope.bindings.insert(
             ident.name.clone(),
-            Binding { value: Val::Error, span: ident.span, kind: BindingKind::Let, used: true },
+            Binding {
+                value: Val::Error,
+                span: ident.span,
+                kind: BindingKind::Let,
+                used: true,
+                used_before_defined: Some(self.diagnostics.len() - 1),
+            },
         );
         Val::Error
     }
