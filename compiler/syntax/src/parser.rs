@@ -384,14 +384,25 @@ impl Builder<'_> {
             Rule::device_block => {
                 let spec_pair = inner.next()?;
                 let spec = if spec_pair.as_rule() == Rule::bad_device_spec {
-                    let text = spec_pair.as_str().trim().to_string();
+                    let text = spec_pair.as_str().trim();
                     let span = Span::new(spec_pair.as_span().start(), spec_pair.as_span().start() + text.len());
+                    // The device as meant, so that the help shows it quoted once and later
+                    // checks do not report the same slip again.
+                    let (message, label, value) = match text.strip_prefix('"') {
+                        None => ("a device is written as a string", "not a string", text),
+                        Some(rest) => match rest.split_once('"') {
+                            None => ("the device's string is never closed", "no closing quote", rest.trim()),
+                            Some((inside, _)) => {
+                                ("a device block's `{` must follow its string", "text after the string", inside)
+                            }
+                        },
+                    };
                     self.diagnostics.push(
-                        Diagnostic::error(Code::SYNTAX, span, "a device is written as a string")
-                            .with_label("not a string")
-                            .with_help(format!("put it in quotes: device \"{text}\" {{ ... }}")),
+                        Diagnostic::error(Code::SYNTAX, span, message)
+                            .with_label(label)
+                            .with_help(format!("write it as: device \"{value}\" {{ ... }}")),
                     );
-                    StrLit { value: text, span }
+                    StrLit { value: value.to_string(), span }
                 } else {
                     self.string(spec_pair)
                 };
