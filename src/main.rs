@@ -497,8 +497,8 @@ fn stop_quietly_on_a_closed_pipe() {
 /// Reads a source file. Bytes that are not UTF-8 are a diagnostic at the first bad byte, so
 /// even garbage input gets a located message.
 fn read_source(path: &Path) -> Result<(Source, Vec<Diagnostic>), Failure> {
-    let bytes =
-        std::fs::read(path).map_err(|e| Failure(format!("cannot read `{}`: {}", path.display(), io_reason(&e))))?;
+    let bytes = dfc_diag::read::read_at_most(path, dfc_diag::read::MAX_SOURCE_BYTES)
+        .map_err(|e| Failure(format!("cannot read `{}`: {}", path.display(), io_reason(&e))))?;
     let shown = path.display().to_string();
     match String::from_utf8(bytes) {
         Ok(text) => Ok((Source { path: shown, text }, Vec::new())),
@@ -523,6 +523,8 @@ fn io_reason(error: &std::io::Error) -> String {
         std::io::ErrorKind::NotFound => "no such file".into(),
         std::io::ErrorKind::PermissionDenied => "permission denied".into(),
         std::io::ErrorKind::IsADirectory => "it is a directory".into(),
+        // dfc's own words (`dfc_diag::read`), already as they should read.
+        std::io::ErrorKind::FileTooLarge => error.to_string(),
         _ => {
             let text = error.to_string();
             text.split(" (os error").next().unwrap_or(&text).to_lowercase()
@@ -616,8 +618,7 @@ fn check(files: &[PathBuf], model: &ModelArgs, format: MessageFormat) -> Outcome
 fn compile_options(model: &ModelArgs, args: &DistributeArgs) -> Result<dfc_compile::CompileOptions, Failure> {
     let cluster = match (&args.cluster, args.devices) {
         (Some(path), _) => {
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| Failure(format!("cannot read `{}`: {}", path.display(), io_reason(&e))))?;
+            let text = run::read_cluster(path).map_err(Failure)?;
             dfc_ir::Cluster::from_json(&text).map_err(|e| Failure(format!("cluster `{}`: {e}", path.display())))?
         }
         (None, devices) => {
@@ -820,8 +821,9 @@ fn compile(
 }
 
 fn read_plan(path: &Path) -> Result<dfc_plan::Plan, Failure> {
-    let bytes =
-        std::fs::read(path).map_err(|e| Failure(format!("cannot read `{}`: {}", path.display(), io_reason(&e))))?;
+    // A plan larger than a worker accepts could not run on workers either.
+    let bytes = dfc_diag::read::read_at_most(path, dfc_rpc::MAX_MESSAGE_BYTES as u64)
+        .map_err(|e| Failure(format!("cannot read `{}`: {}", path.display(), io_reason(&e))))?;
     dfc_plan::decode(&bytes).map_err(|e| Failure(format!("`{}`: {e}", path.display())))
 }
 

@@ -324,6 +324,16 @@ pub fn worker(
     Ok(std::process::ExitCode::SUCCESS)
 }
 
+/// The most a cluster file may hold (a thousand tasks take about 30 KiB).
+const MAX_CLUSTER_BYTES: u64 = 1 << 20;
+
+/// The text of a cluster file (`--cluster`, of `dfc compile` and `dfc run`).
+pub fn read_cluster(path: &Path) -> Result<String, String> {
+    let bytes = dfc_diag::read::read_at_most(path, MAX_CLUSTER_BYTES)
+        .map_err(|e| format!("cannot read `{}`: {e}", path.display()))?;
+    String::from_utf8(bytes).map_err(|_| format!("`{}` is not UTF-8 text", path.display()))
+}
+
 /// Where a run's cluster is described: `--cluster FILE`, or (without it and without `--spawn`)
 /// the TF_CONFIG environment variable, as TensorFlow's multi-worker strategies read it.
 enum ClusterSource {
@@ -371,10 +381,7 @@ fn run_remote(plan: &dfc_plan::Plan, args: &RunArgs, cluster: Option<ClusterSour
         (Some(source), None) => {
             let (text, origin) = match source {
                 ClusterSource::TfConfig(text) => (text, "TF_CONFIG".to_string()),
-                ClusterSource::File(file) => (
-                    std::fs::read_to_string(&file).map_err(|e| format!("cannot read `{}`: {e}", file.display()))?,
-                    file.display().to_string(),
-                ),
+                ClusterSource::File(file) => (read_cluster(&file)?, file.display().to_string()),
             };
             let (token, addresses, assignment) = cluster_workers(plan, &text, &origin, remote)?;
             // Under a launcher (mpirun, srun) or TF_CONFIG's `task`, every process runs this

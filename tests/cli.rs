@@ -307,6 +307,84 @@ fn command_errors_are_one_line() {
     assert!(text(&unwritable.stderr).contains("error: cannot write"), "{}", text(&unwritable.stderr));
 }
 
+/// A file that never ends (`/dev/zero`) or is far larger than its kind ever is, named where a
+/// source, cluster, token or TLS file goes, is refused in one line once past that kind's
+/// limit, not read until the machine's memory is gone.
+#[test]
+fn endless_files_are_refused_at_their_limit() {
+    let mlp = root().join("examples/mlp.df");
+    let mlp = mlp.to_str().expect("utf-8");
+    let plan = scratch("endless.plan");
+    assert!(dfc(&["compile", mlp, "-o", plan.to_str().expect("utf-8")]).status.success());
+    let plan = plan.to_str().expect("utf-8");
+    let tls = scratch("endless-tls");
+    std::fs::create_dir_all(&tls).unwrap();
+    let _ = std::fs::remove_file(tls.join("ca.pem"));
+    std::os::unix::fs::symlink("/dev/zero", tls.join("ca.pem")).unwrap();
+    let cases: [(&[&str], &str); 6] = [
+        (&["check", "/dev/zero"], "16 MiB"),
+        (&["fmt", "--check", "/dev/zero"], "16 MiB"),
+        (&["compile", mlp, "--cluster", "/dev/zero"], "1 MiB"),
+        (&["run", plan, "--cluster", "/dev/zero"], "1 MiB"),
+        (&["run", plan, "--spawn", "1", "--token-file", "/dev/zero"], "64 KiB"),
+        (&["run", plan, "--spawn", "1", "--tls-dir", tls.to_str().expect("utf-8")], "1 MiB"),
+    ];
+    for (args, limit) in cases {
+        let output = dfc(args);
+        assert_no_panic(&output);
+        let stderr = text(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{args:?}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(&format!("/dev/zero`: it holds more than {limit}"))
+                || stderr.contains(&format!("ca.pem`: it holds more than {limit}")),
+            "{args:?}: {stderr}"
+        );
+    }
+}
+
+/// A plan names the file it was compiled from, and a run reads that file (when the working
+/// directory has it) to name lines in its messages. That name is data: a FIFO or a device
+/// there must not stop the run.
+#[test]
+fn a_plan_whose_source_is_now_a_fifo_still_runs() {
+    let dir = scratch("fifo-source");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let model = "model m {\n    dim batch = 2\n    input x: f32[batch, 2]\n    input y: f32[batch, 2]\n    param w: f32[2, 2]\n    let error = x @ w - y\n    minimize mean(error * error) with sgd(lr = 0.1)\n}\n";
+    std::fs::write(dir.join("m.df"), model).unwrap();
+    std::fs::write(dir.join("x.csv"), "0.5,1\n1.5,-1\n").unwrap();
+    std::fs::write(dir.join("y.csv"), "0,1\n2,3\n").unwrap();
+    let run = |args: &[&str]| {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_dfc"))
+            .args(args)
+            .current_dir(&dir)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run dfc");
+        let started = std::time::Instant::now();
+        while child.try_wait().unwrap().is_none() {
+            if started.elapsed() > std::time::Duration::from_secs(60) {
+                let _ = child.kill();
+                panic!("dfc {args:?} did not end in 60 s");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        child.wait_with_output().unwrap()
+    };
+    let compiled = run(&["compile", "m.df", "-o", "m.plan"]);
+    assert!(compiled.status.success(), "{}", text(&compiled.stderr));
+    std::fs::remove_file(dir.join("m.df")).unwrap();
+    let name = std::ffi::CString::new(dir.join("m.df").to_str().expect("utf-8")).unwrap();
+    // SAFETY: `name` is a NUL-terminated path that outlives the call.
+    assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o600) }, 0);
+    let trained = run(&["run", "m.plan", "--feed", "x=x.csv", "--feed", "y=y.csv", "--steps", "2"]);
+    assert_no_panic(&trained);
+    assert!(trained.status.success(), "{}", text(&trained.stderr));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// `--overlap` overlaps mirrored replicas' all-reduces: under another strategy, or with local
 /// SGD's steps that have none, it is refused in one line; a mirrored plan says it overlaps.
 #[test]

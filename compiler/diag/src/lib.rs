@@ -1,11 +1,14 @@
 //! Diagnostics shared by every stage of dfc: source spans, the stable error codes, and the
-//! `Diagnostic` value that the front end, semantic analysis and the passes produce.
+//! `Diagnostic` value that the front end, semantic analysis and the passes produce; and the
+//! bounded reading of the files dfc is given (`read`), so that every stage refuses an endless or
+//! oversized file in the same words.
 //!
 //! Architecture Invariant: nothing here renders. The command line (through miette) and the
 //! language server turn the same `Diagnostic` values into text or LSP messages.
 
 mod codes;
 mod line_index;
+pub mod read;
 
 pub use codes::{Code, ALL_CODES};
 pub use line_index::{LineCol, LineIndex};

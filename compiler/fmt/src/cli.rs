@@ -48,8 +48,17 @@ pub fn run(files: &[PathBuf], check: bool, streams: &mut Streams) -> bool {
 
 fn stdin(check: bool, streams: &mut Streams) -> bool {
     let mut bytes = Vec::new();
-    if let Err(error) = streams.stdin.read_to_end(&mut bytes) {
+    let limit = dfc_diag::read::MAX_SOURCE_BYTES;
+    if let Err(error) = (&mut streams.stdin).take(limit + 1).read_to_end(&mut bytes) {
         let _ = writeln!(streams.stderr, "error: cannot read standard input: {error}");
+        return false;
+    }
+    if bytes.len() as u64 > limit {
+        let _ = writeln!(
+            streams.stderr,
+            "error: standard input holds more than {} MiB, the most a source may",
+            limit >> 20
+        );
         return false;
     }
     let name = "<stdin>";
@@ -66,7 +75,7 @@ fn stdin(check: bool, streams: &mut Streams) -> bool {
 
 fn one_file(path: &Path, check: bool, streams: &mut Streams) -> bool {
     let shown = path.display();
-    let bytes = match std::fs::read(path) {
+    let bytes = match dfc_diag::read::read_at_most(path, dfc_diag::read::MAX_SOURCE_BYTES) {
         Ok(bytes) => bytes,
         Err(error) => {
             let _ = writeln!(streams.stderr, "error: cannot read `{shown}`: {error}");

@@ -52,14 +52,12 @@ impl PlanSource {
 }
 
 /// The text of the plan's source, if the working directory holds the file it was compiled
-/// from (same name, same hash).
+/// from (same name, same hash). The name comes from the plan: only a regular file of a
+/// source's size is read (not a FIFO that would never answer, nor `/dev/zero`).
 fn source_text(plan: &Plan) -> Option<String> {
-    const MAX_SOURCE: u64 = 16 << 20;
     let path = Path::new(&plan.source_name);
-    if std::fs::metadata(path).ok()?.len() > MAX_SOURCE {
-        return None;
-    }
-    let text = std::fs::read_to_string(path).ok()?;
+    let bytes = dfc_diag::read::read_regular_at_most(path, dfc_diag::read::MAX_SOURCE_BYTES).ok()?;
+    let text = String::from_utf8(bytes).ok()?;
     (dfc_plan::source_hash(&text) == plan.source_hash).then_some(text)
 }
 

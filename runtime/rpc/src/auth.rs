@@ -12,16 +12,21 @@ use tonic::{Request, Status};
 /// The environment variable that holds the token when no `--token-file` is given.
 pub const TOKEN_VARIABLE: &str = "DFC_TOKEN";
 
+/// The most a token file may hold: its first line is the token.
+const MAX_TOKEN_FILE_BYTES: u64 = 64 << 10;
+
 /// The token from `file` (its first line, trimmed) or else from `DFC_TOKEN`.
 pub fn load_token(file: Option<&std::path::Path>) -> Result<String, String> {
     let token = match file {
-        Some(path) => std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read the token file `{}`: {e}", path.display()))?
-            .lines()
-            .next()
-            .unwrap_or("")
-            .trim()
-            .to_string(),
+        Some(path) => String::from_utf8_lossy(
+            &dfc_diag::read::read_at_most(path, MAX_TOKEN_FILE_BYTES)
+                .map_err(|e| format!("cannot read the token file `{}`: {e}", path.display()))?,
+        )
+        .lines()
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_string(),
         None => std::env::var(TOKEN_VARIABLE).map_err(|_| {
             format!("no token: give --token-file FILE or set {TOKEN_VARIABLE} (workers refuse calls without one)")
         })?,

@@ -115,7 +115,9 @@ pub fn make(out: &Path, hosts: &[String]) -> Result<Made, String> {
     let (ca_pem, key, new_ca) = match (ca_cert.exists(), ca_key.exists()) {
         (true, true) => {
             let read = |path: &Path| {
-                std::fs::read_to_string(path).map_err(|e| format!("cannot read `{}`: {e}", path.display()))
+                let bytes = dfc_diag::read::read_at_most(path, crate::tls::MAX_PEM_BYTES)
+                    .map_err(|e| format!("cannot read `{}`: {e}", path.display()))?;
+                String::from_utf8(bytes).map_err(|_| format!("`{}` is not PEM text", path.display()))
             };
             let key =
                 KeyPair::from_pem(&read(&ca_key)?).map_err(|e| format!("`{}` is not a key: {e}", ca_key.display()))?;

@@ -23,6 +23,10 @@ use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity, ServerT
 /// The data plane's ALPN protocol: a data connection is never taken for a gRPC one.
 const DATA_ALPN: &[u8] = b"dfc-data/2";
 
+/// The most a PEM file of a `--tls-dir` (or of `dfc certs`' CA) may hold: a certificate or key
+/// takes a few KiB.
+pub(crate) const MAX_PEM_BYTES: u64 = 1 << 20;
+
 #[derive(Clone)]
 pub struct Tls {
     ca: Certificate,
@@ -36,7 +40,8 @@ impl Tls {
     /// Reads `ca.pem`, `cert.pem` and `key.pem` from `dir`; each must hold what its name says.
     pub fn load(dir: &Path) -> Result<Tls, String> {
         let read = |name: &str| {
-            std::fs::read(dir.join(name)).map_err(|e| format!("cannot read `{}`: {e}", dir.join(name).display()))
+            dfc_diag::read::read_at_most(&dir.join(name), MAX_PEM_BYTES)
+                .map_err(|e| format!("cannot read `{}`: {e}", dir.join(name).display()))
         };
         let (ca, cert, key) = (read("ca.pem")?, read("cert.pem")?, read("key.pem")?);
         let (data_server, data_client) = data_configs(dir, &ca, &cert, &key)?;
