@@ -444,8 +444,9 @@ struct Prepared {
 
 /// A GPU partition's device, which all its programs share, with the partition's variables
 /// resident there: a program's run copies up only the variables the host's copy of which is
-/// newer (the session initialised, restored or wrote them), and copies down none: the session
-/// asks for the device's newer values when it reads its variables ([`GpuPartition::download_newer`]).
+/// newer (the session initialised, restored or wrote them), and copies down only what a host
+/// step reads or the run fetches: the session asks for the device's newer values when it reads
+/// its variables ([`GpuPartition::download_newer`]).
 pub struct GpuPartition {
     state: std::sync::Mutex<PartitionState>,
 }
