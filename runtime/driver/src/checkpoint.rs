@@ -190,9 +190,13 @@ pub fn latest(dir: &Path) -> Result<Option<Checkpoint>, CheckpointError> {
     }
 }
 
-/// Loads the checkpoint at `path`: its step, epoch and variables.
+/// Loads the checkpoint at `path`: its step, epoch and variables. Only a regular file is read
+/// (a FIFO of a checkpoint's name would never answer), and not one larger than the memory
+/// available.
 pub fn load(path: &Path) -> Result<Checkpoint, CheckpointError> {
-    let bytes = std::fs::read(path).map_err(|source| CheckpointError::Io { path: path.to_path_buf(), source })?;
+    let limit = crate::memory::available_bytes().unwrap_or(u64::MAX);
+    let bytes = dfc_diag::read::read_regular_at_most(path, limit)
+        .map_err(|source| CheckpointError::Io { path: path.to_path_buf(), source })?;
     parse(path, &bytes)
 }
 

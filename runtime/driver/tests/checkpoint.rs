@@ -161,6 +161,19 @@ fn load_err(path: &Path) -> String {
     }
 }
 
+/// A checkpoint named on a command line may be anything: a device or a pipe is refused at once,
+/// not read for ever.
+#[test]
+fn devices_and_fifos_are_not_checkpoints() {
+    let msg = load_err(Path::new("/dev/zero"));
+    assert!(msg.contains("/dev/zero") && msg.contains("not a regular file"), "{msg}");
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("ckpt-00000001.safetensors");
+    assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    let msg = load_err(&fifo);
+    assert!(msg.contains("not a regular file"), "{msg}");
+}
+
 #[test]
 fn damaged_and_foreign_files_are_errors() {
     let dir = tempfile::tempdir().unwrap();
