@@ -38,7 +38,7 @@ pub struct BenchArgs {
     #[arg(long, value_name = "N", default_value_t = 10)]
     warmup: u64,
     /// Time steps until at least this many seconds have passed (and --min-steps are done).
-    #[arg(long, value_name = "SECS", default_value_t = 3.0, value_parser = non_negative)]
+    #[arg(long, value_name = "SECS", default_value_t = 3.0, value_parser = seconds)]
     min_time: f64,
     /// Time at least this many steps.
     #[arg(long, value_name = "N", default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..))]
@@ -58,10 +58,12 @@ pub struct BenchArgs {
     timeline: Option<PathBuf>,
 }
 
-fn non_negative(text: &str) -> Result<f64, String> {
+/// A number of seconds from the command line: 0 to a day (a `Duration` of more would be of no
+/// use, and past 2^64 s it could not be made at all).
+pub fn seconds(text: &str) -> Result<f64, String> {
     match text.trim().parse::<f64>() {
-        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
-        _ => Err(format!("`{text}` is not a number of seconds (0 or more)")),
+        Ok(v) if (0.0..=86_400.0).contains(&v) => Ok(v),
+        _ => Err(format!("`{text}` is not a number of seconds from 0 to 86400 (a day)")),
     }
 }
 

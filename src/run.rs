@@ -112,7 +112,7 @@ pub struct RemoteArgs {
     #[arg(long, value_name = "DIR")]
     pub tls_dir: Option<PathBuf>,
     /// How long a worker waits for another within a step before the step fails (seconds).
-    #[arg(long, default_value_t = 30.0, value_name = "SECONDS")]
+    #[arg(long, default_value_t = 30.0, value_name = "SECONDS", value_parser = crate::bench::seconds)]
     pub wait: f64,
     /// How all-reduces go between workers: `hierarchical` reduces within each host (through
     /// shared memory), runs the ring between hosts and spreads the sums again, where a group's

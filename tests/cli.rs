@@ -343,6 +343,31 @@ fn endless_files_are_refused_at_their_limit() {
     }
 }
 
+/// Numbers that no run could use (a wait past the end of time, an empty buffer) are refused by
+/// the command line, not left to panic where they are used.
+#[test]
+fn numbers_out_of_range_are_refused_by_the_command_line() {
+    let plan = scratch("numbers.plan");
+    let mlp = root().join("examples/mlp.df");
+    assert!(dfc(&["compile", mlp.to_str().expect("utf-8"), "-o", plan.to_str().expect("utf-8")]).status.success());
+    let plan = plan.to_str().expect("utf-8");
+    let cases: [&[&str]; 6] = [
+        &["run", plan, "--spawn", "1", "--wait", "inf"],
+        &["run", plan, "--spawn", "1", "--wait", "1e20"],
+        &["run", plan, "--spawn", "1", "--wait", "NaN"],
+        &["bench", plan, "--min-time", "1e300"],
+        &["bench-allreduce", "--sizes-mib", "0"],
+        &["bench-allreduce", "--sizes-mib", "4,2048"],
+    ];
+    for args in cases {
+        let output = dfc(args);
+        assert_no_panic(&output);
+        let stderr = text(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.starts_with("error: invalid value"), "{args:?}: {stderr}");
+    }
+}
+
 /// A plan names the file it was compiled from, and a run reads that file (when the working
 /// directory has it) to name lines in its messages. That name is data: a FIFO or a device
 /// there must not stop the run.

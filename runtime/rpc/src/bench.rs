@@ -23,7 +23,8 @@ use std::time::{Duration, Instant};
 pub fn loopback_tcp_bytes_per_second(links: usize, total: usize, span: usize) -> Result<f64, String> {
     const IO: usize = 1 << 20;
     let links = links.max(1);
-    let span = span.next_multiple_of(IO);
+    // At least one write's worth: the writers and readers go round the span.
+    let span = span.max(1).next_multiple_of(IO);
     let start = std::sync::Arc::new(std::sync::Barrier::new(2 * links));
     let mut readers = Vec::new();
     let mut addresses = Vec::new();

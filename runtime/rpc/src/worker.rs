@@ -590,8 +590,14 @@ impl Worker for WorkerService {
         if rank >= n || request.names.len() != n || request.id.is_empty() {
             return Err(bad(format!("rank {rank} among {n} workers ({} names)", request.names.len())));
         }
-        if !request.bytes.is_multiple_of(4) || request.bytes > MAX_MESSAGE_BYTES as u64 || request.iterations > 1000 {
-            return Err(bad("the buffer is a whole number of f32 of at most 1 GiB, timed at most 1000 times"));
+        if request.bytes == 0
+            || !request.bytes.is_multiple_of(4)
+            || request.bytes > MAX_MESSAGE_BYTES as u64
+            || request.iterations > 1000
+        {
+            return Err(bad(
+                "the buffer is a whole number of f32 (at least one, at most 1 GiB), timed at most 1000 times",
+            ));
         }
         let routes = Routes {
             rank,
