@@ -236,3 +236,37 @@ fn line_and_character(text: &str, offset: usize) -> (usize, usize) {
     let start = text[..offset].rfind('\n').map_or(0, |i| i + 1);
     (line, offset - start)
 }
+
+/// A client's headers are read within bounds: a `Content-Length` of 100 GB, or a header line
+/// that never ends, ends the session at once with a message naming it (the transport of
+/// lsp-server, which dfc no longer uses for stdio, would have allocated the 100 GB).
+#[test]
+fn hostile_headers_end_the_session_with_a_message() {
+    use std::io::Write;
+    let cases: [(&[u8], &str); 2] = [
+        (b"Content-Length: 100000000000\r\n\r\n", "Content-Length 100000000000: a body of 0 to 64 MiB"),
+        (&[b'x'; 100_000], "a header line longer than 8 KiB"),
+    ];
+    for (input, expected) in cases {
+        let mut server = Command::new(env!("CARGO_BIN_EXE_dfc"))
+            .arg("lsp")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("start dfc lsp");
+        let mut stdin = server.stdin.take().unwrap();
+        // The server may stop reading (and close its end) before the whole input is written.
+        let _ = stdin.write_all(input);
+        let started = std::time::Instant::now();
+        while server.try_wait().unwrap().is_none() {
+            assert!(started.elapsed().as_secs() < 30, "dfc lsp still runs 30 s after {expected:?}");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        drop(stdin);
+        let output = server.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains(expected), "{stderr}");
+    }
+}

@@ -9,6 +9,7 @@
 
 mod convert;
 mod handlers;
+mod transport;
 
 use convert::Encoding;
 use dfc_ide::FileAnalysis;
@@ -19,7 +20,7 @@ use std::collections::HashMap;
 
 /// Serves one client on stdin and stdout until it asks the server to exit.
 pub fn serve_stdio() -> Result<(), String> {
-    let (connection, io_threads) = Connection::stdio();
+    let (connection, io_threads) = transport::stdio();
     let served = serve(&connection);
     drop(connection);
     io_threads.join().map_err(|e| format!("the language server's stdio failed: {e}"))?;
