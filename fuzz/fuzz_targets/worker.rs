@@ -2,7 +2,8 @@
 //! without it makes are refused by the interceptor before any of this runs): each input is a
 //! sequence of calls — registrations of the real plan, of the plan with its payload changed
 //! (checksum made right) and of bytes that are no plan; programs; steps on random feeds;
-//! pushes of chunks that contradict each other; aborts, variables, restores — sent to one
+//! pushes of chunks that contradict each other; aborts, variables, restores; all-reduce
+//! benchmarks of any size among one to three workers (the others unreachable) — sent to one
 //! worker in this process. A panic anywhere in the worker is a crash; after each sequence the
 //! worker must still answer `Health`.
 
@@ -70,6 +71,7 @@ enum Call {
     Abort { step: u8 },
     GetVariables,
     Restore { variables: Vec<(u8, Option<FuzzTensor>)> },
+    BenchAllReduce { id: Vec<u8>, rank: u8, workers: u8, bytes: u16, iterations: u8, hierarchical: bool },
 }
 
 const NAMES: [&str; 8] = ["x", "y", "w", "b", "loss", "prediction", "", "w/update"];
@@ -180,6 +182,22 @@ fuzz_target!(|data: &[u8]| {
                 Call::Restore { variables } => {
                     let request = RestoreRequest { plan_sha256: registered.clone(), variables: named(variables) };
                     let _ = client.restore(request).await;
+                }
+                Call::BenchAllReduce { id, rank, workers, bytes, iterations, hierarchical } => {
+                    let workers: Vec<String> = (0..workers % 3 + 1).map(|i| format!("127.0.0.{}:1", i + 1)).collect();
+                    let request = BenchAllReduceRequest {
+                        id: id.into_iter().take(32).collect::<Vec<u8>>().into(),
+                        rank: u32::from(rank % 4),
+                        names: workers.iter().enumerate().map(|(i, _)| format!("/job:worker/task:{i}")).collect(),
+                        workers,
+                        bytes: u64::from(bytes),
+                        iterations: u32::from(iterations % 4),
+                        wait_ms: 50,
+                        data_ports: vec![],
+                        tcp_only: false,
+                        all_reduce: if hierarchical { "hierarchical" } else { "ring" }.into(),
+                    };
+                    let _ = client.bench_all_reduce(request).await;
                 }
             }
         }

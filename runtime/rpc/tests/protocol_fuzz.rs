@@ -1,6 +1,6 @@
 //! Thousands of random calls from a client that holds the token: plans that are not plans,
 //! registrations that contradict themselves, programs and steps out of order, feeds and pushed
-//! chunks of every wrong shape. The worker answers each (an error or not), never panics, and
+//! chunks of every wrong shape, all-reduce benchmarks of every size. The worker answers each (an error or not), never panics, and
 //! still answers `Health` at the end. Its own binary, so that its panic hook sees only it.
 
 use dfc_rpc::auth::AddToken;
@@ -111,7 +111,7 @@ async fn thousands_of_random_calls_never_crash_the_worker() {
         let sha = if random.chance(80) { hash.clone() } else { random.pick(&hashes).clone() };
         let timeout = Duration::from_secs(10);
         let call = async {
-            match random.below(10) {
+            match random.below(11) {
                 9 => {
                     // A step that fits the plan, on random values (NaN and infinities among
                     // them): the program may be missing, or the plan not registered.
@@ -253,6 +253,25 @@ async fn thousands_of_random_calls_never_crash_the_worker() {
                     drop(client.abort(request).await)
                 }
                 7 => drop(client.get_variables(VariablesRequest { plan_sha256: sha }).await),
+                10 => {
+                    // An all-reduce benchmark of any size among one to three workers, the
+                    // others unreachable: timed alone, or refused, or given up after its wait.
+                    let workers: Vec<String> = (0..random.below(4)).map(|i| format!("127.0.0.{}:1", i + 1)).collect();
+                    let any = random.number();
+                    let request = BenchAllReduceRequest {
+                        id: random.bytes(16).into(),
+                        rank: random.below(4) as u32,
+                        names: workers.iter().enumerate().map(|(i, _)| format!("/job:worker/task:{i}")).collect(),
+                        workers,
+                        bytes: *random.pick(&[0, 2, 4, 4096, any]),
+                        iterations: random.below(4) as u32,
+                        wait_ms: random.below(100),
+                        data_ports: (0..random.below(3)).map(|_| random.number() as u32).collect(),
+                        tcp_only: random.chance(50),
+                        all_reduce: random.pick(&["", "ring", "hierarchical", "mpi"]).to_string(),
+                    };
+                    drop(client.bench_all_reduce(request).await)
+                }
                 _ => {
                     let variables = (0..random.below(3))
                         .map(|_| NamedTensor {
