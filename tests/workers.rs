@@ -873,7 +873,10 @@ fn the_all_reduce_algorithm_is_chosen_by_hosts_and_refused_where_it_cannot_apply
     assert!(!without_launcher.status.success() && stderr.contains("needs a job launched by mpirun"), "{stderr}");
     let in_process = run(&["--all-reduce", "ring"]);
     let stderr = text(&in_process.stderr);
-    assert!(!in_process.status.success() && stderr.contains("give it with --cluster, TF_CONFIG or --spawn"), "{stderr}");
+    assert!(
+        !in_process.status.success() && stderr.contains("give it with --cluster, TF_CONFIG or --spawn"),
+        "{stderr}"
+    );
 }
 
 /// Two free loopback addresses (bound and released: another process could take one meanwhile,

@@ -12,7 +12,7 @@ pub const MAX_SOURCE_BYTES: u64 = 16 << 20;
 /// The file at `path`, refused (`ErrorKind::FileTooLarge`) past `limit` bytes, read no further
 /// than that. Pipes and `/dev/stdin` are read like files: the user named them.
 pub fn read_at_most(path: &Path, limit: u64) -> std::io::Result<Vec<u8>> {
-    read_from(File::open(path)?, limit)
+    read_stream_at_most(File::open(path)?, limit)
 }
 
 /// As [`read_at_most`], for a name that came from data rather than from the user (a plan's
@@ -23,12 +23,13 @@ pub fn read_regular_at_most(path: &Path, limit: u64) -> std::io::Result<Vec<u8>>
     if !file.metadata()?.is_file() {
         return Err(Error::new(ErrorKind::InvalidInput, "it is not a regular file"));
     }
-    read_from(file, limit)
+    read_stream_at_most(file, limit)
 }
 
-fn read_from(file: File, limit: u64) -> std::io::Result<Vec<u8>> {
+/// As [`read_at_most`], from a stream (standard input).
+pub fn read_stream_at_most(stream: impl Read, limit: u64) -> std::io::Result<Vec<u8>> {
     let mut bytes = Vec::new();
-    file.take(limit.saturating_add(1)).read_to_end(&mut bytes)?;
+    stream.take(limit.saturating_add(1)).read_to_end(&mut bytes)?;
     if bytes.len() as u64 > limit {
         return Err(Error::new(ErrorKind::FileTooLarge, format!("it holds more than {}", size(limit))));
     }

@@ -47,20 +47,13 @@ pub fn run(files: &[PathBuf], check: bool, streams: &mut Streams) -> bool {
 }
 
 fn stdin(check: bool, streams: &mut Streams) -> bool {
-    let mut bytes = Vec::new();
-    let limit = dfc_diag::read::MAX_SOURCE_BYTES;
-    if let Err(error) = (&mut streams.stdin).take(limit + 1).read_to_end(&mut bytes) {
-        let _ = writeln!(streams.stderr, "error: cannot read standard input: {error}");
-        return false;
-    }
-    if bytes.len() as u64 > limit {
-        let _ = writeln!(
-            streams.stderr,
-            "error: standard input holds more than {} MiB, the most a source may",
-            limit >> 20
-        );
-        return false;
-    }
+    let bytes = match dfc_diag::read::read_stream_at_most(&mut streams.stdin, dfc_diag::read::MAX_SOURCE_BYTES) {
+        Ok(bytes) => bytes,
+        Err(error) => {
+            let _ = writeln!(streams.stderr, "error: cannot read standard input: {error}");
+            return false;
+        }
+    };
     let name = "<stdin>";
     let Some((text, formatted)) = format_bytes(name, &bytes, streams.stderr) else { return false };
     if check {
