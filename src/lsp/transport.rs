@@ -13,7 +13,7 @@ use lsp_server::{Connection, Message};
 /// The longest header line accepted (`Content-Length: N`, `Content-Type: ...`).
 const MAX_HEADER_LINE: u64 = 8 << 10;
 /// The largest message body accepted: a document at dfc's source limit, escaped as JSON.
-pub const MAX_BODY: usize = 64 << 20;
+const MAX_BODY: usize = 64 << 20;
 
 /// The reading and writing threads behind a [`Connection`].
 pub struct IoThreads {
@@ -54,15 +54,13 @@ pub fn stdio() -> (Connection, IoThreads) {
 /// The next message, or `None` at the end of the input before one begins.
 pub fn read_message(input: &mut impl BufRead) -> io::Result<Option<Message>> {
     let mut length = None;
-    let mut line = String::new();
+    let (mut line, mut started) = (String::new(), false);
     loop {
         line.clear();
         if input.take(MAX_HEADER_LINE).read_line(&mut line)? == 0 {
-            return match length {
-                None => Ok(None),
-                Some(_) => Err(invalid("the input ended within a message's headers")),
-            };
+            return if started { Err(invalid("the input ended within a message's headers")) } else { Ok(None) };
         }
+        started = true;
         let Some(header) = line.strip_suffix("\r\n") else {
             return Err(invalid(if line.len() as u64 >= MAX_HEADER_LINE {
                 format!("a header line longer than {} KiB", MAX_HEADER_LINE >> 10)
@@ -127,9 +125,13 @@ mod tests {
         let endless = vec![b'x'; 1 << 20];
         let error = read(&endless).unwrap_err();
         assert!(error.to_string().contains("longer than 8 KiB"), "{error}");
-        for bad in
-            [&b"Content-Length 5\r\n\r\n"[..], b"\r\n", b"Content-Length: 5\r\n", b"Content-Length: 5\r\n\r\n{\"a\":"]
-        {
+        for bad in [
+            &b"Content-Length 5\r\n\r\n"[..],
+            b"\r\n",
+            b"Content-Type: x\r\n",
+            b"Content-Length: 5\r\n",
+            b"Content-Length: 5\r\n\r\n{\"a\":",
+        ] {
             assert!(read(bad).is_err(), "{:?}", String::from_utf8_lossy(bad));
         }
     }
