@@ -330,7 +330,7 @@ const MAX_CLUSTER_BYTES: u64 = 1 << 20;
 /// The text of a cluster file (`--cluster`, of `dfc compile` and `dfc run`).
 pub fn read_cluster(path: &Path) -> Result<String, String> {
     let bytes = dfc_diag::read::read_at_most(path, MAX_CLUSTER_BYTES)
-        .map_err(|e| format!("cannot read `{}`: {e}", path.display()))?;
+        .map_err(|e| format!("cannot read `{}`: {}", path.display(), crate::io_reason(&e)))?;
     String::from_utf8(bytes).map_err(|_| format!("`{}` is not UTF-8 text", path.display()))
 }
 
