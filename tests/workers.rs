@@ -917,19 +917,19 @@ fn launcher_ranks_and_tf_config_start_a_job_with_one_command() {
     let rank0 = command(&|c| {
         c.args(["--cluster", s(&cluster)]).env("OMPI_COMM_WORLD_RANK", "0");
     });
-    let serving = "serving /job:worker/task:1";
-    for (name, child, serves) in [("rank 0", rank0, false), ("rank 1", rank1, true)] {
-        let output = child.wait_with_output().unwrap();
-        let stderr = text(&output.stderr);
-        assert!(output.status.success(), "{name}: {stderr}");
-        // A process that trained alone would end with the same parameters: its words tell.
-        assert_eq!(
-            stderr.contains(&format!("{serving} at {} (OMPI_COMM_WORLD_RANK=1)", addresses[1])),
-            serves,
-            "{name}: {stderr}"
-        );
-        assert_eq!(stderr.contains("worker /job:worker/task:1 at"), !serves, "{name}: {stderr}");
-    }
+    // A process that trained alone would end with the same parameters: its words tell which
+    // process served task 1 (and why) and which drove.
+    let roles = |processes: [(&str, std::process::Child, bool); 2], why: &str| {
+        for (name, child, serves) in processes {
+            let output = child.wait_with_output().unwrap();
+            let stderr = text(&output.stderr);
+            assert!(output.status.success(), "{name}: {stderr}");
+            let serving = format!("serving /job:worker/task:1 at {} ({why}", addresses[1]);
+            assert_eq!(stderr.contains(&serving), serves, "{name}: {stderr}");
+            assert_eq!(stderr.contains("worker /job:worker/task:1 at"), !serves, "{name}: {stderr}");
+        }
+    };
+    roles([("rank 0", rank0, false), ("rank 1", rank1, true)], "OMPI_COMM_WORLD_RANK=1)");
     let launched = dfc_driver::checkpoint::latest(&checkpoints).unwrap().expect("the driver checkpoints");
     assert_same_parameters("mpirun-style ranks", &embedded, &launched);
 
@@ -948,17 +948,7 @@ fn launcher_ranks_and_tf_config_start_a_job_with_one_command() {
     let task0 = command(&|c| {
         c.env("TF_CONFIG", with_task(0));
     });
-    for (name, child, serves) in [("task 0", task0, false), ("task 1", task1, true)] {
-        let output = child.wait_with_output().unwrap();
-        let stderr = text(&output.stderr);
-        assert!(output.status.success(), "{name}: {stderr}");
-        assert_eq!(
-            stderr.contains(&format!("{serving} at {} (TF_CONFIG task", addresses[1])),
-            serves,
-            "{name}: {stderr}"
-        );
-        assert_eq!(stderr.contains("worker /job:worker/task:1 at"), !serves, "{name}: {stderr}");
-    }
+    roles([("task 0", task0, false), ("task 1", task1, true)], "TF_CONFIG task");
     let launched = dfc_driver::checkpoint::latest(&checkpoints).unwrap().expect("the driver checkpoints");
     assert_same_parameters("TF_CONFIG tasks", &embedded, &launched);
 }
