@@ -114,6 +114,9 @@ const EXPRESSIONS: &[&str] = &[
     "sum(m, axis = [0, 2])",
     "mean(m, axis = 1)",
     "max(m, axis = [1, 2])",
+    // a scalar's reductions, whose one output is set anew at each run
+    "sum(sum(a)) + mean(max(a))",
+    "min(min(a) * 2.0)",
     // row ops
     "softmax(a)",
     "log_softmax(a * b)",
@@ -129,6 +132,12 @@ const EXPRESSIONS: &[&str] = &[
     "softmax(m)",
     "softmax(a, axis = 0)",
     "layer_norm(a)",
+    // one row: a vector's row ops
+    "softmax(b)",
+    "log_softmax(b * 2.0)",
+    "layer_norm(b)",
+    "argmax(b)",
+    "softmax_cross_entropy(b, softmax(b * 3.0))",
     "layer_norm(d * 3.0, epsilon = 0.1)",
     "layer_norm(m) * sum(n, axis = 1) + 1.0",
     // rows longer than codegen writes out in full (`UNROLLED_MAX`, 16): loops instead
@@ -215,14 +224,20 @@ fn disagreements(cluster: Cluster, backend: Backend) -> Vec<String> {
             }
             Err(e) => panic!("`{expression}` does not compile: {e:?}"),
         };
+        // One session per backend for the three feeds: a run must not see the last one's values.
+        let mut sessions: Vec<_> = [Backend::Interp, backend]
+            .into_iter()
+            .map(|backend| {
+                let session = Session::with_backend(&plan, 0, backend).unwrap();
+                let program = session.program(&["y"], &[]).unwrap();
+                (session, program)
+            })
+            .collect();
         for _ in 0..3 {
             let data = feeds(&mut rng, &plan);
-            let run = |backend| {
-                let mut session = Session::with_backend(&plan, 0, backend).unwrap();
-                let program = session.program(&["y"], &[]).unwrap();
-                session.run(&program, &data).unwrap().remove(0)
-            };
-            let (reference, native) = (run(Backend::Interp), run(backend));
+            let mut results =
+                sessions.iter_mut().map(|(session, program)| session.run(program, &data).unwrap().remove(0));
+            let (reference, native) = (results.next().unwrap(), results.next().unwrap());
             let tolerance = if expression.contains('@') || expression.contains("matmul") || expression.contains("conv")
             {
                 1e-5

@@ -314,9 +314,10 @@ fn emit_kernel<'ctx>(
         Root::Row(_) if nest.extents.len() < 2 => 1,
         _ => nest.extents[0],
     };
+    // A row op's rows write their own outputs, also when there is one row (a vector's
+    // softmax): not a reduction, which a GPU would run in passes.
     let split = match &root {
         Root::Reduce { .. } => !nest.reduced[0],
-        Root::Row(_) => nest.extents.len() >= 2,
         _ => true,
     };
     let parallel = split && rows >= 2 && total >= PARALLEL_MIN_ELEMENTS;
@@ -503,10 +504,12 @@ fn plan_nest(module: &Module, kernel: &Kernel, root: &Root) -> Nest {
     }
     nest.one_hot_dim = one_hot_dim.into_iter().map(|(id, dim)| (id, dim.map(|d| dim_of[d]))).collect();
     if nest.extents.is_empty() {
-        // A scalar: one iteration of one loop.
+        // A scalar: one iteration of one loop, whose one output is a row of one element (its
+        // stride is the row's length to `emit_reduce`, which initialises the rows it writes:
+        // with 0 it initialised none, and a scalar's sum added to the last run's).
         nest.extents.push(1);
         nest.reduced.push(false);
-        nest.out.push(0);
+        nest.out.push(1);
         for s in nest.leaves.values_mut() {
             s.push(0);
         }
