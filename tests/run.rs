@@ -407,6 +407,22 @@ fn fetch_runs_forward_on_every_example() {
         "{}",
         text(&unknown.stderr)
     );
+
+    // Outputs that are not per example (the loss, a weight) are refused, naming their type:
+    // the batches' values cannot be stacked (a scalar) or would belong to no example.
+    let source = std::fs::read_to_string(root().join("examples/linear_regression.df")).expect("the example");
+    let source = source.replace("    output prediction\n", "    output prediction, loss, w\n");
+    assert!(source.contains("output prediction, loss, w"), "the example's output line moved");
+    let path = dir.join("outputs.df");
+    std::fs::write(&path, source).expect("write");
+    let plan = dir.join("outputs.plan");
+    assert!(dfc(&["compile", s(&path), "-o", s(&plan)]).status.success());
+    for (output, ty) in [("loss", "f32[]"), ("w", "f32[13,1]")] {
+        let refused = dfc(&["run", s(&plan), "--feed", &feeds[0], "--feed", &feeds[1], "--fetch", output]);
+        assert_eq!(refused.status.code(), Some(1), "{output}: {}", text(&refused.stderr));
+        let expected = format!("`{output}` is {ty}, without the leading axis of the batch (32): --fetch gives an output per example");
+        assert!(text(&refused.stderr).contains(&expected), "{output}: {}", text(&refused.stderr));
+    }
 }
 
 #[test]

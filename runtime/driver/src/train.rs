@@ -645,8 +645,17 @@ pub fn evaluate<R: Runner>(
 pub fn infer<R: Runner>(session: &mut R, output: &str, feeds: &[(String, PathBuf)]) -> Result<Tensor, RunError> {
     let plan = session.plan().clone();
     let plan = &plan;
-    lookup_output(plan, output)?;
+    let ty = lookup_output(plan, output)?;
     let batch = batch_size(plan)?;
+    if ty.shape.dims().first() != Some(&batch) {
+        // Stacking batches of anything else along its leading axis would give values that
+        // belong to no example (a scalar cannot be stacked at all).
+        return Err(RunError::Usage(format!(
+            "`{output}` is {ty}, without the leading axis of the batch ({batch}): --fetch \
+             gives an output per example; a value of a whole batch (a mean, a loss, a metric) is \
+             what `dfc run --eval-feed` reports"
+        )));
+    }
     let data = load_feeds(plan, feeds, "--feed")?;
     let program = session.program(&[output], &[])?;
     require_inputs(session.inputs(&program), &data, "--feed")?;
@@ -674,10 +683,10 @@ fn stack_examples(parts: &[Tensor], n: usize) -> Result<Tensor, RunError> {
     Ok(dfc_interp::eval(&Op::Slice { begin, size }, &[&joined])?)
 }
 
-/// Checks that `name` is a named output or metric of the plan.
-fn lookup_output(plan: &Plan, name: &str) -> Result<(), RunError> {
-    if plan.outputs.iter().chain(&plan.metrics).any(|o| o.name == name) {
-        return Ok(());
+/// The type of the plan's output or metric `name`.
+fn lookup_output<'p>(plan: &'p Plan, name: &str) -> Result<&'p dfc_ir::TensorType, RunError> {
+    if let Some(found) = plan.outputs.iter().chain(&plan.metrics).find(|o| o.name == name) {
+        return Ok(&found.ty);
     }
     let names: Vec<String> = plan.outputs.iter().chain(&plan.metrics).map(|o| format!("`{}`", o.name)).collect();
     Err(RunError::Usage(format!(
