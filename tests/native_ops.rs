@@ -55,6 +55,7 @@ const EXPRESSIONS: &[&str] = &[
     "random_normal([3, 4])",
     "random_normal([2, 4, 5], mean = 1.0, stddev = 0.5) * m",
     "random_normal([101]) + random_uniform([101])",
+    "random_uniform([]) * 2.0 + random_normal([])",
     "a + b",
     "a - b",
     "a * b",

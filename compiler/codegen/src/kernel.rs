@@ -510,7 +510,7 @@ fn plan_nest(module: &Module, kernel: &Kernel, root: &Root) -> Nest {
         nest.extents.push(1);
         nest.reduced.push(false);
         nest.out.push(1);
-        for s in nest.leaves.values_mut() {
+        for s in nest.leaves.values_mut().chain(nest.positions.values_mut()) {
             s.push(0);
         }
     }
