@@ -398,20 +398,27 @@ impl Builder<'_> {
                     .collect();
                 let kept = Shape(kept);
                 let g_kept = if keep_dims { g } else { self.reshape(g, &kept) };
-                let spread = self.add(Op::BroadcastTo { shape: input_shape.clone() }, &[g_kept]);
+                let dtype = self.ty(g).dtype;
                 let dx = match kind {
-                    ReduceKind::Sum => spread,
+                    ReduceKind::Sum => self.add(Op::BroadcastTo { shape: input_shape.clone() }, &[g_kept]),
                     ReduceKind::Mean => {
+                        let spread = self.add(Op::BroadcastTo { shape: input_shape.clone() }, &[g_kept]);
                         let count: usize = axes.iter().map(|&a| input_shape.0[a]).product();
-                        let scale = self.constant(self.ty(g).dtype, 1.0 / count as f64);
+                        let scale = self.constant(dtype, 1.0 / count as f64);
                         self.mul(spread, scale)
                     }
                     ReduceKind::Max | ReduceKind::Min => {
-                        // Every element equal to the extreme gets the gradient (ties are rare
-                        // in real data; TensorFlow splits it among them).
+                        // The elements equal to the extreme share the gradient evenly, as in
+                        // TensorFlow and JAX: ties the graph makes itself (a row gathered twice,
+                        // a broadcast value) would otherwise each take all of it, and their
+                        // source the sum.
                         let y_kept = if keep_dims { y } else { self.reshape(y, &kept) };
                         let extreme = self.add(Op::BroadcastTo { shape: input_shape.clone() }, &[y_kept]);
                         let is_extreme = self.compare(CompareOp::Equal, x(0), extreme);
+                        let indicator = self.add(Op::Cast { to: dtype }, &[is_extreme]);
+                        let ties = self.reduce_sum(indicator, axes.clone(), true);
+                        let share = self.binary(BinaryOp::Div, g_kept, ties);
+                        let spread = self.add(Op::BroadcastTo { shape: input_shape.clone() }, &[share]);
                         let zero = self.zero_like(g);
                         self.select(is_extreme, spread, zero)
                     }

@@ -66,6 +66,10 @@ const CASES: &[Case] = &[
     Case { name: "mean", params: "a: f64[2, 3]", expr: "mean(a, axis = 0)" },
     Case { name: "max", params: "a: f64[2, 3]", expr: "max(a, axis = 1)" },
     Case { name: "min_all", params: "a: f64[2, 3]", expr: "min(a)" },
+    // Ties the graph makes: each row's maximum twice, the minimum four times; they share the
+    // gradient (each taking all of it made a's twice and four times too large).
+    Case { name: "max_ties", params: "a: f64[2, 3]", expr: "max(concat([a, a], axis = 1), axis = 1)" },
+    Case { name: "min_ties", params: "a: f64[2, 3]", expr: "min(concat([a, a, a, a], axis = 0))" },
     Case { name: "softmax", params: "a: f64[2, 5]", expr: "softmax(a)" },
     Case { name: "softmax_axis0", params: "a: f64[3, 2]", expr: "softmax(a, axis = 0)" },
     Case { name: "log_softmax", params: "a: f64[2, 5]", expr: "log_softmax(a)" },
