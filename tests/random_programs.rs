@@ -1,0 +1,761 @@
+//! Random programs, as Csmith is for C compilers: models built at random from the language's
+//! ops (broadcasting, reductions over any axes, row ops, products, layout ops, convolution,
+//! pooling, gathers, casts of integers and bytes, comparisons, random ops, batch norms, shared
+//! subexpressions; f32 or f64; every optimizer), each trained for two steps by the reference
+//! interpreter and by every backend and placement, which must agree: the forward pass's
+//! outputs, the losses, and every variable after the steps (so the gradients too). And, since
+//! all of them differentiate with the same autodiff, the gradients of small f64 programs against
+//! central finite differences of their loss.
+//!
+//! `DFC_RANDOM_PROGRAMS=N` runs N programs in each test (by default 100 and 1,000), from seed
+//! `DFC_RANDOM_SEED` (default 0): a failure names its seed and prints the program, which
+//! `dfc check` reads as it is.
+
+use dfc_compile::{compile, CompileOptions, Strategy};
+use dfc_driver::{Backend, Session};
+use dfc_interp::Tensor;
+use dfc_ir::{Cluster, DType, DeviceKind};
+use dfc_plan::Plan;
+use std::collections::HashMap;
+
+/// f32 results within this, relative to 1 + |reference|: products, convolutions and the
+/// gradients' sums add in other orders than the interpreter's.
+const TOLERANCE: f64 = 1e-4;
+const STEPS: usize = 2;
+
+/// How an input is fed.
+#[derive(Clone, Copy)]
+enum Feed {
+    /// Floats in [-1, 1).
+    Floats,
+    /// Integers in [-4, 4].
+    Integers,
+    /// Bytes.
+    Bytes,
+    /// Indices in [0, n).
+    Indices(i32),
+}
+
+/// A model being built: its declarations, its `let`s in order, and the `let`s a leaf may reuse.
+struct Generator {
+    rng: fastrand::Rng,
+    /// The program's float type: `f32`, or now and then `f64`.
+    float: &'static str,
+    declarations: Vec<String>,
+    lets: Vec<String>,
+    shared: Vec<(String, Vec<usize>)>,
+    feeds: HashMap<String, Feed>,
+    names: usize,
+    /// No large axes: a finite-difference check runs the loss twice per parameter element.
+    small: bool,
+}
+
+fn typed(dtype: &str, shape: &[usize]) -> String {
+    if shape.is_empty() {
+        dtype.to_string()
+    } else {
+        format!("{dtype}[{}]", list(shape))
+    }
+}
+
+fn list(values: &[usize]) -> String {
+    values.iter().map(usize::to_string).collect::<Vec<_>>().join(", ")
+}
+
+impl Generator {
+    fn new(seed: u64) -> Generator {
+        let mut rng = fastrand::Rng::with_seed(seed);
+        let float = if rng.u8(..5) == 0 { "f64" } else { "f32" };
+        Generator::with(rng, float, false)
+    }
+
+    fn with(rng: fastrand::Rng, float: &'static str, small: bool) -> Generator {
+        Generator {
+            rng,
+            float,
+            declarations: Vec::new(),
+            lets: Vec::new(),
+            shared: Vec::new(),
+            feeds: HashMap::new(),
+            names: 0,
+            small,
+        }
+    }
+
+    fn name(&mut self, prefix: &str) -> String {
+        self.names += 1;
+        format!("{prefix}{}", self.names)
+    }
+
+    fn input(&mut self, dtype: &str, shape: &[usize], feed: Feed) -> String {
+        let name = self.name("x");
+        self.declarations.push(format!("input {name}: {}", typed(dtype, shape)));
+        self.feeds.insert(name.clone(), feed);
+        name
+    }
+
+    fn param(&mut self, shape: &[usize]) -> String {
+        let name = self.name("w");
+        self.declarations.push(format!("param {name}: {} = uniform(-1, 1)", typed(self.float, shape)));
+        name
+    }
+
+    /// A size for a new axis of a tensor of `shape` without it: mostly small, now and then
+    /// past codegen's unrolled rows (16), or large enough for blocked products and threads.
+    fn size(&mut self, shape: &[usize]) -> usize {
+        let elements: usize = shape.iter().product();
+        match self.rng.u8(..30) {
+            0..=2 if !self.small => self.rng.usize(17..40),
+            3 if elements <= 4096 && !self.small => self.rng.usize(64..160),
+            _ => self.rng.usize(1..6),
+        }
+    }
+
+    /// A shape that broadcasts to `shape`: leading axes dropped, some axes 1.
+    fn broadcast_shape(&mut self, shape: &[usize]) -> Vec<usize> {
+        let dropped = self.rng.usize(..=shape.len());
+        shape[dropped..].iter().map(|&d| if self.rng.u8(..10) < 3 { 1 } else { d }).collect()
+    }
+
+    /// An expression of exactly `shape`.
+    fn exact(&mut self, shape: &[usize], depth: u32) -> String {
+        if depth == 0 || self.rng.u8(..10) < 2 {
+            return self.leaf(shape);
+        }
+        let expression = self.op(shape, depth - 1);
+        if self.rng.u8(..10) < 2 {
+            let name = self.name("v");
+            self.lets.push(format!("let {name} = {expression}"));
+            self.shared.push((name.clone(), shape.to_vec()));
+            name
+        } else {
+            expression
+        }
+    }
+
+    /// An expression that broadcasts to `shape`: of it, of a broadcast shape, or a number.
+    fn operand(&mut self, shape: &[usize], depth: u32) -> String {
+        match self.rng.u8(..10) {
+            0 => format!("{:.2}", self.rng.f32() * 2.0 - 0.5),
+            1..=3 => {
+                let smaller = self.broadcast_shape(shape);
+                self.exact(&smaller, depth)
+            }
+            _ => self.exact(shape, depth),
+        }
+    }
+
+    fn leaf(&mut self, shape: &[usize]) -> String {
+        let reusable: Vec<String> =
+            self.shared.iter().filter(|(_, s)| s.as_slice() == shape).map(|(n, _)| n.clone()).collect();
+        match self.rng.u8(..10) {
+            0..=1 if !reusable.is_empty() => reusable[self.rng.usize(..reusable.len())].clone(),
+            0..=4 => self.param(shape),
+            _ => self.input(self.float, shape, Feed::Floats),
+        }
+    }
+
+    fn op(&mut self, shape: &[usize], depth: u32) -> String {
+        let rank = shape.len();
+        loop {
+            let chosen = match self.rng.u8(..22) {
+                0..=2 => Some(self.unary(shape, depth)),
+                3..=5 => Some(self.binary(shape, depth)),
+                6 => Some(self.select(shape, depth)),
+                7..=8 => self.reduction(shape, depth),
+                9 => self.row_op(shape, depth),
+                10 => self.product(shape, depth),
+                11 => self.transpose(shape, depth),
+                12 => self.concat(shape, depth),
+                13 => self.slice(shape, depth),
+                14 => self.reshape(shape, depth),
+                15 => self.gather(shape),
+                16 => self.one_hot(shape),
+                17 if rank == 4 => Some(self.window(shape, depth)),
+                18 if rank >= 2 => Some(format!("batch_norm({})", self.exact(shape, depth))),
+                19 => Some(self.random(shape, depth)),
+                20 => Some(self.integers(shape, depth)),
+                21 => Some(self.comparison(shape, depth)),
+                _ => None,
+            };
+            if let Some(expression) = chosen {
+                return expression;
+            }
+        }
+    }
+
+    fn unary(&mut self, shape: &[usize], depth: u32) -> String {
+        let x = self.exact(shape, depth);
+        let ops = [
+            "-",
+            "abs",
+            "relu",
+            "tanh",
+            "sigmoid",
+            "gelu",
+            "exp_tanh",
+            "log_sigmoid",
+            "rsqrt_square",
+            "sqrt_shifted",
+            "identity",
+            "stop_gradient",
+        ];
+        // Finite differences see through `stop_gradient`: leave it out of the programs they check.
+        let choices = if self.small { ops.len() - 1 } else { ops.len() };
+        match ops[self.rng.usize(..choices)] {
+            "-" => format!("-{x}"),
+            "exp_tanh" => format!("exp(tanh({x}))"),
+            "log_sigmoid" => format!("log(sigmoid({x}))"),
+            "rsqrt_square" => format!("rsqrt({x} * {x} + 1.0)"),
+            "sqrt_shifted" => format!("sqrt(abs({x}) + 0.5)"),
+            op => format!("{op}({x})"),
+        }
+    }
+
+    fn binary(&mut self, shape: &[usize], depth: u32) -> String {
+        let x = self.exact(shape, depth);
+        let y = self.operand(shape, depth);
+        let (x, y) = if self.rng.bool() { (x, y) } else { (y, x) };
+        match self.rng.u8(..7) {
+            0 => format!("({x} + {y})"),
+            1 => format!("({x} - {y})"),
+            2 => format!("({x} * {y})"),
+            3 => format!("({x} / ({y} * {y} + 1.0))"),
+            4 => format!("maximum({x}, {y})"),
+            5 => format!("minimum({x}, {y})"),
+            // The base's own operand, not a number: `sigmoid(0.5)` would be an f32.
+            _ => format!("pow(sigmoid({}) + 0.5, {y})", self.exact(shape, depth)),
+        }
+    }
+
+    /// Random bits, which every backend must draw alike.
+    fn random(&mut self, shape: &[usize], depth: u32) -> String {
+        let x = self.exact(shape, depth);
+        let rate = [0.0, 0.25, 0.5][self.rng.usize(..3)];
+        let dims = format!("[{}]", list(shape));
+        let cast = |bits: String, float: &str| if float == "f32" { bits } else { format!("cast<{float}>({bits})") };
+        match self.rng.u8(..3) {
+            0 => format!("dropout({x}, {rate})"),
+            1 => format!("({x} * {})", cast(format!("random_uniform({dims})"), self.float)),
+            _ => format!("({x} + {})", cast(format!("random_normal({dims}, stddev = 0.5)"), self.float)),
+        }
+    }
+
+    /// Integers and bytes, cast to the float type: no gradient flows through them.
+    fn integers(&mut self, shape: &[usize], depth: u32) -> String {
+        let float = self.float;
+        let i = self.input("i32", shape, Feed::Integers);
+        let j_shape = self.broadcast_shape(shape);
+        let j = self.input("i32", &j_shape, Feed::Integers);
+        let integers = match self.rng.u8(..7) {
+            0 => format!("({i} + {j})"),
+            1 => format!("({i} * {j} - 3)"),
+            2 => format!("maximum({i}, {j})"),
+            3 => format!("abs({i}) / (abs({j}) + 1)"),
+            4 => format!("relu(-{i})"),
+            5 => {
+                let bytes = self.input("u8", shape, Feed::Bytes);
+                return format!("(cast<{float}>({bytes}) / 255.0)");
+            }
+            _ => {
+                let mut inner = shape.to_vec();
+                inner.push(self.rng.usize(1..8));
+                return format!("cast<{float}>(argmax({}))", self.exact(&inner, depth));
+            }
+        };
+        format!("(cast<{float}>({integers}) * 0.1)")
+    }
+
+    /// A comparison's booleans as floats.
+    fn comparison(&mut self, shape: &[usize], depth: u32) -> String {
+        let x = self.exact(shape, depth);
+        let y = self.operand(shape, depth);
+        let op = ["<", "<=", ">", ">=", "==", "!="][self.rng.usize(..6)];
+        format!("cast<{}>({x} {op} {y})", self.float)
+    }
+
+    fn select(&mut self, shape: &[usize], depth: u32) -> String {
+        let a = self.exact(shape, depth);
+        let b = self.operand(shape, depth);
+        // One branch typed by an operand: of two numbers, the select would be an f32.
+        let x = self.exact(shape, depth);
+        let y = self.operand(shape, depth);
+        let (x, y) = if self.rng.bool() { (x, y) } else { (y, x) };
+        format!("select({a} > {b}, {x}, {y})")
+    }
+
+    fn reduction(&mut self, shape: &[usize], depth: u32) -> Option<String> {
+        let op = ["sum", "mean", "max", "min"][self.rng.usize(..4)];
+        let ones: Vec<usize> = (0..shape.len()).filter(|&a| shape[a] == 1).collect();
+        if !ones.is_empty() && self.rng.bool() {
+            let axis = ones[self.rng.usize(..ones.len())];
+            let mut inner = shape.to_vec();
+            inner[axis] = self.size(shape);
+            let x = self.exact(&inner, depth);
+            return Some(format!("{op}({x}, axis = {axis}, keep_dims = true)"));
+        }
+        if shape.len() >= 4 {
+            return None;
+        }
+        let mut inner = shape.to_vec();
+        let first = self.rng.usize(..=inner.len());
+        let size = self.size(shape);
+        inner.insert(first, size);
+        let mut axes = vec![first];
+        if inner.len() < 4 && self.rng.bool() {
+            let second = self.rng.usize(..=inner.len());
+            let size = self.rng.usize(1..5);
+            inner.insert(second, size);
+            axes = axes.into_iter().map(|a| if a >= second { a + 1 } else { a }).collect();
+            axes.push(second);
+        }
+        let x = self.exact(&inner, depth);
+        Some(if axes.len() == inner.len() && self.rng.bool() {
+            format!("{op}({x})")
+        } else if axes.len() == 1 {
+            let axis = if self.rng.bool() { axes[0] as i64 } else { axes[0] as i64 - inner.len() as i64 };
+            format!("{op}({x}, axis = {axis})")
+        } else {
+            format!("{op}({x}, axis = [{}])", list(&axes))
+        })
+    }
+
+    fn row_op(&mut self, shape: &[usize], depth: u32) -> Option<String> {
+        if shape.is_empty() {
+            return None;
+        }
+        let x = self.exact(shape, depth);
+        let axis = self.rng.usize(..shape.len());
+        Some(match self.rng.u8(..5) {
+            0 => format!("softmax({x})"),
+            1 => format!("softmax({x}, axis = {axis})"),
+            2 => format!("log_softmax({x}, axis = {axis})"),
+            3 => format!("layer_norm({x})"),
+            _ => format!("sigmoid_cross_entropy({x}, sigmoid({}))", self.exact(shape, depth)),
+        })
+    }
+
+    fn product(&mut self, shape: &[usize], depth: u32) -> Option<String> {
+        let rank = shape.len();
+        if !(2..=3).contains(&rank) {
+            if rank == 1 && self.rng.bool() {
+                // softmax cross-entropy drops the last axis
+                let mut logits = shape.to_vec();
+                logits.push(self.size(shape));
+                let x = self.exact(&logits, depth);
+                let labels = self.exact(&logits, depth);
+                return Some(format!("softmax_cross_entropy({x}, softmax({labels}))"));
+            }
+            return None;
+        }
+        let (m, n) = (shape[rank - 2], shape[rank - 1]);
+        let k = self.size(shape);
+        let (ta, tb) = (self.rng.bool(), self.rng.bool());
+        let batch = &shape[..rank - 2];
+        let mut a: Vec<usize> = batch.to_vec();
+        a.extend(if ta { [k, m] } else { [m, k] });
+        let mut b: Vec<usize> = if self.rng.bool() { batch.to_vec() } else { Vec::new() };
+        b.extend(if tb { [n, k] } else { [k, n] });
+        let x = self.exact(&a, depth);
+        let y = self.exact(&b, depth);
+        Some(if !ta && !tb && self.rng.bool() {
+            format!("({x} @ {y})")
+        } else {
+            format!("matmul({x}, {y}, transpose_a = {ta}, transpose_b = {tb})")
+        })
+    }
+
+    fn transpose(&mut self, shape: &[usize], depth: u32) -> Option<String> {
+        if shape.len() < 2 {
+            return None;
+        }
+        let mut perm: Vec<usize> = (0..shape.len()).collect();
+        self.rng.shuffle(&mut perm);
+        // Result axis i is input axis perm[i].
+        let mut inner = vec![0; shape.len()];
+        for (i, &p) in perm.iter().enumerate() {
+            inner[p] = shape[i];
+        }
+        let x = self.exact(&inner, depth);
+        Some(format!("transpose({x}, perm = [{}])", list(&perm)))
+    }
+
+    fn concat(&mut self, shape: &[usize], depth: u32) -> Option<String> {
+        let axes: Vec<usize> = (0..shape.len()).filter(|&a| shape[a] >= 2).collect();
+        if axes.is_empty() {
+            return None;
+        }
+        let axis = axes[self.rng.usize(..axes.len())];
+        let first = self.rng.usize(1..shape[axis]);
+        let (mut a, mut b) = (shape.to_vec(), shape.to_vec());
+        a[axis] = first;
+        b[axis] = shape[axis] - first;
+        let (x, y) = (self.exact(&a, depth), self.exact(&b, depth));
+        Some(format!("concat([{x}, {y}], axis = {axis})"))
+    }
+
+    fn slice(&mut self, shape: &[usize], depth: u32) -> Option<String> {
+        if shape.is_empty() {
+            return None;
+        }
+        let extra: Vec<usize> = shape.iter().map(|_| self.rng.usize(..3)).collect();
+        let inner: Vec<usize> = shape.iter().zip(&extra).map(|(d, e)| d + e).collect();
+        let begin: Vec<usize> = extra.iter().map(|&e| self.rng.usize(..=e)).collect();
+        let x = self.exact(&inner, depth);
+        Some(format!("slice({x}, [{}], [{}])", list(&begin), list(shape)))
+    }
+
+    fn reshape(&mut self, shape: &[usize], depth: u32) -> Option<String> {
+        let count: usize = shape.iter().product();
+        let inner: Vec<usize> = match self.rng.u8(..3) {
+            0 => vec![count],
+            1 => shape.iter().rev().copied().collect(),
+            _ if shape.len() >= 2 => {
+                let mut s = shape.to_vec();
+                let last = s.pop().unwrap();
+                *s.last_mut().unwrap() *= last;
+                s
+            }
+            _ => return None,
+        };
+        let x = self.exact(&inner, depth);
+        Some(if shape.len() >= 2 && self.rng.bool() {
+            format!("reshape({x}, [-1, {}])", list(&shape[1..]))
+        } else {
+            format!("reshape({x}, [{}])", list(shape))
+        })
+    }
+
+    fn gather(&mut self, shape: &[usize]) -> Option<String> {
+        if shape.len() < 2 {
+            return None;
+        }
+        let split = self.rng.usize(1..shape.len());
+        let rows = self.rng.usize(1..8);
+        let mut table = vec![rows];
+        table.extend(&shape[split..]);
+        let table = self.param(&table);
+        let indices = self.input("i32", &shape[..split], Feed::Indices(rows as i32));
+        Some(format!("gather({table}, {indices})"))
+    }
+
+    fn one_hot(&mut self, shape: &[usize]) -> Option<String> {
+        let (&depth, outer) = shape.split_last()?;
+        let indices = self.input("i32", outer, Feed::Indices(depth as i32 + 1));
+        Some(format!("one_hot<{}>({indices}, {depth})", self.float))
+    }
+
+    /// A convolution or pooling whose output is `shape` (NHWC).
+    fn window(&mut self, shape: &[usize], depth: u32) -> String {
+        let stride = self.rng.usize(1..3);
+        let window = self.rng.usize(1..4);
+        let same = self.rng.bool();
+        // The input size whose output is `out`: valid (in − k) / s + 1, same ⌈in / s⌉.
+        let input_size = |out: usize, rng: &mut fastrand::Rng| {
+            if same {
+                (out - 1) * stride + rng.usize(1..=stride)
+            } else {
+                (out - 1) * stride + window
+            }
+        };
+        let (h, w) = (input_size(shape[1], &mut self.rng), input_size(shape[2], &mut self.rng));
+        let padding = if same { "same" } else { "valid" };
+        let options = format!("strides = {stride}, padding = \"{padding}\"");
+        match self.rng.u8(..3) {
+            0 => {
+                let channels = self.rng.usize(1..5);
+                let x = self.exact(&[shape[0], h, w, channels], depth);
+                let filter = self.param(&[window, window, channels, shape[3]]);
+                format!("conv2d({x}, {filter}, {options})")
+            }
+            pool => {
+                let x = self.exact(&[shape[0], h, w, shape[3]], depth);
+                let op = if pool == 1 { "max_pool" } else { "avg_pool" };
+                format!("{op}({x}, window = {window}, {options})")
+            }
+        }
+    }
+}
+
+/// The model of `seed`, and how each input is fed.
+fn program(seed: u64) -> (String, HashMap<String, Feed>) {
+    program_of(Generator::new(seed))
+}
+
+fn program_of(mut generator: Generator) -> (String, HashMap<String, Feed>) {
+    let rank = generator.rng.usize(..5);
+    let shape: Vec<usize> = (0..rank).map(|_| generator.rng.usize(1..6)).collect();
+    let depth = generator.rng.u32(2..6);
+    let y = generator.exact(&shape, depth);
+    let target = generator.input(generator.float, &shape, Feed::Floats);
+    let optimizer = optimizer(&mut generator.rng);
+    // Now and then a shared value is an output too: fetched, not only consumed.
+    let mut outputs = vec!["y".to_string()];
+    if !generator.shared.is_empty() && generator.rng.bool() {
+        outputs.push(generator.shared[generator.rng.usize(..generator.shared.len())].0.clone());
+    }
+    let mut lines = generator.declarations;
+    lines.extend(generator.lets);
+    lines.push(format!("let y = {y}"));
+    lines.push(format!("output {}", outputs.join(", ")));
+    lines.push(format!("minimize sum(y * {target}) with {optimizer}"));
+    let body: String = lines.iter().map(|l| format!("    {l}\n")).collect();
+    (format!("model random {{\n{body}}}\n"), generator.feeds)
+}
+
+/// An optimizer: each kind, now and then with decay, clipping or a schedule. Adam's and
+/// RMSProp's epsilons are large, so that a gradient of rounding's size (a difference of two
+/// orders of summation) does not become a whole step of one backend's and not the other's.
+fn optimizer(rng: &mut fastrand::Rng) -> String {
+    let lr = if rng.u8(..4) == 0 { "exponential_decay(0.1, 1, 0.5)" } else { "0.05" };
+    let mut arguments = vec![format!("lr = {lr}")];
+    let name = match rng.u8(..5) {
+        0 => "sgd",
+        1 => {
+            arguments.push(format!("nesterov = {}", rng.bool()));
+            "momentum"
+        }
+        2 => {
+            arguments.push("epsilon = 0.1".into());
+            "adam"
+        }
+        3 => "adagrad",
+        _ => {
+            arguments.push("momentum = 0.5, epsilon = 0.1".into());
+            "rmsprop"
+        }
+    };
+    if rng.u8(..4) == 0 {
+        arguments.push("weight_decay = 0.01".into());
+    }
+    if rng.u8(..4) == 0 {
+        arguments.push("clip_global_norm = 1.0".into());
+    }
+    format!("{name}({})", arguments.join(", "))
+}
+
+fn batches(plan: &Plan, feeds: &HashMap<String, Feed>, seed: u64) -> Vec<HashMap<String, Tensor>> {
+    let inputs: Vec<(String, dfc_ir::TensorType)> =
+        plan.inputs.iter().map(|i| (i.name.clone(), i.ty.clone())).collect();
+    feeds_of(&inputs, feeds, seed)
+}
+
+/// `STEPS` batches for `inputs` (names and types).
+fn feeds_of(
+    inputs: &[(String, dfc_ir::TensorType)],
+    feeds: &HashMap<String, Feed>,
+    seed: u64,
+) -> Vec<HashMap<String, Tensor>> {
+    let mut rng = fastrand::Rng::with_seed(seed ^ 0x5eed);
+    (0..STEPS)
+        .map(|_| {
+            inputs
+                .iter()
+                .map(|(name, ty)| {
+                    let n = ty.shape.n_elements();
+                    let dims = ty.shape.dims().to_vec();
+                    let tensor = match feeds[name] {
+                        Feed::Floats if ty.dtype == DType::F64 => {
+                            Tensor::from_vec(dims, (0..n).map(|_| rng.f64() * 2.0 - 1.0).collect::<Vec<f64>>())
+                        }
+                        Feed::Floats => {
+                            Tensor::from_vec(dims, (0..n).map(|_| rng.f32() * 2.0 - 1.0).collect::<Vec<f32>>())
+                        }
+                        Feed::Integers => Tensor::from_vec(dims, (0..n).map(|_| rng.i32(-4..=4)).collect::<Vec<i32>>()),
+                        Feed::Bytes => Tensor::from_vec(dims, (0..n).map(|_| rng.u8(..)).collect::<Vec<u8>>()),
+                        Feed::Indices(end) => {
+                            Tensor::from_vec(dims, (0..n).map(|_| rng.i32(0..end)).collect::<Vec<i32>>())
+                        }
+                    };
+                    (name.clone(), tensor)
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// What a run shows: per step the forward pass's output and the step's loss, then every
+/// variable.
+fn run(plan: &Plan, backend: Backend, data: &[HashMap<String, Tensor>]) -> Result<Vec<(String, Tensor)>, String> {
+    let training = plan.training.as_ref().ok_or("the plan does not train")?;
+    let mut session = Session::with_backend(plan, 0, backend).map_err(|e| format!("load: {e}"))?;
+    let updates: Vec<&str> = training.updates.iter().map(String::as_str).collect();
+    let step = session.program(&[training.loss_node.as_str()], &updates).map_err(|e| format!("step: {e}"))?;
+    let outputs: Vec<&str> = plan.outputs.iter().map(|o| o.name.as_str()).collect();
+    let forward = session.program(&outputs, &[]).map_err(|e| format!("forward: {e}"))?;
+    let mut seen = Vec::new();
+    for (i, feeds) in data.iter().enumerate() {
+        let fetched = session.run(&forward, feeds).map_err(|e| format!("forward run: {e}"))?;
+        seen.extend(fetched.into_iter().zip(&outputs).map(|(t, name)| (format!("step {i}: {name}"), t)));
+        let loss = session.run(&step, feeds).map_err(|e| format!("step run: {e}"))?;
+        seen.extend(loss.into_iter().map(|t| (format!("step {i}: loss"), t)));
+    }
+    let mut variables: Vec<(String, Tensor)> = session
+        .all_variables()
+        .map_err(|e| format!("variables: {e}"))?
+        .iter()
+        .map(|(n, t)| (n.clone(), t.clone()))
+        .collect();
+    variables.sort_by(|a, b| a.0.cmp(&b.0));
+    seen.extend(variables.into_iter().map(|(n, t)| (format!("variable {n}"), t)));
+    Ok(seen)
+}
+
+/// The first difference between two runs' results.
+fn difference(reference: &[(String, Tensor)], other: &[(String, Tensor)]) -> Option<String> {
+    if reference.len() != other.len() {
+        let names = |r: &[(String, Tensor)]| r.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>();
+        return Some(format!("results {:?} against {:?}", names(reference), names(other)));
+    }
+    for ((what, a), (what_b, b)) in reference.iter().zip(other) {
+        if what != what_b || a.ty() != b.ty() {
+            return Some(format!("{what}: {:?} against {what_b}: {:?}", a.ty(), b.ty()));
+        }
+        if matches!(a.ty().dtype, DType::F32 | DType::F64) {
+            let (x, y) = (a.to_f64_vec(), b.to_f64_vec());
+            for (i, (x, y)) in x.iter().zip(&y).enumerate() {
+                let close = (x - y).abs() <= TOLERANCE * (1.0 + x.abs()) || (x.is_nan() && y.is_nan());
+                if !close {
+                    return Some(format!("{what}[{i}]: interpreter {x}, backend {y}"));
+                }
+            }
+        } else if a != b {
+            return Some(format!("{what}: interpreter {a:?}, backend {b:?}"));
+        }
+    }
+    None
+}
+
+fn plan_for(source: &str, cluster: Cluster, strategy: Strategy) -> Result<Plan, String> {
+    let options = CompileOptions { cluster, strategy, soft_placement: true, ..CompileOptions::default() };
+    let mut plan = compile(source, "random.df", &options).map_err(|e| format!("does not compile: {e:?}"))?.plan;
+    plan.expand_instances().map_err(|e| format!("instances: {e}"))?;
+    Ok(plan)
+}
+
+fn message(panic: &Box<dyn std::any::Any + Send>) -> String {
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_default()
+}
+
+/// The seed's program on every configuration against the interpreter on one CPU: the
+/// problems found.
+fn check(seed: u64) -> Result<(), String> {
+    let (source, feeds) = program(seed);
+    let fail = |what: String| format!("seed {seed}: {what}\n{source}");
+    let single = plan_for(&source, Cluster::local(1, DeviceKind::Cpu), Strategy::Single).map_err(fail)?;
+    let data = batches(&single, &feeds, seed);
+    let reference = run(&single, Backend::Interp, &data).map_err(|e| fail(format!("interpreter: {e}")))?;
+    let configurations = [
+        ("llvm, one cpu", Cluster::local(1, DeviceKind::Cpu), Strategy::Single, Backend::Llvm),
+        ("llvm, model on two cpus", Cluster::local(2, DeviceKind::Cpu), Strategy::Model, Backend::Llvm),
+        ("llvm, model on three cpus", Cluster::local(3, DeviceKind::Cpu), Strategy::Model, Backend::Llvm),
+        ("grid emulator, one gpu", Cluster::local(1, DeviceKind::Gpu), Strategy::Single, Backend::GridEmulator),
+    ];
+    for (name, cluster, strategy, backend) in configurations {
+        let results = std::panic::catch_unwind(|| run(&plan_for(&source, cluster, strategy)?, backend, &data))
+            .unwrap_or_else(|panic| Err(format!("panicked: {}", message(&panic))))
+            .map_err(|e| fail(format!("{name}: {e}")))?;
+        if let Some(problem) = difference(&reference, &results) {
+            return Err(fail(format!("{name}: {problem}")));
+        }
+    }
+    Ok(())
+}
+
+/// The first seed and the number of programs: `DFC_RANDOM_SEED` and `DFC_RANDOM_PROGRAMS`, or
+/// 0 and `default`.
+fn seeds(default: u64) -> (u64, u64) {
+    let number =
+        |name: &str| std::env::var(name).ok().map(|v| v.parse().unwrap_or_else(|_| panic!("{name}={v}: not a number")));
+    (number("DFC_RANDOM_SEED").unwrap_or(0), number("DFC_RANDOM_PROGRAMS").unwrap_or(default))
+}
+
+#[test]
+fn random_programs_agree_everywhere() {
+    let (first, count) = seeds(100);
+    let failures: Vec<String> = (first..first + count)
+        .filter_map(|seed| match std::panic::catch_unwind(|| check(seed)) {
+            Ok(result) => result.err(),
+            Err(panic) => Some(format!("seed {seed}: panicked: {}\n{}", message(&panic), program(seed).0)),
+        })
+        .collect();
+    assert!(failures.is_empty(), "{} of {count} programs disagree:\n\n{}", failures.len(), failures.join("\n\n"));
+}
+
+/// The seed's f64 program's gradients, by autodiff, against central finite differences of its
+/// loss, both through the interpreter as a training step computes them (batch norms by the
+/// batch, dropout's mask that of the step): what the backends above are all compared with.
+fn check_gradients(seed: u64) -> Result<(), String> {
+    let (source, feeds) = program_of(Generator::with(fastrand::Rng::with_seed(seed), "f64", true));
+    let fail = |what: String| format!("seed {seed} (f64, small): {what}\n{source}");
+    let (module, diagnostics) = dfc_sema::compile_source(&source, None, &dfc_sema::Options::default());
+    let mut module = module.ok_or_else(|| fail(format!("does not compile: {diagnostics:?}")))?;
+    dfc_passes::autodiff(&mut module);
+    let problems = dfc_ir::verify(&module, dfc_ir::VerifyOptions::default());
+    if !problems.is_empty() {
+        return Err(fail(format!("autodiff broke the IR: {problems:?}")));
+    }
+    let training = module.training.as_ref().ok_or_else(|| fail("no loss".into()))?;
+    let order = dfc_interp::schedule(&[&module]).map_err(|e| fail(format!("{e}")))?.pop().expect("one module");
+    let program = |fetches: &[dfc_ir::TensorRef]| {
+        dfc_interp::Program::with_mode(&module, fetches, &[], &order, true).map_err(|e| fail(format!("{e}")))
+    };
+    let gradients: Vec<_> = training.gradients.iter().map(|(_, g)| *g).collect();
+    let (gradient_program, loss_program) = (program(&gradients)?, program(&[training.loss])?);
+    let mut variables = dfc_interp::initialize(&module, 7);
+    let plan_inputs: Vec<(String, dfc_ir::TensorType)> = module
+        .inputs
+        .iter()
+        .map(|&i| (module.graph.node(i).name.clone(), module.graph.node(i).outputs[0].clone()))
+        .collect();
+    let data = feeds_of(&plan_inputs, &feeds, seed).pop().expect("a batch");
+    let analytic = gradient_program.run(&module, &mut variables, &data).map_err(|e| fail(format!("gradients: {e}")))?;
+    let loss = |variables: &mut dfc_interp::Variables| -> Result<f64, String> {
+        Ok(loss_program.run(&module, variables, &data).map_err(|e| fail(format!("loss: {e}")))?[0].scalar_f64())
+    };
+    const EPS: f64 = 1e-6;
+    for ((variable, _), gradient) in training.gradients.iter().zip(&analytic) {
+        let name = module.graph.node(*variable).name.clone();
+        let value = variables.get(&name).expect("initialised").clone();
+        let values = value.to_f64_vec();
+        for (i, gradient) in gradient.to_f64_vec().into_iter().enumerate() {
+            let at = |x: f64, variables: &mut dfc_interp::Variables| {
+                let mut moved = values.clone();
+                moved[i] = x;
+                variables.insert(name.clone(), Tensor::from_f64(value.dtype(), value.shape.clone(), &moved));
+                loss(variables)
+            };
+            let numeric = (at(values[i] + EPS, &mut variables)? - at(values[i] - EPS, &mut variables)?) / (2.0 * EPS);
+            variables.insert(name.clone(), value.clone());
+            let tolerance = 1e-4 * (1.0 + numeric.abs().max(gradient.abs()));
+            // Written so that a NaN on either side fails.
+            if !((numeric - gradient).abs() <= tolerance) {
+                return Err(fail(format!(
+                    "d loss / d {name}[{i}] is {gradient} by autodiff, {numeric} by differences"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn random_gradients_match_finite_differences() {
+    let (first, count) = seeds(1000);
+    let failures: Vec<String> = (first..first + count)
+        .filter_map(|seed| match std::panic::catch_unwind(|| check_gradients(seed)) {
+            Ok(result) => result.err(),
+            Err(panic) => Some(format!("seed {seed}: panicked: {}", message(&panic))),
+        })
+        .collect();
+    assert!(
+        failures.is_empty(),
+        "{} of {count} programs' gradients differ:\n\n{}",
+        failures.len(),
+        failures.join("\n\n")
+    );
+}
