@@ -5,9 +5,9 @@
 //! interpreter and by every backend and placement, which must agree: the forward pass's
 //! outputs, the losses, and every variable after the steps (so the gradients too). And, since
 //! all of them differentiate with the same autodiff, the gradients of small f64 programs against
-//! central finite differences of their loss.
+//! central finite differences of their loss. And `dfc fmt` of each: stable, and the same model.
 //!
-//! `DFC_RANDOM_PROGRAMS=N` runs N programs in each test (by default 100 and 1,000), from seed
+//! `DFC_RANDOM_PROGRAMS=N` runs N programs in each test (by default 100, 1,000 and 1,000), from seed
 //! `DFC_RANDOM_SEED` (default 0): a failure names its seed and prints the program, which
 //! `dfc check` reads as it is.
 
@@ -590,15 +590,42 @@ fn run(plan: &Plan, backend: Backend, data: &[HashMap<String, Tensor>]) -> Resul
         let loss = session.run(&step, feeds).map_err(|e| format!("step run: {e}"))?;
         seen.extend(loss.into_iter().map(|t| (format!("step {i}: loss"), t)));
     }
-    let mut variables: Vec<(String, Tensor)> = session
+    let variables: Vec<(String, Tensor)> = session
         .all_variables()
         .map_err(|e| format!("variables: {e}"))?
         .iter()
         .map(|(n, t)| (n.clone(), t.clone()))
         .collect();
+    let mut variables = joined_shards(variables);
     variables.sort_by(|a, b| a.0.cmp(&b.0));
     seen.extend(variables.into_iter().map(|(n, t)| (format!("variable {n}"), t)));
     Ok(seen)
+}
+
+/// A partitioned variable's shards (`w/part_0`, `w/part_1`, and their slots `w/part_0/m`)
+/// joined along axis 0 under the name of the variable the plan without partitions has.
+fn joined_shards(variables: Vec<(String, Tensor)>) -> Vec<(String, Tensor)> {
+    let mut shards: std::collections::BTreeMap<String, Vec<(usize, Tensor)>> = Default::default();
+    let mut whole = Vec::new();
+    for (name, tensor) in variables {
+        let parts: Vec<&str> = name.split('/').collect();
+        let shard = parts.iter().position(|p| p.starts_with("part_") && p[5..].parse::<usize>().is_ok());
+        match shard {
+            Some(at) => {
+                let index: usize = parts[at][5..].parse().expect("checked");
+                let logical = parts.iter().enumerate().filter(|(i, _)| *i != at).map(|(_, p)| *p).collect::<Vec<_>>();
+                shards.entry(logical.join("/")).or_default().push((index, tensor));
+            }
+            None => whole.push((name, tensor)),
+        }
+    }
+    for (name, mut parts) in shards {
+        parts.sort_by_key(|(index, _)| *index);
+        let operands: Vec<&Tensor> = parts.iter().map(|(_, t)| t).collect();
+        let joined = dfc_interp::eval(&dfc_ir::Op::Concat { axis: 0 }, &operands).expect("shards of one variable");
+        whole.push((name, joined));
+    }
+    whole
 }
 
 /// The first difference between two runs' results.
@@ -649,21 +676,57 @@ fn check(seed: u64) -> Result<(), String> {
     let single = plan_for(&source, Cluster::local(1, DeviceKind::Cpu), Strategy::Single).map_err(fail)?;
     let data = batches(&single, &feeds, seed);
     let reference = run(&single, Backend::Interp, &data).map_err(|e| fail(format!("interpreter: {e}")))?;
+    let (on_cpus, on_gpus) = (placed(&source, seed, "cpu"), placed(&source, seed, "gpu"));
     let configurations = [
-        ("llvm, one cpu", Cluster::local(1, DeviceKind::Cpu), Strategy::Single, Backend::Llvm),
-        ("llvm, model on two cpus", Cluster::local(2, DeviceKind::Cpu), Strategy::Model, Backend::Llvm),
-        ("llvm, model on three cpus", Cluster::local(3, DeviceKind::Cpu), Strategy::Model, Backend::Llvm),
-        ("grid emulator, one gpu", Cluster::local(1, DeviceKind::Gpu), Strategy::Single, Backend::GridEmulator),
+        ("llvm, one cpu", &source, Cluster::local(1, DeviceKind::Cpu), Strategy::Single, Backend::Llvm),
+        ("llvm, model on two cpus", &source, Cluster::local(2, DeviceKind::Cpu), Strategy::Model, Backend::Llvm),
+        ("llvm, model on three cpus", &source, Cluster::local(3, DeviceKind::Cpu), Strategy::Model, Backend::Llvm),
+        ("llvm, placed on two cpus", &on_cpus, Cluster::local(2, DeviceKind::Cpu), Strategy::Single, Backend::Llvm),
+        (
+            "grid emulator, one gpu",
+            &source,
+            Cluster::local(1, DeviceKind::Gpu),
+            Strategy::Single,
+            Backend::GridEmulator,
+        ),
+        (
+            "grid emulator, placed on two gpus",
+            &on_gpus,
+            Cluster::local(2, DeviceKind::Gpu),
+            Strategy::Single,
+            Backend::GridEmulator,
+        ),
     ];
-    for (name, cluster, strategy, backend) in configurations {
-        let results = std::panic::catch_unwind(|| run(&plan_for(&source, cluster, strategy)?, backend, &data))
+    for (name, source, cluster, strategy, backend) in configurations {
+        let results = std::panic::catch_unwind(|| run(&plan_for(source, cluster, strategy)?, backend, &data))
             .unwrap_or_else(|panic| Err(format!("panicked: {}", message(&panic))))
-            .map_err(|e| fail(format!("{name}: {e}")))?;
+            .map_err(|e| fail(format!("{name}: {e}\n{source}")))?;
         if let Some(problem) = difference(&reference, &results) {
-            return Err(fail(format!("{name}: {problem}")));
+            return Err(fail(format!("{name}: {problem}\n{source}")));
         }
     }
     Ok(())
+}
+
+/// `source` with placements on two devices of `kind`: some `let`s in `device` blocks, some params
+/// with `@device`, some split in two with `@partitioned(2)`.
+fn placed(source: &str, seed: u64, kind: &str) -> String {
+    let mut rng = fastrand::Rng::with_seed(seed ^ 0xde71ce);
+    let mut lines = Vec::new();
+    for line in source.lines() {
+        let device = format!("{kind}:{}", rng.usize(..2));
+        let statement = line.trim();
+        let rows = statement.split_once('[').and_then(|(_, dims)| dims.split([',', ']']).next()?.parse::<usize>().ok());
+        lines.push(match rng.u8(..3) {
+            0 if statement.starts_with("let v") => format!("    device \"{device}\" {{ {statement} }}"),
+            0 if statement.starts_with("param") => format!("    @device(\"{device}\") {statement}"),
+            1 if statement.starts_with("param") && rows.is_some_and(|r| r % 2 == 0) => {
+                format!("    @partitioned(2) {statement}")
+            }
+            _ => line.to_string(),
+        });
+    }
+    lines.join("\n") + "\n"
 }
 
 /// The first seed and the number of programs: `DFC_RANDOM_SEED` and `DFC_RANDOM_PROGRAMS`, or
@@ -758,4 +821,36 @@ fn random_gradients_match_finite_differences() {
         failures.len(),
         failures.join("\n\n")
     );
+}
+
+/// The seed's program through `dfc fmt`: formatted once it stays as it is, and it is the same
+/// model (the same IR).
+fn check_format(seed: u64) -> Result<(), String> {
+    let (source, _) = program(seed);
+    let fail = |what: String| format!("seed {seed}: {what}\n{source}");
+    let formatted = dfc_fmt::format(&source).map_err(|d| fail(format!("does not format: {d:?}")))?;
+    let again = dfc_fmt::format(&formatted).map_err(|d| fail(format!("its formatting does not format: {d:?}")))?;
+    if again != formatted {
+        return Err(fail(format!("formatting twice changes it:\n{formatted}\n---\n{again}")));
+    }
+    let ir = |text: &str| {
+        let (module, diagnostics) = dfc_sema::compile_source(text, None, &dfc_sema::Options::default());
+        module.map(|m| dfc_ir::print(&m)).ok_or_else(|| fail(format!("does not compile: {diagnostics:?}\n{text}")))
+    };
+    if ir(&source)? != ir(&formatted)? {
+        return Err(fail(format!("formatted, it is another model:\n{formatted}")));
+    }
+    Ok(())
+}
+
+#[test]
+fn random_programs_format_to_the_same_model() {
+    let (first, count) = seeds(1000);
+    let failures: Vec<String> = (first..first + count)
+        .filter_map(|seed| match std::panic::catch_unwind(|| check_format(seed)) {
+            Ok(result) => result.err(),
+            Err(panic) => Some(format!("seed {seed}: panicked: {}", message(&panic))),
+        })
+        .collect();
+    assert!(failures.is_empty(), "{} of {count} programs:\n\n{}", failures.len(), failures.join("\n\n"));
 }
