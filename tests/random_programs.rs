@@ -1,7 +1,7 @@
 //! Random programs, as Csmith is for C compilers: models built at random from the language's
 //! ops (broadcasting, reductions over any axes, row ops, products, layout ops, convolution,
 //! pooling, gathers, casts of integers and bytes, comparisons, random ops, batch norms, shared
-//! subexpressions; f32 or f64; every optimizer), each trained for two steps by the reference
+//! subexpressions, layers called once or more; f32 or f64; every optimizer), each trained for two steps by the reference
 //! interpreter and by every backend and placement, which must agree: the forward pass's
 //! outputs, the losses, and every variable after the steps (so the gradients too). And, since
 //! all of them differentiate with the same autodiff, the gradients of small f64 programs against
@@ -48,6 +48,10 @@ struct Generator {
     names: usize,
     /// No large axes: a finite-difference check runs the loss twice per parameter element.
     small: bool,
+    /// The layers defined so far, and the shape each takes and returns.
+    layers: Vec<(String, Vec<usize>)>,
+    /// Inside a layer's body: the shape of its argument `x` (no model inputs there).
+    in_layer: Option<Vec<usize>>,
 }
 
 fn typed(dtype: &str, shape: &[usize]) -> String {
@@ -79,6 +83,8 @@ impl Generator {
             feeds: HashMap::new(),
             names: 0,
             small,
+            layers: Vec::new(),
+            in_layer: None,
         }
     }
 
@@ -148,17 +154,57 @@ impl Generator {
     fn leaf(&mut self, shape: &[usize]) -> String {
         let reusable: Vec<String> =
             self.shared.iter().filter(|(_, s)| s.as_slice() == shape).map(|(n, _)| n.clone()).collect();
+        let argument = self.in_layer.as_deref() == Some(shape);
         match self.rng.u8(..10) {
             0..=1 if !reusable.is_empty() => reusable[self.rng.usize(..reusable.len())].clone(),
             0..=4 => self.param(shape),
+            _ if argument => "x".to_string(),
+            _ if self.in_layer.is_some() => self.param(shape),
             _ => self.input(self.float, shape, Feed::Floats),
         }
+    }
+
+    /// A call of a layer that takes and returns `shape`: one defined before, or a new one.
+    fn layer_call(&mut self, shape: &[usize], depth: u32) -> String {
+        let fitting: Vec<usize> = (0..self.layers.len()).filter(|&i| self.layers[i].1 == shape).collect();
+        let index = if !fitting.is_empty() && self.rng.bool() {
+            fitting[self.rng.usize(..fitting.len())]
+        } else {
+            self.define_layer(shape, depth)
+        };
+        let argument = self.exact(shape, depth);
+        format!("l{index}({argument})")
+    }
+
+    /// A layer of `x` of `shape` to a value of `shape`, with params, `let`s and random ops of
+    /// its own; some axes of its signature are shape parameters, bound at each call.
+    fn define_layer(&mut self, shape: &[usize], depth: u32) -> usize {
+        let outer =
+            (std::mem::take(&mut self.declarations), std::mem::take(&mut self.lets), std::mem::take(&mut self.shared));
+        self.in_layer = Some(shape.to_vec());
+        let body = self.exact(shape, depth);
+        self.in_layer = None;
+        let declarations = std::mem::replace(&mut self.declarations, outer.0);
+        let lets = std::mem::replace(&mut self.lets, outer.1);
+        self.shared = outer.2;
+        let axes: Vec<String> = shape
+            .iter()
+            .enumerate()
+            .map(|(i, d)| if self.rng.bool() { format!("d{i}") } else { d.to_string() })
+            .collect();
+        let ty = if shape.is_empty() { self.float.to_string() } else { format!("{}[{}]", self.float, axes.join(", ")) };
+        let statements: String = declarations.iter().chain(&lets).map(|l| format!("    {l}\n")).collect();
+        let index = self.layers.len();
+        let text = format!("layer l{index}(x: {ty}) -> {ty} {{\n{statements}    return {body}\n}}\n");
+        self.layers.push((text, shape.to_vec()));
+        index
     }
 
     fn op(&mut self, shape: &[usize], depth: u32) -> String {
         let rank = shape.len();
         loop {
-            let chosen = match self.rng.u8(..22) {
+            let outside = self.in_layer.is_none();
+            let chosen = match self.rng.u8(..23) {
                 0..=2 => Some(self.unary(shape, depth)),
                 3..=5 => Some(self.binary(shape, depth)),
                 6 => Some(self.select(shape, depth)),
@@ -169,13 +215,14 @@ impl Generator {
                 12 => self.concat(shape, depth),
                 13 => self.slice(shape, depth),
                 14 => self.reshape(shape, depth),
-                15 => self.gather(shape),
-                16 => self.one_hot(shape),
+                15 if outside => self.gather(shape),
+                16 if outside => self.one_hot(shape),
                 17 if rank == 4 => Some(self.window(shape, depth)),
                 18 if rank >= 2 => Some(format!("batch_norm({})", self.exact(shape, depth))),
                 19 => Some(self.random(shape, depth)),
-                20 => Some(self.integers(shape, depth)),
+                20 if outside => Some(self.integers(shape, depth)),
                 21 => Some(self.comparison(shape, depth)),
+                22 if outside => Some(self.layer_call(shape, depth)),
                 _ => None,
             };
             if let Some(expression) = chosen {
@@ -500,7 +547,8 @@ fn program_of(mut generator: Generator) -> (String, HashMap<String, Feed>) {
     lines.push(format!("output {}", outputs.join(", ")));
     lines.push(format!("minimize sum(y * {target}) with {optimizer}"));
     let body: String = lines.iter().map(|l| format!("    {l}\n")).collect();
-    (format!("model random {{\n{body}}}\n"), generator.feeds)
+    let layers: String = generator.layers.iter().map(|(text, _)| format!("{text}\n")).collect();
+    (format!("{layers}model random {{\n{body}}}\n"), generator.feeds)
 }
 
 /// An optimizer: each kind, now and then with decay, clipping or a schedule. Adam's and
