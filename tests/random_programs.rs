@@ -3,7 +3,8 @@
 //! pooling, gathers, casts of integers and bytes, comparisons, random ops, batch norms, shared
 //! subexpressions, layers called once or more; f32 or f64; every optimizer), each trained for two steps by the reference
 //! interpreter and by every backend and placement, which must agree: the forward pass's
-//! outputs, the losses, and every variable after the steps (so the gradients too). And, since
+//! outputs, the losses, and every variable after the steps (so the gradients too); and the PTX
+//! of each one-GPU plan is generated, an entry for every launch. And, since
 //! all of them differentiate with the same autodiff, the gradients of small f64 programs against
 //! central finite differences of their loss. And `dfc fmt` of each: stable, and the same model.
 //!
@@ -751,6 +752,32 @@ fn check(seed: u64) -> Result<(), String> {
             .map_err(|e| fail(format!("{name}: {e}\n{source}")))?;
         if let Some(problem) = difference(&reference, &results) {
             return Err(fail(format!("{name}: {problem}\n{source}")));
+        }
+    }
+    ptx(&source).map_err(fail)
+}
+
+/// A one-GPU plan's PTX, as a GPU's runtime generates it (the grid emulator compiles the same
+/// kernels for this CPU instead): generated, with an entry for every launch.
+fn ptx(source: &str) -> Result<(), String> {
+    let plan = plan_for(source, Cluster::local(1, DeviceKind::Gpu), Strategy::Single)?;
+    let on_gpu = |i: &usize| plan.partitions[*i].device.kind == Some(DeviceKind::Gpu);
+    let gpu_partitions: Vec<usize> = (0..plan.partitions.len()).filter(on_gpu).collect();
+    if gpu_partitions.is_empty() {
+        return Err("a one-GPU plan without a GPU partition".into());
+    }
+    for i in gpu_partitions {
+        let partition = &plan.partitions[i];
+        let generate = || dfc_codegen::compile_gpu(&partition.module, &plan.kept_nodes(i));
+        let code = std::panic::catch_unwind(generate)
+            .map_err(|panic| format!("PTX: panicked: {}", message(&panic)))?
+            .map_err(|e| format!("PTX: {e}"))?;
+        for kernel in code.kernels.iter().chain(&code.ops) {
+            for launch in kernel.launches() {
+                if !code.ptx.contains(&format!(".entry {}(", launch.function)) {
+                    return Err(format!("PTX: no entry for {launch:?}"));
+                }
+            }
         }
     }
     Ok(())
