@@ -1,15 +1,18 @@
 //! Random programs, as Csmith is for C compilers: models built at random from the language's
 //! ops (broadcasting, reductions over any axes, row ops, products, layout ops, convolution,
 //! pooling, gathers, casts of integers and bytes, comparisons, random ops, batch norms, shared
-//! subexpressions, layers called once or more; f32 or f64; every optimizer), each trained for two steps by the reference
-//! interpreter and by every backend and placement, which must agree: the forward pass's
-//! outputs, the losses, and every variable after the steps (so the gradients too); and the PTX
-//! of each one-GPU plan is generated, an entry for every launch. And, since
-//! all of them differentiate with the same autodiff, the gradients of small f64 programs against
-//! central finite differences of their loss. And `dfc fmt` of each: stable, and the same model.
+//! subexpressions, layers called once or more; f32 or f64; every optimizer).
 //!
-//! `DFC_RANDOM_PROGRAMS=N` runs N programs in each test (by default 100, 1,000 and 1,000), from seed
-//! `DFC_RANDOM_SEED` (default 0): a failure names its seed and prints the program, which
+//! - Each is trained for two steps by the reference interpreter and by every backend and
+//!   placement, which must agree: the forward pass's outputs, the losses, and every variable
+//!   after the steps (so the gradients too). Its one-GPU plan's PTX is generated, with an entry
+//!   for every launch.
+//! - All of them differentiate with the same autodiff: small f64 programs' gradients are checked
+//!   against central finite differences of their loss.
+//! - `dfc fmt` of each is stable and the same model.
+//!
+//! `DFC_RANDOM_PROGRAMS=N` runs N programs in each test (by default 100, 1,000 and 1,000), from
+//! seed `DFC_RANDOM_SEED` (default 0): a failure names its seed and prints the program, which
 //! `dfc check` reads as it is.
 
 use dfc_compile::{compile, CompileOptions, Strategy};
