@@ -705,9 +705,16 @@ fn difference(reference: &[(String, Tensor)], other: &[(String, Tensor)]) -> Opt
     None
 }
 
+/// The plan `dfc compile` would write for `source`, read back from its bytes as `dfc run` reads
+/// it (which must give the same bytes again).
 fn plan_for(source: &str, cluster: Cluster, strategy: Strategy) -> Result<Plan, String> {
     let options = CompileOptions { cluster, strategy, soft_placement: true, ..CompileOptions::default() };
-    let mut plan = compile(source, "random.df", &options).map_err(|e| format!("does not compile: {e:?}"))?.plan;
+    let compiled = compile(source, "random.df", &options).map_err(|e| format!("does not compile: {e:?}"))?.plan;
+    let bytes = dfc_plan::encode(&compiled);
+    let mut plan = dfc_plan::decode(&bytes).map_err(|e| format!("its plan does not decode: {e}"))?;
+    if dfc_plan::encode(&plan) != bytes {
+        return Err("its plan changes through its bytes".into());
+    }
     plan.expand_instances().map_err(|e| format!("instances: {e}"))?;
     Ok(plan)
 }
