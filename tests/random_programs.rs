@@ -549,6 +549,13 @@ fn program_of(mut generator: Generator) -> (String, HashMap<String, Feed>) {
     lines.extend(generator.lets);
     lines.push(format!("let y = {y}"));
     lines.push(format!("output {}", outputs.join(", ")));
+    // An output and a metric of expressions of their own.
+    if generator.rng.bool() {
+        lines.push("output exp(tanh(y) * 2.0) as scaled".to_string());
+    }
+    if generator.rng.bool() {
+        lines.push("metric spread = max(y) - min(y)".to_string());
+    }
     lines.push(format!("minimize sum(y * {target}) with {optimizer}"));
     let body: String = lines.iter().map(|l| format!("    {l}\n")).collect();
     let layers: String = generator.layers.iter().map(|(text, _)| format!("{text}\n")).collect();
@@ -633,7 +640,7 @@ fn run(plan: &Plan, backend: Backend, data: &[HashMap<String, Tensor>]) -> Resul
     let mut session = Session::with_backend(plan, 0, backend).map_err(|e| format!("load: {e}"))?;
     let updates: Vec<&str> = training.updates.iter().map(String::as_str).collect();
     let step = session.program(&[training.loss_node.as_str()], &updates).map_err(|e| format!("step: {e}"))?;
-    let outputs: Vec<&str> = plan.outputs.iter().map(|o| o.name.as_str()).collect();
+    let outputs: Vec<&str> = plan.outputs.iter().chain(&plan.metrics).map(|o| o.name.as_str()).collect();
     let forward = session.program(&outputs, &[]).map_err(|e| format!("forward: {e}"))?;
     let mut seen = Vec::new();
     for (i, feeds) in data.iter().enumerate() {
