@@ -10,8 +10,10 @@
 //! - All of them differentiate with the same autodiff: small f64 programs' gradients are checked
 //!   against central finite differences of their loss.
 //! - `dfc fmt` of each is stable and the same model.
+//! - The language server reads each without an error, answers at every offset, and renaming
+//!   any of the model's names gives the same model under the new name.
 //!
-//! `DFC_RANDOM_PROGRAMS=N` runs N programs in each test (by default 100, 1,000 and 1,000), from
+//! `DFC_RANDOM_PROGRAMS=N` runs N programs in each test (by default 100, 1,000, 1,000 and 300), from
 //! seed `DFC_RANDOM_SEED` (default 0): a failure names its seed and prints the program, which
 //! `dfc check` reads as it is.
 
@@ -940,6 +942,99 @@ fn random_programs_format_to_the_same_model() {
     let (first, count) = seeds(1000);
     let failures: Vec<String> = (first..first + count)
         .filter_map(|seed| match std::panic::catch_unwind(|| check_format(seed)) {
+            Ok(result) => result.err(),
+            Err(panic) => Some(format!("seed {seed}: panicked: {}", message(&panic))),
+        })
+        .collect();
+    assert!(failures.is_empty(), "{} of {count} programs:\n\n{}", failures.len(), failures.join("\n\n"));
+}
+
+/// IR text without the random ops' salts, which come from their names (a random op's stream
+/// is its own: docs/language.md, "Randomness").
+fn unsalted(ir: &str) -> String {
+    ir.split("salt=0x")
+        .enumerate()
+        .map(|(i, part)| if i == 0 { part } else { part.trim_start_matches(|c: char| c.is_ascii_hexdigit()) })
+        .collect::<Vec<_>>()
+        .join("salt=")
+}
+
+/// `text` with every whole word `from` (letters, digits and `_`) replaced by `to`.
+fn rename_words(text: &str, from: &str, to: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut word = String::new();
+    let flush = |word: &mut String, out: &mut String| {
+        out.push_str(if word == from { to } else { word.as_str() });
+        word.clear();
+    };
+    for c in text.chars() {
+        if c.is_alphanumeric() || c == '_' {
+            word.push(c);
+        } else {
+            flush(&mut word, &mut out);
+            out.push(c);
+        }
+    }
+    flush(&mut word, &mut out);
+    out
+}
+
+/// The seed's program as the language server sees it: no error; hover, definition, references,
+/// completion and rename's check at every offset, symbols and semantic tokens, without a panic;
+/// and each of the model's names renamed gives the same model under the new name.
+fn check_editor(seed: u64) -> Result<(), String> {
+    let (source, _) = program(seed);
+    let fail = |what: String| format!("seed {seed}: {what}\n{source}");
+    let ir = |text: &str| {
+        let (module, diagnostics) = dfc_sema::compile_source(text, None, &dfc_sema::Options::default());
+        module.map(|m| dfc_ir::print(&m)).ok_or_else(|| format!("does not compile: {diagnostics:?}\n{text}"))
+    };
+    let analysis = dfc_ide::FileAnalysis::new(source.clone());
+    let errors: Vec<_> = analysis.diagnostics.iter().filter(|d| d.severity == dfc_diag::Severity::Error).collect();
+    if !errors.is_empty() {
+        return Err(fail(format!("the editor sees errors: {errors:?}")));
+    }
+    for offset in 0..=source.len() {
+        analysis.hover(offset);
+        analysis.definition(offset);
+        analysis.references(offset, true);
+        analysis.completions(offset);
+        let _ = analysis.prepare_rename(offset);
+    }
+    analysis.symbols();
+    analysis.semantic_tokens();
+    let original = ir(&source).map_err(fail)?;
+    for line in source.lines() {
+        let statement = line.trim();
+        let Some(name) = ["let ", "param ", "input "].iter().find_map(|k| statement.strip_prefix(k)) else { continue };
+        let name: String = name.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+        if !name.starts_with(['v', 'w', 'x']) || name.len() < 2 {
+            continue;
+        }
+        let offset = source.find(line).expect("a line of it") + line.find(&name).expect("its name");
+        let new_name = format!("renamed_{name}");
+        let mut spans = analysis.rename(offset, &new_name).map_err(|e| fail(format!("rename {name}: {e}")))?;
+        spans.sort_by_key(|span| std::cmp::Reverse(span.start));
+        let mut renamed = source.clone();
+        for span in spans {
+            if &renamed[span.range()] != name {
+                return Err(fail(format!("rename {name}: an edit at {span:?} covers `{}`", &renamed[span.range()])));
+            }
+            renamed.replace_range(span.range(), &new_name);
+        }
+        let after = ir(&renamed).map_err(|e| fail(format!("renamed {name}: {e}")))?;
+        if unsalted(&after) != unsalted(&rename_words(&original, &name, &new_name)) {
+            return Err(fail(format!("renamed {name}, it is another model:\n{renamed}")));
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn random_programs_are_read_alike_by_the_language_server() {
+    let (first, count) = seeds(300);
+    let failures: Vec<String> = (first..first + count)
+        .filter_map(|seed| match std::panic::catch_unwind(|| check_editor(seed)) {
             Ok(result) => result.err(),
             Err(panic) => Some(format!("seed {seed}: panicked: {}", message(&panic))),
         })
