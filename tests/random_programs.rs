@@ -959,12 +959,22 @@ fn unsalted(ir: &str) -> String {
         .join("salt=")
 }
 
-/// `text` with every whole word `from` (letters, digits and `_`) replaced by `to`.
+/// `text` with every whole word `from` (letters, digits and `_`) replaced by `to`, and every
+/// `from_N` (a layer's scope when it is called again) by `to_N`.
 fn rename_words(text: &str, from: &str, to: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut word = String::new();
+    let numbered = |word: &str| {
+        let n = word.strip_prefix(from).and_then(|rest| rest.strip_prefix('_'));
+        n.is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()))
+    };
     let flush = |word: &mut String, out: &mut String| {
-        out.push_str(if word == from { to } else { word.as_str() });
+        if word == from || numbered(word) {
+            out.push_str(to);
+            out.push_str(&word[from.len()..]);
+        } else {
+            out.push_str(word);
+        }
         word.clear();
     };
     for c in text.chars() {
@@ -1006,9 +1016,11 @@ fn check_editor(seed: u64) -> Result<(), String> {
     let original = ir(&source).map_err(fail)?;
     for line in source.lines() {
         let statement = line.trim();
-        let Some(name) = ["let ", "param ", "input "].iter().find_map(|k| statement.strip_prefix(k)) else { continue };
+        let Some(name) = ["let ", "param ", "input ", "layer "].iter().find_map(|k| statement.strip_prefix(k)) else {
+            continue;
+        };
         let name: String = name.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
-        if !name.starts_with(['v', 'w', 'x']) || name.len() < 2 {
+        if !name.starts_with(['v', 'w', 'x', 'l']) || name.len() < 2 {
             continue;
         }
         let offset = source.find(line).expect("a line of it") + line.find(&name).expect("its name");
