@@ -420,7 +420,9 @@ fn fetch_runs_forward_on_every_example() {
     for (output, ty) in [("loss", "f32[]"), ("w", "f32[13,1]")] {
         let refused = dfc(&["run", s(&plan), "--feed", &feeds[0], "--feed", &feeds[1], "--fetch", output]);
         assert_eq!(refused.status.code(), Some(1), "{output}: {}", text(&refused.stderr));
-        let expected = format!("`{output}` is {ty}, without the leading axis of the batch (32): --fetch gives an output per example");
+        let expected = format!(
+            "`{output}` is {ty}, without the leading axis of the batch (32): --fetch gives an output per example"
+        );
         assert!(text(&refused.stderr).contains(&expected), "{output}: {}", text(&refused.stderr));
     }
 }
