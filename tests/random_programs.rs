@@ -823,24 +823,25 @@ fn placed(source: &str, seed: u64, kind: &str) -> String {
     lines.join("\n") + "\n"
 }
 
-/// The first seed and the number of programs: `DFC_RANDOM_SEED` and `DFC_RANDOM_PROGRAMS`, or
-/// 0 and `default`.
-fn seeds(default: u64) -> (u64, u64) {
+/// `check` on `default` programs from seed 0, or `DFC_RANDOM_PROGRAMS` from `DFC_RANDOM_SEED`:
+/// fails with every program that fails it (a panic included), each named by its seed.
+fn each_program(default: u64, check: impl Fn(u64) -> Result<(), String> + std::panic::RefUnwindSafe) {
     let number =
         |name: &str| std::env::var(name).ok().map(|v| v.parse().unwrap_or_else(|_| panic!("{name}={v}: not a number")));
-    (number("DFC_RANDOM_SEED").unwrap_or(0), number("DFC_RANDOM_PROGRAMS").unwrap_or(default))
+    let first = number("DFC_RANDOM_SEED").unwrap_or(0);
+    let count = number("DFC_RANDOM_PROGRAMS").unwrap_or(default);
+    let failures: Vec<String> = (first..first + count)
+        .filter_map(|seed| match std::panic::catch_unwind(|| check(seed)) {
+            Ok(result) => result.err(),
+            Err(panic) => Some(format!("seed {seed}: panicked: {}", message(&panic))),
+        })
+        .collect();
+    assert!(failures.is_empty(), "{} of {count} programs fail:\n\n{}", failures.len(), failures.join("\n\n"));
 }
 
 #[test]
 fn random_programs_agree_everywhere() {
-    let (first, count) = seeds(100);
-    let failures: Vec<String> = (first..first + count)
-        .filter_map(|seed| match std::panic::catch_unwind(|| check(seed)) {
-            Ok(result) => result.err(),
-            Err(panic) => Some(format!("seed {seed}: panicked: {}\n{}", message(&panic), program(seed).0)),
-        })
-        .collect();
-    assert!(failures.is_empty(), "{} of {count} programs disagree:\n\n{}", failures.len(), failures.join("\n\n"));
+    each_program(100, check);
 }
 
 /// The seed's f64 program's gradients, by autodiff, against central finite differences of its
@@ -902,19 +903,7 @@ fn check_gradients(seed: u64) -> Result<(), String> {
 
 #[test]
 fn random_gradients_match_finite_differences() {
-    let (first, count) = seeds(1000);
-    let failures: Vec<String> = (first..first + count)
-        .filter_map(|seed| match std::panic::catch_unwind(|| check_gradients(seed)) {
-            Ok(result) => result.err(),
-            Err(panic) => Some(format!("seed {seed}: panicked: {}", message(&panic))),
-        })
-        .collect();
-    assert!(
-        failures.is_empty(),
-        "{} of {count} programs' gradients differ:\n\n{}",
-        failures.len(),
-        failures.join("\n\n")
-    );
+    each_program(1000, check_gradients);
 }
 
 /// The seed's program through `dfc fmt`: formatted once it stays as it is, and it is the same
@@ -939,14 +928,7 @@ fn check_format(seed: u64) -> Result<(), String> {
 
 #[test]
 fn random_programs_format_to_the_same_model() {
-    let (first, count) = seeds(1000);
-    let failures: Vec<String> = (first..first + count)
-        .filter_map(|seed| match std::panic::catch_unwind(|| check_format(seed)) {
-            Ok(result) => result.err(),
-            Err(panic) => Some(format!("seed {seed}: panicked: {}", message(&panic))),
-        })
-        .collect();
-    assert!(failures.is_empty(), "{} of {count} programs:\n\n{}", failures.len(), failures.join("\n\n"));
+    each_program(1000, check_format);
 }
 
 /// IR text without the random ops' salts, which come from their names (a random op's stream
@@ -1044,12 +1026,5 @@ fn check_editor(seed: u64) -> Result<(), String> {
 
 #[test]
 fn random_programs_are_read_alike_by_the_language_server() {
-    let (first, count) = seeds(300);
-    let failures: Vec<String> = (first..first + count)
-        .filter_map(|seed| match std::panic::catch_unwind(|| check_editor(seed)) {
-            Ok(result) => result.err(),
-            Err(panic) => Some(format!("seed {seed}: panicked: {}", message(&panic))),
-        })
-        .collect();
-    assert!(failures.is_empty(), "{} of {count} programs:\n\n{}", failures.len(), failures.join("\n\n"));
+    each_program(300, check_editor);
 }
