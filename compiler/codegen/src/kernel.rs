@@ -504,12 +504,10 @@ fn plan_nest(module: &Module, kernel: &Kernel, root: &Root) -> Nest {
     }
     nest.one_hot_dim = one_hot_dim.into_iter().map(|(id, dim)| (id, dim.map(|d| dim_of[d]))).collect();
     if nest.extents.is_empty() {
-        // A scalar: one iteration of one loop, whose one output is a row of one element (its
-        // stride is the row's length to `emit_reduce`, which initialises the rows it writes:
-        // with 0 it initialised none, and a scalar's sum added to the last run's).
+        // A scalar: one iteration of one loop.
         nest.extents.push(1);
         nest.reduced.push(false);
-        nest.out.push(1);
+        nest.out.push(0);
         for s in nest.leaves.values_mut().chain(nest.positions.values_mut()) {
             s.push(0);
         }
@@ -1239,7 +1237,10 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
         let (lo, hi) = if self.nest.reduced[0] {
             (self.i64(0), self.i64(out_len as i64))
         } else {
-            let row = self.nest.out[0];
+            // A row's outputs, whose count is the first dimension's stride; a scalar's one
+            // output has stride 0 (with 0 here no output was initialised, and a scalar's sum
+            // added to the last run's).
+            let row = self.nest.out[0].max(1);
             (b.build_int_mul(begin, self.i64(row), "lo").unwrap(), b.build_int_mul(end, self.i64(row), "hi").unwrap())
         };
         let identity = match kind {
