@@ -635,8 +635,8 @@ fn feeds_of(
         .collect()
 }
 
-/// What a run shows: per step the forward pass's output and the step's loss, then every
-/// variable.
+/// What a run shows: per step the forward pass's outputs and metrics and the step's loss,
+/// then every variable (a partitioned one's shards joined).
 fn run(plan: &Plan, backend: Backend, data: &[HashMap<String, Tensor>]) -> Result<Vec<(String, Tensor)>, String> {
     let training = plan.training.as_ref().ok_or("the plan does not train")?;
     let mut session = Session::with_backend(plan, 0, backend).map_err(|e| format!("load: {e}"))?;
@@ -906,6 +906,12 @@ fn random_gradients_match_finite_differences() {
     each_program(1000, check_gradients);
 }
 
+/// The IR that `text` compiles to, printed.
+fn ir(text: &str) -> Result<String, String> {
+    let (module, diagnostics) = dfc_sema::compile_source(text, None, &dfc_sema::Options::default());
+    module.map(|m| dfc_ir::print(&m)).ok_or_else(|| format!("does not compile: {diagnostics:?}\n{text}"))
+}
+
 /// The seed's program through `dfc fmt`: formatted once it stays as it is, and it is the same
 /// model (the same IR).
 fn check_format(seed: u64) -> Result<(), String> {
@@ -916,11 +922,7 @@ fn check_format(seed: u64) -> Result<(), String> {
     if again != formatted {
         return Err(fail(format!("formatting twice changes it:\n{formatted}\n---\n{again}")));
     }
-    let ir = |text: &str| {
-        let (module, diagnostics) = dfc_sema::compile_source(text, None, &dfc_sema::Options::default());
-        module.map(|m| dfc_ir::print(&m)).ok_or_else(|| fail(format!("does not compile: {diagnostics:?}\n{text}")))
-    };
-    if ir(&source)? != ir(&formatted)? {
+    if ir(&source).map_err(fail)? != ir(&formatted).map_err(fail)? {
         return Err(fail(format!("formatted, it is another model:\n{formatted}")));
     }
     Ok(())
@@ -977,10 +979,6 @@ fn rename_words(text: &str, from: &str, to: &str) -> String {
 fn check_editor(seed: u64) -> Result<(), String> {
     let (source, _) = program(seed);
     let fail = |what: String| format!("seed {seed}: {what}\n{source}");
-    let ir = |text: &str| {
-        let (module, diagnostics) = dfc_sema::compile_source(text, None, &dfc_sema::Options::default());
-        module.map(|m| dfc_ir::print(&m)).ok_or_else(|| format!("does not compile: {diagnostics:?}\n{text}"))
-    };
     let analysis = dfc_ide::FileAnalysis::new(source.clone());
     let errors: Vec<_> = analysis.diagnostics.iter().filter(|d| d.severity == dfc_diag::Severity::Error).collect();
     if !errors.is_empty() {
