@@ -25,9 +25,30 @@ fn cluster(spec: &str) -> Cluster {
     }
 }
 
+/// A model that fetches one of its inputs as it is: each replica's slice of it is an output
+/// that lives where the input does.
+const ECHO: &str = "
+model echo {
+    dim batch = 24
+    input x: f32[batch, 4]
+    param w: f32[4, 4] = glorot_uniform
+    let y = x @ w
+    output x, y
+    minimize mean((y - x) * (y - x)) with sgd(lr = 0.1)
+}
+";
+
+/// The source of an example, or of `ECHO`.
+fn source(example: &str) -> String {
+    if example == "echo" {
+        return ECHO.to_string();
+    }
+    std::fs::read_to_string(root().join("examples").join(format!("{example}.df"))).expect("example")
+}
+
 /// The plan as `dfc compile` writes it and a reader gets it back.
 fn compiled(example: &str, cluster: Cluster, instances: bool) -> (Plan, usize) {
-    let source = std::fs::read_to_string(root().join("examples").join(format!("{example}.df"))).expect("example");
+    let source = source(example);
     let mut dims = vec![("batch".to_string(), 24)];
     if example == "wide_and_deep" {
         dims.push(("users".to_string(), 200));
@@ -90,7 +111,7 @@ fn canonical(module: &Module) -> BTreeMap<String, String> {
 
 #[test]
 fn instances_are_the_replicas_built_in_full() {
-    for example in ["linear_regression", "mlp", "cnn", "softmax_regression", "wide_and_deep"] {
+    for example in ["linear_regression", "mlp", "cnn", "softmax_regression", "wide_and_deep", "echo"] {
         for spec in ["local 3", "local 4", "two tasks of two"] {
             let what = format!("{example} mirrored on {spec}");
             let (compact, stored) = compiled(example, cluster(spec), true);

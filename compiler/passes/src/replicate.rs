@@ -1084,9 +1084,11 @@ impl<'a> Builder<'a> {
     }
 
     /// Replica `r`'s copy of `tensor`, or for a stub replica what `partition` would make of
-    /// it on the home device: a Recv, or a copy of a constant.
+    /// it on the home device: its slice of an input (which lives there), a Recv, or a copy of a
+    /// constant.
     fn part(&mut self, tensor: TensorRef, r: usize) -> TensorRef {
-        if r < self.built() {
+        // Built replicas have a copy of every node, stub replicas of the inputs alone.
+        if r < self.built() || self.copies[r].contains_key(&tensor.node) {
             return TensorRef { node: self.copies[r][&tensor.node], port: tensor.port };
         }
         if let Some(&done) = self.stub_parts.get(&(r, tensor)) {
