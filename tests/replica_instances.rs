@@ -25,15 +25,17 @@ fn cluster(spec: &str) -> Cluster {
     }
 }
 
-/// A model that fetches one of its inputs as it is: each replica's slice of it is an output
-/// that lives where the input does.
+/// A model that fetches its inputs as they are (each replica's slice of one is an output that
+/// lives where the input does), one only so, and has one it does not use.
 const ECHO: &str = "
 model echo {
     dim batch = 24
     input x: f32[batch, 4]
+    input shown: f32[batch, 3]
+    input unused: f32[batch, 2]
     param w: f32[4, 4] = glorot_uniform
     let y = x @ w
-    output x, y
+    output x, y, shown
     minimize mean((y - x) * (y - x)) with sgd(lr = 0.1)
 }
 ";

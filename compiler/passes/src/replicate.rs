@@ -419,7 +419,9 @@ impl<'a> Builder<'a> {
                 let s = self.out.graph.add(slice, &[id.into()], &name, graph.span(input)).expect("slices type");
                 self.out.graph.node_mut(s).requested_device = home.clone();
                 self.copies[r].insert(input, s);
-                if r >= self.built() {
+                // A stub replica receives its slice where a replica computes with it: not where
+                // the input is unused, or only an output as it is (which stays on the home device).
+                if r >= self.built() && !graph.users(input).is_empty() {
                     self.stub_send(s, home.clone().expect("replicas request their devices"), r);
                 }
             }
