@@ -583,6 +583,42 @@ fn synchronised_batch_norm_trains_as_one_device_on_the_whole_batch() {
     assert!(refused.contains("replicas with backup workers do not step together"), "{refused}");
 }
 
+/// A synchronised batch norm whose output nothing uses still moves its moving averages in each
+/// training step, by the whole batch's statistics as on one device: mirrored on 2 and 4 and on
+/// synchronous parameter servers (where only updates use its statistics, which the replicas
+/// compute from their slices). Unsynchronised, it compiles and trains there too.
+#[test]
+fn an_unused_batch_norm_moves_its_averages_as_on_one_device() {
+    let model = |synchronized: bool| {
+        format!(
+            "model bn {{\n    dim batch = 8\n    input x: f32[batch, 3]\n    input y: f32[batch]\n    \
+             param w: f32[3, 1] = glorot_uniform\n    \
+             let unused = batch_norm(x, momentum = 0.5, synchronized = {synchronized})\n    \
+             let p = reshape(x @ w, [batch])\n    minimize mean((p - y) * (p - y)) with sgd(lr = 0.1)\n}}\n"
+        )
+    };
+    let single = compiled(&model(true), Cluster::local(1, DeviceKind::Cpu), Strategy::Single).expect("compiles");
+    let data = batches(&single);
+    let reference = train(&single, &data);
+    let averages: Vec<&String> = reference.1.keys().filter(|name| name.contains("moving")).collect();
+    assert!(!averages.is_empty(), "no moving averages among {:?}", reference.1.keys());
+    for name in averages {
+        assert!(reference.1[name].iter().any(|&v| v != 0.0 && v != 1.0), "`{name}` did not move");
+    }
+    let cases = [
+        ("mirrored on 2", Cluster::local(2, DeviceKind::Cpu), Strategy::Mirrored),
+        ("mirrored on 4", Cluster::local(4, DeviceKind::Cpu), Strategy::Mirrored),
+        ("sync ps", ps_cluster(2), Strategy::ParameterServer { sync: true }),
+    ];
+    for (what, cluster, strategy) in cases {
+        let plan = compiled(&model(true), cluster, strategy).expect("compiles");
+        assert_same(what, &reference, &train(&plan, &data), 1e-5);
+    }
+    let unsynchronised = compiled(&model(false), ps_cluster(2), Strategy::ParameterServer { sync: true });
+    let (losses, _) = train(&unsynchronised.expect("compiles"), &data);
+    assert!(losses.iter().all(|l| l.is_finite()), "{losses:?}");
+}
+
 /// The loss of each step and the parameters at the end of local SGD: each step, then the
 /// replicas' averages after every `every` steps; also whether the replicas' copies of the
 /// parameters were all equal at the end.

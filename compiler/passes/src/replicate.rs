@@ -308,8 +308,13 @@ impl<'a> Builder<'a> {
         let mut roots: Vec<NodeId> = training.gradients.iter().map(|(_, g)| g.node).collect();
         roots.push(training.loss.node);
         roots.extend(src.outputs.iter().chain(&src.metrics).map(|o| o.tensor.node));
+        // What a cross-replica mean averages is each replica's, even where only an update uses
+        // the mean (the statistics of a batch norm whose output nothing else uses).
+        let updating = graph.ancestors(&training.updates);
+        let averaged = updating.iter().filter(|&&id| matches!(graph.node(id).op, Op::CrossReplicaMean));
+        roots.extend(averaged.flat_map(|&id| graph.inputs(id)).map(|t| t.node));
         let compute = graph.ancestors(&roots);
-        let update_region = graph.ancestors(&training.updates).into_iter().filter(|id| !compute.contains(id)).collect();
+        let update_region = updating.into_iter().filter(|id| !compute.contains(id)).collect();
         let gradients = training.gradients.iter().map(|(v, g)| (*g, *v)).collect();
         let gates = match options.backup_workers {
             0 => HashMap::new(),
@@ -370,9 +375,13 @@ impl<'a> Builder<'a> {
             Replication::Mirrored => false,
             Replication::Shared { sync } => {
                 let op = &self.src.graph.node(id).op;
+                // An input is sliced per replica: a shared node that uses it takes replica 0's.
                 matches!(op, Op::Variable { .. })
                     || (matches!(op, Op::Read) && !self.update_region.contains(&id))
-                    || (sync && self.options.backup_workers == 0 && self.update_region.contains(&id))
+                    || (sync
+                        && self.options.backup_workers == 0
+                        && self.update_region.contains(&id)
+                        && !matches!(op, Op::Input { .. }))
             }
         }
     }
@@ -493,6 +502,12 @@ impl<'a> Builder<'a> {
         let graph = &self.src.graph;
         let node = graph.node(id);
         let span = graph.span(id);
+        // The shared copy of a cross-replica mean (one that only shared updates use): the mean
+        // of the replicas' operands, as a synchronous shared variable's gradient is.
+        if let (Op::CrossReplicaMean, None) = (&node.op, replica) {
+            let name = node.name.clone();
+            return self.combine(graph.inputs(id)[0], &name, None).node;
+        }
         let mut inputs = Vec::new();
         for operand in graph.inputs(id) {
             let mapped = self.operand(id, operand, replica);
