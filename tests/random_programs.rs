@@ -7,13 +7,17 @@
 //!   placement, which must agree: the forward pass's outputs, the losses, and every variable
 //!   after the steps (so the gradients too). Its one-GPU plan's PTX is generated, with an entry
 //!   for every launch.
+//! - Per-example programs (every input leads with the `batch` axis, no op mixes two examples'
+//!   rows, batch norms are synchronised, the loss and metric are means over the batch) are
+//!   trained by replicas, mirrored, on parameter servers and in central storage, which must
+//!   give the interpreter's results on one device, every replica's copy of a variable alike.
 //! - All of them differentiate with the same autodiff: small f64 programs' gradients are checked
 //!   against central finite differences of their loss.
 //! - `dfc fmt` of each is stable and the same model.
 //! - The language server reads each without an error, answers at every offset, and renaming
 //!   any of the model's names gives the same model under the new name.
 //!
-//! `DFC_RANDOM_PROGRAMS=N` runs N programs in each test (by default 100, 1,000, 1,000 and 300), from
+//! `DFC_RANDOM_PROGRAMS=N` runs N programs in each test (by default 100, 100, 1,000, 1,000 and 300), from
 //! seed `DFC_RANDOM_SEED` (default 0): a failure names its seed and prints the program, which
 //! `dfc check` reads as it is.
 
@@ -28,6 +32,15 @@ use std::collections::HashMap;
 /// gradients' sums add in other orders than the interpreter's.
 const TOLERANCE: f64 = 1e-4;
 const STEPS: usize = 2;
+
+/// The example axis of a per-example program's shapes, written `batch`: a size no other axis
+/// has, so that an op that would move it or mix its rows is seen.
+const BATCH: usize = 1 << 20;
+
+/// Whether `shape`'s leading axis is the batch's: a value computed per example.
+fn batched(shape: &[usize]) -> bool {
+    shape.first() == Some(&BATCH)
+}
 
 /// How an input is fed.
 #[derive(Clone, Copy)]
@@ -58,6 +71,10 @@ struct Generator {
     layers: Vec<(String, Vec<usize>)>,
     /// Inside a layer's body: the shape of its argument `x` (no model inputs there).
     in_layer: Option<Vec<usize>>,
+    /// A per-example program's batch size: every input leads with the `batch` axis, no op mixes
+    /// two examples' rows, and a value without the axis is computed from params alone, so that
+    /// data parallelism must give one device's results.
+    batch: Option<usize>,
 }
 
 fn typed(dtype: &str, shape: &[usize]) -> String {
@@ -69,7 +86,8 @@ fn typed(dtype: &str, shape: &[usize]) -> String {
 }
 
 fn list(values: &[usize]) -> String {
-    values.iter().map(usize::to_string).collect::<Vec<_>>().join(", ")
+    let dim = |&d: &usize| if d == BATCH { "batch".to_string() } else { d.to_string() };
+    values.iter().map(dim).collect::<Vec<_>>().join(", ")
 }
 
 impl Generator {
@@ -91,7 +109,15 @@ impl Generator {
             small,
             layers: Vec::new(),
             in_layer: None,
+            batch: None,
         }
+    }
+
+    /// A per-example program's generator: f32, a batch of 4 or 8.
+    fn per_example(seed: u64) -> Generator {
+        let mut generator = Generator::with(fastrand::Rng::with_seed(seed ^ 0xba7c4), "f32", false);
+        generator.batch = Some(if generator.rng.u8(..4) == 0 { 8 } else { 4 });
+        generator
     }
 
     fn name(&mut self, prefix: &str) -> String {
@@ -161,13 +187,33 @@ impl Generator {
         let reusable: Vec<String> =
             self.shared.iter().filter(|(_, s)| s.as_slice() == shape).map(|(n, _)| n.clone()).collect();
         let argument = self.in_layer.as_deref() == Some(shape);
+        // In a per-example program, only a value without the batch axis may be a param, and
+        // only one with it an input.
+        let per_example = batched(shape);
         match self.rng.u8(..10) {
             0..=1 if !reusable.is_empty() => reusable[self.rng.usize(..reusable.len())].clone(),
-            0..=4 => self.param(shape),
+            0..=4 if !per_example => self.param(shape),
             _ if argument => "x".to_string(),
-            _ if self.in_layer.is_some() => self.param(shape),
+            _ if per_example && self.in_layer.is_some() => self.from_argument(shape),
+            _ if self.in_layer.is_some() || self.batch.is_some() && !per_example => self.param(shape),
             _ => self.input(self.float, shape, Feed::Floats),
         }
+    }
+
+    /// Inside a layer of a per-example program, a value of `shape` (batched) from the argument
+    /// `x`: each example's sum, times a param.
+    fn from_argument(&mut self, shape: &[usize]) -> String {
+        let rank = self.in_layer.as_ref().map_or(1, Vec::len);
+        let summed = if rank > 1 {
+            format!("sum(x, axis = [{}])", list(&(1..rank).collect::<Vec<_>>()))
+        } else {
+            "x".to_string()
+        };
+        if shape.len() == 1 {
+            return summed;
+        }
+        let weight = self.param(&shape[1..]);
+        format!("(reshape({summed}, [{}]) * {weight})", list(&[vec![BATCH], vec![1; shape.len() - 1]].concat()))
     }
 
     /// A call of a layer that takes and returns `shape`: one defined before, or a new one.
@@ -196,7 +242,11 @@ impl Generator {
         let axes: Vec<String> = shape
             .iter()
             .enumerate()
-            .map(|(i, d)| if self.rng.bool() { format!("d{i}") } else { d.to_string() })
+            .map(|(i, &d)| match d {
+                BATCH => "batch".to_string(),
+                _ if self.rng.bool() => format!("d{i}"),
+                _ => d.to_string(),
+            })
             .collect();
         let ty = if shape.is_empty() { self.float.to_string() } else { format!("{}[{}]", self.float, axes.join(", ")) };
         let statements: String = declarations.iter().chain(&lets).map(|l| format!("    {l}\n")).collect();
@@ -210,6 +260,9 @@ impl Generator {
         let rank = shape.len();
         loop {
             let outside = self.in_layer.is_none();
+            // Model inputs of their own: not in a layer, nor in a per-example program's value
+            // without the batch axis.
+            let fed = outside && (self.batch.is_none() || batched(shape));
             let chosen = match self.rng.u8(..23) {
                 0..=2 => Some(self.unary(shape, depth)),
                 3..=5 => Some(self.binary(shape, depth)),
@@ -221,12 +274,13 @@ impl Generator {
                 12 => self.concat(shape, depth),
                 13 => self.slice(shape, depth),
                 14 => self.reshape(shape, depth),
-                15 if outside => self.gather(shape),
-                16 if outside => self.one_hot(shape),
+                15 if fed => self.gather(shape),
+                16 if fed => self.one_hot(shape),
                 17 if rank == 4 => Some(self.window(shape, depth)),
-                18 if rank >= 2 => Some(format!("batch_norm({})", self.exact(shape, depth))),
-                19 => Some(self.random(shape, depth)),
-                20 if outside => Some(self.integers(shape, depth)),
+                18 if rank >= 2 => Some(self.batch_norm(shape, depth)),
+                // Each replica draws bits of its own.
+                19 if self.batch.is_none() => Some(self.random(shape, depth)),
+                20 if fed => Some(self.integers(shape, depth)),
                 21 => Some(self.comparison(shape, depth)),
                 22 if outside => Some(self.layer_call(shape, depth)),
                 _ => None,
@@ -281,6 +335,17 @@ impl Generator {
         }
     }
 
+    /// A batch norm; in a per-example program synchronised, so that replicas normalise by the
+    /// whole batch's statistics as one device does.
+    fn batch_norm(&mut self, shape: &[usize], depth: u32) -> String {
+        let x = self.exact(shape, depth);
+        if self.batch.is_some() {
+            format!("batch_norm({x}, synchronized = true)")
+        } else {
+            format!("batch_norm({x})")
+        }
+    }
+
     /// Random bits, which every backend must draw alike.
     fn random(&mut self, shape: &[usize], depth: u32) -> String {
         let x = self.exact(shape, depth);
@@ -298,7 +363,10 @@ impl Generator {
     fn integers(&mut self, shape: &[usize], depth: u32) -> String {
         let float = self.float;
         let i = self.input("i32", shape, Feed::Integers);
-        let j_shape = self.broadcast_shape(shape);
+        let mut j_shape = self.broadcast_shape(shape);
+        if self.batch.is_some() && !batched(&j_shape) {
+            j_shape = shape.to_vec();
+        }
         let j = self.input("i32", &j_shape, Feed::Integers);
         let integers = match self.rng.u8(..7) {
             0 => format!("({i} + {j})"),
@@ -351,12 +419,14 @@ impl Generator {
             return None;
         }
         let mut inner = shape.to_vec();
-        let first = self.rng.usize(..=inner.len());
+        // Never over the examples, nor before them.
+        let lowest = usize::from(batched(shape));
+        let first = self.rng.usize(lowest..=inner.len());
         let size = self.size(shape);
         inner.insert(first, size);
         let mut axes = vec![first];
         if inner.len() < 4 && self.rng.bool() {
-            let second = self.rng.usize(..=inner.len());
+            let second = self.rng.usize(lowest..=inner.len());
             let size = self.rng.usize(1..5);
             inner.insert(second, size);
             axes = axes.into_iter().map(|a| if a >= second { a + 1 } else { a }).collect();
@@ -374,11 +444,13 @@ impl Generator {
     }
 
     fn row_op(&mut self, shape: &[usize], depth: u32) -> Option<String> {
-        if shape.is_empty() {
+        // Rows within an example: the batch axis is never a row's.
+        let lowest = usize::from(batched(shape));
+        if shape.len() <= lowest {
             return None;
         }
         let x = self.exact(shape, depth);
-        let axis = self.rng.usize(..shape.len());
+        let axis = self.rng.usize(lowest..shape.len());
         Some(match self.rng.u8(..5) {
             0 => format!("softmax({x})"),
             1 => format!("softmax({x}, axis = {axis})"),
@@ -403,7 +475,8 @@ impl Generator {
         }
         let (m, n) = (shape[rank - 2], shape[rank - 1]);
         let k = self.size(shape);
-        let (ta, tb) = (self.rng.bool(), self.rng.bool());
+        // A transposed operand of a batch's rows would put the examples on its last axis.
+        let (ta, tb) = (self.rng.bool() && m != BATCH, self.rng.bool());
         let batch = &shape[..rank - 2];
         let mut a: Vec<usize> = batch.to_vec();
         a.extend(if ta { [k, m] } else { [m, k] });
@@ -423,7 +496,8 @@ impl Generator {
             return None;
         }
         let mut perm: Vec<usize> = (0..shape.len()).collect();
-        self.rng.shuffle(&mut perm);
+        let fixed = usize::from(batched(shape));
+        self.rng.shuffle(&mut perm[fixed..]);
         // Result axis i is input axis perm[i].
         let mut inner = vec![0; shape.len()];
         for (i, &p) in perm.iter().enumerate() {
@@ -434,7 +508,8 @@ impl Generator {
     }
 
     fn concat(&mut self, shape: &[usize], depth: u32) -> Option<String> {
-        let axes: Vec<usize> = (0..shape.len()).filter(|&a| shape[a] >= 2).collect();
+        let lowest = usize::from(batched(shape));
+        let axes: Vec<usize> = (lowest..shape.len()).filter(|&a| shape[a] >= 2).collect();
         if axes.is_empty() {
             return None;
         }
@@ -451,7 +526,10 @@ impl Generator {
         if shape.is_empty() {
             return None;
         }
-        let extra: Vec<usize> = shape.iter().map(|_| self.rng.usize(..3)).collect();
+        let mut extra: Vec<usize> = shape.iter().map(|_| self.rng.usize(..3)).collect();
+        if batched(shape) {
+            extra[0] = 0;
+        }
         let inner: Vec<usize> = shape.iter().zip(&extra).map(|(d, e)| d + e).collect();
         let begin: Vec<usize> = extra.iter().map(|&e| self.rng.usize(..=e)).collect();
         let x = self.exact(&inner, depth);
@@ -459,6 +537,9 @@ impl Generator {
     }
 
     fn reshape(&mut self, shape: &[usize], depth: u32) -> Option<String> {
+        if batched(shape) {
+            return self.reshape_examples(shape, depth);
+        }
         let count: usize = shape.iter().product();
         let inner: Vec<usize> = match self.rng.u8(..3) {
             0 => vec![count],
@@ -479,6 +560,28 @@ impl Generator {
         })
     }
 
+    /// A reshape of each example: the batch axis stays first.
+    fn reshape_examples(&mut self, shape: &[usize], depth: u32) -> Option<String> {
+        let rest = &shape[1..];
+        let inner_rest: Vec<usize> = match self.rng.u8(..3) {
+            0 => vec![rest.iter().product()],
+            1 => rest.iter().rev().copied().collect(),
+            _ if rest.len() >= 2 => {
+                let mut s = rest.to_vec();
+                let last = s.pop().unwrap();
+                *s.last_mut().unwrap() *= last;
+                s
+            }
+            _ => return None,
+        };
+        let x = self.exact(&[vec![BATCH], inner_rest].concat(), depth);
+        Some(if !rest.is_empty() && self.rng.bool() {
+            format!("reshape({x}, [-1, {}])", list(rest))
+        } else {
+            format!("reshape({x}, [{}])", list(shape))
+        })
+    }
+
     fn gather(&mut self, shape: &[usize]) -> Option<String> {
         if shape.len() < 2 {
             return None;
@@ -494,6 +597,9 @@ impl Generator {
 
     fn one_hot(&mut self, shape: &[usize]) -> Option<String> {
         let (&depth, outer) = shape.split_last()?;
+        if self.batch.is_some() && !batched(outer) {
+            return None;
+        }
         let indices = self.input("i32", outer, Feed::Indices(depth as i32 + 1));
         Some(format!("one_hot<{}>({indices}, {depth})", self.float))
     }
@@ -537,7 +643,12 @@ fn program(seed: u64) -> (String, HashMap<String, Feed>) {
 
 fn program_of(mut generator: Generator) -> (String, HashMap<String, Feed>) {
     let rank = generator.rng.usize(..5);
-    let shape: Vec<usize> = (0..rank).map(|_| generator.rng.usize(1..6)).collect();
+    let mut shape: Vec<usize> = (0..rank).map(|_| generator.rng.usize(1..6)).collect();
+    let per_example = generator.batch.is_some();
+    if per_example {
+        shape.insert(0, BATCH);
+        shape.truncate(4);
+    }
     let depth = generator.rng.u32(2..6);
     let y = generator.exact(&shape, depth);
     let target = generator.input(generator.float, &shape, Feed::Floats);
@@ -547,7 +658,8 @@ fn program_of(mut generator: Generator) -> (String, HashMap<String, Feed>) {
     if !generator.shared.is_empty() && generator.rng.bool() {
         outputs.push(generator.shared[generator.rng.usize(..generator.shared.len())].0.clone());
     }
-    let mut lines = generator.declarations;
+    let mut lines: Vec<String> = generator.batch.iter().map(|b| format!("dim batch = {b}")).collect();
+    lines.extend(generator.declarations);
     lines.extend(generator.lets);
     lines.push(format!("let y = {y}"));
     lines.push(format!("output {}", outputs.join(", ")));
@@ -555,10 +667,14 @@ fn program_of(mut generator: Generator) -> (String, HashMap<String, Feed>) {
     if generator.rng.bool() {
         lines.push("output exp(tanh(y) * 2.0) as scaled".to_string());
     }
+    // A per-example program's metric and loss are means over the batch, which replicas give
+    // as the mean of theirs.
     if generator.rng.bool() {
-        lines.push("metric spread = max(y) - min(y)".to_string());
+        lines
+            .push(if per_example { "metric centre = mean(tanh(y))" } else { "metric spread = max(y) - min(y)" }.into());
     }
-    lines.push(format!("minimize sum(y * {target}) with {optimizer}"));
+    let total = if per_example { "mean" } else { "sum" };
+    lines.push(format!("minimize {total}(y * {target}) with {optimizer}"));
     let body: String = lines.iter().map(|l| format!("    {l}\n")).collect();
     let layers: String = generator.layers.iter().map(|(text, _)| format!("{text}\n")).collect();
     (format!("{layers}model random {{\n{body}}}\n"), generator.feeds)
@@ -644,23 +760,47 @@ fn run(plan: &Plan, backend: Backend, data: &[HashMap<String, Tensor>]) -> Resul
     let step = session.program(&[training.loss_node.as_str()], &updates).map_err(|e| format!("step: {e}"))?;
     let outputs: Vec<&str> = plan.outputs.iter().chain(&plan.metrics).map(|o| o.name.as_str()).collect();
     let forward = session.program(&outputs, &[]).map_err(|e| format!("forward: {e}"))?;
+    // Local SGD's averaging of the replicas' variables, after every step.
+    let averages: Vec<&str> = training.averages.iter().map(String::as_str).collect();
+    let average = session.program(&[], &averages).map_err(|e| format!("averages: {e}"))?;
     let mut seen = Vec::new();
     for (i, feeds) in data.iter().enumerate() {
         let fetched = session.run(&forward, feeds).map_err(|e| format!("forward run: {e}"))?;
         seen.extend(fetched.into_iter().zip(&outputs).map(|(t, name)| (format!("step {i}: {name}"), t)));
         let loss = session.run(&step, feeds).map_err(|e| format!("step run: {e}"))?;
         seen.extend(loss.into_iter().map(|t| (format!("step {i}: loss"), t)));
+        if !averages.is_empty() {
+            session.run(&average, &HashMap::new()).map_err(|e| format!("averages run: {e}"))?;
+        }
     }
-    let variables: Vec<(String, Tensor)> = session
-        .all_variables()
-        .map_err(|e| format!("variables: {e}"))?
-        .iter()
-        .map(|(n, t)| (n.clone(), t.clone()))
-        .collect();
+    let all = session.all_variables().map_err(|e| format!("variables: {e}"))?;
+    let variables: Vec<(String, Tensor)> = if plan.strategy.replicas > 1 {
+        let logical = session.variables().map_err(|e| format!("variables: {e}"))?;
+        same_copies(&all, &logical)?;
+        logical.iter().map(|(n, t)| (n.clone(), t.clone())).collect()
+    } else {
+        all.iter().map(|(n, t)| (n.clone(), t.clone())).collect()
+    };
+    // Not the model's: asynchronous replicas' count of the updates of each variable.
+    let variables = variables.into_iter().filter(|(name, _)| !name.ends_with("/version")).collect();
     let mut variables = joined_shards(variables);
     variables.sort_by(|a, b| a.0.cmp(&b.0));
     seen.extend(variables.into_iter().map(|(n, t)| (format!("variable {n}"), t)));
     Ok(seen)
+}
+
+/// Each replica's copy of a variable (`replica_1/w`) as its logical one (`w`): the replicas
+/// stepped together.
+fn same_copies(all: &dfc_interp::Variables, logical: &dfc_interp::Variables) -> Result<(), String> {
+    for (name, copy) in all.iter() {
+        let Some((_, of)) = name.strip_prefix("replica_").and_then(|rest| rest.split_once('/')) else { continue };
+        let Some(value) = logical.get(of) else { continue };
+        let pair = [(of.to_string(), value.clone())];
+        if let Some(problem) = difference(&pair, &[(of.to_string(), copy.clone())]) {
+            return Err(format!("the copy {name}: {problem}"));
+        }
+    }
+    Ok(())
 }
 
 /// A partitioned variable's shards (`w/part_0`, `w/part_1`, and their slots `w/part_0/m`)
@@ -715,16 +855,20 @@ fn difference(reference: &[(String, Tensor)], other: &[(String, Tensor)]) -> Opt
 }
 
 /// The plan `dfc compile` would write for `source`, read back from its bytes as `dfc run` reads
-/// it (which must give the same bytes again).
+/// it (which, without replica instances, must give the same bytes again).
 fn plan_for(source: &str, cluster: Cluster, strategy: Strategy) -> Result<Plan, String> {
-    let options = CompileOptions { cluster, strategy, soft_placement: true, ..CompileOptions::default() };
+    plan_with(source, CompileOptions { cluster, strategy, soft_placement: true, ..CompileOptions::default() })
+}
+
+/// `plan_for` with all of `dfc compile`'s options.
+fn plan_with(source: &str, options: CompileOptions) -> Result<Plan, String> {
     let compiled = compile(source, "random.df", &options).map_err(|e| format!("does not compile: {e:?}"))?.plan;
     let bytes = dfc_plan::encode(&compiled);
-    let mut plan = dfc_plan::decode(&bytes).map_err(|e| format!("its plan does not decode: {e}"))?;
-    if dfc_plan::encode(&plan) != bytes {
+    // Decoding builds a mirrored plan's replica instances in full, which then encode as such.
+    let plan = dfc_plan::decode(&bytes).map_err(|e| format!("its plan does not decode: {e}"))?;
+    if compiled.instances.is_empty() && dfc_plan::encode(&plan) != bytes {
         return Err("its plan changes through its bytes".into());
     }
-    plan.expand_instances().map_err(|e| format!("instances: {e}"))?;
     Ok(plan)
 }
 
@@ -774,6 +918,92 @@ fn check(seed: u64) -> Result<(), String> {
         }
     }
     ptx(&source).map_err(fail)
+}
+
+/// The seed's per-example program trained by replicas (mirrored, on parameter servers, in
+/// central storage) against the interpreter on one device: the same outputs, metrics, losses
+/// and variables, as the mean of the replicas' gradients is the whole batch's.
+fn check_data_parallel(seed: u64) -> Result<(), String> {
+    let (source, feeds) = program_of(Generator::per_example(seed));
+    let fail = |what: String| format!("seed {seed} (per example): {what}\n{source}");
+    let options = |cluster: Cluster, strategy: Strategy| CompileOptions {
+        cluster,
+        strategy,
+        soft_placement: true,
+        ..CompileOptions::default()
+    };
+    let single = plan_for(&source, Cluster::local(1, DeviceKind::Cpu), Strategy::Single).map_err(fail)?;
+    let data = batches(&single, &feeds, seed);
+    let reference = run(&single, Backend::Interp, &data).map_err(|e| fail(format!("interpreter: {e}")))?;
+    let batch = single.inputs[0].ty.shape.dims()[0];
+    let cpus = |n| Cluster::local(n, DeviceKind::Cpu);
+    let mut configurations = vec![
+        ("interpreter, mirrored on two cpus", options(cpus(2), Strategy::Mirrored), Backend::Interp),
+        ("llvm, mirrored on two cpus", options(cpus(2), Strategy::Mirrored), Backend::Llvm),
+        (
+            "llvm, mirrored on two cpus, overlapped, unfused",
+            CompileOptions {
+                overlap: true,
+                fusion: dfc_passes::FusionOptions { threshold_bytes: 0 },
+                ..options(cpus(2), Strategy::Mirrored)
+            },
+            Backend::Llvm,
+        ),
+        (
+            "llvm, ps --sync, two workers",
+            options(ps_cluster(2), Strategy::ParameterServer { sync: true }),
+            Backend::Llvm,
+        ),
+        (
+            "llvm, ps --sync, variables split over two ps, greedy",
+            CompileOptions {
+                partition_min_bytes: Some(16),
+                placement: dfc_passes::VariablePlacement::Greedy,
+                ..options(ps_cluster(2), Strategy::ParameterServer { sync: true })
+            },
+            Backend::Llvm,
+        ),
+        ("llvm, central storage on two cpus", options(cpus(2), Strategy::CentralStorage), Backend::Llvm),
+        (
+            "grid emulator, mirrored on two gpus",
+            options(Cluster::local(2, DeviceKind::Gpu), Strategy::Mirrored),
+            Backend::GridEmulator,
+        ),
+    ];
+    // Averaging the replicas' variables after each step of plain SGD is averaging their
+    // gradients (clipping by each replica's norm is not).
+    let optimizer = source.lines().find_map(|l| l.trim().strip_prefix("minimize ")).unwrap_or_default();
+    if optimizer.contains("with sgd(") && !optimizer.contains("clip") {
+        let local = CompileOptions { sync_every: Some(1), ..options(cpus(2), Strategy::Mirrored) };
+        configurations.push(("llvm, local sgd on two cpus, averaged every step", local, Backend::Llvm));
+    }
+    // One asynchronous replica steps as one device does; it refuses synchronised statistics.
+    if !source.contains("synchronized = true") {
+        let asynchronous = options(ps_cluster(1), Strategy::ParameterServer { sync: false });
+        configurations.push(("llvm, ps, one worker", asynchronous, Backend::Llvm));
+    }
+    if batch % 4 == 0 {
+        configurations.push(("llvm, mirrored on four cpus", options(cpus(4), Strategy::Mirrored), Backend::Llvm));
+    }
+    for (name, options, backend) in configurations {
+        let results = std::panic::catch_unwind(|| run(&plan_with(&source, options)?, backend, &data))
+            .unwrap_or_else(|panic| Err(format!("panicked: {}", message(&panic))))
+            .map_err(|e| fail(format!("{name}: {e}")))?;
+        if let Some(problem) = difference(&reference, &results) {
+            return Err(fail(format!("{name}: {problem}")));
+        }
+    }
+    Ok(())
+}
+
+/// `workers` worker tasks and two parameter-server tasks.
+fn ps_cluster(workers: usize) -> Cluster {
+    let workers: Vec<String> = (0..workers).map(|i| format!("\"localhost:{}\"", 3000 + i)).collect();
+    let json = format!(
+        "{{\"cluster\": {{\"worker\": [{}], \"ps\": [\"localhost:2000\", \"localhost:2001\"]}}}}",
+        workers.join(", ")
+    );
+    Cluster::from_json(&json).expect("a valid cluster")
 }
 
 /// A one-GPU plan's PTX, as a GPU's runtime generates it (the grid emulator compiles the same
@@ -842,6 +1072,11 @@ fn each_program(default: u64, check: impl Fn(u64) -> Result<(), String> + std::p
 #[test]
 fn random_programs_agree_everywhere() {
     each_program(100, check);
+}
+
+#[test]
+fn random_per_example_programs_agree_under_data_parallelism() {
+    each_program(100, check_data_parallel);
 }
 
 /// The seed's f64 program's gradients, by autodiff, against central finite differences of its
