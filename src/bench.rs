@@ -108,7 +108,7 @@ pub fn bench(args: &BenchArgs) -> Outcome {
             )));
         };
         if training.updates.is_empty() {
-            return Err(Failure("the plan has no update ops; recompile it with this dfc".into()));
+            return Err(Failure(dfc_driver::nothing_to_train(&plan, "use --inference")));
         }
         if plan.strategy.backup_workers > 0 {
             return Err(failure(dfc_driver::backups_need_workers(&plan)));

@@ -427,6 +427,38 @@ fn fetch_runs_forward_on_every_example() {
     }
 }
 
+/// A model whose loss depends on no trainable param compiles with warning W0005, and neither
+/// `dfc run` nor `dfc bench` pretends to train it; it still runs forward.
+#[test]
+fn a_model_that_trains_nothing_is_refused_naming_the_warning() {
+    let dir = scratch("nothing-to-train");
+    let (x, y) = regression_data(&dir, 16, 5);
+    let model = dir.join("frozen.df");
+    let source = "model frozen {\n    input x: f32[8, 13]\n    input y: f32[8]\n    @trainable(false)\n    \
+                  param w: f32[13, 1] = ones\n    let prediction = reshape(x @ w, [8])\n    output prediction\n    \
+                  minimize mean((prediction - y) * (prediction - y)) with sgd(lr = 0.1)\n}\n";
+    std::fs::write(&model, source).unwrap();
+    let plan = dir.join("frozen.plan");
+    let compiled = dfc(&["compile", s(&model), "-o", s(&plan)]);
+    assert!(compiled.status.success(), "{}", text(&compiled.stderr));
+    assert!(text(&compiled.stderr).contains("warning[W0005]: the loss depends on no trainable param"));
+
+    let feeds = [format!("x={}", s(&x)), format!("y={}", s(&y))];
+    let trained = dfc(&["run", s(&plan), "--feed", &feeds[0], "--feed", &feeds[1]]);
+    assert!(!trained.status.success());
+    let refusal = "model `frozen` updates nothing in a training step: its loss depends on no trainable param (W0005)";
+    assert!(
+        text(&trained.stderr).contains(&format!("{refusal}; use --fetch NAME to run it")),
+        "{}",
+        text(&trained.stderr)
+    );
+    let benched = dfc(&["bench", s(&plan)]);
+    assert!(!benched.status.success());
+    assert!(text(&benched.stderr).contains(&format!("{refusal}; use --inference")), "{}", text(&benched.stderr));
+    let forward = dfc(&["run", s(&plan), "--feed", &feeds[0], "--fetch", "prediction"]);
+    assert!(forward.status.success(), "{}", text(&forward.stderr));
+}
+
 #[test]
 fn bad_feeds_are_refused_before_any_step() {
     let dir = scratch("bad-feeds");

@@ -80,4 +80,5 @@ codes! {
     NOTHING_TO_RUN = "W0002", "a model has neither outputs nor a `minimize`";
     NOT_TRAINED = "W0003", "a trainable param does not affect the loss";
     SOFT_PLACEMENT = "W0004", "a device request is set aside (soft placement)";
+    NOTHING_TO_TRAIN = "W0005", "the loss depends on no trainable param";
 }

@@ -384,12 +384,24 @@ impl<'a> Lowerer<'a> {
         Val::Error
     }
 
-    /// A trainable param the loss does not depend on would never change.
+    /// A trainable param the loss does not depend on would never change; a loss that depends
+    /// on none trains nothing.
     fn warn_untrained(&mut self, loss: NodeId) {
         let needed = self.graph.ancestors(&[loss]);
+        let trainable = |node: &dfc_ir::Node| matches!(node.op, Op::Variable { trainable: true, .. });
+        if !self.params.iter().any(|&param| trainable(self.graph.node(param)) && needed.contains(&param)) {
+            self.diagnostics.push(
+                Diagnostic::warning(
+                    Code::NOTHING_TO_TRAIN,
+                    self.graph.span(loss).unwrap_or_default(),
+                    "the loss depends on no trainable param, so training would change nothing",
+                )
+                .with_help("make the loss depend on a `param`, or run the model forward with `dfc run --fetch`"),
+            );
+        }
         for &param in &self.params {
             let node = self.graph.node(param);
-            if matches!(node.op, Op::Variable { trainable: true, .. }) && !needed.contains(&param) {
+            if trainable(node) && !needed.contains(&param) {
                 let span = self.param_names.get(&param).copied().unwrap_or_default();
                 self.diagnostics.push(
                     Diagnostic::warning(

@@ -36,6 +36,6 @@ pub use npy::{save_npy, to_npy_bytes};
 pub use runner::{BackupStep, FreeReplicas, ReplicaStep, Runner};
 pub use session::{Backend, Session, SessionProgram, Stage};
 pub use train::{
-    backups_need_workers, batch_size, evaluate, infer, load_feeds, restore, train, train_with, Progress, RunError,
-    TrainOptions, TrainSummary,
+    backups_need_workers, batch_size, evaluate, infer, load_feeds, nothing_to_train, restore, train, train_with,
+    Progress, RunError, TrainOptions, TrainSummary,
 };

@@ -157,6 +157,15 @@ pub fn train(plan: &Plan, options: &TrainOptions, progress: &mut dyn Progress) -
     train_with(&mut session, options, progress)
 }
 
+/// Why a plan whose step updates nothing is not trained (what warning W0005 said at compile
+/// time), and `instead`, what to do.
+pub fn nothing_to_train(plan: &Plan, instead: &str) -> String {
+    format!(
+        "model `{}` updates nothing in a training step: its loss depends on no trainable param (W0005); {instead}",
+        plan.model
+    )
+}
+
 /// Trains what `runner` runs (its own plan) as `options` say (`seed` and `backend` are the
 /// runner's business), from its initial values or the newest checkpoint.
 pub fn train_with<R: Runner>(
@@ -173,7 +182,7 @@ pub fn train_with<R: Runner>(
         )));
     };
     if training.updates.is_empty() {
-        return Err(RunError::Usage("the plan has no update ops; recompile it with this dfc".into()));
+        return Err(RunError::Usage(nothing_to_train(plan, "use --fetch NAME to run it")));
     }
     if plan.strategy.backup_workers > 0 && (options.lockstep || runner.free_replicas()?.is_none()) {
         return Err(backups_need_workers(plan));
