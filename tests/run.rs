@@ -457,6 +457,19 @@ fn a_model_that_trains_nothing_is_refused_naming_the_warning() {
     assert!(text(&benched.stderr).contains(&format!("{refusal}; use --inference")), "{}", text(&benched.stderr));
     let forward = dfc(&["run", s(&plan), "--feed", &feeds[0], "--fetch", "prediction"]);
     assert!(forward.status.success(), "{}", text(&forward.stderr));
+
+    // Without any variable, local SGD has nothing to average: the plan loads all the same.
+    let bare = dir.join("bare.df");
+    let source = "model bare {\n    dim batch = 8\n    input x: f32[batch, 13]\n    input y: f32[batch]\n    \
+                  minimize mean(y * sum(x, axis = 1)) with sgd(lr = 0.1)\n}\n";
+    std::fs::write(&bare, source).unwrap();
+    let plan = dir.join("bare.plan");
+    let compiled =
+        dfc(&["compile", s(&bare), "-o", s(&plan), "--devices", "2", "--strategy", "mirrored", "--sync-every", "2"]);
+    assert!(compiled.status.success(), "{}", text(&compiled.stderr));
+    let trained = dfc(&["run", s(&plan), "--feed", &feeds[0], "--feed", &feeds[1]]);
+    let refusal = "model `bare` updates nothing in a training step: its loss depends on no trainable param (W0005)";
+    assert!(text(&trained.stderr).contains(refusal), "{}", text(&trained.stderr));
 }
 
 #[test]

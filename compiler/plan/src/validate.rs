@@ -152,7 +152,8 @@ fn check_interface(plan: &Plan) -> Result<(), String> {
             None if !training.averages.is_empty() => {
                 return Err("the plan averages its replicas' variables but says not how often".into())
             }
-            Some(_) if training.averages.is_empty() => {
+            // Without float variables (a model with nothing to train) there is nothing to average.
+            Some(_) if training.averages.is_empty() && has_float_variables(plan) => {
                 return Err("the strategy averages the replicas' variables, but the plan has no averages".into())
             }
             _ => {}
@@ -218,4 +219,12 @@ fn check_interface(plan: &Plan) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// Whether any partition holds a float variable: one that local SGD would average.
+fn has_float_variables(plan: &Plan) -> bool {
+    plan.partitions.iter().any(|p| {
+        let graph = &p.module.graph;
+        graph.node_ids().any(|id| matches!(&graph.node(id).op, Op::Variable { ty, .. } if ty.dtype.is_float()))
+    })
 }
