@@ -11,13 +11,15 @@
 //!   rows, batch norms are synchronised, the loss and metric are means over the batch) are
 //!   trained by replicas, mirrored, on parameter servers and in central storage, which must
 //!   give the interpreter's results on one device, every replica's copy of a variable alike.
+//!   Through the `dfc` binary, from .npy files, one process and two spawned `dfc worker`s
+//!   must end an epoch with the same checkpoint.
 //! - All of them differentiate with the same autodiff: small f64 programs' gradients are checked
 //!   against central finite differences of their loss.
 //! - `dfc fmt` of each is stable and the same model.
 //! - The language server reads each without an error, answers at every offset, and renaming
 //!   any of the model's names gives the same model under the new name.
 //!
-//! `DFC_RANDOM_PROGRAMS=N` runs N programs in each test (by default 100, 100, 1,000, 1,000 and 300), from
+//! `DFC_RANDOM_PROGRAMS=N` runs N programs in each test (by default 100, 100, 10, 1,000, 1,000 and 300), from
 //! seed `DFC_RANDOM_SEED` (default 0): a failure names its seed and prints the program, which
 //! `dfc check` reads as it is.
 
@@ -53,6 +55,8 @@ enum Feed {
     Bytes,
     /// Indices in [0, n).
     Indices(i32),
+    /// A `one_hot` of depth d's labels: in [0, d], where d (out of range) gives a row of zeros.
+    Labels(i32),
 }
 
 /// A model being built: its declarations, its `let`s in order, and the `let`s a leaf may reuse.
@@ -113,9 +117,11 @@ impl Generator {
         }
     }
 
-    /// A per-example program's generator: f32, a batch of 4 or 8.
+    /// A per-example program's generator: a batch of 4 or 8.
     fn per_example(seed: u64) -> Generator {
-        let mut generator = Generator::with(fastrand::Rng::with_seed(seed ^ 0xba7c4), "f32", false);
+        let mut rng = fastrand::Rng::with_seed(seed ^ 0xba7c4);
+        let float = if rng.u8(..5) == 0 { "f64" } else { "f32" };
+        let mut generator = Generator::with(rng, float, false);
         generator.batch = Some(if generator.rng.u8(..4) == 0 { 8 } else { 4 });
         generator
     }
@@ -195,6 +201,13 @@ impl Generator {
             0..=4 if !per_example => self.param(shape),
             _ if argument => "x".to_string(),
             _ if per_example && self.in_layer.is_some() => self.from_argument(shape),
+            // Most values without the batch axis are an operand's broadcast: scale some inputs
+            // by a param, so that most per-example programs have something to train.
+            _ if per_example && self.rng.u8(..3) == 0 => {
+                let x = self.input(self.float, shape, Feed::Floats);
+                let weight = self.param(&shape[1..]);
+                format!("({x} * {weight})")
+            }
             _ if self.in_layer.is_some() || self.batch.is_some() && !per_example => self.param(shape),
             _ => self.input(self.float, shape, Feed::Floats),
         }
@@ -600,7 +613,7 @@ impl Generator {
         if self.batch.is_some() && !batched(outer) {
             return None;
         }
-        let indices = self.input("i32", outer, Feed::Indices(depth as i32 + 1));
+        let indices = self.input("i32", outer, Feed::Labels(depth as i32));
         Some(format!("one_hot<{}>({indices}, {depth})", self.float))
     }
 
@@ -740,6 +753,9 @@ fn feeds_of(
                         }
                         Feed::Integers => Tensor::from_vec(dims, (0..n).map(|_| rng.i32(-4..=4)).collect::<Vec<i32>>()),
                         Feed::Bytes => Tensor::from_vec(dims, (0..n).map(|_| rng.u8(..)).collect::<Vec<u8>>()),
+                        Feed::Labels(depth) => {
+                            Tensor::from_vec(dims, (0..n).map(|_| rng.i32(0..=depth)).collect::<Vec<i32>>())
+                        }
                         Feed::Indices(end) => {
                             Tensor::from_vec(dims, (0..n).map(|_| rng.i32(0..end)).collect::<Vec<i32>>())
                         }
@@ -996,6 +1012,81 @@ fn check_data_parallel(seed: u64) -> Result<(), String> {
     Ok(())
 }
 
+/// The seed's per-example program through the `dfc` binary: compiled for one device and
+/// mirrored on two, its inputs written as .npy files of two batches, and trained one epoch in
+/// one process and on two spawned `dfc worker` processes, whose checkpoints must agree.
+fn check_spawned(seed: u64) -> Result<(), String> {
+    let (source, feeds) = program_of(Generator::per_example(seed));
+    let fail = |what: String| format!("seed {seed} (spawned workers): {what}\n{source}");
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("random-spawned-{seed}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map_err(|e| fail(format!("{}: {e}", dir.display())))?;
+    let model = dir.join("random.df");
+    std::fs::write(&model, &source).map_err(|e| fail(e.to_string()))?;
+    let single = plan_for(&source, Cluster::local(1, DeviceKind::Cpu), Strategy::Single).map_err(fail)?;
+    // `dfc run` refuses a label outside a one_hot's depth in a data file.
+    let in_range = |(name, feed): (&String, &Feed)| match *feed {
+        Feed::Labels(depth) => (name.clone(), Feed::Indices(depth)),
+        other => (name.clone(), other),
+    };
+    let feeds: HashMap<String, Feed> = feeds.iter().map(in_range).collect();
+    let mut arguments = Vec::new();
+    let data = batches(&single, &feeds, seed);
+    for input in &single.inputs {
+        let batches: Vec<Tensor> = data.iter().map(|b| b[&input.name].clone()).collect();
+        let both = dfc_interp::eval(&dfc_ir::Op::Concat { axis: 0 }, &batches.iter().collect::<Vec<_>>())
+            .map_err(|e| fail(e.to_string()))?;
+        let path = dir.join(format!("{}.npy", input.name));
+        dfc_driver::save_npy(&path, &both).map_err(|e| fail(e.to_string()))?;
+        arguments.extend(["--feed".to_string(), format!("{}={}", input.name, path.display())]);
+    }
+    let dfc = |args: &[String]| -> Result<(), String> {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_dfc"))
+            .args(args)
+            .env("NO_COLOR", "1")
+            .env_remove("DFC_TOKEN")
+            .output()
+            .map_err(|e| e.to_string())?;
+        match output.status.success() {
+            true => Ok(()),
+            false => Err(format!("dfc {}: {}", args.join(" "), String::from_utf8_lossy(&output.stderr))),
+        }
+    };
+    let trained = |name: &str, compile: &[&str], spawn: bool| -> Result<dfc_driver::Checkpoint, String> {
+        let plan = dir.join(format!("{name}.plan")).display().to_string();
+        let mut args: Vec<String> = ["compile", &model.display().to_string(), "-o", &plan].map(String::from).to_vec();
+        args.extend(compile.iter().map(|a| a.to_string()));
+        dfc(&args)?;
+        let checkpoints = dir.join(name).display().to_string();
+        let mut args: Vec<String> =
+            ["run", &plan, "--no-shuffle", "--checkpoint-dir", &checkpoints].map(String::from).to_vec();
+        args.extend(arguments.iter().cloned());
+        if spawn {
+            args.extend(["--spawn".to_string(), "2".to_string()]);
+        }
+        dfc(&args)?;
+        dfc_driver::checkpoint::latest(std::path::Path::new(&checkpoints))
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| format!("no checkpoint in {checkpoints}"))
+    };
+    let (one, two) =
+        match (trained("single", &[], false), trained("mirrored", &["--devices", "2", "--strategy", "mirrored"], true))
+        {
+            (Ok(one), Ok(two)) => (one, two),
+            // A loss of no trainable param (W0005) is not trained, in one process or on workers.
+            (Err(one), Err(two)) if one.contains("(W0005)") && two.contains("(W0005)") => return Ok(()),
+            (one, two) => return Err(fail(format!("one process: {:?}\ntwo workers: {:?}", one.err(), two.err()))),
+        };
+    let listed = |c: &dfc_driver::Checkpoint| c.tensors.iter().map(|(n, t)| (n.clone(), t.clone())).collect::<Vec<_>>();
+    if (one.step, one.epoch) != (two.step, two.epoch) {
+        return Err(fail(format!("step {} of epoch {} against {} of {}", one.step, one.epoch, two.step, two.epoch)));
+    }
+    match difference(&listed(&one), &listed(&two)) {
+        Some(problem) => Err(fail(format!("one process against two workers: {problem}"))),
+        None => Ok(std::fs::remove_dir_all(&dir).unwrap_or(())),
+    }
+}
+
 /// `workers` worker tasks and two parameter-server tasks.
 fn ps_cluster(workers: usize) -> Cluster {
     let workers: Vec<String> = (0..workers).map(|i| format!("\"localhost:{}\"", 3000 + i)).collect();
@@ -1077,6 +1168,11 @@ fn random_programs_agree_everywhere() {
 #[test]
 fn random_per_example_programs_agree_under_data_parallelism() {
     each_program(100, check_data_parallel);
+}
+
+#[test]
+fn random_per_example_programs_train_alike_on_spawned_workers() {
+    each_program(10, check_spawned);
 }
 
 /// The seed's f64 program's gradients, by autodiff, against central finite differences of its
