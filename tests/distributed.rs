@@ -583,6 +583,38 @@ fn synchronised_batch_norm_trains_as_one_device_on_the_whole_batch() {
     assert!(refused.contains("replicas with backup workers do not step together"), "{refused}");
 }
 
+/// One example per replica: where a param's gradient is a fed tensor itself (`x + w` in a loss
+/// of `mean((x + w) * t)` over one example is `t`), the replicas still average it, and train as
+/// one device on the whole batch.
+#[test]
+fn replicas_of_one_example_each_average_their_gradients() {
+    for replicas in [2, 4] {
+        let source = format!(
+            "model one {{\n    dim batch = {replicas}\n    input x: f32[batch]\n    input t: f32[batch]\n    \
+             param w: f32[1] = uniform(-1, 1)\n    minimize mean((x + w) * t) with sgd(lr = 0.5)\n}}\n"
+        );
+        let single = compiled(&source, Cluster::local(1, DeviceKind::Cpu), Strategy::Single).expect("compiles");
+        let data = batches(&single);
+        let reference = train(&single, &data);
+        let what = format!("mirrored on {replicas}, one example each");
+        let mirrored = compiled(&source, Cluster::local(replicas, DeviceKind::Cpu), Strategy::Mirrored);
+        let plan = mirrored.expect("compiles");
+        assert_same(&what, &reference, &train(&plan, &data), 1e-6);
+        let copies: Vec<Vec<f64>> = Session::new(&plan, 0)
+            .map(|mut session| {
+                let training = plan.training.as_ref().unwrap();
+                let updates: Vec<&str> = training.updates.iter().map(String::as_str).collect();
+                let step = session.program(&[training.loss_node.as_str()], &updates).unwrap();
+                for feeds in &data {
+                    session.run(&step, feeds).unwrap();
+                }
+                session.all_variables().unwrap().iter().map(|(_, t)| t.to_f64_vec()).collect()
+            })
+            .expect("the plan loads");
+        assert!(copies.windows(2).all(|pair| pair[0] == pair[1]), "{what}: the replicas' copies differ: {copies:?}");
+    }
+}
+
 /// A synchronised batch norm whose output nothing uses still moves its moving averages in each
 /// training step, by the whole batch's statistics as on one device: mirrored on 2 and 4 and on
 /// synchronous parameter servers (where only updates use its statistics, which the replicas

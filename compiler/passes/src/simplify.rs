@@ -22,8 +22,10 @@
 //!
 //! Users of a replaced tensor, and the module's outputs, metrics, loss and gradients, are
 //! rewired to its replacement, except that the module's references never move to an `input`
-//! (fetching a fed input is an error, see `prune`): the replaced node stays for them. A node
-//! that has control inputs is never bypassed (its users would lose the ordering).
+//! (fetching a fed input is an error, see `prune`): the replaced node stays for them. Nor do a
+//! gradient's users move to an input: replication finds the gradient that an update uses by the
+//! module's reference to it. A node that has control inputs is never bypassed (its users would
+//! lose the ordering).
 
 use dfc_ir::{
     broadcast_shapes, BinaryOp, CompareOp, ConstData, ConstValue, DType, Graph, Module, NodeId, Op, ReduceKind, Shape,
@@ -53,9 +55,31 @@ pub fn simplify(module: &mut Module) {
 /// references (`retarget`, once per rule: scanning every gradient per replacement made
 /// simplifying quadratic in the layers).
 fn replace(module: &mut Module, old: TensorRef, new: TensorRef, moved: &mut HashMap<TensorRef, TensorRef>) -> bool {
+    // A gradient's users stay with it rather than move to an input (`gradient * 1` where the
+    // gradient is a fed tensor, as with one example per replica): the module's references never
+    // move to an input, and replication finds the gradient an update uses by that reference to
+    // all-reduce it.
+    if matches!(module.graph.node(new.node).op, Op::Input { .. }) && is_gradient(module, old, moved) {
+        return false;
+    }
     let changed = module.graph.replace_uses(old, new) > 0;
     moved.insert(old, new);
     changed
+}
+
+/// Whether `tensor` is a gradient of the module's training, where the replacements of this
+/// rule so far (`moved`) are taking its references.
+fn is_gradient(module: &Module, tensor: TensorRef, moved: &HashMap<TensorRef, TensorRef>) -> bool {
+    let Some(training) = &module.training else { return false };
+    training.gradients.iter().any(|&(_, mut gradient)| loop {
+        if gradient == tensor {
+            return true;
+        }
+        match moved.get(&gradient) {
+            Some(&next) => gradient = next,
+            None => return false,
+        }
+    })
 }
 
 /// Moves the module's references (outputs, metrics, loss, gradients) along `moved`. They are
