@@ -394,7 +394,7 @@ impl<'a> Lowerer<'a> {
                 Diagnostic::warning(
                     Code::NOTHING_TO_TRAIN,
                     self.graph.span(loss).unwrap_or_default(),
-                    "the loss depends on no trainable param, so training would change nothing",
+                    "the loss depends on no trainable param, so the optimizer has nothing to change",
                 )
                 .with_help("make the loss depend on a `param`, or run the model forward with `dfc run --fetch`"),
             );
