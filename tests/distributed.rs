@@ -15,6 +15,10 @@ use std::path::PathBuf;
 #[path = "support/close.rs"]
 mod support;
 
+#[path = "support/ps_cluster.rs"]
+mod ps_cluster;
+use ps_cluster::ps_cluster;
+
 const STEPS: usize = 3;
 
 fn root() -> PathBuf {
@@ -31,15 +35,6 @@ fn dims(example: &str) -> Vec<(String, i64)> {
         _ => &[],
     };
     pairs.iter().map(|(n, v)| (n.to_string(), *v)).collect()
-}
-
-fn ps_cluster(workers: usize) -> Cluster {
-    let workers: Vec<String> = (0..workers).map(|i| format!("\"localhost:{}\"", 3000 + i)).collect();
-    Cluster::from_json(&format!(
-        "{{\"cluster\": {{\"worker\": [{}], \"ps\": [\"localhost:2000\", \"localhost:2001\"]}}}}",
-        workers.join(", ")
-    ))
-    .expect("a valid cluster")
 }
 
 fn plan(example: &str, cluster: Cluster, strategy: Strategy) -> Plan {

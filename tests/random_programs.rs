@@ -30,6 +30,10 @@ use dfc_ir::{Cluster, DType, DeviceKind};
 use dfc_plan::Plan;
 use std::collections::HashMap;
 
+#[path = "support/ps_cluster.rs"]
+mod ps_cluster;
+use ps_cluster::ps_cluster;
+
 /// f32 results within this, relative to 1 + |reference|: products, convolutions and the
 /// gradients' sums add in other orders than the interpreter's.
 const TOLERANCE: f64 = 1e-4;
@@ -1085,16 +1089,6 @@ fn check_spawned(seed: u64) -> Result<(), String> {
         Some(problem) => Err(fail(format!("one process against two workers: {problem}"))),
         None => Ok(std::fs::remove_dir_all(&dir).unwrap_or(())),
     }
-}
-
-/// `workers` worker tasks and two parameter-server tasks.
-fn ps_cluster(workers: usize) -> Cluster {
-    let workers: Vec<String> = (0..workers).map(|i| format!("\"localhost:{}\"", 3000 + i)).collect();
-    let json = format!(
-        "{{\"cluster\": {{\"worker\": [{}], \"ps\": [\"localhost:2000\", \"localhost:2001\"]}}}}",
-        workers.join(", ")
-    );
-    Cluster::from_json(&json).expect("a valid cluster")
 }
 
 /// A one-GPU plan's PTX, as a GPU's runtime generates it (the grid emulator compiles the same
