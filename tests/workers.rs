@@ -248,6 +248,47 @@ fn synchronous_parameter_servers_on_workers_match_one_process() {
     assert_same_parameters("ps --sync on 2 workers and 2 ps", &embedded, &remote);
 }
 
+/// A plan compiled for a cluster runs on that cluster even where a task holds nothing (here a
+/// second parameter server, for a model of one variable): its worker idles.
+#[test]
+fn a_task_without_partitions_gets_an_idle_worker() {
+    let dir = scratch("idle-task");
+    let feeds = regression_data(&dir, 256);
+    let model = dir.join("one_param.df");
+    std::fs::write(
+        &model,
+        "model one_param {
+    dim batch = 16
+    input x: f32[batch, 13]
+    input y: f32[batch]
+    param w: f32[13] = zeros
+    let error = sum(x * w, axis = 1) + 0.5 - y
+    minimize mean(error * error) with sgd(lr = 0.05)
+}
+",
+    )
+    .unwrap();
+    let workers: Vec<Worker> = (0..4).map(|_| Worker::start(TOKEN)).collect();
+    let cluster = cluster_file(&dir, &[("worker", &[&workers[0], &workers[1]]), ("ps", &[&workers[2], &workers[3]])]);
+    let plan = dir.join("one_param.plan");
+    let compiled =
+        dfc(&["compile", s(&model), "-o", s(&plan), "--cluster", s(&cluster), "--strategy", "ps", "--sync"], None);
+    assert!(compiled.status.success(), "{}", text(&compiled.stderr));
+    let embedded = train(&plan, &feeds, &dir.join("embedded"), &[], None);
+    let remote = train(&plan, &feeds, &dir.join("remote"), &["--cluster", s(&cluster)], Some(TOKEN));
+    assert_same_parameters("on the cluster's 4 workers", &embedded, &remote);
+    for n in ["4", "3"] {
+        let spawned = train(&plan, &feeds, &dir.join(format!("spawned-{n}")), &["--spawn", n], None);
+        assert_same_parameters(&format!("on {n} spawned workers"), &embedded, &spawned);
+    }
+    let five = dfc(&["run", s(&plan), "--feed", &feeds[0], "--feed", &feeds[1], "--spawn", "5"], None);
+    let refusal = text(&five.stderr);
+    assert!(
+        refusal.contains("the plan was compiled for 4 task(s), 3 of them with partitions (3 in all); it cannot be spread over 5 worker(s)"),
+        "{refusal}"
+    );
+}
+
 /// `--lockstep` steps an asynchronous plan's replicas together on workers, as one process does:
 /// the same parameters as the embedded run (free-running steps are not repeatable).
 #[test]
@@ -1101,6 +1142,120 @@ fn asynchronous_replicas_do_not_wait_for_each_other() {
     // Stopped two thirds of the time, the second replica takes about a third of the last two
     // epochs' 16,384 batches: about 8,000 fewer than the first in all.
     assert!(first > second + 4_000, "the running replica went on while the other was stopped: {first} vs {second}");
+}
+
+/// A model whose table lives on the parameter servers, looked up by ids from the batch (an
+/// embedding, as wide_and_deep's): the server gathers the rows within the replica's step.
+const LOOKUP: &str = "model lookup {
+    dim batch = 16
+    input id: i32[batch]
+    input x: f32[batch, 4]
+    input y: f32[batch]
+    @partitioned(2)
+    param table: f32[40, 4] = uniform(-0.5, 0.5)
+    param w: f32[4] = ones
+    let score = sum(gather(table, id) * x * w, axis = 1)
+    minimize mean((score - y) * (score - y)) with momentum(lr = exponential_decay(0.1, 4, 0.5))
+}
+";
+
+/// Asynchronous replicas whose servers look rows up for them train on spawned workers: free
+/// running with one such server (a replica alone ends as one process does, its learning rate's
+/// schedule included; two take every batch once), and in lockstep with two (two replicas could
+/// each hold one server while waiting for the other), where they end as one process does too.
+#[test]
+fn lookups_on_parameter_servers_train_on_spawned_workers() {
+    let dir = scratch("ps-lookups");
+    let model = dir.join("lookup.df");
+    std::fs::write(&model, LOOKUP).unwrap();
+    let n = 256;
+    let ids: Vec<f64> = (0..n).map(|i| ((i * 7) % 40) as f64).collect();
+    let x: Vec<f64> = (0..n * 4).map(|i| ((i * 13) % 17) as f64 / 17.0).collect();
+    let y: Vec<f64> = (0..n).map(|i| x[i * 4..i * 4 + 4].iter().sum::<f64>() * (ids[i] % 5.0 - 2.0) / 2.0).collect();
+    let mut feeds = Vec::new();
+    for (name, dtype, shape, values) in [
+        ("id", dfc_ir::DType::I32, vec![n], &ids),
+        ("x", dfc_ir::DType::F32, vec![n, 4], &x),
+        ("y", dfc_ir::DType::F32, vec![n], &y),
+    ] {
+        let path = dir.join(format!("{name}.npy"));
+        dfc_driver::save_npy(&path, &Tensor::from_f64(dtype, shape, values)).expect("write a feed");
+        feeds.extend(["--feed".to_string(), format!("{name}={}", s(&path))]);
+    }
+    let addresses =
+        |first: usize, n: usize| (first..first + n).map(|p| format!("\"localhost:{p}\"")).collect::<Vec<_>>();
+    for (workers, ps) in [(1, 1), (2, 2), (2, 1)] {
+        let what = format!("async ps, {workers} worker(s) and {ps} ps");
+        let cluster = dir.join(format!("cluster-{workers}-{ps}.json"));
+        let jobs = format!(
+            "\"worker\": [{}], \"ps\": [{}]",
+            addresses(3000, workers).join(", "),
+            addresses(2000, ps).join(", ")
+        );
+        std::fs::write(&cluster, format!("{{\"cluster\": {{{jobs}}}}}")).unwrap();
+        let plan = dir.join(format!("lookup-{workers}-{ps}.plan"));
+        let compiled = dfc(&["compile", s(&model), "-o", s(&plan), "--cluster", s(&cluster), "--strategy", "ps"], None);
+        assert!(compiled.status.success(), "{what}: {}", text(&compiled.stderr));
+        let train = |name: &str, extra: &[&str]| {
+            let checkpoints = dir.join(format!("{name}-{workers}-{ps}"));
+            let metrics = dir.join(format!("{name}-{workers}-{ps}.jsonl"));
+            let mut args = vec!["run", s(&plan), "--no-shuffle", "--epochs", "2", "--wait", "10"];
+            args.extend(feeds.iter().map(String::as_str));
+            args.extend(["--checkpoint-dir", s(&checkpoints), "--metrics", s(&metrics)]);
+            args.extend_from_slice(extra);
+            let output = dfc(&args, None);
+            assert!(output.status.success(), "{what}, {name}: {}", text(&output.stderr));
+            let records = std::fs::read_to_string(&metrics).unwrap();
+            let records: Vec<serde_json::Value> = records.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+            let checkpoint = dfc_driver::checkpoint::latest(&checkpoints).expect("readable").expect("a checkpoint");
+            (checkpoint, records)
+        };
+        let (embedded, _) = train("embedded", &[]);
+        let tasks = (workers + ps).to_string();
+        let (spawned, records) = train("spawned", &["--spawn", &tasks]);
+        let steps = |task: &str| {
+            let of_epoch = |record: &serde_json::Value| {
+                let workers = record["workers"].as_array().expect("per-worker metrics");
+                workers.iter().find(|w| w["name"] == task).map_or(0, |w| w["steps"].as_u64().unwrap())
+            };
+            records.iter().map(of_epoch).sum::<u64>()
+        };
+        let replica_steps: u64 = (0..workers).map(|t| steps(&format!("/job:worker/task:{t}"))).sum();
+        assert_eq!(replica_steps, 32 * workers as u64, "{what}: every replica batch once");
+        // Free-running, a server counts a step per replica step; in lockstep, one per step.
+        let free = ps == 1;
+        let server_steps = if free { 32 * workers as u64 } else { 32 };
+        assert_eq!(steps("/job:ps/task:0"), server_steps, "{what}: free running {free}");
+        if workers == 1 || !free {
+            assert_same_parameters(&what, &embedded, &spawned);
+        }
+    }
+    // Backup workers need replicas that step free: behind one server that looks rows up they
+    // train; behind two the run is refused with the reason.
+    for ps in [1, 2] {
+        let cluster = dir.join(format!("cluster-3-{ps}.json"));
+        let jobs =
+            format!("\"worker\": [{}], \"ps\": [{}]", addresses(3000, 3).join(", "), addresses(2000, ps).join(", "));
+        std::fs::write(&cluster, format!("{{\"cluster\": {{{jobs}}}}}")).unwrap();
+        let plan = dir.join(format!("backup-3-{ps}.plan"));
+        let mut args = vec!["compile", s(&model), "-o", s(&plan), "--cluster", s(&cluster), "--strategy", "ps"];
+        args.extend(["--sync", "--backup-workers", "1", "--dim", "batch=24"]);
+        let compiled = dfc(&args, None);
+        assert!(compiled.status.success(), "{}", text(&compiled.stderr));
+        let tasks = (3 + ps).to_string();
+        let mut args = vec!["run", s(&plan), "--epochs", "1", "--wait", "10", "--spawn", &tasks];
+        args.extend(feeds.iter().map(String::as_str));
+        let output = dfc(&args, None);
+        let stderr = text(&output.stderr);
+        match ps {
+            1 => assert!(output.status.success(), "backup workers behind one ps: {stderr}"),
+            _ => assert!(
+                !output.status.success()
+                    && stderr.contains("the plan has backup workers, whose replicas must step on their own, but they cannot: /job:ps/task:0 and /job:ps/task:1 each compute for a replica within its step (such as a lookup)"),
+                "backup workers behind two ps: {stderr}"
+            ),
+        }
+    }
 }
 
 /// Backup workers: 3 synchronous replicas and a backup, one of whose workers is stopped for two

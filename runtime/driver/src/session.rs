@@ -29,7 +29,11 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 /// Which of a program's nodes a run runs: all of them, or (for a worker that serves several
-/// free-running replicas) those that need no `Recv` of another partition, or the rest.
+/// free-running replicas) those that assign nothing and wait on nothing computed from the
+/// partition's own part of the step, or the rest. A parameter server's first stage reads and
+/// sends the variables, and looks up rows of them by ids a replica sends (which it computes
+/// from its batch alone); the second receives what the replica computed from them (its
+/// gradients) and applies it, and counts the step.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Stage {
     #[default]
@@ -64,6 +68,8 @@ pub struct Session<'p> {
     /// Named outputs and metrics of the partitions' modules.
     outputs: HashMap<&'p str, (usize, TensorRef)>,
     sends: HashMap<&'p str, (usize, NodeId)>,
+    /// The partition that receives each key's tensor.
+    receivers: HashMap<&'p str, usize>,
     reductions: HashMap<&'p str, Vec<(usize, NodeId)>>,
     /// `dfc_interp::schedule` of all the partitions.
     orders: Vec<Vec<NodeId>>,
@@ -88,6 +94,9 @@ pub struct SessionProgram {
     /// for a fetch of a partition the session does not host.
     fetches: Vec<Option<(usize, usize)>>,
     inputs: Vec<String>,
+    /// The partitions the hosted parts send to, and those they receive from.
+    sends_to: BTreeSet<usize>,
+    receives_from: BTreeSet<usize>,
 }
 
 #[derive(Debug)]
@@ -222,6 +231,16 @@ impl SessionProgram {
     pub fn partitions(&self) -> Vec<usize> {
         self.parts.iter().map(|p| p.partition).collect()
     }
+
+    /// The partitions (indices into `plan.partitions`) a run of it sends tensors to.
+    pub fn sends_to(&self) -> &BTreeSet<usize> {
+        &self.sends_to
+    }
+
+    /// The partitions a run of it may wait for tensors from.
+    pub fn receives_from(&self) -> &BTreeSet<usize> {
+        &self.receives_from
+    }
 }
 
 /// The type a variable of the plan is declared with.
@@ -355,6 +374,7 @@ impl<'p> Session<'p> {
         let mut nodes: HashMap<&str, (usize, NodeId)> = HashMap::new();
         let mut outputs: HashMap<&str, (usize, TensorRef)> = HashMap::new();
         let mut sends: HashMap<&str, (usize, NodeId)> = HashMap::new();
+        let mut receivers: HashMap<&str, usize> = HashMap::new();
         let mut reductions: HashMap<&str, Vec<(usize, NodeId)>> = HashMap::new();
         let mut logical = Vec::new();
         let mut copies = Vec::new();
@@ -368,6 +388,9 @@ impl<'p> Session<'p> {
                 match &node.op {
                     Op::Send { key, .. } => {
                         sends.insert(key.as_str(), (p, id));
+                    }
+                    Op::Recv { key, .. } => {
+                        receivers.insert(key.as_str(), p);
                     }
                     Op::AllReduce { key, .. } => reductions.entry(key.as_str()).or_default().push((p, id)),
                     Op::Variable { origin, .. } => match origin.as_ref().and_then(|o| o.mirror_of.as_deref()) {
@@ -444,6 +467,7 @@ impl<'p> Session<'p> {
             nodes,
             outputs,
             sends,
+            receivers,
             reductions,
             orders,
             logical,
@@ -519,10 +543,19 @@ impl<'p> Session<'p> {
                     continue;
                 }
                 let graph = &self.plan.partitions[p].module.graph;
-                let waits = |id: NodeId| {
-                    graph.ancestors(&[id]).into_iter().any(|a| matches!(graph.node(a).op, Op::Recv { .. }))
+                let mut fed_back = HashMap::new();
+                // Assignments come second too, so that a step reads (its learning rate the
+                // step count) what the step before it left, as in one process.
+                let mut second = |id: NodeId| {
+                    matches!(graph.node(id).op, Op::Assign | Op::AssignAdd | Op::AssignSub)
+                        || graph.ancestors(&[id]).into_iter().any(|a| match &graph.node(a).op {
+                            Op::Recv { key, .. } => {
+                                *fed_back.entry(key.as_str()).or_insert_with(|| self.computed_from(key, p))
+                            }
+                            _ => false,
+                        })
                 };
-                partition_roots.retain(|&id| waits(id) == (stage == Stage::AfterRecvs));
+                partition_roots.retain(|&id| second(id) == (stage == Stage::AfterRecvs));
                 // A fetch of the other stage is not this one's to compute or return.
                 let mut kept = Vec::new();
                 let mut new_index = vec![usize::MAX; part_fetches[p].len()];
@@ -541,12 +574,20 @@ impl<'p> Session<'p> {
 
         let mut parts = Vec::new();
         let mut part_index = vec![usize::MAX; n];
+        let (mut sends_to, mut receives_from) = (BTreeSet::new(), BTreeSet::new());
         for (p, partition_roots) in roots.iter().enumerate() {
             if partition_roots.is_empty() || !self.hosted[p] {
                 continue;
             }
             let targets: Vec<NodeId> = partition_roots.iter().copied().collect();
             let module = &self.plan.partitions[p].module;
+            for id in module.graph.ancestors(&targets) {
+                match &module.graph.node(id).op {
+                    Op::Send { key, .. } => sends_to.extend(self.receivers.get(key.as_str())),
+                    Op::Recv { key, .. } => receives_from.extend(self.sends.get(key.as_str()).map(|s| s.0)),
+                    _ => {}
+                }
+            }
             let program = match (&self.native[p], &self.gpu[p]) {
                 (Some(jit), _) => {
                     Executable::Native(self.native_program(p, jit, &part_fetches[p], &targets, training)?)
@@ -573,7 +614,30 @@ impl<'p> Session<'p> {
         let declared = |name: &String| self.plan.inputs.iter().position(|i| i.name == *name).unwrap_or(usize::MAX);
         inputs.sort_by_key(|name| declared(name)); // stable: undeclared ones keep partition order
         inputs.dedup();
-        Ok(SessionProgram { parts, fetches, inputs })
+        Ok(SessionProgram { parts, fetches, inputs, sends_to, receives_from })
+    }
+
+    /// Whether what the `Send` of `key` sends is computed, through any partitions, from a node
+    /// of partition `p`.
+    fn computed_from(&self, key: &str, p: usize) -> bool {
+        let mut seen: BTreeSet<&str> = BTreeSet::new();
+        let mut keys = vec![key];
+        while let Some(key) = keys.pop() {
+            let Some(&(q, send)) = self.sends.get(key) else { continue };
+            if q == p {
+                return true;
+            }
+            if !seen.insert(key) {
+                continue;
+            }
+            let graph = &self.plan.partitions[q].module.graph;
+            for id in graph.ancestors(&[send]) {
+                if let Op::Recv { key, .. } = &graph.node(id).op {
+                    keys.push(key.as_str());
+                }
+            }
+        }
+        false
     }
 
     /// The native program of partition `p`; a fetch that the plan's kernels compute inside

@@ -13,7 +13,7 @@ use crate::{plan_sha256, tensor, MAX_MESSAGE_BYTES};
 use dfc_driver::{Backend, BackupStep, FreeReplicas, ReplicaStep, RunError, Runner, Stage, WorkerMetrics};
 use dfc_interp::{Tensor, Variables};
 use dfc_plan::Plan;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -28,8 +28,10 @@ pub struct Assignment {
     pub names: Vec<String>,
 }
 
-/// Spreads `plan`'s partitions over `workers` workers: one worker per task of the plan when the
-/// plan has that many tasks; when it has one task, its devices in `workers` contiguous groups.
+/// Spreads `plan`'s partitions over `workers` workers: one worker per task of the plan's cluster
+/// when it has that many tasks (a task without partitions, such as a parameter server that
+/// holds no variable, gets an idle worker), or per task that has partitions; when the plan has
+/// one task, its devices in `workers` contiguous groups.
 pub fn assign(plan: &Plan, workers: usize) -> Result<Assignment, String> {
     let task_of = |p: &dfc_plan::Partition| (p.device.job.clone().unwrap_or_default(), p.device.task.unwrap_or(0));
     let mut tasks: Vec<(String, u32)> = plan.partitions.iter().map(task_of).collect();
@@ -40,6 +42,15 @@ pub fn assign(plan: &Plan, workers: usize) -> Result<Assignment, String> {
     tasks.sort_by_key(|(job, task)| (job_rank(job), *task));
     if workers == 0 {
         return Err("a distributed run needs at least one worker".into());
+    }
+    let cluster_tasks: Vec<(String, u32)> = plan
+        .cluster
+        .jobs
+        .iter()
+        .flat_map(|job| (0..job.tasks.len()).map(|t| (job.name.clone(), u32::try_from(t).unwrap_or(u32::MAX))))
+        .collect();
+    if cluster_tasks.len() == workers && tasks.iter().all(|t| cluster_tasks.contains(t)) {
+        tasks = cluster_tasks;
     }
     if tasks.len() == workers {
         let partition_worker = plan
@@ -56,8 +67,9 @@ pub fn assign(plan: &Plan, workers: usize) -> Result<Assignment, String> {
         let names = (0..workers).map(|w| format!("worker {w} (of {} devices of one task)", n)).collect();
         return Ok(Assignment { partition_worker, names });
     }
+    let cluster_tasks = plan.cluster.jobs.iter().map(|j| j.tasks.len()).sum::<usize>();
     Err(format!(
-        "the plan has {} task(s) and {} partition(s); it cannot be spread over {workers} worker(s): compile it for a cluster of {workers} tasks, or with --devices {workers} or more",
+        "the plan was compiled for {cluster_tasks} task(s), {} of them with partitions ({} in all); it cannot be spread over {workers} worker(s): compile it for a cluster of {workers} tasks, or with --devices {workers} or more",
         tasks.len(),
         plan.partitions.len()
     ))
@@ -109,6 +121,8 @@ pub struct RemoteSession {
     trace_bounds: Mutex<Vec<Option<(f64, f64)>>>,
     /// The free-running replicas' programs, once asked for (`None` inside: they cannot run so).
     free: Option<Option<Vec<ReplicaPrograms>>>,
+    /// The worker (rank) of each partition.
+    partition_worker: Vec<usize>,
     /// Per worker, the threads it computes on (as it said when connected).
     worker_threads: Vec<usize>,
     /// Where the stall inspector's reports go (a step still waiting after a heartbeat).
@@ -292,6 +306,7 @@ impl RemoteSession {
             ),
             trace_bounds: Mutex::new(vec![None; assignment.names.len()]),
             free: None,
+            partition_worker: assignment.partition_worker.clone(),
             worker_threads: Vec::new(),
             on_stall: None,
         };
@@ -544,6 +559,13 @@ impl RemoteSession {
     /// no replica's own worker takes part in another replica's step (it holds its variables
     /// for the whole of its step), so replicas meet only on workers that serve several, which
     /// run each step as two Runs.
+    ///
+    /// A server's Run holds its variables until it ends, and only its first may wait (on what
+    /// the replica computes without it, such as the ids of a lookup there): with two servers
+    /// that wait, two replicas could each hold one while waiting for the other, and a second
+    /// Run that sends (what the replica computed from the first's sends, then sent back)
+    /// would come too late, after the replica's Run that waits for it. Such plans step in
+    /// lockstep instead.
     fn prepare_free_replicas(&mut self) -> Result<Option<Vec<ReplicaPrograms>>, RunError> {
         let replicas = self.plan.replicas.clone();
         if replicas.is_empty() {
@@ -581,10 +603,14 @@ impl RemoteSession {
             fetches.extend(reported.iter().flatten());
             let mut servers = Vec::new();
             let mut reports = [None; 4];
+            // Per server, the workers its first Run waits for and those its second sends to.
+            let mut exchanges = Vec::new();
             for rank in server_ranks {
                 let (before, reply) = self.prepare(&[rank], &fetches[..1], &updates, Stage::BeforeRecvs)?;
+                let waits_for = self.ranks(rank, &reply[0].1.receives_from)?;
                 let before = reply[0].1.takes_part.then_some(before);
                 let (after, reply) = self.prepare(&[rank], &fetches, &updates, Stage::AfterRecvs)?;
+                exchanges.push((rank, waits_for, self.ranks(rank, &reply[0].1.sends_to)?));
                 for (position, &fetch) in reply[0].1.provides.iter().enumerate() {
                     if let Some(&kind) = (fetch as usize).checked_sub(1).and_then(|i| kinds.get(i)) {
                         reports[kind] = Some((rank, position));
@@ -593,9 +619,58 @@ impl RemoteSession {
                 let after = reply[0].1.takes_part.then_some(after);
                 servers.push((rank, before, after));
             }
+            if let Some(why) = self.cannot_run_free(worker, &exchanges) {
+                if self.plan.strategy.backup_workers == 0 {
+                    return Ok(None);
+                }
+                return Err(RunError::Usage(format!(
+                    "the plan has backup workers, whose replicas must step on their own, but they cannot: {why}"
+                )));
+            }
             programs.push(ReplicaPrograms { worker, program, inputs, servers, reports });
         }
         Ok(Some(programs))
+    }
+
+    /// The workers of the partitions a worker (`rank`) named.
+    fn ranks(&self, rank: usize, partitions: &[u32]) -> Result<BTreeSet<usize>, RunError> {
+        let worker = |&p: &u32| {
+            self.partition_worker.get(p as usize).copied().ok_or_else(|| {
+                RunError::Plan(format!("worker {} names partition {p}, which the plan lacks", self.names[rank]))
+            })
+        };
+        partitions.iter().map(worker).collect()
+    }
+
+    /// Why a replica's step (on `worker`, its servers' first Runs beside it, then their second)
+    /// could deadlock, given per server the workers its first Run waits for and those its second
+    /// sends to; `None` if it cannot. A server's Run holds its variables until it ends, so two
+    /// servers whose first Runs wait could each be held by one replica while it waits for the
+    /// other; and what a second Run sends comes after every first Run has ended.
+    fn cannot_run_free(
+        &self,
+        worker: usize,
+        exchanges: &[(usize, BTreeSet<usize>, BTreeSet<usize>)],
+    ) -> Option<String> {
+        let waiting: Vec<usize> = exchanges.iter().filter(|(_, waits, _)| !waits.is_empty()).map(|e| e.0).collect();
+        if let [first, second, ..] = waiting[..] {
+            return Some(format!(
+                "{} and {} each compute for a replica within its step (such as a lookup), and two replicas \
+                 could each hold one while waiting for the other",
+                self.names[first], self.names[second]
+            ));
+        }
+        for (server, _, sends_to) in exchanges {
+            let first_waits =
+                |to: &usize| *to == worker || exchanges.iter().any(|(s, waits, _)| s == to && waits.contains(server));
+            if let Some(to) = sends_to.iter().find(|to| first_waits(to)) {
+                return Some(format!(
+                    "{} sends {} what it computes from the replica's results, within the step that waits for it",
+                    self.names[*server], self.names[*to]
+                ));
+            }
+        }
+        None
     }
 
     /// Adds a Run's reply to its worker's metrics (`step`: count it as a step), and its spans

@@ -417,6 +417,8 @@ impl Worker for WorkerService {
                     takes_part: !program.partitions().is_empty(),
                     inputs: program.inputs(),
                     provides: provides.iter().map(|&i| i as u32).collect(),
+                    sends_to: program.sends_to().iter().map(|&p| p as u32).collect(),
+                    receives_from: program.receives_from().iter().map(|&p| p as u32).collect(),
                 };
                 running.programs.insert(request.program, (program, provides, stage));
                 Ok(Response::new(reply))
