@@ -11,8 +11,9 @@
 //!   rows, batch norms are synchronised, the loss and metric are means over the batch) are
 //!   trained by replicas, mirrored, on parameter servers and in central storage, which must
 //!   give the interpreter's results on one device, every replica's copy of a variable alike.
-//!   Through the `dfc` binary, from .npy files, one process and two spawned `dfc worker`s
-//!   must end an epoch with the same checkpoint.
+//!   Through the `dfc` binary, from .npy files, one process and spawned `dfc worker`s
+//!   (mirrored, the model split over two, sync ps with variables split over two ps over TLS,
+//!   one asynchronous worker) must end an epoch with the same checkpoint.
 //! - All of them differentiate with the same autodiff: small f64 programs' gradients are checked
 //!   against central finite differences of their loss.
 //! - `dfc fmt` of each is stable and the same model.
@@ -1016,9 +1017,42 @@ fn check_data_parallel(seed: u64) -> Result<(), String> {
     Ok(())
 }
 
-/// The seed's per-example program through the `dfc` binary: compiled for one device and
-/// mirrored on two, its inputs written as .npy files of two batches, and trained one epoch in
-/// one process and on two spawned `dfc worker` processes, whose checkpoints must agree.
+/// The TLS files of spawned workers on loopback (`dfc certs`), made once per test run.
+fn loopback_tls() -> Result<std::path::PathBuf, String> {
+    static TLS: std::sync::OnceLock<Result<std::path::PathBuf, String>> = std::sync::OnceLock::new();
+    TLS.get_or_init(|| {
+        let out = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("random-spawned-pki");
+        let _ = std::fs::remove_dir_all(&out);
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_dfc"))
+            .args(["certs", "--out", &out.display().to_string(), "localhost"])
+            .output()
+            .map_err(|e| e.to_string())?;
+        match output.status.success() {
+            true => Ok(out.join("localhost")),
+            false => Err(format!("dfc certs: {}", String::from_utf8_lossy(&output.stderr))),
+        }
+    })
+    .clone()
+}
+
+/// A cluster file of `workers` worker tasks and `ps` parameter-server tasks; `--spawn` gives
+/// each task a worker of its own, so the addresses are never dialled.
+fn cluster_file(dir: &std::path::Path, workers: usize, ps: usize) -> Result<String, String> {
+    let addresses =
+        |first: usize, n: usize| (first..first + n).map(|p| format!("\"localhost:{p}\"")).collect::<Vec<_>>();
+    let mut jobs = vec![format!("\"worker\": [{}]", addresses(3000, workers).join(", "))];
+    if ps > 0 {
+        jobs.push(format!("\"ps\": [{}]", addresses(2000, ps).join(", ")));
+    }
+    let path = dir.join(format!("cluster-{workers}-{ps}.json"));
+    std::fs::write(&path, format!("{{\"cluster\": {{{}}}}}", jobs.join(", "))).map_err(|e| e.to_string())?;
+    Ok(path.display().to_string())
+}
+
+/// The seed's per-example program through the `dfc` binary: its inputs written as .npy files
+/// of two batches, trained one epoch in one process compiled for one device, and on spawned
+/// `dfc worker` processes (mirrored, the model split over two, on parameter servers, over
+/// TLS), whose checkpoints must all agree with the one process's.
 fn check_spawned(seed: u64) -> Result<(), String> {
     let (source, feeds) = program_of(Generator::per_example(seed));
     let fail = |what: String| format!("seed {seed} (spawned workers): {what}\n{source}");
@@ -1056,39 +1090,80 @@ fn check_spawned(seed: u64) -> Result<(), String> {
             false => Err(format!("dfc {}: {}", args.join(" "), String::from_utf8_lossy(&output.stderr))),
         }
     };
-    let trained = |name: &str, compile: &[&str], spawn: bool| -> Result<dfc_driver::Checkpoint, String> {
+    let trained = |name: &str, compile: &[String], run: &[String]| -> Result<dfc_driver::Checkpoint, String> {
         let plan = dir.join(format!("{name}.plan")).display().to_string();
         let mut args: Vec<String> = ["compile", &model.display().to_string(), "-o", &plan].map(String::from).to_vec();
-        args.extend(compile.iter().map(|a| a.to_string()));
+        args.extend(compile.iter().cloned());
         dfc(&args)?;
         let checkpoints = dir.join(name).display().to_string();
         let mut args: Vec<String> =
             ["run", &plan, "--no-shuffle", "--checkpoint-dir", &checkpoints].map(String::from).to_vec();
         args.extend(arguments.iter().cloned());
-        if spawn {
-            args.extend(["--spawn".to_string(), "2".to_string()]);
-        }
+        args.extend(run.iter().cloned());
         dfc(&args)?;
         dfc_driver::checkpoint::latest(std::path::Path::new(&checkpoints))
             .map_err(|e| e.to_string())?
             .ok_or_else(|| format!("no checkpoint in {checkpoints}"))
     };
-    let (one, two) =
-        match (trained("single", &[], false), trained("mirrored", &["--devices", "2", "--strategy", "mirrored"], true))
-        {
-            (Ok(one), Ok(two)) => (one, two),
-            // A loss of no trainable param (W0005) is not trained, in one process or on workers.
-            (Err(one), Err(two)) if one.contains("(W0005)") && two.contains("(W0005)") => return Ok(()),
-            (one, two) => return Err(fail(format!("one process: {:?}\ntwo workers: {:?}", one.err(), two.err()))),
-        };
-    let listed = |c: &dfc_driver::Checkpoint| c.tensors.iter().map(|(n, t)| (n.clone(), t.clone())).collect::<Vec<_>>();
-    if (one.step, one.epoch) != (two.step, two.epoch) {
-        return Err(fail(format!("step {} of epoch {} against {} of {}", one.step, one.epoch, two.step, two.epoch)));
+    let strings = |args: &[&str]| args.iter().map(|a| a.to_string()).collect::<Vec<_>>();
+    let cluster = |workers, ps| cluster_file(&dir, workers, ps).map_err(fail);
+    let tls = loopback_tls().map_err(fail)?.display().to_string();
+    let (two, ps_of_two, ps_of_one) = (cluster(2, 0)?, cluster(2, 2)?, cluster(1, 1)?);
+    let mut configurations = vec![
+        ("mirrored on two workers", strings(&["--devices", "2", "--strategy", "mirrored"]), strings(&["--spawn", "2"])),
+        ("split over two workers", strings(&["--cluster", &two, "--strategy", "model"]), strings(&["--spawn", "2"])),
+        (
+            "ps --sync, variables split over two ps, greedy, over tls",
+            strings(&[
+                "--cluster",
+                &ps_of_two,
+                "--strategy",
+                "ps",
+                "--sync",
+                "--partition-min-bytes",
+                "16",
+                "--placement",
+                "greedy",
+            ]),
+            strings(&["--spawn", "4", "--tls-dir", &tls]),
+        ),
+    ];
+    // One asynchronous replica steps as one device does; it refuses synchronised statistics.
+    if !source.contains("synchronized = true") {
+        let compile = strings(&["--cluster", &ps_of_one, "--strategy", "ps"]);
+        configurations.push(("ps, one worker", compile, strings(&["--spawn", "2"])));
     }
-    match difference(&listed(&one), &listed(&two)) {
-        Some(problem) => Err(fail(format!("one process against two workers: {problem}"))),
-        None => Ok(std::fs::remove_dir_all(&dir).unwrap_or(())),
+    let reference = match trained("single", &[], &[]) {
+        Ok(checkpoint) => checkpoint,
+        // A loss of no trainable param (W0005) is not trained, in one process or on workers.
+        Err(one) if one.contains("(W0005)") => {
+            let (_, compile, run) = &configurations[0];
+            return match trained("mirrored", compile, run) {
+                Err(two) if two.contains("(W0005)") => Ok(std::fs::remove_dir_all(&dir).unwrap_or(())),
+                other => Err(fail(format!("one process: {one}\ntwo workers: {:?}", other.err()))),
+            };
+        }
+        Err(one) => return Err(fail(format!("one process: {one}"))),
+    };
+    // Asynchronous updates count the variables' versions, which one device has no need of.
+    let listed = |c: &dfc_driver::Checkpoint| {
+        let versions = |name: &&String| !name.ends_with("/version");
+        c.tensors.iter().filter(|(n, _)| versions(n)).map(|(n, t)| (n.clone(), t.clone())).collect::<Vec<_>>()
+    };
+    for (i, (name, compile, run)) in configurations.iter().enumerate() {
+        let other = trained(&format!("spawned-{i}"), compile, run).map_err(|e| fail(format!("{name}: {e}")))?;
+        if (reference.step, reference.epoch) != (other.step, other.epoch) {
+            let (step, epoch) = (other.step, other.epoch);
+            return Err(fail(format!("{name}: step {step} of epoch {epoch}, one process {}", reference.step)));
+        }
+        // A checkpoint keeps a partitioned variable's shards under their own names.
+        let mut joined = joined_shards(listed(&other));
+        joined.sort_by(|a, b| a.0.cmp(&b.0));
+        if let Some(problem) = difference(&listed(&reference), &joined) {
+            return Err(fail(format!("one process against {name}: {problem}")));
+        }
     }
+    Ok(std::fs::remove_dir_all(&dir).unwrap_or(()))
 }
 
 /// A one-GPU plan's PTX, as a GPU's runtime generates it (the grid emulator compiles the same
