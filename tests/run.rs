@@ -354,6 +354,139 @@ fn partitioned_plans_train_like_the_single_device_plan() {
     }
 }
 
+/// A variable split over parameter servers is saved whole, and so is each of its optimizer
+/// slots, under the model's names: a plan for one device serves and resumes a ps plan's
+/// checkpoint and the other way round, as do checkpoints that hold the shards by their own
+/// names; a whole variable of another shape, or none, is refused naming it.
+#[test]
+fn checkpoints_hold_partitioned_variables_whole_for_any_plan() {
+    let dir = scratch("whole-shards");
+    let (x, y) = regression_data(&dir, 256, 7);
+    let feeds = [format!("x={}", s(&x)), format!("y={}", s(&y))];
+    let cluster = dir.join("cluster.json");
+    let jobs = r#"{"cluster": {"worker": ["localhost:3000"], "ps": ["localhost:2000", "localhost:2001"]}}"#;
+    std::fs::write(&cluster, jobs).unwrap();
+    let plan_in = |name: &str, extra: &[&str]| {
+        let plan_dir = dir.join(name);
+        std::fs::create_dir_all(&plan_dir).unwrap();
+        let mut args = vec!["--optimizer", "momentum(lr = 0.05)"];
+        args.extend_from_slice(extra);
+        compile("linear_regression", &plan_dir, &args)
+    };
+    let single = plan_in("single", &[]);
+    let ps_args = ["--cluster", s(&cluster), "--strategy", "ps", "--sync", "--partition-min-bytes", "16"];
+    let ps = plan_in("ps", &ps_args);
+    let ps_plan = dfc_plan::decode(&std::fs::read(&ps).unwrap()).unwrap();
+    assert_eq!(ps_plan.params.iter().find(|p| p.name == "w").map(|p| p.partitions), Some(2), "w is split");
+    let run = |plan: &Path, checkpoints: &Path, epochs: &str| {
+        let args = ["run", s(plan), "--feed", &feeds[0], "--feed", &feeds[1], "--no-shuffle", "--epochs", epochs];
+        let output = dfc(&[&args[..], &["--checkpoint-dir", s(checkpoints)]].concat());
+        (output.status.success(), text(&output.stderr))
+    };
+    let latest = |checkpoints: &Path| dfc_driver::checkpoint::latest(checkpoints).unwrap().expect("a checkpoint");
+    let trained = |plan: &Path, checkpoints: &Path, epochs: &str| {
+        let (ok, stderr) = run(plan, checkpoints, epochs);
+        assert!(ok, "{}: {stderr}", plan.display());
+        latest(checkpoints)
+    };
+    let copy = |from: &Path, to: &str| {
+        let to = dir.join(to);
+        std::fs::create_dir_all(&to).unwrap();
+        for entry in std::fs::read_dir(from).unwrap() {
+            let entry = entry.unwrap();
+            std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+        }
+        to
+    };
+    let first = trained(&ps, &dir.join("first"), "1");
+    let names: Vec<&str> = first.tensors.keys().map(String::as_str).collect();
+    assert!(names.contains(&"w") && names.contains(&"w/momentum"), "{names:?}");
+    assert!(names.iter().all(|n| !n.contains("part_")), "no shard by name: {names:?}");
+    assert_eq!(first.tensors["w"].shape.dims(), [13, 1]);
+
+    // One device resumes the ps plan's checkpoint, and the ps plan one device's.
+    let uninterrupted = trained(&single, &dir.join("uninterrupted"), "2");
+    let single_resumed = trained(&single, &copy(&dir.join("first"), "single-resumed"), "2");
+    let ps_resumed = trained(&ps, &copy(&dir.join("first"), "ps-resumed"), "2");
+    let one_epoch = trained(&single, &dir.join("one-epoch"), "1");
+    let ps_from_single = trained(&ps, &copy(&dir.join("one-epoch"), "ps-from-single"), "2");
+    for (what, resumed) in [
+        ("one device from the ps plan's", &single_resumed),
+        ("the ps plan from its own", &ps_resumed),
+        ("the ps plan from one device's", &ps_from_single),
+    ] {
+        assert_eq!(resumed.step, uninterrupted.step, "{what}");
+        assert_eq!(resumed.tensors.keys().collect::<Vec<_>>(), uninterrupted.tensors.keys().collect::<Vec<_>>());
+        for (name, tensor) in &uninterrupted.tensors {
+            let (a, b) = (tensor.to_f64_vec(), resumed.tensors[name].to_f64_vec());
+            let worst = close::worst_difference(&format!("{what}: `{name}`"), &b, &a, close::absolute);
+            assert!(worst < 1e-4, "resumed {what} checkpoint, `{name}` differs by {worst}");
+        }
+    }
+    assert_eq!(one_epoch.tensors.keys().collect::<Vec<_>>(), first.tensors.keys().collect::<Vec<_>>());
+    let fetched = dfc(&[
+        "run",
+        s(&single),
+        "--feed",
+        &feeds[0],
+        "--fetch",
+        "prediction",
+        "--checkpoint-dir",
+        s(&dir.join("first")),
+    ]);
+    assert!(fetched.status.success(), "{}", text(&fetched.stderr));
+
+    // A checkpoint with the shards under their own names (w/part_0, w/part_0/momentum, …).
+    let shard_rows: Vec<(String, usize, usize)> = ps_plan
+        .partitions
+        .iter()
+        .flat_map(|p| p.module.graph.node_ids().map(move |id| p.module.graph.node(id)))
+        .filter_map(|node| match &node.op {
+            dfc_ir::Op::Variable { ty, origin: Some(origin), .. } if origin.name == "w" => {
+                Some((node.name.clone(), origin.offset, ty.shape.dims()[0]))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(shard_rows.len(), 2, "{shard_rows:?}");
+    let mut by_shard: Vec<(String, Tensor)> = Vec::new();
+    for (name, tensor) in &first.tensors {
+        let Some(slot) = name.strip_prefix('w').filter(|rest| rest.is_empty() || rest.starts_with('/')) else {
+            by_shard.push((name.clone(), tensor.clone()));
+            continue;
+        };
+        for (shard, offset, rows) in &shard_rows {
+            let slice = dfc_ir::Op::Slice { begin: vec![*offset, 0], size: vec![*rows, 1] };
+            by_shard.push((format!("{shard}{slot}"), dfc_interp::eval(&slice, &[tensor]).unwrap()));
+        }
+    }
+    let shards_dir = dir.join("by-shard");
+    let views = by_shard.iter().map(|(n, t)| (n.as_str(), t));
+    dfc_driver::checkpoint::save(&shards_dir, first.step, first.epoch, views).unwrap();
+    let from_shards = trained(&ps, &shards_dir, "2");
+    assert_eq!(from_shards.tensors, ps_resumed.tensors, "the shards by name are the same values");
+
+    // A whole variable of another shape, or none.
+    for (case, replace) in
+        [("another shape", Some(Tensor::from_f64(dfc_ir::DType::F32, vec![5, 1], &[0.0; 5]))), ("none", None)]
+    {
+        let mut tensors = first.tensors.clone();
+        match replace {
+            Some(tensor) => tensors.insert("w".to_string(), tensor),
+            None => tensors.remove("w"),
+        };
+        let bad = dir.join(format!("bad-{}", case.replace(' ', "-")));
+        dfc_driver::checkpoint::save(&bad, first.step, first.epoch, tensors.iter().map(|(n, t)| (n.as_str(), t)))
+            .unwrap();
+        let (ok, stderr) = run(&ps, &bad, "2");
+        let expected = match case {
+            "none" => "has no variable `w`; was it written for another model?",
+            _ => "holds `w` as f32[5,1], but the plan's variable is f32[13,1]; was it written for another model?",
+        };
+        assert!(!ok && stderr.contains(expected), "{case}: {stderr}");
+    }
+}
+
 #[test]
 fn fetch_runs_forward_on_every_example() {
     let dir = scratch("fetch");

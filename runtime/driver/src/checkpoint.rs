@@ -2,7 +2,9 @@
 //!
 //! A checkpoint is `DIR/ckpt-{step:08}.safetensors` (more digits past step 99,999,999), with
 //! the metadata `{"format": "dfc-checkpoint-1", "step": "…", "epoch": "…"}` and one tensor per
-//! variable, by name. Files are written atomically: to a temporary file in the same directory,
+//! variable, by name: a partitioned variable's, and each of its optimizer slots', whole, so
+//! that a plan that splits it otherwise, or not at all, restores it ([`whole_variables`],
+//! [`for_plan`]). Files are written atomically: to a temporary file in the same directory,
 //! synced, then renamed over the final name (and the directory synced), so a crash leaves
 //! either the whole checkpoint or none; a stray temporary file is never taken for a
 //! checkpoint. After each successful save only the [`KEEP`] newest checkpoints (by step)
@@ -259,13 +261,20 @@ pub fn parse(path: &Path, bytes: &[u8]) -> Result<Checkpoint, CheckpointError> {
     Ok(Checkpoint { path: path.to_path_buf(), step, epoch, tensors })
 }
 
-/// Checks that `checkpoint` holds every logical variable of `plan` (each variable but a
-/// replica's copy, which is restored from the variable it mirrors) with the plan's type, and
-/// says which file and which variable where it does not. The driver checks this before it
-/// restores anything, on whatever runs the plan: a remote worker's own check could not name
-/// the file.
-pub fn check_against(plan: &Plan, checkpoint: &Checkpoint) -> Result<(), CheckpointError> {
-    let path = &checkpoint.path;
+/// Where a variable of a plan lies in the one a checkpoint holds: rows `offset..` of `whole`
+/// (of `rows` rows), for a shard of a partitioned variable and each optimizer slot of a shard.
+#[derive(Clone, Debug, PartialEq)]
+struct Rows {
+    whole: String,
+    rows: usize,
+    offset: usize,
+}
+
+/// The variables of `plan` that checkpoints hold (every one but replicas' copies, which are
+/// restored from the variables they mirror), by name: their types, and for shards and their
+/// slots where they lie in the whole variable.
+fn held(plan: &Plan) -> BTreeMap<&str, (TensorType, Option<Rows>)> {
+    let mut held = BTreeMap::new();
     for partition in &plan.partitions {
         let graph = &partition.module.graph;
         for id in graph.node_ids() {
@@ -274,26 +283,109 @@ pub fn check_against(plan: &Plan, checkpoint: &Checkpoint) -> Result<(), Checkpo
             if origin.as_ref().is_some_and(|o| o.mirror_of.is_some()) {
                 continue;
             }
-            let name = &node.name;
-            match checkpoint.tensors.get(name) {
-                Some(tensor) if tensor.ty() == *ty => {}
-                Some(tensor) => {
-                    return Err(CheckpointError::invalid(
-                        path,
-                        format!(
-                            "holds `{name}` as {}, but the plan's variable is {ty}; was it written for another model?",
-                            tensor.ty()
-                        ),
-                    ))
-                }
-                None => {
-                    return Err(CheckpointError::invalid(
-                        path,
-                        format!("has no variable `{name}`; was it written for another model?"),
-                    ))
-                }
-            }
+            let rows = origin.as_ref().and_then(|o| {
+                let whole = o.shape.dims();
+                let shard = ty.shape.dims();
+                let part = !whole.is_empty() && whole.len() == shard.len() && whole[1..] == shard[1..];
+                (part && whole[0] > shard[0]).then(|| Rows { whole: o.name.clone(), rows: whole[0], offset: o.offset })
+            });
+            held.insert(node.name.as_str(), (ty.clone(), rows));
         }
     }
-    Ok(())
+    // A slot of a shard (`w/part_0/m`) is that shard's rows of the whole variable's slot (`w/m`).
+    let shards: Vec<(&str, TensorType, Rows)> =
+        held.iter().filter_map(|(name, (ty, rows))| Some((*name, ty.clone(), rows.clone()?))).collect();
+    for (name, (ty, rows)) in held.iter_mut() {
+        if rows.is_some() {
+            continue;
+        }
+        let slot_of = |(shard, shard_ty, _): &&(&str, TensorType, Rows)| {
+            name.strip_prefix(shard).is_some_and(|rest| rest.starts_with('/')) && shard_ty.shape == ty.shape
+        };
+        if let Some((shard, _, of)) = shards.iter().find(slot_of) {
+            let whole = format!("{}{}", of.whole, &name[shard.len()..]);
+            *rows = Some(Rows { whole, ..of.clone() });
+        }
+    }
+    held
+}
+
+/// The variables a checkpoint of `plan` holds, from the plan's `variables`: each partitioned
+/// variable and each of its slots whole, under the model's name, so that a checkpoint does not
+/// depend on how the variables were split; the others as they are.
+pub fn whole_variables(plan: &Plan, variables: &dfc_interp::Variables) -> Vec<(String, Tensor)> {
+    let held = held(plan);
+    let mut groups: BTreeMap<&str, (usize, Vec<(usize, &str, &Tensor)>)> = BTreeMap::new();
+    let mut saved = Vec::new();
+    for (name, tensor) in variables.iter() {
+        match held.get(name.as_str()) {
+            Some((_, Some(rows))) => {
+                let group = groups.entry(rows.whole.as_str()).or_insert((rows.rows, Vec::new()));
+                group.1.push((rows.offset, name.as_str(), tensor));
+            }
+            _ => saved.push((name.clone(), tensor.clone())),
+        }
+    }
+    for (whole, (rows, mut shards)) in groups {
+        shards.sort_by_key(|(offset, ..)| *offset);
+        let covered =
+            shards.iter().try_fold(0, |next, (offset, _, t)| (*offset == next).then(|| next + t.shape.dims()[0]));
+        let operands: Vec<&Tensor> = shards.iter().map(|(.., t)| *t).collect();
+        match dfc_interp::eval(&Op::Concat { axis: 0 }, &operands) {
+            Ok(joined) if covered == Some(rows) => saved.push((whole.to_string(), joined)),
+            // Not every shard is here: they stay as they are.
+            _ => saved.extend(shards.iter().map(|(_, name, t)| (name.to_string(), (*t).clone()))),
+        }
+    }
+    saved.sort_by(|a, b| a.0.cmp(&b.0));
+    saved
+}
+
+/// The values of `plan`'s variables in `checkpoint`: every variable a checkpoint holds (each
+/// but a replica's copy, which is restored from the variable it mirrors), with the plan's
+/// type, found under its own name or, for a shard or a shard's slot, as its rows of the whole
+/// variable. Says which file and which variable where one is missing or of another type. The
+/// driver checks this before it restores anything, on whatever runs the plan: a remote
+/// worker's own check could not name the file.
+pub fn for_plan(plan: &Plan, checkpoint: &Checkpoint) -> Result<BTreeMap<String, Tensor>, CheckpointError> {
+    let path = &checkpoint.path;
+    let missing = |name: &str| {
+        CheckpointError::invalid(path, format!("has no variable `{name}`; was it written for another model?"))
+    };
+    let wrong_type = |name: &str, tensor: &Tensor, ty: &TensorType| {
+        let message = format!(
+            "holds `{name}` as {}, but the plan's variable is {ty}; was it written for another model?",
+            tensor.ty()
+        );
+        CheckpointError::invalid(path, message)
+    };
+    let mut values = BTreeMap::new();
+    for (name, (ty, rows)) in held(plan) {
+        let value = match (checkpoint.tensors.get(name), rows) {
+            (Some(tensor), _) if tensor.ty() == ty => tensor.clone(),
+            (Some(tensor), _) => return Err(wrong_type(name, tensor, &ty)),
+            (None, None) => return Err(missing(name)),
+            (None, Some(rows)) => {
+                let whole = checkpoint.tensors.get(&rows.whole).ok_or_else(|| missing(&rows.whole))?;
+                let mut dims = ty.shape.dims().to_vec();
+                let shard_rows = dims[0];
+                dims[0] = rows.rows;
+                let whole_ty = TensorType::new(ty.dtype, dims);
+                if whole.ty() != whole_ty {
+                    return Err(wrong_type(&rows.whole, whole, &whole_ty));
+                }
+                let mut begin = vec![0; ty.shape.dims().len()];
+                begin[0] = rows.offset;
+                let size = ty.shape.dims().to_vec();
+                dfc_interp::eval(&Op::Slice { begin, size }, &[whole]).map_err(|e| {
+                    let at = rows.offset;
+                    let what =
+                        format!("cannot take rows {at}..{} of `{}` for `{name}`: {e}", at + shard_rows, rows.whole);
+                    CheckpointError::invalid(path, what)
+                })?
+            }
+        };
+        values.insert(name.to_string(), value);
+    }
+    Ok(values)
 }

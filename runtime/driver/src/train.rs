@@ -252,7 +252,9 @@ pub fn train_with<R: Runner>(
         } else if options.steps == Some(0) {
             // `--steps 0` saves the initial values: a run (or another framework) can start
             // from exactly them.
-            checkpoint::save(dir, 0, 0, session.variables()?.iter())
+            let variables = session.variables()?;
+            let variables = checkpoint::whole_variables(session.plan(), &variables);
+            checkpoint::save(dir, 0, 0, variables.iter().map(|(n, t)| (n, t)))
                 .map_err(|e| RunError::Checkpoint(e.to_string()))?;
         }
     }
@@ -390,7 +392,9 @@ pub fn train_with<R: Runner>(
         if let Some(dir) = &options.checkpoint_dir {
             let _span = trace::span("checkpoint", || format!("checkpoint at step {step}"));
             let completed_epochs = if finished_epoch { epoch + 1 } else { epoch };
-            checkpoint::save(dir, step, completed_epochs, session.variables()?.iter())
+            let variables = session.variables()?;
+            let variables = checkpoint::whole_variables(session.plan(), &variables);
+            checkpoint::save(dir, step, completed_epochs, variables.iter().map(|(n, t)| (n, t)))
                 .map_err(|e| RunError::Checkpoint(e.to_string()))?;
         }
         progress.epoch_finished(&record);
@@ -612,11 +616,11 @@ impl UpdateBarrier {
 }
 
 /// Replaces initial values by a checkpoint's, which must hold every logical variable with
-/// its type: checked here, naming the file, before anything changes on whatever runs the plan
-/// (see [`checkpoint::check_against`]).
+/// its type (a partitioned one whole or as the plan's shards): checked here, naming the file,
+/// before anything changes on whatever runs the plan (see [`checkpoint::for_plan`]).
 pub fn restore<R: Runner>(session: &mut R, checkpoint: &checkpoint::Checkpoint) -> Result<(), RunError> {
-    checkpoint::check_against(session.plan(), checkpoint)?;
-    session.restore(&checkpoint.tensors, &checkpoint.path)
+    let values = checkpoint::for_plan(session.plan(), checkpoint)?;
+    session.restore(&values, &checkpoint.path)
 }
 
 /// Mean loss and metrics over every full batch of `data`, in order.
