@@ -1159,15 +1159,9 @@ const LOOKUP: &str = "model lookup {
 }
 ";
 
-/// Asynchronous replicas whose servers look rows up for them train on spawned workers: free
-/// running with one such server (a replica alone ends as one process does, its learning rate's
-/// schedule included; two take every batch once), and in lockstep with two (two replicas could
-/// each hold one server while waiting for the other), where they end as one process does too.
-#[test]
-fn lookups_on_parameter_servers_train_on_spawned_workers() {
-    let dir = scratch("ps-lookups");
-    let model = dir.join("lookup.df");
-    std::fs::write(&model, LOOKUP).unwrap();
+/// 256 examples of ids into a table of 40 rows, 4 features and a target, as .npy files in
+/// `dir`: the `--feed` arguments.
+fn lookup_feeds(dir: &Path) -> Vec<String> {
     let n = 256;
     let ids: Vec<f64> = (0..n).map(|i| ((i * 7) % 40) as f64).collect();
     let x: Vec<f64> = (0..n * 4).map(|i| ((i * 13) % 17) as f64 / 17.0).collect();
@@ -1182,6 +1176,64 @@ fn lookups_on_parameter_servers_train_on_spawned_workers() {
         dfc_driver::save_npy(&path, &Tensor::from_f64(dtype, shape, values)).expect("write a feed");
         feeds.extend(["--feed".to_string(), format!("{name}={}", s(&path))]);
     }
+    feeds
+}
+
+/// A parameter server whose part of a free-running replica's step all comes first (a frozen
+/// table the replica looks rows up in) still ends each step, as its count of steps shows: one
+/// per replica step, like the server that applies the updates (before, it ended none, and
+/// kept every step's rendezvous).
+#[test]
+fn a_server_with_nothing_to_update_ends_each_replica_step() {
+    let dir = scratch("ps-frozen");
+    let model = dir.join("frozen.df");
+    std::fs::write(
+        &model,
+        "model frozen {
+    dim batch = 16
+    input id: i32[batch]
+    input x: f32[batch, 4]
+    input y: f32[batch]
+    @trainable(false) @device(\"/job:ps/task:0\") param table: f32[40, 4] = uniform(-0.5, 0.5)
+    @device(\"/job:ps/task:1\") param w: f32[4] = ones
+    let score = sum(gather(table, id) * x * w, axis = 1)
+    minimize mean((score - y) * (score - y)) with sgd(lr = 0.1)
+}
+",
+    )
+    .unwrap();
+    let feeds = lookup_feeds(&dir);
+    let cluster = dir.join("cluster.json");
+    let jobs = r#"{"cluster": {"worker": ["localhost:3000"], "ps": ["localhost:2000", "localhost:2001"]}}"#;
+    std::fs::write(&cluster, jobs).unwrap();
+    let plan = dir.join("frozen.plan");
+    let compiled = dfc(&["compile", s(&model), "-o", s(&plan), "--cluster", s(&cluster), "--strategy", "ps"], None);
+    assert!(compiled.status.success(), "{}", text(&compiled.stderr));
+    let metrics = dir.join("metrics.jsonl");
+    let mut args = vec!["run", s(&plan), "--no-shuffle", "--wait", "10", "--spawn", "3", "--metrics", s(&metrics)];
+    args.extend(feeds.iter().map(String::as_str));
+    let output = dfc(&args, None);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let record: serde_json::Value =
+        serde_json::from_str(std::fs::read_to_string(&metrics).unwrap().lines().last().unwrap()).unwrap();
+    let steps = |task: &str| {
+        let workers = record["workers"].as_array().expect("per-worker metrics");
+        workers.iter().find(|w| w["name"] == task).and_then(|w| w["steps"].as_u64())
+    };
+    assert_eq!(steps("/job:ps/task:1"), Some(16), "the server that updates `w`");
+    assert_eq!(steps("/job:ps/task:0"), Some(16), "the server of the frozen table");
+}
+
+/// Asynchronous replicas whose servers look rows up for them train on spawned workers: free
+/// running with one such server (a replica alone ends as one process does, its learning rate's
+/// schedule included; two take every batch once), and in lockstep with two (two replicas could
+/// each hold one server while waiting for the other), where they end as one process does too.
+#[test]
+fn lookups_on_parameter_servers_train_on_spawned_workers() {
+    let dir = scratch("ps-lookups");
+    let model = dir.join("lookup.df");
+    std::fs::write(&model, LOOKUP).unwrap();
+    let feeds = lookup_feeds(&dir);
     let addresses =
         |first: usize, n: usize| (first..first + n).map(|p| format!("\"localhost:{p}\"")).collect::<Vec<_>>();
     for (workers, ps) in [(1, 1), (2, 2), (2, 1)] {

@@ -616,7 +616,9 @@ impl RemoteSession {
                         reports[kind] = Some((rank, position));
                     }
                 }
-                let after = reply[0].1.takes_part.then_some(after);
+                // A server whose part all comes first still gets a second Run: it ends the
+                // step there (its rendezvous), and counts it.
+                let after = (reply[0].1.takes_part || before.is_some()).then_some(after);
                 servers.push((rank, before, after));
             }
             if let Some(why) = self.cannot_run_free(worker, &exchanges) {
