@@ -13,7 +13,8 @@
 //!   give the interpreter's results on one device, every replica's copy of a variable alike.
 //!   Through the `dfc` binary, from .npy files, one process and spawned `dfc worker`s
 //!   (mirrored, the model split over two, sync ps with variables split over two ps over TLS,
-//!   one asynchronous worker) must end an epoch with the same checkpoint.
+//!   one asynchronous worker) must end an epoch with the same checkpoint, and two
+//!   asynchronous ones in lockstep with that of their plan in one process.
 //! - All of them differentiate with the same autodiff: small f64 programs' gradients are checked
 //!   against central finite differences of their loss.
 //! - `dfc fmt` of each is stable and the same model.
@@ -1159,6 +1160,19 @@ fn check_spawned(seed: u64) -> Result<(), String> {
         // A checkpoint holds a partitioned variable whole, under the model's name.
         if let Some(problem) = difference(&listed(&reference), &listed(&other)) {
             return Err(fail(format!("one process against {name}: {problem}")));
+        }
+    }
+    // Two asynchronous replicas in lockstep on workers step as they do in one process.
+    if !source.contains("synchronized = true") {
+        let compile = strings(&["--cluster", &cluster(2, 1)?, "--strategy", "ps"]);
+        let name = "async ps, two workers in lockstep";
+        let embedded = trained("async", &compile, &[]).map_err(|e| fail(format!("{name}, one process: {e}")))?;
+        let run = strings(&["--spawn", "3", "--lockstep"]);
+        let spawned = trained("async-lockstep", &compile, &run).map_err(|e| fail(format!("{name}: {e}")))?;
+        let all =
+            |c: &dfc_driver::Checkpoint| c.tensors.iter().map(|(n, t)| (n.clone(), t.clone())).collect::<Vec<_>>();
+        if let Some(problem) = difference(&all(&embedded), &all(&spawned)) {
+            return Err(fail(format!("{name} against one process: {problem}")));
         }
     }
     Ok(std::fs::remove_dir_all(&dir).unwrap_or(()))
