@@ -14,7 +14,8 @@
 //!   Through the `dfc` binary, from .npy files, one process and spawned `dfc worker`s
 //!   (mirrored, the model split over two, sync ps with variables split over two ps over TLS,
 //!   one asynchronous worker) must end an epoch with the same checkpoint, and two
-//!   asynchronous ones in lockstep with that of their plan in one process.
+//!   asynchronous ones in lockstep with that of their plan in one process; `--fetch` of each
+//!   output from the checkpoints gives the same values on workers as in one process.
 //! - All of them differentiate with the same autodiff: small f64 programs' gradients are checked
 //!   against central finite differences of their loss.
 //! - `dfc fmt` of each is stable and the same model.
@@ -1160,6 +1161,36 @@ fn check_spawned(seed: u64) -> Result<(), String> {
         // A checkpoint holds a partitioned variable whole, under the model's name.
         if let Some(problem) = difference(&listed(&reference), &listed(&other)) {
             return Err(fail(format!("one process against {name}: {problem}")));
+        }
+    }
+    // The trained model forward on the workers, split over two ps in TLS, as in one process.
+    let (_, _, ps_run) = &configurations[2];
+    for output in &single.outputs {
+        let fetched = |plan: &str, checkpoints: &str, run: &[String]| -> Result<Tensor, String> {
+            let out = dir.join(format!("{plan}-{}.npy", output.name.replace('/', "_")));
+            let plan = dir.join(format!("{plan}.plan")).display().to_string();
+            let checkpoints = dir.join(checkpoints).display().to_string();
+            let mut args = strings(&["run", &plan, "--fetch", &output.name, "--checkpoint-dir", &checkpoints]);
+            args.extend(["-o".to_string(), out.display().to_string()]);
+            args.extend(arguments.iter().cloned());
+            args.extend(run.iter().cloned());
+            dfc(&args)?;
+            dfc_driver::load_npy(&out).map_err(|e| e.to_string())
+        };
+        let name = format!("--fetch {}", output.name);
+        let one = fetched("single", "single", &[]);
+        let spawned = fetched("spawned-2", "spawned-2", ps_run);
+        match (one, spawned) {
+            (Ok(one), Ok(spawned)) => {
+                if let Some(problem) = difference(&[(name.clone(), one)], &[(name.clone(), spawned)]) {
+                    return Err(fail(format!("{name}, one process against ps on workers: {problem}")));
+                }
+            }
+            // A value of the whole batch is refused, alike.
+            (Err(one), Err(spawned)) if one.contains("the batch") && spawned.contains("the batch") => {}
+            (one, spawned) => {
+                return Err(fail(format!("{name}: one process {:?}, on workers {:?}", one.err(), spawned.err())))
+            }
         }
     }
     // Two asynchronous replicas in lockstep on workers step as they do in one process.
