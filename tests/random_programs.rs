@@ -12,8 +12,8 @@
 //!   trained by replicas, mirrored, on parameter servers and in central storage, which must
 //!   give the interpreter's results on one device, every replica's copy of a variable alike.
 //!   Through the `dfc` binary, from .npy files, one process and spawned `dfc worker`s
-//!   (mirrored, the model split over two, sync ps with variables split over two ps over TLS,
-//!   one asynchronous worker) must end an epoch with the same checkpoint, and two
+//!   (mirrored, overlapped and unfused, local SGD, the model split over two, sync ps with
+//!   variables split over two ps over TLS, one asynchronous worker) must end an epoch with the same checkpoint, and two
 //!   asynchronous ones in lockstep with that of their plan in one process; `--fetch` of each
 //!   output from the checkpoints gives the same values on workers as in one process.
 //! - All of them differentiate with the same autodiff: small f64 programs' gradients are checked
@@ -1134,6 +1134,16 @@ fn check_spawned(seed: u64) -> Result<(), String> {
     if !source.contains("synchronized = true") {
         let compile = strings(&["--cluster", &ps_of_one, "--strategy", "ps"]);
         configurations.push(("ps, one worker", compile, strings(&["--spawn", "2"])));
+    }
+    let mirrored = ["--cluster", &two, "--strategy", "mirrored"];
+    let overlapped = strings(&[&mirrored[..], &["--overlap", "--fusion-threshold", "0"]].concat());
+    configurations.push(("mirrored, overlapped, unfused", overlapped, strings(&["--spawn", "2"])));
+    // Averaging the replicas' variables after each step of plain SGD is averaging their
+    // gradients (clipping by each replica's norm is not).
+    let optimizer = source.lines().find_map(|l| l.trim().strip_prefix("minimize ")).unwrap_or_default();
+    if optimizer.contains("with sgd(") && !optimizer.contains("clip") {
+        let local = strings(&[&mirrored[..], &["--sync-every", "1"]].concat());
+        configurations.push(("local sgd, averaged every step", local, strings(&["--spawn", "2"])));
     }
     let reference = match trained("single", &[], &[]) {
         Ok(checkpoint) => checkpoint,
