@@ -234,9 +234,10 @@ fn staleness_aware_replicas_stepped_together_train_as_the_fixed_rate() {
 }
 
 /// An asynchronous plan names each replica's own inputs, loss and updates; one replica's step
-/// run as its two stages (what needs no Recv, then the rest, on one rendezvous, as a parameter
-/// server serving free-running replicas runs it) ends as the whole step does, and only the
-/// second stage returns the loss.
+/// run as its two stages (what waits on nothing computed from its own partition's values, then
+/// the rest, on one rendezvous, as a parameter server serving free-running replicas runs it)
+/// ends as the whole step does: the replica's partition computes its loss in the first stage,
+/// from the variables the servers send in theirs, and the second applies the updates.
 #[test]
 fn a_replica_step_in_two_stages_ends_like_the_whole_step() {
     let plan = plan("mlp", ps_cluster(2), Strategy::ParameterServer { sync: false });
@@ -267,9 +268,9 @@ fn a_replica_step_in_two_stages_ends_like_the_whole_step() {
     let after = staged.program_stage(&fetches, &updates, Stage::AfterRecvs).unwrap();
     let rendezvous = dfc_interp::InProcessRendezvous::new();
     let first = staged.run_with(&before, &feeds, &rendezvous).unwrap();
-    assert!(first[0].is_none(), "the loss needs the variables: the second stage's");
+    assert_eq!(first[0].as_ref().expect("the loss").to_f64_vec(), loss.to_f64_vec());
     let second = staged.run_with(&after, &feeds, &rendezvous).unwrap();
-    assert_eq!(second[0].as_ref().expect("the loss").to_f64_vec(), loss.to_f64_vec());
+    assert!(second[0].is_none(), "the first stage's loss");
     let (a, b) = (whole.variables().unwrap(), staged.variables().unwrap());
     assert_eq!(a.len(), b.len());
     for (name, value) in a.iter() {

@@ -25,7 +25,7 @@ use dfc_cuda::program::{GpuKernels, GpuPartition, GpuProgram, ProgramError};
 use dfc_interp::{InProcessRendezvous, InterpError, Program, Rendezvous, StagedRun, Tensor, Variables};
 use dfc_ir::{DeviceSpec, Module, NodeId, Op, TensorRef};
 use dfc_plan::Plan;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 /// Which of a program's nodes a run runs: all of them, or (for a worker that serves several
@@ -538,24 +538,12 @@ impl<'p> Session<'p> {
         close_over_partitions(self.plan, &self.sends, &self.reductions, &mut roots);
 
         if stage != Stage::Whole {
+            let second = self.second_stage();
             for (p, partition_roots) in roots.iter_mut().enumerate() {
                 if partition_roots.is_empty() || !self.hosted[p] {
                     continue;
                 }
-                let graph = &self.plan.partitions[p].module.graph;
-                let mut fed_back = HashMap::new();
-                // Assignments come second too, so that a step reads (its learning rate the
-                // step count) what the step before it left, as in one process.
-                let mut second = |id: NodeId| {
-                    matches!(graph.node(id).op, Op::Assign | Op::AssignAdd | Op::AssignSub)
-                        || graph.ancestors(&[id]).into_iter().any(|a| match &graph.node(a).op {
-                            Op::Recv { key, .. } => {
-                                *fed_back.entry(key.as_str()).or_insert_with(|| self.computed_from(key, p))
-                            }
-                            _ => false,
-                        })
-                };
-                partition_roots.retain(|&id| second(id) == (stage == Stage::AfterRecvs));
+                partition_roots.retain(|id| second[p].contains(id) == (stage == Stage::AfterRecvs));
                 // A fetch of the other stage is not this one's to compute or return.
                 let mut kept = Vec::new();
                 let mut new_index = vec![usize::MAX; part_fetches[p].len()];
@@ -615,6 +603,48 @@ impl<'p> Session<'p> {
         inputs.sort_by_key(|name| declared(name)); // stable: undeclared ones keep partition order
         inputs.dedup();
         Ok(SessionProgram { parts, fetches, inputs, sends_to, receives_from })
+    }
+
+    /// Per partition, the nodes of the second stage of a free-running replica's step
+    /// (`Stage::AfterRecvs`): assignments, so that a step reads what the step before it left
+    /// (its learning rate the step count), as in one process; what a partition receives of what
+    /// was computed from its own nodes (through the others: gradients of the variables it sent)
+    /// or of another's second stage; and everything computed from those.
+    fn second_stage(&self) -> Vec<HashSet<NodeId>> {
+        let n = self.plan.partitions.len();
+        let mut second: Vec<HashSet<NodeId>> = vec![HashSet::new(); n];
+        let mut fed_back: HashMap<(&str, usize), bool> = HashMap::new();
+        loop {
+            let mut grew = false;
+            for p in 0..n {
+                let graph = &self.plan.partitions[p].module.graph;
+                for &id in &self.orders[p] {
+                    if second[p].contains(&id) {
+                        continue;
+                    }
+                    let late = match &graph.node(id).op {
+                        Op::Assign | Op::AssignAdd | Op::AssignSub => true,
+                        Op::Recv { key, .. } => {
+                            let sent = self.sends.get(key.as_str());
+                            sent.is_some_and(|(q, send)| second[*q].contains(send))
+                                || *fed_back.entry((key.as_str(), p)).or_insert_with(|| self.computed_from(key, p))
+                        }
+                        _ => false,
+                    };
+                    let mut before = graph.data_edges_into(id).into_iter().map(|(_, t)| t.node);
+                    if late
+                        || before.any(|pred| second[p].contains(&pred))
+                        || graph.control_inputs(id).iter().any(|pred| second[p].contains(pred))
+                    {
+                        second[p].insert(id);
+                        grew = true;
+                    }
+                }
+            }
+            if !grew {
+                return second;
+            }
+        }
     }
 
     /// Whether what the `Send` of `key` sends is computed, through any partitions, from a node
