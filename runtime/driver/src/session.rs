@@ -30,7 +30,8 @@ use std::sync::Arc;
 
 /// Which of a program's nodes a run runs: all of them, or (for a worker that serves several
 /// free-running replicas) those that assign nothing and wait on nothing computed from the
-/// partition's own part of the step, or the rest. A parameter server's first stage reads and
+/// partition's own part of the step or in another's second stage, or the rest
+/// (`Session::second_stage`). A parameter server's first stage reads and
 /// sends the variables, and looks up rows of them by ids a replica sends (which it computes
 /// from its batch alone); the second receives what the replica computed from them (its
 /// gradients) and applies it, and counts the step.
