@@ -559,13 +559,7 @@ impl RemoteSession {
     /// no replica's own worker takes part in another replica's step (it holds its variables
     /// for the whole of its step), so replicas meet only on workers that serve several, which
     /// run each step as two Runs.
-    ///
-    /// A server's Run holds its variables until it ends, and only its first may wait (on what
-    /// the replica computes without it, such as the ids of a lookup there): with two servers
-    /// that wait, two replicas could each hold one while waiting for the other, and a second
-    /// Run that sends (what the replica computed from the first's sends, then sent back)
-    /// would come too late, after the replica's Run that waits for it. Such plans step in
-    /// lockstep instead.
+    /// Plans whose replicas could deadlock so (`cannot_run_free`) step in lockstep instead.
     fn prepare_free_replicas(&mut self) -> Result<Option<Vec<ReplicaPrograms>>, RunError> {
         let replicas = self.plan.replicas.clone();
         if replicas.is_empty() {
