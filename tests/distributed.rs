@@ -200,6 +200,36 @@ fn asynchronous_parameter_servers_train() {
     );
 }
 
+/// Free-running replicas need workers that keep them apart: where every variable lives on a
+/// parameter server, a replica computes nothing on another replica's worker, its updates'
+/// constants included (Adam's bias correction shares its `1.0` with the loss's gradient, which
+/// once drew the correction to worker 0 for every replica and stepped them in lockstep).
+#[test]
+fn asynchronous_replicas_compute_on_their_own_workers_and_the_servers() {
+    for example in ["linear_regression", "mlp", "cnn", "softmax_regression", "resnet", "transformer", "two_towers"] {
+        let plan = plan(example, ps_cluster(2), Strategy::ParameterServer { sync: false });
+        let on_workers = plan.partitions.iter().filter(|p| p.device.job.as_deref() == Some("worker"));
+        for partition in on_workers {
+            let task = partition.device.task.expect("a worker task");
+            let graph = &partition.module.graph;
+            for id in graph.node_ids() {
+                let node = graph.node(id);
+                let Some(replica) = node.name.strip_prefix("replica_").and_then(|r| r.split('/').next()) else {
+                    continue;
+                };
+                let received_or_copied = matches!(node.op, dfc_ir::Op::Recv { .. } | dfc_ir::Op::Const { .. });
+                assert!(
+                    replica == task.to_string() || received_or_copied,
+                    "{example}: `{}` ({}) of replica {replica} on {}",
+                    node.name,
+                    node.op.name(),
+                    partition.device
+                );
+            }
+        }
+    }
+}
+
 /// Staleness-aware asynchronous replicas (the default with SGD): each shared variable counts its
 /// updates in `<name>/version`, and every replica names the node of its staleness. Stepped
 /// together in one process, every replica reads the versions before any counts, so each

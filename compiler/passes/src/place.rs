@@ -14,8 +14,9 @@
 //!    possible maximum load, and insensitive to the order of creation).
 //! 4. Compute. With a cost model (model parallelism), in topological order each node goes where
 //!    it would finish first, counting its inputs' transfers (earliest-finish-time list
-//!    scheduling). Otherwise a node goes where all its users are, else with its first input,
-//!    else to the default device: the graph's requests and colocations decide.
+//!    scheduling). Otherwise a node goes where all its users are, else with its first input
+//!    that is not a constant (which is copied to where it is used), else to the default
+//!    device: the graph's requests and colocations decide.
 //!
 //! The result is a `Placed` module: the only input `partition` takes, so nothing downstream
 //! can see an unplaced graph.
@@ -253,8 +254,8 @@ impl Placer<'_> {
         Some(ids.iter().map(|&id| (id, device_of[&groups.find(id)])).collect())
     }
 
-    /// Unplaced nodes go where all their users are, else with their first input, else to the
-    /// default device.
+    /// Unplaced nodes go where all their users are, else with their first input that is not a
+    /// constant, else to the default device.
     fn follow_neighbours(
         &self,
         order: &[NodeId],
@@ -282,9 +283,15 @@ impl Placer<'_> {
             if device_of.contains_key(&root) {
                 continue;
             }
+            // A constant is copied to each device that uses it (`partition`), so it does not
+            // decide where its users go.
+            let copied = |t: &&dfc_ir::TensorRef| {
+                matches!(graph.node(t.node).op, Op::Const { .. }) && graph.control_inputs(t.node).is_empty()
+            };
             let from_inputs = graph
                 .inputs(id)
                 .iter()
+                .filter(|t| !copied(t))
                 .filter_map(|t| device_of.get(&groups.find(t.node)).copied())
                 .find(|&d| fits(root, d));
             let from_users = || {
