@@ -13,9 +13,11 @@
 //!   give the interpreter's results on one device, every replica's copy of a variable alike.
 //!   Through the `dfc` binary, from .npy files, one process and spawned `dfc worker`s
 //!   (mirrored, overlapped and unfused, local SGD, the model split over two, sync ps with
-//!   variables split over two ps over TLS, one asynchronous worker) must end an epoch with the same checkpoint, and two
-//!   asynchronous ones in lockstep with that of their plan in one process; `--fetch` of each
-//!   output from the checkpoints gives the same values on workers as in one process.
+//!   variables split over two ps over TLS, one asynchronous worker with them split over two
+//!   ps) must end an epoch with the same checkpoint, and two asynchronous ones (variables split
+//!   over two ps) in lockstep with that of their plan in one process, and free running the
+//!   same epoch; `--fetch` of each output from the checkpoints gives the same values on workers
+//!   as in one process.
 //! - All of them differentiate with the same autodiff: small f64 programs' gradients are checked
 //!   against central finite differences of their loss.
 //! - `dfc fmt` of each is stable and the same model.
@@ -31,7 +33,7 @@ use dfc_driver::{Backend, Session};
 use dfc_interp::Tensor;
 use dfc_ir::{Cluster, DType, DeviceKind};
 use dfc_plan::Plan;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 #[path = "support/ps_cluster.rs"]
 mod ps_cluster;
@@ -1110,7 +1112,8 @@ fn check_spawned(seed: u64) -> Result<(), String> {
     let strings = |args: &[&str]| args.iter().map(|a| a.to_string()).collect::<Vec<_>>();
     let cluster = |workers, ps| cluster_file(&dir, workers, ps).map_err(fail);
     let tls = loopback_tls().map_err(fail)?.display().to_string();
-    let (two, ps_of_two, ps_of_one) = (cluster(2, 0)?, cluster(2, 2)?, cluster(1, 1)?);
+    let (two, ps_of_two, one_of_two) = (cluster(2, 0)?, cluster(2, 2)?, cluster(1, 2)?);
+    let split = ["--strategy", "ps", "--partition-min-bytes", "16"];
     let mut configurations = vec![
         ("mirrored on two workers", strings(&["--devices", "2", "--strategy", "mirrored"]), strings(&["--spawn", "2"])),
         ("split over two workers", strings(&["--cluster", &two, "--strategy", "model"]), strings(&["--spawn", "2"])),
@@ -1130,10 +1133,11 @@ fn check_spawned(seed: u64) -> Result<(), String> {
             strings(&["--spawn", "4", "--tls-dir", &tls]),
         ),
     ];
-    // One asynchronous replica steps as one device does; it refuses synchronised statistics.
+    // One asynchronous replica steps as one device does, behind servers that take turns; it
+    // refuses synchronised statistics.
     if !source.contains("synchronized = true") {
-        let compile = strings(&["--cluster", &ps_of_one, "--strategy", "ps"]);
-        configurations.push(("ps, one worker", compile, strings(&["--spawn", "2"])));
+        let compile = strings(&[&["--cluster", &one_of_two][..], &split].concat());
+        configurations.push(("ps, one worker, variables split over two ps", compile, strings(&["--spawn", "3"])));
     }
     let mirrored = ["--cluster", &two, "--strategy", "mirrored"];
     let overlapped = strings(&[&mirrored[..], &["--overlap", "--fusion-threshold", "0"]].concat());
@@ -1203,17 +1207,49 @@ fn check_spawned(seed: u64) -> Result<(), String> {
             }
         }
     }
-    // Two asynchronous replicas in lockstep on workers step as they do in one process.
+    // Two asynchronous replicas with their variables split over two ps: in lockstep on workers
+    // they step as they do in one process; free, taking turns on the servers, they train the
+    // epoch too.
     if !source.contains("synchronized = true") {
-        let compile = strings(&["--cluster", &cluster(2, 1)?, "--strategy", "ps"]);
-        let name = "async ps, two workers in lockstep";
+        let compile = strings(&[&["--cluster", &ps_of_two][..], &split].concat());
+        let name = "async ps, two workers, variables split over two ps";
         let embedded = trained("async", &compile, &[]).map_err(|e| fail(format!("{name}, one process: {e}")))?;
-        let run = strings(&["--spawn", "3", "--lockstep"]);
-        let spawned = trained("async-lockstep", &compile, &run).map_err(|e| fail(format!("{name}: {e}")))?;
+        let run = strings(&["--spawn", "4", "--lockstep"]);
+        let spawned = trained("async-lockstep", &compile, &run).map_err(|e| fail(format!("{name}, lockstep: {e}")))?;
         let all =
             |c: &dfc_driver::Checkpoint| c.tensors.iter().map(|(n, t)| (n.clone(), t.clone())).collect::<Vec<_>>();
         if let Some(problem) = difference(&all(&embedded), &all(&spawned)) {
-            return Err(fail(format!("{name} against one process: {problem}")));
+            return Err(fail(format!("{name}, lockstep against one process: {problem}")));
+        }
+        let metrics = dir.join("async-free.jsonl").display().to_string();
+        let free = trained("async-free", &compile, &strings(&["--spawn", "4", "--wait", "20", "--metrics", &metrics]))
+            .map_err(|e| fail(format!("{name}, free: {e}")))?;
+        if (free.step, free.epoch) != (spawned.step, spawned.epoch) {
+            return Err(fail(format!(
+                "{name}, free: step {} of epoch {}, in lockstep {}",
+                free.step, free.epoch, spawned.step
+            )));
+        }
+        // Free running, a server counts a step per replica step (in lockstep, one per step).
+        let records = std::fs::read_to_string(&metrics).map_err(|e| fail(format!("{metrics}: {e}")))?;
+        let records: Vec<serde_json::Value> = records
+            .lines()
+            .map(serde_json::from_str)
+            .collect::<Result<_, _>>()
+            .map_err(|e| fail(format!("{metrics}: {e}")))?;
+        // Per worker of the job, its steps over the epochs.
+        let steps = |job: &str| -> Vec<u64> {
+            let mut steps = BTreeMap::new();
+            for worker in records.iter().flat_map(|r| r["workers"].as_array().into_iter().flatten()) {
+                let Some(name) = worker["name"].as_str().filter(|n| n.starts_with(job)) else { continue };
+                *steps.entry(name.to_string()).or_insert(0) += worker["steps"].as_u64().unwrap_or(0);
+            }
+            steps.into_values().collect()
+        };
+        let replica_steps: u64 = steps("/job:worker/").iter().sum();
+        let servers = steps("/job:ps/");
+        if servers.iter().any(|&s| s != 0 && s != replica_steps) || servers.iter().all(|&s| s == 0) {
+            return Err(fail(format!("{name}, free: servers' steps {servers:?}, replicas' {replica_steps}: not free")));
         }
     }
     Ok(std::fs::remove_dir_all(&dir).unwrap_or(()))

@@ -66,7 +66,7 @@ struct FuzzTensor {
 enum Call {
     Register { plan: PlanBytes, rank: u8, workers: u8, partition_worker: Vec<u8>, interp: bool, seed: u64 },
     Prepare { program: u8, fetches: Vec<u8>, targets: Vec<u8>, stage: u8 },
-    Run { program: u8, step: u8, feeds: Vec<(u8, Option<FuzzTensor>)>, trace: bool },
+    Run { program: u8, step: u8, feeds: Vec<(u8, Option<FuzzTensor>)>, trace: bool, turns: Option<(u8, u8)> },
     Push { step: u8, chunks: Vec<(u8, FuzzTensor, u64)> },
     Abort { step: u8 },
     GetVariables,
@@ -142,13 +142,16 @@ fuzz_target!(|data: &[u8]| {
                     };
                     let _ = client.prepare(request).await;
                 }
-                Call::Run { program, step, feeds, trace } => {
+                Call::Run { program, step, feeds, trace, turns } => {
+                    let (turn, after_turn) = turns.map_or((0, 0), |(t, a)| (u64::from(t % 8), u64::from(a % 8)));
                     let request = RunRequest {
                         plan_sha256: registered.clone(),
                         program: u64::from(program % 4),
                         step: u64::from(step),
                         feeds: named(feeds),
                         trace,
+                        turn,
+                        after_turn,
                     };
                     let _ = client.run(request).await;
                 }

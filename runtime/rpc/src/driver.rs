@@ -121,6 +121,9 @@ pub struct RemoteSession {
     trace_bounds: Mutex<Vec<Option<(f64, f64)>>>,
     /// The free-running replicas' programs, once asked for (`None` inside: they cannot run so).
     free: Option<Option<Vec<ReplicaPrograms>>>,
+    /// The turns of the free-running replicas' Runs on their servers (`RunRequest::turn`),
+    /// taken where a replica's step has several servers.
+    turns: Option<Mutex<Turns>>,
     /// The worker (rank) of each partition.
     partition_worker: Vec<usize>,
     /// Per worker, the threads it computes on (as it said when connected).
@@ -196,6 +199,26 @@ struct ReplicaPrograms {
     /// What the servers' second programs report of the step ([`Reported`]): per report, the
     /// server that returns it and where among its fetched values.
     reports: [Option<(usize, usize)>; 4],
+}
+
+/// Where the free-running replicas' Runs on their servers are in their one order: the next
+/// turn, and per worker the turn of the last Run it was sent (0: none).
+struct Turns {
+    next: u64,
+    last: Vec<u64>,
+}
+
+impl Turns {
+    /// A round of Runs on servers (`(rank, request)`), each made to take the round's turn.
+    fn take(&mut self, mut round: Vec<(usize, RunRequest)>) -> Vec<(usize, RunRequest)> {
+        let turn = self.next;
+        self.next += 1;
+        for (rank, request) in &mut round {
+            request.turn = turn;
+            request.after_turn = std::mem::replace(&mut self.last[*rank], turn);
+        }
+        round
+    }
 }
 
 /// The scalars a free-running replica's step reports from its servers, in the order of
@@ -306,6 +329,7 @@ impl RemoteSession {
             ),
             trace_bounds: Mutex::new(vec![None; assignment.names.len()]),
             free: None,
+            turns: None,
             partition_worker: assignment.partition_worker.clone(),
             worker_threads: Vec::new(),
             on_stall: None,
@@ -558,7 +582,7 @@ impl RemoteSession {
     /// Each replica's programs for free-running steps, if the workers keep the replicas apart:
     /// no replica's own worker takes part in another replica's step (it holds its variables
     /// for the whole of its step), so replicas meet only on workers that serve several, which
-    /// run each step as two Runs.
+    /// run each step as two Runs, each in its turn (`Turns`).
     /// Plans whose replicas could deadlock so (`cannot_run_free`) step in lockstep instead.
     fn prepare_free_replicas(&mut self) -> Result<Option<Vec<ReplicaPrograms>>, RunError> {
         let replicas = self.plan.replicas.clone();
@@ -625,6 +649,9 @@ impl RemoteSession {
             }
             programs.push(ReplicaPrograms { worker, program, inputs, servers, reports });
         }
+        if programs.iter().any(|replica| replica.servers.len() > 1) {
+            self.turns = Some(Mutex::new(Turns { next: 1, last: vec![0; self.clients.len()] }));
+        }
         Ok(Some(programs))
     }
 
@@ -640,22 +667,13 @@ impl RemoteSession {
 
     /// Why a replica's step (on `worker`, its servers' first Runs beside it, then their second)
     /// could deadlock, given per server the workers its first Run waits for and those its second
-    /// sends to; `None` if it cannot. A server's Run holds its variables until it ends, so two
-    /// servers whose first Runs wait could each be held by one replica while it waits for the
-    /// other; and what a second Run sends comes after every first Run has ended.
+    /// sends to; `None` if it cannot: what a second Run sends comes after every first Run has
+    /// ended. (Replicas cannot deadlock each other: their Runs take turns on the servers.)
     fn cannot_run_free(
         &self,
         worker: usize,
         exchanges: &[(usize, BTreeSet<usize>, BTreeSet<usize>)],
     ) -> Option<String> {
-        let waiting: Vec<usize> = exchanges.iter().filter(|(_, waits, _)| !waits.is_empty()).map(|e| e.0).collect();
-        if let [first, second, ..] = waiting[..] {
-            return Some(format!(
-                "{} and {} each compute for a replica within its step (such as a lookup), and two replicas \
-                 could each hold one while waiting for the other",
-                self.names[first], self.names[second]
-            ));
-        }
         for (server, _, sends_to) in exchanges {
             let first_waits =
                 |to: &usize| *to == worker || exchanges.iter().any(|(s, waits, _)| s == to && waits.contains(server));
@@ -764,6 +782,8 @@ impl Runner for RemoteSession {
                 step,
                 feeds: sent,
                 trace: dfc_interp::trace::enabled(),
+                turn: 0,
+                after_turn: 0,
             };
             requests.push((*rank, request));
         }
@@ -861,13 +881,23 @@ impl FreeReplicas for RemoteSession {
             step,
             feeds,
             trace: dfc_interp::trace::enabled(),
+            turn: 0,
+            after_turn: 0,
+        };
+        // Behind several servers, each round of Runs on them takes its turn there, so that
+        // every server runs the replicas' Runs in one order: a Run waits only for Runs of its
+        // own round and of earlier ones, which end, so no two replicas can each hold a server
+        // that the other waits for.
+        let take_turn = |round| match &self.turns {
+            Some(turns) => turns.lock().unwrap_or_else(|e| e.into_inner()).take(round),
+            None => round,
         };
         // The servers send the variables while the replica computes; once it has sent its
         // gradients, they apply them.
         let mut first = vec![(programs.worker, request(programs.program, sent))];
-        first.extend(programs.servers.iter().filter_map(|&(rank, before, _)| Some((rank, request(before?, vec![])))));
-        let second: Vec<(usize, RunRequest)> =
-            programs.servers.iter().filter_map(|&(rank, _, after)| Some((rank, request(after?, vec![])))).collect();
+        first.extend(take_turn(
+            programs.servers.iter().filter_map(|&(rank, before, _)| Some((rank, request(before?, vec![])))).collect(),
+        ));
         let timeout = self.wait + CALL_MARGIN;
         let window = TraceWindow::open();
         let replies = self.on_some(first, timeout, Some(step), |mut c, r| async move { c.run(r).await })?;
@@ -887,6 +917,9 @@ impl FreeReplicas for RemoteSession {
             }
         }
         let mut values = [None; 4];
+        let second =
+            programs.servers.iter().filter_map(|&(rank, _, after)| Some((rank, request(after?, vec![])))).collect();
+        let second = take_turn(second);
         let window = TraceWindow::open();
         let replies = self.on_some(second, timeout, Some(step), |mut c, r| async move { c.run(r).await })?;
         let window = window.close();

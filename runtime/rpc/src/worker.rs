@@ -17,7 +17,7 @@ use dfc_interp::{Data, Tensor};
 use dfc_ir::Op;
 use dfc_plan::Plan;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tonic::{Request, Response, Status};
@@ -153,6 +153,58 @@ struct Registered {
     sha256: prost::bytes::Bytes,
     running: Mutex<PlanSession>,
     host: Arc<StepHost>,
+    turns: EndedTurns,
+}
+
+/// The turns of free-running replicas' Runs on a worker that serves several
+/// (`RunRequest::turn`): the last turn whose Run ended here.
+#[derive(Default)]
+struct EndedTurns {
+    ended: Mutex<u64>,
+    changed: Condvar,
+}
+
+impl EndedTurns {
+    /// Waits until the Run of turn `after` has ended here (`after` 0: none), as long as some
+    /// Run ends here at least every `wait`.
+    fn wait_for(&self, after: u64, wait: Duration) -> Result<(), String> {
+        let mut ended = self.ended.lock().unwrap_or_else(|e| e.into_inner());
+        while *ended < after {
+            let before = *ended;
+            let timeout;
+            (ended, timeout) = self
+                .changed
+                .wait_timeout_while(ended, wait, |ended| *ended == before)
+                .unwrap_or_else(|e| e.into_inner());
+            if timeout.timed_out() && *ended == before {
+                return Err(format!(
+                    "waited {:.1}s for its turn, after turn {after}, but no Run ended here meanwhile (the last to end was turn {before})",
+                    wait.as_secs_f64()
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Records that the Run of `turn` ended (on drop, so that a Run that fails or panics ends
+    /// its turn too).
+    fn end(&self, turn: u64) -> TurnEnds<'_> {
+        TurnEnds { turns: self, turn }
+    }
+}
+
+/// Ends a turn when dropped (`EndedTurns::end`).
+struct TurnEnds<'t> {
+    turns: &'t EndedTurns,
+    turn: u64,
+}
+
+impl Drop for TurnEnds<'_> {
+    fn drop(&mut self) {
+        let mut ended = self.turns.ended.lock().unwrap_or_else(|e| e.into_inner());
+        *ended = (*ended).max(self.turn);
+        self.turns.changed.notify_all();
+    }
 }
 
 self_cell::self_cell!(
@@ -389,6 +441,7 @@ impl Worker for WorkerService {
                 sha256,
                 running: Mutex::new(running),
                 host: Arc::new(StepHost { routes, peers, steps: Mutex::new(HashMap::new()), wait }),
+                turns: EndedTurns::default(),
             })
         })
         .await?;
@@ -436,10 +489,24 @@ impl Worker for WorkerService {
             let tensor = feed.tensor.as_ref().ok_or_else(|| bad(format!("feed `{}` has no tensor", feed.name)))?;
             feeds.insert(feed.name.clone(), tensor::from_proto(tensor).map_err(bad)?);
         }
+        if request.turn != 0 && request.after_turn >= request.turn {
+            return Err(bad(format!("turn {} cannot come after turn {}", request.turn, request.after_turn)));
+        }
         let delay = self.step_delay;
         blocking(move || {
             let step = request.step;
             std::thread::sleep(delay);
+            // A free-running replica's Run on a server waits for its turn, and ends it.
+            let _turn = if request.turn == 0 {
+                None
+            } else {
+                let name = &registered.host.peers.names[registered.host.routes.rank];
+                registered
+                    .turns
+                    .wait_for(request.after_turn, registered.host.wait)
+                    .map_err(|e| Status::aborted(format!("{name}: {e}")))?;
+                Some(registered.turns.end(request.turn))
+            };
             dfc_interp::trace::set_enabled(request.trace);
             let rendezvous = registered.host.step(step);
             let started = std::time::Instant::now();

@@ -39,7 +39,14 @@ async fn malformed_and_out_of_order_calls_are_errors() {
         stage: 0,
     };
     assert_eq!(code(client.prepare(prepare.clone()).await), Code::FailedPrecondition);
-    let run = RunRequest { plan_sha256: hash.clone(), program: 0, step: 0, feeds: vec![], trace: false };
+    let run = RunRequest {
+        plan_sha256: hash.clone(),
+        program: 0,
+        step: 0,
+        feeds: vec![],
+        trace: false,
+        ..Default::default()
+    };
     assert_eq!(code(client.run(run).await), Code::FailedPrecondition);
     // A plan that is not one, with its right hash; a hash that does not match.
     let mut rng = 7u64;
@@ -128,6 +135,7 @@ async fn a_registered_plan_runs_and_malformed_feeds_are_errors() {
         step: 0,
         feeds,
         trace: false,
+        ..Default::default()
     };
     assert_eq!(code(client.run(run(9, vec![])).await), Code::FailedPrecondition);
     let bad = NamedTensor {
@@ -148,5 +156,73 @@ async fn a_registered_plan_runs_and_malformed_feeds_are_errors() {
         stage: 0,
     };
     assert_eq!(code(client.prepare(other).await), Code::FailedPrecondition);
+    assert_eq!(code(client.health(HealthRequest {}).await), Code::Ok);
+}
+
+/// Runs that take turns (a free-running replica's Runs on a server of several) start in their
+/// turns' order, whatever order they arrive in; one whose turn never comes fails once no Run
+/// has ended for the registration's wait, naming the turn; a turn that does not come after
+/// the one it names is refused.
+#[tokio::test]
+async fn runs_take_their_turns() {
+    let mut client = worker(TOKEN).await;
+    let source =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/linear_regression.df")).unwrap();
+    let plan =
+        dfc_compile::compile(&source, "linear_regression.df", &dfc_compile::CompileOptions::default()).unwrap().plan;
+    let bytes = dfc_plan::encode(&plan);
+    let hash = dfc_rpc::plan_sha256(&bytes);
+    let register = RegisterRequest {
+        plan: bytes.into(),
+        plan_sha256: hash.clone(),
+        rank: 0,
+        workers: vec!["127.0.0.1:1".into()],
+        names: vec!["/job:localhost/task:0".into()],
+        partition_worker: vec![0; plan.partitions.len()],
+        seed: 0,
+        backend: "interp".into(),
+        wait_ms: 300,
+        data_ports: vec![],
+        all_reduce: String::new(),
+    };
+    assert_eq!(code(client.register(register).await), Code::Ok);
+    // A program that needs no feeds: it reads `b`.
+    let prepare =
+        PrepareRequest { plan_sha256: hash.clone(), program: 1, fetches: vec!["b".into()], targets: vec![], stage: 0 };
+    assert!(client.prepare(prepare).await.unwrap().into_inner().takes_part);
+    let run = |step: u64, turn: u64, after_turn: u64| RunRequest {
+        plan_sha256: hash.clone(),
+        program: 1,
+        step,
+        turn,
+        after_turn,
+        ..Default::default()
+    };
+    // Turn 2 arrives first and waits for turn 1.
+    let mut second = client.clone();
+    let mut waiting = tokio::spawn({
+        let request = run(2, 2, 1);
+        async move { second.run(request).await }
+    });
+    let early = tokio::time::timeout(std::time::Duration::from_millis(150), &mut waiting).await;
+    assert!(early.is_err(), "turn 2 ran before turn 1: {early:?}");
+    assert_eq!(code(client.run(run(1, 1, 0)).await), Code::Ok);
+    let later = tokio::time::timeout(std::time::Duration::from_secs(5), waiting).await;
+    assert_eq!(code(later.expect("turn 2 runs once turn 1 has").unwrap()), Code::Ok);
+    // Turn 4 never comes: turn 5 gives up after the wait (300 ms) without a Run ending.
+    let started = std::time::Instant::now();
+    let status = client.run(run(5, 5, 4)).await.unwrap_err();
+    assert_eq!(status.code(), Code::Aborted);
+    assert!(
+        status.message().contains(
+            "waited 0.3s for its turn, after turn 4, but no Run ended here meanwhile (the last to end was turn 2)"
+        ),
+        "{}",
+        status.message()
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    // A turn that does not come after the one it names.
+    assert_eq!(code(client.run(run(6, 3, 3)).await), Code::InvalidArgument);
+    assert_eq!(code(client.run(run(6, 3, 0)).await), Code::Ok, "an old turn that waits for none runs");
     assert_eq!(code(client.health(HealthRequest {}).await), Code::Ok);
 }

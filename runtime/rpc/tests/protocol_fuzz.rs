@@ -141,6 +141,9 @@ async fn thousands_of_random_calls_never_crash_the_worker() {
                         step: random.number(),
                         feeds,
                         trace: random.below(2) == 1,
+                        // Turns of free-running replicas' Runs, some that never come.
+                        turn: random.below(4),
+                        after_turn: random.below(4),
                     };
                     if client.run(request).await.is_ok() {
                         RUNS.fetch_add(1, Ordering::SeqCst);
@@ -217,6 +220,9 @@ async fn thousands_of_random_calls_never_crash_the_worker() {
                         step: random.number(),
                         feeds,
                         trace: random.below(2) == 1,
+                        // Turns of free-running replicas' Runs, some that never come.
+                        turn: random.below(4),
+                        after_turn: random.below(4),
                     };
                     drop(client.run(request).await)
                 }
