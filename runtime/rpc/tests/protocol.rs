@@ -97,28 +97,35 @@ async fn calls_without_the_token_are_refused() {
     assert_eq!(code(wrong.shutdown(ShutdownRequest {}).await), Code::Unauthenticated);
 }
 
-#[tokio::test]
-async fn a_registered_plan_runs_and_malformed_feeds_are_errors() {
-    let mut client = worker(TOKEN).await;
+/// The registration of examples/linear_regression.df's plan for one worker (interpreted,
+/// waiting `wait_ms` for tensors), and the plan.
+fn linear_regression(wait_ms: u64) -> (dfc_plan::Plan, RegisterRequest) {
     let source =
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/linear_regression.df")).unwrap();
     let plan =
         dfc_compile::compile(&source, "linear_regression.df", &dfc_compile::CompileOptions::default()).unwrap().plan;
     let bytes = dfc_plan::encode(&plan);
-    let hash = dfc_rpc::plan_sha256(&bytes);
     let register = RegisterRequest {
+        plan_sha256: dfc_rpc::plan_sha256(&bytes),
         plan: bytes.into(),
-        plan_sha256: hash.clone(),
         rank: 0,
         workers: vec!["127.0.0.1:1".into()],
         names: vec!["/job:localhost/task:0".into()],
         partition_worker: vec![0; plan.partitions.len()],
         seed: 0,
         backend: "interp".into(),
-        wait_ms: 1000,
+        wait_ms,
         data_ports: vec![],
         all_reduce: String::new(),
     };
+    (plan, register)
+}
+
+#[tokio::test]
+async fn a_registered_plan_runs_and_malformed_feeds_are_errors() {
+    let mut client = worker(TOKEN).await;
+    let (plan, register) = linear_regression(1000);
+    let hash = register.plan_sha256.clone();
     let unknown_algorithm = RegisterRequest { all_reduce: "tree".into(), ..register.clone() };
     assert_eq!(code(client.register(unknown_algorithm).await), Code::InvalidArgument);
     assert_eq!(code(client.register(register).await), Code::Ok);
@@ -166,25 +173,8 @@ async fn a_registered_plan_runs_and_malformed_feeds_are_errors() {
 #[tokio::test]
 async fn runs_take_their_turns() {
     let mut client = worker(TOKEN).await;
-    let source =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/linear_regression.df")).unwrap();
-    let plan =
-        dfc_compile::compile(&source, "linear_regression.df", &dfc_compile::CompileOptions::default()).unwrap().plan;
-    let bytes = dfc_plan::encode(&plan);
-    let hash = dfc_rpc::plan_sha256(&bytes);
-    let register = RegisterRequest {
-        plan: bytes.into(),
-        plan_sha256: hash.clone(),
-        rank: 0,
-        workers: vec!["127.0.0.1:1".into()],
-        names: vec!["/job:localhost/task:0".into()],
-        partition_worker: vec![0; plan.partitions.len()],
-        seed: 0,
-        backend: "interp".into(),
-        wait_ms: 300,
-        data_ports: vec![],
-        all_reduce: String::new(),
-    };
+    let (_, register) = linear_regression(300);
+    let hash = register.plan_sha256.clone();
     assert_eq!(code(client.register(register).await), Code::Ok);
     // A program that needs no feeds: it reads `b`.
     let prepare =
