@@ -81,6 +81,10 @@ impl Progress for Reporter {
     fn resumed(&mut self, step: u64, epoch: u64, path: &Path) {
         eprintln!("resuming from {} (step {step}, {epoch} epoch(s) done)", path.display());
     }
+
+    fn note(&mut self, note: &str) {
+        eprintln!("note: {note}");
+    }
 }
 
 pub struct RunArgs {

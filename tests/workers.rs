@@ -1179,6 +1179,63 @@ fn lookup_feeds(dir: &Path) -> Vec<String> {
     feeds
 }
 
+/// Asynchronous replicas that cannot step on their own, as a variable lives on one replica's
+/// worker and the other replica updates it too, step together, and the run says why (once);
+/// with backup workers, which must step on their own, the run is refused with that reason.
+#[test]
+fn replicas_that_must_step_together_say_why() {
+    let dir = scratch("ps-together");
+    let model = dir.join("together.df");
+    std::fs::write(
+        &model,
+        "model together {
+    dim batch = 16
+    input id: i32[batch]
+    input x: f32[batch, 4]
+    input y: f32[batch]
+    param table: f32[40, 4] = uniform(-0.5, 0.5)
+    @device(\"/job:worker/task:0\") param w: f32[4] = ones
+    let score = sum(gather(table, id) * x * w, axis = 1)
+    minimize mean((score - y) * (score - y)) with sgd(lr = 0.1)
+}
+",
+    )
+    .unwrap();
+    let feeds = lookup_feeds(&dir);
+    let why = "/job:worker/task:0, replica 0's worker, takes part in replica 1's step too (it holds a variable that replica uses)";
+    for (workers, extra) in [(2, &[][..]), (3, &["--sync", "--backup-workers", "1", "--dim", "batch=24"][..])] {
+        let cluster = dir.join(format!("cluster-{workers}.json"));
+        let tasks: Vec<String> = (0..workers).map(|t| format!("\"localhost:{}\"", 3000 + t)).collect();
+        let jobs = format!("{{\"cluster\": {{\"worker\": [{}], \"ps\": [\"localhost:2000\"]}}}}", tasks.join(", "));
+        std::fs::write(&cluster, jobs).unwrap();
+        let plan = dir.join(format!("together-{workers}.plan"));
+        let mut args = vec!["compile", s(&model), "-o", s(&plan), "--cluster", s(&cluster), "--strategy", "ps"];
+        args.extend_from_slice(extra);
+        let compiled = dfc(&args, None);
+        assert!(compiled.status.success(), "{}", text(&compiled.stderr));
+        let spawn = (workers + 1).to_string();
+        let run = |more: &[&str]| {
+            let mut args = vec!["run", s(&plan), "--epochs", "2", "--wait", "10", "--spawn", &spawn];
+            args.extend(feeds.iter().map(String::as_str));
+            args.extend_from_slice(more);
+            dfc(&args, None)
+        };
+        let output = run(&[]);
+        let stderr = text(&output.stderr);
+        if extra.is_empty() {
+            assert!(output.status.success(), "{stderr}");
+            let note = format!("note: the asynchronous replicas step together: {why}");
+            assert_eq!(stderr.matches(&note).count(), 1, "said once: {stderr}");
+            let asked = run(&["--lockstep"]);
+            assert!(asked.status.success() && !text(&asked.stderr).contains("note:"), "{}", text(&asked.stderr));
+        } else {
+            let refusal =
+                format!("the plan has backup workers, whose replicas must step on their own, but they cannot: {why}");
+            assert!(!output.status.success() && stderr.contains(&refusal), "{stderr}");
+        }
+    }
+}
+
 /// A parameter server whose part of a free-running replica's step all comes first (a frozen
 /// table the replica looks rows up in) still ends each step, as its count of steps shows: one
 /// per replica step, like the server that applies the updates (before, it ended none, and

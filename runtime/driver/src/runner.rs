@@ -42,6 +42,12 @@ pub trait Runner {
     fn free_replicas(&mut self) -> Result<Option<&dyn FreeReplicas>, RunError> {
         Ok(None)
     }
+
+    /// Why the replicas of an asynchronous plan step together where this runner could run
+    /// replicas on their own (once `free_replicas` has found that they cannot); `None` otherwise.
+    fn why_replicas_step_together(&self) -> Option<&str> {
+        None
+    }
 }
 
 /// Replicas that train each on its own (asynchronous parameter servers, free-running).

@@ -48,6 +48,8 @@ pub trait Progress {
     fn step(&mut self, loss: f64, examples_per_sec: f64);
     fn epoch_finished(&mut self, record: &EpochRecord);
     fn resumed(&mut self, step: u64, epoch: u64, path: &std::path::Path);
+    /// Something the user should know about how the run goes (once per run).
+    fn note(&mut self, _note: &str) {}
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -298,7 +300,13 @@ pub fn train_with<R: Runner>(
         let limit = options.steps.map_or(u64::MAX, |limit| limit.saturating_sub(step));
         // An asynchronous plan's replicas step on their own where the runner can run them so.
         let mut free_running = false;
-        let free_replicas = if options.lockstep { None } else { session.free_replicas()? };
+        let free = !options.lockstep && session.free_replicas()?.is_some();
+        if !free && epoch == start_epoch {
+            if let Some(why) = session.why_replicas_step_together() {
+                progress.note(&format!("the asynchronous replicas step together: {why}"));
+            }
+        }
+        let free_replicas = if free { session.free_replicas()? } else { None };
         if let Some(replicas) = free_replicas {
             let todo = steps_per_epoch.saturating_sub(skip).min(limit);
             let epoch_data = EpochData { data: &train_data, order: &order, batch, skip, steps: todo };

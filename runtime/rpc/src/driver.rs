@@ -121,6 +121,8 @@ pub struct RemoteSession {
     trace_bounds: Mutex<Vec<Option<(f64, f64)>>>,
     /// The free-running replicas' programs, once asked for (`None` inside: they cannot run so).
     free: Option<Option<Vec<ReplicaPrograms>>>,
+    /// Why they cannot, where they cannot.
+    together_because: Option<String>,
     /// The turns of the free-running replicas' Runs on their servers (`RunRequest::turn`),
     /// taken where a replica's step has several servers.
     turns: Option<Mutex<Turns>>,
@@ -329,6 +331,7 @@ impl RemoteSession {
             ),
             trace_bounds: Mutex::new(vec![None; assignment.names.len()]),
             free: None,
+            together_because: None,
             turns: None,
             partition_worker: assignment.partition_worker.clone(),
             worker_threads: Vec::new(),
@@ -583,7 +586,7 @@ impl RemoteSession {
     /// no replica's own worker takes part in another replica's step (it holds its variables
     /// for the whole of its step), so replicas meet only on workers that serve several, which
     /// run each step as two Runs, each in its turn (`Turns`).
-    /// Plans whose replicas could deadlock so (`cannot_run_free`) step in lockstep instead.
+    /// Plans whose replicas could deadlock so (`would_deadlock`) step in lockstep instead.
     fn prepare_free_replicas(&mut self) -> Result<Option<Vec<ReplicaPrograms>>, RunError> {
         let replicas = self.plan.replicas.clone();
         if replicas.is_empty() {
@@ -602,12 +605,19 @@ impl RemoteSession {
             steps.push((*worker, id, own.inputs.clone(), servers));
         }
         for (i, (worker, ..)) in steps.iter().enumerate() {
-            let shared = steps
-                .iter()
-                .enumerate()
-                .any(|(j, (other, _, _, servers))| i != j && (other == worker || servers.contains(worker)));
-            if shared {
-                return Ok(None);
+            let name = &self.names[*worker];
+            for (j, (other, _, _, servers)) in steps.iter().enumerate().filter(|(j, _)| i != *j) {
+                let why = if other == worker {
+                    format!("replicas {i} and {j} both compute on {name}")
+                } else if servers.contains(worker) {
+                    format!(
+                        "{name}, replica {i}'s worker, takes part in replica {j}'s step too (it holds a variable \
+                         that replica uses); let the parameter servers hold the variables"
+                    )
+                } else {
+                    continue;
+                };
+                return self.cannot_run_free(&why);
             }
         }
         let mut programs = Vec::new();
@@ -639,13 +649,8 @@ impl RemoteSession {
                 let after = (reply[0].1.takes_part || before.is_some()).then_some(after);
                 servers.push((rank, before, after));
             }
-            if let Some(why) = self.cannot_run_free(worker, &exchanges) {
-                if self.plan.strategy.backup_workers == 0 {
-                    return Ok(None);
-                }
-                return Err(RunError::Usage(format!(
-                    "the plan has backup workers, whose replicas must step on their own, but they cannot: {why}"
-                )));
+            if let Some(why) = self.would_deadlock(worker, &exchanges) {
+                return self.cannot_run_free(&why);
             }
             programs.push(ReplicaPrograms { worker, program, inputs, servers, reports });
         }
@@ -665,15 +670,23 @@ impl RemoteSession {
         partitions.iter().map(worker).collect()
     }
 
+    /// Replicas that cannot step on their own (`why`) step together, unless the plan has backup
+    /// workers, which must: then the run is refused with the reason.
+    fn cannot_run_free(&mut self, why: &str) -> Result<Option<Vec<ReplicaPrograms>>, RunError> {
+        if self.plan.strategy.backup_workers > 0 {
+            return Err(RunError::Usage(format!(
+                "the plan has backup workers, whose replicas must step on their own, but they cannot: {why}"
+            )));
+        }
+        self.together_because = Some(why.to_string());
+        Ok(None)
+    }
+
     /// Why a replica's step (on `worker`, its servers' first Runs beside it, then their second)
     /// could deadlock, given per server the workers its first Run waits for and those its second
     /// sends to; `None` if it cannot: what a second Run sends comes after every first Run has
     /// ended. (Replicas cannot deadlock each other: their Runs take turns on the servers.)
-    fn cannot_run_free(
-        &self,
-        worker: usize,
-        exchanges: &[(usize, BTreeSet<usize>, BTreeSet<usize>)],
-    ) -> Option<String> {
+    fn would_deadlock(&self, worker: usize, exchanges: &[(usize, BTreeSet<usize>, BTreeSet<usize>)]) -> Option<String> {
         for (server, _, sends_to) in exchanges {
             let first_waits =
                 |to: &usize| *to == worker || exchanges.iter().any(|(s, waits, _)| s == to && waits.contains(server));
@@ -851,6 +864,10 @@ impl Runner for RemoteSession {
             c.restore(r).await
         })?;
         Ok(())
+    }
+
+    fn why_replicas_step_together(&self) -> Option<&str> {
+        self.together_because.as_deref()
     }
 
     fn free_replicas(&mut self) -> Result<Option<&dyn FreeReplicas>, RunError> {
