@@ -85,6 +85,8 @@ pub struct Session<'p> {
     gpu: Vec<Option<(Arc<GpuPartition>, GpuKernels)>>,
     /// The partitions this session runs (all, but on a worker of a distributed run).
     hosted: Vec<bool>,
+    /// `second_stage`, found once the first staged program asks for it.
+    second_stage: std::sync::OnceLock<Vec<HashSet<NodeId>>>,
 }
 
 /// What one run of a session computes: a `Program` for each partition that takes part.
@@ -476,6 +478,7 @@ impl<'p> Session<'p> {
             native,
             gpu,
             hosted,
+            second_stage: std::sync::OnceLock::new(),
         };
         // Copies start as their originals do; make sure of it.
         session.copy_mirrors();
@@ -539,7 +542,7 @@ impl<'p> Session<'p> {
         close_over_partitions(self.plan, &self.sends, &self.reductions, &mut roots);
 
         if stage != Stage::Whole {
-            let second = self.second_stage();
+            let second = self.second_stage.get_or_init(|| self.second_stage());
             for (p, partition_roots) in roots.iter_mut().enumerate() {
                 if partition_roots.is_empty() || !self.hosted[p] {
                     continue;

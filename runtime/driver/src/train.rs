@@ -276,6 +276,12 @@ pub fn train_with<R: Runner>(
         None => None,
     };
     let mut records = Vec::new();
+    // Where the runner must step an asynchronous plan's replicas together, the user hears why.
+    if !options.lockstep && start_epoch < epochs && session.free_replicas()?.is_none() {
+        if let Some(why) = session.why_replicas_step_together() {
+            progress.note(&format!("the asynchronous replicas step together: {why}"));
+        }
+    }
     'epochs: for epoch in start_epoch..epochs {
         if options.steps.is_some_and(|limit| step >= limit) {
             break;
@@ -300,13 +306,7 @@ pub fn train_with<R: Runner>(
         let limit = options.steps.map_or(u64::MAX, |limit| limit.saturating_sub(step));
         // An asynchronous plan's replicas step on their own where the runner can run them so.
         let mut free_running = false;
-        let free = !options.lockstep && session.free_replicas()?.is_some();
-        if !free && epoch == start_epoch {
-            if let Some(why) = session.why_replicas_step_together() {
-                progress.note(&format!("the asynchronous replicas step together: {why}"));
-            }
-        }
-        let free_replicas = if free { session.free_replicas()? } else { None };
+        let free_replicas = if options.lockstep { None } else { session.free_replicas()? };
         if let Some(replicas) = free_replicas {
             let todo = steps_per_epoch.saturating_sub(skip).min(limit);
             let epoch_data = EpochData { data: &train_data, order: &order, batch, skip, steps: todo };

@@ -119,10 +119,9 @@ pub struct RemoteSession {
     /// Per worker, the shifts from its time line to this process's that its traced runs
     /// allow so far (`TraceWindow::shift`).
     trace_bounds: Mutex<Vec<Option<(f64, f64)>>>,
-    /// The free-running replicas' programs, once asked for (`None` inside: they cannot run so).
-    free: Option<Option<Vec<ReplicaPrograms>>>,
-    /// Why they cannot, where they cannot.
-    together_because: Option<String>,
+    /// The free-running replicas' programs, once asked for; else why they cannot run so (if
+    /// the plan has replicas).
+    free: Option<Result<Vec<ReplicaPrograms>, Option<String>>>,
     /// The turns of the free-running replicas' Runs on their servers (`RunRequest::turn`),
     /// taken where a replica's step has several servers.
     turns: Option<Mutex<Turns>>,
@@ -331,7 +330,6 @@ impl RemoteSession {
             ),
             trace_bounds: Mutex::new(vec![None; assignment.names.len()]),
             free: None,
-            together_because: None,
             turns: None,
             partition_worker: assignment.partition_worker.clone(),
             worker_threads: Vec::new(),
@@ -587,10 +585,10 @@ impl RemoteSession {
     /// for the whole of its step), so replicas meet only on workers that serve several, which
     /// run each step as two Runs, each in its turn (`Turns`).
     /// Plans whose replicas could deadlock so (`would_deadlock`) step in lockstep instead.
-    fn prepare_free_replicas(&mut self) -> Result<Option<Vec<ReplicaPrograms>>, RunError> {
+    fn prepare_free_replicas(&mut self) -> Result<Result<Vec<ReplicaPrograms>, Option<String>>, RunError> {
         let replicas = self.plan.replicas.clone();
         if replicas.is_empty() {
-            return Ok(None);
+            return Ok(Err(None));
         }
         let all: Vec<usize> = (0..self.clients.len()).collect();
         let mut steps = Vec::new();
@@ -617,7 +615,7 @@ impl RemoteSession {
                 } else {
                     continue;
                 };
-                return self.cannot_run_free(&why);
+                return self.cannot_run_free(why);
             }
         }
         let mut programs = Vec::new();
@@ -650,14 +648,14 @@ impl RemoteSession {
                 servers.push((rank, before, after));
             }
             if let Some(why) = self.would_deadlock(worker, &exchanges) {
-                return self.cannot_run_free(&why);
+                return self.cannot_run_free(why);
             }
             programs.push(ReplicaPrograms { worker, program, inputs, servers, reports });
         }
         if programs.iter().any(|replica| replica.servers.len() > 1) {
             self.turns = Some(Mutex::new(Turns { next: 1, last: vec![0; self.clients.len()] }));
         }
-        Ok(Some(programs))
+        Ok(Ok(programs))
     }
 
     /// The workers of the partitions a worker (`rank`) named.
@@ -672,14 +670,13 @@ impl RemoteSession {
 
     /// Replicas that cannot step on their own (`why`) step together, unless the plan has backup
     /// workers, which must: then the run is refused with the reason.
-    fn cannot_run_free(&mut self, why: &str) -> Result<Option<Vec<ReplicaPrograms>>, RunError> {
+    fn cannot_run_free(&self, why: String) -> Result<Result<Vec<ReplicaPrograms>, Option<String>>, RunError> {
         if self.plan.strategy.backup_workers > 0 {
             return Err(RunError::Usage(format!(
                 "the plan has backup workers, whose replicas must step on their own, but they cannot: {why}"
             )));
         }
-        self.together_because = Some(why.to_string());
-        Ok(None)
+        Ok(Err(Some(why)))
     }
 
     /// Why a replica's step (on `worker`, its servers' first Runs beside it, then their second)
@@ -867,7 +864,10 @@ impl Runner for RemoteSession {
     }
 
     fn why_replicas_step_together(&self) -> Option<&str> {
-        self.together_because.as_deref()
+        match &self.free {
+            Some(Err(why)) => why.as_deref(),
+            _ => None,
+        }
     }
 
     fn free_replicas(&mut self) -> Result<Option<&dyn FreeReplicas>, RunError> {
@@ -876,7 +876,7 @@ impl Runner for RemoteSession {
             self.free = Some(found);
         }
         Ok(match &self.free {
-            Some(Some(_)) => Some(self as &dyn FreeReplicas),
+            Some(Ok(_)) => Some(self as &dyn FreeReplicas),
             _ => None,
         })
     }
@@ -884,7 +884,7 @@ impl Runner for RemoteSession {
 
 impl FreeReplicas for RemoteSession {
     fn step(&self, replica: usize, feeds: &HashMap<String, Tensor>) -> Result<ReplicaStep, RunError> {
-        let Some(Some(replicas)) = &self.free else { unreachable!("free_replicas prepared them") };
+        let Some(Ok(replicas)) = &self.free else { unreachable!("free_replicas prepared them") };
         let programs = &replicas[replica];
         let step = self.next_step.fetch_add(1, Ordering::Relaxed);
         let mut sent = Vec::new();

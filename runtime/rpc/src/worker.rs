@@ -500,11 +500,11 @@ impl Worker for WorkerService {
             let _turn = if request.turn == 0 {
                 None
             } else {
-                let name = &registered.host.peers.names[registered.host.routes.rank];
+                let host = &registered.host;
                 registered
                     .turns
-                    .wait_for(request.after_turn, registered.host.wait)
-                    .map_err(|e| Status::aborted(format!("{name}: {e}")))?;
+                    .wait_for(request.after_turn, host.wait)
+                    .map_err(|e| Status::aborted(format!("{}: {e}", host.peers.names[host.routes.rank])))?;
                 Some(registered.turns.end(request.turn))
             };
             dfc_interp::trace::set_enabled(request.trace);
