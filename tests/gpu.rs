@@ -6,6 +6,8 @@
 
 #[path = "support/expect_file.rs"]
 mod expect_file;
+#[path = "support/ptxas.rs"]
+mod ptxas;
 #[path = "support/skip.rs"]
 mod skip;
 
@@ -216,49 +218,17 @@ fn devices_are_counted_and_typed() {
     }
 }
 
-/// NVIDIA's PTX assembler: `DFC_PTXAS`, the copy `.ci/run` installs from PyPI's
-/// nvidia-cuda-nvcc-cu12 wheel (target/cuda-tools), or `ptxas` on the PATH.
-fn ptxas() -> Option<PathBuf> {
-    let candidates = [
-        std::env::var_os("DFC_PTXAS").map(PathBuf::from),
-        Some(root().join("target/cuda-tools/nvidia/cuda_nvcc/bin/ptxas")),
-        Some(PathBuf::from("ptxas")),
-    ];
-    candidates
-        .into_iter()
-        .flatten()
-        .find(|p| Command::new(p).arg("--version").output().is_ok_and(|o| o.status.success()))
-}
-
 /// The PTX is valid for the GPUs it is meant for: NVIDIA's own assembler takes every example's
 /// kernels for Ampere (sm_80, what the PTX names) and Hopper (sm_90: H100, H200).
 #[test]
 fn ptxas_assembles_every_examples_kernels_for_ampere_and_hopper() {
-    let Some(ptxas) = ptxas() else {
-        skip::skip(
-            skip::Need::Ptxas,
-            "no ptxas (pip install --target target/cuda-tools nvidia-cuda-nvcc-cu12; .ci/run does)",
-        );
+    let Some(assembler) = ptxas::find() else {
+        skip::skip(skip::Need::Ptxas, ptxas::MISSING);
         return;
     };
     let dir = tempfile::tempdir().unwrap();
     for example in EXAMPLES {
-        let plan = gpu_plan(example);
-        let gpu = gpu_code(&plan);
-        let ptx = dir.path().join(format!("{example}.ptx"));
-        std::fs::write(&ptx, &gpu.ptx).unwrap();
-        for arch in ["sm_80", "sm_90"] {
-            let output = Command::new(&ptxas)
-                .args([&format!("-arch={arch}"), "-o"])
-                .arg(dir.path().join(format!("{example}.{arch}.cubin")))
-                .arg(&ptx)
-                .output()
-                .expect("run ptxas");
-            assert!(
-                output.status.success(),
-                "ptxas -arch={arch} refuses {example}'s PTX: {}",
-                String::from_utf8_lossy(&output.stderr)
-            );
-        }
+        let gpu = gpu_code(&gpu_plan(example));
+        ptxas::assemble(&assembler, &gpu.ptx, dir.path(), example).unwrap_or_else(|refused| panic!("{refused}"));
     }
 }

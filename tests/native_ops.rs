@@ -306,14 +306,82 @@ fn gelu_is_the_tanh_form() {
 
 /// `y = op(x)` run natively on `x`, and the ops of its program that ran in the library (not natively).
 fn native_unary(op: &str, x: &[f32]) -> (Vec<f64>, Vec<String>) {
-    let n = x.len();
-    let source = format!("model g {{\n    input x: f32[{n}]\n    let y = {op}(x)\n    output y\n}}\n");
+    native_unary_of(op, Tensor::from_vec(vec![x.len()], x.to_vec()))
+}
+
+/// `y = op(x)` run natively on `x` of any float type.
+fn native_unary_of(op: &str, x: Tensor) -> (Vec<f64>, Vec<String>) {
+    let ty = format!("{}[{}]", x.dtype().name(), x.len());
+    let source = format!("model g {{\n    input x: {ty}\n    let y = {op}(x)\n    output y\n}}\n");
     let plan = compile(&source, "g.df", &CompileOptions::default()).expect("compiles").plan;
     let mut session = Session::with_backend(&plan, 0, Backend::Llvm).unwrap();
     let program = session.program(&["y"], &[]).unwrap();
-    let feeds = HashMap::from([("x".to_string(), Tensor::from_vec(vec![n], x.to_vec()))]);
+    let feeds = HashMap::from([("x".to_string(), x)]);
     let y = session.run(&program, &feeds).unwrap().remove(0).to_f64_vec();
     (y, program.library_ops())
+}
+
+/// Ulps between two f64 of one sign (or zero).
+fn ulps64(a: f64, b: f64) -> u64 {
+    (a.to_bits() as i64 - b.to_bits() as i64).unsigned_abs()
+}
+
+/// f64 `exp` is a polynomial with the exponent built from bits, the code a GPU runs (PTX has no
+/// f64 `ex2`; `tests/random_programs.rs` assembles it): within 2 ulp of Rust's `exp` wherever that
+/// is a normal float, within a step of the subnormals below, +∞ above 709.79, 0 below -745.2,
+/// NaN for NaN.
+#[test]
+fn native_f64_exp_is_within_two_ulps() {
+    let mut x: Vec<f64> = (-750 * 64..=712 * 64).map(|i| i as f64 / 64.0).collect();
+    x.extend((-20_000..20_000).map(|i| i as f64 * 1.234_567e-4));
+    x.extend([-0.0, 1e-300, -1e-17, 709.78, 709.7827, 709.79, -708.39, -745.13, -745.2, -1e10, 1e10]);
+    x.extend([f64::INFINITY, f64::NEG_INFINITY, f64::NAN, f64::MIN_POSITIVE, f64::MAX, f64::MIN]);
+    let (y, library_ops) = native_unary_of("exp", Tensor::from_vec(vec![x.len()], x.clone()));
+    for (&x, y) in x.iter().zip(y) {
+        let want = x.exp();
+        if x.is_nan() {
+            assert!(y.is_nan(), "exp(NaN) = {y}");
+        } else if want == f64::INFINITY || want == 0.0 {
+            assert!(y == want || (want == 0.0 && y <= 5e-324), "exp({x}) = {y}, not {want}");
+        } else if want < f64::MIN_POSITIVE {
+            assert!(y == 0.0 || (y - want).abs() <= 5e-324, "exp({x}) = {y}, not {want}");
+        } else {
+            assert!(ulps64(y, want) <= 2, "exp({x}) = {y:e}, not {want:e}: {} ulp", ulps64(y, want));
+        }
+    }
+    assert_eq!(library_ops, Vec::<String>::new(), "exp runs natively");
+}
+
+/// f64 `ln` is a series in bits and multiplies, the code a GPU runs (PTX has no f64 `lg2`):
+/// within 2 ulp of Rust's `ln` over every binade, -∞ at ±0 and at subnormals (which native runs
+/// read as 0), NaN below 0, +∞ at +∞.
+#[test]
+fn native_f64_log_is_within_two_ulps() {
+    // 64 mantissas in each of the 2047 exponent fields (0: the subnormals).
+    let mantissa = |i: u64| i * ((1 << 52) / 64) + i * i * 977;
+    let mut x: Vec<f64> =
+        (0..2047u64).flat_map(|field| (0..64).map(move |i| f64::from_bits(field << 52 | mantissa(i)))).collect();
+    x.extend((1..40_000).map(|i| 0.5 + i as f64 * 3.7e-5));
+    x.extend([0.0, -0.0, -1.0, -1e-310, 1.0, f64::MAX, f64::MIN_POSITIVE, 5e-324, std::f64::consts::SQRT_2]);
+    x.extend([f64::from_bits(3), f64::from_bits(0xf_ffff), f64::INFINITY, f64::NEG_INFINITY, f64::NAN]);
+    let (y, library_ops) = native_unary_of("log", Tensor::from_vec(vec![x.len()], x.clone()));
+    for (&x, y) in x.iter().zip(y) {
+        let want = x.ln();
+        if x != 0.0 && x.abs() < f64::MIN_POSITIVE && y == f64::NEG_INFINITY {
+            // A subnormal reads as ±0 in native runs (`denormals.rs`); a GPU scales it by 2⁵⁴.
+        } else if want.is_nan() {
+            assert!(y.is_nan(), "ln({x}) = {y}");
+        } else if want.is_infinite() || want == 0.0 {
+            assert_eq!(y, want, "ln({x})");
+        } else {
+            assert!(
+                ulps64(y, want) <= 2 || (y - want).abs() <= 1e-16,
+                "ln({x:e}) = {y:e}, not {want:e}: {} ulp",
+                ulps64(y, want)
+            );
+        }
+    }
+    assert_eq!(library_ops, Vec::<String>::new(), "log runs natively");
 }
 
 /// Native f32 `tanh` is a rational approximation (it vectorises, where libm's is a call per

@@ -5,8 +5,9 @@
 //!
 //! - Each is trained for two steps by the reference interpreter and by every backend and
 //!   placement, which must agree: the forward pass's outputs, the losses, and every variable
-//!   after the steps (so the gradients too). Its one-GPU plan's PTX is generated, with an entry
-//!   for every launch.
+//!   after the steps (so the gradients too). The PTX of its plans on one GPU and placed on two
+//!   is generated, with an entry for every launch, and NVIDIA's `ptxas` assembles it for sm_80
+//!   and sm_90 (where it is installed: `.ci/run` does).
 //! - Per-example programs (every input leads with the `batch` axis, no op mixes two examples'
 //!   rows, batch norms are synchronised, the loss and metric are means over the batch) are
 //!   trained by replicas, mirrored, on parameter servers and in central storage, which must
@@ -34,10 +35,15 @@ use dfc_interp::Tensor;
 use dfc_ir::{Cluster, DType, DeviceKind};
 use dfc_plan::Plan;
 use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
 
 #[path = "support/ps_cluster.rs"]
 mod ps_cluster;
 use ps_cluster::ps_cluster;
+#[path = "support/ptxas.rs"]
+mod ptxas;
+#[path = "support/skip.rs"]
+mod skip;
 
 /// f32 results within this, relative to 1 + |reference|: products, convolutions and the
 /// gradients' sums add in other orders than the interpreter's.
@@ -907,7 +913,7 @@ fn message(panic: &Box<dyn std::any::Any + Send>) -> String {
 
 /// The seed's program on every configuration against the interpreter on one CPU: the
 /// problems found.
-fn check(seed: u64) -> Result<(), String> {
+fn check(seed: u64, assembler: Option<&Path>) -> Result<(), String> {
     let (source, feeds) = program(seed);
     let fail = |what: String| format!("seed {seed}: {what}\n{source}");
     let single = plan_for(&source, Cluster::local(1, DeviceKind::Cpu), Strategy::Single).map_err(fail)?;
@@ -942,7 +948,9 @@ fn check(seed: u64) -> Result<(), String> {
             return Err(fail(format!("{name}: {problem}\n{source}")));
         }
     }
-    ptx(&source).map_err(fail)
+    ptx(&source, Cluster::local(1, DeviceKind::Gpu), assembler).map_err(fail)?;
+    ptx(&on_gpus, Cluster::local(2, DeviceKind::Gpu), assembler)
+        .map_err(|e| fail(format!("placed on two gpus: {e}\n{on_gpus}")))
 }
 
 /// The seed's per-example program trained by replicas (mirrored, on parameter servers, in
@@ -1255,15 +1263,17 @@ fn check_spawned(seed: u64) -> Result<(), String> {
     Ok(std::fs::remove_dir_all(&dir).unwrap_or(()))
 }
 
-/// A one-GPU plan's PTX, as a GPU's runtime generates it (the grid emulator compiles the same
-/// kernels for this CPU instead): generated, with an entry for every launch.
-fn ptx(source: &str) -> Result<(), String> {
-    let plan = plan_for(source, Cluster::local(1, DeviceKind::Gpu), Strategy::Single)?;
+/// A GPU plan's PTX, as a GPU's runtime generates it (the grid emulator compiles the same
+/// kernels for this CPU instead): generated, with an entry for every launch, and taken by NVIDIA's
+/// assembler where there is one.
+fn ptx(source: &str, cluster: Cluster, assembler: Option<&Path>) -> Result<(), String> {
+    let plan = plan_for(source, cluster, Strategy::Single)?;
     let on_gpu = |i: &usize| plan.partitions[*i].device.kind == Some(DeviceKind::Gpu);
     let gpu_partitions: Vec<usize> = (0..plan.partitions.len()).filter(on_gpu).collect();
     if gpu_partitions.is_empty() {
-        return Err("a one-GPU plan without a GPU partition".into());
+        return Err("a GPU plan without a GPU partition".into());
     }
+    let dir = tempfile::tempdir().map_err(|e| format!("a directory for the PTX: {e}"))?;
     for i in gpu_partitions {
         let partition = &plan.partitions[i];
         let generate = || dfc_codegen::compile_gpu(&partition.module, &plan.kept_nodes(i));
@@ -1276,6 +1286,9 @@ fn ptx(source: &str) -> Result<(), String> {
                     return Err(format!("PTX: no entry for {launch:?}"));
                 }
             }
+        }
+        if let Some(assembler) = assembler {
+            ptxas::assemble(assembler, &code.ptx, dir.path(), &format!("partition_{i}"))?;
         }
     }
     Ok(())
@@ -1320,7 +1333,11 @@ fn each_program(default: u64, check: impl Fn(u64) -> Result<(), String> + std::p
 
 #[test]
 fn random_programs_agree_everywhere() {
-    each_program(100, check);
+    let assembler = ptxas::find();
+    if assembler.is_none() {
+        skip::skip(skip::Need::Ptxas, &format!("assembling the programs' PTX: {}", ptxas::MISSING));
+    }
+    each_program(100, |seed| check(seed, assembler.as_deref()));
 }
 
 #[test]

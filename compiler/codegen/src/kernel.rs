@@ -15,6 +15,7 @@ use inkwell::values::{BasicValueEnum, FloatValue, FunctionValue, IntValue, Point
 use inkwell::{AddressSpace, FloatPredicate, IntPredicate};
 use std::collections::HashMap;
 
+mod float64;
 mod nvptx;
 
 /// NVPTX's global address space.
@@ -91,8 +92,9 @@ struct Nest {
 }
 
 /// What the code runs on, which decides the function's attributes and how transcendentals are
-/// computed: the C library on a CPU; on a GPU, which has none, the PTX approximations
-/// (`ex2.approx`, `lg2.approx`) and identities built on them.
+/// computed: the C library or polynomials on a CPU; on a GPU, which has none, the PTX
+/// approximations (`ex2.approx`, `lg2.approx`, f32 only) and identities built on them, and
+/// f64's `exp` and `ln` from multiplies and bits (`float64`, which the CPU runs too).
 #[derive(Clone, Copy)]
 pub enum Flavor<'t> {
     Cpu(&'t NativeTarget),
@@ -773,7 +775,9 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
         match name {
             "llvm.exp" if self.nvptx => return self.nvptx_exp(x),
             "llvm.exp" if x.get_type() == self.context.f32_type() => return self.polynomial_exp(x),
+            "llvm.exp" => return self.exp64(x),
             "llvm.log" if self.nvptx => return self.nvptx_log(x),
+            "llvm.log" if x.get_type() == self.context.f64_type() => return self.log64(x),
             _ => {}
         }
         let intrinsic = Intrinsic::find(name).expect("LLVM intrinsic");

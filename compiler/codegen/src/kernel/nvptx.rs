@@ -1,5 +1,5 @@
 //! Transcendentals on a GPU, which has no C library: PTX's `ex2.approx` and `lg2.approx` (the
-//! special function unit) and identities built on them. Within a few units in the last place
+//! special function unit, f32 only; f64 goes through `float64`) and identities built on them. Within a few units in the last place
 //! of the CPU's for moderate arguments; the tests compare with tolerances, not bits.
 
 use super::Gen;
@@ -23,13 +23,23 @@ impl<'ctx> Gen<'_, 'ctx> {
         self.builder.build_float_mul(x, x.get_type().const_float(k), "k").unwrap()
     }
 
-    /// e^x = 2^(x·log2 e).
+    fn is_f32(&self, x: FloatValue<'ctx>) -> bool {
+        x.get_type() == self.context.f32_type()
+    }
+
+    /// e^x = 2^(x·log2 e) in f32; in f64, which `ex2.approx` does not take, `exp64`.
     pub(super) fn nvptx_exp(&self, x: FloatValue<'ctx>) -> FloatValue<'ctx> {
+        if !self.is_f32(x) {
+            return self.exp64(x);
+        }
         self.nvvm("llvm.nvvm.ex2.approx", self.times(x, std::f64::consts::LOG2_E))
     }
 
-    /// ln x = log2 x · ln 2.
+    /// ln x = log2 x · ln 2 in f32; in f64, which `lg2.approx` does not take, `log64`.
     pub(super) fn nvptx_log(&self, x: FloatValue<'ctx>) -> FloatValue<'ctx> {
+        if !self.is_f32(x) {
+            return self.log64(x);
+        }
         self.times(self.nvvm("llvm.nvvm.lg2.approx", x), std::f64::consts::LN_2)
     }
 
@@ -65,8 +75,13 @@ impl<'ctx> Gen<'_, 'ctx> {
             b.build_call(f, &[x.into()], "f").unwrap().try_as_basic_value().unwrap_basic().into_float_value()
         };
         let magnitude = call(fabs, a);
-        let log = self.nvvm("llvm.nvvm.lg2.approx", magnitude);
-        let r = self.nvvm("llvm.nvvm.ex2.approx", b.build_float_mul(c, log, "cl").unwrap());
+        // |a|^c = e^(c·ln|a|): in f32 through the special function unit's base 2.
+        let r = if self.is_f32(a) {
+            let log = self.nvvm("llvm.nvvm.lg2.approx", magnitude);
+            self.nvvm("llvm.nvvm.ex2.approx", b.build_float_mul(c, log, "cl").unwrap())
+        } else {
+            self.exp64(b.build_float_mul(c, self.log64(magnitude), "cl").unwrap())
+        };
         let is_integer = b.build_float_compare(FloatPredicate::OEQ, call(floor, c), c, "int").unwrap();
         let half = call(floor, self.times(c, 0.5));
         let is_even = b.build_float_compare(FloatPredicate::OEQ, self.times(half, 2.0), c, "even").unwrap();
