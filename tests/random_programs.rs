@@ -11,7 +11,8 @@
 //! - Per-example programs (every input leads with the `batch` axis, no op mixes two examples'
 //!   rows, batch norms are synchronised, the loss and metric are means over the batch) are
 //!   trained by replicas, mirrored, on parameter servers and in central storage, which must
-//!   give the interpreter's results on one device, every replica's copy of a variable alike.
+//!   give the interpreter's results on one device, every replica's copy of a variable alike;
+//!   the PTX of their plan mirrored on two GPUs is assembled as above.
 //!   Through the `dfc` binary, from .npy files, one process and spawned `dfc worker`s
 //!   (mirrored, overlapped and unfused, local SGD, the model split over two, sync ps with
 //!   variables split over two ps over TLS, one asynchronous worker with them split over two
@@ -955,8 +956,9 @@ fn check(seed: u64, assembler: Option<&Path>) -> Result<(), String> {
 
 /// The seed's per-example program trained by replicas (mirrored, on parameter servers, in
 /// central storage) against the interpreter on one device: the same outputs, metrics, losses
-/// and variables, as the mean of the replicas' gradients is the whole batch's.
-fn check_data_parallel(seed: u64) -> Result<(), String> {
+/// and variables, as the mean of the replicas' gradients is the whole batch's; and the PTX of
+/// its plan mirrored on two GPUs.
+fn check_data_parallel(seed: u64, assembler: Option<&Path>) -> Result<(), String> {
     let (source, feeds) = program_of(Generator::per_example(seed));
     let fail = |what: String| format!("seed {seed} (per example): {what}\n{source}");
     let options = |cluster: Cluster, strategy: Strategy| CompileOptions {
@@ -1026,7 +1028,9 @@ fn check_data_parallel(seed: u64) -> Result<(), String> {
             return Err(fail(format!("{name}: {problem}")));
         }
     }
-    Ok(())
+    // The replicas' kernels as a GPU would load them (synchronised batch norms' among them).
+    let on_gpus = plan_with(&source, options(Cluster::local(2, DeviceKind::Gpu), Strategy::Mirrored)).map_err(fail)?;
+    ptx_of(&on_gpus, assembler).map_err(|e| fail(format!("mirrored on two gpus: {e}")))
 }
 
 /// The TLS files of spawned workers on loopback (`dfc certs`), made once per test run.
@@ -1267,7 +1271,12 @@ fn check_spawned(seed: u64) -> Result<(), String> {
 /// kernels for this CPU instead): generated, with an entry for every launch, and taken by NVIDIA's
 /// assembler where there is one.
 fn ptx(source: &str, cluster: Cluster, assembler: Option<&Path>) -> Result<(), String> {
-    let plan = plan_for(source, cluster, Strategy::Single)?;
+    ptx_of(&plan_for(source, cluster, Strategy::Single)?, assembler)
+}
+
+/// The PTX of `plan`'s GPU partitions: generated, with an entry for every launch, and taken by
+/// NVIDIA's assembler where there is one.
+fn ptx_of(plan: &Plan, assembler: Option<&Path>) -> Result<(), String> {
     let on_gpu = |i: &usize| plan.partitions[*i].device.kind == Some(DeviceKind::Gpu);
     let gpu_partitions: Vec<usize> = (0..plan.partitions.len()).filter(on_gpu).collect();
     if gpu_partitions.is_empty() {
@@ -1333,16 +1342,23 @@ fn each_program(default: u64, check: impl Fn(u64) -> Result<(), String> + std::p
 
 #[test]
 fn random_programs_agree_everywhere() {
-    let assembler = ptxas::find();
-    if assembler.is_none() {
-        skip::skip(skip::Need::Ptxas, &format!("assembling the programs' PTX: {}", ptxas::MISSING));
-    }
+    let assembler = assembler();
     each_program(100, |seed| check(seed, assembler.as_deref()));
 }
 
 #[test]
 fn random_per_example_programs_agree_under_data_parallelism() {
-    each_program(100, check_data_parallel);
+    let assembler = assembler();
+    each_program(100, |seed| check_data_parallel(seed, assembler.as_deref()));
+}
+
+/// `ptxas`, or a skip of what would assemble the programs' PTX.
+fn assembler() -> Option<std::path::PathBuf> {
+    let assembler = ptxas::find();
+    if assembler.is_none() {
+        skip::skip(skip::Need::Ptxas, &format!("assembling the programs' PTX: {}", ptxas::MISSING));
+    }
+    assembler
 }
 
 #[test]
