@@ -147,6 +147,19 @@ impl Generator {
         format!("{prefix}{}", self.names)
     }
 
+    /// `expression` as one value that can be written twice: a `let` of it, unless it is a name
+    /// or a number. Written out twice, a layer call in it would be two calls (each with params
+    /// of its own) and a random op two draws, so that `y * y + 1.0` could come near 0.
+    fn once(&mut self, expression: String) -> String {
+        let plain = expression.parse::<f64>().is_ok() || expression.chars().all(|c| c.is_alphanumeric() || c == '_');
+        if plain {
+            return expression;
+        }
+        let name = self.name("v");
+        self.lets.push(format!("let {name} = {expression}"));
+        name
+    }
+
     fn input(&mut self, dtype: &str, shape: &[usize], feed: Feed) -> String {
         let name = self.name("x");
         self.declarations.push(format!("input {name}: {}", typed(dtype, shape)));
@@ -342,7 +355,10 @@ impl Generator {
             "-" => format!("-{x}"),
             "exp_tanh" => format!("exp(tanh({x}))"),
             "log_sigmoid" => format!("log(sigmoid({x}))"),
-            "rsqrt_square" => format!("rsqrt({x} * {x} + 1.0)"),
+            "rsqrt_square" => {
+                let x = self.once(x);
+                format!("rsqrt({x} * {x} + 1.0)")
+            }
             "sqrt_shifted" => format!("sqrt(abs({x}) + 0.5)"),
             op => format!("{op}({x})"),
         }
@@ -356,7 +372,10 @@ impl Generator {
             0 => format!("({x} + {y})"),
             1 => format!("({x} - {y})"),
             2 => format!("({x} * {y})"),
-            3 => format!("({x} / ({y} * {y} + 1.0))"),
+            3 => {
+                let y = self.once(y);
+                format!("({x} / ({y} * {y} + 1.0))")
+            }
             4 => format!("maximum({x}, {y})"),
             5 => format!("minimum({x}, {y})"),
             // The base's own operand, not a number: `sigmoid(0.5)` would be an f32.
