@@ -64,7 +64,7 @@ impl<'ctx> Gen<'_, 'ctx> {
         let r2 = b.build_float_mul(r, r, "r2").unwrap();
         let series = b.build_float_mul(series, r2, "p").unwrap();
         let e_r = b.build_float_add(c(1.0), b.build_float_add(r, series, "p").unwrap(), "p").unwrap();
-        // n in [-1077, 1025]: 2ⁿ = 2^⌊n/2⌋ · 2^(n − ⌊n/2⌋), each within [-539, 513].
+        // n in [-1076, 1024]: 2ⁿ = 2^⌊n/2⌋ · 2^(n − ⌊n/2⌋), each within [-538, 512].
         let n = b.build_float_to_signed_int(n, i64t, "n").unwrap();
         let n1 = b.build_right_shift(n, i64t.const_int(1, false), true, "n1").unwrap();
         let n2 = b.build_int_sub(n, n1, "n2").unwrap();
