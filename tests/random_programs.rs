@@ -1286,15 +1286,14 @@ fn check_spawned(seed: u64) -> Result<(), String> {
     Ok(std::fs::remove_dir_all(&dir).unwrap_or(()))
 }
 
-/// A GPU plan's PTX, as a GPU's runtime generates it (the grid emulator compiles the same
-/// kernels for this CPU instead): generated, with an entry for every launch, and taken by NVIDIA's
-/// assembler where there is one.
+/// `ptx_of` the plan of `source` on `cluster`.
 fn ptx(source: &str, cluster: Cluster, assembler: Option<&Path>) -> Result<(), String> {
     ptx_of(&plan_for(source, cluster, Strategy::Single)?, assembler)
 }
 
-/// The PTX of `plan`'s GPU partitions: generated, with an entry for every launch, and taken by
-/// NVIDIA's assembler where there is one.
+/// The PTX of `plan`'s GPU partitions, as a GPU's runtime generates it (the grid emulator
+/// compiles the same kernels for this CPU instead): generated, with an entry for every launch,
+/// and taken by NVIDIA's assembler where there is one.
 fn ptx_of(plan: &Plan, assembler: Option<&Path>) -> Result<(), String> {
     let on_gpu = |i: &usize| plan.partitions[*i].device.kind == Some(DeviceKind::Gpu);
     let gpu_partitions: Vec<usize> = (0..plan.partitions.len()).filter(on_gpu).collect();

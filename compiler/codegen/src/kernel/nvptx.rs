@@ -1,6 +1,7 @@
 //! Transcendentals on a GPU, which has no C library: PTX's `ex2.approx` and `lg2.approx` (the
-//! special function unit, f32 only; f64 goes through `float64`) and identities built on them. Within a few units in the last place
-//! of the CPU's for moderate arguments; the tests compare with tolerances, not bits.
+//! special function unit, f32 only; f64 goes through `float64`) and identities built on them.
+//! Within a few units in the last place of the CPU's for moderate arguments; the tests compare
+//! with tolerances, not bits.
 
 use super::Gen;
 use inkwell::intrinsics::Intrinsic;
