@@ -399,11 +399,13 @@ fn run_remote(plan: &dfc_plan::Plan, args: &RunArgs, cluster: Option<ClusterSour
                         return Err("--all-reduce mpi runs all-reduces one at a time, in order: compile the plan without --overlap".into());
                     }
                     // Finalised when this function returns, after the job's last all-reduce.
-                    mpi_job = Some(dfc_rpc::mpi::Job::init(addresses.len(), rank)?);
+                    let patience = std::time::Duration::from_secs_f64(remote.wait.max(0.001));
+                    mpi_job = Some(init_mpi(addresses.len(), rank, patience)?);
                 }
                 if rank > 0 {
-                    eprintln!("serving {} at {address} ({source})", assignment.names[rank]);
-                    return serve_blocking(address, token, tls).map(|_| ());
+                    let name = &assignment.names[rank];
+                    let listening = || eprintln!("serving {name} at {address} ({source})");
+                    return serve_blocking(address, token, tls, listening).map(|_| ());
                 }
                 own_server = Some(start_server(address, token.clone(), tls.clone())?);
             }
@@ -429,6 +431,26 @@ fn run_remote(plan: &dfc_plan::Plan, args: &RunArgs, cluster: Option<ClusterSour
             driven
         }
     }
+}
+
+/// Initialises MPI as rank `rank` of `size`. MPI's initialisation waits for every rank of the
+/// job, silently: a rank that is stopped or never started would hang this one with no word. So
+/// after `patience` (--wait) this says what it waits for, once, and goes on waiting, since a
+/// launcher may be slow to start ranks on many hosts.
+fn init_mpi(size: usize, rank: usize, patience: std::time::Duration) -> Result<dfc_rpc::mpi::Job, String> {
+    let (initialised, waited) = std::sync::mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        if waited.recv_timeout(patience) == Err(std::sync::mpsc::RecvTimeoutError::Timeout) {
+            eprintln!(
+                "warning: rank {rank}: MPI's initialisation has waited {:.1} s for the job's other ranks \
+                 (is one stopped, or not started? the job needs {size} ranks, one per worker of the cluster)",
+                patience.as_secs_f64()
+            );
+        }
+    });
+    let job = dfc_rpc::mpi::Job::init(size, rank);
+    drop(initialised);
+    job
 }
 
 /// Runs the plan on the workers at `addresses` (some `spawned` here, one served by
@@ -550,12 +572,19 @@ fn launcher_rank(cluster_text: &str, assignment: &dfc_rpc::Assignment) -> Result
     Ok(Some((rank, format!("TF_CONFIG task {name}"))))
 }
 
-/// Serves as a worker at `address` until the driver shuts it down.
-fn serve_blocking(address: &str, token: String, tls: Option<dfc_rpc::Tls>) -> Result<std::process::ExitCode, String> {
+/// Serves as a worker at `address` until the driver shuts it down; `listening` runs once the
+/// address is bound, so that what it says (and a launcher's log) is true.
+fn serve_blocking(
+    address: &str,
+    token: String,
+    tls: Option<dfc_rpc::Tls>,
+    listening: impl FnOnce(),
+) -> Result<std::process::ExitCode, String> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| e.to_string())?;
     runtime.block_on(async {
         let listener =
             tokio::net::TcpListener::bind(address).await.map_err(|e| format!("cannot listen on {address}: {e}"))?;
+        listening();
         dfc_rpc::serve(listener, token, tls, dfc_rpc::DataPlane::default()).await
     })?;
     Ok(std::process::ExitCode::SUCCESS)

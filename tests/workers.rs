@@ -490,8 +490,11 @@ fn a_stopped_rank_under_mpi_is_named_and_the_job_ends() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("start mpirun");
-    let stderr = drain_stderr(&mut run);
-    std::thread::sleep(Duration::from_secs(3));
+    let (lines, stderr) = stderr_lines(&mut run);
+    // The driver names each worker once it has registered the plan there: the stop then lands
+    // in training (on a loaded machine a stop at a fixed time could land before rank 1 listens,
+    // where the driver's 30 s of patience with a worker yet to listen would outlast the test).
+    wait_for_line(&lines, "worker /job:worker/task:1 at");
     // Rank 1: the dfc process of this plan that mpirun gave rank 1.
     let rank_one = std::fs::read_dir("/proc")
         .unwrap()
@@ -522,6 +525,40 @@ fn a_stopped_rank_under_mpi_is_named_and_the_job_ends() {
     let stderr = stderr.join().unwrap();
     assert!(!status.success(), "{stderr}");
     assert!(stderr.contains("worker /job:worker/task:1") && stderr.contains("stopped answering"), "{stderr}");
+}
+
+/// A rank that starts late (MPMD: rank 1 sleeps first): rank 0's MPI initialisation, which
+/// waits for every rank, says after --wait what it waits for; the job then goes on once rank 1
+/// is there and ends well.
+#[test]
+fn a_late_rank_under_mpi_is_waited_for_with_a_word() {
+    let Some(mpirun) = mpirun_with_mpi_build() else { return };
+    let dir = scratch("mpi-late");
+    let feeds = regression_data(&dir, 256);
+    let addresses = free_addresses(2);
+    let cluster = dir.join("cluster.json");
+    std::fs::write(&cluster, format!("{{\"cluster\": {{\"worker\": [\"{}\", \"{}\"]}}}}", addresses[0], addresses[1]))
+        .unwrap();
+    let plan = compile(&dir, &["--cluster", s(&cluster), "--strategy", "mirrored"]);
+    let run = [env!("CARGO_BIN_EXE_dfc"), "run", s(&plan), "--cluster", s(&cluster), "--all-reduce", "mpi"];
+    let options = ["--feed", &feeds[0], "--feed", &feeds[1], "--epochs", "1", "--wait", "3"];
+    let output = mpirun(1)
+        .args(run)
+        .args(options)
+        .args([":", "-n", "1", "sh", "-c", "sleep 8; exec \"$0\" \"$@\""])
+        .args(run)
+        .args(options)
+        .env("DFC_TOKEN", TOKEN)
+        .output()
+        .expect("run mpirun");
+    let stderr = text(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("warning: rank 0: MPI's initialisation has waited 3.0 s for the job's other ranks"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("warning: rank 1"), "rank 1 came last and waited for no one: {stderr}");
+    assert!(stderr.contains("trained "), "{stderr}");
 }
 
 /// `dfc bench-allreduce --mpi` under mpirun reports MPI's bus bandwidth next to dfc's ring's,
