@@ -16,7 +16,8 @@
 //!   Through the `dfc` binary, from .npy files, one process and spawned `dfc worker`s
 //!   (mirrored, overlapped and unfused, local SGD, the model split over two, sync ps with
 //!   variables split over two ps over TLS, one asynchronous worker with them split over two
-//!   ps) must end an epoch with the same checkpoint, and two asynchronous ones (variables split
+//!   ps, and mirrored on four workers of two hosts, whose all-reduces are then hierarchical:
+//!   shared memory within a host, TCP between the hosts) must end an epoch with the same checkpoint, and two asynchronous ones (variables split
 //!   over two ps) in lockstep with that of their plan in one process, and free running the
 //!   same epoch; `--fetch` of each output from the checkpoints gives the same values on workers
 //!   as in one process.
@@ -1084,10 +1085,60 @@ fn cluster_file(dir: &std::path::Path, workers: usize, ps: usize) -> Result<Stri
     Ok(path.display().to_string())
 }
 
+/// Four `dfc worker` processes, two listening on 127.0.0.1 and two on 127.0.0.2. dfc tells
+/// hosts apart by the workers' addresses, so to it they are two hosts of two workers each.
+struct TwoHostWorkers {
+    workers: Vec<std::process::Child>,
+    /// The cluster file (TF_CONFIG's shape) of their addresses.
+    cluster: String,
+    token_file: String,
+}
+
+impl TwoHostWorkers {
+    fn start(dir: &Path) -> Result<TwoHostWorkers, String> {
+        let token_file = dir.join("two-hosts.token");
+        std::fs::write(&token_file, "random-programs-on-two-hosts-0123456789\n").map_err(|e| e.to_string())?;
+        let token_file = token_file.display().to_string();
+        let mut hosts = TwoHostWorkers { workers: Vec::new(), cluster: String::new(), token_file };
+        let mut addresses = Vec::new();
+        for host in ["127.0.0.1", "127.0.0.1", "127.0.0.2", "127.0.0.2"] {
+            let mut worker = std::process::Command::new(env!("CARGO_BIN_EXE_dfc"))
+                .args(["worker", "--listen", &format!("{host}:0"), "--threads", "1"])
+                .args(["--token-file", &hosts.token_file])
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .map_err(|e| format!("dfc worker: {e}"))?;
+            let stdout = worker.stdout.take().ok_or("a worker's stdout")?;
+            hosts.workers.push(worker);
+            // `dfc worker listening on HOST:PORT`
+            let mut line = String::new();
+            std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line).map_err(|e| e.to_string())?;
+            let address =
+                line.trim().strip_prefix("dfc worker listening on ").ok_or(format!("dfc worker said {line:?}"))?;
+            addresses.push(format!("\"{address}\""));
+        }
+        let cluster = dir.join("two-hosts.json");
+        std::fs::write(&cluster, format!("{{\"cluster\": {{\"worker\": [{}]}}}}", addresses.join(", ")))
+            .map_err(|e| e.to_string())?;
+        hosts.cluster = cluster.display().to_string();
+        Ok(hosts)
+    }
+}
+
+impl Drop for TwoHostWorkers {
+    fn drop(&mut self) {
+        for worker in &mut self.workers {
+            let _ = worker.kill();
+            let _ = worker.wait();
+        }
+    }
+}
+
 /// The seed's per-example program through the `dfc` binary: its inputs written as .npy files
 /// of two batches, trained one epoch in one process compiled for one device, and on spawned
 /// `dfc worker` processes (mirrored, the model split over two, on parameter servers, over
-/// TLS), whose checkpoints must all agree with the one process's.
+/// TLS) and on four workers of two hosts (mirrored, hierarchical all-reduces), whose
+/// checkpoints must all agree with the one process's.
 fn check_spawned(seed: u64) -> Result<(), String> {
     let (source, feeds) = program_of(Generator::per_example(seed));
     let fail = |what: String| format!("seed {seed} (spawned workers): {what}\n{source}");
@@ -1113,41 +1164,58 @@ fn check_spawned(seed: u64) -> Result<(), String> {
         dfc_driver::save_npy(&path, &both).map_err(|e| fail(e.to_string()))?;
         arguments.extend(["--feed".to_string(), format!("{}={}", input.name, path.display())]);
     }
-    let dfc = |args: &[String]| -> Result<(), String> {
+    // What it said on stderr, or why it failed.
+    let dfc = |args: &[String]| -> Result<String, String> {
         let output = std::process::Command::new(env!("CARGO_BIN_EXE_dfc"))
             .args(args)
             .env("NO_COLOR", "1")
             .env_remove("DFC_TOKEN")
             .output()
             .map_err(|e| e.to_string())?;
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
         match output.status.success() {
-            true => Ok(()),
-            false => Err(format!("dfc {}: {}", args.join(" "), String::from_utf8_lossy(&output.stderr))),
+            true => Ok(stderr),
+            false => Err(format!("dfc {}: {stderr}", args.join(" "))),
         }
     };
-    let trained = |name: &str, compile: &[String], run: &[String]| -> Result<dfc_driver::Checkpoint, String> {
-        let plan = dir.join(format!("{name}.plan")).display().to_string();
-        let mut args: Vec<String> = ["compile", &model.display().to_string(), "-o", &plan].map(String::from).to_vec();
-        args.extend(compile.iter().cloned());
-        dfc(&args)?;
-        let checkpoints = dir.join(name).display().to_string();
-        let mut args: Vec<String> =
-            ["run", &plan, "--no-shuffle", "--checkpoint-dir", &checkpoints].map(String::from).to_vec();
-        args.extend(arguments.iter().cloned());
-        args.extend(run.iter().cloned());
-        dfc(&args)?;
-        dfc_driver::checkpoint::latest(std::path::Path::new(&checkpoints))
-            .map_err(|e| e.to_string())?
-            .ok_or_else(|| format!("no checkpoint in {checkpoints}"))
-    };
+    // The last checkpoint of a run, and what the run said.
+    let trained =
+        |name: &str, compile: &[String], run: &[String]| -> Result<(dfc_driver::Checkpoint, String), String> {
+            let plan = dir.join(format!("{name}.plan")).display().to_string();
+            let mut args: Vec<String> =
+                ["compile", &model.display().to_string(), "-o", &plan].map(String::from).to_vec();
+            args.extend(compile.iter().cloned());
+            dfc(&args)?;
+            let checkpoints = dir.join(name).display().to_string();
+            let mut args: Vec<String> =
+                ["run", &plan, "--no-shuffle", "--checkpoint-dir", &checkpoints].map(String::from).to_vec();
+            args.extend(arguments.iter().cloned());
+            args.extend(run.iter().cloned());
+            let said = dfc(&args)?;
+            let checkpoint = dfc_driver::checkpoint::latest(std::path::Path::new(&checkpoints))
+                .map_err(|e| e.to_string())?
+                .ok_or_else(|| format!("no checkpoint in {checkpoints}"))?;
+            Ok((checkpoint, said))
+        };
     let strings = |args: &[&str]| args.iter().map(|a| a.to_string()).collect::<Vec<_>>();
     let cluster = |workers, ps| cluster_file(&dir, workers, ps).map_err(fail);
     let tls = loopback_tls().map_err(fail)?.display().to_string();
     let (two, ps_of_two, one_of_two) = (cluster(2, 0)?, cluster(2, 2)?, cluster(1, 2)?);
     let split = ["--strategy", "ps", "--partition-min-bytes", "16"];
+    // (what, `dfc compile`'s options, `dfc run`'s, what the run must say of its all-reduces)
     let mut configurations = vec![
-        ("mirrored on two workers", strings(&["--devices", "2", "--strategy", "mirrored"]), strings(&["--spawn", "2"])),
-        ("split over two workers", strings(&["--cluster", &two, "--strategy", "model"]), strings(&["--spawn", "2"])),
+        (
+            "mirrored on two workers",
+            strings(&["--devices", "2", "--strategy", "mirrored"]),
+            strings(&["--spawn", "2"]),
+            "",
+        ),
+        (
+            "split over two workers",
+            strings(&["--cluster", &two, "--strategy", "model"]),
+            strings(&["--spawn", "2"]),
+            "",
+        ),
         (
             "ps --sync, variables split over two ps, greedy, over tls",
             strings(&[
@@ -1162,29 +1230,37 @@ fn check_spawned(seed: u64) -> Result<(), String> {
                 "greedy",
             ]),
             strings(&["--spawn", "4", "--tls-dir", &tls]),
+            "",
         ),
     ];
     // One asynchronous replica steps as one device does, behind servers that take turns; it
     // refuses synchronised statistics.
     if !source.contains("synchronized = true") {
         let compile = strings(&[&["--cluster", &one_of_two][..], &split].concat());
-        configurations.push(("ps, one worker, variables split over two ps", compile, strings(&["--spawn", "3"])));
+        configurations.push(("ps, one worker, variables split over two ps", compile, strings(&["--spawn", "3"]), ""));
     }
     let mirrored = ["--cluster", &two, "--strategy", "mirrored"];
     let overlapped = strings(&[&mirrored[..], &["--overlap", "--fusion-threshold", "0"]].concat());
-    configurations.push(("mirrored, overlapped, unfused", overlapped, strings(&["--spawn", "2"])));
+    configurations.push(("mirrored, overlapped, unfused", overlapped, strings(&["--spawn", "2"]), ""));
+    // Four replicas on two hosts: the replicas' all-reduces run hierarchically, in shared memory
+    // within each host and over TCP between the hosts' leaders.
+    let hosts = TwoHostWorkers::start(&dir).map_err(fail)?;
+    let on_hosts = strings(&["--cluster", &hosts.cluster, "--strategy", "mirrored"]);
+    let run_on_hosts = strings(&["--cluster", &hosts.cluster, "--token-file", &hosts.token_file]);
+    let hierarchical = "all-reduces: hierarchical (4 worker(s) on 2 host(s)";
+    configurations.push(("mirrored on four workers on two hosts", on_hosts, run_on_hosts, hierarchical));
     // Averaging the replicas' variables after each step of plain SGD is averaging their
     // gradients (clipping by each replica's norm is not).
     let optimizer = source.lines().find_map(|l| l.trim().strip_prefix("minimize ")).unwrap_or_default();
     if optimizer.contains("with sgd(") && !optimizer.contains("clip") {
         let local = strings(&[&mirrored[..], &["--sync-every", "1"]].concat());
-        configurations.push(("local sgd, averaged every step", local, strings(&["--spawn", "2"])));
+        configurations.push(("local sgd, averaged every step", local, strings(&["--spawn", "2"]), ""));
     }
     let reference = match trained("single", &[], &[]) {
-        Ok(checkpoint) => checkpoint,
+        Ok((checkpoint, _)) => checkpoint,
         // A loss of no trainable param (W0005) is not trained, in one process or on workers.
         Err(one) if one.contains("(W0005)") => {
-            let (_, compile, run) = &configurations[0];
+            let (_, compile, run, _) = &configurations[0];
             return match trained("mirrored", compile, run) {
                 Err(two) if two.contains("(W0005)") => Ok(std::fs::remove_dir_all(&dir).unwrap_or(())),
                 other => Err(fail(format!("one process: {one}\ntwo workers: {:?}", other.err()))),
@@ -1197,8 +1273,12 @@ fn check_spawned(seed: u64) -> Result<(), String> {
         let versions = |name: &&String| !name.ends_with("/version");
         c.tensors.iter().filter(|(n, _)| versions(n)).map(|(n, t)| (n.clone(), t.clone())).collect::<Vec<_>>()
     };
-    for (i, (name, compile, run)) in configurations.iter().enumerate() {
-        let other = trained(&format!("spawned-{i}"), compile, run).map_err(|e| fail(format!("{name}: {e}")))?;
+    for (i, (name, compile, run, says)) in configurations.iter().enumerate() {
+        let (other, said) = trained(&format!("spawned-{i}"), compile, run).map_err(|e| fail(format!("{name}: {e}")))?;
+        // A run that all-reduces says how (a program without params has nothing to reduce).
+        if said.contains("all-reduces:") && !said.contains(says) {
+            return Err(fail(format!("{name}: the run did not say `{says}`:\n{said}")));
+        }
         if (reference.step, reference.epoch) != (other.step, other.epoch) {
             let (step, epoch) = (other.step, other.epoch);
             return Err(fail(format!("{name}: step {step} of epoch {epoch}, one process {}", reference.step)));
@@ -1209,7 +1289,7 @@ fn check_spawned(seed: u64) -> Result<(), String> {
         }
     }
     // The trained model forward on the workers, split over two ps in TLS, as in one process.
-    let (_, _, ps_run) = &configurations[2];
+    let (_, _, ps_run, _) = &configurations[2];
     for output in &single.outputs {
         let fetched = |plan: &str, checkpoints: &str, run: &[String]| -> Result<Tensor, String> {
             let out = dir.join(format!("{plan}-{}.npy", output.name.replace('/', "_")));
@@ -1244,17 +1324,19 @@ fn check_spawned(seed: u64) -> Result<(), String> {
     if !source.contains("synchronized = true") {
         let compile = strings(&[&["--cluster", &ps_of_two][..], &split].concat());
         let name = "async ps, two workers, variables split over two ps";
-        let embedded = trained("async", &compile, &[]).map_err(|e| fail(format!("{name}, one process: {e}")))?;
+        let (embedded, _) = trained("async", &compile, &[]).map_err(|e| fail(format!("{name}, one process: {e}")))?;
         let run = strings(&["--spawn", "4", "--lockstep"]);
-        let spawned = trained("async-lockstep", &compile, &run).map_err(|e| fail(format!("{name}, lockstep: {e}")))?;
+        let (spawned, _) =
+            trained("async-lockstep", &compile, &run).map_err(|e| fail(format!("{name}, lockstep: {e}")))?;
         let all =
             |c: &dfc_driver::Checkpoint| c.tensors.iter().map(|(n, t)| (n.clone(), t.clone())).collect::<Vec<_>>();
         if let Some(problem) = difference(&all(&embedded), &all(&spawned)) {
             return Err(fail(format!("{name}, lockstep against one process: {problem}")));
         }
         let metrics = dir.join("async-free.jsonl").display().to_string();
-        let free = trained("async-free", &compile, &strings(&["--spawn", "4", "--wait", "20", "--metrics", &metrics]))
-            .map_err(|e| fail(format!("{name}, free: {e}")))?;
+        let (free, _) =
+            trained("async-free", &compile, &strings(&["--spawn", "4", "--wait", "20", "--metrics", &metrics]))
+                .map_err(|e| fail(format!("{name}, free: {e}")))?;
         if (free.step, free.epoch) != (spawned.step, spawned.epoch) {
             return Err(fail(format!(
                 "{name}, free: step {} of epoch {}, in lockstep {}",
