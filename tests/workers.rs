@@ -470,19 +470,26 @@ fn training_through_mpis_all_reduce_ends_like_one_process() {
     }
 }
 
-/// A rank stopped in the middle of training through MPI's all-reduce: the driver names it
-/// within seconds and ends the whole job (MPI_Abort), where the other ranks would otherwise
-/// wait in MPI's all-reduce, or its finalisation, for ever.
-#[test]
-fn a_stopped_rank_under_mpi_is_named_and_the_job_ends() {
-    let Some(mpirun) = mpirun_with_mpi_build() else { return };
-    let dir = scratch("mpi-stopped");
+/// For a job of two ranks in scratch dir `name`: the regression data's feeds, a cluster file of
+/// two workers on free loopback ports, and the model's plan mirrored on them.
+fn two_rank_job(name: &str) -> ([String; 2], PathBuf, PathBuf) {
+    let dir = scratch(name);
     let feeds = regression_data(&dir, 256);
     let addresses = free_addresses(2);
     let cluster = dir.join("cluster.json");
     std::fs::write(&cluster, format!("{{\"cluster\": {{\"worker\": [\"{}\", \"{}\"]}}}}", addresses[0], addresses[1]))
         .unwrap();
     let plan = compile(&dir, &["--cluster", s(&cluster), "--strategy", "mirrored"]);
+    (feeds, cluster, plan)
+}
+
+/// A rank stopped in the middle of training through MPI's all-reduce: the driver names it
+/// within seconds and ends the whole job (MPI_Abort), where the other ranks would otherwise
+/// wait in MPI's all-reduce, or its finalisation, for ever.
+#[test]
+fn a_stopped_rank_under_mpi_is_named_and_the_job_ends() {
+    let Some(mpirun) = mpirun_with_mpi_build() else { return };
+    let (feeds, cluster, plan) = two_rank_job("mpi-stopped");
     let mut run = mpirun(2)
         .args([env!("CARGO_BIN_EXE_dfc"), "run", s(&plan), "--cluster", s(&cluster), "--all-reduce", "mpi"])
         .args(["--feed", &feeds[0], "--feed", &feeds[1], "--epochs", "100000", "--wait", "3"])
@@ -533,13 +540,7 @@ fn a_stopped_rank_under_mpi_is_named_and_the_job_ends() {
 #[test]
 fn a_late_rank_under_mpi_is_waited_for_with_a_word() {
     let Some(mpirun) = mpirun_with_mpi_build() else { return };
-    let dir = scratch("mpi-late");
-    let feeds = regression_data(&dir, 256);
-    let addresses = free_addresses(2);
-    let cluster = dir.join("cluster.json");
-    std::fs::write(&cluster, format!("{{\"cluster\": {{\"worker\": [\"{}\", \"{}\"]}}}}", addresses[0], addresses[1]))
-        .unwrap();
-    let plan = compile(&dir, &["--cluster", s(&cluster), "--strategy", "mirrored"]);
+    let (feeds, cluster, plan) = two_rank_job("mpi-late");
     let run = [env!("CARGO_BIN_EXE_dfc"), "run", s(&plan), "--cluster", s(&cluster), "--all-reduce", "mpi"];
     let options = ["--feed", &feeds[0], "--feed", &feeds[1], "--epochs", "1", "--wait", "3"];
     let output = mpirun(1)
