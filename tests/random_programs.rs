@@ -17,10 +17,10 @@
 //!   (mirrored, overlapped and unfused, local SGD, the model split over two, sync ps with
 //!   variables split over two ps over TLS, one asynchronous worker with them split over two
 //!   ps, and mirrored on four workers of two hosts, whose all-reduces are then hierarchical:
-//!   shared memory within a host, TCP between the hosts) must end an epoch with the same checkpoint, and two asynchronous ones (variables split
-//!   over two ps) in lockstep with that of their plan in one process, and free running the
-//!   same epoch; `--fetch` of each output from the checkpoints gives the same values on workers
-//!   as in one process.
+//!   shared memory within a host, TCP between the hosts) must end an epoch with the same
+//!   checkpoint, and two asynchronous ones (variables split over two ps) in lockstep with that
+//!   of their plan in one process, and free running the same epoch; `--fetch` of each output
+//!   from the checkpoints gives the same values on workers as in one process.
 //! - All of them differentiate with the same autodiff: small f64 programs' gradients are checked
 //!   against central finite differences of their loss.
 //! - `dfc fmt` of each is stable and the same model.
