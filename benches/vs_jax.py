@@ -224,8 +224,9 @@ def main():
     print(f"dfc ({args.backend} backend, {threads} threads) vs JAX {jax.get('versions', {}).get('jax', '?')} "
           f"(XLA CPU), {os.cpu_count()} CPUs{' [quick]' if args.quick == '1' else ''}")
     if args.isa == "avx2":
-        print("--isa avx2: both sides limited to AVX2 + FMA (DFC_GEMM=avx2, XLA_FLAGS=--xla_cpu_max_isa=AVX2), "
-              "the FMA peak of 256-bit vectors: a CPU without AVX-512, as far as this CPU can stand for one")
+        print("--isa avx2: both sides limited to AVX2 + FMA (AVX-512 and AMX hidden from their CPUID by "
+              "benches/avx2_only.c), the FMA peak of 256-bit vectors: a CPU without AVX-512, as far as this CPU "
+              "can stand for one")
     print()
     print(f"(batch1: inference at batch 1; {len(rounds)} round(s), dfc then JAX in each: µs and spread are medians "
           "of the rounds', dfc/JAX the median of the rounds' ratios; spread: p90/p10 of the step's time)")

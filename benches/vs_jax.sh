@@ -27,8 +27,12 @@
 # --rounds N: how many alternating rounds of 4 and 5 (1 to 9; default 3).
 # --strict: exit 2 if a bar is not met (otherwise only a failure to run is an error).
 # --isa avx2: both sides limited to AVX2 + FMA on a CPU that has more (a stand-in for a CPU without
-#   AVX-512): dfc's products on its AVX2 kernels (DFC_GEMM=avx2), XLA's code at most AVX2
-#   (XLA_FLAGS=--xla_cpu_max_isa=AVX2), and fma_peak built without its 512-bit loop, as on such a CPU.
+#   AVX-512): each side's processes see a CPU without AVX-512 and AMX (benches/avx2_only.c, loaded
+#   with LD_PRELOAD, hides them from CPUID; it needs the kernel's CPUID faulting, cpuid_fault in
+#   /proc/cpuinfo), so that dfc's kernels and generated code, and XLA's code and the YNNPACK
+#   kernels of its matrix products, pick what they would pick on such a CPU; XLA_FLAGS also gets
+#   --xla_cpu_max_isa=AVX2, and fma_peak is built without its 512-bit loop. On a CPU without
+#   AVX-512, --isa avx2 changes nothing but the table's title.
 #   The default, native: each side uses what the CPU has.
 # PEER_DIR: where bench_jax.py, common.py and fma_peak.c are [default: ../shared/bench/peers
 # relative to the repository root].
@@ -75,7 +79,16 @@ case $ISA in
     avx2)
         grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo ||
             { echo "vs_jax.sh: --isa avx2 needs a CPU with AVX2 and FMA; this one lacks them" >&2; exit 1; }
-        export DFC_GEMM=avx2
+        if [ -n "${DFC_GEMM:-}" ]; then
+            echo "vs_jax.sh: --isa avx2 limits what both sides see of the CPU; unset DFC_GEMM=$DFC_GEMM" >&2
+            exit 64
+        fi
+        if grep -qw avx512f /proc/cpuinfo && ! grep -qw cpuid_fault /proc/cpuinfo; then
+            echo "vs_jax.sh: --isa avx2 hides AVX-512 from both sides through CPUID faulting, which this" \
+                "CPU or kernel lacks (no cpuid_fault in /proc/cpuinfo); XLA_FLAGS alone would leave the" \
+                "peer's matrix products on AVX-512" >&2
+            exit 1
+        fi
         export XLA_FLAGS="${XLA_FLAGS:+$XLA_FLAGS }--xla_cpu_max_isa=AVX2"
         ;;
     *) echo "vs_jax.sh: --isa is native or avx2, not \`$ISA\`" >&2; exit 64 ;;
@@ -117,22 +130,31 @@ DFC=$REPO/target/release/dfc
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/vs_jax.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
 
+# Under --isa avx2 on a CPU with AVX-512, every timed or compiling process of either side runs as
+# "${AS_CPU[@]}" COMMAND: with AVX-512 hidden from it (the library checks that it took).
+AS_CPU=()
+if [ "$ISA" = avx2 ] && grep -qw avx512f /proc/cpuinfo; then
+    gcc -O2 -shared -fPIC "$REPO/benches/avx2_only.c" -o "$WORK/avx2_only.so"
+    AS_CPU=(env "LD_PRELOAD=$WORK/avx2_only.so")
+    "${AS_CPU[@]}" true || { echo "vs_jax.sh: AVX-512 could not be hidden from the benchmarks" >&2; exit 1; }
+fi
+
 # --- 3. compile, timing mlp -----------------------------------------------------------------
 # The peer's names: logreg is examples/softmax_regression.df.
 MODELS=(logreg:softmax_regression mlp:mlp cnn:cnn)
 now_ns() { date +%s%N; }
 for pair in "${MODELS[@]}"; do
     peer=${pair%%:*} example=${pair#*:}
-    "$DFC" compile "$REPO/examples/$example.df" -o "$WORK/$peer.plan" 2>/dev/null ||
-        { "$DFC" compile "$REPO/examples/$example.df" -o "$WORK/$peer.plan"; exit 1; }
-    "$DFC" compile "$REPO/examples/$example.df" --dim batch=1 -o "$WORK/${peer}_batch1.plan" 2>/dev/null ||
-        { "$DFC" compile "$REPO/examples/$example.df" --dim batch=1 -o "$WORK/${peer}_batch1.plan"; exit 1; }
+    "${AS_CPU[@]}" "$DFC" compile "$REPO/examples/$example.df" -o "$WORK/$peer.plan" 2>/dev/null ||
+        { "${AS_CPU[@]}" "$DFC" compile "$REPO/examples/$example.df" -o "$WORK/$peer.plan"; exit 1; }
+    "${AS_CPU[@]}" "$DFC" compile "$REPO/examples/$example.df" --dim batch=1 -o "$WORK/${peer}_batch1.plan" 2>/dev/null ||
+        { "${AS_CPU[@]}" "$DFC" compile "$REPO/examples/$example.df" --dim batch=1 -o "$WORK/${peer}_batch1.plan"; exit 1; }
 done
 say "timing dfc compile examples/mlp.df (5 runs)"
 : >"$WORK/compile_ms.txt"
 for _ in 1 2 3 4 5; do
     t0=$(now_ns)
-    "$DFC" compile "$REPO/examples/mlp.df" -o "$WORK/mlp-timed.plan" 2>/dev/null
+    "${AS_CPU[@]}" "$DFC" compile "$REPO/examples/mlp.df" -o "$WORK/mlp-timed.plan" 2>/dev/null
     t1=$(now_ns)
     echo "$(((t1 - t0) / 1000))" >>"$WORK/compile_ms.txt" # microseconds; vs_jax.py converts
 done
@@ -189,20 +211,20 @@ for round in $(seq "$ROUNDS"); do
             extra=()
             [ $mode = inference ] && extra=(--inference)
             say "round $round/$ROUNDS: dfc bench $peer $mode ($BACKEND)"
-            "$DFC" bench "$WORK/$peer.plan" "${BENCH_ARGS[@]}" "${extra[@]}" >"$R/dfc_${peer}_${mode}.json"
+            "${AS_CPU[@]}" "$DFC" bench "$WORK/$peer.plan" "${BENCH_ARGS[@]}" "${extra[@]}" >"$R/dfc_${peer}_${mode}.json"
             cat "$R/dfc_${peer}_${mode}.json" >&2
         done
         say "round $round/$ROUNDS: dfc bench $peer inference at batch 1 ($BACKEND)"
-        "$DFC" bench "$WORK/${peer}_batch1.plan" "${BENCH_ARGS[@]}" --inference >"$R/dfc_${peer}_batch1.json"
+        "${AS_CPU[@]}" "$DFC" bench "$WORK/${peer}_batch1.plan" "${BENCH_ARGS[@]}" --inference >"$R/dfc_${peer}_batch1.json"
         cat "$R/dfc_${peer}_batch1.json" >&2
     done
     # The end of dfc's side is the start of the peer's.
     head -1 /proc/stat | tee -a "$R/stat_dfc.txt" >"$R/stat_jax.txt"
     round_trip "$R/round_trip_dfc.txt" "$R/round_trip_jax.txt"
     say "round $round/$ROUNDS: JAX peer: bench_jax.py --out $R/jax.json ${JAX_QUICK[*]}"
-    (cd "$PEER_DIR" && "$PEER_VENV/bin/python" bench_jax.py --out "$R/jax.json" "${JAX_QUICK[@]}") | tee "$R/jax.log" >&2
+    (cd "$PEER_DIR" && "${AS_CPU[@]}" "$PEER_VENV/bin/python" bench_jax.py --out "$R/jax.json" "${JAX_QUICK[@]}") | tee "$R/jax.log" >&2
     say "round $round/$ROUNDS: JAX peer: jax_batch1.py --out $R/jax_batch1.json ${JAX_QUICK[*]}"
-    "$PEER_VENV/bin/python" "$REPO/benches/jax_batch1.py" "$PEER_DIR" --out "$R/jax_batch1.json" "${JAX_QUICK[@]}" |
+    "${AS_CPU[@]}" "$PEER_VENV/bin/python" "$REPO/benches/jax_batch1.py" "$PEER_DIR" --out "$R/jax_batch1.json" "${JAX_QUICK[@]}" |
         tee -a "$R/jax.log" >&2
     head -1 /proc/stat >>"$R/stat_jax.txt"
     round_trip "$R/round_trip_jax.txt"

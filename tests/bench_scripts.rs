@@ -2,7 +2,8 @@
 //! its rounds' ratios (not the ratio of the medians), bars are judged on it, `--strict` fails a missed bar, and a
 //! round without a row the table needs is refused with a message that names it; the FMA peak is the best width on
 //! the most threads, and the CPU time the hypervisor stole in each side of a round and the round trips between the
-//! CPUs around it are reported; under `--isa avx2` the peak is the best 256-bit line.
+//! CPUs around it are reported; under `--isa avx2` the peak is the best 256-bit line. And `benches/avx2_only.c`,
+//! which that option preloads into both sides: what it hides from CPUID, from whom, and dfc's code under it.
 
 use serde_json::{json, Value};
 use std::path::Path;
@@ -207,4 +208,106 @@ fn under_isa_avx2_the_peak_is_the_best_256_bit_line() {
     assert!(text(&output).contains("no FMA figures of 256 bits or fewer"), "{}", text(&output));
     let Some(output) = table(work.path(), &["--isa", "sse"]) else { return };
     assert_eq!(output.status.code(), Some(2), "argparse refuses an unknown --isa: {}", text(&output));
+}
+
+/// A checker of what CPUID tells a process: leaf 7's AVX-512F and AVX2 bits on its main thread and on
+/// a second one, then the same from the program it execs into (`child`); `crash` reads address 0.
+const CPUID_CHECK: &str = r#"
+#include <cpuid.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+static unsigned leaf7_ebx(void) { unsigned a, b, c, d; __cpuid_count(7, 0, a, b, c, d); return b; }
+static void *on_thread(void *out) { *(unsigned *)out = leaf7_ebx(); return 0; }
+int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "crash") == 0) { volatile int *zero = 0; return *zero; }
+    unsigned main_ebx = leaf7_ebx(), thread_ebx;
+    pthread_t thread;
+    pthread_create(&thread, 0, on_thread, &thread_ebx);
+    pthread_join(thread, 0);
+    printf("%s avx512f %u/%u avx2 %u/%u\n", argc > 1 ? argv[1] : "parent", (main_ebx >> 16) & 1,
+           (thread_ebx >> 16) & 1, (main_ebx >> 5) & 1, (thread_ebx >> 5) & 1);
+    fflush(stdout);
+    if (argc == 1) execl(argv[0], argv[0], "child", (char *)0);
+    return 0;
+}
+"#;
+
+/// `benches/avx2_only.c`, which `vs_jax.sh --isa avx2` loads into both sides: every thread and exec'd child of a
+/// process that loads it reads no AVX-512 (and still AVX2) from CPUID, a fault of its own still ends it, and dfc
+/// under it generates code without AVX-512 and runs it.
+#[test]
+fn avx2_only_hides_avx512_from_every_thread_and_child() {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let flag = |name: &str| cpuinfo.split_whitespace().any(|word| word == name);
+    if !flag("avx512f") {
+        return skip::skip(skip::Need::Avx512, "no AVX-512 here to hide (avx2_only.so is for CPUs that have it)");
+    }
+    if !flag("cpuid_fault") {
+        return skip::skip(
+            skip::Need::Avx512,
+            "this CPU or kernel has no CPUID faulting (cpuid_fault), which avx2_only.so needs",
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (library, check) = (dir.path().join("avx2_only.so"), dir.path().join("cpuid_check"));
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/avx2_only.c");
+    let built = Command::new("cc")
+        .args(["-O2", "-Wall", "-Werror", "-shared", "-fPIC"])
+        .arg(&source)
+        .arg("-o")
+        .arg(&library)
+        .output();
+    let built = built.expect("run cc");
+    assert!(built.status.success(), "{}", text(&built));
+    std::fs::write(dir.path().join("cpuid_check.c"), CPUID_CHECK).unwrap();
+    let built = Command::new("cc")
+        .args(["-O2", "-pthread"])
+        .arg(dir.path().join("cpuid_check.c"))
+        .arg("-o")
+        .arg(&check)
+        .output();
+    let built = built.expect("run cc");
+    assert!(built.status.success(), "{}", text(&built));
+
+    let run = |preload: bool, args: &[&str]| {
+        let mut command = Command::new(&check);
+        command.args(args);
+        if preload {
+            command.env("LD_PRELOAD", &library);
+        }
+        command.output().unwrap()
+    };
+    let native = run(false, &[]);
+    assert_eq!(String::from_utf8_lossy(&native.stdout), "parent avx512f 1/1 avx2 1/1\nchild avx512f 1/1 avx2 1/1\n");
+    let hidden = run(true, &[]);
+    assert!(hidden.status.success(), "{}", text(&hidden));
+    assert_eq!(String::from_utf8_lossy(&hidden.stdout), "parent avx512f 0/0 avx2 1/1\nchild avx512f 0/0 avx2 1/1\n");
+    // A fault that is not CPUID's is the process's own: it dies of it, as without the library.
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(run(true, &["crash"]).status.signal(), Some(11), "a null read under avx2_only.so");
+
+    // dfc under it: the code it generates and caches is for a CPU without AVX-512.
+    let cache = dir.path().join("cache");
+    let plan = dir.path().join("logreg.plan");
+    let dfc = |args: &[&std::ffi::OsStr]| {
+        let output = Command::new(env!("CARGO_BIN_EXE_dfc"))
+            .args(args)
+            .env("LD_PRELOAD", &library)
+            .env("DFC_CACHE_DIR", &cache)
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "dfc {args:?} under avx2_only.so: {}", text(&output));
+    };
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/softmax_regression.df");
+    dfc(&["compile".as_ref(), example.as_os_str(), "-o".as_ref(), plan.as_os_str()]);
+    dfc(&["bench".as_ref(), plan.as_os_str(), "--min-time".as_ref(), "0.2".as_ref()]);
+    let entries: Vec<Vec<u8>> =
+        std::fs::read_dir(&cache).unwrap().map(|e| std::fs::read(e.unwrap().path()).unwrap()).collect();
+    assert!(!entries.is_empty(), "dfc bench cached no code");
+    let contains = |bytes: &[u8], needle: &[u8]| bytes.windows(needle.len()).any(|w| w == needle);
+    for entry in &entries {
+        assert!(!contains(entry, b"+avx512f") && contains(entry, b"+avx2"), "code cached under avx2_only.so");
+    }
 }
