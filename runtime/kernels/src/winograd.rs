@@ -391,7 +391,8 @@ fn transform_filter_impl(g: &Conv2dGeometry, filter: &[f32], u: &mut [f32]) {
             // G g, by columns kx (ALPHA rows each), then (G g) Gᵀ by rows i. Built whole rather than into zeroed
             // arrays, whose zeroing (3.4 KiB a run, as calls of memset) took more than a fifth of the CNN's
             // forward pass at batch 1, where this transform runs once an image.
-            let columns: [[Run; ALPHA]; 3] = std::array::from_fn(|kx| lanewise(&gather::<3>(|k| taps[k], kx, 3), g_times));
+            let columns: [[Run; ALPHA]; 3] =
+                std::array::from_fn(|kx| lanewise(&gather::<3>(|k| taps[k], kx, 3), g_times));
             for i in 0..ALPHA {
                 let row = lanewise(&[columns[0][i], columns[1][i], columns[2][i]], g_times);
                 for (j, run) in row.iter().enumerate() {
