@@ -213,10 +213,7 @@ impl KeptPanels {
     /// Whether the kernels the products run on read kept panels (the AVX2 kernels): elsewhere keeping them is
     /// pointless.
     pub fn used() -> bool {
-        #[cfg(target_arch = "x86_64")]
-        return kernels() == Kernels::Avx2;
-        #[cfg(not(target_arch = "x86_64"))]
-        false
+        on_avx2_kernels()
     }
 
     /// Forgets what the panels hold: the weight was written.
@@ -541,6 +538,15 @@ fn kernels() -> Kernels {
             _ => widest,
         }
     })
+}
+
+/// Whether the products run on the AVX2 kernels (256-bit vectors: a CPU without AVX-512, or `DFC_GEMM=avx2`), where
+/// a multiply-add costs twice what it does on the AVX-512 kernels.
+pub fn on_avx2_kernels() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return kernels() == Kernels::Avx2;
+    #[cfg(not(target_arch = "x86_64"))]
+    false
 }
 
 /// Asserts that a slice of `len` floats holds `rows` rows of `cols`, `ld` apart.

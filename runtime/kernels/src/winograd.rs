@@ -61,9 +61,15 @@ const PARALLEL_MIN_TILES: usize = 64;
 
 /// Whether the forward convolution of `g` runs here rather than through `im2col`. The work is shared among
 /// threads by whole images, so a batch smaller than the pool (an inference at batch 1) stays on `im2col`, whose
-/// products use every thread (the CNN at batch 1: 61 µs a forward pass against 72).
+/// products use every thread, where the products run on the AVX-512 kernels (the CNN at batch 1 on two threads,
+/// an Intel Xeon: 31.4–31.5 µs a forward pass against 34.9–37.1 here, alternated processes). On the AVX2 kernels,
+/// whose multiply-adds cost twice as much, `im2col`'s four times as many cost more than the threads left idle here
+/// (55.3–55.8 µs against 49.2–51.5, under `benches/avx2_only.c`), so such a batch runs here if it leaves at most
+/// half the threads idle (measured on two).
 pub(crate) fn applies(g: &Conv2dGeometry) -> bool {
-    g.n >= rayon::current_num_threads()
+    let threads = rayon::current_num_threads();
+    let enough_images = g.n >= threads || (g.n > 0 && 2 * g.n >= threads && dfc_gemm::on_avx2_kernels());
+    enough_images
         && g.kh == 3
         && g.kw == 3
         && g.stride_h == 1
@@ -737,8 +743,10 @@ mod tests {
             input[0] *= rayon::current_num_threads();
             let g = Conv2dGeometry::new(input, [3, 3, input[3], filters], [1, 1], padding);
             assert!(applies(&g));
-            let fewer = Conv2dGeometry { n: rayon::current_num_threads() - 1, ..g };
-            assert!(!applies(&fewer), "fewer images than threads stay on im2col");
+            let threads = rayon::current_num_threads();
+            let fewer = Conv2dGeometry { n: threads - 1, ..g };
+            let here = fewer.n > 0 && 2 * fewer.n >= threads && dfc_gemm::on_avx2_kernels();
+            assert_eq!(applies(&fewer), here, "fewer images than threads: here only on the AVX2 kernels");
             let x: Vec<f32> = (0..g.input_len()).map(|_| rng.f32() * 2.0 - 1.0).collect();
             let f: Vec<f32> = (0..g.filter_len()).map(|_| rng.f32() * 2.0 - 1.0).collect();
             let want = direct(&g, &x, &f);
