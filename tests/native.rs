@@ -40,6 +40,8 @@ const DEEP_TOLERANCE: f64 = 1e-3;
 
 #[path = "support/skip.rs"]
 mod skip;
+#[path = "support/avx2_rerun.rs"]
+mod avx2_rerun;
 
 fn plan(example: &str, cluster: Cluster, strategy: Strategy) -> Plan {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples").join(format!("{example}.df"));
@@ -968,23 +970,8 @@ fn bytes_divided_by_a_constant_are_the_divisions_bits() {
 #[test]
 fn kept_weights_follow_every_write_of_them() {
     const NAME: &str = "kept_weights_follow_every_write_of_them";
-    if std::env::var("DFC_GEMM").as_deref() != Ok("avx2") {
-        #[cfg(target_arch = "x86_64")]
-        let avx2 = std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma");
-        #[cfg(not(target_arch = "x86_64"))]
-        let avx2 = false;
-        if !avx2 {
-            return skip::skip(skip::Need::Avx2, "this CPU has no AVX2 and FMA");
-        }
-        let test = std::process::Command::new(std::env::current_exe().expect("the test binary"))
-            .args([NAME, "--exact", "--nocapture"])
-            .env("DFC_GEMM", "avx2")
-            .output()
-            .expect("the test binary runs");
-        let output = String::from_utf8_lossy(&test.stdout);
-        assert!(test.status.success(), "under DFC_GEMM=avx2: {output}{}", String::from_utf8_lossy(&test.stderr));
-        assert!(output.contains("1 passed"), "the test did not run under DFC_GEMM=avx2: {output}");
-        return;
+    if !avx2_rerun::in_rerun() {
+        return avx2_rerun::rerun_on_avx2_kernels(&[NAME, "--exact"], &[], 1);
     }
     let plan = plan("mlp", Cluster::local(1, DeviceKind::Cpu), Strategy::Single);
     let data = batches(&plan);

@@ -3,6 +3,8 @@
 //! magnitudes (`common::assert_close`): the kernels add in `sgemm`'s order, not the
 //! interpreter's.
 
+#[path = "../../../tests/support/avx2_rerun.rs"]
+mod avx2_rerun;
 #[path = "../../../tests/support/close.rs"]
 mod close;
 mod common;
@@ -426,23 +428,7 @@ fn pooled_winograd_tiles_are_exact() {
 /// threads, where a batch of one takes the Winograd path too (`winograd::applies`), pooled or not.
 #[test]
 fn winograd_tests_pass_again_on_the_avx2_kernels() {
-    if std::env::var("DFC_GEMM").as_deref() == Ok("avx2") {
-        return;
+    if !avx2_rerun::in_rerun() {
+        avx2_rerun::rerun_on_avx2_kernels(&["winograd"], &[("RAYON_NUM_THREADS", "2")], 3);
     }
-    #[cfg(target_arch = "x86_64")]
-    let avx2 = std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma");
-    #[cfg(not(target_arch = "x86_64"))]
-    let avx2 = false;
-    if !avx2 {
-        return skip::skip(skip::Need::Avx2, "the AVX2 kernels need a CPU with AVX2 and FMA");
-    }
-    let test = std::process::Command::new(std::env::current_exe().expect("the test binary"))
-        .args(["winograd", "--nocapture"])
-        .env("DFC_GEMM", "avx2")
-        .env("RAYON_NUM_THREADS", "2")
-        .output()
-        .expect("the test binary runs");
-    let output = String::from_utf8_lossy(&test.stdout);
-    assert!(test.status.success(), "under DFC_GEMM=avx2: {output}{}", String::from_utf8_lossy(&test.stderr));
-    assert!(output.contains("3 passed"), "the Winograd tests did not all run under DFC_GEMM=avx2: {output}");
 }
