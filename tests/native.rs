@@ -38,10 +38,10 @@ const GPU_F32_TOLERANCE: f64 = 1e-4;
 /// within 2e-6, `conv_bn` alone within 1e-7).
 const DEEP_TOLERANCE: f64 = 1e-3;
 
-#[path = "support/skip.rs"]
-mod skip;
 #[path = "support/avx2_rerun.rs"]
 mod avx2_rerun;
+#[path = "support/skip.rs"]
+mod skip;
 
 fn plan(example: &str, cluster: Cluster, strategy: Strategy) -> Plan {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples").join(format!("{example}.df"));
