@@ -50,14 +50,25 @@ fn plan(example: &str, cluster: Cluster, strategy: Strategy) -> Plan {
 }
 
 fn plan_of(source: &str, example: &str, cluster: Cluster, strategy: Strategy) -> Plan {
-    let dims: Vec<(String, i64)> = match example {
+    plan_with_dims(source, example, cluster, strategy, None)
+}
+
+/// `plan_of` with `dims` set where given, else the example's test dims.
+fn plan_with_dims(
+    source: &str,
+    example: &str,
+    cluster: Cluster,
+    strategy: Strategy,
+    dims: Option<Vec<(String, i64)>>,
+) -> Plan {
+    let dims: Vec<(String, i64)> = dims.unwrap_or_else(|| match example {
         "cnn" => vec![("batch".into(), 8)],
         "wide_and_deep" => vec![("users".into(), 200)],
         // Small batches, so that the interpreter's steps are quick.
         "resnet" | "two_towers" => vec![("batch".into(), 8)],
         "transformer" => vec![("batch".into(), 4)],
         _ => vec![],
-    };
+    });
     // Adam moves every weight by about ±lr on its first steps, whatever the size of its
     // gradient, so in a network whose batch norms leave many gradients near zero (resnet) it
     // turns rounding differences into whole steps: compare such a network's training with SGD.
@@ -963,10 +974,8 @@ fn bytes_divided_by_a_constant_are_the_divisions_bits() {
 }
 
 /// On the AVX2 kernels, an inference program keeps the weights its products read packed between runs (`dfc_cpu`'s
-/// `kept`), and a training step keeps none (it writes them). Run after run, after training steps of another program,
-/// and after the weights are set from outside (a checkpoint restored), its logits are the bits of a program made
-/// afresh (which packs them anew) and agree with the interpreter's. The kernels are chosen once per process: the
-/// test runs itself again with `DFC_GEMM=avx2`.
+/// `kept`), and a training step keeps none (it writes them): `kept_follows_every_write`. The kernels are chosen
+/// once per process: the test runs itself again with `DFC_GEMM=avx2`.
 #[test]
 fn kept_weights_follow_every_write_of_them() {
     const NAME: &str = "kept_weights_follow_every_write_of_them";
@@ -974,23 +983,52 @@ fn kept_weights_follow_every_write_of_them() {
         return avx2_rerun::rerun_on_avx2_kernels(&[NAME, "--exact"], &[], 1);
     }
     let plan = plan("mlp", Cluster::local(1, DeviceKind::Cpu), Strategy::Single);
-    let data = batches(&plan);
+    kept_follows_every_write(&plan, &["h1/w", "h2/w", "logits/w"]);
+}
+
+/// On every kernel, an inference program keeps the filter of the CNN's second convolution transformed for Winograd
+/// between runs (`dfc_kernels::KeptFilter`), at a batch of one, where that made Winograd pay on the AVX-512 kernels
+/// too, and at a batch of eight: `kept_follows_every_write`, here and again on the AVX2 kernels.
+#[test]
+fn kept_filters_follow_every_write_of_them() {
+    const NAME: &str = "kept_filters_follow_every_write_of_them";
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/cnn.df");
+    let source = std::fs::read_to_string(path).expect("the example");
+    for batch in [1, 8] {
+        let dims = Some(vec![("batch".to_string(), batch)]);
+        let plan = plan_with_dims(&source, "cnn", Cluster::local(1, DeviceKind::Cpu), Strategy::Single, dims);
+        // At a batch of eight the AVX2 kernels keep the dense layers' panels too.
+        let panels: &[&str] = if batch > 3 && avx2_rerun::in_rerun() { &["hidden/w", "logits/w"] } else { &[] };
+        let mut weights = [&["c2/kernel"], panels].concat();
+        weights.sort();
+        kept_follows_every_write(&plan, &weights);
+    }
+    if !avx2_rerun::in_rerun() {
+        avx2_rerun::rerun_on_avx2_kernels(&[NAME, "--exact"], &[], 1);
+    }
+}
+
+/// An inference program keeps what it keeps of `kept` (by name, in order) between runs, and a training step keeps
+/// nothing (it writes its weights). Run after run, after training steps of another program, and after the weights are
+/// set from outside (a checkpoint restored), its logits are the bits of a program made afresh (which lays the weights
+/// out anew) and agree with the interpreter's.
+fn kept_follows_every_write(plan: &Plan, kept: &[&str]) {
+    let data = batches(plan);
     let training = plan.training.as_ref().unwrap();
     let updates: Vec<&str> = training.updates.iter().map(String::as_str).collect();
-    let mut native = Session::with_backend(&plan, 0, Backend::Llvm).unwrap();
-    let mut interp = Session::with_backend(&plan, 0, Backend::Interp).unwrap();
+    let mut native = Session::with_backend(plan, 0, Backend::Llvm).unwrap();
+    let mut interp = Session::with_backend(plan, 0, Backend::Interp).unwrap();
     let loss = training.loss_node.as_str();
-    let (kept, native_step) = (native.program(&["logits"], &[]).unwrap(), native.program(&[loss], &updates).unwrap());
+    let (weights, native_step) = (kept, native.program(&[loss], &updates).unwrap());
+    let kept = native.program(&["logits"], &[]).unwrap();
     let interp_step = interp.program(&[loss], &updates).unwrap();
-    let mut weights = kept.kept_weights();
-    weights.sort();
-    assert_eq!(weights, ["h1/w", "h2/w", "logits/w"]);
+    assert_eq!(kept.kept_weights(), weights);
     assert_eq!(native_step.kept_weights(), Vec::<String>::new(), "a training step writes its weights");
     let check = |what: &str, native: &mut Session, interp: &mut Session, feeds: &HashMap<String, Tensor>| {
         let found = native.run(&kept, feeds).unwrap().remove(0);
         let afresh = native.program(&["logits"], &[]).unwrap();
         let packed_anew = native.run(&afresh, feeds).unwrap().remove(0);
-        assert_eq!(found, packed_anew, "{what}: the logits from kept panels and from a program made afresh");
+        assert_eq!(found, packed_anew, "{what}: the logits from the kept weights and from a program made afresh");
         let program = interp.program(&["logits"], &[]).unwrap();
         assert_close(what, &interp.run(&program, feeds).unwrap()[0], &found);
     };

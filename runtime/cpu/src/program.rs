@@ -24,7 +24,7 @@ pub struct NativeProgram {
     comm: Mutex<Option<CommThread>>,
     /// Per step, its category and name on the timeline (`dfc_interp::trace`).
     labels: Vec<(&'static str, Arc<str>)>,
-    /// Per step, the weight's kept panels its product reads as B, if any (`kept`).
+    /// Per step, what is kept of the weight it reads (its product's B, its convolution's filter), if any (`kept`).
     kept_reads: Vec<Option<usize>>,
     /// Keeps the kernels' code alive.
     _jit: Arc<Jitted>,
@@ -58,9 +58,9 @@ struct Arena {
     scratch: dfc_kernels::Scratch,
     /// Scratch for kernel argument arrays.
     args: Vec<*mut u8>,
-    /// The weights' kept panels (`kept::plan`), and the variables' stamp the last run that ended left, while they
-    /// hold what those variables hold (none during a run, and after one that failed).
-    kept: Vec<(usize, dfc_gemm::KeptPanels)>,
+    /// What is kept of the weights (`kept::plan`), and the variables' stamp the last run that ended left, while it
+    /// holds what those variables hold (none during a run, and after one that failed).
+    kept: Vec<(usize, kept::Kept)>,
     kept_stamp: Option<u64>,
 }
 
@@ -171,8 +171,8 @@ impl NativeProgram {
         self.schedule.pooled_epilogues.clone()
     }
 
-    /// The variables whose packed panels the program keeps between runs (`kept`), by name, in order: none but on
-    /// the AVX2 kernels.
+    /// The variables that the program keeps laid out between runs (`kept`), by name, in order: packed panels (none
+    /// but on the AVX2 kernels) or a convolution's filter.
     pub fn kept_weights(&self) -> Vec<String> {
         let arena = self.arena.lock().unwrap_or_else(|e| e.into_inner());
         let mut names: Vec<String> = arena.kept.iter().map(|(v, _)| self.schedule.variables[*v].0.clone()).collect();
@@ -205,9 +205,9 @@ impl NativeProgram {
         let bound = variables.stamp();
         let mut arena = self.arena.lock().unwrap_or_else(|e| e.into_inner());
         let arena = &mut *arena;
-        // Kept panels hold the variables as the last run left them, if nothing wrote them since.
+        // What is kept holds the variables as the last run left them, if nothing wrote them since.
         if arena.kept_stamp != Some(stamp) {
-            arena.kept.iter_mut().for_each(|(_, panels)| panels.stale());
+            arena.kept.iter_mut().for_each(|(_, kept)| kept.stale());
         }
         arena.kept_stamp = None;
         let base = arena.lines.base();
@@ -250,15 +250,18 @@ impl NativeProgram {
                     span.set_bytes(bytes);
                 }
             }
-            match (step, communicator.as_deref_mut()) {
-                (Step::MatMul { .. }, _) if kept.is_some() => {
-                    let panels = kept.map(|i| &mut arena.kept[i].1);
+            match (step, communicator.as_deref_mut(), kept.map(|i| &mut arena.kept[i].1)) {
+                (Step::MatMul { .. }, _, Some(kept::Kept::Panels(panels))) => {
                     // SAFETY: every slot of the schedule holds a value of the type the schedule planned for it
                     // (see `Bindings::at`); `kept::plan` gave panels to a product of one matrix whose B is the
                     // whole weight, of the panels' shape.
-                    unsafe { product(step, at, panels) };
+                    unsafe { product(step, at, Some(panels)) };
                 }
-                (Step::Kernel { kernel, args }, _) => {
+                (Step::Conv { .. }, _, Some(kept::Kept::Filter(filter))) => {
+                    // SAFETY: as above.
+                    unsafe { convolution(step, at, &mut arena.scratch, Some(filter)) };
+                }
+                (Step::Kernel { kernel, args }, _, _) => {
                     let (function, rows, parallel) = self.functions[*kernel].expect("looked up for every kernel step");
                     arena.args.clear();
                     arena.args.extend(args.iter().map(|s| at(*s)));
@@ -266,7 +269,7 @@ impl NativeProgram {
                     // for the kernel's types (see `Bindings::at`).
                     unsafe { run_kernel(function, &arena.args, rows, parallel) };
                 }
-                (Step::AllReduce { key, group_size, members, ty, overlapped: true }, Some(communicator)) => {
+                (Step::AllReduce { key, group_size, members, ty, overlapped: true }, Some(communicator), _) => {
                     // The values are copied out now: the thread never touches the arena.
                     let contributions = members
                         .iter()
@@ -276,14 +279,14 @@ impl NativeProgram {
                         .collect();
                     communicator.start(key, *group_size, contributions);
                 }
-                (Step::AllReduceWait { key, outs, ty }, Some(communicator)) => {
+                (Step::AllReduceWait { key, outs, ty }, Some(communicator), _) => {
                     for (i, sum) in communicator.wait(key)? {
                         // SAFETY: the slot has room for a value of `ty` (see `Bindings::at`),
                         // and no step uses it until this one wrote it.
                         unsafe { write_tensor(at(outs[i]), &sum, ty) };
                     }
                 }
-                (step, communicator) => {
+                (step, communicator, _) => {
                     if let (Step::AllReduce { .. }, Some(communicator)) = (step, communicator) {
                         // In place, after the all-reduces started before it (their order).
                         communicator.drain();
@@ -428,45 +431,8 @@ pub unsafe fn run_host_step(
                 }
             }
         }
-        Step::Conv { kind, geometry, a, b, out, out_len, pool, .. } => {
-            let g = geometry;
-            let (a_len, b_len) = match kind {
-                ConvKind::Forward => (g.input_len(), g.filter_len()),
-                ConvKind::BackpropInput => (g.filter_len(), g.output_len()),
-                ConvKind::BackpropFilter => (g.input_len(), g.output_len()),
-            };
-            // SAFETY: each slot holds a value of the node's (checked) type, whose
-            // length the geometry gives.
-            let (x, y, o) = unsafe {
-                (
-                    std::slice::from_raw_parts(at(*a) as *const f32, a_len),
-                    std::slice::from_raw_parts(at(*b) as *const f32, b_len),
-                    std::slice::from_raw_parts_mut(at(*out) as *mut f32, *out_len),
-                )
-            };
-            match (kind, pool) {
-                (ConvKind::Forward, Some(pool)) => {
-                    // SAFETY: the bias slot holds one f32 per filter (the schedule checked its type), and is not
-                    // the output.
-                    let bias = pool.bias.map(|b| unsafe { std::slice::from_raw_parts(at(b) as *const f32, g.filters) });
-                    let then = dfc_kernels::PoolEpilogue { bias, relu: pool.relu };
-                    let scratch = scratch.get(dfc_kernels::conv2d_max_pool_scratch_len(g, &pool.geometry));
-                    dfc_kernels::conv2d_max_pool(g, &pool.geometry, x, y, then, o, scratch)
-                }
-                (ConvKind::Forward, None) => {
-                    let scratch = scratch.get(dfc_kernels::conv2d_scratch_len(g));
-                    dfc_kernels::conv2d(g, x, y, o, scratch)
-                }
-                (ConvKind::BackpropInput, _) => {
-                    let scratch = scratch.get(dfc_kernels::conv2d_backprop_input_scratch_len(g));
-                    dfc_kernels::conv2d_backprop_input(g, x, y, o, scratch)
-                }
-                (ConvKind::BackpropFilter, _) => {
-                    let scratch = scratch.get(dfc_kernels::conv2d_backprop_filter_scratch_len(g));
-                    dfc_kernels::conv2d_backprop_filter(g, x, y, o, scratch)
-                }
-            }
-        }
+        // SAFETY: the caller's contract.
+        Step::Conv { .. } => unsafe { convolution(step, at, scratch, None) },
         Step::Pool { kind, geometry, operands, out, out_len, .. } => {
             let input = |i: usize| {
                 let (slot, len) = operands[i];
@@ -583,6 +549,59 @@ pub unsafe fn run_host_step(
         }
     }
     Ok(())
+}
+
+/// A convolution step (`Step::Conv`), a forward convolution's filter kept transformed in `kept` where given.
+///
+/// # Safety
+/// As [`run_host_step`].
+unsafe fn convolution(
+    step: &Step,
+    at: &dyn Fn(Slot) -> *mut u8,
+    scratch: &mut dfc_kernels::Scratch,
+    kept: Option<&mut dfc_kernels::KeptFilter>,
+) {
+    let Step::Conv { kind, geometry, a, b, out, out_len, pool, .. } = step else { unreachable!("a convolution") };
+    let g = geometry;
+    let (a_len, b_len) = match kind {
+        ConvKind::Forward => (g.input_len(), g.filter_len()),
+        ConvKind::BackpropInput => (g.filter_len(), g.output_len()),
+        ConvKind::BackpropFilter => (g.input_len(), g.output_len()),
+    };
+    // SAFETY: each slot holds a value of the node's (checked) type, whose
+    // length the geometry gives.
+    let (x, y, o) = unsafe {
+        (
+            std::slice::from_raw_parts(at(*a) as *const f32, a_len),
+            std::slice::from_raw_parts(at(*b) as *const f32, b_len),
+            std::slice::from_raw_parts_mut(at(*out) as *mut f32, *out_len),
+        )
+    };
+    match (kind, pool) {
+        (ConvKind::Forward, Some(pool)) => {
+            // SAFETY: the bias slot holds one f32 per filter (the schedule checked its type), and is not
+            // the output.
+            let bias = pool.bias.map(|b| unsafe { std::slice::from_raw_parts(at(b) as *const f32, g.filters) });
+            let then = dfc_kernels::PoolEpilogue { bias, relu: pool.relu };
+            let scratch = scratch.get(dfc_kernels::conv2d_max_pool_scratch_len(g, &pool.geometry));
+            dfc_kernels::conv2d_max_pool_kept(g, &pool.geometry, x, y, then, o, scratch, kept)
+        }
+        (ConvKind::Forward, None) => {
+            let len = match kept {
+                Some(_) => dfc_kernels::conv2d_kept_scratch_len(g),
+                None => dfc_kernels::conv2d_scratch_len(g),
+            };
+            dfc_kernels::conv2d_kept(g, x, y, o, scratch.get(len), kept)
+        }
+        (ConvKind::BackpropInput, _) => {
+            let scratch = scratch.get(dfc_kernels::conv2d_backprop_input_scratch_len(g));
+            dfc_kernels::conv2d_backprop_input(g, x, y, o, scratch)
+        }
+        (ConvKind::BackpropFilter, _) => {
+            let scratch = scratch.get(dfc_kernels::conv2d_backprop_filter_scratch_len(g));
+            dfc_kernels::conv2d_backprop_filter(g, x, y, o, scratch)
+        }
+    }
 }
 
 /// A product of one matrix (`Step::MatMul` with one batch) through `dfc_gemm::sgemm_kept`: fused with what

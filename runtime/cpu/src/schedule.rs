@@ -1247,10 +1247,25 @@ fn pooled_convolutions(
             }
             let geometry = Conv2dGeometry::from_dims(x.shape.dims(), f.shape.dims(), *conv_strides, *conv_padding);
             let pool = PoolGeometry::from_dims(out.shape.dims(), *window, *strides, *padding);
-            dfc_kernels::conv2d_max_pool_applies(&geometry, &pool)
+            dfc_kernels::conv2d_max_pool_applies(&geometry, &pool, filter_kept(module, operands[1].node, needed))
                 .then_some((id, PooledConvolution { conv, geometry, pool }))
         })
         .collect()
+}
+
+/// Whether the filter `filter` of a forward convolution is a variable, read as it is, that no node `needed` writes (an
+/// inference's weight): what `kept::plan` keeps transformed between runs (`dfc_kernels::KeptFilter`). A guess where
+/// the slots are not yet known, which costs time where wrong, never results: `conv2d_max_pool` pools any batch.
+fn filter_kept(module: &Module, filter: NodeId, needed: &std::collections::BTreeSet<NodeId>) -> bool {
+    let graph = &module.graph;
+    let mut id = through_aliases(module, filter);
+    if matches!(graph.node(id).op, Op::Read) {
+        id = through_aliases(module, graph.inputs(id)[0].node);
+    }
+    let assigns = |n: &NodeId| {
+        matches!(graph.node(*n).op, Op::Assign | Op::AssignAdd | Op::AssignSub) && graph.inputs(*n)[0].node == id
+    };
+    matches!(graph.node(id).op, Op::Variable { .. }) && !needed.iter().any(assigns)
 }
 
 /// What kernel `kernel` does to a pooling computed with its convolution (`Step::Conv::pool`), when that is all it

@@ -387,6 +387,22 @@ pub fn pack_b<'a>(k: usize, n: usize, b: &'a [f32], buf: &'a mut [f32]) -> Packe
     PackedB { k, n, layout: Layout::Plain(b) }
 }
 
+/// `b` laid out for [`sgemm_packed`] by an earlier [`pack_b`] of this same `b` into this same `buf`, which neither
+/// moved nor changed since: packs nothing (a Winograd convolution's filter, kept transformed and laid out between
+/// calls of an inference). Given a `buf` that holds anything else, the products read those floats as B's.
+pub fn packed_b<'a>(k: usize, n: usize, b: &'a [f32], buf: &'a [f32]) -> PackedB<'a> {
+    assert!(b.len() >= k * n, "packed_b: B is too small");
+    #[cfg(target_arch = "x86_64")]
+    if kernels() == Kernels::Avx2 {
+        assert!(buf.len() >= avx2::packed_len(k, n), "packed_b: the buffer is too small");
+        // Where `pack_b` put them: the same range of a buffer at the same address.
+        let panels = &buf[avx2::panels_in(k, n, buf.as_ptr())];
+        return PackedB { k, n, layout: Layout::Panels(panels) };
+    }
+    let _ = buf;
+    PackedB { k, n, layout: Layout::Plain(b) }
+}
+
 /// `c = a·b` for a B laid out by [`pack_b`], on the calling thread: `a` is m×k and `c` m×n, row-major and
 /// contiguous. The same bits as [`sgemm`] of the same operands without `parallel`.
 pub fn sgemm_packed(m: usize, a: &[f32], b: &PackedB<'_>, c: &mut [f32]) {

@@ -31,7 +31,7 @@
 use crate::geometry::{valid_taps, Conv2dGeometry, PoolGeometry};
 use crate::pool::max_pool_image;
 use crate::thin::{pooled_quads_apply, thin_conv, thin_conv_max_pool_2x2, THIN_PATCH};
-use crate::winograd;
+use crate::winograd::{self, KeptFilter};
 use dfc_gemm::sgemm;
 use rayon::prelude::*;
 use std::ops::Range;
@@ -220,12 +220,21 @@ fn scratch_len_for(g: &Conv2dGeometry, extra: usize) -> usize {
 /// Scratch elements (`f32`) that [`conv2d`] needs for geometry `g`, with the current rayon pool
 /// (a smaller pool needs no more; a bigger one uses only the threads the scratch allows).
 pub fn conv2d_scratch_len(g: &Conv2dGeometry) -> usize {
-    if winograd::applies(g) {
+    if winograd::applies(g, false) {
         winograd::scratch_len(g)
     } else if g.patch_len() <= THIN_PATCH {
         0
     } else {
         scratch_len_for(g, 0)
+    }
+}
+
+/// Scratch elements (`f32`) that [`conv2d_kept`] needs for geometry `g` with a kept filter.
+pub fn conv2d_kept_scratch_len(g: &Conv2dGeometry) -> usize {
+    if winograd::applies(g, true) {
+        winograd::scratch_len(g)
+    } else {
+        conv2d_scratch_len(g)
     }
 }
 
@@ -355,6 +364,26 @@ fn check_lens(g: &Conv2dGeometry, input: usize, filter: usize, output: usize) {
 /// `[kh, kw, c, filters]`, `output` `[n, out_h, out_w, filters]`; `scratch` holds at least
 /// [`conv2d_scratch_len`]`(g)` elements.
 pub fn conv2d(g: &Conv2dGeometry, input: &[f32], filter: &[f32], output: &mut [f32], scratch: &mut [f32]) {
+    conv2d_kept(g, input, filter, output, scratch, None)
+}
+
+/// Whether [`conv2d_kept`] (or [`conv2d_max_pool_kept`]) would ever fill a kept filter for `g`: a convolution that
+/// Winograd can compute (a 3×3 window at stride 1 over enough channels and filters), whatever the batch.
+pub fn conv2d_keeps_filter(g: &Conv2dGeometry) -> bool {
+    winograd::fits(g)
+}
+
+/// [`conv2d`] with the filter kept transformed in `kept` (where given) from one call to the next, for a filter that
+/// does not change between them (an inference's): a Winograd convolution transforms it there when `kept` is stale,
+/// and reads it there when not. The same results as [`conv2d`].
+pub fn conv2d_kept(
+    g: &Conv2dGeometry,
+    input: &[f32],
+    filter: &[f32],
+    output: &mut [f32],
+    scratch: &mut [f32],
+    kept: Option<&mut KeptFilter>,
+) {
     check_lens(g, input.len(), filter.len(), output.len());
     let (patch, filters) = (g.patch_len(), g.filters);
     if output.is_empty() {
@@ -364,7 +393,7 @@ pub fn conv2d(g: &Conv2dGeometry, input: &[f32], filter: &[f32], output: &mut [f
         output.fill(0.0);
         return;
     }
-    if winograd::applies(g) && winograd::conv2d(g, input, filter, output, scratch) {
+    if winograd::applies(g, kept.is_some()) && winograd::conv2d(g, input, filter, output, scratch, kept) {
         return;
     }
     let image_rows = g.out_h * g.out_w;
@@ -400,11 +429,18 @@ pub fn conv2d(g: &Conv2dGeometry, input: &[f32], filter: &[f32], output: &mut [f
     }
 }
 
-/// Whether [`conv2d_max_pool`] computes `max_pool(conv2d(input, filter))` for these geometries in one pass: a
-/// pooling over the convolution's output whose every window lies inside it (no padding), of a thin window
+/// Whether [`conv2d_max_pool`] computes `max_pool(conv2d(input, filter))` for these geometries in one pass, and that
+/// pays: a pooling over the convolution's output whose every window lies inside it (no padding), of a thin window
 /// (`thin`: a first layer on one channel) or of a Winograd convolution whose tiles hold whole windows
-/// (`winograd::pools_by_tiles`: a 3×3 layer over enough channels, pooled 2×2 by strides of 2).
-pub fn conv2d_max_pool_applies(g: &Conv2dGeometry, pool: &PoolGeometry) -> bool {
+/// (`winograd::pools_by_tiles`: a 3×3 layer over enough channels, pooled 2×2 by strides of 2) where Winograd pays
+/// for the batch (`winograd::applies`), the filter kept between calls where `filter_kept` ([`conv2d_max_pool_kept`]).
+pub fn conv2d_max_pool_applies(g: &Conv2dGeometry, pool: &PoolGeometry, filter_kept: bool) -> bool {
+    in_one_pass(g, pool) && (g.patch_len() <= THIN_PATCH || winograd::applies(g, filter_kept))
+}
+
+/// Whether [`conv2d_max_pool`] can compute `max_pool(conv2d(input, filter))` for these geometries in one pass
+/// (`conv2d_max_pool_applies`, whatever the batch).
+fn in_one_pass(g: &Conv2dGeometry, pool: &PoolGeometry) -> bool {
     let patch = g.patch_len();
     let inside = |out: usize, stride: usize, window: usize, input: usize| {
         out > 0 && window > 0 && stride > 0 && (out - 1) * stride + window <= input
@@ -445,7 +481,22 @@ pub fn conv2d_max_pool(
     output: &mut [f32],
     scratch: &mut [f32],
 ) {
-    assert!(conv2d_max_pool_applies(g, pool), "conv2d_max_pool does not take {g:?} pooled by {pool:?}");
+    conv2d_max_pool_kept(g, pool, input, filter, then, output, scratch, None)
+}
+
+/// [`conv2d_max_pool`] with the filter kept transformed in `kept` (where given), as [`conv2d_kept`].
+#[allow(clippy::too_many_arguments)]
+pub fn conv2d_max_pool_kept(
+    g: &Conv2dGeometry,
+    pool: &PoolGeometry,
+    input: &[f32],
+    filter: &[f32],
+    then: PoolEpilogue<'_>,
+    output: &mut [f32],
+    scratch: &mut [f32],
+    kept: Option<&mut KeptFilter>,
+) {
+    assert!(in_one_pass(g, pool), "conv2d_max_pool does not take {g:?} pooled by {pool:?}");
     check_lens(g, input.len(), filter.len(), g.output_len());
     assert_eq!(output.len(), pool.output_len(), "conv2d_max_pool output length does not match {pool:?}");
     assert!(then.bias.is_none_or(|b| b.len() == g.filters), "conv2d_max_pool: the bias is not one per filter");
@@ -453,7 +504,7 @@ pub fn conv2d_max_pool(
         return;
     }
     if g.patch_len() > THIN_PATCH {
-        let ran = winograd::conv2d_max_pool(g, pool, input, filter, then, output, scratch);
+        let ran = winograd::conv2d_max_pool(g, pool, input, filter, then, output, scratch, kept);
         assert!(ran, "conv2d_max_pool: scratch too small");
         return;
     }

@@ -8,7 +8,8 @@
 //!
 //! - [`conv2d`], [`conv2d_backprop_input`], [`conv2d_backprop_filter`]: NHWC input, HWIO filter,
 //!   described by a [`Conv2dGeometry`]; `im2col` + [`dfc_gemm::sgemm`] over chunks of output rows,
-//!   and the forward 3×3 stride-1 convolution over 16 channels or more by Winograd's F(2×2, 3×3).
+//!   and the forward 3×3 stride-1 convolution over 16 channels or more by Winograd's F(4×4, 3×3), its filter
+//!   transformed at every call or kept transformed between calls ([`KeptFilter`], [`conv2d_kept`]).
 //! - [`max_pool`], [`max_pool_grad`], [`avg_pool`], [`avg_pool_grad`]: described by a
 //!   [`PoolGeometry`].
 //! - [`gather`], [`scatter_add`]: rows of a table by integer [`Index`]; an index out of range is
@@ -44,8 +45,8 @@ mod winograd;
 
 pub use conv::{
     conv2d, conv2d_backprop_filter, conv2d_backprop_filter_scratch_len, conv2d_backprop_input,
-    conv2d_backprop_input_scratch_len, conv2d_max_pool, conv2d_max_pool_applies, conv2d_max_pool_scratch_len,
-    conv2d_scratch_len, PoolEpilogue,
+    conv2d_backprop_input_scratch_len, conv2d_keeps_filter, conv2d_kept, conv2d_kept_scratch_len, conv2d_max_pool,
+    conv2d_max_pool_applies, conv2d_max_pool_kept, conv2d_max_pool_scratch_len, conv2d_scratch_len, PoolEpilogue,
 };
 pub use dfc_ir::Padding;
 pub use gather::{gather, scatter_add, Accumulate, Index, IndexOutOfRange};
@@ -53,6 +54,7 @@ pub use geometry::{Conv2dGeometry, PoolGeometry};
 pub use layout::{concat, pad, slice, transpose};
 pub use norm::{batch_norm, batch_norm_grad, batch_norm_grad_means, moments, norm_partials_len, norm_scales_len};
 pub use pool::{avg_pool, avg_pool_grad, max_pool, max_pool_grad};
+pub use winograd::KeptFilter;
 
 /// Outputs smaller than this many elements (of 4 bytes; scaled by size for other types) are
 /// computed on the calling thread; larger ones are split over the rayon pool.

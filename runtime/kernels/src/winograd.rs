@@ -33,7 +33,7 @@
 use crate::conv::{balanced_unit, claim_units, separated, share_images, PoolEpilogue};
 use crate::geometry::{Conv2dGeometry, PoolGeometry};
 use crate::pool::beats_max;
-use dfc_gemm::{pack_b, packed_b_len, sgemm_packed, PackedB};
+use dfc_gemm::{pack_b, packed_b, packed_b_len, sgemm_packed, PackedB};
 use std::ops::Range;
 
 /// The side of an output tile.
@@ -59,18 +59,26 @@ const CHUNK_FLOATS: usize = 1 << 17;
 /// Tiles below which the work stays on the calling thread.
 const PARALLEL_MIN_TILES: usize = 64;
 
-/// Whether the forward convolution of `g` runs here rather than through `im2col`. The work is shared among
-/// threads by whole images, so a batch smaller than the pool (an inference at batch 1) stays on `im2col`, whose
-/// products use every thread, where the products run on the AVX-512 kernels (the CNN at batch 1 on two threads,
-/// an Intel Xeon: 31.4–31.5 µs a forward pass against 34.9–37.1 here, alternated processes). On the AVX2 kernels,
-/// whose multiply-adds cost twice as much, `im2col`'s four times as many cost more than the threads left idle here
-/// (55.3–55.8 µs against 49.2–51.5, under `benches/avx2_only.c`), so such a batch runs here if it leaves at most
-/// half the threads idle (measured on two).
-pub(crate) fn applies(g: &Conv2dGeometry) -> bool {
+/// Whether the forward convolution of `g` runs here rather than through `im2col`, its filter kept transformed from
+/// one call to the next where `filter_kept` (`KeptFilter`). The work is shared among threads by whole images, so a
+/// batch smaller than the pool (an inference at batch 1) runs here only if it leaves at most half the threads idle
+/// (measured on two), and then only where the filter is kept or the products run on the AVX2 kernels. The CNN at
+/// batch 1 on two threads, an Intel Xeon, a forward pass, alternated processes:
+/// - on the AVX-512 kernels: 31.4–31.5 µs by `im2col`, whose products use every thread; 34.9–37.1 here with the
+///   filter transformed at every call; 22.4–23.0 with the filter kept;
+/// - on the AVX2 kernels (under `benches/avx2_only.c`), whose multiply-adds cost twice as much: 55.3–55.8 µs by
+///   `im2col`'s four times as many; 49.2–51.5 here with the filter transformed at every call; 29.8–30.2 kept.
+pub(crate) fn applies(g: &Conv2dGeometry, filter_kept: bool) -> bool {
     let threads = rayon::current_num_threads();
-    let enough_images = g.n >= threads || (g.n > 0 && 2 * g.n >= threads && dfc_gemm::on_avx2_kernels());
-    enough_images
-        && g.kh == 3
+    let few_pay = filter_kept || dfc_gemm::on_avx2_kernels();
+    let enough_images = g.n >= threads || (g.n > 0 && 2 * g.n >= threads && few_pay);
+    enough_images && fits(g)
+}
+
+/// Whether Winograd can compute the forward convolution of `g`, and pays for its transforms: a 3×3 window, stride 1,
+/// enough channels and filters.
+pub(crate) fn fits(g: &Conv2dGeometry) -> bool {
+    g.kh == 3
         && g.kw == 3
         && g.stride_h == 1
         && g.stride_w == 1
@@ -102,7 +110,7 @@ fn transposed(g: &Conv2dGeometry) -> Option<Conv2dGeometry> {
 
 /// Whether the input gradient of `g` runs here rather than through `im2col` and `col2im`.
 pub(crate) fn backprop_input_applies(g: &Conv2dGeometry) -> bool {
-    transposed(g).is_some_and(|t| applies(&t))
+    transposed(g).is_some_and(|t| applies(&t, false))
 }
 
 /// Scratch floats that `conv2d_backprop_input` uses at most: the turned filter, then a forward
@@ -126,7 +134,7 @@ pub(crate) fn conv2d_backprop_input(
     }
     let (turned, rest) = scratch.split_at_mut(t.filter_len());
     flip(g, filter, turned);
-    conv2d(&t, grad_output, turned, grad_input, rest)
+    conv2d(&t, grad_output, turned, grad_input, rest, None)
 }
 
 /// `turned[ky][kx][f][c] = filter[2 − ky][2 − kx][c][f]` for a 3×3 filter (HWIO).
@@ -222,32 +230,59 @@ fn fitting_plan(g: &Conv2dGeometry, scratch_len: usize) -> Option<Plan> {
     None
 }
 
-/// `output = conv2d(input, filter)` for a geometry that `applies`, if `scratch` is large enough
-/// for one tile at a time; returns whether it ran (else the caller convolves another way).
+/// A forward convolution's filter kept transformed between calls where it does not change (an inference's weights):
+/// the first Winograd convolution that finds it stale transforms the filter (and lays out its 36 products' B) here,
+/// later ones read it. At a batch of one, the transform had taken more time than the products (the CNN's conv2, 32
+/// channels by 64 filters: 295 KB transformed, then laid out again, against 0.66 M multiply-adds). Whoever writes
+/// the filter marks it [`stale`](KeptFilter::stale); a call of other channels or filters transforms it again.
+#[derive(Debug, Default)]
+pub struct KeptFilter {
+    buf: Vec<f32>,
+    /// The channels and filters of the filter that `buf` holds transformed, while it holds what the filter holds.
+    holds: Option<(usize, usize)>,
+}
+
+impl KeptFilter {
+    /// Room for a filter, stale.
+    pub fn new() -> KeptFilter {
+        KeptFilter::default()
+    }
+
+    /// Forgets what it holds: the filter was written.
+    pub fn stale(&mut self) {
+        self.holds = None;
+    }
+}
+
+/// `output = conv2d(input, filter)` for a geometry that `fits`, if `scratch` is large enough
+/// for one tile at a time; returns whether it ran (else the caller convolves another way). The
+/// filter is transformed into `kept` where given, unless it holds it already.
 pub(crate) fn conv2d(
     g: &Conv2dGeometry,
     input: &[f32],
     filter: &[f32],
     output: &mut [f32],
     scratch: &mut [f32],
+    kept: Option<&mut KeptFilter>,
 ) -> bool {
-    debug_assert!(applies(g));
-    convolve(g, input, filter, Outputs::Stored, output, scratch)
+    debug_assert!(fits(g));
+    convolve(g, input, filter, Outputs::Stored, output, scratch, kept)
 }
 
-/// Whether [`conv2d_max_pool`] can pool `g`'s output by tiles: a convolution that `applies`, under windows as
+/// Whether [`conv2d_max_pool`] can pool `g`'s output by tiles: a convolution that `fits`, under windows as
 /// wide as their strides that divide the output tile's side, so that every window lies in one tile (the CNN's
 /// second layer, 2×2 windows of stride 2 over 4×4 tiles). The caller checks that the pooling reads exactly the
 /// convolution's output, unpadded.
 pub(crate) fn pools_by_tiles(g: &Conv2dGeometry, pool: &PoolGeometry) -> bool {
     let divides = |window: usize, stride: usize| window == stride && window > 0 && M.is_multiple_of(window);
-    applies(g) && divides(pool.kh, pool.stride_h) && divides(pool.kw, pool.stride_w)
+    fits(g) && divides(pool.kh, pool.stride_h) && divides(pool.kw, pool.stride_w)
 }
 
 /// `output = then(max_pool(conv2d(input, filter)))` for geometries that [`pools_by_tiles`] takes: each output
 /// tile is pooled as the output transform makes it, so the convolution is never stored nor read back (the CNN's
 /// second layer at inference: 2 MB at batch 64). Bitwise the results of [`conv2d`], then `max_pool`, then
 /// `then`. Returns whether it ran, as [`conv2d`].
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn conv2d_max_pool(
     g: &Conv2dGeometry,
     pool: &PoolGeometry,
@@ -256,9 +291,10 @@ pub(crate) fn conv2d_max_pool(
     then: PoolEpilogue<'_>,
     output: &mut [f32],
     scratch: &mut [f32],
+    kept: Option<&mut KeptFilter>,
 ) -> bool {
     debug_assert!(pools_by_tiles(g, pool));
-    convolve(g, input, filter, Outputs::Pooled(pool, then), output, scratch)
+    convolve(g, input, filter, Outputs::Pooled(pool, then), output, scratch, kept)
 }
 
 /// What the output transform does with each output tile.
@@ -281,7 +317,8 @@ impl Outputs<'_> {
     }
 }
 
-/// The forward convolution, its output tiles going where `outputs` says.
+/// The forward convolution, its output tiles going where `outputs` says; the filter transformed in `kept` where
+/// given (unless it holds it), else in `scratch` (which has room for it either way: the plans are the same).
 fn convolve(
     g: &Conv2dGeometry,
     input: &[f32],
@@ -289,18 +326,30 @@ fn convolve(
     outputs: Outputs<'_>,
     output: &mut [f32],
     scratch: &mut [f32],
+    kept: Option<&mut KeptFilter>,
 ) -> bool {
     let Some(plan) = fitting_plan(g, scratch.len()) else { return false };
-    let (u, rest) = scratch.split_at_mut(filter_len(g));
-    let (u, mut packed) = u.split_at_mut(transformed_len(g));
-    transform_filter(g, filter, u);
-    let u = &*u;
-    // Each position's filter, the B of its product with every chunk of tiles, laid out once for them all.
+    let (here, rest) = scratch.split_at_mut(filter_len(g));
     let (c, f, per) = (g.c, g.filters, packed_b_len(g.c, g.filters));
+    let transformed: &[f32] = match kept {
+        Some(kept) if kept.holds == Some((c, f)) => &kept.buf,
+        Some(kept) => {
+            // Not moved again until it next goes stale: where the panels lie in it depends on its address.
+            kept.buf.resize(filter_len(g), 0.0);
+            transform_and_lay_out(g, filter, &mut kept.buf);
+            kept.holds = Some((c, f));
+            &kept.buf
+        }
+        None => {
+            transform_and_lay_out(g, filter, here);
+            here
+        }
+    };
+    let (u, mut packed) = transformed[..filter_len(g)].split_at(transformed_len(g));
     let u: [PackedB<'_>; XI] = std::array::from_fn(|xi| {
-        let (buf, rest) = std::mem::take(&mut packed).split_at_mut(per);
+        let (buf, rest) = packed.split_at(per);
         packed = rest;
-        pack_b(c, f, &u[xi * c * f..(xi + 1) * c * f], buf)
+        packed_b(c, f, &u[xi * c * f..(xi + 1) * c * f], buf)
     });
     let u = &u;
     let image_out = outputs.image_len(g);
@@ -313,6 +362,19 @@ fn convolve(
         });
     }
     true
+}
+
+/// The filter transformed (`U`, `transformed_len` floats), then each position's filter, the B of its product with
+/// every chunk of tiles, laid out once for them all (`filter_len` floats in all).
+fn transform_and_lay_out(g: &Conv2dGeometry, filter: &[f32], to: &mut [f32]) {
+    let (u, mut packed) = to[..filter_len(g)].split_at_mut(transformed_len(g));
+    transform_filter(g, filter, u);
+    let (c, f, per) = (g.c, g.filters, packed_b_len(g.c, g.filters));
+    for xi in 0..XI {
+        let (buf, rest) = std::mem::take(&mut packed).split_at_mut(per);
+        packed = rest;
+        pack_b(c, f, &u[xi * c * f..(xi + 1) * c * f], buf);
+    }
 }
 
 /// The images `images` of one task, their output `out` (from the first of them on).
@@ -742,24 +804,58 @@ mod tests {
             // A batch of at least one image per thread.
             input[0] *= rayon::current_num_threads();
             let g = Conv2dGeometry::new(input, [3, 3, input[3], filters], [1, 1], padding);
-            assert!(applies(&g));
+            assert!(applies(&g, false) && applies(&g, true));
             let threads = rayon::current_num_threads();
             let fewer = Conv2dGeometry { n: threads - 1, ..g };
-            let here = fewer.n > 0 && 2 * fewer.n >= threads && dfc_gemm::on_avx2_kernels();
-            assert_eq!(applies(&fewer), here, "fewer images than threads: here only on the AVX2 kernels");
+            let few_enough = fewer.n > 0 && 2 * fewer.n >= threads;
+            let here = few_enough && dfc_gemm::on_avx2_kernels();
+            assert_eq!(applies(&fewer, false), here, "fewer images than threads: here only on the AVX2 kernels…");
+            assert_eq!(applies(&fewer, true), few_enough, "… or with the filter kept");
             let x: Vec<f32> = (0..g.input_len()).map(|_| rng.f32() * 2.0 - 1.0).collect();
             let f: Vec<f32> = (0..g.filter_len()).map(|_| rng.f32() * 2.0 - 1.0).collect();
             let want = direct(&g, &x, &f);
             let bound = (9 * g.c) as f64 * 1e-6;
             for scratch_len in [scratch_len(&g), filter_len(&g) + XI * (g.c + g.filters) + 48] {
                 let mut out = vec![f32::NAN; g.output_len()];
-                assert!(conv2d(&g, &x, &f, &mut out, &mut vec![0.0; scratch_len]), "{input:?}: scratch {scratch_len}");
+                assert!(
+                    conv2d(&g, &x, &f, &mut out, &mut vec![0.0; scratch_len], None),
+                    "{input:?}: scratch {scratch_len}"
+                );
                 for (i, (&got, &want)) in out.iter().zip(&want).enumerate() {
                     assert!((f64::from(got) - want).abs() <= bound, "{input:?} {i}: {got} against {want}");
                 }
             }
             // Too little scratch for one tile: the caller convolves another way.
-            assert!(!conv2d(&g, &x, &f, &mut vec![0.0; g.output_len()], &mut vec![0.0; filter_len(&g)]));
+            assert!(!conv2d(&g, &x, &f, &mut vec![0.0; g.output_len()], &mut vec![0.0; filter_len(&g)], None));
+        }
+    }
+
+    /// A kept filter gives the bits of one transformed at the call: when it transforms the filter and when it reads
+    /// it back. It is read without looking at the filter until marked stale (a changed filter still gives the old
+    /// filter's output), and transformed again for a filter of other channels or filters.
+    #[test]
+    fn a_kept_filter_gives_the_bits_of_one_transformed_at_the_call() {
+        let mut rng = fastrand::Rng::with_seed(12);
+        let mut random = |len: usize| (0..len).map(|_| rng.f32() * 2.0 - 1.0).collect::<Vec<f32>>();
+        let threads = rayon::current_num_threads();
+        let mut kept = KeptFilter::new();
+        for (input, filters) in [([threads, 13, 13, 32], 64), ([1, 13, 13, 32], 64), ([1, 6, 9, 17], 18)] {
+            let g = Conv2dGeometry::new(input, [3, 3, input[3], filters], [1, 1], Padding::Valid);
+            let (x, f, other) = (random(g.input_len()), random(g.filter_len()), random(g.filter_len()));
+            let mut scratch = vec![0.0; scratch_len(&g)];
+            let mut convolve = |filter: &[f32], kept: Option<&mut KeptFilter>| {
+                let mut out = vec![f32::NAN; g.output_len()];
+                assert!(conv2d(&g, &x, filter, &mut out, &mut scratch, kept));
+                out.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
+            };
+            let want = convolve(&f, None);
+            // Another filter than the last case's, of the same channels and filters or not.
+            kept.stale();
+            assert!(convolve(&f, Some(&mut kept)) == want, "{input:?}: transformed into the kept filter");
+            assert!(convolve(&f, Some(&mut kept)) == want, "{input:?}: read from the kept filter");
+            assert!(convolve(&other, Some(&mut kept)) == want, "{input:?}: kept, the filter is not read again");
+            kept.stale();
+            assert!(convolve(&other, Some(&mut kept)) == convolve(&other, None), "{input:?}: after stale");
         }
     }
 }

@@ -45,6 +45,14 @@ impl Case {
         let mut out = vec![f32::NAN; g.output_len()];
         conv2d(&g, &x, &f, &mut out, scratch.get(conv2d_scratch_len(&g)));
         assert_close(&out, &want, &magnitude, &format!("conv2d {what}"));
+        // The filter kept between calls (Winograd then takes fewer images than threads too): transformed by the
+        // first call, read back by the second.
+        let mut kept = KeptFilter::new();
+        for pass in ["transformed", "read back"] {
+            let mut out = vec![f32::NAN; g.output_len()];
+            conv2d_kept(&g, &x, &f, &mut out, scratch.get(conv2d_kept_scratch_len(&g)), Some(&mut kept));
+            assert_close(&out, &want, &magnitude, &format!("conv2d {what}, the filter kept: {pass}"));
+        }
 
         let op = Op::Conv2dBackpropInput {
             input_shape: Shape::from(self.input.to_vec()),
@@ -299,7 +307,7 @@ fn pooled_thin_windows_are_exact() {
             continue;
         }
         let pool = PoolGeometry::new(pooled, window, strides, padding);
-        let applies = conv2d_max_pool_applies(&g, &pool);
+        let applies = conv2d_max_pool_applies(&g, &pool, false);
         // Windows that reach past the convolution's output (same padding that pads) are not taken; all others here
         // are.
         let inside = pool.pad_top == 0
@@ -336,7 +344,7 @@ fn pooled_thin_windows_are_exact() {
     assert!(fused > 100, "only {fused} cases fused");
     // A window of more than 32 elements is not thin.
     let wide = Conv2dGeometry::new([1, 8, 8, 4], [3, 3, 4, 2], [1, 1], Padding::Valid);
-    assert!(!conv2d_max_pool_applies(&wide, &PoolGeometry::new([1, 6, 6, 2], [2, 2], [2, 2], Padding::Valid)));
+    assert!(!conv2d_max_pool_applies(&wide, &PoolGeometry::new([1, 6, 6, 2], [2, 2], [2, 2], Padding::Valid), true));
 }
 
 /// 3×3 stride-1 windows over 16 channels or more (Winograd's F(4×4, 3×3), for the forward pass
@@ -354,6 +362,8 @@ fn winograd_shapes_agree_with_the_interpreter() {
         ([3, 7, 10, 17], 20, Padding::Same),
         ([1, 3, 3, 16], 16, Padding::Valid),
         ([9, 6, 5, 24], 40, Padding::Same),
+        // The CNN's second layer at batch 1.
+        ([1, 13, 13, 32], 64, Padding::Valid),
     ] {
         Case { input, filter: [3, 3, input[3], filters], strides: [1, 1], padding }.check(&mut rng, &mut scratch);
     }
@@ -363,7 +373,8 @@ fn winograd_shapes_agree_with_the_interpreter() {
 /// tile as it is transformed) against `conv2d` then `max_pool` then the interpreter's bias and relu: bitwise, NaN
 /// and infinities in the input included; odd outputs whose last tile is partly outside, windows of 1, 2 and 4 in
 /// either direction, filters not a multiple of 16, `same` padding on the convolution, a batch split over threads
-/// (the CNN's second layer among them); and the poolings whose windows cross tiles refused.
+/// (the CNN's second layer among them); with the filter kept between calls (`conv2d_max_pool_kept`), which takes a
+/// batch of fewer images than threads on every kernel; and the poolings whose windows cross tiles refused.
 #[test]
 fn pooled_winograd_tiles_are_exact() {
     let mut rng = rng(10);
@@ -375,7 +386,7 @@ fn pooled_winograd_tiles_are_exact() {
         ([threads, 10, 14, 16], 33, Padding::Valid, [1, 2]),
         ([2 * threads + 1, 14, 11, 24], 16, Padding::Same, [4, 4]),
         ([threads, 9, 8, 16], 18, Padding::Same, [4, 1]),
-        // The CNN's second layer at batch 1: here only on the AVX2 kernels with at most two threads.
+        // The CNN's second layer at batch 1: here with at most two threads, on the AVX2 kernels or kept.
         ([1, 13, 13, 32], 64, Padding::Valid, [2, 2]),
     ];
     for (input, filters, padding, window) in cases {
@@ -383,9 +394,11 @@ fn pooled_winograd_tiles_are_exact() {
         let g = case.geometry();
         let pooled = [g.n, g.out_h, g.out_w, g.filters];
         let pool = PoolGeometry::new(pooled, window, window, Padding::Valid);
-        let here = g.n >= threads || (2 * g.n >= threads && dfc_gemm::on_avx2_kernels());
-        assert_eq!(conv2d_max_pool_applies(&g, &pool), here, "{g:?} {pool:?}");
-        if !here {
+        let here_kept = g.n >= threads || 2 * g.n >= threads;
+        let here = g.n >= threads || (here_kept && dfc_gemm::on_avx2_kernels());
+        assert_eq!(conv2d_max_pool_applies(&g, &pool, false), here, "{g:?} {pool:?}");
+        assert_eq!(conv2d_max_pool_applies(&g, &pool, true), here_kept, "{g:?} {pool:?} kept");
+        if !here_kept {
             continue;
         }
         let mut x = random(g.input_len(), &mut rng);
@@ -395,32 +408,42 @@ fn pooled_winograd_tiles_are_exact() {
         }
         let f = random(g.filter_len(), &mut rng);
         let mut conv = vec![f32::NAN; g.output_len()];
-        conv2d(&g, &x, &f, &mut conv, scratch.get(conv2d_scratch_len(&g)));
+        // By Winograd, as pooled: the filter kept.
+        conv2d_kept(&g, &x, &f, &mut conv, scratch.get(conv2d_kept_scratch_len(&g)), Some(&mut KeptFilter::new()));
         let mut want = vec![f32::NAN; pool.output_len()];
         max_pool(&pool, &conv, &mut want);
         let mut bias = random(g.filters, &mut rng);
         bias[0] = [f32::NAN, -0.0, 0.0, 1.0][rng.usize(..4)];
+        // Transformed into the kept filter by the first call, read back by the others.
+        let mut kept = KeptFilter::new();
         for (with_bias, relu) in [(false, false), (true, false), (true, true), (false, true)] {
             let then = PoolEpilogue { bias: with_bias.then_some(&bias[..]), relu };
             let want = finished_by_the_interpreter(want.clone(), &pool, then);
+            let what = format!("conv2d_max_pool of {g:?} by {pool:?}, then {then:?}");
             let mut out = vec![f32::NAN; pool.output_len()];
-            conv2d_max_pool(&g, &pool, &x, &f, then, &mut out, scratch.get(conv2d_max_pool_scratch_len(&g, &pool)));
-            assert_same_f32(&out, &want, &format!("conv2d_max_pool of {g:?} by {pool:?}, then {then:?}"));
+            let scratch = scratch.get(conv2d_max_pool_scratch_len(&g, &pool));
+            conv2d_max_pool_kept(&g, &pool, &x, &f, then, &mut out, scratch, Some(&mut kept));
+            assert_same_f32(&out, &want, &format!("{what}, the filter kept"));
+            if here {
+                conv2d_max_pool(&g, &pool, &x, &f, then, &mut out, scratch);
+                assert_same_f32(&out, &want, &what);
+            }
         }
     }
     // Windows that cross the 4×4 tiles (wider than their strides, or of 3) are pooled apart.
     let g = Conv2dGeometry::new([threads, 13, 13, 32], [3, 3, 32, 64], [1, 1], Padding::Valid);
     for (window, strides) in [([2, 2], [1, 1]), ([3, 3], [3, 3]), ([2, 2], [2, 1]), ([3, 2], [2, 2])] {
         let pool = PoolGeometry::new([g.n, g.out_h, g.out_w, g.filters], window, strides, Padding::Valid);
-        assert!(!conv2d_max_pool_applies(&g, &pool), "{window:?} {strides:?}");
+        assert!(!conv2d_max_pool_applies(&g, &pool, true), "{window:?} {strides:?}");
     }
-    // Fewer images than threads stay on im2col, which pools apart, but on the AVX2 kernels where they leave at most
-    // half the threads idle.
+    // Fewer images than threads stay on im2col, which pools apart, but where they leave at most half the threads
+    // idle on the AVX2 kernels or with the filter kept.
     if threads > 1 {
         let g = Conv2dGeometry { n: threads - 1, ..g };
         let pool = PoolGeometry::new([g.n, g.out_h, g.out_w, g.filters], [2, 2], [2, 2], Padding::Valid);
-        let here = 2 * g.n >= threads && dfc_gemm::on_avx2_kernels();
-        assert_eq!(conv2d_max_pool_applies(&g, &pool), here);
+        let few_enough = 2 * g.n >= threads;
+        assert_eq!(conv2d_max_pool_applies(&g, &pool, false), few_enough && dfc_gemm::on_avx2_kernels());
+        assert_eq!(conv2d_max_pool_applies(&g, &pool, true), few_enough);
     }
 }
 

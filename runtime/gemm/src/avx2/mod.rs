@@ -385,8 +385,8 @@ pub(crate) fn packed_len(k: usize, n: usize) -> usize {
 /// # Safety
 /// The CPU has AVX2 and FMA; `b` holds k·n floats and `buf` at least `packed_len(k, n)`.
 pub(crate) unsafe fn pack_whole_b<'a>(k: usize, n: usize, b: &[f32], buf: &'a mut [f32]) -> &'a [f32] {
-    let skip = buf.as_ptr().align_offset(32).min(8);
-    let panels = &mut buf[skip..skip + n.div_ceil(NR) * NR * k];
+    let range = panels_in(k, n, buf.as_ptr());
+    let panels = &mut buf[range];
     if k > 0 && n > 0 {
         let p = Product {
             m: 0,
@@ -417,6 +417,13 @@ pub(crate) unsafe fn pack_whole_b<'a>(k: usize, n: usize, b: &[f32], buf: &'a mu
         unsafe { pack_b(&p, 0, k, 0, n, panels.as_mut_ptr()) };
     }
     panels
+}
+
+/// Where in a buffer at `start` (of at least `packed_len(k, n)` floats) `pack_whole_b` puts the panels of a `k×n`
+/// B: from its first 32-byte boundary.
+pub(crate) fn panels_in(k: usize, n: usize, start: *const f32) -> std::ops::Range<usize> {
+    let skip = start.align_offset(32).min(8);
+    skip..skip + n.div_ceil(NR) * NR * k
 }
 
 /// `c = a·B` for B packed by `pack_whole_b` (`panels`), A m×k and C m×n row-major, on this thread: the sums of
