@@ -282,7 +282,7 @@ unsafe fn by_reduction(p: &Product, threads: usize) {
     let sums =
         Product { bias: std::ptr::null(), relu: false, mask: std::ptr::null(), sums: std::ptr::null_mut(), ..*p };
     let steps =
-        |c: usize| ((p.k * c / threads) & !15, if c + 1 == threads { p.k } else { (p.k * (c + 1) / threads) & !15 });
+        |c: usize| ((p.k * c / threads) & !7, if c + 1 == threads { p.k } else { (p.k * (c + 1) / threads) & !7 });
     let work = |c: usize| {
         let (k0, k1) = steps(c);
         let into = match c {
@@ -595,8 +595,9 @@ unsafe fn block(p: &Product, i0: usize, i1: usize, j0: usize, j1: usize, k0: usi
                 }
                 for jr in (0..nc).step_by(NR) {
                     let nr = NR.min(nc - jr);
-                    for ir in (0..mc).step_by(MR) {
-                        let mr = MR.min(mc - ir);
+                    // Panels of A read as stored (in place or converted) may split their last rows evenly.
+                    let even = !p.ta && !select;
+                    for (ir, mr) in row_panels(mc, even) {
                         // A panel that leaves out steps reads B's through its selection.
                         let (steps, kc_a) = match select && kept[ir / MR] < kc {
                             // SAFETY: panel ir/6's steps, within the selection's.
@@ -644,6 +645,23 @@ unsafe fn block(p: &Product, i0: usize, i1: usize, j0: usize, j1: usize, k0: usi
         }
     }
     PACK.set(packs);
+}
+
+/// The row panels of a block of `mc` rows, as (first row, rows): 6 rows each and the rest after, or, where `even`,
+/// the last 7 to 9 rows in two panels of 3 to 5 rather than 6 and 1 to 3. A kernel of fewer than 4 rows holds fewer
+/// than 8 accumulators, too few to cover the FMA's latency (4 cycles) on two ports: it takes as long per step as one
+/// of 4 rows. (The mlp's first layer, 128 rows: its block of 32 rows in 6, 6, 6, 6, 4, 4.)
+fn row_panels(mc: usize, even: bool) -> impl Iterator<Item = (usize, usize)> {
+    let rest = mc % MR;
+    let split = even && mc > MR && (1..=3).contains(&rest);
+    let panels = if split { mc / MR + 1 } else { mc.div_ceil(MR) };
+    // Where split: the second-to-last panel's rows, from 6·(panels - 2).
+    let before_last = (MR + rest) / 2;
+    (0..panels).map(move |g| match split && g + 2 >= panels {
+        false => (g * MR, MR.min(mc - g * MR)),
+        true if g + 2 == panels => (g * MR, before_last),
+        true => ((g - 1) * MR + before_last, MR + rest - before_last),
+    })
 }
 
 /// Whether `block` reads B's whole 16-column panels where B is stored (row-major), `ldb` apart, rather than packing
@@ -1076,6 +1094,32 @@ mod tests {
             crate::skip::skip(crate::skip::Need::Avx2, "this CPU has no AVX2 and FMA");
         }
         have
+    }
+
+    /// Row panels cover a block's rows once, in order, 6 or fewer each; split evenly, no panel of fewer than 3
+    /// rows follows a whole one, and the mlp's 32 rows end in two of 4.
+    #[test]
+    fn row_panels_cover_the_rows_and_split_short_last_ones() {
+        for mc in 1..=MC {
+            for even in [false, true] {
+                let panels: Vec<_> = row_panels(mc, even).collect();
+                let mut next = 0;
+                for &(at, rows) in &panels {
+                    assert_eq!(at, next, "{mc} rows, even {even}: {panels:?}");
+                    assert!((1..=MR).contains(&rows), "{mc} rows, even {even}: {panels:?}");
+                    next += rows;
+                }
+                assert_eq!(next, mc, "{mc} rows, even {even}: {panels:?}");
+                if even && mc > MR {
+                    assert!(panels.iter().all(|&(_, rows)| rows >= 3), "{mc} rows: {panels:?}");
+                }
+                if !even {
+                    assert!(panels.iter().all(|&(at, _)| at % MR == 0), "{mc} rows: {panels:?}");
+                }
+            }
+        }
+        assert_eq!(row_panels(32, true).map(|(_, rows)| rows).collect::<Vec<_>>(), [6, 6, 6, 6, 4, 4]);
+        assert_eq!(row_panels(32, false).map(|(_, rows)| rows).collect::<Vec<_>>(), [6, 6, 6, 6, 6, 2]);
     }
 
     /// A reduction is cut in equal blocks of at most `KC` steps, but is one block of up to `ONE_BLOCK` where L1d is
