@@ -825,7 +825,7 @@ unsafe fn pack_b(p: &Product, pc: usize, kc: usize, j: usize, nc: usize, dst: *m
 
 /// The 8×8 transpose of `r` (row i of the result holds element i of each of `r`'s rows).
 #[target_feature(enable = "avx2,fma")]
-fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
+pub(crate) fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
     // Pairs of rows interleaved, then pairs of pairs, then the 128-bit halves exchanged.
     let t: [__m256; 8] = std::array::from_fn(|i| {
         let (a, b) = (r[i / 2 * 2], r[i / 2 * 2 + 1]);
