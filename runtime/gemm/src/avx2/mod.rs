@@ -2,13 +2,13 @@
 //! register-blocked microkernel, shared among threads in chunks of rows or columns.
 //!
 //! Work of one thread (`block`), in BLIS's loop order:
-//! - columns in blocks of at most `NC` = 512, the reduction in equal blocks of at most `KC` = 200 (one block of up to
-//!   256 where L1d holds 48 KiB or more, `depth`): B's kc×nc block is packed in 16-column panels (kc·16 floats,
-//!   step-major, zero past the last column), at most 400 KiB (512 in one block of 256) that stay in L2, once per
-//!   thread and product (`Packs::b_holds`: a thread's later row chunks of the product reuse it);
+//! - the reduction in equal blocks of at most `KC` = 200 steps (one block of up to 400 where L1d holds 48 KiB or
+//!   more, `depth`), columns in blocks of at most `NC` = 512 (fewer past 256 steps, `columns`): B's kc×nc block is
+//!   packed in 16-column panels (kc·16 floats, step-major, zero past the last column), at most 512 KiB that stay in
+//!   L2, once per thread and product (`Packs::b_holds`: a thread's later row chunks of the product reuse it);
 //! - rows in blocks of at most `MC` = 96: a transposed-stored A is packed in 6-row panels (the 6 elements of a step
 //!   contiguous); a row-major A is read where it is stored, the kernel broadcasting from its 6 rows;
-//! - each 16-column B panel (12.5 KiB; 16 in one block of 256) stays in L1 while the kernel walks the block's row
+//! - each 16-column B panel (12.5 KiB; 25 in one block of 400) stays in L1 while the kernel walks the block's row
 //!   panels past it. A product of a few rows (`b_in_place`) reads B's whole panels where B is stored instead.
 //!
 //! The microkernel holds a 6×16 tile of C in 12 ymm accumulators; with B's two vectors and a broadcast that is 15
@@ -60,12 +60,14 @@ const NR: usize = 16;
 /// and its input gradient, 256) in two blocks of about 128 and leaves the first layer's (784, or 392 a thread) in
 /// blocks of 196. On Zen 4 (32 KiB of L1d), those two products in one process, whole training steps alternated
 /// with 256: within 2% in quiet spells, 4–13% faster (medians) in slow ones, where the core seems to share its
-/// caches. Where L1d holds 48 KiB or more, such a reduction is one block (`ONE_BLOCK`).
+/// caches. Where L1d holds 48 KiB or more, a reduction of up to 400 steps is one block (`ONE_BLOCK`).
 const KC: usize = 200;
-/// The most steps of a reduction that is one block where L1d holds `WIDE_L1` bytes or more: a 256-step B panel is
-/// 16 KiB. On an Intel Xeon with 48 KiB (`DFC_GEMM=avx2`), the mlp's two 256-step products in its two-thread
-/// training step: 94.1 → 91.9 and 95.7 → 92.9 µs (medians of 4 alternated processes each), the rest unchanged.
-const ONE_BLOCK: usize = 256;
+/// The most steps of a reduction that is one block where L1d holds `WIDE_L1` bytes or more: a 400-step B panel is
+/// 25 KiB, beside a 6-row panel of A's 9.4 KiB. On an Intel Xeon with 48 KiB (`DFC_GEMM=avx2`), the mlp's two
+/// 256-step products in its two-thread training step, one block rather than two of 128: 94.1 → 91.9 and 95.7 → 92.9 µs
+/// (medians of 4 alternated processes each), the rest unchanged. Its first layer at inference, each thread's 392
+/// steps in one block rather than two of 196 (`benches/avx2_only.c`, the same Xeon): 228.5–230.3 → 222.3–223.2 µs.
+const ONE_BLOCK: usize = 400;
 /// L1d bytes from which a reduction of up to `ONE_BLOCK` steps is one block.
 const WIDE_L1: usize = 48 << 10;
 /// The most steps in any block: what the packing buffers hold.
@@ -73,6 +75,13 @@ const KC_MAX: usize = if ONE_BLOCK > KC { ONE_BLOCK } else { KC };
 /// Columns of a packed B block: 256 × 512 floats are 512 KiB at most (400 KiB at 200 steps), held in L2 while A's
 /// rows stream past.
 const NC: usize = 512;
+/// Floats of a packed block of B at most (512 KiB, `columns`): L2 holds it on the CPUs with 512 KiB and more.
+const B_BLOCK: usize = 256 * NC;
+
+/// Columns of B in a block of `kc` steps: `NC`, or fewer (a multiple of 16) where that many would pass `B_BLOCK`.
+fn columns(kc: usize) -> usize {
+    (B_BLOCK / kc.max(1) / NR * NR).clamp(NR, NC)
+}
 /// Rows of A per block (16 panels).
 const MC: usize = 96;
 /// Panels of A in a block.
@@ -124,7 +133,7 @@ thread_local! {
 pub(crate) fn reserve_thread() {
     let mut packs = PACK.take();
     packs.a.ptr(MC * KC_MAX);
-    packs.b.ptr(KC_MAX * NC);
+    packs.b.ptr(B_BLOCK);
     packs.converted.ptr(MC * KC_MAX);
     packs.steps.reserve(PANELS * STEPS_STRIDE);
     packs.finite.reserve(RESERVED_STEPS);
@@ -508,10 +517,10 @@ unsafe fn block(p: &Product, i0: usize, i1: usize, j0: usize, j1: usize, k0: usi
         return;
     }
     let mut packs = PACK.take();
-    if packs.b.floats() < KC_MAX * NC {
+    if packs.b.floats() < B_BLOCK {
         packs.b_holds = None;
     }
-    let b_pack = packs.b.ptr(KC_MAX * NC);
+    let b_pack = packs.b.ptr(B_BLOCK);
     let a_pack = packs.a.ptr(if p.ta { MC * KC_MAX } else { 0 });
     let converted = packs.converted.ptr(if p.bytes.is_some() && !p.ta { MC * KC_MAX } else { 0 });
     let scale = p.bytes.map(Scale::new);
@@ -536,13 +545,14 @@ unsafe fn block(p: &Product, i0: usize, i1: usize, j0: usize, j1: usize, k0: usi
         packs.steps.resize(PANELS * STEPS_STRIDE, 0);
     }
     let mut kept = [0usize; PANELS];
-    for jc in (j0..j1).step_by(NC) {
-        let nc = NC.min(j1 - jc);
+    // Equal blocks of the reduction: a last block of a few steps would load and store C for little work
+    // (784 steps: 4 blocks of 196, not 256, 256, 256 and 16).
+    let depth = depth(k1 - k0, wide_l1());
+    let most_columns = columns(depth);
+    for jc in (j0..j1).step_by(most_columns) {
+        let nc = most_columns.min(j1 - jc);
         // Columns jc..jc+in_place are read from B as stored, the rest from packed panels (kept ones where given).
         let in_place = if b_stored { nc - nc % NR } else { 0 };
-        // Equal blocks of the reduction: a last block of a few steps would load and store C for little work
-        // (784 steps: 4 blocks of 196, not 256, 256, 256 and 16).
-        let depth = depth(k1 - k0, wide_l1());
         for pc in (k0..k1).step_by(depth) {
             let kc = depth.min(k1 - pc);
             let overwrite = pc == k0 && !p.accumulate;
@@ -1123,19 +1133,27 @@ mod tests {
     }
 
     /// A reduction is cut in equal blocks of at most `KC` steps, but is one block of up to `ONE_BLOCK` where L1d is
-    /// wide; a reduction of 0 steps has blocks of 1 (no step loop is empty-stepped).
+    /// wide; a reduction of 0 steps has blocks of 1 (no step loop is empty-stepped). A packed block of B stays within
+    /// `B_BLOCK`.
     #[test]
-    fn reductions_are_cut_in_equal_blocks_or_one_where_l1_is_wide() {
+    fn reductions_are_cut_in_equal_blocks_or_one_where_l1_is_wide_and_columns_fit_l2() {
         assert_eq!(depth(256, false), 128);
         assert_eq!(depth(256, true), 256);
         assert_eq!(depth(200, false), 200);
         assert_eq!(depth(201, true), 201);
         assert_eq!(depth(784, false), 196);
         assert_eq!(depth(784, true), 196);
-        assert_eq!(depth(392, true), 196);
+        assert_eq!(depth(392, true), 392);
+        assert_eq!(depth(392, false), 196);
+        assert_eq!(depth(401, true), 134);
         assert_eq!(depth(1600, true), 200);
         assert_eq!(depth(0, true), 1);
         assert_eq!(depth(0, false), 1);
+        // A packed block of B stays within 512 KiB: all 512 columns up to 256 steps, fewer past them.
+        for kc in 1..=KC_MAX {
+            assert!(columns(kc) % NR == 0 && kc * columns(kc) <= B_BLOCK.max(kc * NR), "{kc} steps");
+        }
+        assert_eq!((columns(200), columns(256), columns(392), columns(400)), (512, 512, 320, 320));
     }
 
     /// `transpose8` puts element i of row r at element r of row i.
