@@ -60,7 +60,7 @@ const NR: usize = 16;
 /// and its input gradient, 256) in two blocks of about 128 and leaves the first layer's (784, or 392 a thread) in
 /// blocks of 196. On Zen 4 (32 KiB of L1d), those two products in one process, whole training steps alternated
 /// with 256: within 2% in quiet spells, 4–13% faster (medians) in slow ones, where the core seems to share its
-/// caches. Where L1d holds 48 KiB or more, a reduction of up to 400 steps is one block (`ONE_BLOCK`).
+/// caches. Where L1d holds 48 KiB or more, a reduction of up to 800 steps is cut in blocks of up to 400 (`ONE_BLOCK`).
 const KC: usize = 200;
 /// The most steps of a reduction that is one block where L1d holds `WIDE_L1` bytes or more: a 400-step B panel is
 /// 25 KiB, beside a 6-row panel of A's 9.4 KiB. On an Intel Xeon with 48 KiB (`DFC_GEMM=avx2`), the mlp's two
