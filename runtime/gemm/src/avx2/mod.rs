@@ -62,11 +62,12 @@ const NR: usize = 16;
 /// with 256: within 2% in quiet spells, 4–13% faster (medians) in slow ones, where the core seems to share its
 /// caches. Where L1d holds 48 KiB or more, a reduction of up to 800 steps is cut in blocks of up to 400 (`ONE_BLOCK`).
 const KC: usize = 200;
-/// The most steps of a reduction that is one block where L1d holds `WIDE_L1` bytes or more: a 400-step B panel is
-/// 25 KiB, beside a 6-row panel of A's 9.4 KiB. On an Intel Xeon with 48 KiB (`DFC_GEMM=avx2`), the mlp's two
-/// 256-step products in its two-thread training step, one block rather than two of 128: 94.1 → 91.9 and 95.7 → 92.9 µs
-/// (medians of 4 alternated processes each), the rest unchanged. Its first layer at inference, each thread's 392
-/// steps in one block rather than two of 196 (`benches/avx2_only.c`, the same Xeon): 228.5–230.3 → 222.3–223.2 µs.
+/// The most steps in a block where L1d holds `WIDE_L1` bytes or more (a reduction of up to twice as many is cut in
+/// such blocks, `depth`): a 400-step B panel is 25 KiB, beside a 6-row panel of A's 9.4 KiB. On an Intel Xeon with
+/// 48 KiB (`DFC_GEMM=avx2`), the mlp's two 256-step products in its two-thread training step, one block rather than
+/// two of 128: 94.1 → 91.9 and 95.7 → 92.9 µs (medians of 4 alternated processes each), the rest unchanged. Its first
+/// layer at inference, each thread's 392 steps in one block rather than two of 196 (`benches/avx2_only.c`, the same
+/// Xeon): 228.5–230.3 → 222.3–223.2 µs.
 const ONE_BLOCK: usize = 400;
 /// L1d bytes from which a reduction of up to `ONE_BLOCK` steps is one block.
 const WIDE_L1: usize = 48 << 10;
@@ -301,7 +302,7 @@ impl Split {
 ///
 /// Not where B is read from kept panels (an inference's first layer): nothing writes them, so each thread reads all of
 /// them from its own cache, and split by rows no partial sums cross between the cores. (The mlp's inference under
-/// `benches/avx2_only.c`, an Intel Xeon, with the rows in halves, `row_chunks`: 306.9–310.5 → 297.5–298.7 µs.)
+/// `benches/avx2_only.c`, an Intel Xeon, with the rows in halves, `Split`: 306.9–310.5 → 297.5–298.7 µs.)
 fn splits_reduction(p: &Product, threads: usize) -> bool {
     p.bytes.is_some() && !p.ta && !p.tc && p.k >= 64 * threads && p.b_panels.is_null()
 }
@@ -641,10 +642,10 @@ unsafe fn block(p: &Product, i0: usize, i1: usize, j0: usize, j1: usize, k0: usi
                 if select && kept[..mc.div_ceil(MR)].iter().all(|&kept| kept == kc) {
                     (select, packs.unselected) = (false, p.id);
                 }
+                // Panels of A read as stored (in place or converted) may split their last rows evenly.
+                let even = !p.ta && !select;
                 for jr in (0..nc).step_by(NR) {
                     let nr = NR.min(nc - jr);
-                    // Panels of A read as stored (in place or converted) may split their last rows evenly.
-                    let even = !p.ta && !select;
                     for (ir, mr) in row_panels(mc, even) {
                         // A panel that leaves out steps reads B's through its selection.
                         let (steps, kc_a) = match select && kept[ir / MR] < kc {
