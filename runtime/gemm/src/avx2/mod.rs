@@ -329,6 +329,7 @@ unsafe fn by_reduction(p: &Product, threads: usize) {
     let parts = &addresses[..threads - 1];
     let sums =
         Product { bias: std::ptr::null(), relu: false, mask: std::ptr::null(), sums: std::ptr::null_mut(), ..*p };
+    // Equal chunks of steps, cut at multiples of 8 (784 steps: 392 and 392).
     let steps =
         |c: usize| ((p.k * c / threads) & !7, if c + 1 == threads { p.k } else { (p.k * (c + 1) / threads) & !7 });
     let work = |c: usize| {
@@ -495,8 +496,7 @@ pub(crate) unsafe fn sgemm_packed(m: usize, n: usize, k: usize, a: &[f32], panel
         let kc = depth.min(k - pc);
         for jr in (0..n).step_by(NR) {
             let nr = NR.min(n - jr);
-            for ir in (0..m).step_by(MR) {
-                let mr = MR.min(m - ir);
+            for (ir, mr) in row_panels(m, true) {
                 // SAFETY: the kernel reads mr rows of A from row ir, steps pc..pc+kc (in `a`), the panel's steps
                 // pc..pc+kc (aligned: a panel is 64·k bytes, a step 64), and writes rows ir.., columns jr.. of C
                 // (mr × nr of them, in `c`).
