@@ -738,10 +738,10 @@ unsafe fn pack_a(a: *const f32, lda: usize, pc: usize, kc: usize, i: usize, mc: 
             // Step q of every panel comes from the same stored row, so A is read in order.
             let src = a.add((pc + q) * lda + i);
             for g in 0..full {
+                // The panel's 6 floats as 4 and 2: a load and a store of 8 could pass A's end and the panel's step.
                 let (s, d) = (src.add(g * MR), dst.add(g * MR * kc + q * MR));
-                for r in 0..MR {
-                    *d.add(r) = *s.add(r);
-                }
+                _mm_storeu_ps(d, _mm_loadu_ps(s));
+                _mm_storel_epi64(d.add(4).cast(), _mm_loadl_epi64(s.add(4).cast()));
             }
             let mr = mc - full * MR;
             let (s, d) = (src.add(full * MR), dst.add(full * MR * kc + q * mr));
