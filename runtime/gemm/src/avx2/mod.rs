@@ -286,7 +286,7 @@ impl Split {
     fn bound(&self, c: usize) -> usize {
         match self.even_rows {
             _ if c >= self.chunks => self.len,
-            true => self.len * c / self.chunks & !1,
+            true => (self.len * c / self.chunks) & !1,
             false => (self.units * c / self.chunks * self.unit).min(self.len),
         }
     }
