@@ -12,6 +12,8 @@ mod avx2;
 mod avx512;
 #[cfg(target_arch = "x86_64")]
 mod finite;
+#[cfg(target_arch = "x86_64")]
+mod grouped;
 mod pool;
 #[cfg(target_arch = "x86_64")]
 mod sums;

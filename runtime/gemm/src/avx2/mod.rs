@@ -28,7 +28,7 @@
 //! `by_columns`), of products large enough (`shared`: while the workers spin, from a few microseconds on); a product
 //! of bytes stored row-major (the first layer's images) takes one chunk of the reduction each instead
 //! (`by_reduction`), so that each thread converts only its own steps of A and reads only those rows of B (in training,
-//! the rows it wrote in the update).
+//! the rows it wrote in the update), of the rows sorted by the span of their lit bytes (`grouped`).
 //!
 //! A product of one to three rows of C (a batch of one) runs in `rows` instead: B read where it is stored.
 //!
@@ -42,6 +42,7 @@ use std::cell::Cell;
 
 use crate::avx512::{dot, Buf, Product, CALLS, PARTIALS, SHORT_REDUCTION};
 use crate::finite::{FiniteRows, Selection, RESERVED_STEPS};
+use crate::grouped::{self, Grouping, GROUPINGS};
 use crate::pool;
 use crate::sums::{self, RowSums};
 use std::sync::atomic::Ordering;
@@ -310,23 +311,40 @@ fn splits_reduction(p: &Product, threads: usize) -> bool {
 /// The most threads that share a product by its reduction (each past the first sums into a partial of its own).
 const MAX_PARTS: usize = 64;
 
-/// `p` in one chunk of the reduction per thread: the caller's into C, each worker's into a partial sum of its own,
-/// then each thread adds the partials into its share of C's rows and finishes them (the epilogue).
+/// `p` in one chunk of the reduction per thread: the caller's into C, each worker's into a partial sum of its own
+/// (every chunk's into its own where the rows are grouped by their black, `grouped`), then each thread adds the
+/// partials into its share of C's rows and finishes them (the epilogue).
 ///
 /// # Safety
 /// As `sgemm`; C is not stored transposed.
 unsafe fn by_reduction(p: &Product, threads: usize) {
     let threads = threads.min(MAX_PARTS);
+    // The rows grouped by their black (`grouped`): then every chunk sums into a partial of its own.
+    let spare = GROUPINGS.lock().unwrap_or_else(|e| e.into_inner()).take();
+    let grouping = match p.accumulate {
+        true => Err(spare.unwrap_or_default()),
+        // SAFETY: A's bytes are readable (the caller's contract).
+        false => unsafe { Grouping::of(p, MR, spare) },
+    };
+    let (mut grouping, spare) = match grouping {
+        Ok(g) => (Some(g), None),
+        Err(g) => (None, Some(g)),
+    };
+    let partial_count = if grouping.is_some() { threads } else { threads - 1 };
     let mut partials = std::mem::take(&mut *PARTIALS.lock().unwrap_or_else(|e| e.into_inner()));
-    if partials.len() < threads - 1 {
-        partials.resize_with(threads - 1, Buf::default);
+    if partials.len() < partial_count {
+        partials.resize_with(partial_count, Buf::default);
     }
     // Addresses, not pointers: the closures are shared with the workers.
     let mut addresses = [0usize; MAX_PARTS];
-    for (address, buf) in addresses.iter_mut().zip(&mut partials).take(threads - 1) {
+    for (address, buf) in addresses.iter_mut().zip(&mut partials).take(partial_count) {
         *address = buf.ptr(p.m * p.n) as usize;
     }
-    let parts = &addresses[..threads - 1];
+    let parts = &addresses[..partial_count];
+    let mut gathered = [0usize; MAX_PARTS];
+    if let Some(g) = &mut grouping {
+        g.buffers(p, threads, &mut gathered);
+    }
     let sums =
         Product { bias: std::ptr::null(), relu: false, mask: std::ptr::null(), sums: std::ptr::null_mut(), ..*p };
     // Equal chunks of steps, cut at multiples of 8 (784 steps: 392 and 392).
@@ -334,6 +352,14 @@ unsafe fn by_reduction(p: &Product, threads: usize) {
         |c: usize| ((p.k * c / threads) & !7, if c + 1 == threads { p.k } else { (p.k * (c + 1) / threads) & !7 });
     let work = |c: usize| {
         let (k0, k1) = steps(c);
+        if let Some(g) = &grouping {
+            // SAFETY: chunk c gathers into its own buffer of m·k bytes and writes its own partial of m·n floats; the
+            // caller's contract covers A and B.
+            return unsafe {
+                let chunk = grouped::chunk(p, &g.order, (k0, k1), gathered[c] as *mut u8, parts[c] as *mut f32);
+                block(&chunk, 0, p.m, 0, p.n, 0, k1 - k0)
+            };
+        }
         let into = match c {
             0 => sums,
             _ => Product { c: parts[c - 1] as *mut f32, ldc: p.n, accumulate: false, ..sums },
@@ -344,12 +370,13 @@ unsafe fn by_reduction(p: &Product, threads: usize) {
     pool::run_chunks(threads, threads - 1, &work);
     let rows = threads.min(p.m);
     let row_sums = RowSums::new(p, rows);
+    let sorted = grouping.as_ref().map(|g| g.inverse.as_slice());
     let finish = |c: usize| {
         let (lo, hi) = (p.m * c / rows, p.m * (c + 1) / rows);
         // SAFETY: AVX2 (the caller's contract); the partials hold C's m×n, n apart; the chunks write disjoint rows of
         // C (row-major), and the bias holds n floats, the mask C's rows; each sums its rows into its own partials.
         unsafe {
-            add_and_finish(p, parts, lo, hi);
+            add_and_finish(p, parts, sorted, lo, hi);
             if let Some(sums) = &row_sums {
                 sums.chunk(p, c, lo, hi);
             }
@@ -364,33 +391,44 @@ unsafe fn by_reduction(p: &Product, threads: usize) {
     if pool.len() < partials.len() {
         *pool = partials;
     }
+    *GROUPINGS.lock().unwrap_or_else(|e| e.into_inner()) = grouping.or(spare);
 }
 
 /// Rows `lo..hi` of C (row-major) += those of each partial (m×n, n apart, at the addresses `parts`), then the
-/// epilogue of `p` over them: in one pass over each row's whole vectors, the rest of the row after.
+/// epilogue of `p` over them: in one pass over each row's whole vectors, the rest of the row after. Where the rows
+/// were `sorted` (row r of C is row `sorted[r]` of every partial), C's rows are the partials' sums instead.
 ///
 /// # Safety
-/// As `finish_tile`, for those rows of `p`'s C; each partial holds m·n floats.
+/// As `finish_tile`, for those rows of `p`'s C; each partial holds m·n floats; `sorted` (if given) holds m rows.
 #[target_feature(enable = "avx2,fma")]
-unsafe fn add_and_finish(p: &Product, parts: &[usize], lo: usize, hi: usize) {
+unsafe fn add_and_finish(p: &Product, parts: &[usize], sorted: Option<&[u32]>, lo: usize, hi: usize) {
     let whole = p.n / 8 * 8;
     for r in lo..hi {
-        // SAFETY: row r of C holds n floats at c + r·ldc, each partial's at part + r·n; the bias holds n floats and
-        // the mask's row r (laid out as C) n at mask + r·ldc.
+        // The row of the partials, and the partials added to the first term: C's row, or the first partial's.
+        let (from, first, rest) = match sorted {
+            Some(sorted) => (sorted[r] as usize, Some(parts[0]), &parts[1..]),
+            None => (r, None, parts),
+        };
+        // SAFETY: row r of C holds n floats at c + r·ldc, each partial's row `from` at part + from·n; the bias holds n
+        // floats and the mask's row r (laid out as C) n at mask + r·ldc.
         unsafe {
             let c = p.c.add(r * p.ldc);
+            let row = |part: usize| (part as *const f32).add(from * p.n);
             let mask = if p.mask.is_null() { p.mask } else { p.mask.add(r * p.ldc) };
             for j in (0..whole).step_by(8) {
-                let mut v = _mm256_loadu_ps(c.add(j));
-                for &part in parts {
-                    v = _mm256_add_ps(v, _mm256_loadu_ps((part as *const f32).add(r * p.n + j)));
+                let mut v = _mm256_loadu_ps(first.map_or(c.cast_const(), row).add(j));
+                for &part in rest {
+                    v = _mm256_add_ps(v, _mm256_loadu_ps(row(part).add(j)));
                 }
                 let at = |x: *const f32| if x.is_null() { x } else { x.add(j) };
                 _mm256_storeu_ps(c.add(j), finish8(v, at(p.bias), p.relu, at(mask)));
             }
             for j in whole..p.n {
-                for &part in parts {
-                    *c.add(j) += *(part as *const f32).add(r * p.n + j);
+                if let Some(first) = first {
+                    *c.add(j) = *row(first).add(j);
+                }
+                for &part in rest {
+                    *c.add(j) += *row(part).add(j);
                 }
             }
             if p.epilogue() && whole < p.n {
@@ -565,10 +603,11 @@ unsafe fn block(p: &Product, i0: usize, i1: usize, j0: usize, j1: usize, k0: usi
     let scale = p.bytes.map(Scale::new);
     // Panels of bytes leave out their all-zero steps (pixels black in every image of a panel, or a panel's pixels
     // black in an image) where B is stored row-major and packed (the kernels read its kept steps at offsets into a
-    // panel); a product is known by its call's id (`FiniteRows`). Not in a chunk of the reduction (`by_reduction`,
-    // the first layer of a training step on two threads): the halves of an image differ in black (Fashion-MNIST's
-    // top half 16–23 % of the steps, its bottom half 9–13 %), and the caller waited for the slower; its step took
-    // 4 µs longer so (`DFC_GEMM=avx2`, an Intel Xeon). A block of bytes without an all-zero step in any panel (random
+    // panel); a product is known by its call's id (`FiniteRows`). Not in a chunk of the reduction over rows in their
+    // order (`by_reduction`, the first layer of a training step on two threads): the halves of an image differ in
+    // black (Fashion-MNIST's top half 16–23 % of the steps, its bottom half 9–13 %), and the caller waited for the
+    // slower; its step took 4 µs longer so (`DFC_GEMM=avx2`, an Intel Xeon). Rows grouped by their black
+    // (`grouped`) share far more, and each of their chunks is a product of its own, which selects. A block of bytes without an all-zero step in any panel (random
     // bytes, as benchmarks feed) ends the selection for the rest of the call on this thread: finding none cost the
     // mlp's weight gradient 6–7 µs a step on the two threads.
     // B's whole panels where it is stored, unless kept panels hold it.
@@ -1219,7 +1258,7 @@ mod tests {
         assert_eq!(depth(0, false), 1);
         // A packed block of B stays within 512 KiB: all 512 columns up to 256 steps, fewer past them.
         for kc in 1..=KC_MAX {
-            assert!(columns(kc) % NR == 0 && kc * columns(kc) <= B_BLOCK.max(kc * NR), "{kc} steps");
+            assert!(columns(kc).is_multiple_of(NR) && kc * columns(kc) <= B_BLOCK.max(kc * NR), "{kc} steps");
         }
         assert_eq!((columns(200), columns(256), columns(392), columns(400)), (512, 512, 320, 320));
     }
@@ -1727,6 +1766,16 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Images grouped by their black give the same bits as in their order (`grouped`), on the AVX2 kernels.
+    #[test]
+    fn products_of_bytes_grouped_by_their_black_give_the_same_bits() {
+        if !have_avx2() {
+            return;
+        }
+        let splits = |p: &Product, threads| splits_reduction(p, threads) && shared(p, threads, false);
+        crate::grouped::tests::give_the_same_bits(sgemm, MR, splits);
     }
 
     #[test]

@@ -33,7 +33,8 @@
 //! runs of whole panels but in the middle, where the threads meet, half panels (`RowChunks`). A product of bytes whose
 //! B each training step rewrites (the first layer's weights: `Product::b_rewritten`) takes one chunk of the reduction
 //! per thread, whatever the estimate: each thread then reads the rows of B that it wrote in the update, which splits B
-//! by rows; the threads sum the partials and apply the epilogue each over its own rows of C. A dense layer of floats
+//! by rows; the threads sum the partials and apply the epilogue each over its own rows of C. Its chunks take the rows
+//! sorted by the span of their lit bytes (`grouped`), so that a panel's images share more black. A dense layer of floats
 //! whose B is never rewritten (an inference's weights, read in place) is split by rows of C, as the layer before it
 //! (`keeps_rows`): each thread reads the rows of A that it wrote.
 
@@ -47,6 +48,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use crate::finite::{FiniteRows, Selection, RESERVED_STEPS};
+use crate::grouped::{self, Grouping, GROUPINGS};
 use crate::pool;
 use crate::sums::{self, RowSums};
 use crate::ByteScale;
@@ -519,18 +521,39 @@ impl SendPtr {
 /// # Safety
 /// As `sgemm`.
 unsafe fn parallel_product(p: &Product, split: Split, chunks: usize, threads: usize) {
-    // Partial sums of the reduction chunks past the first, laid out like C with a packed leading dimension.
+    // Chunks of the reduction over bytes take the rows grouped by their black (`grouped`): then each sums into a
+    // partial of its own, and the threads add them into C's rows.
+    let mut grouping = None;
+    let mut spare = None;
+    if split == Split::Depth {
+        let reused = GROUPINGS.lock().unwrap_or_else(|e| e.into_inner()).take();
+        // SAFETY: A's bytes are readable (the caller's contract).
+        match p.accumulate || p.tc {
+            true => spare = reused,
+            false => match unsafe { Grouping::of(p, MR, reused) } {
+                Ok(g) => grouping = Some(g),
+                Err(g) => spare = Some(g),
+            },
+        }
+    }
+    // Partial sums of the reduction chunks past the first (of every chunk where grouped), laid out like C with a
+    // packed leading dimension.
     let mut partials = Vec::new();
     let mut part = [SendPtr(std::ptr::null_mut()); MAX_CHUNKS];
     let part_ld = if p.tc { p.m } else { p.n };
+    let partial_count = if grouping.is_some() { chunks } else { chunks - 1 };
     if split == Split::Depth {
         partials = std::mem::take(&mut *PARTIALS.lock().unwrap_or_else(|e| e.into_inner()));
-        if partials.len() < chunks - 1 {
-            partials.resize_with(chunks - 1, Buf::default);
+        if partials.len() < partial_count {
+            partials.resize_with(partial_count, Buf::default);
         }
-        for (ptr, buf) in part.iter_mut().zip(&mut partials).take(chunks - 1) {
+        for (ptr, buf) in part.iter_mut().zip(&mut partials).take(partial_count) {
             *ptr = SendPtr(buf.ptr(p.m * p.n));
         }
+    }
+    let mut gathered = [0usize; MAX_CHUNKS];
+    if let Some(g) = &mut grouping {
+        g.buffers(p, chunks, &mut gathered);
     }
     // Row chunks of C: balanced panels, finer where the threads meet (rows of Cᵀ: runs of whole panels).
     let rows = RowChunks::new(p.m, chunks, threads, !p.tc);
@@ -566,9 +589,13 @@ unsafe fn parallel_product(p: &Product, split: Split, chunks: usize, threads: us
                 }
                 Split::Depth => {
                     let (lo, hi) = range(p.k, 16, chunks, c);
-                    match c {
-                        0 => block(p, 0, p.m, 0, p.n, lo, hi, p.c, p.ldc, p.accumulate),
-                        _ => block(p, 0, p.m, 0, p.n, lo, hi, part[c - 1].0, part_ld, false),
+                    match (&grouping, c) {
+                        (Some(g), _) => {
+                            let chunk = grouped::chunk(p, &g.order, (lo, hi), gathered[c] as *mut u8, part[c].0);
+                            block(&chunk, 0, p.m, 0, p.n, 0, hi - lo, chunk.c, chunk.ldc, false)
+                        }
+                        (None, 0) => block(p, 0, p.m, 0, p.n, lo, hi, p.c, p.ldc, p.accumulate),
+                        (None, _) => block(p, 0, p.m, 0, p.n, lo, hi, part[c - 1].0, part_ld, false),
                     }
                 }
             }
@@ -582,21 +609,22 @@ unsafe fn parallel_product(p: &Product, split: Split, chunks: usize, threads: us
         }
         return;
     }
-    if whole.epilogue() || !whole.sums.is_null() {
+    let sorted = grouping.as_ref().map(|g| g.inverse.as_slice());
+    if whole.epilogue() || !whole.sums.is_null() || sorted.is_some() {
         // The threads sum the partials into rows of C and finish them, each its own rows.
         let parts = threads.min(p.m);
         let row_sums = RowSums::new(&whole, parts);
         let sum = |c: usize| {
             let (lo, hi) = (p.m * c / parts, p.m * (c + 1) / parts);
             // SAFETY: AVX-512F (the caller's contract); the partials have C's shape, `part_ld` apart; the parts
-            // write disjoint rows of C (never transposed: an epilogue's product keeps its orientation), and the
-            // bias holds n floats, the mask C's rows (`sgemm`'s contract).
+            // write disjoint rows of C (never transposed: an epilogue's product keeps its orientation, and grouped
+            // rows are C's), and the bias holds n floats, the mask C's rows (`sgemm`'s contract).
             unsafe {
                 let mut parts = [std::ptr::null::<f32>(); MAX_CHUNKS];
-                for (to, ptr) in parts.iter_mut().zip(&part[..chunks - 1]) {
+                for (to, ptr) in parts.iter_mut().zip(&part[..partial_count]) {
                     *to = ptr.get();
                 }
-                add_and_finish(&whole, &parts[..chunks - 1], part_ld, lo, hi);
+                add_and_finish(&whole, &parts[..partial_count], part_ld, sorted, lo, hi);
                 if let Some(sums) = &row_sums {
                     sums.chunk(&whole, c, lo, hi);
                 }
@@ -617,26 +645,35 @@ unsafe fn parallel_product(p: &Product, split: Split, chunks: usize, threads: us
     if pool.len() < partials.len() {
         *pool = partials;
     }
+    if split == Split::Depth {
+        *GROUPINGS.lock().unwrap_or_else(|e| e.into_inner()) = grouping.or(spare);
+    }
 }
 
 /// Rows `lo..hi` of C (stored row-major) += those of each partial (laid out like C, `ld` apart), then the epilogue
-/// of `p`, in one pass over each row.
+/// of `p`, in one pass over each row. Where the rows were `sorted` (row r of C is row `sorted[r]` of every partial),
+/// C's rows are the partials' sums instead.
 ///
 /// # Safety
 /// Rows `lo..hi` of C and of each partial are in them; the bias (unless null) holds n floats, the mask (unless
-/// null) C's rows, laid out as C.
+/// null) C's rows, laid out as C; `sorted` (if given) holds C's rows, and `parts` one partial or more.
 #[target_feature(enable = "avx512f")]
-unsafe fn add_and_finish(p: &Product, parts: &[*const f32], ld: usize, lo: usize, hi: usize) {
+unsafe fn add_and_finish(p: &Product, parts: &[*const f32], ld: usize, sorted: Option<&[u32]>, lo: usize, hi: usize) {
     for r in lo..hi {
+        // The partials' row, and the partials added to the first term: C's row, or the first partial's.
+        let (from, first, rest) = match sorted {
+            Some(sorted) => (sorted[r] as usize, Some(parts[0]), &parts[1..]),
+            None => (r, None, parts),
+        };
         for j in (0..p.n).step_by(16) {
             let lanes = tail_mask(p.n - j);
-            // SAFETY: masked loads and stores of row r, columns j.., of C, of each partial, of the bias's columns and
-            // of the mask's row r (laid out as C).
+            // SAFETY: masked loads and stores of row r, columns j.., of C, of each partial's row `from`, of the bias's
+            // columns and of the mask's row r (laid out as C).
             unsafe {
                 let at = p.c.add(r * p.ldc + j);
-                let mut v = _mm512_maskz_loadu_ps(lanes, at);
-                for &part in parts {
-                    v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(lanes, part.add(r * ld + j)));
+                let mut v = _mm512_maskz_loadu_ps(lanes, first.map_or(at.cast_const(), |part| part.add(from * ld + j)));
+                for &part in rest {
+                    v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(lanes, part.add(from * ld + j)));
                 }
                 let at_j = |x: *const f32, i: usize| if x.is_null() { x } else { x.add(i) };
                 let v = finish16(v, lanes, at_j(p.bias, j), p.relu, at_j(p.mask, r * p.ldc + j));
@@ -952,6 +989,17 @@ pub(crate) mod tests {
         assert_eq!(plan(&layer(true), 2, false), Some((Split::Depth, 2)));
         assert_eq!(plan(&layer(true), 4, false), Some((Split::Depth, 4)));
         assert_eq!(plan(&layer(false), 2, false).map(|(split, _)| split), Some(Split::Rows));
+    }
+
+    /// Images grouped by their black give the same bits as in their order (`grouped`), on the AVX-512 kernels.
+    #[test]
+    fn products_of_bytes_grouped_by_their_black_give_the_same_bits() {
+        if !is_x86_feature_detected!("avx512f") {
+            crate::skip::skip(crate::skip::Need::Avx512, "this CPU has no AVX-512F");
+            return;
+        }
+        let splits = |p: &Product, threads| plan(p, threads, false) == Some((Split::Depth, threads));
+        crate::grouped::tests::give_the_same_bits(sgemm, MR, splits);
     }
 
     /// A dense layer of floats whose weights no step rewrites (the mlp's second layer at inference) is split by rows,
