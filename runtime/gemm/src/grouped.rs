@@ -46,8 +46,9 @@ impl Grouping {
             let row = unsafe { std::slice::from_raw_parts(p.a.cast::<u8>().add(r * p.lda), p.k) };
             g.keys.push((lit_span(row) as u32, r as u32));
             // The first 16 rows all lit within a sixteenth of their ends: random bytes, most likely (the benchmarks'),
-            // whose rows the scan of all would take 1–2 µs to find so, cold in the cache as they come (the mlp's first
-            // layer on random bytes, AVX-512, in a training step). 65 % of Fashion-MNIST's images are so: one batch in 900.
+            // whose rows the scan of all would take 1–2 µs to find so, cold in the cache as they come (the mlp's
+            // first layer on random bytes, AVX-512, in a training step). 65 % of Fashion-MNIST's images are so: one
+            // batch in 900.
             if r == SAMPLED_ROWS - 1 && g.keys.iter().all(|&(span, _)| span as usize >= p.k - p.k / 16) {
                 return Err(g);
             }

@@ -607,9 +607,9 @@ unsafe fn block(p: &Product, i0: usize, i1: usize, j0: usize, j1: usize, k0: usi
     // order (`by_reduction`, the first layer of a training step on two threads): the halves of an image differ in
     // black (Fashion-MNIST's top half 16–23 % of the steps, its bottom half 9–13 %), and the caller waited for the
     // slower; its step took 4 µs longer so (`DFC_GEMM=avx2`, an Intel Xeon). Rows grouped by their black
-    // (`grouped`) share far more, and each of their chunks is a product of its own, which selects. A block of bytes without an all-zero step in any panel (random
-    // bytes, as benchmarks feed) ends the selection for the rest of the call on this thread: finding none cost the
-    // mlp's weight gradient 6–7 µs a step on the two threads.
+    // (`grouped`) share far more, and each of their chunks is a product of its own, which selects. A block of bytes
+    // without an all-zero step in any panel (random bytes, as benchmarks feed) ends the selection for the rest of the
+    // call on this thread: finding none cost the mlp's weight gradient 6–7 µs a step on the two threads.
     // B's whole panels where it is stored, unless kept panels hold it.
     let b_stored = b_in_place(p) && p.b_panels.is_null();
     let mut select = !p.tb
