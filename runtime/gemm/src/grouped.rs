@@ -145,6 +145,7 @@ pub(crate) unsafe fn chunk(
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::avx512::tests::product;
     use crate::ByteScale;
 
     /// Images whose black differs (a lit span of its own length each, black pixels within it too), split along the
@@ -185,28 +186,17 @@ pub(crate) mod tests {
             let c0: Vec<f32> = (0..m * n).map(|_| rng.f32() - 0.5).collect();
             for (accumulate, alpha, epilogue) in [(false, 1.0, true), (true, -0.25, false), (false, 0.5, false)] {
                 let product = |bytes: &[u8], mask: &[f32], c: &mut [f32]| Product {
-                    m,
-                    n,
-                    k,
                     a: bytes.as_ptr().cast(),
-                    lda: k,
-                    ta: false,
                     b: b.as_ptr(),
-                    ldb: n,
-                    tb: false,
                     c: c.as_mut_ptr(),
-                    ldc: n,
-                    tc: false,
                     accumulate,
                     alpha,
                     bytes: Some(ByteScale::Div(255.0)),
                     bias: if epilogue { bias.as_ptr() } else { std::ptr::null() },
                     relu: epilogue,
                     mask: if epilogue { mask.as_ptr() } else { std::ptr::null() },
-                    sums: std::ptr::null_mut(),
                     b_rewritten: true,
-                    b_panels: std::ptr::null(),
-                    id: 0,
+                    ..product(m, n, k, false, false)
                 };
                 let mut in_order = c0.clone();
                 let in_order_product = product(&sorted, &mask, &mut in_order);
@@ -239,28 +229,10 @@ pub(crate) mod tests {
         let (m, k) = (128, 784);
         let bytes: Vec<u8> = (0..m * k).map(|_| rng.u8(..)).collect();
         let p = Product {
-            m,
-            n: 16,
-            k,
             a: bytes.as_ptr().cast(),
-            lda: k,
-            ta: false,
-            b: std::ptr::null(),
-            ldb: 16,
-            tb: false,
-            c: std::ptr::null_mut(),
-            ldc: 16,
-            tc: false,
-            accumulate: false,
-            alpha: 1.0,
             bytes: Some(ByteScale::Div(255.0)),
-            bias: std::ptr::null(),
-            relu: false,
-            mask: std::ptr::null(),
-            sums: std::ptr::null_mut(),
             b_rewritten: true,
-            b_panels: std::ptr::null(),
-            id: 0,
+            ..product(m, 16, k, false, false)
         };
         // SAFETY: the bytes hold m rows of k.
         assert!(unsafe { Grouping::of(&p, 6, None) }.is_err());
