@@ -527,13 +527,14 @@ unsafe fn parallel_product(p: &Product, split: Split, chunks: usize, threads: us
     let mut spare = None;
     if split == Split::Depth {
         let reused = GROUPINGS.lock().unwrap_or_else(|e| e.into_inner()).take();
-        // SAFETY: A's bytes are readable (the caller's contract).
-        match p.accumulate || p.tc {
-            true => spare = reused,
-            false => match unsafe { Grouping::of(p, MR, reused) } {
-                Ok(g) => grouping = Some(g),
-                Err(g) => spare = Some(g),
-            },
+        let sorted = match p.accumulate || p.tc {
+            true => Err(reused.unwrap_or_default()),
+            // SAFETY: A's bytes are readable (the caller's contract).
+            false => unsafe { Grouping::of(p, MR, reused) },
+        };
+        match sorted {
+            Ok(g) => grouping = Some(g),
+            Err(g) => spare = Some(g),
         }
     }
     // Partial sums of the reduction chunks past the first (of every chunk where grouped), laid out like C with a
