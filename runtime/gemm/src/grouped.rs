@@ -25,50 +25,72 @@ pub(crate) struct Grouping {
 /// Rows looked at before the rest (`Grouping::of`).
 const SAMPLED_ROWS: usize = 16;
 
-/// The grouping of the last product that had one, reused by the next (so that a step allocates nothing).
-pub(crate) static GROUPINGS: Mutex<Option<Grouping>> = Mutex::new(None);
+/// The vectors of the last grouping, reused by the next (so that a step allocates nothing).
+static REUSED: Mutex<Option<Grouping>> = Mutex::new(None);
 
 impl Grouping {
     /// The rows of `p` sorted by the distance from their first nonzero byte to their last (rows of nothing but zeros
-    /// first, ties in their order), where A holds bytes stored row-major whose rows' spans differ and are not in
-    /// order already; else `Err`, with the vectors to reuse. Reuses `spare`'s vectors.
+    /// first, ties in their order), where A holds bytes stored row-major, C is written (not accumulated, not
+    /// transposed), and the rows' spans differ and are not in order already; `None` otherwise. Hand it back to
+    /// `keep` once the product is done.
     ///
     /// # Safety
     /// A's m rows of k bytes, `lda` apart, are readable.
-    pub(crate) unsafe fn of(p: &Product, panel_rows: usize, spare: Option<Grouping>) -> Result<Grouping, Grouping> {
-        let mut g = spare.unwrap_or_default();
-        if p.bytes.is_none() || p.ta || p.m < 2 * panel_rows || p.k == 0 {
-            return Err(g);
+    pub(crate) unsafe fn of(p: &Product, panel_rows: usize) -> Option<Grouping> {
+        let mut g = REUSED.lock().unwrap_or_else(|e| e.into_inner()).take().unwrap_or_default();
+        // SAFETY: the caller's contract.
+        let sorted = unsafe { g.sort(p, panel_rows) };
+        if !sorted {
+            Grouping::keep(Some(g));
+            return None;
         }
-        g.keys.clear();
+        Some(g)
+    }
+
+    /// Keeps a grouping's vectors for the next product's.
+    pub(crate) fn keep(g: Option<Grouping>) {
+        if g.is_some() {
+            *REUSED.lock().unwrap_or_else(|e| e.into_inner()) = g;
+        }
+    }
+
+    /// `of`'s sort into these vectors; whether it sorted them.
+    ///
+    /// # Safety
+    /// As `of`.
+    unsafe fn sort(&mut self, p: &Product, panel_rows: usize) -> bool {
+        if p.bytes.is_none() || p.ta || p.tc || p.accumulate || p.m < 2 * panel_rows || p.k == 0 {
+            return false;
+        }
+        self.keys.clear();
         for r in 0..p.m {
             // SAFETY: row r's k bytes are readable (the caller's contract).
             let row = unsafe { std::slice::from_raw_parts(p.a.cast::<u8>().add(r * p.lda), p.k) };
-            g.keys.push((lit_span(row) as u32, r as u32));
+            self.keys.push((lit_span(row) as u32, r as u32));
             // The first 16 rows all lit within a sixteenth of their ends: random bytes, most likely (the benchmarks'),
             // whose rows the scan of all would take 1–2 µs to find so, cold in the cache as they come (the mlp's
             // first layer on random bytes, AVX-512, in a training step). 65 % of Fashion-MNIST's images are so: one
             // batch in 900.
-            if r == SAMPLED_ROWS - 1 && g.keys.iter().all(|&(span, _)| span as usize >= p.k - p.k / 16) {
-                return Err(g);
+            if r == SAMPLED_ROWS - 1 && self.keys.iter().all(|&(span, _)| span as usize >= p.k - p.k / 16) {
+                return false;
             }
         }
         // Rows whose spans differ by less than an eighth of a row gain too little to pay for gathering them (random
         // bytes, as benchmarks feed, span whole rows).
         let (least, most) =
-            g.keys.iter().fold((u32::MAX, 0), |(least, most), &(span, _)| (least.min(span), most.max(span)));
-        if ((most - least) as usize) < p.k / 8 || g.keys.windows(2).all(|w| w[0] <= w[1]) {
-            return Err(g);
+            self.keys.iter().fold((u32::MAX, 0), |(least, most), &(span, _)| (least.min(span), most.max(span)));
+        if ((most - least) as usize) < p.k / 8 || self.keys.windows(2).all(|w| w[0] <= w[1]) {
+            return false;
         }
-        g.keys.sort_unstable();
-        g.order.clear();
-        g.order.extend(g.keys.iter().map(|&(_, r)| r));
-        g.inverse.clear();
-        g.inverse.resize(p.m, 0);
-        for (j, &r) in g.order.iter().enumerate() {
-            g.inverse[r as usize] = j as u32;
+        self.keys.sort_unstable();
+        self.order.clear();
+        self.order.extend(self.keys.iter().map(|&(_, r)| r));
+        self.inverse.clear();
+        self.inverse.resize(p.m, 0);
+        for (j, &r) in self.order.iter().enumerate() {
+            self.inverse[r as usize] = j as u32;
         }
-        Ok(g)
+        true
     }
 
     /// Room for `chunks` chunks' gathered bytes of `p` (each at most m·k bytes), and their addresses.
@@ -204,9 +226,10 @@ pub(crate) mod tests {
                 let grouped_product = product(&shuffled_bytes, &shuffled_mask, &mut grouped);
                 assert!(splits(&grouped_product, threads), "{m}×{n}×{k} is split along its reduction");
                 // SAFETY: the bytes hold m rows of k.
-                let groups = |p: &Product| unsafe { Grouping::of(p, panel_rows, None) }.is_ok();
+                let groups = |p: &Product| unsafe { Grouping::of(p, panel_rows) }.is_some();
                 assert!(!groups(&in_order_product), "rows in the order of their spans stay as they are");
-                assert!(groups(&grouped_product), "shuffled rows are grouped");
+                // (Where C is accumulated into, the product leaves its rows in place: asked of the same rows written.)
+                assert!(groups(&Product { accumulate: false, ..grouped_product }), "shuffled rows are grouped");
                 // SAFETY: the caller's kernels run here; the operands hold every element the products address.
                 pool.install(|| unsafe {
                     sgemm(in_order_product, true);
@@ -235,7 +258,7 @@ pub(crate) mod tests {
             ..product(m, 16, k, false, false)
         };
         // SAFETY: the bytes hold m rows of k.
-        assert!(unsafe { Grouping::of(&p, 6, None) }.is_err());
+        assert!(unsafe { Grouping::of(&p, 6) }.is_none());
     }
 
     #[test]

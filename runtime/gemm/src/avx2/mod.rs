@@ -42,7 +42,7 @@ use std::cell::Cell;
 
 use crate::avx512::{dot, Buf, Product, CALLS, PARTIALS, SHORT_REDUCTION};
 use crate::finite::{FiniteRows, Selection, RESERVED_STEPS};
-use crate::grouped::{self, Grouping, GROUPINGS};
+use crate::grouped::{self, Grouping};
 use crate::pool;
 use crate::sums::{self, RowSums};
 use std::sync::atomic::Ordering;
@@ -320,16 +320,8 @@ const MAX_PARTS: usize = 64;
 unsafe fn by_reduction(p: &Product, threads: usize) {
     let threads = threads.min(MAX_PARTS);
     // The rows grouped by their black (`grouped`): then every chunk sums into a partial of its own.
-    let spare = GROUPINGS.lock().unwrap_or_else(|e| e.into_inner()).take();
-    let grouping = match p.accumulate {
-        true => Err(spare.unwrap_or_default()),
-        // SAFETY: A's bytes are readable (the caller's contract).
-        false => unsafe { Grouping::of(p, MR, spare) },
-    };
-    let (mut grouping, spare) = match grouping {
-        Ok(g) => (Some(g), None),
-        Err(g) => (None, Some(g)),
-    };
+    // SAFETY: A's bytes are readable (the caller's contract).
+    let mut grouping = unsafe { Grouping::of(p, MR) };
     let partial_count = if grouping.is_some() { threads } else { threads - 1 };
     let mut partials = std::mem::take(&mut *PARTIALS.lock().unwrap_or_else(|e| e.into_inner()));
     if partials.len() < partial_count {
@@ -391,7 +383,7 @@ unsafe fn by_reduction(p: &Product, threads: usize) {
     if pool.len() < partials.len() {
         *pool = partials;
     }
-    *GROUPINGS.lock().unwrap_or_else(|e| e.into_inner()) = grouping.or(spare);
+    Grouping::keep(grouping);
 }
 
 /// Rows `lo..hi` of C (row-major) += those of each partial (m×n, n apart, at the addresses `parts`), then the

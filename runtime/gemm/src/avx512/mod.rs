@@ -48,7 +48,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use crate::finite::{FiniteRows, Selection, RESERVED_STEPS};
-use crate::grouped::{self, Grouping, GROUPINGS};
+use crate::grouped::{self, Grouping};
 use crate::pool;
 use crate::sums::{self, RowSums};
 use crate::ByteScale;
@@ -523,20 +523,8 @@ impl SendPtr {
 unsafe fn parallel_product(p: &Product, split: Split, chunks: usize, threads: usize) {
     // Chunks of the reduction over bytes take the rows grouped by their black (`grouped`): then each sums into a
     // partial of its own, and the threads add them into C's rows.
-    let mut grouping = None;
-    let mut spare = None;
-    if split == Split::Depth {
-        let reused = GROUPINGS.lock().unwrap_or_else(|e| e.into_inner()).take();
-        let sorted = match p.accumulate || p.tc {
-            true => Err(reused.unwrap_or_default()),
-            // SAFETY: A's bytes are readable (the caller's contract).
-            false => unsafe { Grouping::of(p, MR, reused) },
-        };
-        match sorted {
-            Ok(g) => grouping = Some(g),
-            Err(g) => spare = Some(g),
-        }
-    }
+    // SAFETY: A's bytes are readable (the caller's contract).
+    let mut grouping = if split == Split::Depth { unsafe { Grouping::of(p, MR) } } else { None };
     // Partial sums of the reduction chunks past the first (of every chunk where grouped), laid out like C with a
     // packed leading dimension.
     let mut partials = Vec::new();
@@ -646,9 +634,7 @@ unsafe fn parallel_product(p: &Product, split: Split, chunks: usize, threads: us
     if pool.len() < partials.len() {
         *pool = partials;
     }
-    if split == Split::Depth {
-        *GROUPINGS.lock().unwrap_or_else(|e| e.into_inner()) = grouping.or(spare);
-    }
+    Grouping::keep(grouping);
 }
 
 /// Rows `lo..hi` of C (stored row-major) += those of each partial (laid out like C, `ld` apart), then the epilogue
