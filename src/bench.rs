@@ -12,9 +12,9 @@ use crate::RunBackend;
 use crate::{read_plan, Failure, Outcome};
 use dfc_driver::{Session, SessionProgram};
 use dfc_interp::Tensor;
-use dfc_ir::{DType, NodeId, Op};
+use dfc_ir::{DType, Op};
 use dfc_plan::Plan;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -87,6 +87,16 @@ struct Report {
     /// Matmul and convolution FLOPs per step over the median step time; `None` (null) when the
     /// program has none.
     gflops: Option<f64>,
+    /// The cost model's step for this program as it runs here, from this host's profile
+    /// (`dfc calibrate`); null without one.
+    predicted_step_us: Option<f64>,
+    /// predicted / measured − 1.
+    prediction_error: Option<f64>,
+    /// The profile the prediction used.
+    calibration: Option<String>,
+    /// With --timeline and a profile: per device and kind of work, measured and predicted.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    breakdown: Vec<crate::predict::Breakdown>,
 }
 
 pub fn bench(args: &BenchArgs) -> Outcome {
@@ -119,7 +129,18 @@ pub fn bench(args: &BenchArgs) -> Outcome {
     let load = load_started.elapsed();
     let code = code_origin(&session);
     let feeds = random_feeds(&plan, &program, args.seed)?;
-    let flops = matmul_conv_flops(&plan, &fetches, &targets);
+    // The program's nodes by name: a fetched output's is its tensor's node.
+    let output_node = |name: &str| -> Option<&str> {
+        plan.partitions.iter().find_map(|p| {
+            let output = p.module.outputs.iter().find(|o| o.name == name)?;
+            Some(p.module.graph.node(output.tensor.node).name.as_str())
+        })
+    };
+    let nodes: Vec<&str> =
+        fetches.iter().map(|&f| output_node(f).unwrap_or(f)).chain(targets.iter().copied()).collect();
+    let modules = dfc_driver::session::program_modules(&plan, &nodes).map_err(failure)?;
+    let flops = matmul_conv_flops(&modules);
+    let prediction = crate::predict::predict(&plan, &nodes, crate::predict::Placement::Here);
 
     let mut step = 0usize;
     let mut run = |session: &mut Session| -> Result<Vec<Tensor>, Failure> {
@@ -151,9 +172,13 @@ pub fn bench(args: &BenchArgs) -> Outcome {
         last = out?;
         times.push(took.as_secs_f64());
     }
+    let mut by_kind = Vec::new();
     if let Some(path) = &args.timeline {
         dfc_interp::trace::set_enabled(false);
         let events = dfc_interp::trace::take();
+        if let Some(prediction) = &prediction {
+            by_kind = crate::predict::breakdown(&events, times.len(), prediction);
+        }
         let name = format!("dfc bench {}", plan.model);
         dfc_driver::timeline::write(path, &[dfc_driver::timeline::Process { name, events: &events }])
             .map_err(|e| Failure(format!("cannot write the timeline {}: {e}", path.display())))?;
@@ -180,6 +205,10 @@ pub fn bench(args: &BenchArgs) -> Outcome {
         code,
         threads: rayon::current_num_threads(),
         gflops: (flops > 0.0).then(|| flops / median / 1e9),
+        predicted_step_us: prediction.as_ref().map(|p| microseconds(p.step_seconds)),
+        prediction_error: prediction.as_ref().map(|p| ((p.step_seconds / median - 1.0) * 1e4).round() / 1e4),
+        calibration: prediction.as_ref().and_then(|p| p.model.as_ref()?.calibration.clone()),
+        breakdown: by_kind,
     };
     if args.json {
         println!("{}", serde_json::to_string(&report).expect("reports serialise"));
@@ -213,6 +242,11 @@ fn human(report: &Report) -> String {
         line += &format!(", {gflops:.2} GFLOP/s");
     }
     line += &format!("; loaded in {:.1} ms (code {})", report.load_ms, report.code);
+    match (report.predicted_step_us, report.prediction_error) {
+        (Some(predicted), Some(error)) => line += &format!("; predicted {predicted:.1} us ({:+.1}%)", error * 100.0),
+        _ => line += "; no prediction (no profile of this host: `dfc calibrate` makes one)",
+    }
+    line += &crate::predict::describe(&report.breakdown);
     line
 }
 
@@ -302,73 +336,13 @@ impl Rng {
 }
 
 /// The FLOPs of the matmuls and convolutions (forward and gradients) one run of the program
-/// performs, by the cost model's count (`dfc_passes::cost::node_flops`): over the nodes the
-/// fetches and targets need in their partitions, and across partitions what they receive
-/// (the `Send` of every `Recv`, every member of an all-reduce), as `Session::program` closes.
-fn matmul_conv_flops(plan: &Plan, fetches: &[&str], targets: &[&str]) -> f64 {
-    let n = plan.partitions.len();
-    let mut roots: Vec<BTreeSet<NodeId>> = vec![BTreeSet::new(); n];
-    let mut sends: HashMap<&str, (usize, NodeId)> = HashMap::new();
-    let mut reductions: HashMap<&str, Vec<(usize, NodeId)>> = HashMap::new();
-    // A fetch names an output or metric if one has the name, else a node (as in `Session::program`).
-    let named: BTreeSet<&str> = plan
-        .partitions
-        .iter()
-        .flat_map(|p| p.module.outputs.iter().chain(&p.module.metrics))
-        .map(|o| o.name.as_str())
-        .collect();
-    for (p, partition) in plan.partitions.iter().enumerate() {
-        let module = &partition.module;
+/// performs, by the cost model's count (`dfc_passes::cost::node_flops`), over the nodes it
+/// computes in each partition (`Session::program_modules`).
+fn matmul_conv_flops(modules: &[dfc_ir::Module]) -> f64 {
+    let mut flops = 0.0;
+    for module in modules {
         let graph = &module.graph;
         for id in graph.node_ids() {
-            let node = graph.node(id);
-            match &node.op {
-                Op::Send { key, .. } => {
-                    sends.insert(key.as_str(), (p, id));
-                }
-                Op::AllReduce { key, .. } => reductions.entry(key.as_str()).or_default().push((p, id)),
-                _ => {}
-            }
-            let name = node.name.as_str();
-            if targets.contains(&name) || (fetches.contains(&name) && !named.contains(name)) {
-                roots[p].insert(id);
-            }
-        }
-        for output in module.outputs.iter().chain(&module.metrics) {
-            if fetches.contains(&output.name.as_str()) && graph.contains(output.tensor.node) {
-                roots[p].insert(output.tensor.node);
-            }
-        }
-    }
-    let mut needed: Vec<BTreeSet<NodeId>>;
-    loop {
-        needed = roots
-            .iter()
-            .enumerate()
-            .map(|(p, r)| plan.partitions[p].module.graph.ancestors(&r.iter().copied().collect::<Vec<_>>()))
-            .collect();
-        let mut grew = false;
-        for (p, ids) in needed.iter().enumerate() {
-            let graph = &plan.partitions[p].module.graph;
-            for &id in ids {
-                let more: Vec<(usize, NodeId)> = match &graph.node(id).op {
-                    Op::Recv { key, .. } => sends.get(key.as_str()).copied().into_iter().collect(),
-                    Op::AllReduce { key, .. } => reductions.get(key.as_str()).cloned().unwrap_or_default(),
-                    _ => Vec::new(),
-                };
-                for (q, other) in more {
-                    grew |= roots[q].insert(other);
-                }
-            }
-        }
-        if !grew {
-            break;
-        }
-    }
-    let mut flops = 0.0;
-    for (p, ids) in needed.iter().enumerate() {
-        let graph = &plan.partitions[p].module.graph;
-        for &id in ids {
             if matches!(
                 graph.node(id).op,
                 Op::MatMul { .. }

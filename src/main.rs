@@ -2,8 +2,10 @@
 
 mod bench;
 mod bench_allreduce;
+mod calibrate;
 mod fmt;
 mod lsp;
+mod predict;
 mod render;
 mod run;
 
@@ -267,6 +269,9 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Time the ring all-reduce across local worker processes, next to raw loopback TCP.
     BenchAllreduce(bench_allreduce::BenchAllReduceArgs),
+    /// Measure this machine for the cost model (products, convolutions, kernels, the links
+    /// between worker processes) into a profile that `dfc compile` predicts from.
+    Calibrate(calibrate::CalibrateArgs),
     /// Describe what a plan file holds.
     Inspect {
         plan: PathBuf,
@@ -354,6 +359,13 @@ struct DistributeArgs {
     /// Cost model: bytes per second between tasks.
     #[arg(long, value_name = "RATE")]
     remote_bandwidth: Option<f64>,
+    /// Cost model: predict from this machine profile (`dfc calibrate -o FILE`) [default: this
+    /// host's profile, where `dfc calibrate` has made one]
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["device_flops", "local_bandwidth", "remote_bandwidth", "no_profile"])]
+    profile: Option<PathBuf>,
+    /// Cost model: predict from the assumed rates (or those given), not from this host's profile.
+    #[arg(long)]
+    no_profile: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -413,6 +425,7 @@ fn main() -> ExitCode {
         Command::Inspect { plan, json } => inspect(&plan, json),
         Command::Bench(args) => bench::bench(&args),
         Command::BenchAllreduce(args) => bench_allreduce::bench_allreduce(&args).map_err(Failure),
+        Command::Calibrate(args) => calibrate::calibrate(&args),
         Command::Certs { out, hosts } => run::certs(&out, &hosts).map_err(Failure),
         Command::Graph { file, model, distribute, after, collapse, output } => {
             graph(&file, &model, &distribute, &after, collapse, output)
@@ -648,6 +661,14 @@ fn compile_options(model: &ModelArgs, args: &DistributeArgs) -> Result<dfc_compi
     }
     if let Some(v) = positive(args.remote_bandwidth, "--remote-bandwidth")? {
         cost_model.remote_bytes_per_second = v;
+    }
+    let rates_given = args.device_flops.is_some() || args.local_bandwidth.is_some() || args.remote_bandwidth.is_some();
+    if let Some(path) = &args.profile {
+        cost_model = dfc_passes::CostModel::calibrated(calibrate::load_profile(path).map_err(Failure)?);
+    } else if !(args.no_profile || rates_given) {
+        if let Some(profile) = calibrate::host_profile() {
+            cost_model = dfc_passes::CostModel::calibrated(profile);
+        }
     }
     Ok(dfc_compile::CompileOptions {
         sema: options(model)?,

@@ -182,11 +182,38 @@ pub fn run(plan: &dfc_plan::Plan, args: &RunArgs) -> Result<(), String> {
     // The driver's own spans on a track of their own; each partition's go on its device's.
     let result = dfc_interp::trace::on_track("driver", || run_untraced(plan, args));
     let events = dfc_interp::trace::take();
+    if result.is_ok() && args.fetch.is_none() {
+        report_prediction(plan, args, &events);
+    }
     let process = dfc_driver::timeline::Process { name: format!("dfc run {}", plan.model), events: &events };
     dfc_driver::timeline::write(path, &[process])
         .map_err(|e| format!("cannot write the timeline {}: {e}", path.display()))?;
     eprintln!("timeline: {} spans in {}", events.len(), path.display());
     result
+}
+
+/// After a traced training run: its median step beside the cost model's for the way it ran,
+/// and per device and kind of work, the timeline's time a step beside the predicted.
+fn report_prediction(plan: &dfc_plan::Plan, args: &RunArgs, events: &[dfc_interp::trace::Event]) {
+    let Some((measured, steps)) = crate::predict::measured_step(events) else { return };
+    let assignment = args.remote.spawn.and_then(|n| Some((dfc_rpc::assign(plan, n).ok()?, n)));
+    let placement = match (&assignment, cluster_source(&args.remote)) {
+        (Some((a, n)), _) => crate::predict::Placement::Spawned { partition_worker: &a.partition_worker, workers: *n },
+        (None, Ok(Some(_))) => crate::predict::Placement::Cluster,
+        _ => crate::predict::Placement::Here,
+    };
+    let nodes = crate::predict::training_nodes(plan);
+    let Some(predicted) = crate::predict::predict(plan, &nodes, placement) else {
+        eprintln!("step: median {:.3} ms over {steps} steps; no prediction (no profile of this host: `dfc calibrate` makes one)", measured * 1e3);
+        return;
+    };
+    eprintln!(
+        "step: median {:.3} ms over {steps} steps; predicted {:.3} ms ({:+.1}%){}",
+        measured * 1e3,
+        predicted.step_seconds * 1e3,
+        (predicted.step_seconds / measured - 1.0) * 100.0,
+        crate::predict::describe(&crate::predict::breakdown(events, steps, &predicted))
+    );
 }
 
 /// Makes this thread one of rayon's, where it runs all of `plan`'s steps itself (one partition, in this

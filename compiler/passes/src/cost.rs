@@ -22,11 +22,13 @@
 //! the start, an all-reduce with missing members reduces over those present, and nodes behind a
 //! cycle are never started (they count in the load, not in the times).
 
+use crate::profile::{ConvForm, Profile, Rates};
 use dfc_ir::{BinaryOp, DeviceSpec, Graph, Module, NodeId, Op, TensorType, UnaryOp};
 use serde::{Deserialize, Serialize};
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BinaryHeap, HashMap};
 use std::fmt;
+use std::sync::Arc;
 
 /// The rates the model assumes; every one can be overridden on the command line.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -39,6 +41,31 @@ pub struct CostModel {
     pub remote_bytes_per_second: f64,
     /// Fixed cost of one transfer between tasks, in seconds.
     pub remote_latency_seconds: f64,
+    /// What the profile the prediction used says of itself (`Profile::describe`), when it
+    /// used one: then the rates above are not what it assumed.
+    pub calibration: Option<String>,
+    /// The machine's measured costs (`dfc calibrate`), which replace the rates above where
+    /// given: node times from the measured products and kernels, transfers from the measured
+    /// links, and the devices of one host sharing its cores. Not part of a plan.
+    #[serde(skip)]
+    pub profile: Option<Arc<Profile>>,
+}
+
+impl CostModel {
+    /// The model that predicts from `profile`; its FLOP rate (what placement balances by) is
+    /// the profile's rate on a square product of 256.
+    pub fn calibrated(profile: Profile) -> CostModel {
+        let full = profile.full();
+        let square = full.gemm_seconds(256, 256, 256, false, false, 1);
+        CostModel {
+            flops_per_second: 2.0 * 256f64.powi(3) / square,
+            local_bytes_per_second: full.run.kernel.bytes_per_second,
+            remote_bytes_per_second: profile.tcp.bytes_per_second,
+            remote_latency_seconds: profile.tcp.latency_seconds,
+            calibration: Some(profile.describe()),
+            profile: Some(Arc::new(profile)),
+        }
+    }
 }
 
 /// Rates of a commodity CPU cluster, the machines dfc's runtime targets:
@@ -58,6 +85,8 @@ impl Default for CostModel {
             local_bytes_per_second: 10e9,
             remote_bytes_per_second: 1.25e9,
             remote_latency_seconds: 50e-6,
+            calibration: None,
+            profile: None,
         }
     }
 }
@@ -90,6 +119,10 @@ pub struct DeviceCost {
     pub compute_seconds: f64,
     /// When this device finishes its part of the step, in seconds from the step's start.
     pub finish_seconds: f64,
+    /// `compute_seconds` by the kind of work, as the timeline names it (`matmul`, `kernel`,
+    /// `conv`, `pool`, `norm`, `layout`), and the time of its exchanges (`all_reduce`: each
+    /// all-reduce's ring; `recv`: each receive's transfer), the largest first.
+    pub by_kind: Vec<(String, f64)>,
 }
 
 /// FLOPs of a transcendental function (exp, log, sqrt, rsqrt, sigmoid, tanh, pow) per element:
@@ -208,6 +241,158 @@ pub fn node_flops(graph: &Graph, id: NodeId) -> f64 {
     }
 }
 
+/// The time of every node of `module` at a profile's `rates`, by node index: a fused loop
+/// kernel's fixed cost and bytes at its root (its other members are inside it), products and
+/// convolutions from the measured table, other ops that compute as a kernel over the bytes
+/// they touch, and nothing for sources, state and transfers.
+pub fn profiled_seconds(module: &Module, profile: Rates<'_>) -> Vec<f64> {
+    let graph = &module.graph;
+    let slots = graph.node_ids().map(|id| id.index() + 1).max().unwrap_or(0);
+    let mut times = vec![0.0; slots];
+    let kept: Vec<NodeId> = module
+        .outputs
+        .iter()
+        .chain(&module.metrics)
+        .map(|o| o.tensor.node)
+        .chain(module.training.as_ref().map(|t| t.loss.node))
+        .collect();
+    let fusion = crate::fuse::fuse(module, &kept);
+    let mut fused = vec![false; slots];
+    let type_of = |t: &dfc_ir::TensorRef| graph.node(t.node).outputs.get(t.port as usize).map_or(0, tensor_bytes);
+    for kernel in &fusion.kernels {
+        for member in &kernel.members {
+            fused[member.index()] = true;
+        }
+        let read: u64 = kernel.inputs.iter().map(type_of).sum();
+        let written: u64 = graph.node(kernel.root).outputs.iter().map(tensor_bytes).sum();
+        let transcendentals: f64 = kernel.members.iter().map(|&m| transcendental_elements(graph, m)).sum();
+        let rows: f64 = kernel.members.iter().map(|&m| row_seconds(graph, m, profile)).sum();
+        times[kernel.root.index()] = profile.run.kernel.seconds((read + written) as f64)
+            + transcendentals * profile.run.transcendental_seconds
+            + rows;
+    }
+    for id in graph.node_ids() {
+        if !fused[id.index()] {
+            times[id.index()] = unfused_seconds(graph, id, profile);
+        }
+    }
+    times
+}
+
+/// The elements on which node `id` computes a transcendental function (an exponential, a
+/// logarithm, a root, a hyperbolic function).
+fn transcendental_elements(graph: &Graph, id: NodeId) -> f64 {
+    let node = graph.node(id);
+    let output = || node.outputs.first().map_or(0.0, elements);
+    let operand =
+        || graph.inputs(id).first().and_then(|t| graph.node(t.node).outputs.get(t.port as usize)).map_or(0.0, elements);
+    match &node.op {
+        Op::Unary(UnaryOp::Exp | UnaryOp::Log | UnaryOp::Sqrt | UnaryOp::Rsqrt | UnaryOp::Sigmoid | UnaryOp::Tanh)
+        | Op::Binary(BinaryOp::Pow) => output(),
+        Op::SigmoidCrossEntropy => operand(),
+        _ => 0.0,
+    }
+}
+
+/// What node `id` spends folding its operand row by row, where it is a row op, at a
+/// profile's `rates` (the calibrated costs per element include a softmax's exponentials).
+fn row_seconds(graph: &Graph, id: NodeId, rates: Rates<'_>) -> f64 {
+    let operand = graph.inputs(id).first().and_then(|t| graph.node(t.node).outputs.get(t.port as usize));
+    let Some(operand) = operand else { return 0.0 };
+    let (count, length) = (elements(operand), operand.shape.dims().last().map_or(1.0, |&d| d as f64));
+    let run = rates.run;
+    match &graph.node(id).op {
+        Op::Softmax { .. } | Op::LogSoftmax { .. } | Op::SoftmaxCrossEntropy => run.exp_row.seconds(count, length),
+        Op::LayerNorm { .. } | Op::ArgMax { .. } => run.row.seconds(count, length),
+        // Two passes over the row for its sums, one to write.
+        Op::LayerNormGrad { .. } => 2.0 * run.row.seconds(count, length),
+        _ => 0.0,
+    }
+}
+
+/// What the runtime's timeline calls the work of node `id` (`kernel`, `matmul`, `conv`, ...),
+/// where it computes on its own; `kernel` for a fused kernel's root.
+pub fn work_kind(graph: &Graph, id: NodeId) -> &'static str {
+    match &graph.node(id).op {
+        Op::MatMul { .. } => "matmul",
+        Op::Conv2d { .. } | Op::Conv2dBackpropInput { .. } | Op::Conv2dBackpropFilter { .. } => "conv",
+        Op::MaxPool { .. } | Op::AvgPool { .. } | Op::MaxPoolGrad { .. } | Op::AvgPoolGrad { .. } => "pool",
+        Op::Moments | Op::BatchNorm { .. } | Op::BatchNormGradMeans { .. } | Op::BatchNormGrad { .. } => "norm",
+        Op::Transpose { .. }
+        | Op::Concat { .. }
+        | Op::Slice { .. }
+        | Op::Pad { .. }
+        | Op::Gather
+        | Op::ScatterAdd { .. }
+        | Op::BroadcastTo { .. }
+        | Op::OneHot { .. } => "layout",
+        _ => "kernel",
+    }
+}
+
+/// A node outside the fused kernels at a profile's rates.
+fn unfused_seconds(graph: &Graph, id: NodeId, profile: Rates<'_>) -> f64 {
+    let node = graph.node(id);
+    let inputs = graph.inputs(id);
+    let dims_of = |i: usize| -> &[usize] {
+        inputs.get(i).and_then(|t| graph.node(t.node).outputs.get(t.port as usize)).map_or(&[], |ty| ty.shape.dims())
+    };
+    let product = |dims: &[usize]| dims.iter().product::<usize>();
+    match &node.op {
+        Op::Input { .. }
+        | Op::Const { .. }
+        | Op::Variable { .. }
+        | Op::Read
+        | Op::Identity
+        | Op::StopGradient
+        | Op::CrossReplicaMean
+        | Op::Reshape { .. }
+        | Op::Send { .. }
+        | Op::Recv { .. }
+        | Op::AllReduce { .. } => 0.0,
+        Op::MatMul { transpose_a, transpose_b } => {
+            let (a, b) = (dims_of(0), dims_of(1));
+            let (Some(out), true) = (node.outputs.first(), a.len() >= 2 && b.len() >= 2) else { return 0.0 };
+            let out = out.shape.dims();
+            let (n, k) = (out[out.len() - 1], if *transpose_a { a[a.len() - 2] } else { a[a.len() - 1] });
+            if b.len() == 2 && !*transpose_a {
+                // Batches of rows times one matrix: one product of all the rows.
+                profile.gemm_seconds(product(&out[..out.len() - 1]), n, k, false, *transpose_b, 1)
+            } else {
+                let m = out[out.len() - 2];
+                profile.gemm_seconds(m, n, k, *transpose_a, *transpose_b, product(&out[..out.len() - 2]))
+            }
+        }
+        Op::Conv2d { .. } => {
+            let (out, filter) = (node.outputs.first().map_or(&[][..], |t| t.shape.dims()), dims_of(1));
+            conv(profile, ConvForm::Forward, out, filter)
+        }
+        Op::Conv2dBackpropInput { .. } => conv(profile, ConvForm::BackpropInput, dims_of(1), dims_of(0)),
+        Op::Conv2dBackpropFilter { filter_shape, .. } => {
+            conv(profile, ConvForm::BackpropFilter, dims_of(1), filter_shape.dims())
+        }
+        _ => {
+            // A kernel of its own over what it reads and writes.
+            let read: u64 =
+                inputs.iter().filter_map(|t| graph.node(t.node).outputs.get(t.port as usize)).map(tensor_bytes).sum();
+            let written: u64 = node.outputs.iter().map(tensor_bytes).sum();
+            profile.run.kernel.seconds((read + written) as f64)
+                + transcendental_elements(graph, id) * profile.run.transcendental_seconds
+                + row_seconds(graph, id, profile)
+        }
+    }
+}
+
+/// A convolution of output (or output gradient) `out` (NHWC) and filter `filter` (HWIO) as its
+/// im2col product.
+fn conv(profile: Rates<'_>, form: ConvForm, out: &[usize], filter: &[usize]) -> f64 {
+    if out.len() != 4 || filter.len() != 4 {
+        return 0.0;
+    }
+    let pixels = out[0] * out[1] * out[2];
+    profile.conv_seconds(form, pixels, filter[3], filter[0] * filter[1] * filter[2])
+}
+
 fn elements(ty: &TensorType) -> f64 {
     ty.shape.dims().iter().map(|&d| d as f64).product()
 }
@@ -268,6 +453,8 @@ enum Kind {
 /// One node of the simulation.
 struct SimNode {
     partition: u32,
+    /// What runs it: its device, or with a profile, its host's cores.
+    executor: u32,
     id: NodeId,
     /// Position in its partition's topological order: the device runs the first ready one.
     priority: u32,
@@ -315,10 +502,156 @@ const NONE: u32 = u32::MAX;
 /// all-reduces) under `model`: per-device load and finish time, the step time and the critical
 /// path. Linear in the graph size apart from the event queue's logarithm.
 pub fn estimate(partitions: &[&Module], model: &CostModel) -> CostReport {
+    estimate_on(partitions, model, &Topology::of_tasks(partitions))
+}
+
+/// Where the partitions of a step run: each one's process and host, numbered from 0, and the
+/// threads each process computes on. Partitions of one process share its memory (a transfer
+/// is a copy) and its threads (with a profile, one runs at a time); processes of one host
+/// share its cores (with a profile, each runs at the rates measured on its threads, slowed
+/// where the host's processes ask for more threads than it has) and talk through shared
+/// memory; hosts talk through TCP.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Topology {
+    pub process: Vec<u32>,
+    pub host: Vec<u32>,
+    /// By process: the threads it computes on, 0 for all of its host's.
+    pub threads: Vec<u32>,
+}
+
+impl Topology {
+    /// A process per task (job and task index), each on a host of its own, on all its cores.
+    pub fn of_tasks(partitions: &[&Module]) -> Topology {
+        Topology::of_tasks_on(partitions, |_| None)
+    }
+
+    /// A process per task on all its host's cores; tasks for which `host_of` names the same
+    /// host share it, and any other task is on a host of its own.
+    pub fn of_tasks_on(partitions: &[&Module], host_of: impl Fn(&DeviceSpec) -> Option<String>) -> Topology {
+        let mut tasks: Vec<(Option<String>, Option<u32>)> = Vec::new();
+        let mut hosts: Vec<Option<String>> = Vec::new();
+        let mut process = Vec::with_capacity(partitions.len());
+        let mut host = Vec::with_capacity(partitions.len());
+        for module in partitions {
+            let device = device_of(module);
+            let task = device.map_or((None, None), |d| (d.job.clone(), d.task));
+            let index = tasks.iter().position(|t| *t == task).unwrap_or_else(|| {
+                tasks.push(task);
+                tasks.len() - 1
+            });
+            process.push(index as u32);
+            let name = device.and_then(&host_of);
+            let at = match &name {
+                Some(_) => hosts.iter().position(|h| *h == name),
+                None => None,
+            };
+            host.push(at.unwrap_or_else(|| {
+                hosts.push(name);
+                hosts.len() - 1
+            }) as u32);
+        }
+        // A task's partitions are all on its host: the first one's.
+        for p in 0..process.len() {
+            let first = process.iter().position(|&q| q == process[p]).expect("listed");
+            host[p] = host[first];
+        }
+        Topology { process, host, threads: vec![0; tasks.len()] }
+    }
+
+    /// With a profile measured on `cores` threads: the threads each partition's process
+    /// computes on, and how much slower than on those threads alone (the host's processes
+    /// asking for more threads than it has take turns).
+    fn compute_shares(&self, partitions: usize, cores: u32) -> Vec<(u32, f64)> {
+        let cores = cores.max(1);
+        let threads_of = |process: u32| match self.threads.get(process as usize) {
+            Some(&t) if t > 0 => t,
+            _ => cores,
+        };
+        let mut asked: HashMap<u32, u64> = HashMap::new();
+        let mut counted: Vec<u32> = Vec::new();
+        for p in 0..partitions {
+            let (process, host) = self.process_of(p);
+            if !counted.contains(&process) {
+                counted.push(process);
+                *asked.entry(host).or_default() += u64::from(threads_of(process));
+            }
+        }
+        (0..partitions)
+            .map(|p| {
+                let (process, host) = self.process_of(p);
+                let oversubscribed = (asked[&host] as f64 / f64::from(cores)).max(1.0);
+                (threads_of(process), oversubscribed)
+            })
+            .collect()
+    }
+
+    /// Partition `p`'s process, or one of its own where the topology does not say.
+    fn process_of(&self, p: usize) -> (u32, u32) {
+        match (self.process.get(p), self.host.get(p)) {
+            (Some(&process), Some(&host)) => (process, host),
+            _ => (u32::MAX - p as u32, u32::MAX - p as u32),
+        }
+    }
+}
+
+/// The device a partition's nodes are placed on (the first that names one).
+fn device_of(module: &Module) -> Option<&DeviceSpec> {
+    module.graph.node_ids().find_map(|id| module.graph.node(id).device.as_ref())
+}
+
+/// How two partitions are joined.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Link {
+    Same,
+    Process,
+    Host,
+    Network,
+}
+
+fn link_between(topology: &Topology, a: usize, b: usize) -> Link {
+    let (pa, ha) = topology.process_of(a);
+    let (pb, hb) = topology.process_of(b);
+    if a == b {
+        Link::Same
+    } else if pa == pb {
+        Link::Process
+    } else if ha == hb {
+        Link::Host
+    } else {
+        Link::Network
+    }
+}
+
+/// Seconds to move `bytes` over `link`: with a profile, a copy at its kernels' bandwidth within
+/// a process, its shared-memory queues within a host, TCP between hosts; without, the assumed
+/// rates (a process's devices at the local bandwidth, anything else remote).
+fn link_seconds(bytes: f64, link: Link, model: &CostModel) -> f64 {
+    match (link, &model.profile) {
+        (Link::Same, _) => 0.0,
+        (Link::Process, Some(p)) => seconds(bytes, p.full().run.kernel.bytes_per_second),
+        (Link::Host, Some(p)) => p.shared_memory.seconds(bytes),
+        (Link::Network, Some(p)) => p.tcp.seconds(bytes),
+        (Link::Process, None) => seconds(bytes, model.local_bytes_per_second),
+        (_, None) => seconds(bytes, model.remote_bytes_per_second) + model.remote_latency_seconds.max(0.0),
+    }
+}
+
+/// `estimate` with the partitions run as `topology` says (a run on spawned workers: the
+/// workers' processes, all on this host).
+pub fn estimate_on(partitions: &[&Module], model: &CostModel, topology: &Topology) -> CostReport {
     let unknown = DeviceSpec::default();
-    let specs: Vec<Option<&DeviceSpec>> =
-        partitions.iter().map(|m| m.graph.node_ids().find_map(|id| m.graph.node(id).device.as_ref())).collect();
+    let specs: Vec<Option<&DeviceSpec>> = partitions.iter().map(|m| device_of(m)).collect();
     let spec = |p: u32| specs[p as usize].unwrap_or(&unknown);
+    // With a profile, a process's partitions take turns on its threads; without, each device
+    // computes on its own.
+    let executor: Vec<u32> = (0..partitions.len())
+        .map(|p| if model.profile.is_some() { topology.process_of(p).0 } else { p as u32 })
+        .collect();
+    let shares = model.profile.as_ref().map(|profile| topology.compute_shares(partitions.len(), profile.cpu.threads));
+    let mut executors: Vec<u32> = executor.clone();
+    executors.sort_unstable();
+    executors.dedup();
+    let executor: Vec<u32> = executor.iter().map(|e| executors.binary_search(e).expect("listed") as u32).collect();
     let names: Vec<String> = specs
         .iter()
         .enumerate()
@@ -340,6 +673,12 @@ pub fn estimate(partitions: &[&Module], model: &CostModel) -> CostReport {
         let order = graph.topo_order().unwrap_or_else(|_| graph.node_ids().collect());
         let slots = graph.node_ids().map(|id| id.index() + 1).max().unwrap_or(0);
         let mut map = vec![NONE; slots];
+        let profiled = model.profile.as_ref().zip(shares.as_ref()).map(|(profile, shares)| {
+            let (threads, slower) = shares[p];
+            let mut times = profiled_seconds(module, profile.rates(threads));
+            times.iter_mut().for_each(|t| *t *= slower);
+            times
+        });
         let device = &mut devices[p];
         for (priority, &id) in order.iter().enumerate() {
             let node = graph.node(id);
@@ -367,12 +706,31 @@ pub fn estimate(partitions: &[&Module], model: &CostModel) -> CostReport {
                 }
                 _ => Kind::Compute,
             };
-            let seconds = seconds(flops, model.flops_per_second);
-            if kind == Kind::Compute {
+            let seconds = match &profiled {
+                // An all-reduce's additions go with the transfers, at the kernels' rate.
+                Some(_) if kind == Kind::AllReduce => {
+                    seconds(3.0 * node.outputs.first().map_or(0, tensor_bytes) as f64, model.local_bytes_per_second)
+                }
+                Some(times) => times.get(id.index()).copied().unwrap_or(0.0),
+                None => seconds(flops, model.flops_per_second),
+            };
+            if kind == Kind::Compute && seconds > 0.0 {
                 device.compute_seconds += seconds;
+                let work = work_kind(graph, id);
+                match device.by_kind.iter_mut().find(|(k, _)| k == work) {
+                    Some((_, total)) => *total += seconds,
+                    None => device.by_kind.push((work.to_string(), seconds)),
+                }
             }
             map[id.index()] = nodes.len() as u32;
-            nodes.push(SimNode { partition: p as u32, id, priority: priority as u32, kind, seconds });
+            nodes.push(SimNode {
+                partition: p as u32,
+                executor: executor[p],
+                id,
+                priority: priority as u32,
+                kind,
+                seconds,
+            });
         }
         global.push(map);
     }
@@ -449,7 +807,13 @@ pub fn estimate(partitions: &[&Module], model: &CostModel) -> CostReport {
         // The partitions' devices, or where those are unknown, what the pair says.
         let there = specs[nodes[s as usize].partition as usize].unwrap_or(from);
         let here = receiver.or(to_of(s)).unwrap_or(&unknown);
-        transfer[g] = transfer_seconds(tensor_bytes(ty), there, here, model);
+        transfer[g] = match &model.profile {
+            Some(_) => {
+                let link = link_between(topology, nodes[s as usize].partition as usize, node.partition as usize);
+                link_seconds(tensor_bytes(ty) as f64, link, model)
+            }
+            None => transfer_seconds(tensor_bytes(ty), there, here, model),
+        };
         recv_source[g] = s;
         successors[s as usize].push(g as u32);
         pending[g] += 1;
@@ -460,13 +824,31 @@ pub fn estimate(partitions: &[&Module], model: &CostModel) -> CostReport {
         .iter()
         .map(|group| {
             let Some(&first) = group.members.first() else { return 0.0 };
-            let first = spec(nodes[first as usize].partition);
-            let remote = group.members.iter().any(|&m| !same_task(spec(nodes[m as usize].partition), first));
             if group.size <= 1 {
                 return 0.0;
             }
             let bytes = ring_bytes(group.bytes, group.size);
             let steps = 2.0 * (group.size - 1) as f64;
+            if let Some(profile) = &model.profile {
+                let partition = |m: u32| nodes[m as usize].partition as usize;
+                let link = group
+                    .members
+                    .iter()
+                    .map(|&m| link_between(topology, partition(first), partition(m)))
+                    .max()
+                    .unwrap_or(Link::Same);
+                // Each of the ring's 2(n − 1) steps pays the link's fixed cost.
+                return match link {
+                    Link::Same | Link::Process => seconds(bytes as f64, profile.full().run.kernel.bytes_per_second),
+                    Link::Host => {
+                        profile.shared_memory.seconds(bytes as f64)
+                            + (steps - 1.0) * profile.shared_memory.latency_seconds
+                    }
+                    Link::Network => profile.tcp.seconds(bytes as f64) + (steps - 1.0) * profile.tcp.latency_seconds,
+                };
+            }
+            let first = spec(nodes[first as usize].partition);
+            let remote = group.members.iter().any(|&m| !same_task(spec(nodes[m as usize].partition), first));
             if remote {
                 seconds(bytes as f64, model.remote_bytes_per_second) + steps * model.remote_latency_seconds.max(0.0)
             } else {
@@ -474,6 +856,22 @@ pub fn estimate(partitions: &[&Module], model: &CostModel) -> CostReport {
             }
         })
         .collect();
+
+    // The exchanges' times in the breakdown: each member's all-reduce, each receive's transfer.
+    for (g, node) in nodes.iter().enumerate() {
+        let exchange = match node.kind {
+            Kind::AllReduce => Some(("all_reduce", ring_seconds.get(group_of[g] as usize).copied().unwrap_or(0.0))),
+            Kind::Recv => Some(("recv", transfer[g])),
+            _ => None,
+        };
+        if let Some((work, seconds)) = exchange.filter(|(_, s)| *s > 0.0 && s.is_finite()) {
+            let device = &mut devices[node.partition as usize];
+            match device.by_kind.iter_mut().find(|(k, _)| k == work) {
+                Some((_, total)) => *total += seconds,
+                None => device.by_kind.push((work.to_string(), seconds)),
+            }
+        }
+    }
 
     let mut sim = Simulation {
         nodes: &nodes,
@@ -484,10 +882,10 @@ pub fn estimate(partitions: &[&Module], model: &CostModel) -> CostReport {
         finished: 0,
         events: BinaryHeap::new(),
         seq: 0,
-        queues: (0..partitions.len()).map(|_| BinaryHeap::new()).collect(),
-        running: vec![false; partitions.len()],
-        dispatch_pending: vec![false; partitions.len()],
-        last_run: vec![NONE; partitions.len()],
+        queues: (0..executors.len()).map(|_| BinaryHeap::new()).collect(),
+        running: vec![false; executors.len()],
+        dispatch_pending: vec![false; executors.len()],
+        last_run: vec![NONE; executors.len()],
         groups,
         group_of,
         ring_seconds,
@@ -509,10 +907,10 @@ pub fn estimate(partitions: &[&Module], model: &CostModel) -> CostReport {
         sim.finish_order[g] = sim.finished;
         let node = &nodes[g];
         if node.kind == Kind::Compute {
-            let p = node.partition as usize;
-            sim.running[p] = false;
-            sim.last_run[p] = what;
-            sim.request_dispatch(node.partition, now);
+            let e = node.executor as usize;
+            sim.running[e] = false;
+            sim.last_run[e] = what;
+            sim.request_dispatch(node.executor, now);
         }
         for &s in &successors[g] {
             let arrival = if recv_source[s as usize] == what { now + transfer[s as usize] } else { now };
@@ -542,6 +940,15 @@ pub fn estimate(partitions: &[&Module], model: &CostModel) -> CostReport {
         };
         if later {
             last = Some(g as u32);
+        }
+    }
+    for device in &mut devices {
+        device.by_kind.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    }
+    // A process's fixed cost of running its program (the feeds, the fetches, its threads).
+    if let (Some(profile), Some(shares)) = (&model.profile, &shares) {
+        for (device, &(threads, _)) in devices.iter_mut().zip(shares) {
+            device.finish_seconds += profile.rates(threads).run.program_seconds;
         }
     }
     let step_seconds = devices.iter().map(|d| d.finish_seconds).fold(0.0, f64::max);
@@ -583,7 +990,7 @@ struct Simulation<'a> {
     finished: u64,
     events: BinaryHeap<Reverse<(Time, u8, u64, u32)>>,
     seq: u64,
-    /// Per device, the ready compute nodes by topological position.
+    /// Per executor, the ready compute nodes by topological position.
     queues: Vec<BinaryHeap<Reverse<(u32, u32)>>>,
     running: Vec<bool>,
     dispatch_pending: Vec<bool>,
@@ -599,11 +1006,11 @@ impl Simulation<'_> {
         self.events.push(Reverse((Time(time), class, self.seq, what)));
     }
 
-    fn request_dispatch(&mut self, partition: u32, now: f64) {
-        let p = partition as usize;
+    fn request_dispatch(&mut self, executor: u32, now: f64) {
+        let p = executor as usize;
         if !self.running[p] && !self.dispatch_pending[p] && !self.queues[p].is_empty() {
             self.dispatch_pending[p] = true;
-            self.push(now, DISPATCH, partition);
+            self.push(now, DISPATCH, executor);
         }
     }
 
@@ -613,8 +1020,8 @@ impl Simulation<'_> {
         let node = &self.nodes[g as usize];
         match node.kind {
             Kind::Compute => {
-                self.queues[node.partition as usize].push(Reverse((node.priority, g)));
-                self.request_dispatch(node.partition, ready);
+                self.queues[node.executor as usize].push(Reverse((node.priority, g)));
+                self.request_dispatch(node.executor, ready);
             }
             Kind::Send | Kind::Recv => self.push(ready, FINISH, g),
             Kind::AllReduce => {
@@ -644,9 +1051,10 @@ impl Simulation<'_> {
         }
     }
 
-    /// Device `partition` is free at `now`: it starts its first ready node.
-    fn dispatch(&mut self, partition: u32, now: f64) {
-        let p = partition as usize;
+    /// Executor `executor` (a device, or a host's cores) is free at `now`: it starts its first
+    /// ready node.
+    fn dispatch(&mut self, executor: u32, now: f64) {
+        let p = executor as usize;
         self.dispatch_pending[p] = false;
         if self.running[p] {
             return;
@@ -757,7 +1165,9 @@ impl fmt::Display for CostReport {
                 writeln!(f, "  {entry}")?;
             }
         }
-        if let Some(m) = &self.model {
+        if let Some(calibration) = self.model.as_ref().and_then(|m| m.calibration.as_ref()) {
+            writeln!(f, "calibrated: {calibration}")?;
+        } else if let Some(m) = &self.model {
             writeln!(
                 f,
                 "assumed: {} GFLOP/s per device, {} within a task, {} and {} latency between tasks",

@@ -11,6 +11,7 @@ mod optimizer;
 mod partition;
 mod place;
 mod pool_early;
+pub mod profile;
 mod prune;
 mod replicate;
 mod shard;
@@ -18,12 +19,13 @@ mod simplify;
 mod tensor_fusion;
 
 pub use autodiff::autodiff;
-pub use cost::{CostModel, CostReport, DeviceCost};
+pub use cost::{CostModel, CostReport, DeviceCost, Topology};
 pub use fuse::{fuse, Fusion, Kernel};
 pub use optimizer::apply_optimizer;
 pub use partition::{partition, transfer_names, Partitioned};
 pub use place::{balance, place, PlaceOptions, Placed, VariablePlacement};
 pub use pool_early::pool_early;
+pub use profile::Profile;
 pub use prune::{prune, PruneError};
 pub use replicate::{
     drop_cross_replica_means, replica_interfaces, replica_name, replicate, without_averages, BackupNodes,

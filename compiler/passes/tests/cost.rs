@@ -438,3 +438,125 @@ fn the_report_prints_a_table_the_step_the_path_and_the_rates() {
         "assumed: 50 GFLOP/s per device, 10 GB/s within a task, 1.25 GB/s and 50 µs latency between tasks"
     );
 }
+
+/// A profile whose products take `2mnk / (rate · threads)` at every measured size, whose
+/// kernels cost 1 µs and 1 ns a byte, and whose shared memory and TCP take 10 µs + 1 ns a byte
+/// and 100 µs + 10 ns a byte; measured on 1 and 2 threads of a 2-thread CPU.
+fn profile(rate: f64) -> dfc_passes::Profile {
+    use dfc_passes::profile::{ConvFactors, Cpu, RowCost, Run, Throughput, PROFILE_VERSION};
+    let sizes = vec![1u32, 16, 256];
+    let run = |threads: u32| {
+        let mut nn = Vec::new();
+        for &m in &sizes {
+            for &n in &sizes {
+                for &k in &sizes {
+                    nn.push(2.0 * f64::from(m) * f64::from(n) * f64::from(k) / (rate * f64::from(threads)));
+                }
+            }
+        }
+        let row = RowCost { short_length: 16, short_seconds: 0.0, long_length: 256, long_seconds: 0.0 };
+        Run {
+            threads,
+            tn: nn.clone(),
+            nt: nn.clone(),
+            nn,
+            conv: ConvFactors { forward: 1.0, backprop_input: 1.0, backprop_filter: 1.0 },
+            kernel: Throughput { latency_seconds: 1e-6, bytes_per_second: 1e9 },
+            transcendental_seconds: 0.0,
+            row,
+            exp_row: row,
+            program_seconds: 0.0,
+        }
+    };
+    dfc_passes::Profile {
+        version: PROFILE_VERSION,
+        cpu: Cpu { name: "test".into(), vendor: String::new(), family: 0, model: 0, features: vec![], threads: 2 },
+        measured_at_unix: 0,
+        dfc: "test".into(),
+        runs: vec![run(1), run(2)],
+        gemm_sizes: sizes,
+        shared_memory: Throughput { latency_seconds: 10e-6, bytes_per_second: 1e9 },
+        tcp: Throughput { latency_seconds: 100e-6, bytes_per_second: 1e8 },
+    }
+}
+
+/// The square product of `n` that `work` builds, on every thread of the profile's CPU.
+fn product_seconds(n: usize, rate: f64, threads: f64) -> f64 {
+    2.0 * (n as f64).powi(3) / (rate * threads)
+}
+
+fn square_product(on: &str, n: usize) -> Module {
+    partition(on, |m| {
+        let x = input(m, f32(&[n, n]), "x");
+        let w = weight(m, f32(&[n, n]), "w");
+        matmul(m, x, w, "y");
+    })
+}
+
+#[test]
+fn with_a_profile_partitions_of_one_process_take_turns_on_its_threads() {
+    use dfc_passes::cost::estimate_on;
+    use dfc_passes::Topology;
+    let rate = 50e9;
+    let model = CostModel::calibrated(profile(rate));
+    assert_eq!(model.calibration.as_deref(), Some("test ( family 0, model 0), 2 threads, measured 1970-01-01"));
+    let (a, b) = (square_product(A, 256), square_product(A1, 128));
+    let both = product_seconds(256, rate, 2.0) + product_seconds(128, rate, 2.0);
+    // One process (one task): one after the other, each on both threads.
+    let report = estimate(&[&a, &b], &model);
+    assert_close(report.step_seconds, both, "one process");
+    // Two processes on one host, one thread each: side by side, each at one thread's rate.
+    let apart = Topology { process: vec![0, 1], host: vec![0, 0], threads: vec![1, 1] };
+    let report = estimate_on(&[&a, &b], &model, &apart);
+    assert_close(report.step_seconds, product_seconds(256, rate, 1.0), "two processes");
+    // Four processes of one thread on two: twice as slow again.
+    let (c, d) = (square_product(B, 16), square_product("/job:worker/task:2/cpu:0", 16));
+    let crowded = Topology { process: vec![0, 1, 2, 3], host: vec![0; 4], threads: vec![1; 4] };
+    let report = estimate_on(&[&a, &b, &c, &d], &model, &crowded);
+    assert_close(report.step_seconds, 2.0 * product_seconds(256, rate, 1.0), "four processes on two threads");
+    // Without a profile, every device computes on its own at the assumed rate.
+    let report = estimate(&[&a, &b], &CostModel::default());
+    assert_close(report.step_seconds, product_seconds(256, CostModel::default().flops_per_second, 1.0), "assumed");
+    // The breakdown names the products.
+    let report = estimate(&[&a, &b], &model);
+    let by_kind = &cost_of(&report, A).by_kind;
+    assert_eq!(by_kind.len(), 1);
+    assert_eq!(by_kind[0].0, "matmul");
+    assert_close(by_kind[0].1, product_seconds(256, rate, 2.0), "the products");
+}
+
+#[test]
+fn with_a_profile_transfers_take_the_link_between_their_processes() {
+    use dfc_passes::cost::estimate_on;
+    use dfc_passes::Topology;
+    let rate = 50e9;
+    let model = CostModel::calibrated(profile(rate));
+    let (a, b) = chain(A, B);
+    let bytes = 64.0 * 256.0 * 4.0;
+    let on = |topology: &Topology| estimate_on(&[&a, &b], &model, topology).step_seconds;
+    let hosts = on(&Topology { process: vec![0, 1], host: vec![0, 1], threads: vec![1, 1] });
+    let host = on(&Topology { process: vec![0, 1], host: vec![0, 0], threads: vec![1, 1] });
+    // The same compute either way (each process on one of its host's two threads); the link
+    // differs.
+    let tcp = 100e-6 + bytes * 1e-8;
+    let shared = 10e-6 + bytes * 1e-9;
+    assert_close(hosts - host, tcp - shared, "TCP against shared memory");
+}
+
+#[test]
+fn with_a_profile_a_fused_kernel_costs_its_fixed_cost_and_bytes() {
+    let model = CostModel::calibrated(profile(50e9));
+    let a = partition(A, |m| {
+        let x = input(m, f32(&[1000]), "x");
+        let y = add(m, Op::Unary(UnaryOp::Relu), &[x], "y");
+        let z = add(m, Op::Unary(UnaryOp::Neg), &[y], "z");
+        m.outputs.push(dfc_ir::Output { name: "z".into(), tensor: z });
+    });
+    let report = estimate(&[&a], &model);
+    // One kernel (relu and neg fused): reads 4000 bytes, writes 4000.
+    assert_close(report.step_seconds, 1e-6 + 8000.0 * 1e-9, "one fused kernel");
+    let by_kind = &cost_of(&report, A).by_kind;
+    assert_eq!(by_kind.len(), 1);
+    assert_eq!(by_kind[0].0, "kernel");
+    assert_close(by_kind[0].1, 1e-6 + 8000.0 * 1e-9, "the kernel");
+}

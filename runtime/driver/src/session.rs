@@ -317,6 +317,27 @@ fn close_over_partitions(
 /// the program of the nodes named `nodes` performs, over every partition of `plan`: what the
 /// training loop counts, the same for a `Session` and for workers.
 pub fn all_reduce_keys(plan: &Plan, nodes: &[&str]) -> Result<BTreeSet<String>, RunError> {
+    Ok(program_nodes(plan, nodes)?.1)
+}
+
+/// Each partition of `plan` as the program of the nodes named `nodes` runs it (the nodes it
+/// computes there): what the cost model predicts that program's step from.
+pub fn program_modules(plan: &Plan, nodes: &[&str]) -> Result<Vec<Module>, RunError> {
+    let (roots, _) = program_nodes(plan, nodes)?;
+    plan.partitions
+        .iter()
+        .zip(roots)
+        .map(|(partition, roots)| {
+            let roots: Vec<NodeId> = roots.into_iter().collect();
+            dfc_passes::prune(&partition.module, &[], &[], &roots)
+                .map_err(|e| malformed(format!("a partition cannot be cut to its program: {e:?}")))
+        })
+        .collect()
+}
+
+/// Per partition, what one run of the program of the nodes named `nodes` needs computed there
+/// (closed over the transfers and all-reduces between partitions), and the all-reduces it runs.
+fn program_nodes(plan: &Plan, nodes: &[&str]) -> Result<(Vec<BTreeSet<NodeId>>, BTreeSet<String>), RunError> {
     let mut named: HashMap<&str, (usize, NodeId)> = HashMap::new();
     let mut sends: HashMap<&str, (usize, NodeId)> = HashMap::new();
     let mut reductions: HashMap<&str, Vec<(usize, NodeId)>> = HashMap::new();
@@ -339,7 +360,8 @@ pub fn all_reduce_keys(plan: &Plan, nodes: &[&str]) -> Result<BTreeSet<String>, 
         let &(p, id) = named.get(name).ok_or_else(|| RunError::Usage(format!("the plan has no node `{name}`")))?;
         roots[p].insert(id);
     }
-    Ok(close_over_partitions(plan, &sends, &reductions, &mut roots))
+    let keys = close_over_partitions(plan, &sends, &reductions, &mut roots);
+    Ok((roots, keys))
 }
 
 fn malformed(message: String) -> RunError {

@@ -1,0 +1,484 @@
+//! A machine's measured costs (`dfc calibrate` writes them; `dfc compile --profile` reads
+//! them): the time of the matrix products dfc runs by shape, what its convolutions take beside
+//! a product of the same size, its fused kernels' fixed cost and memory bandwidth, the fixed
+//! cost of running a program, and the links between workers on one host (shared memory) and
+//! between hosts (TCP). The cost model (`cost.rs`) predicts from these in place of FLOP counts
+//! at one assumed rate.
+//!
+//! A profile is JSON from outside: `Profile::from_json` refuses, with a message naming the
+//! field, anything that is not a profile of this version with finite, positive times and a
+//! table of the size it claims.
+
+use serde::{Deserialize, Serialize};
+
+/// The version of the profile's JSON form; a profile of another version is refused.
+pub const PROFILE_VERSION: u32 = 1;
+
+/// The largest profile file read (a profile is a few tens of kilobytes).
+pub const MAX_PROFILE_BYTES: u64 = 4 << 20;
+
+/// At most this many sizes per axis of the product table (it holds their cube, three times).
+const MAX_SIZES: usize = 16;
+
+/// At most this many runs (numbers of threads).
+const MAX_RUNS: usize = 64;
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Profile {
+    pub version: u32,
+    /// The CPU it was measured on.
+    pub cpu: Cpu,
+    /// When, in seconds since 1970 (UTC).
+    pub measured_at_unix: u64,
+    /// The dfc that measured it (its version).
+    pub dfc: String,
+    /// The sizes along each of `m`, `n` and `k` at which products were timed: ascending, each
+    /// at least 1.
+    pub gemm_sizes: Vec<u32>,
+    /// What a process computing on so many threads measured: one thread, and all of them.
+    pub runs: Vec<Run>,
+    /// Between two worker processes on one host (the shared-memory queues).
+    pub shared_memory: Throughput,
+    /// Between worker processes through the data plane's TCP connections (between hosts).
+    pub tcp: Throughput,
+}
+
+/// The costs measured on one number of threads.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Run {
+    pub threads: u32,
+    /// The median time of `C = A·B` (dfc-gemm) for every `m`, `n` and `k` of `gemm_sizes`,
+    /// `m` slowest.
+    pub nn: Vec<f64>,
+    /// `Aᵀ·B` (a weight's gradient), likewise.
+    pub tn: Vec<f64>,
+    /// `A·Bᵀ` (an input's gradient), likewise.
+    pub nt: Vec<f64>,
+    /// A convolution's time over that of a product of its im2col shape (`m` = output pixels
+    /// of the batch, `n` = filters, `k` = window taps × input channels), for each of its three
+    /// forms.
+    pub conv: ConvFactors,
+    /// A fused loop kernel: a fixed cost, then the bytes it reads and writes at this rate.
+    pub kernel: Throughput,
+    /// What a kernel spends on each element of a transcendental function (exp, log, tanh, ...)
+    /// beyond its bytes, in seconds.
+    pub transcendental_seconds: f64,
+    /// What a row op (layer norm, its gradient, argmax: folds along each row of the last
+    /// axis) spends beyond its bytes.
+    pub row: RowCost,
+    /// The same for a row op with an exponential per element (softmax, log-softmax, their
+    /// cross entropy).
+    pub exp_row: RowCost,
+    /// What running a program costs beyond its steps (feeds, fetches, waking the threads).
+    pub program_seconds: f64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Cpu {
+    /// `model name` of /proc/cpuinfo, or what the platform calls it.
+    pub name: String,
+    /// `vendor_id`, `cpu family` and `model`, where known.
+    pub vendor: String,
+    pub family: u32,
+    pub model: u32,
+    /// The vector features the kernels choose by (`avx2`, `fma`, `avx512f`, ...).
+    pub features: Vec<String>,
+    /// The threads the kernels ran on (the rayon pool, one per core).
+    pub threads: u32,
+}
+
+/// A row op's cost per element, measured on rows of two lengths; between them it is
+/// interpolated in log-length, and beyond them it is the nearer one's.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RowCost {
+    pub short_length: u32,
+    pub short_seconds: f64,
+    pub long_length: u32,
+    pub long_seconds: f64,
+}
+
+impl RowCost {
+    /// The cost over `elements` in rows of `length`.
+    pub fn seconds(&self, elements: f64, length: f64) -> f64 {
+        if elements <= 0.0 || length <= 0.0 {
+            return 0.0;
+        }
+        let (short, long) = (f64::from(self.short_length), f64::from(self.long_length));
+        let along =
+            if long > short { ((length.ln() - short.ln()) / (long.ln() - short.ln())).clamp(0.0, 1.0) } else { 0.0 };
+        elements * (self.short_seconds + along * (self.long_seconds - self.short_seconds))
+    }
+
+    fn check(&self) -> Result<(), String> {
+        if self.short_length == 0 || self.long_length < self.short_length {
+            return Err("lengths: expected 1 ≤ short_length ≤ long_length".into());
+        }
+        for (name, value) in [("short_seconds", self.short_seconds), ("long_seconds", self.long_seconds)] {
+            if !(value.is_finite() && value >= 0.0) {
+                return Err(format!("{name}: {value}; it must be finite and not negative"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A fixed cost and a rate: `seconds = latency_seconds + bytes / bytes_per_second`.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Throughput {
+    pub latency_seconds: f64,
+    pub bytes_per_second: f64,
+}
+
+impl Throughput {
+    pub fn seconds(&self, bytes: f64) -> f64 {
+        self.latency_seconds + bytes.max(0.0) / self.bytes_per_second
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConvFactors {
+    pub forward: f64,
+    pub backprop_input: f64,
+    pub backprop_filter: f64,
+}
+
+/// Which of a convolution's three products.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConvForm {
+    Forward,
+    BackpropInput,
+    BackpropFilter,
+}
+
+impl Profile {
+    /// A profile from its JSON text, checked in full.
+    pub fn from_json(text: &str) -> Result<Profile, String> {
+        let profile: Profile = serde_json::from_str(text).map_err(|e| format!("not a dfc profile: {e}"))?;
+        profile.check()?;
+        Ok(profile)
+    }
+
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("a profile is plain data")
+    }
+
+    /// Every claim the cost model relies on; the first one broken, named.
+    pub fn check(&self) -> Result<(), String> {
+        if self.version != PROFILE_VERSION {
+            return Err(format!(
+                "the profile has version {}, but this dfc reads version {PROFILE_VERSION}; run `dfc calibrate` again",
+                self.version
+            ));
+        }
+        let sizes = &self.gemm_sizes;
+        if sizes.is_empty() || sizes.len() > MAX_SIZES {
+            return Err(format!("gemm_sizes: expected 1 to {MAX_SIZES} sizes, found {}", sizes.len()));
+        }
+        if sizes[0] == 0 || sizes.windows(2).any(|w| w[0] >= w[1]) {
+            return Err("gemm_sizes: expected ascending sizes of at least 1".into());
+        }
+        if self.runs.is_empty() || self.runs.len() > MAX_RUNS {
+            return Err(format!("runs: expected 1 to {MAX_RUNS} runs, found {}", self.runs.len()));
+        }
+        if self.runs[0].threads == 0 || self.runs.windows(2).any(|w| w[0].threads >= w[1].threads) {
+            return Err("runs: expected runs on ascending numbers of threads, at least 1".into());
+        }
+        for (i, run) in self.runs.iter().enumerate() {
+            run.check(sizes.len()).map_err(|e| format!("runs[{i}].{e}"))?;
+        }
+        for (name, link) in [("shared_memory", &self.shared_memory), ("tcp", &self.tcp)] {
+            link.check().map_err(|e| format!("{name}.{e}"))?;
+        }
+        if self.cpu.threads == 0 {
+            return Err("cpu.threads: 0; a profile is measured on at least one thread".into());
+        }
+        Ok(())
+    }
+
+    /// One line for reports: `AMD EPYC (family 25, model 17), 2 threads, measured 2026-12-06`.
+    pub fn describe(&self) -> String {
+        format!(
+            "{} ({} family {}, model {}), {} thread{}, measured {}",
+            self.cpu.name,
+            self.cpu.vendor,
+            self.cpu.family,
+            self.cpu.model,
+            self.cpu.threads,
+            if self.cpu.threads == 1 { "" } else { "s" },
+            date_of(self.measured_at_unix)
+        )
+    }
+
+    /// The costs of a process computing on `threads` threads: the run on the most threads
+    /// that are not more (or the fewest measured).
+    pub fn rates(&self, threads: u32) -> Rates<'_> {
+        let run = self.runs.iter().rev().find(|r| r.threads <= threads).unwrap_or(&self.runs[0]);
+        Rates { sizes: &self.gemm_sizes, run }
+    }
+
+    /// The costs on all the threads measured.
+    pub fn full(&self) -> Rates<'_> {
+        self.rates(u32::MAX)
+    }
+}
+
+impl Run {
+    fn check(&self, sizes: usize) -> Result<(), String> {
+        let cells = sizes.pow(3);
+        for (name, table) in [("nn", &self.nn), ("tn", &self.tn), ("nt", &self.nt)] {
+            if table.len() != cells {
+                return Err(format!("{name}: expected {cells} times ({sizes}³), found {}", table.len()));
+            }
+            if let Some(bad) = table.iter().find(|t| !positive(**t)) {
+                return Err(format!("{name}: a time of {bad} s; times must be finite and positive"));
+            }
+        }
+        for (name, value) in [
+            ("conv.forward", self.conv.forward),
+            ("conv.backprop_input", self.conv.backprop_input),
+            ("conv.backprop_filter", self.conv.backprop_filter),
+        ] {
+            if !positive(value) {
+                return Err(format!("{name}: {value}; it must be finite and positive"));
+            }
+        }
+        self.kernel.check().map_err(|e| format!("kernel.{e}"))?;
+        self.row.check().map_err(|e| format!("row.{e}"))?;
+        self.exp_row.check().map_err(|e| format!("exp_row.{e}"))?;
+        for (name, value) in [("transcendental_seconds", self.transcendental_seconds)] {
+            if !(value.is_finite() && value >= 0.0) {
+                return Err(format!("{name}: {value}; it must be finite and not negative"));
+            }
+        }
+        if !(self.program_seconds.is_finite() && self.program_seconds >= 0.0) {
+            return Err(format!("program_seconds: {}; it must be finite and not negative", self.program_seconds));
+        }
+        Ok(())
+    }
+}
+
+impl Throughput {
+    fn check(&self) -> Result<(), String> {
+        if !positive(self.bytes_per_second) {
+            return Err(format!("bytes_per_second: {}; it must be finite and positive", self.bytes_per_second));
+        }
+        if !(self.latency_seconds.is_finite() && self.latency_seconds >= 0.0) {
+            return Err(format!("latency_seconds: {}; it must be finite and not negative", self.latency_seconds));
+        }
+        Ok(())
+    }
+}
+
+/// A profile's costs on one number of threads.
+#[derive(Clone, Copy, Debug)]
+pub struct Rates<'a> {
+    sizes: &'a [u32],
+    pub run: &'a Run,
+}
+
+impl Rates<'_> {
+    /// The predicted time of `batch` products `m×k · k×n` (`transpose_a`: A is stored k×m),
+    /// from the table: log-time interpolated between the measured sizes in log-size, and
+    /// beyond the largest size, proportional to the size. Both transposed is not a form dfc's
+    /// gradients make; it is priced as `Aᵀ·B`.
+    pub fn gemm_seconds(
+        &self,
+        m: usize,
+        n: usize,
+        k: usize,
+        transpose_a: bool,
+        transpose_b: bool,
+        batch: usize,
+    ) -> f64 {
+        if m == 0 || n == 0 || k == 0 || batch == 0 {
+            return 0.0;
+        }
+        let table = match (transpose_a, transpose_b) {
+            (false, false) => &self.run.nn,
+            (false, true) => &self.run.nt,
+            (true, _) => &self.run.tn,
+        };
+        let sizes = self.sizes;
+        let s = sizes.len();
+        let (mi, mscale) = axis_position(sizes, m);
+        let (ni, nscale) = axis_position(sizes, n);
+        let (ki, kscale) = axis_position(sizes, k);
+        // Trilinear interpolation of ln(t) over the corners around (m, n, k).
+        let mut log_t = 0.0;
+        for (dm, wm) in [(0, 1.0 - mi.1), (1, mi.1)] {
+            for (dn, wn) in [(0, 1.0 - ni.1), (1, ni.1)] {
+                for (dk, wk) in [(0, 1.0 - ki.1), (1, ki.1)] {
+                    let w = wm * wn * wk;
+                    if w == 0.0 {
+                        continue;
+                    }
+                    let at = |i: usize, d: usize| (i + d).min(s - 1);
+                    let cell = (at(mi.0, dm) * s + at(ni.0, dn)) * s + at(ki.0, dk);
+                    log_t += w * table[cell].ln();
+                }
+            }
+        }
+        batch as f64 * log_t.exp() * mscale * nscale * kscale
+    }
+
+    /// A convolution priced as its im2col product times the form's measured factor.
+    pub fn conv_seconds(&self, form: ConvForm, m: usize, n: usize, k: usize) -> f64 {
+        let conv = &self.run.conv;
+        match form {
+            ConvForm::Forward => self.gemm_seconds(m, n, k, false, false, 1) * conv.forward,
+            // dX = dY · Wᵀ: pixels × taps from pixels × filters.
+            ConvForm::BackpropInput => self.gemm_seconds(m, k, n, false, true, 1) * conv.backprop_input,
+            // dW = Xᵀ · dY: taps × filters over the pixels.
+            ConvForm::BackpropFilter => self.gemm_seconds(k, n, m, true, false, 1) * conv.backprop_filter,
+        }
+    }
+}
+
+/// Where `x` falls among `sizes`: the lower index, the fraction of the way to the next in
+/// log-size, and a factor for sizes beyond the largest (time proportional to size there).
+fn axis_position(sizes: &[u32], x: usize) -> ((usize, f64), f64) {
+    let last = sizes.len() - 1;
+    let x = x as f64;
+    if x <= sizes[0] as f64 {
+        return ((0, 0.0), 1.0);
+    }
+    if x >= sizes[last] as f64 {
+        return ((last, 0.0), x / sizes[last] as f64);
+    }
+    let upper = sizes.iter().position(|&s| s as f64 >= x).unwrap_or(last);
+    let lower = upper - 1;
+    let (lo, hi) = (sizes[lower] as f64, sizes[upper] as f64);
+    ((lower, (x.ln() - lo.ln()) / (hi.ln() - lo.ln())), 1.0)
+}
+
+fn positive(x: f64) -> bool {
+    x.is_finite() && x > 0.0
+}
+
+/// `2026-12-06` from seconds since 1970 (the civil calendar, UTC).
+pub fn date_of(unix_seconds: u64) -> String {
+    // Howard Hinnant's days-to-civil algorithm.
+    let days = (unix_seconds / 86_400) as i64 + 719_468;
+    let era = days.div_euclid(146_097);
+    let doe = days.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}")
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// A profile whose products run at `rate` FLOP/s at every size on each thread, for tests.
+    pub(crate) fn uniform(rate: f64) -> Profile {
+        let sizes = vec![1u32, 16, 256];
+        let run = |threads: u32| {
+            let mut nn = Vec::new();
+            for &m in &sizes {
+                for &n in &sizes {
+                    for &k in &sizes {
+                        nn.push(2.0 * m as f64 * n as f64 * k as f64 / (rate * threads as f64));
+                    }
+                }
+            }
+            Run {
+                threads,
+                tn: nn.clone(),
+                nt: nn.clone(),
+                nn,
+                conv: ConvFactors { forward: 1.0, backprop_input: 1.0, backprop_filter: 1.0 },
+                kernel: Throughput { latency_seconds: 1e-6, bytes_per_second: 10e9 },
+                transcendental_seconds: 1e-9,
+                row: RowCost { short_length: 16, short_seconds: 1e-9, long_length: 256, long_seconds: 2e-9 },
+                exp_row: RowCost { short_length: 16, short_seconds: 2e-9, long_length: 256, long_seconds: 4e-9 },
+                program_seconds: 5e-6,
+            }
+        };
+        Profile {
+            version: PROFILE_VERSION,
+            cpu: Cpu {
+                name: "test CPU".into(),
+                vendor: "none".into(),
+                family: 0,
+                model: 0,
+                features: vec![],
+                threads: 2,
+            },
+            measured_at_unix: 1_796_515_200,
+            dfc: "test".into(),
+            runs: vec![run(1), run(2)],
+            gemm_sizes: sizes,
+            shared_memory: Throughput { latency_seconds: 5e-6, bytes_per_second: 5e9 },
+            tcp: Throughput { latency_seconds: 20e-6, bytes_per_second: 2e9 },
+        }
+    }
+
+    #[test]
+    fn products_between_and_beyond_the_measured_sizes_scale_with_their_work() {
+        let profile = uniform(50e9);
+        let p = profile.full();
+        let exact = |m: usize, n: usize, k: usize| 2.0 * (m * n * k) as f64 / 100e9;
+        for (m, n, k) in [(16, 16, 16), (64, 64, 64), (100, 7, 300), (1024, 256, 4096), (1, 1, 1)] {
+            let t = p.gemm_seconds(m, n, k, false, false, 1);
+            let rel = (t - exact(m, n, k)).abs() / exact(m, n, k);
+            assert!(rel < 1e-9, "{m}×{n}×{k}: {t} against {}", exact(m, n, k));
+        }
+        assert_eq!(p.gemm_seconds(0, 5, 5, false, false, 1), 0.0);
+        let batched = p.gemm_seconds(16, 16, 16, true, false, 3);
+        assert!((batched - 3.0 * exact(16, 16, 16)).abs() < 1e-15);
+        // One thread: the run measured on one.
+        let alone = profile.rates(1).gemm_seconds(64, 64, 64, false, false, 1);
+        assert!((alone / (2.0 * exact(64, 64, 64)) - 1.0).abs() < 1e-9);
+        assert_eq!(profile.rates(7).run.threads, 2);
+    }
+
+    #[test]
+    fn a_damaged_profile_is_refused_with_the_field_it_breaks() {
+        let good = uniform(100e9);
+        assert_eq!(Profile::from_json(&good.to_json()).as_ref(), Ok(&good));
+        let mut short = good.clone();
+        short.runs[1].nt.pop();
+        assert!(short.check().unwrap_err().contains("runs[1].nt"));
+        let mut nan = good.clone();
+        nan.runs[0].nn[3] = f64::NAN;
+        assert!(nan.check().unwrap_err().contains("runs[0].nn"));
+        let mut no_runs = good.clone();
+        no_runs.runs.clear();
+        assert!(no_runs.check().unwrap_err().contains("runs"));
+        let mut unsorted = good.clone();
+        unsorted.gemm_sizes = vec![16, 1, 256];
+        assert!(unsorted.check().unwrap_err().contains("ascending"));
+        let mut slow = good.clone();
+        slow.tcp.bytes_per_second = 0.0;
+        assert!(slow.check().unwrap_err().contains("tcp.bytes_per_second"));
+        let mut negative = good.clone();
+        negative.runs[1].kernel.latency_seconds = -1.0;
+        assert!(negative.check().unwrap_err().contains("runs[1].kernel.latency_seconds"));
+        let mut newer = good.clone();
+        newer.version = 2;
+        assert!(newer.check().unwrap_err().contains("version 2"));
+        assert!(Profile::from_json("{\"version\": 1}").unwrap_err().starts_with("not a dfc profile"));
+        assert!(Profile::from_json("[]").is_err());
+        let mut extra = serde_json::to_value(&good).unwrap();
+        extra["surprise"] = serde_json::json!(1);
+        assert!(Profile::from_json(&extra.to_string()).unwrap_err().contains("surprise"));
+    }
+
+    #[test]
+    fn dates_are_civil() {
+        assert_eq!(date_of(0), "1970-01-01");
+        assert_eq!(date_of(951_782_400), "2000-02-29");
+        assert_eq!(date_of(1_796_515_200), "2026-12-06");
+    }
+}
