@@ -10,13 +10,13 @@
 //!
 //! each on one thread and on all of them (a spawned worker computes on its share of the
 //! cores); then the shared-memory queues and TCP between two local worker processes, from
-//! all-reduces of two sizes.
+//! all-reduces of two sizes, and what a step driven on a worker costs beyond its program.
 //!
 //! The profile goes to this host's default place, where `dfc compile` finds it, unless `-o`
 //! says otherwise; `DFC_PROFILE` names another file, or `off` for none.
 
 use crate::{Failure, Outcome};
-use dfc_passes::profile::{ConvFactors, Cpu, Profile, RowCost, Run, Throughput, PROFILE_VERSION};
+use dfc_passes::profile::{ConvFactors, Cpu, Curve, Profile, RowCost, Run, Throughput, PROFILE_VERSION};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -32,7 +32,7 @@ const SIZES: [u32; 9] = [1, 4, 16, 32, 64, 128, 256, 512, 1024];
 const CONVS: [([usize; 4], usize); 3] = [([64, 28, 28, 1], 32), ([64, 13, 13, 32], 64), ([32, 16, 16, 64], 64)];
 
 /// Elements of each operand of the timed loop kernel.
-const KERNEL_SIZES: [usize; 4] = [1 << 10, 1 << 14, 1 << 16, 1 << 18];
+const KERNEL_SIZES: [usize; 6] = [1 << 10, 1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 22];
 
 #[derive(clap::Args)]
 pub struct CalibrateArgs {
@@ -73,10 +73,11 @@ pub fn calibrate(args: &CalibrateArgs) -> Outcome {
             .map_err(|e| Failure(format!("cannot start {threads} threads: {e}")))?;
         runs.push(pool.install(|| measure_run(threads, effort))?);
     }
-    let (shared_memory, tcp) = if args.no_workers {
+    let (shared_memory, tcp, remote_step) = if args.no_workers {
         (
             Throughput { latency_seconds: 5e-6, bytes_per_second: 10e9 },
             Throughput { latency_seconds: 50e-6, bytes_per_second: 1.25e9 },
+            Throughput { latency_seconds: 200e-6, bytes_per_second: 1e9 },
         )
     } else {
         eprintln!("calibrating the links between two worker processes");
@@ -91,6 +92,7 @@ pub fn calibrate(args: &CalibrateArgs) -> Outcome {
         runs,
         shared_memory,
         tcp,
+        remote_step,
     };
     profile.check().map_err(|e| Failure(format!("the measurements make no profile: {e}")))?;
     if let Some(dir) = output.parent().filter(|d| !d.as_os_str().is_empty()) {
@@ -109,13 +111,14 @@ fn print_summary(profile: &Profile) {
         let rates = profile.rates(run.threads);
         let square = |s: usize| 2.0 * (s as f64).powi(3) / rates.gemm_seconds(s, s, s, false, false, 1) / 1e9;
         println!(
-            "  {} thread{}: products {:.1} GFLOP/s at 256³, {:.1} at 1024³; kernels {:.2} µs + {:.1} GB/s + {:.2} ns an exp, row ops {:.2}–{:.2} ns an element ({:.2}–{:.2} with exp); a program run {:.1} µs; convolutions ×{:.2}, ×{:.2}, ×{:.2} a product",
+            "  {} thread{}: products {:.1} GFLOP/s at 256³, {:.1} at 1024³; kernels {:.2} µs, {:.1} GB/s at 12 MB; copies {:.1} GB/s at 2 MB; {:.2} ns an exp, row ops {:.2}–{:.2} ns an element ({:.2}–{:.2} with exp); a program run {:.1} µs; convolutions ×{:.2}, ×{:.2}, ×{:.2} a product",
             run.threads,
             if run.threads == 1 { "" } else { "s" },
             square(256),
             square(1024),
-            run.kernel.latency_seconds * 1e6,
-            run.kernel.bytes_per_second / 1e9,
+            run.kernel.seconds(0.0) * 1e6,
+            12e6 / run.kernel.seconds(12e6) / 1e9,
+            2e6 / run.copy.seconds(2e6) / 1e9,
             run.transcendental_seconds * 1e9,
             run.row.short_seconds * 1e9,
             run.row.long_seconds * 1e9,
@@ -127,6 +130,11 @@ fn print_summary(profile: &Profile) {
             run.conv.backprop_filter,
         );
     }
+    println!(
+        "  a step driven on a worker: {:.1} µs + {:.2} GB/s of feeds and fetches",
+        profile.remote_step.latency_seconds * 1e6,
+        profile.remote_step.bytes_per_second / 1e9
+    );
     for (name, link) in [("shared memory", &profile.shared_memory), ("TCP", &profile.tcp)] {
         println!(
             "  {name} between workers: {:.1} µs + {:.2} GB/s",
@@ -181,7 +189,8 @@ fn measure_run(threads: u32, effort: Effort) -> Result<Run, Failure> {
         tn,
         nt,
         conv: ConvFactors { forward: 1.0, backprop_input: 1.0, backprop_filter: 1.0 },
-        kernel: Throughput { latency_seconds: 0.0, bytes_per_second: 1.0 },
+        kernel: Curve { points: vec![[1.0, 1.0]] },
+        copy: Curve { points: vec![[1.0, 1.0]] },
         transcendental_seconds: 0.0,
         row: RowCost { short_length: 1, short_seconds: 0.0, long_length: 1, long_seconds: 0.0 },
         exp_row: RowCost { short_length: 1, short_seconds: 0.0, long_length: 1, long_seconds: 0.0 },
@@ -196,6 +205,7 @@ fn measure_run(threads: u32, effort: Effort) -> Result<Run, Failure> {
         runs: vec![run.clone()],
         shared_memory: Throughput { latency_seconds: 0.0, bytes_per_second: 1.0 },
         tcp: Throughput { latency_seconds: 0.0, bytes_per_second: 1.0 },
+        remote_step: Throughput { latency_seconds: 0.0, bytes_per_second: 1.0 },
     };
     run.conv = {
         let _held = dfc_gemm::hold();
@@ -203,6 +213,7 @@ fn measure_run(threads: u32, effort: Effort) -> Result<Run, Failure> {
     };
     let costs = kernel_costs(effort)?;
     run.kernel = costs.kernel;
+    run.copy = copy_curve(effort);
     run.transcendental_seconds = costs.transcendental_seconds;
     run.row = costs.row;
     run.exp_row = costs.exp_row;
@@ -266,12 +277,11 @@ fn conv_factors(profile: &Profile, effort: Effort) -> ConvFactors {
     }
 }
 
-/// A fused loop kernel's costs, fitted over `KERNEL_SIZES`: its fixed cost and bandwidth, from
-/// `z = x * y + x`; a transcendental function's time per element, from `z = exp(x) * y` (the
+/// A fused loop kernel's costs over `KERNEL_SIZES`: its time by its bytes, from `z = x * y + x`; a transcendental function's time per element, from `z = exp(x) * y` (the
 /// same bytes); a row op's per row and per element, from `layer_norm(x)` and `softmax(x)` over
 /// short and long rows; and what a program run costs beyond its kernel.
 fn kernel_costs(effort: Effort) -> Result<KernelCosts, Failure> {
-    let mut points = Vec::new();
+    let mut points: Vec<(f64, f64)> = Vec::new();
     let mut program_seconds = 0.0;
     let mut transcendental = Vec::new();
     let mut row = Vec::new();
@@ -295,15 +305,7 @@ fn kernel_costs(effort: Effort) -> Result<KernelCosts, Failure> {
         }
         points.push((12.0 * n as f64, plain));
     }
-    // t = latency + bytes / rate: the latency is the smallest kernel's time, and the rate the
-    // one that fits every size best in relative terms (kernels of every size matter alike).
-    let latency = points[0].1;
-    let (num, den) = points.iter().fold((0.0, 0.0), |(num, den), &(bytes, t)| {
-        let x = bytes / t;
-        (num + x * (t - latency) / t, den + x * x)
-    });
-    let seconds_per_byte = (num / den).max(1e-13);
-    let kernel = Throughput { latency_seconds: latency, bytes_per_second: 1.0 / seconds_per_byte };
+    let kernel = Curve { points: points.iter().map(|&(bytes, t)| [bytes, t]).collect() };
     Ok(KernelCosts {
         kernel,
         transcendental_seconds: median(&mut transcendental),
@@ -313,9 +315,51 @@ fn kernel_costs(effort: Effort) -> Result<KernelCosts, Failure> {
     })
 }
 
+/// The plan of `z = expression` over inputs `x` and `y` of `shape`.
+fn calibration_plan(shape: &[usize], expression: &str) -> Result<dfc_plan::Plan, Failure> {
+    let dims = shape.iter().map(usize::to_string).collect::<Vec<_>>().join(", ");
+    let source = format!(
+        "model calibrate {{\n  input x: f32[{dims}]\n  input y: f32[{dims}]\n  let z = {expression}\n  output z\n}}\n"
+    );
+    let compiled = dfc_compile::compile(&source, "calibrate.df", &dfc_compile::CompileOptions::default())
+        .map_err(|_| Failure(format!("the calibration model `z = {expression}` does not compile")))?;
+    Ok(compiled.plan)
+}
+
+fn calibration_feeds(shape: &[usize]) -> HashMap<String, dfc_interp::Tensor> {
+    let n: usize = shape.iter().product();
+    let values: Vec<f32> = (0..n).map(|i| (i % 11) as f32 * 0.5).collect();
+    ["x", "y"]
+        .into_iter()
+        .map(|name| (name.to_string(), dfc_interp::Tensor::from_vec(shape.to_vec(), values.clone())))
+        .collect()
+}
+
+/// A copy's time (read and write) by its bytes, on this thread: what slices, concatenations and
+/// transposes, and transfers within a process, cost.
+fn copy_curve(effort: Effort) -> Curve {
+    let largest = *COPY_SIZES.last().expect("sizes");
+    let from: Vec<u8> = (0..largest).map(|i| i as u8).collect();
+    let mut to = vec![0u8; largest];
+    let points = COPY_SIZES
+        .iter()
+        .map(|&n| {
+            let t = median_seconds(effort, || {
+                to[..n].copy_from_slice(&from[..n]);
+                std::hint::black_box(&mut to);
+            });
+            [2.0 * n as f64, t]
+        })
+        .collect();
+    Curve { points }
+}
+
+/// The bytes of the timed copies.
+const COPY_SIZES: [usize; 6] = [4 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20];
+
 /// What `kernel_costs` measures.
 struct KernelCosts {
-    kernel: Throughput,
+    kernel: Curve,
     transcendental_seconds: f64,
     row: RowCost,
     exp_row: RowCost,
@@ -341,22 +385,11 @@ fn row_cost(measured: &[[f64; 2]]) -> RowCost {
 /// The median time of the kernel of `z = expression` over `x` and `y` of `shape` (from the
 /// timeline's spans), and of a whole run of its program.
 fn time_kernel(shape: &[usize], expression: &str, effort: Effort) -> Result<(f64, f64), Failure> {
-    let n: usize = shape.iter().product();
-    let dims = shape.iter().map(usize::to_string).collect::<Vec<_>>().join(", ");
-    let source = format!(
-        "model calibrate {{\n  input x: f32[{dims}]\n  input y: f32[{dims}]\n  let z = {expression}\n  output z\n}}\n"
-    );
-    let compiled = dfc_compile::compile(&source, "calibrate.df", &dfc_compile::CompileOptions::default())
-        .map_err(|_| Failure("the calibration model does not compile".into()))?;
-    let plan = compiled.plan;
+    let plan = calibration_plan(shape, expression)?;
     let failure = |e: dfc_driver::RunError| Failure(format!("running the calibration model: {e}"));
     let mut session = dfc_driver::Session::with_backend(&plan, 0, dfc_driver::Backend::Llvm).map_err(failure)?;
     let program = session.program(&["z"], &[]).map_err(failure)?;
-    let values: Vec<f32> = (0..n).map(|i| (i % 11) as f32 * 0.5).collect();
-    let feeds: HashMap<String, dfc_interp::Tensor> = ["x", "y"]
-        .into_iter()
-        .map(|name| (name.to_string(), dfc_interp::Tensor::from_vec(shape.to_vec(), values.clone())))
-        .collect();
+    let feeds = calibration_feeds(shape);
     let mut failed = None;
     let mut step = |session: &mut dfc_driver::Session| {
         if let Err(e) = session.run(&program, &feeds) {
@@ -381,12 +414,71 @@ fn time_kernel(shape: &[usize], expression: &str, effort: Effort) -> Result<(f64
     Ok((median(&mut kernel), whole))
 }
 
+/// What a step driven on a worker costs beyond the same program run in this process: the
+/// fixed cost of the driver's call, and its feeds' and fetches' bytes, from the calibration
+/// model's kernel at two sizes on the worker at `address`.
+fn measure_remote_steps(address: &str, token: &str) -> Result<Throughput, Failure> {
+    let mut points = Vec::new();
+    for n in [1usize << 10, 1 << 18] {
+        let plan = calibration_plan(&[n], "x * y + x")?;
+        let failure = |e: dfc_driver::RunError| Failure(format!("running the calibration model on a worker: {e}"));
+        let feeds = calibration_feeds(&[n]);
+        let effort = Effort { repetitions: 21, seconds: 0.05 };
+        let local = {
+            let mut session =
+                dfc_driver::Session::with_backend(&plan, 0, dfc_driver::Backend::Llvm).map_err(failure)?;
+            let program = session.program(&["z"], &[]).map_err(failure)?;
+            let mut failed = None;
+            let t = median_seconds(effort, || {
+                if let Err(e) = session.run(&program, &feeds) {
+                    failed.get_or_insert(e);
+                }
+            });
+            if let Some(e) = failed {
+                return Err(failure(e));
+            }
+            t
+        };
+        let assignment = dfc_rpc::assign(&plan, 1).map_err(Failure)?;
+        let mut session = dfc_rpc::RemoteSession::connect(
+            &plan,
+            &[address.to_string()],
+            &assignment,
+            token,
+            0,
+            dfc_driver::Backend::Llvm,
+            std::time::Duration::from_secs(60),
+            None,
+            dfc_rpc::rendezvous::Algorithm::Ring,
+        )
+        .map_err(failure)?;
+        use dfc_driver::Runner;
+        let program = session.program(&["z"], &[]).map_err(failure)?;
+        let mut failed = None;
+        let remote = median_seconds(effort, || {
+            if let Err(e) = session.run(&program, &feeds) {
+                failed.get_or_insert(e);
+            }
+        });
+        if let Some(e) = failed {
+            return Err(failure(e));
+        }
+        // Two operands in, one result out.
+        points.push((12.0 * n as f64, (remote - local).max(0.0)));
+    }
+    let rate = (points[1].0 - points[0].0) / (points[1].1 - points[0].1).max(1e-9);
+    let latency = (points[0].1 - points[0].0 / rate).max(0.0);
+    Ok(Throughput { latency_seconds: latency, bytes_per_second: rate })
+}
+
 /// Shared memory and TCP between two local workers: from all-reduces of two sizes, whose ring
-/// of two takes two steps each way (`2·latency + bytes / rate`).
-fn measure_links() -> Result<(Throughput, Throughput), Failure> {
+/// of two takes two steps each way (`2·latency + bytes / rate`); and a step driven on one of
+/// them (`measure_remote_steps`).
+fn measure_links() -> Result<(Throughput, Throughput, Throughput), Failure> {
     let exe = std::env::current_exe().map_err(|e| Failure(format!("cannot find the dfc executable: {e}")))?;
     let token = dfc_rpc::auth::random_token();
     let workers = dfc_rpc::LocalWorkers::spawn(&exe, 2, &token, None).map_err(Failure)?;
+    let remote_step = measure_remote_steps(&workers.addresses[0], &token)?;
     let (small, large) = (64u64 << 10, 16u64 << 20);
     let mut links = Vec::new();
     for transport in [dfc_rpc::bench::Transport::SharedMemory, dfc_rpc::bench::Transport::Tcp] {
@@ -409,7 +501,7 @@ fn measure_links() -> Result<(Throughput, Throughput), Failure> {
         links.push(Throughput { latency_seconds: latency, bytes_per_second: rate });
     }
     let _ = dfc_rpc::bench::shutdown(&workers.addresses, &token, None);
-    Ok((links[0], links[1]))
+    Ok((links[0], links[1], remote_step))
 }
 
 /// This CPU as /proc/cpuinfo describes its first processor, with `threads`.

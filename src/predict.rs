@@ -27,13 +27,19 @@ pub fn predict(plan: &Plan, nodes: &[&str], placement: Placement<'_>) -> Option<
     let parts: Vec<&dfc_ir::Module> = modules.iter().collect();
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
     let topology = match placement {
-        Placement::Here => Topology { process: vec![0; parts.len()], host: vec![0; parts.len()], threads: vec![0] },
+        Placement::Here => {
+            Topology { process: vec![0; parts.len()], host: vec![0; parts.len()], threads: vec![0], driven: false }
+        }
         Placement::Spawned { partition_worker, workers } => Topology {
             process: partition_worker.iter().map(|&w| w as u32).collect(),
             host: vec![0; parts.len()],
             threads: vec![(cores / workers.max(1)).max(1) as u32; workers],
+            driven: true,
         },
-        Placement::Cluster => Topology::of_tasks_on(&parts, |device| dfc_compile::host_of(&plan.cluster, device)),
+        Placement::Cluster => Topology {
+            driven: true,
+            ..Topology::of_tasks_on(&parts, |device| dfc_compile::host_of(&plan.cluster, device))
+        },
     };
     Some(dfc_passes::cost::estimate_on(&parts, &CostModel::calibrated(profile), &topology))
 }

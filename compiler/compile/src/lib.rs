@@ -357,7 +357,9 @@ pub fn compile(source: &str, source_name: &str, options: &CompileOptions) -> Res
     // A step's cost leaves out local SGD's averages, which run every few steps apart from it.
     let stepping: Vec<Option<Module>> = simulated.iter().map(|m| dfc_passes::without_averages(m)).collect();
     let simulated: Vec<&Module> = simulated.iter().zip(&stepping).map(|(m, s)| s.as_ref().unwrap_or(m)).collect();
-    let topology = dfc_passes::Topology::of_tasks_on(&simulated, |device| host_of(cluster, device));
+    let mut topology = dfc_passes::Topology::of_tasks_on(&simulated, |device| host_of(cluster, device));
+    // A cluster of addresses runs on workers that a driver calls.
+    topology.driven = cluster.jobs.iter().flat_map(|j| &j.tasks).any(|t| t.address.is_some());
     let mut report = dfc_passes::cost::estimate_on(&simulated, &options.cost_model, &topology);
     // An instance simulated by its transfers alone costs what the partition standing for it does.
     for (k, (instance, stand_in)) in instances.iter().zip(&stand_ins).enumerate() {

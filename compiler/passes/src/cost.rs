@@ -59,7 +59,7 @@ impl CostModel {
         let square = full.gemm_seconds(256, 256, 256, false, false, 1);
         CostModel {
             flops_per_second: 2.0 * 256f64.powi(3) / square,
-            local_bytes_per_second: full.run.kernel.bytes_per_second,
+            local_bytes_per_second: 1e6 / full.run.copy.seconds(1e6),
             remote_bytes_per_second: profile.tcp.bytes_per_second,
             remote_latency_seconds: profile.tcp.latency_seconds,
             calibration: Some(profile.describe()),
@@ -372,11 +372,15 @@ fn unfused_seconds(graph: &Graph, id: NodeId, profile: Rates<'_>) -> f64 {
             conv(profile, ConvForm::BackpropFilter, dims_of(1), filter_shape.dims())
         }
         _ => {
-            // A kernel of its own over what it reads and writes.
+            // A kernel of its own over what it reads and writes; data movement, a copy.
             let read: u64 =
                 inputs.iter().filter_map(|t| graph.node(t.node).outputs.get(t.port as usize)).map(tensor_bytes).sum();
             let written: u64 = node.outputs.iter().map(tensor_bytes).sum();
-            profile.run.kernel.seconds((read + written) as f64)
+            let touched = (read + written) as f64;
+            if work_kind(graph, id) == "layout" {
+                return profile.run.copy.seconds(touched);
+            }
+            profile.run.kernel.seconds(touched)
                 + transcendental_elements(graph, id) * profile.run.transcendental_seconds
                 + row_seconds(graph, id, profile)
         }
@@ -517,6 +521,9 @@ pub struct Topology {
     pub host: Vec<u32>,
     /// By process: the threads it computes on, 0 for all of its host's.
     pub threads: Vec<u32>,
+    /// Whether the processes are workers that a driver calls for every step, sending their
+    /// feeds (with a profile, each step of each then costs the profile's `remote_step`).
+    pub driven: bool,
 }
 
 impl Topology {
@@ -555,7 +562,7 @@ impl Topology {
             let first = process.iter().position(|&q| q == process[p]).expect("listed");
             host[p] = host[first];
         }
-        Topology { process, host, threads: vec![0; tasks.len()] }
+        Topology { process, host, threads: vec![0; tasks.len()], driven: false }
     }
 
     /// With a profile measured on `cores` threads: the threads each partition's process
@@ -628,7 +635,7 @@ fn link_between(topology: &Topology, a: usize, b: usize) -> Link {
 fn link_seconds(bytes: f64, link: Link, model: &CostModel) -> f64 {
     match (link, &model.profile) {
         (Link::Same, _) => 0.0,
-        (Link::Process, Some(p)) => seconds(bytes, p.full().run.kernel.bytes_per_second),
+        (Link::Process, Some(p)) => p.full().run.copy.seconds(2.0 * bytes),
         (Link::Host, Some(p)) => p.shared_memory.seconds(bytes),
         (Link::Network, Some(p)) => p.tcp.seconds(bytes),
         (Link::Process, None) => seconds(bytes, model.local_bytes_per_second),
@@ -824,6 +831,10 @@ pub fn estimate_on(partitions: &[&Module], model: &CostModel, topology: &Topolog
         .iter()
         .map(|group| {
             let Some(&first) = group.members.first() else { return 0.0 };
+            if let (Some(profile), true) = (&model.profile, group.size <= 1) {
+                // Alone, it still reads its operand and writes its result.
+                return profile.full().run.copy.seconds(2.0 * group.bytes as f64);
+            }
             if group.size <= 1 {
                 return 0.0;
             }
@@ -839,7 +850,8 @@ pub fn estimate_on(partitions: &[&Module], model: &CostModel, topology: &Topolog
                     .unwrap_or(Link::Same);
                 // Each of the ring's 2(n − 1) steps pays the link's fixed cost.
                 return match link {
-                    Link::Same | Link::Process => seconds(bytes as f64, profile.full().run.kernel.bytes_per_second),
+                    // Each member's slice read from the others and summed: its bytes three times.
+                    Link::Same | Link::Process => profile.full().run.copy.seconds(3.0 * bytes as f64),
                     Link::Host => {
                         profile.shared_memory.seconds(bytes as f64)
                             + (steps - 1.0) * profile.shared_memory.latency_seconds
@@ -949,6 +961,22 @@ pub fn estimate_on(partitions: &[&Module], model: &CostModel, topology: &Topolog
     if let (Some(profile), Some(shares)) = (&model.profile, &shares) {
         for (device, &(threads, _)) in devices.iter_mut().zip(shares) {
             device.finish_seconds += profile.rates(threads).run.program_seconds;
+        }
+        // A driven worker's step: the driver's call, with the feeds of its partitions.
+        if topology.driven {
+            let mut feeds: HashMap<u32, u64> = HashMap::new();
+            for (p, module) in partitions.iter().enumerate() {
+                let bytes: u64 = module
+                    .inputs
+                    .iter()
+                    .filter_map(|&id| module.graph.node(id).outputs.first())
+                    .map(tensor_bytes)
+                    .sum();
+                *feeds.entry(topology.process_of(p).0).or_default() += bytes;
+            }
+            for (p, device) in devices.iter_mut().enumerate() {
+                device.finish_seconds += profile.remote_step.seconds(feeds[&topology.process_of(p).0] as f64);
+            }
         }
     }
     let step_seconds = devices.iter().map(|d| d.finish_seconds).fold(0.0, f64::max);

@@ -42,6 +42,9 @@ pub struct Profile {
     pub shared_memory: Throughput,
     /// Between worker processes through the data plane's TCP connections (between hosts).
     pub tcp: Throughput,
+    /// What a step driven on a worker process costs beyond its program: the driver's call,
+    /// and the bytes of its feeds and fetches.
+    pub remote_step: Throughput,
 }
 
 /// The costs measured on one number of threads.
@@ -60,8 +63,11 @@ pub struct Run {
     /// of the batch, `n` = filters, `k` = window taps × input channels), for each of its three
     /// forms.
     pub conv: ConvFactors,
-    /// A fused loop kernel: a fixed cost, then the bytes it reads and writes at this rate.
-    pub kernel: Throughput,
+    /// A fused loop kernel's time by the bytes it reads and writes.
+    pub kernel: Curve,
+    /// A copy's (a slice, a concatenation, a transpose; a transfer within a process) by the
+    /// bytes it reads and writes, on one thread.
+    pub copy: Curve,
     /// What a kernel spends on each element of a transcendental function (exp, log, tanh, ...)
     /// beyond its bytes, in seconds.
     pub transcendental_seconds: f64,
@@ -121,6 +127,45 @@ impl RowCost {
             if !(value.is_finite() && value >= 0.0) {
                 return Err(format!("{name}: {value}; it must be finite and not negative"));
             }
+        }
+        Ok(())
+    }
+}
+
+/// Times measured at several sizes, `[bytes, seconds]` by ascending bytes: a size between two
+/// is interpolated in log-log, a smaller one takes the first's time, and a larger one the
+/// last's rate.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Curve {
+    pub points: Vec<[f64; 2]>,
+}
+
+impl Curve {
+    pub fn seconds(&self, bytes: f64) -> f64 {
+        let points = &self.points;
+        let (Some(first), Some(last)) = (points.first(), points.last()) else { return 0.0 };
+        if bytes <= first[0] {
+            return first[1];
+        }
+        if bytes >= last[0] {
+            return last[1] * bytes / last[0];
+        }
+        let upper = points.iter().position(|p| p[0] >= bytes).unwrap_or(points.len() - 1);
+        let (lo, hi) = (points[upper - 1], points[upper]);
+        let along = (bytes.ln() - lo[0].ln()) / (hi[0].ln() - lo[0].ln());
+        (lo[1].ln() + along * (hi[1].ln() - lo[1].ln())).exp()
+    }
+
+    fn check(&self) -> Result<(), String> {
+        if self.points.is_empty() || self.points.len() > MAX_SIZES {
+            return Err(format!("points: expected 1 to {MAX_SIZES} points, found {}", self.points.len()));
+        }
+        if self.points.iter().any(|p| !positive(p[0]) || !positive(p[1])) {
+            return Err("points: sizes and times must be finite and positive".into());
+        }
+        if self.points.windows(2).any(|w| w[0][0] >= w[1][0]) {
+            return Err("points: expected ascending sizes".into());
         }
         Ok(())
     }
@@ -192,7 +237,9 @@ impl Profile {
         for (i, run) in self.runs.iter().enumerate() {
             run.check(sizes.len()).map_err(|e| format!("runs[{i}].{e}"))?;
         }
-        for (name, link) in [("shared_memory", &self.shared_memory), ("tcp", &self.tcp)] {
+        for (name, link) in
+            [("shared_memory", &self.shared_memory), ("tcp", &self.tcp), ("remote_step", &self.remote_step)]
+        {
             link.check().map_err(|e| format!("{name}.{e}"))?;
         }
         if self.cpu.threads == 0 {
@@ -249,6 +296,7 @@ impl Run {
             }
         }
         self.kernel.check().map_err(|e| format!("kernel.{e}"))?;
+        self.copy.check().map_err(|e| format!("copy.{e}"))?;
         self.row.check().map_err(|e| format!("row.{e}"))?;
         self.exp_row.check().map_err(|e| format!("exp_row.{e}"))?;
         for (name, value) in [("transcendental_seconds", self.transcendental_seconds)] {
@@ -398,7 +446,8 @@ pub(crate) mod tests {
                 nt: nn.clone(),
                 nn,
                 conv: ConvFactors { forward: 1.0, backprop_input: 1.0, backprop_filter: 1.0 },
-                kernel: Throughput { latency_seconds: 1e-6, bytes_per_second: 10e9 },
+                kernel: Curve { points: vec![[1e3, 1e-6], [1e7, 1e-3]] },
+                copy: Curve { points: vec![[1e3, 1e-6], [1e7, 1e-3]] },
                 transcendental_seconds: 1e-9,
                 row: RowCost { short_length: 16, short_seconds: 1e-9, long_length: 256, long_seconds: 2e-9 },
                 exp_row: RowCost { short_length: 16, short_seconds: 2e-9, long_length: 256, long_seconds: 4e-9 },
@@ -421,6 +470,7 @@ pub(crate) mod tests {
             gemm_sizes: sizes,
             shared_memory: Throughput { latency_seconds: 5e-6, bytes_per_second: 5e9 },
             tcp: Throughput { latency_seconds: 20e-6, bytes_per_second: 2e9 },
+            remote_step: Throughput { latency_seconds: 100e-6, bytes_per_second: 1e9 },
         }
     }
 
@@ -463,8 +513,11 @@ pub(crate) mod tests {
         slow.tcp.bytes_per_second = 0.0;
         assert!(slow.check().unwrap_err().contains("tcp.bytes_per_second"));
         let mut negative = good.clone();
-        negative.runs[1].kernel.latency_seconds = -1.0;
-        assert!(negative.check().unwrap_err().contains("runs[1].kernel.latency_seconds"));
+        negative.runs[1].kernel.points[0][1] = -1.0;
+        assert!(negative.check().unwrap_err().contains("runs[1].kernel.points"));
+        let mut unsorted = good.clone();
+        unsorted.runs[0].copy.points.reverse();
+        assert!(unsorted.check().unwrap_err().contains("runs[0].copy.points: expected ascending"));
         let mut newer = good.clone();
         newer.version = 2;
         assert!(newer.check().unwrap_err().contains("version 2"));
@@ -473,6 +526,14 @@ pub(crate) mod tests {
         let mut extra = serde_json::to_value(&good).unwrap();
         extra["surprise"] = serde_json::json!(1);
         assert!(Profile::from_json(&extra.to_string()).unwrap_err().contains("surprise"));
+    }
+
+    #[test]
+    fn curves_interpolate_in_log_log_and_keep_the_last_rate_beyond() {
+        let curve = Curve { points: vec![[1e3, 1e-6], [1e5, 1e-5]] };
+        assert_eq!(curve.seconds(10.0), 1e-6);
+        assert!((curve.seconds(1e4) - 10f64.powf(-5.5)).abs() < 1e-12);
+        assert!((curve.seconds(1e6) - 1e-4).abs() < 1e-15);
     }
 
     #[test]

@@ -440,10 +440,10 @@ fn the_report_prints_a_table_the_step_the_path_and_the_rates() {
 }
 
 /// A profile whose products take `2mnk / (rate · threads)` at every measured size, whose
-/// kernels cost 1 µs and 1 ns a byte, and whose shared memory and TCP take 10 µs + 1 ns a byte
+/// kernels cost 1 µs and 1 ns a byte (at 8 kB), and whose shared memory and TCP take 10 µs + 1 ns a byte
 /// and 100 µs + 10 ns a byte; measured on 1 and 2 threads of a 2-thread CPU.
 fn profile(rate: f64) -> dfc_passes::Profile {
-    use dfc_passes::profile::{ConvFactors, Cpu, RowCost, Run, Throughput, PROFILE_VERSION};
+    use dfc_passes::profile::{ConvFactors, Cpu, Curve, RowCost, Run, Throughput, PROFILE_VERSION};
     let sizes = vec![1u32, 16, 256];
     let run = |threads: u32| {
         let mut nn = Vec::new();
@@ -461,7 +461,9 @@ fn profile(rate: f64) -> dfc_passes::Profile {
             nt: nn.clone(),
             nn,
             conv: ConvFactors { forward: 1.0, backprop_input: 1.0, backprop_filter: 1.0 },
-            kernel: Throughput { latency_seconds: 1e-6, bytes_per_second: 1e9 },
+            // 1 µs and 1 ns a byte, at the sizes the tests use.
+            kernel: Curve { points: vec![[8000.0, 9e-6], [8e6, 1e-6 + 8e-3]] },
+            copy: Curve { points: vec![[1e3, 1e-6], [1e9, 1.0]] },
             transcendental_seconds: 0.0,
             row,
             exp_row: row,
@@ -477,6 +479,7 @@ fn profile(rate: f64) -> dfc_passes::Profile {
         gemm_sizes: sizes,
         shared_memory: Throughput { latency_seconds: 10e-6, bytes_per_second: 1e9 },
         tcp: Throughput { latency_seconds: 100e-6, bytes_per_second: 1e8 },
+        remote_step: Throughput { latency_seconds: 200e-6, bytes_per_second: 1e9 },
     }
 }
 
@@ -506,12 +509,12 @@ fn with_a_profile_partitions_of_one_process_take_turns_on_its_threads() {
     let report = estimate(&[&a, &b], &model);
     assert_close(report.step_seconds, both, "one process");
     // Two processes on one host, one thread each: side by side, each at one thread's rate.
-    let apart = Topology { process: vec![0, 1], host: vec![0, 0], threads: vec![1, 1] };
+    let apart = Topology { process: vec![0, 1], host: vec![0, 0], threads: vec![1, 1], driven: false };
     let report = estimate_on(&[&a, &b], &model, &apart);
     assert_close(report.step_seconds, product_seconds(256, rate, 1.0), "two processes");
     // Four processes of one thread on two: twice as slow again.
     let (c, d) = (square_product(B, 16), square_product("/job:worker/task:2/cpu:0", 16));
-    let crowded = Topology { process: vec![0, 1, 2, 3], host: vec![0; 4], threads: vec![1; 4] };
+    let crowded = Topology { process: vec![0, 1, 2, 3], host: vec![0; 4], threads: vec![1; 4], driven: false };
     let report = estimate_on(&[&a, &b, &c, &d], &model, &crowded);
     assert_close(report.step_seconds, 2.0 * product_seconds(256, rate, 1.0), "four processes on two threads");
     // Without a profile, every device computes on its own at the assumed rate.
@@ -534,8 +537,8 @@ fn with_a_profile_transfers_take_the_link_between_their_processes() {
     let (a, b) = chain(A, B);
     let bytes = 64.0 * 256.0 * 4.0;
     let on = |topology: &Topology| estimate_on(&[&a, &b], &model, topology).step_seconds;
-    let hosts = on(&Topology { process: vec![0, 1], host: vec![0, 1], threads: vec![1, 1] });
-    let host = on(&Topology { process: vec![0, 1], host: vec![0, 0], threads: vec![1, 1] });
+    let hosts = on(&Topology { process: vec![0, 1], host: vec![0, 1], threads: vec![1, 1], driven: false });
+    let host = on(&Topology { process: vec![0, 1], host: vec![0, 0], threads: vec![1, 1], driven: false });
     // The same compute either way (each process on one of its host's two threads); the link
     // differs.
     let tcp = 100e-6 + bytes * 1e-8;
@@ -559,4 +562,17 @@ fn with_a_profile_a_fused_kernel_costs_its_fixed_cost_and_bytes() {
     assert_eq!(by_kind.len(), 1);
     assert_eq!(by_kind[0].0, "kernel");
     assert_close(by_kind[0].1, 1e-6 + 8000.0 * 1e-9, "the kernel");
+}
+
+#[test]
+fn with_a_profile_a_driven_worker_pays_the_drivers_call_and_its_feeds() {
+    use dfc_passes::cost::estimate_on;
+    use dfc_passes::Topology;
+    let model = CostModel::calibrated(profile(50e9));
+    let a = square_product(A, 256);
+    let here = Topology { process: vec![0], host: vec![0], threads: vec![0], driven: false };
+    let driven = Topology { driven: true, ..here.clone() };
+    let feeds = 256.0 * 256.0 * 4.0;
+    let step = |t: &Topology| estimate_on(&[&a], &model, t).step_seconds;
+    assert_close(step(&driven) - step(&here), 200e-6 + feeds * 1e-9, "the call and the feeds");
 }

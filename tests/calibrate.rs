@@ -1,0 +1,172 @@
+//! `dfc calibrate` end to end: a quick profile of this machine, which `dfc compile --profile`,
+//! this host's profile (`DFC_PROFILE`) and `dfc bench` predict from; damaged profiles refused
+//! with the field they break, or set aside with a warning where they were only found.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = root().join("target").join("calibrate-tests").join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    dir
+}
+
+/// `dfc ARGS` with `DFC_PROFILE` set to `profile` (`off`: none).
+fn dfc(args: &[&str], profile: &str) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_dfc"))
+        .args(args)
+        .env("NO_COLOR", "1")
+        .env("DFC_PROFILE", profile)
+        .output()
+        .expect("run dfc")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn s(path: &Path) -> &str {
+    path.to_str().expect("utf-8 path")
+}
+
+/// One quick profile for every test (without worker processes: their links are assumed).
+fn quick_profile() -> &'static PathBuf {
+    static PROFILE: OnceLock<PathBuf> = OnceLock::new();
+    PROFILE.get_or_init(|| {
+        let path = scratch("profile").join("quick.json");
+        let output = dfc(&["calibrate", "--quick", "--no-workers", "-o", s(&path)], "off");
+        assert!(output.status.success(), "{}", text(&output.stderr));
+        let printed = text(&output.stdout);
+        assert!(printed.contains("GFLOP/s at 256³"), "{printed}");
+        assert!(printed.contains(&format!("profile: {}", path.display())), "{printed}");
+        path
+    })
+}
+
+fn mlp() -> PathBuf {
+    root().join("examples").join("mlp.df")
+}
+
+#[test]
+fn a_quick_profile_is_json_of_this_cpu_with_a_run_per_thread_count() {
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(quick_profile()).unwrap()).unwrap();
+    assert_eq!(json["version"], 1);
+    let threads = json["cpu"]["threads"].as_u64().unwrap();
+    let runs = json["runs"].as_array().unwrap();
+    assert_eq!(runs[0]["threads"], 1);
+    assert_eq!(runs.last().unwrap()["threads"].as_u64().unwrap(), threads);
+    let sizes = json["gemm_sizes"].as_array().unwrap().len();
+    assert_eq!(runs[0]["nn"].as_array().unwrap().len(), sizes.pow(3));
+    // Products of more work take longer: the largest square against the smallest.
+    let nn = runs[0]["nn"].as_array().unwrap();
+    assert!(nn.last().unwrap().as_f64().unwrap() > 100.0 * nn[0].as_f64().unwrap(), "{nn:?}");
+}
+
+#[test]
+fn compile_predicts_from_the_profile_given_or_found_and_says_so() {
+    let dir = scratch("compile");
+    let plan = dir.join("mlp.plan");
+    let profile = quick_profile();
+    let given = dfc(&["compile", s(&mlp()), "--report", "--profile", s(profile), "-o", s(&plan)], "off");
+    assert!(given.status.success(), "{}", text(&given.stderr));
+    let report = text(&given.stdout);
+    assert!(report.contains("calibrated: "), "{report}");
+    assert!(!report.contains("assumed: "), "{report}");
+    // This host's profile, found through DFC_PROFILE, is the same prediction.
+    let found = dfc(&["compile", s(&mlp()), "--report", "-o", s(&plan)], s(profile));
+    assert_eq!(text(&found.stdout), report);
+    // --no-profile, or rates given, predict from the assumed rates.
+    let assumed = dfc(&["compile", s(&mlp()), "--report", "--no-profile", "-o", s(&plan)], s(profile));
+    assert!(text(&assumed.stdout).contains("assumed: 50 GFLOP/s per device"), "{}", text(&assumed.stdout));
+    let rates = dfc(&["compile", s(&mlp()), "--report", "--device-flops", "1e11", "-o", s(&plan)], s(profile));
+    assert!(text(&rates.stdout).contains("assumed: 100 GFLOP/s per device"), "{}", text(&rates.stdout));
+    let both = dfc(&["compile", s(&mlp()), "--profile", s(profile), "--device-flops", "1e11"], "off");
+    assert!(!both.status.success());
+    assert!(text(&both.stderr).contains("cannot be used with"), "{}", text(&both.stderr));
+}
+
+#[test]
+fn bench_puts_the_prediction_beside_the_measured_step() {
+    let dir = scratch("bench");
+    let plan = dir.join("mlp.plan");
+    let compiled = dfc(&["compile", s(&mlp()), "-o", s(&plan)], "off");
+    assert!(compiled.status.success(), "{}", text(&compiled.stderr));
+    let timeline = dir.join("timeline.json");
+    let quick = ["--warmup", "1", "--min-time", "0", "--min-steps", "3", "--json"];
+    let mut args = vec!["bench", s(&plan)];
+    args.extend(quick);
+    args.extend(["--timeline", s(&timeline)]);
+    let output = dfc(&args, s(quick_profile()));
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let predicted = report["predicted_step_us"].as_f64().expect("a prediction");
+    assert!(predicted > 0.0, "{report}");
+    let error = report["prediction_error"].as_f64().unwrap();
+    let measured = report["median_step_us"].as_f64().unwrap();
+    assert!((error - (predicted / measured - 1.0)).abs() < 1e-3, "{report}");
+    assert!(report["calibration"].as_str().unwrap().contains("thread"), "{report}");
+    // The timeline's breakdown: the products, measured and predicted, on the plan's device.
+    let rows = report["breakdown"].as_array().expect("a breakdown");
+    let products = rows.iter().find(|r| r["kind"] == "matmul").expect("the products");
+    assert_eq!(products["device"], "/job:localhost/task:0/cpu:0");
+    assert!(products["measured_us"].as_f64().unwrap() > 0.0 && products["predicted_us"].as_f64().unwrap() > 0.0);
+    // Without a profile: no prediction, and a person is told how to make one.
+    let mut args = vec!["bench", s(&plan)];
+    args.extend(&quick[..quick.len() - 1]);
+    let output = dfc(&args, "off");
+    assert!(text(&output.stdout).contains("no prediction (no profile of this host: `dfc calibrate` makes one)"));
+}
+
+#[test]
+fn damaged_profiles_are_refused_by_name_or_set_aside_with_a_warning() {
+    let dir = scratch("damaged");
+    let good: serde_json::Value = serde_json::from_slice(&std::fs::read(quick_profile()).unwrap()).unwrap();
+    let write = |name: &str, bytes: &[u8]| {
+        let path = dir.join(name);
+        std::fs::write(&path, bytes).unwrap();
+        path
+    };
+    let mut short = good.clone();
+    short["runs"][0]["tn"].as_array_mut().unwrap().pop();
+    let mut negative = good.clone();
+    negative["tcp"]["bytes_per_second"] = serde_json::json!(-1.0);
+    let mut newer = good.clone();
+    newer["version"] = serde_json::json!(7);
+    let mut huge_sizes = good.clone();
+    huge_sizes["gemm_sizes"] = serde_json::json!((1..=40).collect::<Vec<u32>>());
+    let cases = [
+        (write("short.json", short.to_string().as_bytes()), "runs[0].tn: expected"),
+        (write("negative.json", negative.to_string().as_bytes()), "tcp.bytes_per_second: -1"),
+        (write("newer.json", newer.to_string().as_bytes()), "version 7"),
+        (write("sizes.json", huge_sizes.to_string().as_bytes()), "gemm_sizes: expected 1 to 16 sizes"),
+        (write("text.json", b"not json"), "not a dfc profile"),
+        (write("binary.json", &[0xff, 0xfe, 0x00]), "is not UTF-8"),
+        (write("large.json", &vec![b' '; (4 << 20) + 1]), "cannot read the profile"),
+        (dir.join("missing.json"), "cannot read the profile"),
+        (dir.clone(), "cannot read the profile"),
+    ];
+    for (path, message) in &cases {
+        let output = dfc(&["compile", s(&mlp()), "--profile", s(path), "-o", s(&dir.join("x.plan"))], "off");
+        assert!(!output.status.success(), "{}", path.display());
+        let stderr = text(&output.stderr);
+        assert!(stderr.contains(message), "{}: {stderr}", path.display());
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    }
+    // Found rather than given: a warning, and the assumed rates.
+    let output = dfc(&["compile", s(&mlp()), "--report", "-o", s(&dir.join("x.plan"))], s(&cases[0].0));
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    assert!(text(&output.stderr).contains("warning: the profile"), "{}", text(&output.stderr));
+    assert!(text(&output.stdout).contains("assumed: 50 GFLOP/s"), "{}", text(&output.stdout));
+    // Measured on another CPU: set aside too.
+    let mut elsewhere = good.clone();
+    elsewhere["cpu"]["name"] = serde_json::json!("Some Other CPU");
+    let path = write("elsewhere.json", elsewhere.to_string().as_bytes());
+    let output = dfc(&["compile", s(&mlp()), "--report", "-o", s(&dir.join("x.plan"))], s(&path));
+    assert!(text(&output.stderr).contains("was measured on another CPU (Some Other CPU"), "{}", text(&output.stderr));
+}
