@@ -5,7 +5,7 @@
 #                                    CALIBRATE=1 to run `dfc calibrate` first, DATA)
 #
 # Each model is compiled under single (1 worker), mirrored (1, 2 and 4 workers), ps --sync
-# (1 ps task and 1 or 3 workers) and model (2 workers), and trained STEPS steps of Fashion-MNIST
+# (1 ps task and 1 or 2 workers) and model (2 workers), and trained STEPS steps of Fashion-MNIST
 # on `dfc run --spawn` workers with --timeline; `dfc run` then prints the median step (the
 # driver's step spans) beside the step the cost model predicts from this host's profile for the
 # way it ran. The same plans on one process: `dfc bench`'s median beside its prediction.
@@ -35,7 +35,7 @@ PY
 
 : >"$dir/rows"
 for model in "${MODELS[@]}"; do
-    configs=("single 1" "mirrored 1" "mirrored 2" "mirrored 4" "ps 2" "ps 4" "model 2")
+    configs=("single 1" "mirrored 1" "mirrored 2" "mirrored 4" "ps 2" "ps 3" "model 2")
     for config in "${configs[@]}"; do
         read -r strategy workers <<<"$config"
         plan=$dir/$model-$strategy-$workers.plan

@@ -81,7 +81,7 @@ pub fn calibrate(args: &CalibrateArgs) -> Outcome {
         )
     } else {
         eprintln!("calibrating the links between two worker processes");
-        measure_links()?
+        measure_links(effort)?
     };
     let profile = Profile {
         version: PROFILE_VERSION,
@@ -111,7 +111,7 @@ fn print_summary(profile: &Profile) {
         let rates = profile.rates(run.threads);
         let square = |s: usize| 2.0 * (s as f64).powi(3) / rates.gemm_seconds(s, s, s, false, false, 1) / 1e9;
         println!(
-            "  {} thread{}: products {:.1} GFLOP/s at 256³, {:.1} at 1024³; kernels {:.2} µs, {:.1} GB/s at 12 MB; copies {:.1} GB/s at 2 MB; {:.2} ns an exp, row ops {:.2}–{:.2} ns an element ({:.2}–{:.2} with exp); a program run {:.1} µs; convolutions ×{:.2}, ×{:.2}, ×{:.2} a product",
+            "  {} thread{}: products {:.1} GFLOP/s at 256³, {:.1} at 1024³; kernels {:.2} µs, {:.1} GB/s at 12 MB; copies {:.1} GB/s at 2 MB; {:.2} ns an exp, row ops {:.2}–{:.2} ns an element ({:.2}–{:.2} with exp); a program run {:.1} µs; a hand-off between threads {:.1} µs; convolutions ×{:.2}, ×{:.2}, ×{:.2} a product",
             run.threads,
             if run.threads == 1 { "" } else { "s" },
             square(256),
@@ -125,6 +125,7 @@ fn print_summary(profile: &Profile) {
             run.exp_row.short_seconds * 1e9,
             run.exp_row.long_seconds * 1e9,
             run.program_seconds * 1e6,
+            run.handoff_seconds * 1e6,
             run.conv.forward,
             run.conv.backprop_input,
             run.conv.backprop_filter,
@@ -191,6 +192,7 @@ fn measure_run(threads: u32, effort: Effort) -> Result<Run, Failure> {
         conv: ConvFactors { forward: 1.0, backprop_input: 1.0, backprop_filter: 1.0 },
         kernel: Curve { points: vec![[1.0, 1.0]] },
         copy: Curve { points: vec![[1.0, 1.0]] },
+        handoff_seconds: 0.0,
         transcendental_seconds: 0.0,
         row: RowCost { short_length: 1, short_seconds: 0.0, long_length: 1, long_seconds: 0.0 },
         exp_row: RowCost { short_length: 1, short_seconds: 0.0, long_length: 1, long_seconds: 0.0 },
@@ -214,6 +216,7 @@ fn measure_run(threads: u32, effort: Effort) -> Result<Run, Failure> {
     let costs = kernel_costs(effort)?;
     run.kernel = costs.kernel;
     run.copy = copy_curve(effort);
+    run.handoff_seconds = handoff_seconds(effort);
     run.transcendental_seconds = costs.transcendental_seconds;
     run.row = costs.row;
     run.exp_row = costs.exp_row;
@@ -313,6 +316,41 @@ fn kernel_costs(effort: Effort) -> Result<KernelCosts, Failure> {
         exp_row: row_cost(&exp_row),
         program_seconds,
     })
+}
+
+/// How long a thread of this process takes to see what another hands it through a mutex and
+/// a condition variable (what the in-process rendezvous between partitions uses): half a
+/// round trip, the median of many.
+fn handoff_seconds(effort: Effort) -> f64 {
+    use std::sync::{Arc, Condvar, Mutex};
+    let turn = Arc::new((Mutex::new(0u64), Condvar::new()));
+    let other = Arc::clone(&turn);
+    let rounds = 200u64 * effort.repetitions as u64;
+    let partner = std::thread::spawn(move || {
+        let (lock, changed) = &*other;
+        for i in 0..rounds {
+            let mut at = lock.lock().expect("not poisoned");
+            while *at != 2 * i + 1 {
+                at = changed.wait(at).expect("not poisoned");
+            }
+            *at += 1;
+            changed.notify_one();
+        }
+    });
+    let (lock, changed) = &*turn;
+    let mut times = Vec::with_capacity(rounds as usize);
+    for i in 0..rounds {
+        let started = Instant::now();
+        let mut at = lock.lock().expect("not poisoned");
+        *at = 2 * i + 1;
+        changed.notify_one();
+        while *at != 2 * i + 2 {
+            at = changed.wait(at).expect("not poisoned");
+        }
+        times.push(started.elapsed().as_secs_f64() / 2.0);
+    }
+    partner.join().expect("the partner thread ends");
+    median(&mut times)
 }
 
 /// The plan of `z = expression` over inputs `x` and `y` of `shape`.
@@ -417,13 +455,13 @@ fn time_kernel(shape: &[usize], expression: &str, effort: Effort) -> Result<(f64
 /// What a step driven on a worker costs beyond the same program run in this process: the
 /// fixed cost of the driver's call, and its feeds' and fetches' bytes, from the calibration
 /// model's kernel at two sizes on the worker at `address`.
-fn measure_remote_steps(address: &str, token: &str) -> Result<Throughput, Failure> {
+fn measure_remote_steps(address: &str, token: &str, effort: Effort) -> Result<Throughput, Failure> {
     let mut points = Vec::new();
     for n in [1usize << 10, 1 << 18] {
         let plan = calibration_plan(&[n], "x * y + x")?;
         let failure = |e: dfc_driver::RunError| Failure(format!("running the calibration model on a worker: {e}"));
         let feeds = calibration_feeds(&[n]);
-        let effort = Effort { repetitions: 21, seconds: 0.05 };
+        let effort = Effort { repetitions: 3 * effort.repetitions, seconds: 8.0 * effort.seconds };
         let local = {
             let mut session =
                 dfc_driver::Session::with_backend(&plan, 0, dfc_driver::Backend::Llvm).map_err(failure)?;
@@ -474,12 +512,13 @@ fn measure_remote_steps(address: &str, token: &str) -> Result<Throughput, Failur
 /// Shared memory and TCP between two local workers: from all-reduces of two sizes, whose ring
 /// of two takes two steps each way (`2·latency + bytes / rate`); and a step driven on one of
 /// them (`measure_remote_steps`).
-fn measure_links() -> Result<(Throughput, Throughput, Throughput), Failure> {
+fn measure_links(effort: Effort) -> Result<(Throughput, Throughput, Throughput), Failure> {
     let exe = std::env::current_exe().map_err(|e| Failure(format!("cannot find the dfc executable: {e}")))?;
     let token = dfc_rpc::auth::random_token();
     let workers = dfc_rpc::LocalWorkers::spawn(&exe, 2, &token, None).map_err(Failure)?;
-    let remote_step = measure_remote_steps(&workers.addresses[0], &token)?;
-    let (small, large) = (64u64 << 10, 16u64 << 20);
+    let remote_step = measure_remote_steps(&workers.addresses[0], &token, effort)?;
+    let (small, large) = (64u64 << 10, if effort.repetitions > 2 { 16u64 << 20 } else { 4 << 20 });
+    let iterations = if effort.repetitions > 2 { 9 } else { 3 };
     let mut links = Vec::new();
     for transport in [dfc_rpc::bench::Transport::SharedMemory, dfc_rpc::bench::Transport::Tcp] {
         let time = |bytes: u64| {
@@ -488,7 +527,7 @@ fn measure_links() -> Result<(Throughput, Throughput, Throughput), Failure> {
                 &token,
                 None,
                 bytes,
-                9,
+                iterations,
                 transport,
                 dfc_rpc::rendezvous::Algorithm::Ring,
             )

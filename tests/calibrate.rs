@@ -1,4 +1,5 @@
-//! `dfc calibrate` end to end: a quick profile of this machine, which `dfc compile --profile`,
+//! `dfc calibrate` end to end: a quick profile of this machine (its links between two spawned
+//! workers included), which `dfc compile --profile`,
 //! this host's profile (`DFC_PROFILE`) and `dfc bench` predict from; damaged profiles refused
 //! with the field they break, or set aside with a warning where they were only found.
 
@@ -35,15 +36,17 @@ fn s(path: &Path) -> &str {
     path.to_str().expect("utf-8 path")
 }
 
-/// One quick profile for every test (without worker processes: their links are assumed).
+/// One quick profile for every test, its links measured between two spawned workers.
 fn quick_profile() -> &'static PathBuf {
     static PROFILE: OnceLock<PathBuf> = OnceLock::new();
     PROFILE.get_or_init(|| {
         let path = scratch("profile").join("quick.json");
-        let output = dfc(&["calibrate", "--quick", "--no-workers", "-o", s(&path)], "off");
+        let output = dfc(&["calibrate", "--quick", "-o", s(&path)], "off");
         assert!(output.status.success(), "{}", text(&output.stderr));
         let printed = text(&output.stdout);
         assert!(printed.contains("GFLOP/s at 256³"), "{printed}");
+        assert!(printed.contains("shared memory between workers: "), "{printed}");
+        assert!(printed.contains("a step driven on a worker: "), "{printed}");
         assert!(printed.contains(&format!("profile: {}", path.display())), "{printed}");
         path
     })
@@ -63,6 +66,9 @@ fn a_quick_profile_is_json_of_this_cpu_with_a_run_per_thread_count() {
     assert_eq!(runs.last().unwrap()["threads"].as_u64().unwrap(), threads);
     let sizes = json["gemm_sizes"].as_array().unwrap().len();
     assert_eq!(runs[0]["nn"].as_array().unwrap().len(), sizes.pow(3));
+    for link in ["shared_memory", "tcp", "remote_step"] {
+        assert!(json[link]["bytes_per_second"].as_f64().unwrap() > 0.0, "{link}: {}", json[link]);
+    }
     // Products of more work take longer: the largest square against the smallest.
     let nn = runs[0]["nn"].as_array().unwrap();
     assert!(nn.last().unwrap().as_f64().unwrap() > 100.0 * nn[0].as_f64().unwrap(), "{nn:?}");

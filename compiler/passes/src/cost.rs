@@ -635,7 +635,8 @@ fn link_between(topology: &Topology, a: usize, b: usize) -> Link {
 fn link_seconds(bytes: f64, link: Link, model: &CostModel) -> f64 {
     match (link, &model.profile) {
         (Link::Same, _) => 0.0,
-        (Link::Process, Some(p)) => p.full().run.copy.seconds(2.0 * bytes),
+        // Handed from one partition's thread to another's.
+        (Link::Process, Some(p)) => p.full().run.handoff_seconds + p.full().run.copy.seconds(2.0 * bytes),
         (Link::Host, Some(p)) => p.shared_memory.seconds(bytes),
         (Link::Network, Some(p)) => p.tcp.seconds(bytes),
         (Link::Process, None) => seconds(bytes, model.local_bytes_per_second),
@@ -850,8 +851,12 @@ pub fn estimate_on(partitions: &[&Module], model: &CostModel, topology: &Topolog
                     .unwrap_or(Link::Same);
                 // Each of the ring's 2(n − 1) steps pays the link's fixed cost.
                 return match link {
-                    // Each member's slice read from the others and summed: its bytes three times.
-                    Link::Same | Link::Process => profile.full().run.copy.seconds(3.0 * bytes as f64),
+                    // Each member's slice read from the others and summed (its bytes three
+                    // times), once every member's thread has handed its part over.
+                    Link::Same | Link::Process => {
+                        let run = &profile.full().run;
+                        run.handoff_seconds + run.copy.seconds(3.0 * bytes as f64)
+                    }
                     Link::Host => {
                         profile.shared_memory.seconds(bytes as f64)
                             + (steps - 1.0) * profile.shared_memory.latency_seconds

@@ -68,6 +68,9 @@ pub struct Run {
     /// A copy's (a slice, a concatenation, a transpose; a transfer within a process) by the
     /// bytes it reads and writes, on one thread.
     pub copy: Curve,
+    /// How long one thread takes to see what another of its process hands it (the in-process
+    /// rendezvous between partitions of one process).
+    pub handoff_seconds: f64,
     /// What a kernel spends on each element of a transcendental function (exp, log, tanh, ...)
     /// beyond its bytes, in seconds.
     pub transcendental_seconds: f64,
@@ -299,7 +302,9 @@ impl Run {
         self.copy.check().map_err(|e| format!("copy.{e}"))?;
         self.row.check().map_err(|e| format!("row.{e}"))?;
         self.exp_row.check().map_err(|e| format!("exp_row.{e}"))?;
-        for (name, value) in [("transcendental_seconds", self.transcendental_seconds)] {
+        for (name, value) in
+            [("transcendental_seconds", self.transcendental_seconds), ("handoff_seconds", self.handoff_seconds)]
+        {
             if !(value.is_finite() && value >= 0.0) {
                 return Err(format!("{name}: {value}; it must be finite and not negative"));
             }
@@ -448,6 +453,7 @@ pub(crate) mod tests {
                 conv: ConvFactors { forward: 1.0, backprop_input: 1.0, backprop_filter: 1.0 },
                 kernel: Curve { points: vec![[1e3, 1e-6], [1e7, 1e-3]] },
                 copy: Curve { points: vec![[1e3, 1e-6], [1e7, 1e-3]] },
+                handoff_seconds: 20e-6,
                 transcendental_seconds: 1e-9,
                 row: RowCost { short_length: 16, short_seconds: 1e-9, long_length: 256, long_seconds: 2e-9 },
                 exp_row: RowCost { short_length: 16, short_seconds: 2e-9, long_length: 256, long_seconds: 4e-9 },

@@ -464,6 +464,7 @@ fn profile(rate: f64) -> dfc_passes::Profile {
             // 1 µs and 1 ns a byte, at the sizes the tests use.
             kernel: Curve { points: vec![[8000.0, 9e-6], [8e6, 1e-6 + 8e-3]] },
             copy: Curve { points: vec![[1e3, 1e-6], [1e9, 1.0]] },
+            handoff_seconds: 30e-6,
             transcendental_seconds: 0.0,
             row,
             exp_row: row,
