@@ -64,6 +64,9 @@ fn bench_json(plan: &Path, extra: &[&str], mode: &str) -> serde_json::Map<String
         "code",
         "threads",
         "gflops",
+        "predicted_step_us",
+        "prediction_error",
+        "calibration",
     ];
     expected.sort();
     let mut sorted = keys.clone();
