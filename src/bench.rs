@@ -140,7 +140,7 @@ pub fn bench(args: &BenchArgs) -> Outcome {
         fetches.iter().map(|&f| output_node(f).unwrap_or(f)).chain(targets.iter().copied()).collect();
     let modules = dfc_driver::session::program_modules(&plan, &nodes).map_err(failure)?;
     let flops = matmul_conv_flops(&modules);
-    let prediction = crate::predict::predict(&plan, &nodes, crate::predict::Placement::Here);
+    let prediction = crate::predict::predict(&plan, &modules, crate::predict::Placement::Here);
 
     let mut step = 0usize;
     let mut run = |session: &mut Session| -> Result<Vec<Tensor>, Failure> {
@@ -244,7 +244,7 @@ fn human(report: &Report) -> String {
     line += &format!("; loaded in {:.1} ms (code {})", report.load_ms, report.code);
     match (report.predicted_step_us, report.prediction_error) {
         (Some(predicted), Some(error)) => line += &format!("; predicted {predicted:.1} us ({:+.1}%)", error * 100.0),
-        _ => line += "; no prediction (no profile of this host: `dfc calibrate` makes one)",
+        _ => line += &format!("; {}", crate::predict::NO_PROFILE),
     }
     line += &crate::predict::describe(&report.breakdown);
     line
@@ -337,7 +337,7 @@ impl Rng {
 
 /// The FLOPs of the matmuls and convolutions (forward and gradients) one run of the program
 /// performs, by the cost model's count (`dfc_passes::cost::node_flops`), over the nodes it
-/// computes in each partition (`Session::program_modules`).
+/// computes in each partition (`dfc_driver::session::program_modules`).
 fn matmul_conv_flops(modules: &[dfc_ir::Module]) -> f64 {
     let mut flops = 0.0;
     for module in modules {

@@ -18,7 +18,7 @@
 //! says otherwise; `DFC_PROFILE` names another file, or `off` for none.
 
 use crate::{Failure, Outcome};
-use dfc_passes::profile::{ConvFactors, Cpu, Curve, Profile, RowCost, Run, Throughput, PROFILE_VERSION};
+use dfc_passes::profile::{ConvFactors, Cpu, Curve, Profile, Rates, RowCost, Run, Throughput, PROFILE_VERSION};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -187,43 +187,26 @@ fn measure_run(threads: u32, effort: Effort) -> Result<Run, Failure> {
         let _held = dfc_gemm::hold();
         (gemm_table(false, false, effort), gemm_table(true, false, effort), gemm_table(false, true, effort))
     };
+    let costs = kernel_costs(effort)?;
     let mut run = Run {
         threads,
         nn,
         tn,
         nt,
+        // Factors of the products just timed: measured below.
         conv: ConvFactors { forward: 1.0, backprop_input: 1.0, backprop_filter: 1.0 },
-        kernel: Curve { points: vec![[1.0, 1.0]] },
-        copy: Curve { points: vec![[1.0, 1.0]] },
-        handoff_seconds: 0.0,
-        transcendental_seconds: 0.0,
-        row: RowCost { short_length: 1, short_seconds: 0.0, long_length: 1, long_seconds: 0.0 },
-        exp_row: RowCost { short_length: 1, short_seconds: 0.0, long_length: 1, long_seconds: 0.0 },
-        program_seconds: 0.0,
-    };
-    let profile_so_far = |run: &Run| Profile {
-        version: PROFILE_VERSION,
-        cpu: this_cpu(threads),
-        measured_at_unix: 0,
-        dfc: String::new(),
-        gemm_sizes: SIZES.to_vec(),
-        runs: vec![run.clone()],
-        shared_memory: Throughput { latency_seconds: 0.0, bytes_per_second: 1.0 },
-        tcp: Throughput { latency_seconds: 0.0, bytes_per_second: 1.0 },
-        remote_step: Throughput { latency_seconds: 0.0, bytes_per_second: 1.0 },
+        kernel: costs.kernel,
+        copy: copy_curve(effort),
+        handoff_seconds: handoff_seconds(effort),
+        transcendental_seconds: costs.transcendental_seconds,
+        row: costs.row,
+        exp_row: costs.exp_row,
+        program_seconds: costs.program_seconds,
     };
     run.conv = {
         let _held = dfc_gemm::hold();
-        conv_factors(&profile_so_far(&run), effort)
+        conv_factors(Rates::new(&SIZES, &run), effort)
     };
-    let costs = kernel_costs(effort)?;
-    run.kernel = costs.kernel;
-    run.copy = copy_curve(effort);
-    run.handoff_seconds = handoff_seconds(effort);
-    run.transcendental_seconds = costs.transcendental_seconds;
-    run.row = costs.row;
-    run.exp_row = costs.exp_row;
-    run.program_seconds = costs.program_seconds;
     Ok(run)
 }
 
@@ -247,10 +230,9 @@ fn gemm_table(transpose_a: bool, transpose_b: bool, effort: Effort) -> Vec<f64> 
     table
 }
 
-/// Each form's median, over `CONVS`, of its time over its im2col product's in `profile`.
-fn conv_factors(profile: &Profile, effort: Effort) -> ConvFactors {
+/// Each form's median, over `CONVS`, of its time over its im2col product's at `rates`.
+fn conv_factors(rates: Rates<'_>, effort: Effort) -> ConvFactors {
     use dfc_kernels::{Conv2dGeometry, Padding};
-    let rates = profile.full();
     let mut forward = Vec::new();
     let mut input = Vec::new();
     let mut filter = Vec::new();
@@ -283,11 +265,12 @@ fn conv_factors(profile: &Profile, effort: Effort) -> ConvFactors {
     }
 }
 
-/// A fused loop kernel's costs over `KERNEL_SIZES`: its time by its bytes, from `z = x * y + x`; a transcendental function's time per element, from `z = exp(x) * y` (the
-/// same bytes); a row op's per row and per element, from `layer_norm(x)` and `softmax(x)` over
-/// short and long rows; and what a program run costs beyond its kernel.
+/// A fused loop kernel's costs over `KERNEL_SIZES`: its time by its bytes, from
+/// `z = x * y + x`; a transcendental function's time per element, from `z = exp(x) * y` (the
+/// same bytes); a row op's per element, from `layer_norm(x)` and `softmax(x)` over short and
+/// long rows; and what a program run costs beyond its kernel.
 fn kernel_costs(effort: Effort) -> Result<KernelCosts, Failure> {
-    let mut points: Vec<(f64, f64)> = Vec::new();
+    let mut points = Vec::new();
     let mut program_seconds = 0.0;
     let mut transcendental = Vec::new();
     let mut row = Vec::new();
@@ -309,11 +292,10 @@ fn kernel_costs(effort: Effort) -> Result<KernelCosts, Failure> {
             exp_row.push(per_element("softmax(x)")?);
             row.push(per_element("layer_norm(x)")?);
         }
-        points.push((12.0 * n as f64, plain));
+        points.push([12.0 * n as f64, plain]);
     }
-    let kernel = Curve { points: points.iter().map(|&(bytes, t)| [bytes, t]).collect() };
     Ok(KernelCosts {
-        kernel,
+        kernel: Curve { points },
         transcendental_seconds: median(&mut transcendental),
         row: row_cost(&row),
         exp_row: row_cost(&exp_row),
@@ -423,32 +405,37 @@ fn row_cost(measured: &[[f64; 2]]) -> RowCost {
     }
 }
 
+/// The median time of a run of the calibration model's program `z` on `runner`.
+fn median_run<R: dfc_driver::Runner>(
+    runner: &mut R,
+    feeds: &HashMap<String, dfc_interp::Tensor>,
+    effort: Effort,
+) -> Result<f64, dfc_driver::RunError> {
+    let program = runner.program(&["z"], &[])?;
+    let mut failed = None;
+    let seconds = median_seconds(effort, || {
+        if let Err(e) = runner.run(&program, feeds) {
+            failed.get_or_insert(e);
+        }
+    });
+    failed.map_or(Ok(seconds), Err)
+}
+
 /// The median time of the kernel of `z = expression` over `x` and `y` of `shape` (from the
 /// timeline's spans), and of a whole run of its program.
 fn time_kernel(shape: &[usize], expression: &str, effort: Effort) -> Result<(f64, f64), Failure> {
     let plan = calibration_plan(shape, expression)?;
     let failure = |e: dfc_driver::RunError| Failure(format!("running the calibration model: {e}"));
     let mut session = dfc_driver::Session::with_backend(&plan, 0, dfc_driver::Backend::Llvm).map_err(failure)?;
-    let program = session.program(&["z"], &[]).map_err(failure)?;
     let feeds = calibration_feeds(shape);
-    let mut failed = None;
-    let mut step = |session: &mut dfc_driver::Session| {
-        if let Err(e) = session.run(&program, &feeds) {
-            failed.get_or_insert(e);
-        }
-    };
-    let whole = median_seconds(effort, || step(&mut session));
+    let whole = median_run(&mut session, &feeds, effort).map_err(failure)?;
     dfc_interp::trace::enable();
     let _ = dfc_interp::trace::take();
-    for _ in 0..effort.repetitions.max(9) {
-        step(&mut session);
-    }
+    let traced = median_run(&mut session, &feeds, Effort { repetitions: effort.repetitions.max(9), seconds: 0.0 });
     dfc_interp::trace::set_enabled(false);
     let mut kernel: Vec<f64> =
         dfc_interp::trace::take().iter().filter(|e| e.category == "kernel").map(|e| e.duration_us * 1e-6).collect();
-    if let Some(e) = failed {
-        return Err(failure(e));
-    }
+    traced.map_err(failure)?;
     if kernel.is_empty() {
         return Err(Failure("the calibration model ran no kernel that the timeline saw".into()));
     }
@@ -465,23 +452,10 @@ fn measure_remote_steps(address: &str, token: &str, effort: Effort) -> Result<Th
         let failure = |e: dfc_driver::RunError| Failure(format!("running the calibration model on a worker: {e}"));
         let feeds = calibration_feeds(&[n]);
         let effort = Effort { repetitions: 3 * effort.repetitions, seconds: 8.0 * effort.seconds };
-        let local = {
-            let mut session =
-                dfc_driver::Session::with_backend(&plan, 0, dfc_driver::Backend::Llvm).map_err(failure)?;
-            let program = session.program(&["z"], &[]).map_err(failure)?;
-            let mut failed = None;
-            let t = median_seconds(effort, || {
-                if let Err(e) = session.run(&program, &feeds) {
-                    failed.get_or_insert(e);
-                }
-            });
-            if let Some(e) = failed {
-                return Err(failure(e));
-            }
-            t
-        };
+        let mut session = dfc_driver::Session::with_backend(&plan, 0, dfc_driver::Backend::Llvm).map_err(failure)?;
+        let local = median_run(&mut session, &feeds, effort).map_err(failure)?;
         let assignment = dfc_rpc::assign(&plan, 1).map_err(Failure)?;
-        let mut session = dfc_rpc::RemoteSession::connect(
+        let mut remote_session = dfc_rpc::RemoteSession::connect(
             &plan,
             &[address.to_string()],
             &assignment,
@@ -493,17 +467,7 @@ fn measure_remote_steps(address: &str, token: &str, effort: Effort) -> Result<Th
             dfc_rpc::rendezvous::Algorithm::Ring,
         )
         .map_err(failure)?;
-        use dfc_driver::Runner;
-        let program = session.program(&["z"], &[]).map_err(failure)?;
-        let mut failed = None;
-        let remote = median_seconds(effort, || {
-            if let Err(e) = session.run(&program, &feeds) {
-                failed.get_or_insert(e);
-            }
-        });
-        if let Some(e) = failed {
-            return Err(failure(e));
-        }
+        let remote = median_run(&mut remote_session, &feeds, effort).map_err(failure)?;
         // Two operands in, one result out.
         points.push((12.0 * n as f64, (remote - local).max(0.0)));
     }

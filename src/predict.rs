@@ -6,6 +6,7 @@
 use dfc_interp::trace::Event;
 use dfc_passes::{CostModel, CostReport, Topology};
 use dfc_plan::Plan;
+use std::collections::HashMap;
 
 /// Where a plan's partitions run.
 pub enum Placement<'a> {
@@ -19,11 +20,13 @@ pub enum Placement<'a> {
     Cluster,
 }
 
-/// The program of the nodes named `nodes` predicted as `placement` runs it, from this host's
-/// profile: `None` without one, or for a plan the cost model cannot cut to the program.
-pub fn predict(plan: &Plan, nodes: &[&str], placement: Placement<'_>) -> Option<CostReport> {
+/// What a person is told where there is no prediction.
+pub const NO_PROFILE: &str = "no prediction (no profile of this host: `dfc calibrate` makes one)";
+
+/// A program of `plan` (its partitions cut to it: `dfc_driver::session::program_modules`)
+/// predicted as `placement` runs it, from this host's profile: `None` without one.
+pub fn predict(plan: &Plan, modules: &[dfc_ir::Module], placement: Placement<'_>) -> Option<CostReport> {
     let profile = crate::calibrate::host_profile()?;
-    let modules = dfc_driver::session::program_modules(plan, nodes).ok()?;
     let parts: Vec<&dfc_ir::Module> = modules.iter().collect();
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
     let topology = match placement {
@@ -36,10 +39,7 @@ pub fn predict(plan: &Plan, nodes: &[&str], placement: Placement<'_>) -> Option<
             threads: vec![(cores / workers.max(1)).max(1) as u32; workers],
             driven: true,
         },
-        Placement::Cluster => Topology {
-            driven: true,
-            ..Topology::of_tasks_on(&parts, |device| dfc_compile::host_of(&plan.cluster, device))
-        },
+        Placement::Cluster => Topology::of_cluster(&parts, &plan.cluster),
     };
     Some(dfc_passes::cost::estimate_on(&parts, &CostModel::calibrated(profile), &topology))
 }
@@ -71,26 +71,29 @@ pub fn breakdown(events: &[Event], steps: usize, predicted: &CostReport) -> Vec<
     for device in &predicted.devices {
         let remote = format!(": {}", device.device);
         let on_device = |e: &&Event| *e.track == *device.device || e.track.ends_with(&remote);
-        let mut measured: Vec<(String, f64)> = Vec::new();
+        // Per kind: the measured microseconds and the predicted seconds.
+        let mut kinds: HashMap<&str, (f64, f64)> = HashMap::new();
         for event in events.iter().filter(on_device).filter(|e| e.category != "partition") {
-            match measured.iter_mut().find(|(k, _)| *k == event.category) {
-                Some((_, total)) => *total += event.duration_us,
-                None => measured.push((event.category.to_string(), event.duration_us)),
-            }
+            kinds.entry(&event.category).or_default().0 += event.duration_us;
         }
-        let mut kinds: Vec<&str> = measured.iter().map(|(k, _)| k.as_str()).collect();
-        kinds.extend(device.by_kind.iter().map(|(k, _)| k.as_str()).filter(|k| !measured.iter().any(|(m, _)| m == k)));
+        for (kind, seconds) in &device.by_kind {
+            kinds.entry(kind).or_default().1 += seconds;
+        }
         let start = rows.len();
-        for kind in kinds {
-            let of = |list: &[(String, f64)]| list.iter().find(|(k, _)| k == kind).map_or(0.0, |(_, t)| *t);
+        for (kind, (measured, predicted)) in kinds {
             rows.push(Breakdown {
                 device: device.device.clone(),
                 kind: kind.to_string(),
-                measured_us: tenths(of(&measured) / steps.max(1) as f64),
-                predicted_us: tenths(of(&device.by_kind) * 1e6),
+                measured_us: tenths(measured / steps.max(1) as f64),
+                predicted_us: tenths(predicted * 1e6),
             });
         }
-        rows[start..].sort_by(|a, b| b.measured_us.max(b.predicted_us).total_cmp(&a.measured_us.max(a.predicted_us)));
+        rows[start..].sort_by(|a, b| {
+            b.measured_us
+                .max(b.predicted_us)
+                .total_cmp(&a.measured_us.max(a.predicted_us))
+                .then_with(|| a.kind.cmp(&b.kind))
+        });
     }
     rows
 }

@@ -202,9 +202,9 @@ fn report_prediction(plan: &dfc_plan::Plan, args: &RunArgs, events: &[dfc_interp
         (None, Ok(Some(_))) => crate::predict::Placement::Cluster,
         _ => crate::predict::Placement::Here,
     };
-    let nodes = crate::predict::training_nodes(plan);
-    let Some(predicted) = crate::predict::predict(plan, &nodes, placement) else {
-        eprintln!("step: median {:.3} ms over {steps} steps; no prediction (no profile of this host: `dfc calibrate` makes one)", measured * 1e3);
+    let modules = dfc_driver::session::program_modules(plan, &crate::predict::training_nodes(plan));
+    let Some(predicted) = modules.ok().and_then(|modules| crate::predict::predict(plan, &modules, placement)) else {
+        eprintln!("step: median {:.3} ms over {steps} steps; {}", measured * 1e3, crate::predict::NO_PROFILE);
         return;
     };
     eprintln!(

@@ -357,9 +357,7 @@ pub fn compile(source: &str, source_name: &str, options: &CompileOptions) -> Res
     // A step's cost leaves out local SGD's averages, which run every few steps apart from it.
     let stepping: Vec<Option<Module>> = simulated.iter().map(|m| dfc_passes::without_averages(m)).collect();
     let simulated: Vec<&Module> = simulated.iter().zip(&stepping).map(|(m, s)| s.as_ref().unwrap_or(m)).collect();
-    let mut topology = dfc_passes::Topology::of_tasks_on(&simulated, |device| host_of(cluster, device));
-    // A cluster of addresses runs on workers that a driver calls.
-    topology.driven = cluster.jobs.iter().flat_map(|j| &j.tasks).any(|t| t.address.is_some());
+    let topology = dfc_passes::Topology::of_cluster(&simulated, cluster);
     let mut report = dfc_passes::cost::estimate_on(&simulated, &options.cost_model, &topology);
     // An instance simulated by its transfers alone costs what the partition standing for it does.
     for (k, (instance, stand_in)) in instances.iter().zip(&stand_ins).enumerate() {
@@ -649,19 +647,4 @@ fn per_replica_module(
         format!("data parallelism needs a `dim` that sizes the first axis of every input; none of the model's dims is {batch} for all of them"),
     )
     .with_help("declare the batch as a dim (`dim batch = 128`) and use it as every input's first dimension")]))
-}
-
-/// The host a device's task runs on, as the cost model groups tasks: the host part of its
-/// address (loopback's names as one), or for a cluster of this machine's devices (no
-/// addresses), this machine.
-pub fn host_of(cluster: &Cluster, device: &dfc_ir::DeviceSpec) -> Option<String> {
-    let job = cluster.job(device.job.as_deref()?)?;
-    let task = job.tasks.get(device.task? as usize)?;
-    let Some(address) = &task.address else { return Some("this machine".into()) };
-    let host = match address.rsplit_once(':') {
-        Some((host, _port)) => host.trim_start_matches('[').trim_end_matches(']'),
-        None => address.as_str(),
-    };
-    let loopback = host == "localhost" || host == "::1" || host.starts_with("127.");
-    Some(if loopback { "this machine".into() } else { host.to_ascii_lowercase() })
 }

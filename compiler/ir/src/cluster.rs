@@ -36,6 +36,11 @@ pub struct Task {
 /// Jobs in this order first (TensorFlow's roles), then any other in name order.
 const JOB_ORDER: [&str; 4] = ["chief", "master", "worker", "ps"];
 
+/// The host part of a task's address (`host:port`), without an IPv6 address's brackets.
+pub fn address_host(address: &str) -> &str {
+    address.rsplit_once(':').map_or(address, |(host, _)| host).trim_matches(['[', ']'])
+}
+
 impl Cluster {
     /// `n` devices of one kind in task 0 of job `localhost`: what `--devices N` means.
     pub fn local(n: usize, kind: DeviceKind) -> Cluster {

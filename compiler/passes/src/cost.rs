@@ -23,10 +23,10 @@
 //! cycle are never started (they count in the load, not in the times).
 
 use crate::profile::{ConvForm, Profile, Rates};
-use dfc_ir::{BinaryOp, DeviceSpec, Graph, Module, NodeId, Op, TensorType, UnaryOp};
+use dfc_ir::{BinaryOp, Cluster, DeviceSpec, Graph, Module, NodeId, Op, TensorType, UnaryOp};
 use serde::{Deserialize, Serialize};
 use std::cmp::{Ordering, Reverse};
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::fmt;
 use std::sync::Arc;
 
@@ -457,7 +457,7 @@ enum Kind {
 /// One node of the simulation.
 struct SimNode {
     partition: u32,
-    /// What runs it: its device, or with a profile, its host's cores.
+    /// What runs it, one node at a time: its device, or with a profile, its process.
     executor: u32,
     id: NodeId,
     /// Position in its partition's topological order: the device runs the first ready one.
@@ -532,36 +532,40 @@ impl Topology {
         Topology::of_tasks_on(partitions, |_| None)
     }
 
+    /// A process per task of `cluster` on all its host's cores, tasks on the hosts their
+    /// addresses name (loopback's names as one; a cluster without addresses, this machine's
+    /// devices, on one), driven by a driver where the tasks have addresses (workers).
+    pub fn of_cluster(partitions: &[&Module], cluster: &Cluster) -> Topology {
+        let mut topology = Topology::of_tasks_on(partitions, |device| host_of(cluster, device));
+        topology.driven = cluster.jobs.iter().flat_map(|j| &j.tasks).any(|t| t.address.is_some());
+        topology
+    }
+
     /// A process per task on all its host's cores; tasks for which `host_of` names the same
     /// host share it, and any other task is on a host of its own.
-    pub fn of_tasks_on(partitions: &[&Module], host_of: impl Fn(&DeviceSpec) -> Option<String>) -> Topology {
+    fn of_tasks_on(partitions: &[&Module], host_of: impl Fn(&DeviceSpec) -> Option<String>) -> Topology {
         let mut tasks: Vec<(Option<String>, Option<u32>)> = Vec::new();
+        // Each task's host, and the hosts' names (`None`: a host of its own).
+        let mut task_host: Vec<u32> = Vec::new();
         let mut hosts: Vec<Option<String>> = Vec::new();
         let mut process = Vec::with_capacity(partitions.len());
-        let mut host = Vec::with_capacity(partitions.len());
         for module in partitions {
             let device = device_of(module);
             let task = device.map_or((None, None), |d| (d.job.clone(), d.task));
             let index = tasks.iter().position(|t| *t == task).unwrap_or_else(|| {
+                // A task's partitions are all on its first partition's host.
+                let name = device.and_then(&host_of);
+                let known = name.as_ref().and_then(|_| hosts.iter().position(|h| *h == name));
+                task_host.push(known.unwrap_or_else(|| {
+                    hosts.push(name);
+                    hosts.len() - 1
+                }) as u32);
                 tasks.push(task);
                 tasks.len() - 1
             });
             process.push(index as u32);
-            let name = device.and_then(&host_of);
-            let at = match &name {
-                Some(_) => hosts.iter().position(|h| *h == name),
-                None => None,
-            };
-            host.push(at.unwrap_or_else(|| {
-                hosts.push(name);
-                hosts.len() - 1
-            }) as u32);
         }
-        // A task's partitions are all on its host: the first one's.
-        for p in 0..process.len() {
-            let first = process.iter().position(|&q| q == process[p]).expect("listed");
-            host[p] = host[first];
-        }
+        let host = process.iter().map(|&p| task_host[p as usize]).collect();
         Topology { process, host, threads: vec![0; tasks.len()], driven: false }
     }
 
@@ -575,11 +579,10 @@ impl Topology {
             _ => cores,
         };
         let mut asked: HashMap<u32, u64> = HashMap::new();
-        let mut counted: Vec<u32> = Vec::new();
+        let mut counted: HashSet<u32> = HashSet::new();
         for p in 0..partitions {
             let (process, host) = self.process_of(p);
-            if !counted.contains(&process) {
-                counted.push(process);
+            if counted.insert(process) {
                 *asked.entry(host).or_default() += u64::from(threads_of(process));
             }
         }
@@ -599,6 +602,18 @@ impl Topology {
             _ => (u32::MAX - p as u32, u32::MAX - p as u32),
         }
     }
+}
+
+/// The host a device's task runs on, as the cost model groups tasks: the host part of its
+/// address (loopback's names as one), or for a cluster of this machine's devices (no
+/// addresses), this machine.
+fn host_of(cluster: &Cluster, device: &DeviceSpec) -> Option<String> {
+    let job = cluster.job(device.job.as_deref()?)?;
+    let task = job.tasks.get(device.task? as usize)?;
+    let Some(address) = &task.address else { return Some("this machine".into()) };
+    let host = dfc_ir::address_host(address);
+    let loopback = host == "localhost" || host == "::1" || host.starts_with("127.");
+    Some(if loopback { "this machine".into() } else { host.to_ascii_lowercase() })
 }
 
 /// The device a partition's nodes are placed on (the first that names one).
@@ -629,18 +644,24 @@ fn link_between(topology: &Topology, a: usize, b: usize) -> Link {
     }
 }
 
-/// Seconds to move `bytes` over `link`: with a profile, a copy at its kernels' bandwidth within
-/// a process, its shared-memory queues within a host, TCP between hosts; without, the assumed
-/// rates (a process's devices at the local bandwidth, anything else remote).
-fn link_seconds(bytes: f64, link: Link, model: &CostModel) -> f64 {
-    match (link, &model.profile) {
-        (Link::Same, _) => 0.0,
-        // Handed from one partition's thread to another's.
-        (Link::Process, Some(p)) => p.full().run.handoff_seconds + p.full().run.copy.seconds(2.0 * bytes),
-        (Link::Host, Some(p)) => p.shared_memory.seconds(bytes),
-        (Link::Network, Some(p)) => p.tcp.seconds(bytes),
-        (Link::Process, None) => seconds(bytes, model.local_bytes_per_second),
-        (_, None) => seconds(bytes, model.remote_bytes_per_second) + model.remote_latency_seconds.max(0.0),
+/// Seconds to move `bytes` over `link` on a machine of `profile`: handed from one thread to
+/// another and copied within a process, its shared-memory queues within a host, TCP between
+/// hosts.
+fn link_seconds(bytes: f64, link: Link, profile: &Profile) -> f64 {
+    let run = &profile.full().run;
+    match link {
+        Link::Same => 0.0,
+        Link::Process => run.handoff_seconds + run.copy.seconds(2.0 * bytes),
+        Link::Host => profile.shared_memory.seconds(bytes),
+        Link::Network => profile.tcp.seconds(bytes),
+    }
+}
+
+/// Adds `seconds` of `work` to a device's time by kind of work.
+fn add_work(by_kind: &mut Vec<(String, f64)>, work: &str, seconds: f64) {
+    match by_kind.iter_mut().find(|(k, _)| k == work) {
+        Some((_, total)) => *total += seconds,
+        None => by_kind.push((work.to_string(), seconds)),
     }
 }
 
@@ -724,11 +745,7 @@ pub fn estimate_on(partitions: &[&Module], model: &CostModel, topology: &Topolog
             };
             if kind == Kind::Compute && seconds > 0.0 {
                 device.compute_seconds += seconds;
-                let work = work_kind(graph, id);
-                match device.by_kind.iter_mut().find(|(k, _)| k == work) {
-                    Some((_, total)) => *total += seconds,
-                    None => device.by_kind.push((work.to_string(), seconds)),
-                }
+                add_work(&mut device.by_kind, work_kind(graph, id), seconds);
             }
             map[id.index()] = nodes.len() as u32;
             nodes.push(SimNode {
@@ -816,9 +833,9 @@ pub fn estimate_on(partitions: &[&Module], model: &CostModel, topology: &Topolog
         let there = specs[nodes[s as usize].partition as usize].unwrap_or(from);
         let here = receiver.or(to_of(s)).unwrap_or(&unknown);
         transfer[g] = match &model.profile {
-            Some(_) => {
+            Some(profile) => {
                 let link = link_between(topology, nodes[s as usize].partition as usize, node.partition as usize);
-                link_seconds(tensor_bytes(ty) as f64, link, model)
+                link_seconds(tensor_bytes(ty) as f64, link, profile)
             }
             None => transfer_seconds(tensor_bytes(ty), there, here, model),
         };
@@ -849,20 +866,18 @@ pub fn estimate_on(partitions: &[&Module], model: &CostModel, topology: &Topolog
                     .map(|&m| link_between(topology, partition(first), partition(m)))
                     .max()
                     .unwrap_or(Link::Same);
-                // Each of the ring's 2(n − 1) steps pays the link's fixed cost.
-                return match link {
+                let through = match link {
                     // Each member's slice read from the others and summed (its bytes three
                     // times), once every member's thread has handed its part over.
                     Link::Same | Link::Process => {
                         let run = &profile.full().run;
-                        run.handoff_seconds + run.copy.seconds(3.0 * bytes as f64)
+                        return run.handoff_seconds + run.copy.seconds(3.0 * bytes as f64);
                     }
-                    Link::Host => {
-                        profile.shared_memory.seconds(bytes as f64)
-                            + (steps - 1.0) * profile.shared_memory.latency_seconds
-                    }
-                    Link::Network => profile.tcp.seconds(bytes as f64) + (steps - 1.0) * profile.tcp.latency_seconds,
+                    Link::Host => profile.shared_memory,
+                    Link::Network => profile.tcp,
                 };
+                // Each of the ring's 2(n − 1) steps pays the link's fixed cost.
+                return through.seconds(bytes as f64) + (steps - 1.0) * through.latency_seconds;
             }
             let first = spec(nodes[first as usize].partition);
             let remote = group.members.iter().any(|&m| !same_task(spec(nodes[m as usize].partition), first));
@@ -882,11 +897,7 @@ pub fn estimate_on(partitions: &[&Module], model: &CostModel, topology: &Topolog
             _ => None,
         };
         if let Some((work, seconds)) = exchange.filter(|(_, s)| *s > 0.0 && s.is_finite()) {
-            let device = &mut devices[node.partition as usize];
-            match device.by_kind.iter_mut().find(|(k, _)| k == work) {
-                Some((_, total)) => *total += seconds,
-                None => device.by_kind.push((work.to_string(), seconds)),
-            }
+            add_work(&mut devices[node.partition as usize].by_kind, work, seconds);
         }
     }
 

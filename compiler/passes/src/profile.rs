@@ -1,9 +1,10 @@
 //! A machine's measured costs (`dfc calibrate` writes them; `dfc compile --profile` reads
-//! them): the time of the matrix products dfc runs by shape, what its convolutions take beside
-//! a product of the same size, its fused kernels' fixed cost and memory bandwidth, the fixed
-//! cost of running a program, and the links between workers on one host (shared memory) and
-//! between hosts (TCP). The cost model (`cost.rs`) predicts from these in place of FLOP counts
-//! at one assumed rate.
+//! them), per number of threads: the time of the matrix products dfc runs by shape, what its
+//! convolutions take beside a product of the same size, its fused kernels and copies by their
+//! bytes, transcendental functions and row ops per element, a hand-off between threads, the
+//! fixed cost of running a program; and the links between workers on one host (shared memory)
+//! and between hosts (TCP), and a step driven on a worker. The cost model (`cost.rs`) predicts
+//! from these in place of FLOP counts at one assumed rate.
 //!
 //! A profile is JSON from outside: `Profile::from_json` refuses, with a message naming the
 //! field, anything that is not a profile of this version with finite, positive times and a
@@ -126,12 +127,8 @@ impl RowCost {
         if self.short_length == 0 || self.long_length < self.short_length {
             return Err("lengths: expected 1 ≤ short_length ≤ long_length".into());
         }
-        for (name, value) in [("short_seconds", self.short_seconds), ("long_seconds", self.long_seconds)] {
-            if !(value.is_finite() && value >= 0.0) {
-                return Err(format!("{name}: {value}; it must be finite and not negative"));
-            }
-        }
-        Ok(())
+        not_negative("short_seconds", self.short_seconds)?;
+        not_negative("long_seconds", self.long_seconds)
     }
 }
 
@@ -302,17 +299,9 @@ impl Run {
         self.copy.check().map_err(|e| format!("copy.{e}"))?;
         self.row.check().map_err(|e| format!("row.{e}"))?;
         self.exp_row.check().map_err(|e| format!("exp_row.{e}"))?;
-        for (name, value) in
-            [("transcendental_seconds", self.transcendental_seconds), ("handoff_seconds", self.handoff_seconds)]
-        {
-            if !(value.is_finite() && value >= 0.0) {
-                return Err(format!("{name}: {value}; it must be finite and not negative"));
-            }
-        }
-        if !(self.program_seconds.is_finite() && self.program_seconds >= 0.0) {
-            return Err(format!("program_seconds: {}; it must be finite and not negative", self.program_seconds));
-        }
-        Ok(())
+        not_negative("transcendental_seconds", self.transcendental_seconds)?;
+        not_negative("handoff_seconds", self.handoff_seconds)?;
+        not_negative("program_seconds", self.program_seconds)
     }
 }
 
@@ -321,10 +310,7 @@ impl Throughput {
         if !positive(self.bytes_per_second) {
             return Err(format!("bytes_per_second: {}; it must be finite and positive", self.bytes_per_second));
         }
-        if !(self.latency_seconds.is_finite() && self.latency_seconds >= 0.0) {
-            return Err(format!("latency_seconds: {}; it must be finite and not negative", self.latency_seconds));
-        }
-        Ok(())
+        not_negative("latency_seconds", self.latency_seconds)
     }
 }
 
@@ -333,6 +319,14 @@ impl Throughput {
 pub struct Rates<'a> {
     sizes: &'a [u32],
     pub run: &'a Run,
+}
+
+impl<'a> Rates<'a> {
+    /// The costs of `run`, whose product tables were timed at `sizes` (as a profile's
+    /// `gemm_sizes`, and as many of them cubed).
+    pub fn new(sizes: &'a [u32], run: &'a Run) -> Rates<'a> {
+        Rates { sizes, run }
+    }
 }
 
 impl Rates<'_> {
@@ -412,6 +406,15 @@ fn axis_position(sizes: &[u32], x: usize) -> ((usize, f64), f64) {
 
 fn positive(x: f64) -> bool {
     x.is_finite() && x > 0.0
+}
+
+/// `value`, named `name`, checked finite and not negative.
+fn not_negative(name: &str, value: f64) -> Result<(), String> {
+    if value.is_finite() && value >= 0.0 {
+        Ok(())
+    } else {
+        Err(format!("{name}: {value}; it must be finite and not negative"))
+    }
 }
 
 /// `2026-12-06` from seconds since 1970 (the civil calendar, UTC).

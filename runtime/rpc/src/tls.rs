@@ -158,7 +158,7 @@ pub fn plaintext_address(address: &str) -> Result<SocketAddr, String> {
 /// The host part of `address` (host:port), without an IPv6 address's brackets: the name its
 /// certificate must carry.
 pub(crate) fn host_of(address: &str) -> &str {
-    address.rsplit_once(':').map_or(address, |(host, _)| host).trim_matches(['[', ']'])
+    dfc_ir::address_host(address)
 }
 
 /// The endpoint of the worker at `address` (host:port): TLS when `tls` is given, else only on
