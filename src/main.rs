@@ -324,6 +324,12 @@ struct DistributeArgs {
     /// (TensorFlow's SyncReplicasOptimizer). Needs workers of their own (--spawn, --cluster).
     #[arg(long, value_name = "B", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=4096))]
     backup_workers: u32,
+    /// With --strategy model: how compute and variables are spread over the devices.
+    /// earliest-finish: each op where the cost model says it would finish first (the
+    /// default); searched: that, then improved by moves scored by the simulated step;
+    /// round-robin: each op on the next device in turn (a baseline to compare with).
+    #[arg(long, value_name = "HOW", value_parser = clap::builder::PossibleValuesParser::new(dfc_passes::ModelPlacement::NAMES))]
+    model_placement: Option<String>,
     /// How variables are spread over their devices.
     #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(dfc_passes::VariablePlacement::NAMES), default_value = "round-robin")]
     placement: String,
@@ -644,6 +650,17 @@ fn compile_options(model: &ModelArgs, args: &DistributeArgs) -> Result<dfc_compi
             "--sync applies to --strategy ps only (mirrored and central storage are always synchronous)".into(),
         ));
     }
+    if args.model_placement.is_some() && args.strategy != "model" {
+        return Err(Failure(format!(
+            "--model-placement applies to --strategy model, not {}{}",
+            args.strategy,
+            if args.strategy == "auto" {
+                " (which tries the searched and earliest-finish placements itself)"
+            } else {
+                ""
+            }
+        )));
+    }
     let mut cost_model = dfc_passes::CostModel::default();
     let positive = |value: Option<f64>, flag: &str| -> Result<Option<f64>, Failure> {
         match value {
@@ -679,6 +696,10 @@ fn compile_options(model: &ModelArgs, args: &DistributeArgs) -> Result<dfc_compi
         partition_min_bytes: args.partition_min_bytes,
         soft_placement: args.soft_placement,
         cost_model,
+        model_placement: match &args.model_placement {
+            Some(name) => dfc_passes::ModelPlacement::from_name(name).expect("clap checks the name"),
+            None => dfc_passes::ModelPlacement::EarliestFinish,
+        },
         fusion: match (args.fusion_threshold, args.overlap) {
             (Some(threshold_bytes), _) => dfc_passes::FusionOptions { threshold_bytes },
             (None, true) => dfc_passes::FusionOptions::overlapped(),
@@ -806,6 +827,7 @@ fn compile(
     };
     report(&source, &compiled.warnings, MessageFormat::Human);
     let plan = compiled.plan;
+    let chosen_by_auto = compiled.auto.is_some();
     let mut timings = compiled.timings;
     // Reading the source and the options came before the compile's own stages.
     let read = started.elapsed().as_secs_f64() - timings.total_seconds();
@@ -825,16 +847,22 @@ fn compile(
         eprint!("{timings}");
     }
     if show_report {
+        if let Some(auto) = &compiled.auto {
+            print!("{auto}");
+        } else if let Some(search) = &compiled.search {
+            print!("{}", dfc_compile::describe_search(search));
+        }
         if let Some(report) = &plan.report {
             print!("{report}");
         }
     }
     let devices = plan.partitions.len() + plan.instances.len();
     eprintln!(
-        "compiled `{}` (model `{}`, {} on {}) to `{}`",
+        "compiled `{}` (model `{}`, {}{} on {}) to `{}`",
         source.path,
         plan.model,
         plan.strategy.name,
+        if chosen_by_auto { ", chosen by --strategy auto" } else { "" },
         plural(devices, "device"),
         output.display()
     );

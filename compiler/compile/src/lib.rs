@@ -10,14 +10,17 @@
 //! the number of replicas), so that every shape in a replica is its own, then `replicate`
 //! joins the copies. The batch dim is the dim that sizes every input's first axis.
 
+mod auto;
 mod timings;
+
+pub use auto::{describe_search, AutoReport, Candidate, Scored};
 
 use timings::Clock;
 pub use timings::{peak_resident_bytes, resident_bytes, StageTiming, Timings};
 
 use dfc_diag::{Code, Diagnostic, Span};
 use dfc_ir::{Cluster, DeviceKind, DeviceSpec, Module};
-use dfc_passes::{CostModel, ReplicateOptions, Replication, ShardOptions, VariablePlacement};
+use dfc_passes::{CostModel, ModelPlacement, ReplicateOptions, Replication, ShardOptions, VariablePlacement};
 use dfc_plan::{IoSpec, Partition, Plan, ReplicaSpec, StrategySpec};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,10 +35,13 @@ pub enum Strategy {
     ParameterServer { sync: bool },
     /// Variables on the local CPU, one replica per local device.
     CentralStorage,
+    /// Each of the above that the cluster allows, compiled and simulated; the fastest
+    /// (`auto`).
+    Auto,
 }
 
 impl Strategy {
-    pub const NAMES: [&'static str; 5] = ["single", "model", "mirrored", "ps", "central-storage"];
+    pub const NAMES: [&'static str; 6] = ["single", "model", "mirrored", "ps", "central-storage", "auto"];
 
     pub fn from_name(name: &str, sync: bool) -> Option<Strategy> {
         Some(match name {
@@ -44,6 +50,7 @@ impl Strategy {
             "mirrored" => Strategy::Mirrored,
             "ps" => Strategy::ParameterServer { sync },
             "central-storage" => Strategy::CentralStorage,
+            "auto" => Strategy::Auto,
             _ => return None,
         })
     }
@@ -55,6 +62,7 @@ impl Strategy {
             Strategy::Mirrored => "mirrored",
             Strategy::ParameterServer { .. } => "ps",
             Strategy::CentralStorage => "central-storage",
+            Strategy::Auto => "auto",
         }
     }
 }
@@ -72,6 +80,8 @@ pub struct CompileOptions {
     /// Requests the cluster or strategy cannot satisfy become warnings.
     pub soft_placement: bool,
     pub cost_model: CostModel,
+    /// `--model-placement`: how the `model` strategy spreads compute and variables.
+    pub model_placement: ModelPlacement,
     /// `--fusion-threshold`: all-reduces of tensors up to this size share buffers (Horovod's
     /// tensor fusion).
     pub fusion: dfc_passes::FusionOptions,
@@ -104,6 +114,7 @@ impl Default for CompileOptions {
             partition_min_bytes: None,
             soft_placement: false,
             cost_model: CostModel::default(),
+            model_placement: ModelPlacement::EarliestFinish,
             fusion: dfc_passes::FusionOptions::default(),
             replica_instances: true,
             sync_every: None,
@@ -130,6 +141,10 @@ pub struct Compiled {
     pub warnings: Vec<Diagnostic>,
     /// How long each stage took, and the memory after it.
     pub timings: Timings,
+    /// With `ModelPlacement::Searched`: what the placement search found.
+    pub search: Option<dfc_passes::SearchReport>,
+    /// With `--strategy auto`: the candidates and the choice.
+    pub auto: Option<AutoReport>,
 }
 
 /// The passes of `--after`, in pipeline order.
@@ -188,6 +203,11 @@ fn verify_after(module: &Module, pass: &str) {
 
 /// Compiles `source` into a plan for `options.cluster` under `options.strategy`.
 pub fn compile(source: &str, source_name: &str, options: &CompileOptions) -> Result<Compiled, CompileError> {
+    if options.strategy == Strategy::Auto {
+        let (mut compiled, report) = auto::compile_auto(source, source_name, options)?;
+        compiled.auto = Some(report);
+        return Ok(compiled);
+    }
     match options.sync_every {
         Some(0) => return Err(CompileError::Usage("--sync-every must be at least 1 step".into())),
         Some(_) if options.strategy != Strategy::Mirrored => {
@@ -316,9 +336,11 @@ pub fn compile(source: &str, source_name: &str, options: &CompileOptions) -> Res
         default_device: index(&layout.default_device),
         policy: options.placement,
         cost_model: (options.strategy == Strategy::Model).then_some(&options.cost_model),
+        model_placement: options.model_placement,
         soft: options.soft_placement,
     };
     let (placed, found) = dfc_passes::place(module, &place).map_err(CompileError::Diagnostics)?;
+    let search = placed.search.clone();
     warnings.extend(found);
     if cfg!(debug_assertions) {
         let problems = dfc_ir::verify(&placed.module, dfc_ir::VerifyOptions { require_devices: true });
@@ -401,7 +423,7 @@ pub fn compile(source: &str, source_name: &str, options: &CompileOptions) -> Res
     }
     plan.report = Some(report);
     clock.lap("build the plan");
-    Ok(Compiled { plan, combined: partitioned.combined, warnings, timings: clock.timings })
+    Ok(Compiled { plan, combined: partitioned.combined, warnings, timings: clock.timings, search, auto: None })
 }
 
 /// Whether asynchronous replicas divide their gradients by their staleness: as asked, or by
@@ -554,6 +576,9 @@ impl Layout {
                     ));
                 }
                 layout(Some(Replication::Shared { sync }), workers, ps, None)
+            }
+            Strategy::Auto => {
+                return Err(CompileError::Usage("--strategy auto chooses a strategy before the layout".into()))
             }
             Strategy::CentralStorage => {
                 let task = compute_jobs

@@ -607,7 +607,7 @@ impl Topology {
 /// The host a device's task runs on, as the cost model groups tasks: the host part of its
 /// address (loopback's names as one), or for a cluster of this machine's devices (no
 /// addresses), this machine.
-fn host_of(cluster: &Cluster, device: &DeviceSpec) -> Option<String> {
+pub(crate) fn host_of(cluster: &Cluster, device: &DeviceSpec) -> Option<String> {
     let job = cluster.job(device.job.as_deref()?)?;
     let task = job.tasks.get(device.task? as usize)?;
     let Some(address) = &task.address else { return Some("this machine".into()) };
@@ -621,12 +621,15 @@ fn device_of(module: &Module) -> Option<&DeviceSpec> {
     module.graph.node_ids().find_map(|id| module.graph.node(id).device.as_ref())
 }
 
-/// How two partitions are joined.
+/// How two partitions (or devices) are joined.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-enum Link {
+pub enum Link {
     Same,
+    /// Two devices of one task (one process).
     Process,
+    /// Two tasks of one host.
     Host,
+    /// Two hosts.
     Network,
 }
 
@@ -647,7 +650,7 @@ fn link_between(topology: &Topology, a: usize, b: usize) -> Link {
 /// Seconds to move `bytes` over `link` on a machine of `profile`: handed from one thread to
 /// another and copied within a process, its shared-memory queues within a host, TCP between
 /// hosts.
-fn link_seconds(bytes: f64, link: Link, profile: &Profile) -> f64 {
+pub(crate) fn link_seconds(bytes: f64, link: Link, profile: &Profile) -> f64 {
     let run = &profile.full().run;
     match link {
         Link::Same => 0.0,
@@ -1116,7 +1119,8 @@ impl Simulation<'_> {
 pub use dfc_ir::human_bytes;
 
 /// `12.345 ms`, `50 µs`, `1.5 s`, `0.96 ns`: three decimals at most, trailing zeros dropped.
-fn human_seconds(s: f64) -> String {
+/// A time as a person reads it: `1.23 ms`.
+pub fn human_seconds(s: f64) -> String {
     if !s.is_finite() {
         return "unbounded".into();
     }

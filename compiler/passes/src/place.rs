@@ -22,6 +22,7 @@
 //! can see an unplaced graph.
 
 use crate::cost::{self, CostModel};
+use crate::search::{self, Budget};
 use dfc_diag::{Code, Diagnostic, Span};
 use dfc_ir::{Cluster, DeviceSpec, Module, NodeId, Op};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -61,16 +62,67 @@ pub struct PlaceOptions<'a> {
     /// Where unrequested compute goes when nothing else decides.
     pub default_device: usize,
     pub policy: VariablePlacement,
-    /// Model parallelism: place compute by this cost model.
+    /// Model parallelism: place compute by this cost model, as `model_placement` says.
     pub cost_model: Option<&'a CostModel>,
+    pub model_placement: ModelPlacement,
     /// Requests the cluster cannot satisfy are warnings and set aside.
     pub soft: bool,
+}
+
+/// How the `model` strategy spreads the units (colocation groups) over the devices.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ModelPlacement {
+    /// Earliest-finish-time list scheduling of the compute; variables by the policy.
+    EarliestFinish,
+    /// Every unit that holds no variable on the next device in turn, in topological order:
+    /// the naive placement a search is measured against.
+    RoundRobin,
+    /// Earliest finish, then the placement search (`search`) over compute and variables.
+    Searched(Budget),
+}
+
+impl ModelPlacement {
+    pub const NAMES: [&'static str; 3] = ["earliest-finish", "round-robin", "searched"];
+
+    pub fn from_name(name: &str) -> Option<ModelPlacement> {
+        match name {
+            "earliest-finish" => Some(ModelPlacement::EarliestFinish),
+            "round-robin" => Some(ModelPlacement::RoundRobin),
+            "searched" => Some(ModelPlacement::Searched(Budget::default())),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ModelPlacement::EarliestFinish => "earliest-finish",
+            ModelPlacement::RoundRobin => "round-robin",
+            ModelPlacement::Searched(_) => "searched",
+        }
+    }
+}
+
+/// What the placement search found, in the search's own simulation of a step.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SearchReport {
+    pub nodes: usize,
+    /// Units it could move, of all units.
+    pub movable: usize,
+    pub units: usize,
+    pub round_robin_seconds: f64,
+    pub earliest_finish_seconds: f64,
+    pub searched_seconds: f64,
+    /// Assignments scored, and the time the search took.
+    pub scored: u64,
+    pub seconds: f64,
 }
 
 /// A module whose every node has a device of its cluster.
 #[derive(Clone, Debug)]
 pub struct Placed {
     pub module: Module,
+    /// With `ModelPlacement::Searched`: what the search found.
+    pub search: Option<SearchReport>,
 }
 
 /// Assigns items of the given sizes to devices; `allowed[i]` lists item i's candidate devices
@@ -105,9 +157,16 @@ pub fn balance(sizes: &[u64], allowed: &[Vec<usize>], initial: &[u64], policy: V
 
 pub fn place(mut module: Module, options: &PlaceOptions) -> Result<(Placed, Vec<Diagnostic>), Vec<Diagnostic>> {
     let devices: Vec<DeviceSpec> = options.cluster.devices().into_iter().cloned().collect();
-    let mut placer =
-        Placer { module: &module, options, devices: &devices, diagnostics: Vec::new(), reported: BTreeSet::new() };
+    let mut placer = Placer {
+        module: &module,
+        options,
+        devices: &devices,
+        diagnostics: Vec::new(),
+        reported: BTreeSet::new(),
+        search: None,
+    };
     let assignment = placer.run();
+    let search = placer.search.take();
     let diagnostics = placer.diagnostics;
     if diagnostics.iter().any(|d| d.is_error()) {
         return Err(diagnostics);
@@ -116,7 +175,7 @@ pub fn place(mut module: Module, options: &PlaceOptions) -> Result<(Placed, Vec<
     for (id, device) in assignment {
         module.graph.node_mut(id).device = Some(devices[device].clone());
     }
-    Ok((Placed { module }, diagnostics))
+    Ok((Placed { module, search }, diagnostics))
 }
 
 struct Placer<'a> {
@@ -126,6 +185,7 @@ struct Placer<'a> {
     diagnostics: Vec<Diagnostic>,
     /// (span, request) pairs already reported: a device block yields one report, not one per op.
     reported: BTreeSet<(u32, u32, String)>,
+    search: Option<SearchReport>,
 }
 
 impl Placer<'_> {
@@ -248,7 +308,12 @@ impl Placer<'_> {
             }
         }
         match self.options.cost_model {
-            Some(model) => self.schedule(&order, &mut groups, &group_allowed, &mut device_of, model),
+            Some(model) => {
+                self.schedule(&order, &mut groups, &group_allowed, &mut device_of, model);
+                if self.options.model_placement != ModelPlacement::EarliestFinish {
+                    self.search(&order, &mut groups, &group_allowed, &mut device_of, model);
+                }
+            }
             None => self.follow_neighbours(&order, &mut groups, &group_allowed, &mut device_of),
         }
         Some(ids.iter().map(|&id| (id, device_of[&groups.find(id)])).collect())
@@ -359,6 +424,90 @@ impl Placer<'_> {
         }
     }
 
+    /// Round-robin or searched placement, from the earliest-finish one in `device_of`.
+    fn search(
+        &mut self,
+        order: &[NodeId],
+        groups: &mut UnionFind,
+        allowed: &BTreeMap<NodeId, Vec<usize>>,
+        device_of: &mut BTreeMap<NodeId, usize>,
+        model: &CostModel,
+    ) {
+        let module = self.module;
+        let graph = &module.graph;
+        let mut roots: Vec<NodeId> = Vec::new();
+        let mut unit_of: HashMap<NodeId, u32> = HashMap::with_capacity(order.len());
+        let mut index: HashMap<NodeId, u32> = HashMap::new();
+        for &id in order {
+            let root = groups.find(id);
+            let unit = *index.entry(root).or_insert_with(|| {
+                roots.push(root);
+                (roots.len() - 1) as u32
+            });
+            unit_of.insert(id, unit);
+        }
+        let allowed_units: Vec<Vec<u32>> = roots
+            .iter()
+            .map(|r| allowed.get(r).map_or_else(Vec::new, |set| set.iter().map(|&d| d as u32).collect()))
+            .collect();
+        let mut holds_variable = vec![false; roots.len()];
+        for &id in order {
+            if matches!(graph.node(id).op, Op::Variable { .. }) {
+                holds_variable[unit_of[&id] as usize] = true;
+            }
+        }
+        let cluster = self.options.cluster;
+        let hosts: Vec<Option<String>> = self.devices.iter().map(|d| cost::host_of(cluster, d)).collect();
+        let links = |a: usize, b: usize| {
+            let (x, y) = (&self.devices[a], &self.devices[b]);
+            if a == b {
+                cost::Link::Same
+            } else if cost::same_task(x, y) {
+                cost::Link::Process
+            } else if hosts[a].is_some() && hosts[a] == hosts[b] {
+                cost::Link::Host
+            } else {
+                cost::Link::Network
+            }
+        };
+        let slower = oversubscription(self.devices, &hosts, model);
+        let units = search::Units { order, unit_of: &unit_of, allowed: allowed_units };
+        let problem = search::Problem::new(module, units, self.devices, links, model, slower);
+        let earliest: Vec<u32> = roots.iter().map(|r| device_of[r] as u32).collect();
+        let round_robin = problem.round_robin(&earliest, |u| !holds_variable[u]);
+        let chosen = match self.options.model_placement {
+            ModelPlacement::Searched(budget) => {
+                // From the earliest-finish placement and from round-robin, half the budget each.
+                let half = Budget { candidates: budget.candidates / 2, seconds: budget.seconds / 2.0 };
+                let from_earliest = search::improve(&problem, earliest.clone(), half);
+                let from_round_robin = search::improve(&problem, round_robin.clone(), half);
+                let scored = from_earliest.scored + from_round_robin.scored;
+                let seconds = from_earliest.seconds + from_round_robin.seconds;
+                let mut outcome = if from_round_robin.step_seconds < from_earliest.step_seconds {
+                    search::Outcome { start_seconds: from_earliest.start_seconds, ..from_round_robin }
+                } else {
+                    from_earliest
+                };
+                (outcome.scored, outcome.seconds) = (scored, seconds);
+                self.search = Some(SearchReport {
+                    nodes: problem.nodes(),
+                    movable: problem.movable_units(),
+                    units: problem.units(),
+                    round_robin_seconds: problem.step_seconds(&round_robin),
+                    earliest_finish_seconds: outcome.start_seconds,
+                    searched_seconds: outcome.step_seconds,
+                    scored: outcome.scored,
+                    seconds: outcome.seconds,
+                });
+                outcome.assignment
+            }
+            _ => round_robin,
+        };
+        for (root, device) in roots.iter().zip(chosen) {
+            device_of.insert(*root, device as usize);
+        }
+    }
+
     fn span(&self, id: NodeId) -> Span {
         self.module.graph.span(id).unwrap_or(Span::new(0, 0))
     }
@@ -423,6 +572,20 @@ impl Placer<'_> {
         };
         self.diagnostics.push(diagnostic);
     }
+}
+
+/// With a profile, how much slower than its all-cores rates a device computes: its host's
+/// tasks each ask for all of its cores (the most crowded host's share, as `estimate_on` counts
+/// a host's processes).
+fn oversubscription(devices: &[DeviceSpec], hosts: &[Option<String>], model: &CostModel) -> f64 {
+    if model.profile.is_none() {
+        return 1.0;
+    }
+    let mut tasks: BTreeMap<Option<&String>, BTreeSet<(Option<&String>, Option<u32>)>> = BTreeMap::new();
+    for (device, host) in devices.iter().zip(hosts) {
+        tasks.entry(host.as_ref()).or_default().insert((device.job.as_ref(), device.task));
+    }
+    tasks.values().map(|t| t.len()).max().unwrap_or(1).max(1) as f64
 }
 
 /// Why two nodes are in one colocation group, in words.

@@ -126,6 +126,7 @@ fn options<'a>(rng: &mut fastrand::Rng, cluster: &'a Cluster) -> PlaceOptions<'a
         default_device: 0,
         policy,
         cost_model: None,
+        model_placement: dfc_passes::ModelPlacement::EarliestFinish,
         soft: false,
     }
 }
@@ -310,6 +311,7 @@ fn an_unknown_job_and_a_broken_colocation_are_diagnostics_naming_the_conflict() 
         default_device: 0,
         policy: VariablePlacement::RoundRobin,
         cost_model: None,
+        model_placement: dfc_passes::ModelPlacement::EarliestFinish,
         soft: false,
     };
     let errors = dfc_passes::place(module.clone(), &place).expect_err("the requests cannot be met");

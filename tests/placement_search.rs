@@ -1,0 +1,188 @@
+//! The placement search and `--strategy auto`: incremental rescoring against simulating from
+//! the start, a search that never ends worse than it began, and `dfc compile --strategy auto`
+//! choosing the candidate its own report predicts fastest.
+
+use dfc_compile::{module_after, CompileOptions, Strategy};
+use dfc_ir::{Cluster, DeviceKind, DeviceSpec, NodeId};
+use dfc_passes::search::{improve, Budget, Link, Problem, Simulator, Units};
+use dfc_passes::CostModel;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::Command;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A branchy model: `towers` chains of `depth` dense layers of different widths from one
+/// input, summed (what model parallelism can spread).
+fn branchy(towers: usize, depth: usize) -> String {
+    let mut text = String::from(
+        "layer dense(x: f32[n, k], units: dim) -> f32[n, units] {\n    param w: f32[k, units] = glorot_uniform\n    param b: f32[units] = zeros\n    return x @ w + b\n}\n\nmodel branchy {\n    dim batch = 64\n    input x: f32[batch, 64]\n    input y: f32[batch, 64]\n",
+    );
+    let mut ends = Vec::new();
+    for t in 0..towers {
+        let width = 64 * (1 + t % 4);
+        let mut previous = "x".to_string();
+        for l in 0..depth {
+            text += &format!("    let t{t}_{l} = relu(dense({previous}, units = {width}))\n");
+            previous = format!("t{t}_{l}");
+        }
+        text += &format!("    let e{t} = dense({previous}, units = 64)\n");
+        ends.push(format!("e{t}"));
+    }
+    text += &format!("    let out = {}\n", ends.join(" + "));
+    text += "    let loss = mean((out - y) * (out - y))\n    output out\n    minimize loss with sgd(lr = 0.01)\n}\n";
+    text
+}
+
+/// The branchy model's training graph as a placement problem on `devices` devices of two
+/// tasks (so that every kind of link occurs), each node a unit of its own.
+fn problem(devices: usize) -> (Problem, usize) {
+    let options = CompileOptions::default();
+    let (module, _) = module_after(&branchy(4, 2), "simplify", &options).expect("the model compiles");
+    let order = module.graph.topo_order().expect("acyclic");
+    let unit_of: HashMap<NodeId, u32> = order.iter().enumerate().map(|(i, &id)| (id, i as u32)).collect();
+    let specs: Vec<DeviceSpec> = (0..devices)
+        .map(|d| DeviceSpec::parse(&format!("/job:worker/task:{}/cpu:{}", d % 2, d / 2)).expect("a device"))
+        .collect();
+    let links = |a: usize, b: usize| match (a == b, a % 2 == b % 2) {
+        (true, _) => Link::Same,
+        (false, true) => Link::Process,
+        (false, false) => Link::Network,
+    };
+    let units = Units { order: &order, unit_of: &unit_of, allowed: vec![Vec::new(); order.len()] };
+    (Problem::new(&module, units, &specs, links, &CostModel::default(), 1.0), order.len())
+}
+
+#[test]
+fn incremental_rescoring_agrees_with_simulating_from_the_start() {
+    let (problem, units) = problem(6);
+    let mut rng = fastrand::Rng::with_seed(24);
+    let start: Vec<u32> = (0..units).map(|_| rng.u32(0..6)).collect();
+    let mut simulator = Simulator::new(&problem, start);
+    assert!((simulator.step - problem.step_seconds(simulator.assignment())).abs() < 1e-12);
+    let mut accepted = 0;
+    for trial in 0..400 {
+        let count = if trial % 3 == 0 { 3 } else { 1 };
+        let moved: Vec<u32> = (0..count).map(|_| rng.u32(0..units as u32)).collect();
+        let device = rng.u32(0..6);
+        let before = simulator.assignment().to_vec();
+        let (step, _) = simulator.try_moves(&moved, device);
+        let from_scratch = problem.step_seconds(simulator.assignment());
+        assert!((step - from_scratch).abs() <= 1e-9 * from_scratch, "trial {trial}: {step} vs {from_scratch}");
+        if rng.bool() {
+            simulator.accept();
+            accepted += 1;
+        } else {
+            simulator.reject();
+            assert_eq!(simulator.assignment(), &before[..], "a rejected move is undone");
+        }
+        let now = problem.step_seconds(simulator.assignment());
+        assert!((simulator.step - now).abs() <= 1e-9 * now, "trial {trial}: kept {} vs {now}", simulator.step);
+    }
+    assert!(accepted > 100);
+}
+
+#[test]
+fn the_search_ends_no_worse_than_it_starts_and_scores_what_it_returns() {
+    let (problem, units) = problem(8);
+    let everything_on_one = vec![0u32; units];
+    let outcome = improve(&problem, everything_on_one.clone(), Budget { candidates: 20_000, seconds: 30.0 });
+    let start = problem.step_seconds(&everything_on_one);
+    assert!((outcome.start_seconds - start).abs() <= 1e-12 * start);
+    assert!(outcome.step_seconds < 0.9 * start, "8 devices beat one: {} vs {start}", outcome.step_seconds);
+    let rescored = problem.step_seconds(&outcome.assignment);
+    assert!((outcome.step_seconds - rescored).abs() <= 1e-9 * rescored);
+    assert!(outcome.scored > 0 && outcome.scored <= 20_000);
+}
+
+fn dfc(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_dfc")).args(args).env("NO_COLOR", "1").output().expect("run dfc")
+}
+
+/// Milliseconds of a report's step column (`1.23 ms`, `456.7 µs`, `1.2 s`).
+fn milliseconds(text: &str) -> f64 {
+    let (number, unit) = text.trim().split_once(' ').expect("a number and a unit");
+    let value: f64 = number.parse().expect("a number");
+    match unit {
+        "s" => value * 1e3,
+        "ms" => value,
+        "µs" => value * 1e-3,
+        "ns" => value * 1e-6,
+        other => panic!("unit {other}"),
+    }
+}
+
+#[test]
+fn strategy_auto_chooses_the_fastest_candidate_it_reports() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let model = dir.path().join("branchy.df");
+    std::fs::write(&model, branchy(4, 2)).expect("write the model");
+    let plan = dir.path().join("branchy.plan");
+    let cases: [&[&str]; 2] = [&["--devices", "4"], &["--devices", "1"]];
+    for devices in cases {
+        let mut args = vec!["compile", model.to_str().unwrap(), "--strategy", "auto", "--no-profile", "--report"];
+        args.extend_from_slice(devices);
+        args.extend_from_slice(&["-o", plan.to_str().unwrap()]);
+        let out = dfc(&args);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stdout}{stderr}");
+        // `  → label    1.23 ms  chosen; ...` and `    label    1.50 ms  +22%; ...`
+        let mut scored: Vec<(String, f64, bool, bool)> = Vec::new();
+        for line in stdout.lines().skip(1).take_while(|l| l.starts_with("  ")) {
+            let chosen = line.starts_with("  →");
+            let body = line.trim_start_matches("  →").trim();
+            let columns: Vec<&str> = body.split("  ").map(str::trim).filter(|c| !c.is_empty()).collect();
+            if columns[1] == "—" {
+                assert!(columns[2].starts_with("set aside: "), "{line}");
+                continue;
+            }
+            scored.push((columns[0].to_string(), milliseconds(columns[1]), chosen, line.contains("(reference")));
+        }
+        let chosen: Vec<&(String, f64, bool, bool)> = scored.iter().filter(|c| c.2).collect();
+        assert_eq!(chosen.len(), 1, "{stdout}");
+        let fastest = scored.iter().filter(|c| !c.3).map(|c| c.1).fold(f64::INFINITY, f64::min);
+        // Near a tie the earlier, simpler candidate is kept (within 2%).
+        assert!(chosen[0].1 <= fastest * 1.021, "{stdout}");
+        let strategy = chosen[0].0.split(',').next().unwrap().trim_end_matches(" --sync").to_string();
+        assert!(
+            stderr.contains(&format!("{strategy}, chosen by --strategy auto")),
+            "the plan is the chosen candidate's: {stderr}"
+        );
+        let expected = if devices[1] == "4" { 7 } else { 4 };
+        assert!(stdout.starts_with(&format!("strategy auto: {expected} candidates")), "{stdout}");
+        let inspect = dfc(&["inspect", plan.to_str().unwrap()]);
+        assert!(inspect.status.success(), "the chosen plan is an ordinary plan");
+    }
+}
+
+#[test]
+fn the_searched_placement_beats_round_robin_on_a_branchy_model() {
+    let source = branchy(8, 2);
+    let predicted = |placement| {
+        let options = CompileOptions {
+            cluster: Cluster::local(8, DeviceKind::Cpu),
+            strategy: Strategy::Model,
+            model_placement: placement,
+            ..CompileOptions::default()
+        };
+        let compiled = dfc_compile::compile(&source, "branchy.df", &options).expect("compiles");
+        (compiled.plan.report.expect("a cost report").step_seconds, compiled.search)
+    };
+    let (round_robin, _) = predicted(dfc_passes::ModelPlacement::RoundRobin);
+    let (searched, search) = predicted(dfc_passes::ModelPlacement::Searched(Budget::default()));
+    let search = search.expect("the search reports");
+    assert!(search.searched_seconds <= search.earliest_finish_seconds);
+    assert!(searched < 0.9 * round_robin, "searched {searched} vs round-robin {round_robin}");
+}
+
+#[test]
+fn model_placement_is_for_the_model_strategy() {
+    let mlp = root().join("examples/mlp.df");
+    let out = dfc(&["compile", mlp.to_str().unwrap(), "--model-placement", "searched", "--strategy", "mirrored"]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--model-placement applies to --strategy model, not mirrored"), "{stderr}");
+}
