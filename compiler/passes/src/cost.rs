@@ -1119,7 +1119,6 @@ impl Simulation<'_> {
 pub use dfc_ir::human_bytes;
 
 /// `12.345 ms`, `50 µs`, `1.5 s`, `0.96 ns`: three decimals at most, trailing zeros dropped.
-/// A time as a person reads it: `1.23 ms`.
 pub fn human_seconds(s: f64) -> String {
     if !s.is_finite() {
         return "unbounded".into();

@@ -478,7 +478,7 @@ impl Placer<'_> {
         let chosen = match self.options.model_placement {
             ModelPlacement::Searched(budget) => {
                 // From the earliest-finish placement and from round-robin, half the budget each.
-                let half = Budget { candidates: budget.candidates / 2, seconds: budget.seconds / 2.0 };
+                let half = budget.half();
                 let from_earliest = search::improve(&problem, earliest.clone(), half);
                 let from_round_robin = search::improve(&problem, round_robin.clone(), half);
                 let scored = from_earliest.scored + from_round_robin.scored;
