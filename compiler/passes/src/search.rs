@@ -10,14 +10,15 @@
 //!
 //! A placement is scored by the list schedule `cost::estimate_on` runs on the partitions, run
 //! on the unpartitioned graph: an executor that is free starts its ready node that comes first
-//! in creation order (as a partition's own topological order ranks them); an input from another
-//! device arrives its transfer's time after it is done (a Recv) without occupying an executor;
-//! a control edge between devices waits for a dummy on the producer's executor, after the nodes
-//! ready there, and a constant for a copy on its user's (as `partition` builds them). On the
-//! round-robin and earliest-finish placements the two agree to the microsecond; they part by a
-//! few percent where a partition's topological order differs from creation order. Every trial
-//! is simulated from the start (a schedule's buffers are kept between trials), about 5–15
-//! thousand a second on a thousand-node graph on one core.
+//! in creation order; an input from another device arrives its transfer's time after it is
+//! done (a Recv) without occupying an executor; a control edge between devices waits for a
+//! dummy on the producer's executor, after the nodes ready there, and a constant for a copy on
+//! its user's (as `partition` builds them). On the round-robin and earliest-finish placements
+//! the two agree to the microsecond. They part where a partition's own topological order (the
+//! report's priority) ranks a node that waits on a Recv later than creation order does, since
+//! the Recv is created last: on searched placements the report is up to 30% slower. Every trial
+//! is simulated from the start (a schedule's buffers are kept between trials): about 5,000 a
+//! second on a thousand-node graph on one core of this project's VM.
 //!
 //! The search is a descent: from a starting assignment (the earliest-finish-time placement,
 //! and round-robin), every movable unit, the costliest first, tries each device it may use (on
@@ -55,8 +56,8 @@ enum EdgeKind {
     /// An order without a tensor: between devices, `partition` carries it by a dummy scalar
     /// that runs on the producer's device after the nodes ready before it.
     Control,
-    /// A constant's value, which `partition` copies to the user's device: the copy runs
-    /// there, when that device gets to it.
+    /// A constant's value, which `partition` copies to a user on another device: the copy
+    /// runs there after the nodes ready before it.
     Constant,
 }
 
@@ -314,10 +315,11 @@ const FINISH: u8 = 0;
 const DISPATCH: u8 = 1;
 /// Marks an event's node as a transfer's arrival at it rather than its own finish.
 const ARRIVAL: u32 = 1 << 31;
-/// Marks a queued node or a finish as a control edge's dummy (the edge's index), not a node.
+/// Marks a queued node or a finish as a node `partition` adds (a control edge's dummy, a
+/// constant's copy: the edge's index), not a node of the graph.
 const DUMMY: u32 = 1 << 30;
-/// Where a dummy waits among its executor's ready nodes: after them all, as the last node
-/// `partition` adds.
+/// Where such a node waits among its executor's ready nodes: after them all, as the last
+/// nodes added rank in a partition's topological order.
 const LAST: u32 = u32::MAX;
 
 /// The list schedule's working memory, kept between trials.
@@ -362,14 +364,15 @@ impl Schedule {
                 self.make_ready(p, device(at), at, 0.0);
             }
         }
-        // Each constant's copy waits on its user's device, as the constant itself would.
+        // A constant used on another device is copied there: the copy, the last node
+        // `partition` adds, runs when that device has nothing else ready.
         for to in 0..n as u32 {
             for e in p.edge_start[to as usize]..p.edge_start[to as usize + 1] {
                 let edge = &p.edges[e as usize];
-                if edge.kind == EdgeKind::Constant {
+                if edge.kind == EdgeKind::Constant && device(edge.from) != device(to) {
                     let executor = p.executor[device(to)] as usize;
                     self.dummy[e as usize] = (to, executor as u32);
-                    self.queues[executor].push(Reverse((p.priority[edge.from as usize], e | DUMMY)));
+                    self.queues[executor].push(Reverse((LAST, e | DUMMY)));
                     self.request_dispatch(executor, 0.0);
                 }
             }
@@ -407,7 +410,7 @@ impl Schedule {
                     let there = device(user);
                     let link = p.link[here * p.devices + there];
                     match p.edges[edge as usize].kind {
-                        EdgeKind::Constant => continue,
+                        EdgeKind::Constant if link != Link::Same => continue,
                         EdgeKind::Control if link != Link::Same => {
                             self.dummy[edge as usize] = (user, executor as u32);
                             self.queues[executor].push(Reverse((LAST, edge | DUMMY)));
