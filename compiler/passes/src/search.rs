@@ -310,9 +310,6 @@ fn transfer_seconds(bytes: f64, link: Link, model: &CostModel) -> f64 {
     }
 }
 
-/// Events at one time: arrivals and finishes before an executor picks its next node.
-const FINISH: u8 = 0;
-const DISPATCH: u8 = 1;
 /// Marks an event's node as a transfer's arrival at it rather than its own finish.
 const ARRIVAL: u32 = 1 << 31;
 /// Marks a queued node or a finish as a node `partition` adds (a control edge's dummy, a
@@ -326,14 +323,18 @@ const LAST: u32 = u32::MAX;
 #[derive(Default)]
 struct Schedule {
     pending: Vec<u32>,
-    ready: Vec<f64>,
-    /// (time's bits, class, sequence, what): times are never negative, so their bits order them.
-    events: BinaryHeap<Reverse<(u64, u8, u64, u32)>>,
+    /// By position: the device its unit is on.
+    device: Vec<u32>,
+    /// Finishes and arrivals as `time's bits << 64 | sequence << 32 | what`: times are never
+    /// negative, so their bits order them, and equal times keep the order they were pushed in.
+    events: BinaryHeap<Reverse<u128>>,
     /// Per executor, its ready nodes (priority, position), the lowest priority first.
     queues: Vec<BinaryHeap<Reverse<(u32, u32)>>>,
     running: Vec<bool>,
+    /// The executors that may start a node once every event of this instant is done.
     dispatching: Vec<bool>,
-    sequence: u64,
+    idle: Vec<u32>,
+    sequence: u32,
     /// By edge: a dummy's user, and the executor it runs on.
     dummy: Vec<(u32, u32)>,
 }
@@ -347,8 +348,6 @@ impl Schedule {
         let n = p.nodes();
         self.pending.clear();
         self.pending.extend((0..n).map(|i| p.edge_start[i + 1] - p.edge_start[i]));
-        self.ready.clear();
-        self.ready.resize(n, 0.0);
         self.events.clear();
         self.queues.resize_with(p.executors, BinaryHeap::new);
         self.queues.iter_mut().for_each(BinaryHeap::clear);
@@ -356,12 +355,16 @@ impl Schedule {
         self.running.resize(p.executors, false);
         self.dispatching.clear();
         self.dispatching.resize(p.executors, false);
+        self.idle.clear();
         self.sequence = 0;
         self.dummy.resize(p.edges.len(), (0, 0));
-        let device = |at: u32| assignment[p.unit[at as usize] as usize] as usize;
+        self.device.clear();
+        self.device.extend(p.unit.iter().map(|&u| assignment[u as usize]));
+        let devices = std::mem::take(&mut self.device);
+        let device = |at: u32| devices[at as usize] as usize;
         for at in 0..n as u32 {
             if self.pending[at as usize] == 0 {
-                self.make_ready(p, device(at), at, 0.0);
+                self.make_ready(p, device(at), at);
             }
         }
         // A constant used on another device is copied there: the copy, the last node
@@ -373,32 +376,33 @@ impl Schedule {
                     let executor = p.executor[device(to)] as usize;
                     self.dummy[e as usize] = (to, executor as u32);
                     self.queues[executor].push(Reverse((LAST, e | DUMMY)));
-                    self.request_dispatch(executor, 0.0);
+                    self.request_dispatch(executor);
                 }
             }
         }
+        self.dispatch(p, 0.0);
         let (mut step, mut sum) = (0.0f64, 0.0f64);
-        while let Some(Reverse((bits, class, _, what))) = self.events.pop() {
+        while let Some(Reverse(key)) = self.events.pop() {
+            let bits = (key >> 64) as u64;
+            let what = key as u32;
             let now = f64::from_bits(bits);
-            if class == DISPATCH {
-                self.dispatch(p, what as usize, now);
-            } else if what & ARRIVAL != 0 {
+            if what & ARRIVAL != 0 {
                 let at = what & !ARRIVAL;
-                self.arrive(p, device(at), at, now);
+                self.arrive(p, device(at), at);
             } else if what & DUMMY != 0 {
                 // A dummy ran: a control edge's order travels on from its producer's device, a
                 // constant's copy is there for its user.
                 let e = (what & !DUMMY) as usize;
                 let (user, executor) = self.dummy[e];
                 self.running[executor as usize] = false;
-                self.request_dispatch(executor as usize, now);
+                self.request_dispatch(executor as usize);
                 let edge = &p.edges[e];
                 let link = match edge.kind {
                     EdgeKind::Constant => Link::Same,
                     _ => p.link[device(edge.from) * p.devices + device(user)],
                 };
                 let delay = f64::from(edge.seconds[link as usize]);
-                self.push(now + delay, FINISH, user | ARRIVAL);
+                self.push(now + delay, user | ARRIVAL);
             } else {
                 step = step.max(now);
                 sum += now;
@@ -420,55 +424,67 @@ impl Schedule {
                     }
                     let delay = f64::from(p.edges[edge as usize].seconds[link as usize]);
                     if delay > 0.0 {
-                        self.push(now + delay, FINISH, user | ARRIVAL);
+                        self.push(now + delay, user | ARRIVAL);
                     } else {
-                        self.arrive(p, there, user, now);
+                        self.arrive(p, there, user);
                     }
                 }
-                self.request_dispatch(executor, now);
+                self.request_dispatch(executor);
+            }
+            // Once every finish and arrival of this instant is in, the free executors start
+            // their first ready nodes.
+            let later = self.events.peek().is_none_or(|Reverse(next)| (next >> 64) as u64 != bits);
+            if later {
+                self.dispatch(p, now);
             }
         }
+        self.device = devices;
         (step, sum)
     }
 
-    fn push(&mut self, time: f64, class: u8, what: u32) {
-        self.sequence += 1;
-        self.events.push(Reverse((time.max(0.0).to_bits(), class, self.sequence, what)));
+    fn push(&mut self, time: f64, what: u32) {
+        self.sequence = self.sequence.wrapping_add(1);
+        let time = if time > 0.0 { time } else { 0.0 };
+        self.events
+            .push(Reverse(u128::from(time.to_bits()) << 64 | u128::from(self.sequence) << 32 | u128::from(what)));
     }
 
     /// An input of node `at` (on `device`) is there at `now`.
-    fn arrive(&mut self, p: &Problem, device: usize, at: u32, now: f64) {
+    fn arrive(&mut self, p: &Problem, device: usize, at: u32) {
         let i = at as usize;
-        self.ready[i] = self.ready[i].max(now);
         self.pending[i] -= 1;
         if self.pending[i] == 0 {
-            self.make_ready(p, device, at, self.ready[i]);
+            self.make_ready(p, device, at);
         }
     }
 
-    fn make_ready(&mut self, p: &Problem, device: usize, at: u32, when: f64) {
+    fn make_ready(&mut self, p: &Problem, device: usize, at: u32) {
         let executor = p.executor[device] as usize;
         self.queues[executor].push(Reverse((p.priority[at as usize], at)));
-        self.request_dispatch(executor, when);
+        self.request_dispatch(executor);
     }
 
-    fn request_dispatch(&mut self, executor: usize, when: f64) {
+    fn request_dispatch(&mut self, executor: usize) {
         if !self.running[executor] && !self.dispatching[executor] && !self.queues[executor].is_empty() {
             self.dispatching[executor] = true;
-            self.push(when, DISPATCH, executor as u32);
+            self.idle.push(executor as u32);
         }
     }
 
-    /// Executor `executor` is free at `now`: it starts its first ready node.
-    fn dispatch(&mut self, p: &Problem, executor: usize, now: f64) {
-        self.dispatching[executor] = false;
-        if self.running[executor] {
-            return;
+    /// The executors that were asked for at `now` and are free start their first ready nodes.
+    fn dispatch(&mut self, p: &Problem, now: f64) {
+        for k in 0..self.idle.len() {
+            let executor = self.idle[k] as usize;
+            self.dispatching[executor] = false;
+            if self.running[executor] {
+                continue;
+            }
+            let Some(Reverse((_, at))) = self.queues[executor].pop() else { continue };
+            self.running[executor] = true;
+            let seconds = if at & DUMMY != 0 { 0.0 } else { p.seconds[at as usize] };
+            self.push(now + seconds, at);
         }
-        let Some(Reverse((_, at))) = self.queues[executor].pop() else { return };
-        self.running[executor] = true;
-        let seconds = if at & DUMMY != 0 { 0.0 } else { p.seconds[at as usize] };
-        self.push(now + seconds, FINISH, at);
+        self.idle.clear();
     }
 }
 
