@@ -7,9 +7,10 @@
 #
 # For each model and number of workers N, compiles `--strategy auto` for N devices and the
 # hand-picked plans — single, mirrored and model on N devices, ps --sync on 1 ps task and N-1
-# workers — trains each STEPS steps of Fashion-MNIST on `dfc run --spawn N` workers, and prints
-# each plan's measured median step, which strategy auto chose, and auto's step against the
-# fastest hand-picked one. Predictions come from this host's profile: run `dfc calibrate` first.
+# workers — trains each STEPS steps of Fashion-MNIST on `dfc run --spawn N` workers (a single
+# plan, which uses one device, on 1), and prints each
+# plan's measured median step, which strategy auto chose, and auto's step against the fastest
+# hand-picked one. Predictions come from this host's profile: run `dfc calibrate` first.
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 STEPS=${STEPS:-200}
@@ -24,11 +25,14 @@ trap 'rm -rf "$dir"' EXIT
 [ "${CALIBRATE:-0}" = 1 ] && "$dfc" calibrate >&2
 echo "cpu: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; $STEPS steps a run; dfc $(git rev-parse --short HEAD)"
 
-measure() {  # plan workers → the median step in ms
-    "$dfc" run "$1" --spawn "$2" --feed images="$DATA/train-images-idx3-ubyte.gz" \
+measure() {  # plan workers → the median step in ms, or nothing where it does not run
+    if "$dfc" run "$1" --spawn "$2" --feed images="$DATA/train-images-idx3-ubyte.gz" \
         --feed labels="$DATA/train-labels-idx1-ubyte.gz" --steps "$STEPS" \
-        --timeline "$dir/timeline.json" >/dev/null 2>"$dir/err" || { cat "$dir/err" >&2; return 1; }
-    sed -n 's/^step: median \([0-9.]*\) ms.*/\1/p' "$dir/err"
+        --timeline "$dir/timeline.json" >/dev/null 2>"$dir/err"; then
+        sed -n 's/^step: median \([0-9.]*\) ms.*/\1/p' "$dir/err"
+    else
+        echo "  does not run on $2 workers: $(grep -m1 '^error' "$dir/err")" >&2
+    fi
 }
 
 printf '%-20s %7s  %-34s %s\n' model workers "plan" "measured ms"
@@ -46,20 +50,27 @@ for model in "${MODELS[@]}"; do
             esac
             "$dfc" compile "examples/$model.df" "${flags[@]}" -o "$dir/plan" >/dev/null 2>"$dir/err" || {
                 echo "$model $strategy $n: does not compile: $(head -1 "$dir/err")" >&2; continue; }
-            step=$(measure "$dir/plan" "$n")
+            workers=$n
+            [ "$strategy" = single ] && workers=1
+            step=$(measure "$dir/plan" "$workers")
+            [ -n "$step" ] || continue
             printf '%-20s %7s  %-34s %s\n' "$model" "$n" "$strategy" "$step"
             echo "$strategy $step" >>"$dir/rows"
         done
         "$dfc" compile "examples/$model.df" --devices "$n" --strategy auto -o "$dir/plan" >/dev/null 2>"$dir/err"
         chose=$(sed -n 's/.*(model `[^`]*`, \(.*\), chosen by --strategy auto.*/\1/p' "$dir/err")
-        step=$(measure "$dir/plan" "$n")
+        workers=$n
+        [ "$chose" = single ] && workers=1
+        step=$(measure "$dir/plan" "$workers")
         printf '%-20s %7s  %-34s %s\n' "$model" "$n" "auto (chose $chose)" "$step"
-        python3 - "$dir/rows" "$step" <<'PY'
+        [ -n "$step" ] || continue
+        python3 - "$dir/rows" "$step" "$chose" <<'PY'
 import sys
 rows = [l.split() for l in open(sys.argv[1])]
 best = min(rows, key=lambda r: float(r[1]))
 auto = float(sys.argv[2])
-print(f"{'':30}  auto against the fastest hand-picked ({best[0]}, {float(best[1]):.3f} ms): {auto / float(best[1]) - 1:+.1%}")
+same = " (the same strategy: the difference is run to run)" if sys.argv[3].split(",")[0].replace(" --sync", "") == best[0] else ""
+print(f"{'':30}  auto against the fastest hand-picked ({best[0]}, {float(best[1]):.3f} ms): {auto / float(best[1]) - 1:+.1%}{same}")
 PY
     done
 done
