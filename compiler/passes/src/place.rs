@@ -92,14 +92,6 @@ impl ModelPlacement {
             _ => None,
         }
     }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            ModelPlacement::EarliestFinish => "earliest-finish",
-            ModelPlacement::RoundRobin => "round-robin",
-            ModelPlacement::Searched(_) => "searched",
-        }
-    }
 }
 
 /// What the placement search found, in the search's own simulation of a step.

@@ -79,8 +79,6 @@ pub struct Problem {
     /// By unit: its first position, the devices it may use (empty: any), its total time, and
     /// the units it exchanges tensors with.
     first: Vec<u32>,
-    /// By unit: its first node's index in the graph's topological order (round-robin's order).
-    topological: Vec<u32>,
     allowed: Vec<Vec<u32>>,
     unit_seconds: Vec<f64>,
     neighbours: Vec<Vec<u32>>,
@@ -143,7 +141,6 @@ impl Problem {
             user_start: Vec::new(),
             user_edges: Vec::new(),
             first: vec![u32::MAX; count],
-            topological: vec![u32::MAX; count],
             allowed: units.allowed,
             unit_seconds: vec![0.0; count],
             neighbours: vec![Vec::new(); count],
@@ -207,16 +204,7 @@ impl Problem {
             }
         }
         problem.user_start = users;
-        let mut by_id: Vec<usize> = (0..n).collect();
-        by_id.sort_by_key(|&i| order[i]);
-        problem.priority = vec![0; n];
-        for (rank, i) in by_id.into_iter().enumerate() {
-            problem.priority[i] = rank as u32;
-        }
-        for (i, id) in units.order.iter().enumerate() {
-            let unit = units.unit_of[id] as usize;
-            problem.topological[unit] = problem.topological[unit].min(i as u32);
-        }
+        problem.priority = order.iter().map(|id| u32::try_from(id.index()).unwrap_or(LAST - 1)).collect();
         for list in &mut problem.neighbours {
             list.sort_unstable();
             list.dedup();
@@ -274,7 +262,7 @@ impl Problem {
     pub fn round_robin(&self, start: &[u32], rotate: impl Fn(usize) -> bool) -> Vec<u32> {
         let mut assignment = start.to_vec();
         let mut units: Vec<usize> = (0..self.units()).filter(|&u| self.movable(u) && rotate(u)).collect();
-        units.sort_by_key(|&u| self.topological[u]);
+        units.sort_by_key(|&u| self.first[u]);
         let mut next = 0usize;
         for u in units {
             let pick = (0..self.devices)
@@ -520,13 +508,8 @@ impl<'a> Simulator<'a> {
         &self.assignment
     }
 
-    /// The step with unit `unit` on `device`, and its sum of finishing times; `accept` keeps
-    /// it, and another trial or `reject` drops it.
-    pub fn try_move(&mut self, unit: usize, device: u32) -> (f64, f64) {
-        self.try_moves(&[unit as u32], device)
-    }
-
-    /// `try_move` of several units at once, all to `device`.
+    /// The step with `units` all moved to `device`, and its sum of finishing times; `accept`
+    /// keeps it, and another trial or `reject` drops it.
     pub fn try_moves(&mut self, units: &[u32], device: u32) -> (f64, f64) {
         self.reject();
         let moved: Vec<(u32, u32)> = units.iter().map(|&u| (u, self.assignment[u as usize])).collect();
