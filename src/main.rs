@@ -352,6 +352,16 @@ struct DistributeArgs {
     /// step.
     #[arg(long, value_name = "K", value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     sync_every: Option<u32>,
+    /// With --strategy mirrored: ZeRO stage 1. Each of the N replicas keeps 1/N of the
+    /// optimizer's state and updates 1/N of each variable, and the new values are gathered
+    /// by every replica: the same training, with 1/N of the optimizer's memory per replica.
+    #[arg(long)]
+    shard_optimizer: bool,
+    /// With --strategy model: a pipeline. Each device is a stage of consecutive layers, of
+    /// about equal cost; the batch is split into M micro-batches that flow through the stages
+    /// one after another, their gradients summed into one update (GPipe).
+    #[arg(long, value_name = "M", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    micro_batches: u32,
     /// Set aside device requests the cluster or the strategy cannot satisfy (with a warning)
     /// instead of failing.
     #[arg(long)]
@@ -714,6 +724,8 @@ fn compile_options(model: &ModelArgs, args: &DistributeArgs) -> Result<dfc_compi
             _ => None,
         },
         backup_workers: args.backup_workers,
+        shard_optimizer: args.shard_optimizer,
+        micro_batches: args.micro_batches,
     })
 }
 

@@ -718,3 +718,56 @@ fn compile_timings_list_every_stage() {
     assert!((total.0 - sum).abs() < 0.01, "{stderr}");
     assert!(stderr.contains("peak rss:"), "{stderr}");
 }
+
+/// `--shard-optimizer` shards mirrored replicas' optimizer state: under another strategy, or
+/// with local SGD's replicas that update on their own, it is refused in one line; a mirrored
+/// plan says so, and each device keeps a quarter of the state plain mirrored keeps on 4.
+#[test]
+fn shard_optimizer_needs_mirrored_replicas_and_keeps_a_share_each() {
+    let mlp = root().join("examples/mlp.df");
+    let mlp = mlp.to_str().expect("utf-8");
+    let plan = scratch("shard_optimizer.plan");
+    let plan = plan.to_str().expect("utf-8");
+    let ps = dfc(&["compile", mlp, "--devices", "2", "--strategy", "ps", "--sync", "--shard-optimizer", "-o", plan]);
+    assert_no_panic(&ps);
+    assert_eq!(ps.status.code(), Some(1));
+    assert_eq!(
+        text(&ps.stderr).trim_end(),
+        "error: --shard-optimizer splits the optimizer's state over mirrored replicas that step together, but the ps strategy has no mirrored replicas; use --strategy mirrored without --sync-every"
+    );
+    let local = dfc(&[
+        "compile",
+        mlp,
+        "--devices",
+        "2",
+        "--strategy",
+        "mirrored",
+        "--sync-every",
+        "4",
+        "--shard-optimizer",
+        "-o",
+        plan,
+    ]);
+    assert_eq!(local.status.code(), Some(1));
+    let stderr = text(&local.stderr);
+    assert!(stderr.contains("with --sync-every 4 each replica updates on its own"), "{stderr}");
+    let state = |sharded: bool| {
+        let mut args =
+            vec!["compile", mlp, "--devices", "4", "--strategy", "mirrored", "--optimizer", "adam(lr = 0.001)"];
+        args.extend(sharded.then_some("--shard-optimizer"));
+        args.extend(["-o", plan]);
+        let compiled = dfc(&args);
+        assert!(compiled.status.success(), "{}", text(&compiled.stderr));
+        let inspected = text(&dfc(&["inspect", plan]).stdout);
+        assert_eq!(inspected.contains("optimizer state sharded over the replicas (ZeRO-1)"), sharded, "{inspected}");
+        let json: serde_json::Value = serde_json::from_slice(&dfc(&["inspect", "--json", plan]).stdout).unwrap();
+        let devices = json["devices"].as_array().expect("devices").clone();
+        devices.iter().map(|d| d["optimizer_state_bytes"].as_u64().expect("bytes")).collect::<Vec<u64>>()
+    };
+    let (whole, shares) = (state(false), state(true));
+    // Adam's two slots of 269,322 parameters, and its step: each replica a quarter of the slots.
+    let slots = 2 * 4 * (784 * 256 + 256 + 256 * 256 + 256 + 256 * 10 + 10);
+    assert_eq!(whole, [slots + 4; 4]);
+    let padded = 2 * 4 * (784 * 256 / 4 + 256 / 4 + 256 * 256 / 4 + 256 / 4 + 256 * 10 / 4 + 12 / 4);
+    assert_eq!(shares, [padded + 4; 4]);
+}

@@ -98,13 +98,23 @@ fn train_on(
     data: &[HashMap<String, Tensor>],
     backend: dfc_driver::Backend,
 ) -> (Vec<f64>, BTreeMap<String, Vec<f64>>) {
+    let (losses, session) = trained(plan, data, backend);
+    let variables = session.variables().unwrap().iter().map(|(name, t)| (name.clone(), t.to_f64_vec())).collect();
+    (losses, variables)
+}
+
+/// The loss of each step of `plan` on `data`, and the session that took them.
+fn trained<'p>(
+    plan: &'p Plan,
+    data: &[HashMap<String, Tensor>],
+    backend: dfc_driver::Backend,
+) -> (Vec<f64>, Session<'p>) {
     let training = plan.training.as_ref().expect("examples train");
     let mut session = Session::with_backend(plan, 0, backend).expect("the plan loads");
     let updates: Vec<&str> = training.updates.iter().map(String::as_str).collect();
     let step = session.program(&[training.loss_node.as_str()], &updates).expect("a training step");
     let losses = data.iter().map(|feeds| session.run(&step, feeds).expect("a step runs")[0].scalar_f64()).collect();
-    let variables = session.variables().unwrap().iter().map(|(name, t)| (name.clone(), t.to_f64_vec())).collect();
-    (losses, variables)
+    (losses, session)
 }
 
 fn close(a: f64, b: f64, tolerance: f64) -> bool {
@@ -928,4 +938,142 @@ fn backup_workers_are_refused_without_a_synchronous_parameter_server_or_enough_w
     assert!(mirrored.contains("the strategy is mirrored"), "{mirrored}");
     let all = refused(Strategy::ParameterServer { sync: true }, ps_cluster(2), 2);
     assert!(all.contains("2 backup workers leave none of the 2 replicas"), "{all}");
+}
+
+/// The optimizer state each partition of `plan` keeps (`dfc inspect`'s: slots beside a
+/// trainable variable), in bytes.
+fn optimizer_state_bytes(plan: &Plan) -> Vec<u64> {
+    dfc_plan::summary(plan).devices.iter().map(|d| d.optimizer_state_bytes).collect()
+}
+
+/// ZeRO stage 1 (`--shard-optimizer`): each of N mirrored replicas keeps 1/N of each dense
+/// variable's optimizer state and updates 1/N of it, and the replicas gather the new values.
+/// Each element's arithmetic is plain mirrored's, so every example trains to the same bits,
+/// with optimizers that keep slots (and clipping, and weight decay, which read the shard),
+/// on 2, 3 (shards padded) and 4 devices (replicas 2 and 3 instances of replica 1), on the
+/// interpreter and on native code; each replica's state is 1/N of mirrored's, to the padding.
+/// Embeddings' gradients (rows, not dense tensors) keep mirrored's update.
+#[test]
+fn a_sharded_optimizer_trains_as_mirrored_with_a_share_of_its_state() {
+    let optimizers = [
+        "adam(lr = 0.01, weight_decay = 0.01, clip_global_norm = 1.0)",
+        "momentum(lr = 0.1, momentum = 0.9, nesterov = true)",
+        "rmsprop(lr = 0.01, momentum = 0.5)",
+        "adagrad(lr = 0.1)",
+    ];
+    let cases = [("mlp", 2, 0), ("mlp", 3, 1), ("mlp", 4, 2), ("mlp", 4, 3), ("cnn", 2, 0), ("wide_and_deep", 4, 0)];
+    for (example, devices, which) in cases {
+        let optimizer = dfc_sema::check_optimizer(optimizers[which]).expect("an optimizer");
+        let mut dims = dims(example);
+        if devices == 3 {
+            dims.retain(|(name, _)| name != "batch");
+            dims.push(("batch".into(), 12));
+        }
+        let options = |shard_optimizer| CompileOptions {
+            sema: dfc_sema::Options { dims: dims.clone(), optimizer: Some(optimizer.clone()) },
+            cluster: Cluster::local(devices, DeviceKind::Cpu),
+            strategy: Strategy::Mirrored,
+            shard_optimizer,
+            soft_placement: true,
+            ..CompileOptions::default()
+        };
+        let source = std::fs::read_to_string(root().join("examples").join(format!("{example}.df"))).unwrap();
+        let build = |shard| {
+            let compiled = compile(&source, "example.df", &options(shard));
+            let mut plan = compiled.unwrap_or_else(|e| panic!("{example} on {devices}: {e:?}")).plan;
+            plan.expand_instances().expect("replica instances build");
+            plan
+        };
+        let (mirrored, sharded) = (build(false), build(true));
+        let what = format!("{example} with {} on {devices}", optimizers[which]);
+        if example == "mlp" {
+            // The gradients in one bucket, the new values in another (a level below).
+            assert_eq!(all_reduces(&sharded), vec![2; devices], "{what}");
+        }
+        let (whole, shares) = (optimizer_state_bytes(&mirrored), optimizer_state_bytes(&sharded));
+        assert!(shares.iter().all(|&s| s == shares[0]) && shares[0] > 0, "{what}: {shares:?}");
+        if example != "wide_and_deep" {
+            let spread = (shares[0] * devices as u64) as f64 / whole[0] as f64;
+            assert!((0.99..1.01).contains(&spread), "{what}: state {shares:?} per replica, {whole:?} mirrored");
+        } else {
+            assert!(shares[0] < whole[0], "{what}: state {shares:?} per replica, {whole:?} mirrored");
+        }
+        let data = batches(&mirrored);
+        let backends: &[dfc_driver::Backend] = match example {
+            "mlp" => &[dfc_driver::Backend::Interp, dfc_driver::Backend::Llvm],
+            _ => &[dfc_driver::Backend::Interp],
+        };
+        for &backend in backends {
+            let (a, b) = (train_whole(&mirrored, &data, backend), train_whole(&sharded, &data, backend));
+            assert_eq!(a.0, b.0, "{what} on {backend:?}: the losses");
+            assert_eq!(a.1.keys().collect::<Vec<_>>(), b.1.keys().collect::<Vec<_>>(), "{what}: the variables");
+            for (name, values) in &a.1 {
+                // A sharded slot is whole in a checkpoint, flat and padded (with what the update
+                // makes of its initial value where the gradient is zero).
+                let kept = &b.1[name][..values.len().min(b.1[name].len())];
+                assert_eq!(values, kept, "{what} on {backend:?}: `{name}`");
+            }
+        }
+    }
+}
+
+/// The loss of each step on `backend`, and the variables a checkpoint would then hold (each
+/// partitioned or sharded variable whole).
+fn train_whole(
+    plan: &Plan,
+    data: &[HashMap<String, Tensor>],
+    backend: dfc_driver::Backend,
+) -> (Vec<f64>, BTreeMap<String, Vec<f64>>) {
+    let (losses, session) = trained(plan, data, backend);
+    let variables = session.variables().unwrap();
+    let whole = dfc_driver::checkpoint::whole_variables(plan, &variables);
+    (losses, whole.into_iter().map(|(name, t)| (name, t.to_f64_vec())).collect())
+}
+
+/// A pipeline (`--strategy model --micro-batches M`, GPipe): each device a stage of the
+/// model, the batch in M micro-batches whose gradients are averaged into one update, trains
+/// as one device does on the whole batch, within float tolerance (the micro-batches' means are
+/// summed in another order); on the interpreter and native code. Every device holds a stage:
+/// compute and variables of its own.
+#[test]
+fn a_pipeline_of_micro_batches_trains_as_one_device() {
+    for (example, devices, micro_batches) in [("mlp", 2, 4), ("mlp", 3, 2), ("cnn", 2, 2), ("linear_regression", 2, 4)]
+    {
+        let single = plan(example, Cluster::local(1, DeviceKind::Cpu), Strategy::Single);
+        let data = batches(&single);
+        let options = CompileOptions {
+            cluster: Cluster::local(devices, DeviceKind::Cpu),
+            strategy: Strategy::Model,
+            micro_batches,
+            ..CompileOptions::default()
+        };
+        let pipeline = plan_with(example, options);
+        let what = format!("{example} in {micro_batches} micro-batches on {devices} stages");
+        assert_eq!(pipeline.strategy.replicas, micro_batches, "{what}");
+        assert_eq!(pipeline.partitions.len(), devices, "{what}: a stage on each device");
+        for partition in &pipeline.partitions {
+            let graph = &partition.module.graph;
+            let compute = graph.node_ids().filter(|&id| node_flops(graph, id) > 0.0).count();
+            assert!(compute > 0, "{what}: {} computes nothing", partition.device);
+        }
+        let variables = |p: &dfc_plan::Partition| {
+            let graph = &p.module.graph;
+            graph.node_ids().filter(|&id| matches!(graph.node(id).op, dfc_ir::Op::Variable { .. })).count()
+        };
+        if example != "linear_regression" {
+            assert!(pipeline.partitions.iter().all(|p| variables(p) > 0), "{what}: a stage without parameters");
+        }
+        let backends: &[dfc_driver::Backend] = match example {
+            "cnn" => &[dfc_driver::Backend::Interp],
+            _ => &[dfc_driver::Backend::Interp, dfc_driver::Backend::Llvm],
+        };
+        for &backend in backends {
+            let reference = train_on(&single, &data, backend);
+            assert_same(&format!("{what} on {backend:?}"), &reference, &train_on(&pipeline, &data, backend), 1e-4);
+        }
+    }
+}
+
+fn node_flops(graph: &dfc_ir::Graph, id: dfc_ir::NodeId) -> f64 {
+    dfc_passes::cost::node_flops(graph, id)
 }

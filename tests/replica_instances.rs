@@ -50,17 +50,24 @@ fn source(example: &str) -> String {
 
 /// The plan as `dfc compile` writes it and a reader gets it back.
 fn compiled(example: &str, cluster: Cluster, instances: bool) -> (Plan, usize) {
+    compiled_sharded(example, cluster, instances, false)
+}
+
+/// `compiled`, with Adam's state sharded over the replicas (`--shard-optimizer`) if `sharded`.
+fn compiled_sharded(example: &str, cluster: Cluster, instances: bool, sharded: bool) -> (Plan, usize) {
     let source = source(example);
+    let optimizer = sharded.then(|| dfc_sema::check_optimizer("adam(lr = 0.01)").expect("an optimizer"));
     let mut dims = vec![("batch".to_string(), 24)];
     if example == "wide_and_deep" {
         dims.push(("users".to_string(), 200));
     }
     let options = CompileOptions {
-        sema: dfc_sema::Options { dims, optimizer: None },
+        sema: dfc_sema::Options { dims, optimizer },
         cluster,
         strategy: Strategy::Mirrored,
         soft_placement: true,
         replica_instances: instances,
+        shard_optimizer: sharded,
         ..CompileOptions::default()
     };
     let plan = compile(&source, &format!("{example}.df"), &options).unwrap_or_else(|e| panic!("{example}: {e:?}")).plan;
@@ -113,11 +120,14 @@ fn canonical(module: &Module) -> BTreeMap<String, String> {
 
 #[test]
 fn instances_are_the_replicas_built_in_full() {
-    for example in ["linear_regression", "mlp", "cnn", "softmax_regression", "wide_and_deep", "echo"] {
+    let examples = ["linear_regression", "mlp", "cnn", "softmax_regression", "wide_and_deep", "echo"];
+    // With a sharded optimizer, the instances' slices and slots are their replicas' shards.
+    let cases = examples.iter().map(|&e| (e, false)).chain([("mlp", true), ("wide_and_deep", true)]);
+    for (example, sharded) in cases {
         for spec in ["local 3", "local 4", "two tasks of two"] {
-            let what = format!("{example} mirrored on {spec}");
-            let (compact, stored) = compiled(example, cluster(spec), true);
-            let (full, _) = compiled(example, cluster(spec), false);
+            let what = format!("{example} mirrored on {spec}{}", if sharded { ", optimizer sharded" } else { "" });
+            let (compact, stored) = compiled_sharded(example, cluster(spec), true, sharded);
+            let (full, _) = compiled_sharded(example, cluster(spec), false, sharded);
             assert_eq!(stored, 2, "{what}: the plan stores replica 0's and replica 1's partitions only");
             assert_eq!(compact.partitions.len(), full.partitions.len(), "{what}");
             let by_device = |plan: &Plan| {
@@ -209,6 +219,42 @@ fn damaged_instances_are_refused() {
     let mut wrong = stored;
     wrong.instances[0].replica = 9;
     assert!(refused(&wrong).contains("do not fit together"), "{}", refused(&wrong));
+
+    // A sharded optimizer's template whose shards are not replica 1's, or whose instance's
+    // shard would lie past the whole.
+    let options = CompileOptions {
+        sema: dfc_sema::Options {
+            dims: vec![("batch".into(), 24)],
+            optimizer: Some(dfc_sema::check_optimizer("adam(lr = 0.01)").unwrap()),
+        },
+        shard_optimizer: true,
+        ..options
+    };
+    let mlp = std::fs::read_to_string(root().join("examples/mlp.df")).unwrap();
+    let sharded = compile(&mlp, "mlp.df", &options).unwrap().plan;
+    assert_eq!((sharded.partitions.len(), sharded.instances.len()), (2, 2));
+    assert!(dfc_plan::decode(&dfc_plan::encode(&sharded)).is_ok(), "the sharded plan as compiled");
+    let shard_of = |plan: &mut Plan, op: &str| {
+        let graph = &mut plan.partitions[1].module.graph;
+        let id = graph
+            .node_ids()
+            .find(|&id| graph.node(id).name.ends_with(dfc_ir::REPLICA_SHARD) && graph.node(id).op.name() == op)
+            .expect("a replica shard");
+        id
+    };
+    let mut moved = sharded.clone();
+    let id = shard_of(&mut moved, "slice");
+    if let dfc_ir::Op::Slice { begin, .. } = &mut moved.partitions[1].module.graph.node_mut(id).op {
+        begin[0] += 1;
+    }
+    assert!(refused(&moved).contains("is not replica 1's"), "{}", refused(&moved));
+    let mut past = sharded;
+    let id = shard_of(&mut past, "variable");
+    if let dfc_ir::Op::Variable { origin: Some(origin), ty, .. } = &mut past.partitions[1].module.graph.node_mut(id).op
+    {
+        origin.shape = dfc_ir::Shape::from(vec![2 * ty.shape.dims()[0]]);
+    }
+    assert!(refused(&past).contains("does not fit in"), "{}", refused(&past));
 }
 
 /// Replicas alike but for their names, devices and keys share their code: a session of the

@@ -2,7 +2,8 @@
 //! cost model's simulation of its plan; the fastest becomes the plan, an ordinary one.
 //!
 //! The candidates, in order: single; model with the searched placement and with the
-//! earliest-finish one; mirrored; synchronous ps; central storage. A candidate that the cluster
+//! earliest-finish one; mirrored; mirrored with the optimizer sharded over the replicas
+//! (ZeRO-1: the same training in less memory); synchronous ps; central storage. A candidate that the cluster
 //! or the model rules out (no `ps` job, no `minimize`, a batch that does not split) is listed
 //! with the reason and set aside. A later candidate wins only if it is predicted more than
 //! `MARGIN` faster than the best before it: near a tie the simpler plan is kept, since the
@@ -50,7 +51,12 @@ pub struct Scored {
 }
 
 fn candidates(options: &CompileOptions) -> Vec<(String, CompileOptions, bool)> {
-    let with = |strategy, model_placement| CompileOptions { strategy, model_placement, ..options.clone() };
+    let with = |strategy, model_placement| CompileOptions {
+        strategy,
+        model_placement,
+        shard_optimizer: false,
+        ..options.clone()
+    };
     let searched = ModelPlacement::Searched(Budget::default());
     let mut list = vec![("single".to_string(), with(Strategy::Single, ModelPlacement::EarliestFinish), false)];
     if options.cluster.devices().len() > 1 {
@@ -62,6 +68,8 @@ fn candidates(options: &CompileOptions) -> Vec<(String, CompileOptions, bool)> {
         ));
     }
     list.push(("mirrored".into(), with(Strategy::Mirrored, ModelPlacement::EarliestFinish), false));
+    let sharded = CompileOptions { shard_optimizer: true, ..with(Strategy::Mirrored, ModelPlacement::EarliestFinish) };
+    list.push(("mirrored, sharded optimizer".into(), sharded, false));
     list.push((
         "ps --sync".into(),
         with(Strategy::ParameterServer { sync: true }, ModelPlacement::EarliestFinish),

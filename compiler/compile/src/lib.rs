@@ -20,7 +20,9 @@ pub use timings::{peak_resident_bytes, resident_bytes, StageTiming, Timings};
 
 use dfc_diag::{Code, Diagnostic, Span};
 use dfc_ir::{Cluster, DeviceKind, DeviceSpec, Module};
-use dfc_passes::{CostModel, ModelPlacement, ReplicateOptions, Replication, ShardOptions, VariablePlacement};
+use dfc_passes::{
+    CostModel, ModelPlacement, OptimizerOptions, ReplicateOptions, Replication, ShardOptions, VariablePlacement,
+};
 use dfc_plan::{IoSpec, Partition, Plan, ReplicaSpec, StrategySpec};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -101,6 +103,13 @@ pub struct CompileOptions {
     /// gradients of the current variables and drops the rest (TensorFlow's
     /// SyncReplicasOptimizer).
     pub backup_workers: u32,
+    /// `--shard-optimizer` (mirrored only): ZeRO stage 1, each replica keeps and updates
+    /// 1/N of every dense float variable's optimizer state, the new values all-gathered.
+    pub shard_optimizer: bool,
+    /// `--micro-batches M` (model only): a pipeline over the devices, each a stage of
+    /// consecutive layers balanced by the cost model, the batch split into M micro-batches
+    /// whose gradients are summed into one update (GPipe); 1: no pipeline.
+    pub micro_batches: u32,
 }
 
 impl Default for CompileOptions {
@@ -121,6 +130,8 @@ impl Default for CompileOptions {
             staleness_aware: None,
             overlap: false,
             backup_workers: 0,
+            shard_optimizer: false,
+            micro_batches: 1,
         }
     }
 }
@@ -169,7 +180,7 @@ pub fn module_after(
     let position = STAGES.iter().position(|s| *s == stage).unwrap_or(STAGES.len() - 1);
     if position <= STAGES.iter().position(|s| *s == "simplify").expect("listed") {
         let (mut module, warnings) = front(source, options)?;
-        local_passes(&mut module, Some(stage), &shard_options(options));
+        local_passes(&mut module, Some(stage), &shard_options(options), &OptimizerOptions::default());
         return Ok((module, warnings));
     }
     let whole = CompileOptions { replica_instances: false, ..options.clone() };
@@ -183,14 +194,14 @@ fn shard_options(options: &CompileOptions) -> ShardOptions {
 }
 
 /// shard → pool_early → autodiff → optimizer → simplify, up to `last`; verified after each in debug builds.
-fn local_passes(module: &mut Module, last: Option<&str>, shard: &ShardOptions) {
+fn local_passes(module: &mut Module, last: Option<&str>, shard: &ShardOptions, optimizer: &OptimizerOptions) {
     if last == Some("sema") {
         return;
     }
     dfc_passes::shard_variables(module, shard);
     verify_after(module, "shard");
     if last != Some("shard") {
-        dfc_passes::run_pipeline(module, last);
+        dfc_passes::run_pipeline_with(module, last, optimizer);
     }
 }
 
@@ -203,6 +214,11 @@ fn verify_after(module: &Module, pass: &str) {
 
 /// Compiles `source` into a plan for `options.cluster` under `options.strategy`.
 pub fn compile(source: &str, source_name: &str, options: &CompileOptions) -> Result<Compiled, CompileError> {
+    if options.strategy == Strategy::Auto && options.shard_optimizer {
+        return Err(CompileError::Usage(
+            "--strategy auto compares mirrored replicas with and without a sharded optimizer itself; leave out --shard-optimizer".into(),
+        ));
+    }
     if options.strategy == Strategy::Auto {
         let (mut compiled, report) = auto::compile_auto(source, source_name, options)?;
         compiled.auto = Some(report);
@@ -225,6 +241,24 @@ pub fn compile(source: &str, source_name: &str, options: &CompileOptions) -> Res
                 Some(k) => format!("with --sync-every {k} the steps have none"),
                 None => format!("the {} strategy has none", options.strategy.name()),
             }
+        )));
+    }
+    if options.shard_optimizer && (options.strategy != Strategy::Mirrored || options.sync_every.is_some()) {
+        return Err(CompileError::Usage(format!(
+            "--shard-optimizer splits the optimizer's state over mirrored replicas that step together, but {}; use --strategy mirrored without --sync-every",
+            match options.sync_every {
+                Some(k) => format!("with --sync-every {k} each replica updates on its own"),
+                None => format!("the {} strategy has no mirrored replicas", options.strategy.name()),
+            }
+        )));
+    }
+    if options.micro_batches == 0 {
+        return Err(CompileError::Usage("--micro-batches must be at least 1".into()));
+    }
+    if options.micro_batches > 1 && options.strategy != Strategy::Model {
+        return Err(CompileError::Usage(format!(
+            "--micro-batches pipelines the stages of a model split over the devices, but the strategy is {}; use --strategy model",
+            options.strategy.name()
         )));
     }
     let asynchronous = options.strategy == Strategy::ParameterServer { sync: false };
@@ -276,6 +310,12 @@ pub fn compile(source: &str, source_name: &str, options: &CompileOptions) -> Res
         )));
     }
     let module = match layout.replication {
+        None if options.micro_batches > 1 => {
+            let module = pipelined(source, &full, &devices, options, &shard)?;
+            verify_after(&module, "replicate");
+            clock.lap("pipeline");
+            module
+        }
         None => {
             dfc_passes::drop_cross_replica_means(&mut full);
             full
@@ -311,6 +351,7 @@ pub fn compile(source: &str, source_name: &str, options: &CompileOptions) -> Res
                 local_sgd: options.sync_every.is_some(),
                 staleness_aware,
                 backup_workers,
+                micro_batches: false,
             };
             let (module, found) =
                 dfc_passes::replicate(&per_replica, &full, &replicate).map_err(CompileError::Diagnostics)?;
@@ -393,7 +434,8 @@ pub fn compile(source: &str, source_name: &str, options: &CompileOptions) -> Res
 
     let strategy = StrategySpec {
         name: options.strategy.name().into(),
-        replicas: layout.replicas.len().max(1) as u32,
+        // A pipeline's micro-batches are copies of the model's compute, each on a slice of the batch.
+        replicas: layout.replicas.len().max(options.micro_batches as usize).max(1) as u32,
         sync: !matches!(options.strategy, Strategy::ParameterServer { sync: false }),
         placement: options.placement.name().into(),
         sync_every: options.sync_every,
@@ -600,6 +642,40 @@ impl Layout {
 
 /// The training module for one replica's share of the batch: the source recompiled with the
 /// batch dim divided by `replicas`.
+/// The pipeline of `--micro-batches`: one micro-batch's module, each node requested on its
+/// stage's device (one stage per device), copied per micro-batch with the gradients' mean
+/// beside each variable and one update (synchronous shared replication).
+fn pipelined(
+    source: &str,
+    full: &Module,
+    devices: &[DeviceSpec],
+    options: &CompileOptions,
+    shard: &ShardOptions,
+) -> Result<Module, CompileError> {
+    if full.training.is_none() {
+        return Err(CompileError::Usage(format!(
+            "--micro-batches pipelines training, but model `{}` has no `minimize`",
+            full.name
+        )));
+    }
+    let micro_batches = options.micro_batches as usize;
+    let mut per_micro_batch = per_replica_module(source, full, micro_batches, options, shard)?;
+    dfc_passes::assign_stages(&mut per_micro_batch, devices);
+    let pipeline = ReplicateOptions {
+        replication: Replication::Shared { sync: true },
+        devices: &vec![devices[0].clone(); micro_batches],
+        variable_device: None,
+        soft: options.soft_placement,
+        built_replicas: None,
+        local_sgd: false,
+        staleness_aware: false,
+        backup_workers: 0,
+        micro_batches: true,
+    };
+    let (module, _) = dfc_passes::replicate(&per_micro_batch, full, &pipeline).map_err(CompileError::Diagnostics)?;
+    Ok(module)
+}
+
 fn per_replica_module(
     source: &str,
     full: &Module,
@@ -639,7 +715,10 @@ fn per_replica_module(
         return Err(CompileError::Diagnostics(vec![Diagnostic::error(
             Code::BATCH_SPLIT,
             first_span,
-            format!("the batch of {batch} examples does not split evenly over {replicas} replicas"),
+            format!(
+                "the batch of {batch} examples does not split evenly over {replicas} {}",
+                if options.micro_batches > 1 { "micro-batches" } else { "replicas" }
+            ),
         )
         .with_label(format!("{batch} rows"))
         .with_help(format!(
@@ -662,7 +741,8 @@ fn per_replica_module(
         let resized =
             module.inputs.iter().all(|&i| module.graph.node(i).outputs[0].shape.dims().first() == Some(&share));
         if resized {
-            local_passes(&mut module, None, shard);
+            let shards = if options.shard_optimizer { replicas } else { 1 };
+            local_passes(&mut module, None, shard, &OptimizerOptions { shards });
             return Ok(module);
         }
     }

@@ -10,7 +10,9 @@
 //! - a Send's key `Dt;name;to` becomes `Dr;name';to`, a Recv's `from;name;Dt` becomes
 //!   `from;name';Dr`, with name' renamed as above;
 //! - an all-reduce of replica t is replica r's, and so is the slot of a `pad` named
-//!   `…/replica_slot` (an all-gather's: the replica's rows at its index along axis 0).
+//!   `…/replica_slot` (an all-gather's: the replica's rows at its index along axis 0), and
+//!   the shard of a `slice` or a variable named `…/replica_shard` (a sharded optimizer's:
+//!   the replica's rows of a tensor split over the replicas along axis 0).
 //!
 //! Everything else (ops, types, edges, spans, colocations, the module's lists) is the
 //! template's. `partition` names transfers the same way, so an instance equals the partition
@@ -21,6 +23,11 @@ use crate::{DeviceSpec, Module, Op};
 /// The name ending of a `pad` that puts a replica's tensor at its index along a new axis 0 of
 /// one slot per replica (an all-gather made of an all-reduce): instances move it to their own.
 pub const REPLICA_SLOT: &str = "/replica_slot";
+
+/// The name ending of a `slice` that takes a replica's shard of a tensor split evenly over
+/// the replicas along axis 0 (`begin` = replica × `size`), or of a variable that holds such a
+/// shard (its `origin`'s `offset`): a sharded optimizer's, moved by instances to their own.
+pub const REPLICA_SHARD: &str = "/replica_shard";
 use serde::{Deserialize, Serialize};
 
 /// Replica `replica` on `device`, a copy of the partition that is replica `template_replica`.
@@ -123,6 +130,18 @@ impl Renamer {
         Ok(Op::Pad { before, after })
     }
 
+    /// The op of the node `name` for the instance's replica where it depends on the replica
+    /// (an all-reduce, a replica slot's pad, a replica shard's slice or variable); `None` for
+    /// any other. Replication builds each replica's copy of such a node with it too.
+    pub fn replica_op(&self, name: &str, op: &Op) -> Result<Option<Op>, String> {
+        Ok(match op {
+            Op::Pad { before, after } if name.ends_with(REPLICA_SLOT) => Some(self.replica_slot(before, after)?),
+            op if name.ends_with(REPLICA_SHARD) => Some(replica_shard(op, self.from_replica, self.to_replica)?),
+            Op::AllReduce { .. } => self.op(op)?,
+            _ => None,
+        })
+    }
+
     /// The op of the instance: transfers and all-reduces renamed, any other op as it is.
     pub fn op(&self, op: &Op) -> Result<Option<Op>, String> {
         Ok(match op {
@@ -141,6 +160,41 @@ impl Renamer {
     }
 }
 
+/// `op`, the `slice` or variable of replica `from`'s shard (named `…/replica_shard`), as
+/// replica `to`'s: the same size, `to` shards along axis 0. An error where `op` is not
+/// replica `from`'s shard, or replica `to`'s would not fit in the whole.
+pub fn replica_shard(op: &Op, from: u32, to: u32) -> Result<Op, String> {
+    let (from, to) = (from as usize, to as usize);
+    let moved = |begin: usize, size: usize, whole: Option<usize>| -> Result<usize, String> {
+        if size.checked_mul(from) != Some(begin) {
+            return Err(format!("a replica shard of {size} rows at row {begin} is not replica {from}'s"));
+        }
+        let start = size.checked_mul(to).filter(|s| whole.is_none_or(|w| s.checked_add(size).is_some_and(|e| e <= w)));
+        start.ok_or_else(|| format!("replica {to}'s shard of {size} rows does not fit in {} rows", whole.unwrap_or(0)))
+    };
+    match op {
+        Op::Slice { begin, size } if !begin.is_empty() && begin.len() == size.len() => {
+            let mut begin = begin.clone();
+            begin[0] = moved(begin[0], size[0], None)?;
+            Ok(Op::Slice { begin, size: size.clone() })
+        }
+        Op::Variable { ty, init, trainable, partitions, origin: Some(origin) } if ty.shape.rank() > 0 => {
+            let size = ty.shape.dims()[0];
+            let whole = origin.shape.dims().first().copied();
+            let offset = moved(origin.offset, size, Some(whole.unwrap_or(0)))?;
+            let origin = Some(Box::new(crate::VariableOrigin { offset, ..(**origin).clone() }));
+            Ok(Op::Variable {
+                ty: ty.clone(),
+                init: init.clone(),
+                trainable: *trainable,
+                partitions: *partitions,
+                origin,
+            })
+        }
+        op => Err(format!("a `{}` named as a replica shard; only slices and variables with an origin are", op.name())),
+    }
+}
+
 /// The partition of `instance`, from its template `template` (on `template_device`).
 pub fn instantiate(template: &Module, template_device: &DeviceSpec, instance: &Instance) -> Result<Module, String> {
     let renamer = Renamer::new(instance.template_replica, template_device, instance.replica, &instance.device);
@@ -154,11 +208,9 @@ pub fn instantiate(template: &Module, template_device: &DeviceSpec, instance: &I
                 name = format!("{stem}{}", renamer.to_recv_suffix);
             }
         }
-        let op = match &node.op {
-            Op::Pad { before, after } if node.name.ends_with(REPLICA_SLOT) => {
-                Some(renamer.replica_slot(before, after)?)
-            }
-            op => renamer.op(op)?,
+        let op = match renamer.replica_op(&node.name, &node.op)? {
+            Some(op) => Some(op),
+            None => renamer.op(&node.op)?,
         };
         let node = module.graph.node_mut(id);
         node.name = name;

@@ -37,7 +37,10 @@ pub use device::{DeviceKind, DeviceSpec};
 pub use dot::{human_bytes, to_dot, DotOptions};
 pub use graph::{Edge, Graph, Node, NodeId, TensorRef};
 pub use infer::{broadcast_shapes, infer, TypeError};
-pub use instance::{device_slug, instance_transfers, instantiate, replica_prefix, Instance, Renamer, REPLICA_SLOT};
+pub use instance::{
+    device_slug, instance_transfers, instantiate, replica_prefix, replica_shard, Instance, Renamer, REPLICA_SHARD,
+    REPLICA_SLOT,
+};
 pub use module::{Module, Optimizer, OptimizerKind, Output, Training};
 pub use op::{
     BinaryOp, CompareOp, ConstData, ConstValue, Initializer, Op, Padding, ReduceKind, UnaryOp, VariableOrigin,

@@ -9,6 +9,7 @@ pub mod cost;
 pub mod fuse;
 mod optimizer;
 mod partition;
+mod pipeline;
 mod place;
 mod pool_early;
 pub mod profile;
@@ -22,8 +23,9 @@ mod tensor_fusion;
 pub use autodiff::autodiff;
 pub use cost::{CostModel, CostReport, DeviceCost, Topology};
 pub use fuse::{fuse, Fusion, Kernel};
-pub use optimizer::apply_optimizer;
+pub use optimizer::{apply_optimizer, OptimizerOptions};
 pub use partition::{partition, transfer_names, Partitioned};
+pub use pipeline::assign_stages;
 pub use place::{balance, place, ModelPlacement, PlaceOptions, Placed, SearchReport, VariablePlacement};
 pub use pool_early::pool_early;
 pub use profile::Profile;
@@ -44,8 +46,14 @@ pub const PASSES: &[&str] = &["sema", "pool_early", "autodiff", "optimizer", "si
 /// Runs the pipeline up to and including `last` (`None`: all of it). Debug builds verify the IR
 /// after every pass and panic on a broken invariant, naming the pass: that is a compiler bug.
 pub fn run_pipeline(module: &mut Module, last: Option<&str>) {
+    run_pipeline_with(module, last, &OptimizerOptions::default());
+}
+
+/// `run_pipeline` with the optimizer's update built as `optimizer` says (a replica's module
+/// whose optimizer is sharded over the replicas).
+pub fn run_pipeline_with(module: &mut Module, last: Option<&str>, optimizer: &OptimizerOptions) {
     for &pass in PASSES {
-        run_pass(module, pass);
+        run_pass_with(module, pass, optimizer);
         if Some(pass) == last {
             break;
         }
@@ -54,10 +62,14 @@ pub fn run_pipeline(module: &mut Module, last: Option<&str>) {
 
 /// Runs one pass of `PASSES` (`sema` has run already: nothing to do), verified as above.
 pub fn run_pass(module: &mut Module, pass: &str) {
+    run_pass_with(module, pass, &OptimizerOptions::default());
+}
+
+fn run_pass_with(module: &mut Module, pass: &str, optimizer: &OptimizerOptions) {
     match pass {
         "pool_early" => pool_early(module),
         "autodiff" => autodiff(module),
-        "optimizer" => apply_optimizer(module),
+        "optimizer" => apply_optimizer(module, optimizer),
         "simplify" => simplify(module),
         _ => {}
     }

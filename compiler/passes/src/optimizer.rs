@@ -21,16 +21,78 @@
 //!
 //! Ordering: every read of a variable runs before its update (a control edge from each `read`
 //! to the assignment), so a step computes all gradients from the values it started with.
+//!
+//! Sharded over N data-parallel replicas (`OptimizerOptions::shards`, ZeRO stage 1, Rajbhandari
+//! et al.), the module is one replica's, and each dense float variable's update is built on
+//! the replica's shard: the gradient is the replicas' mean (`CrossReplicaMean`, which
+//! replication makes an all-reduce and a scale, as a mirrored gradient is), flattened and
+//! padded to N × S elements (S = ⌈elements / N⌉); the replica takes its S of it and of the
+//! variable's value (slices named `…/replica_shard`, which replication and instances move to
+//! each replica's rows), its slots hold S elements (variables named `…/replica_shard`, shards
+//! of the whole slot), and the new shard is all-gathered (each replica's in its slot of an
+//! `[N, S]` tensor, `…/replica_slot`, summed by an all-reduce) and assigned whole. The
+//! arithmetic of each element is the unsharded update's. A lookup's gradient (rows, not a
+//! dense tensor) and integer variables keep the unsharded update.
 
-use dfc_ir::{BinaryOp, ConstValue, DType, Graph, Initializer, Module, NodeId, Op, OptimizerKind, TensorRef, UnaryOp};
+use dfc_ir::{
+    BinaryOp, ConstValue, DType, Graph, Initializer, Module, NodeId, Op, OptimizerKind, Shape, TensorRef, UnaryOp,
+    VariableOrigin, REPLICA_SHARD, REPLICA_SLOT,
+};
 
-pub fn apply_optimizer(module: &mut Module) {
+/// How the optimizer's update is built.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OptimizerOptions {
+    /// The data-parallel replicas over which each variable's optimizer state and update are
+    /// sharded (ZeRO stage 1); 1: none.
+    pub shards: usize,
+}
+
+impl Default for OptimizerOptions {
+    fn default() -> OptimizerOptions {
+        OptimizerOptions { shards: 1 }
+    }
+}
+
+/// Where a sharded update's tensors lie: `elements` of the variable, padded to `shards` ×
+/// `size`.
+#[derive(Clone, Copy)]
+struct ShardLayout {
+    elements: usize,
+    shards: usize,
+    size: usize,
+}
+
+impl ShardLayout {
+    fn padded(&self) -> usize {
+        self.shards * self.size
+    }
+}
+
+pub fn apply_optimizer(module: &mut Module, options: &OptimizerOptions) {
     let Some(training) = &module.training else { return };
     let optimizer = training.optimizer.clone();
     let graph = &mut module.graph;
+    // Sharded: each sharded variable's gradient is first the replicas' mean, which the rest
+    // (clipping, the update) reads, as a mirrored plan's update reads the all-reduced mean.
+    let mut layouts = std::collections::HashMap::new();
+    let mut gradients = training.gradients.clone();
+    if options.shards > 1 {
+        for (variable, g) in &mut gradients {
+            let ty = graph.node(*variable).outputs[0].clone();
+            if !ty.dtype.is_float() || matches!(graph.node(g.node).op, Op::ScatterAdd { .. }) {
+                continue;
+            }
+            let elements = ty.shape.n_elements();
+            let size = elements.div_ceil(options.shards).max(1);
+            layouts.insert(*variable, ShardLayout { elements, shards: options.shards, size });
+            let name = graph.node(*variable).name.clone();
+            let mut u = Updater { graph, variable: Some(*variable), scope: format!("{name}/update"), shards: None };
+            *g = u.add(Op::CrossReplicaMean, &[*g]);
+        }
+    }
     let gradients = match optimizer.clip_global_norm {
-        Some(norm) => clip_global_norm(graph, &training.gradients, norm),
-        None => training.gradients.clone(),
+        Some(norm) => clip_global_norm(graph, &gradients, norm),
+        None => gradients,
     };
     // The model's own state updates (batch norms' moving averages), made before this pass:
     // each runs in the training step, after every read of its variable.
@@ -54,7 +116,7 @@ pub fn apply_optimizer(module: &mut Module) {
         node.name == "global_step" && matches!(&node.op, Op::Variable { ty, trainable: false, .. } if *ty == scalar)
     });
     let global_step = if existing.is_some() || optimizer.schedule.is_some() {
-        let mut u = Updater { graph, variable: None, scope: "optimizer".into() };
+        let mut u = Updater { graph, variable: None, scope: "optimizer".into(), shards: None };
         let counter =
             existing.unwrap_or_else(|| u.slot("global_step", DType::I64, &dfc_ir::Shape::scalar(), Initializer::Zeros));
         let step = u.read(counter);
@@ -77,7 +139,12 @@ pub fn apply_optimizer(module: &mut Module) {
     let step = match optimizer.kind {
         OptimizerKind::Adam { .. } => {
             let dtype = gradients.first().map_or(DType::F32, |(v, _)| graph.node(*v).outputs[0].dtype);
-            let mut u = Updater { graph, variable: gradients.first().map(|(v, _)| *v), scope: "optimizer".into() };
+            let mut u = Updater {
+                graph,
+                variable: gradients.first().map(|(v, _)| *v),
+                scope: "optimizer".into(),
+                shards: None,
+            };
             let counter = u.slot("optimizer/step", dtype, &dfc_ir::Shape::scalar(), Initializer::Zeros);
             let one = u.constant(dtype, 1.0);
             let t = u.add(Op::AssignAdd, &[counter.into(), one]);
@@ -90,12 +157,25 @@ pub fn apply_optimizer(module: &mut Module) {
     for (variable, g) in gradients {
         let ty = graph.node(variable).outputs[0].clone();
         let name = graph.node(variable).name.clone();
-        let mut u = Updater { graph, variable: Some(variable), scope: format!("{name}/update") };
+        let mut u = Updater { graph, variable: Some(variable), scope: format!("{name}/update"), shards: None };
         let dtype = ty.dtype;
+        let layout = layouts.get(&variable).copied();
+        // Sharded: the replica's shards of the gradient and of the value, and slots of a shard.
+        let (g, current, slot_shape) = match layout {
+            Some(layout) => {
+                let g = u.shard(g, layout, "gradient");
+                let value = u.read(variable);
+                let current = u.shard(value, layout, "value");
+                (g, Some(current), Shape::from(vec![layout.size]))
+            }
+            None => (g, None, ty.shape.clone()),
+        };
+        u.shards = layout;
+        let ty = dfc_ir::TensorType::new(dtype, slot_shape);
         let lr = match (&optimizer.schedule, global_step.filter(|_| optimizer.schedule.is_some())) {
             (Some(schedule), Some(step)) => *scheduled.entry(dtype).or_insert_with(|| {
                 let op = Op::LearningRate { schedule: schedule.clone(), dtype };
-                let mut shared = Updater { graph: u.graph, variable: None, scope: "optimizer".into() };
+                let mut shared = Updater { graph: u.graph, variable: None, scope: "optimizer".into(), shards: None };
                 shared.add(op, &[step])
             }),
             _ => u.constant(dtype, optimizer.learning_rate),
@@ -177,7 +257,7 @@ pub fn apply_optimizer(module: &mut Module) {
             }
         };
         let delta = if optimizer.weight_decay > 0.0 {
-            let current = u.read(variable);
+            let current = current.unwrap_or_else(|| u.read(variable));
             let rate = u.constant(dtype, optimizer.weight_decay);
             let decay = u.mul(lr, rate);
             let shrink = u.mul(decay, current);
@@ -185,7 +265,14 @@ pub fn apply_optimizer(module: &mut Module) {
         } else {
             delta
         };
-        let update = u.add(Op::AssignSub, &[variable.into(), delta]);
+        let update = match (layout, current) {
+            (Some(layout), Some(current)) => {
+                let new = u.binary(BinaryOp::Sub, current, delta);
+                let whole = u.all_gathered(new, layout, &name, &graph_shape(u.graph, variable));
+                u.add(Op::Assign, &[variable.into(), whole])
+            }
+            _ => u.add(Op::AssignSub, &[variable.into(), delta]),
+        };
         updates.push(update.node);
 
         // Every read of the variable happens before its update.
@@ -204,7 +291,7 @@ pub fn apply_optimizer(module: &mut Module) {
 /// `norm / max(norm, sqrt(Σ Σ g²))`, the sum over every element of every gradient (in f32,
 /// then in each gradient's type).
 fn clip_global_norm(graph: &mut Graph, gradients: &[(NodeId, TensorRef)], norm: f64) -> Vec<(NodeId, TensorRef)> {
-    let mut u = Updater { graph, variable: None, scope: "optimizer/clip".into() };
+    let mut u = Updater { graph, variable: None, scope: "optimizer/clip".into(), shards: None };
     let mut total: Option<TensorRef> = None;
     for &(_, g) in gradients {
         let ty = u.graph.ty(g).clone();
@@ -238,6 +325,12 @@ struct Updater<'g> {
     /// variable).
     variable: Option<NodeId>,
     scope: String,
+    /// Sharded: slots hold the replica's shard of the whole slot.
+    shards: Option<ShardLayout>,
+}
+
+fn graph_shape(graph: &Graph, variable: NodeId) -> Shape {
+    graph.node(variable).outputs[0].shape.clone()
 }
 
 impl Updater<'_> {
@@ -268,10 +361,66 @@ impl Updater<'_> {
         self.add(Op::Read, &[variable.into()])
     }
 
-    /// A non-trainable variable for the optimizer's state, beside its variable.
+    /// A node named `name` exactly (a replica shard's or slot's, which replication finds by
+    /// the name's ending).
+    fn add_named(&mut self, op: Op, inputs: &[TensorRef], name: &str) -> TensorRef {
+        let span = self.variable.and_then(|v| self.graph.span(v));
+        let id = self
+            .graph
+            .add(op, inputs, name, span)
+            .unwrap_or_else(|e| panic!("optimizer built an ill-typed `{name}`: {}", e.message));
+        assert_eq!(self.graph.node(id).name, name, "an update's names are the variable's own");
+        self.follow_variable(id);
+        id.into()
+    }
+
+    /// Replica 0's shard of `t`: `t` flattened, padded with zeros to the layout's whole and
+    /// sliced (a slice that each replica's copy moves to its own rows).
+    fn shard(&mut self, t: TensorRef, layout: ShardLayout, what: &str) -> TensorRef {
+        let flat = self.add(Op::Reshape { shape: Shape::from(vec![layout.elements]) }, &[t]);
+        let padded = match layout.padded() - layout.elements {
+            0 => flat,
+            extra => self.add(Op::Pad { before: vec![0], after: vec![extra] }, &[flat]),
+        };
+        let slice = Op::Slice { begin: vec![0], size: vec![layout.size] };
+        self.add_named(slice, &[padded], &format!("{}/{what}{REPLICA_SHARD}", self.scope))
+    }
+
+    /// The variable's new value from each replica's new `shard`: each in its slot of a
+    /// `[shards, size]` tensor, summed over the replicas, unpadded and reshaped.
+    fn all_gathered(&mut self, shard: TensorRef, layout: ShardLayout, name: &str, shape: &Shape) -> TensorRef {
+        let row = self.add(Op::Reshape { shape: Shape::from(vec![1, layout.size]) }, &[shard]);
+        let slot = Op::Pad { before: vec![0, 0], after: vec![layout.shards - 1, 0] };
+        let slot = self.add_named(slot, &[row], &format!("{}/shard{REPLICA_SLOT}", self.scope));
+        let key = format!("optimizer_shards/{name}");
+        let gather = Op::AllReduce { key, group_size: layout.shards as u32, replica: 0 };
+        let gathered = self.add(gather, &[slot]);
+        let flat = self.add(Op::Reshape { shape: Shape::from(vec![layout.padded()]) }, &[gathered]);
+        let value = match layout.padded() - layout.elements {
+            0 => flat,
+            _ => self.add(Op::Slice { begin: vec![0], size: vec![layout.elements] }, &[flat]),
+        };
+        self.add(Op::Reshape { shape: shape.clone() }, &[value])
+    }
+
+    /// A non-trainable variable for the optimizer's state, beside its variable; sharded, the
+    /// replica's shard of it (replica 0's rows, which each replica's copy moves to its own).
     fn slot(&mut self, name: &str, dtype: DType, shape: &dfc_ir::Shape, init: Initializer) -> NodeId {
         let ty = dfc_ir::TensorType::new(dtype, shape.clone());
-        let op = Op::Variable { ty, init, trainable: false, partitions: 1, origin: None };
+        let (name, origin) = match self.shards {
+            Some(layout) => {
+                let whole = VariableOrigin {
+                    name: name.to_string(),
+                    shape: Shape::from(vec![layout.padded()]),
+                    offset: 0,
+                    mirror_of: None,
+                };
+                (format!("{name}{REPLICA_SHARD}"), Some(Box::new(whole)))
+            }
+            None => (name.to_string(), None),
+        };
+        let name = name.as_str();
+        let op = Op::Variable { ty, init, trainable: false, partitions: 1, origin };
         let span = self.variable.and_then(|v| self.graph.span(v));
         let id = self.graph.add(op, &[], name, span).expect("variables type");
         self.follow_variable(id);

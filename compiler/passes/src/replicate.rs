@@ -84,6 +84,11 @@ pub struct ReplicateOptions<'a> {
     pub staleness_aware: bool,
     /// `Shared { sync: true }` only: replicas beyond the N whose gradients make an update.
     pub backup_workers: usize,
+    /// `Shared { sync: true }` only: the replicas are the micro-batches of a pipeline (the
+    /// `model` strategy's `--micro-batches`): each copy of a node keeps the node's request, its
+    /// stage's device (`devices` are unused), and the copies are made micro-batch by
+    /// micro-batch, so that where the runtime has a choice it takes the earlier micro-batch.
+    pub micro_batches: bool,
 }
 
 /// The key prefix of local SGD's averaging all-reduces, which tensor fusion keeps apart from
@@ -436,7 +441,26 @@ impl<'a> Builder<'a> {
             }
         }
 
-        for &id in &order {
+        if self.options.micro_batches {
+            // The shared state, each micro-batch's copies in turn, then the shared update.
+            let computed = order.iter().filter(|&&id| !matches!(graph.node(id).op, Op::Input { .. }));
+            let (shared, each): (Vec<NodeId>, Vec<NodeId>) = computed.partition(|&&id| self.is_shared(id));
+            let (updates, state): (Vec<NodeId>, Vec<NodeId>) =
+                shared.into_iter().partition(|id| self.update_region.contains(id));
+            for id in state {
+                self.shared_copy(id);
+            }
+            for r in 0..self.built() {
+                for &id in &each {
+                    let copy = self.copy(id, Some(r));
+                    self.copies[r].insert(id, copy);
+                }
+            }
+            for id in updates {
+                self.shared_copy(id);
+            }
+        }
+        for &id in order.iter().filter(|_| !self.options.micro_batches) {
             if matches!(graph.node(id).op, Op::Input { .. }) {
                 continue;
             }
@@ -519,8 +543,21 @@ impl<'a> Builder<'a> {
             Some(r) if !(is_variable && r == 0) => replica_name(r, &node.name),
             _ => node.name.clone(),
         };
+        // What depends on the replica (a sharded optimizer's shards, slots and all-gather) is
+        // replica r's; such a variable is a shard of its own, not a mirror.
+        let mut replica_specific = false;
+        if let Some(r) = replica {
+            let devices = self.options.devices;
+            let renamer = dfc_ir::Renamer::new(0, &devices[0], r as u32, &devices[r]);
+            if let Some(specific) =
+                renamer.replica_op(&node.name, &op).expect("the optimizer builds replica 0's shards")
+            {
+                op = specific;
+                replica_specific = true;
+            }
+        }
         if let (Op::Variable { ty, origin, .. }, Some(r)) = (&mut op, replica) {
-            if r > 0 {
+            if r > 0 && !replica_specific {
                 let base = origin.as_deref().cloned().unwrap_or(VariableOrigin {
                     name: node.name.clone(),
                     shape: ty.shape.clone(),
@@ -652,7 +689,9 @@ impl<'a> Builder<'a> {
 
     /// What operand `operand` of `user` becomes in the copy for `replica`.
     fn operand(&mut self, user: NodeId, operand: TensorRef, replica: Option<usize>) -> TensorRef {
-        let in_update = self.update_region.contains(&user);
+        // A gradient whose mean the update takes itself (a sharded optimizer's) is combined there.
+        let averaged_by_user = matches!(self.src.graph.node(user).op, Op::CrossReplicaMean);
+        let in_update = self.update_region.contains(&user) && !averaged_by_user;
         if in_update {
             if let Some(&variable) = self.gradients.get(&operand) {
                 // One combined gradient per replica, except for synchronous shared variables.
@@ -932,6 +971,9 @@ impl<'a> Builder<'a> {
     /// The device replica `r`'s copy of `id` is requested on: the replica's device, checked
     /// against what the source asked for.
     fn request(&mut self, id: NodeId, r: usize) -> Option<DeviceSpec> {
+        if self.options.micro_batches {
+            return self.src.graph.node(id).requested_device.clone();
+        }
         let device = self.options.devices[r].clone();
         let name = &self.src.graph.node(id).name;
         let why = format!("data parallelism runs replica {r} of `{name}` on {device}");
@@ -1070,7 +1112,11 @@ impl<'a> Builder<'a> {
             return self.part(tensor, 0);
         }
         let parts: Vec<TensorRef> = (0..n).map(|r| self.part(tensor, r)).collect();
-        let home = Some(self.home());
+        // A pipeline's micro-batches meet on the stage that computes them.
+        let home = match self.options.micro_batches {
+            true => self.src.graph.node(tensor.node).requested_device.clone(),
+            false => Some(self.home()),
+        };
         let g: &mut Graph = &mut self.out.graph;
         if stacked {
             let id = g.add(Op::Concat { axis: 0 }, &parts, name, span).expect("replicas stack");

@@ -10,8 +10,11 @@
 //! pass computes the last layer's gradients first), then by key, and buckets filled greedily
 //! up to `threshold_bytes`, keys named alike on every replica (so that replicas left as
 //! instances of replica 1 get replica 1's buckets), and a key is fused only when
-//! every replica of its group has it once, with one size, and when its all-reduce does not
-//! depend on another all-reduce (fusing the two would make a cycle). Fused keys are
+//! every replica of its group has it once, with one size. All-reduces are fused only with
+//! those of their level, the most all-reduces on a path to them (an all-reduce that depends
+//! on another is a level above it, so no bucket holds both, which would make a cycle; a
+//! sharded optimizer's all-gathers, which follow the gradients', are fused among themselves).
+//! A key whose replicas' all-reduces are of different levels stays alone. Fused keys are
 //! `fused_all_reduce/<i>`, numbered in that order and never one the module already uses.
 //! Local SGD's averages (keys `average/…`) run in a program of their own, so they are fused
 //! only with each other, under `average/fused_all_reduce/<i>`.
@@ -62,8 +65,8 @@ struct KeyInfo {
     /// Replica indices met, and how many members in all.
     replicas: BTreeSet<u32>,
     members: usize,
-    /// Some member depends on another all-reduce.
-    dependent: bool,
+    /// The members' levels (one, for a key that can be fused).
+    levels: BTreeSet<usize>,
     /// The earliest place of a member's operand in the graph's topological order.
     computed: Option<usize>,
 }
@@ -79,6 +82,15 @@ pub fn fuse_all_reduces(module: &mut Module, options: &FusionOptions, built: Opt
     let Ok(order) = graph.topo_order() else { return };
     let position: HashMap<NodeId, usize> = order.iter().enumerate().map(|(i, &id)| (id, i)).collect();
     let mut taken: HashSet<String> = HashSet::new();
+    // Each node's level: the most all-reduces on a path to it, through data or control edges.
+    let mut level: HashMap<NodeId, usize> = HashMap::with_capacity(order.len());
+    for &id in &order {
+        let below = level.get(&id).copied().unwrap_or(0) + usize::from(is_all_reduce(graph, id));
+        for user in graph.users(id) {
+            let user_level = level.entry(user).or_insert(0);
+            *user_level = (*user_level).max(below);
+        }
+    }
     // (group size, dtype, an average's) → replica → members.
     let mut groups: BTreeMap<(u32, DType, bool), BTreeMap<u32, Vec<Member>>> = BTreeMap::new();
     for &id in &order {
@@ -93,15 +105,6 @@ pub fn fuse_all_reduces(module: &mut Module, options: &FusionOptions, built: Opt
         let average = key.starts_with(AVERAGE_KEY_PREFIX);
         groups.entry((*group_size, ty.dtype, average)).or_default().entry(*replica).or_default().push(member);
     }
-    // Everything that runs after a candidate, through data or control edges.
-    let candidates: HashSet<NodeId> = groups.values().flat_map(|g| g.values().flatten().map(|m| m.id)).collect();
-    let mut downstream: HashSet<NodeId> = HashSet::new();
-    for &id in &order {
-        if candidates.contains(&id) || downstream.contains(&id) {
-            downstream.extend(graph.users(id));
-        }
-    }
-
     let mut next_key = 0usize;
     let mut replaced: HashMap<NodeId, TensorRef> = HashMap::new();
     for ((group_size, dtype, average), replicas) in groups {
@@ -113,7 +116,7 @@ pub fn fuse_all_reduces(module: &mut Module, options: &FusionOptions, built: Opt
                 info.elements.insert(m.elements);
                 info.replicas.insert(replica);
                 info.members += 1;
-                info.dependent |= downstream.contains(&m.id);
+                info.levels.insert(level.get(&m.id).copied().unwrap_or(0));
                 let computed = position[&m.operand.node];
                 info.computed = Some(info.computed.map_or(computed, |c| c.min(computed)));
             }
@@ -129,19 +132,20 @@ pub fn fuse_all_reduces(module: &mut Module, options: &FusionOptions, built: Opt
                 info.replicas == every_replica
                     && info.members == present as usize
                     && info.elements.len() == 1
-                    && !info.dependent
+                    && info.levels.len() == 1
             })
             .map(|(key, info)| (*key, info))
             .collect();
-        keys.sort_by_key(|(key, info)| (info.computed, *key));
-        let keys = keys.into_iter().map(|(key, info)| (key, *info.elements.first().expect("one size")));
-        // Greedy buckets up to the threshold; a bucket of one stays as it is.
+        let level_of = |info: &KeyInfo| *info.levels.first().expect("one level");
+        keys.sort_by_key(|(key, info)| (level_of(info), info.computed, *key));
+        let keys = keys.into_iter().map(|(key, info)| (key, level_of(info), *info.elements.first().expect("one size")));
+        // Greedy buckets of one level up to the threshold; a bucket of one stays as it is.
         let mut buckets: Vec<Vec<&str>> = Vec::new();
-        let mut bytes = 0;
-        for (key, elements) in keys {
-            if buckets.is_empty() || bytes + elements * size > options.threshold_bytes {
+        let (mut bytes, mut bucket_level) = (0, None);
+        for (key, level, elements) in keys {
+            if buckets.is_empty() || bucket_level != Some(level) || bytes + elements * size > options.threshold_bytes {
                 buckets.push(Vec::new());
-                bytes = 0;
+                (bytes, bucket_level) = (0, Some(level));
             }
             bytes += elements * size;
             buckets.last_mut().expect("pushed").push(key);
@@ -164,6 +168,10 @@ pub fn fuse_all_reduces(module: &mut Module, options: &FusionOptions, built: Opt
         }
     }
     retarget(module, &replaced);
+}
+
+fn is_all_reduce(graph: &Graph, id: NodeId) -> bool {
+    matches!(graph.node(id).op, Op::AllReduce { .. })
 }
 
 /// Replaces one replica's all-reduces `members` by one over their concatenation; returns what

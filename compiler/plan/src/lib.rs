@@ -63,7 +63,7 @@ pub struct StrategySpec {
     /// `single`, `model`, `mirrored`, `ps` or `central-storage`.
     pub name: String,
     /// Copies of the model's compute that each take a slice of the batch (1 without data
-    /// parallelism).
+    /// parallelism): replicas, or under `model` a pipeline's micro-batches.
     pub replicas: u32,
     /// Parameter server only: whether the workers' gradients are combined into one update.
     pub sync: bool,

@@ -20,6 +20,9 @@ pub struct Summary {
     pub dims: Vec<(String, usize)>,
     /// How the model is spread over the cluster.
     pub strategy: StrategySpec,
+    /// The replicas each keep a shard of the optimizer's state (`--shard-optimizer`): some
+    /// variable is a replica's shard (named `…/replica_shard`).
+    pub optimizer_sharded: bool,
     pub devices: Vec<DeviceSummary>,
     pub inputs: Vec<TensorSummary>,
     pub outputs: Vec<TensorSummary>,
@@ -37,6 +40,9 @@ pub struct DeviceSummary {
     pub n_nodes: usize,
     pub n_variables: usize,
     pub variable_bytes: u64,
+    /// Of `variable_bytes`, the optimizer's state: its slots, the variables it keeps beside a
+    /// trainable one (with `--shard-optimizer`, this replica's shard of them).
+    pub optimizer_state_bytes: u64,
     /// Node count per op name (`matmul`, `read`, ...).
     pub ops: BTreeMap<String, usize>,
     /// The partition's fused loop kernels (`dfc_passes::fuse`), which the runtime compiles
@@ -91,11 +97,17 @@ pub fn summary(plan: &Plan) -> Summary {
         .map(|(i, p)| {
             let graph = &p.module.graph;
             let mut ops = BTreeMap::new();
-            let (mut n_variables, mut variable_bytes) = (0, 0u64);
+            let (mut n_variables, mut variable_bytes, mut optimizer_state_bytes) = (0, 0u64, 0u64);
+            let trainable = |id: dfc_ir::NodeId| matches!(graph.node(id).op, Op::Variable { trainable: true, .. });
             for id in graph.node_ids() {
-                let op = &graph.node(id).op;
-                *ops.entry(op.name().to_string()).or_insert(0) += 1;
-                if let Op::Variable { ty, .. } = op {
+                let node = graph.node(id);
+                *ops.entry(node.op.name().to_string()).or_insert(0) += 1;
+                if let Op::Variable { ty, trainable: false, .. } = &node.op {
+                    if node.colocate_with.is_some_and(|with| graph.contains(with) && trainable(with)) {
+                        optimizer_state_bytes = optimizer_state_bytes.saturating_add(tensor_bytes(ty));
+                    }
+                }
+                if let Op::Variable { ty, .. } = &node.op {
                     n_variables += 1;
                     variable_bytes = variable_bytes.saturating_add(tensor_bytes(ty));
                 }
@@ -110,6 +122,7 @@ pub fn summary(plan: &Plan) -> Summary {
                 n_nodes: graph.len(),
                 n_variables,
                 variable_bytes,
+                optimizer_state_bytes,
                 ops,
                 kernels,
             }
@@ -138,6 +151,13 @@ pub fn summary(plan: &Plan) -> Summary {
         model: plan.model.clone(),
         dims: plan.dims.clone(),
         strategy: plan.strategy.clone(),
+        optimizer_sharded: plan.partitions.iter().any(|p| {
+            let graph = &p.module.graph;
+            graph.node_ids().any(|id| {
+                let node = graph.node(id);
+                matches!(node.op, Op::Variable { .. }) && node.name.ends_with(dfc_ir::REPLICA_SHARD)
+            })
+        }),
         devices,
         inputs: plan.inputs.iter().map(|io| tensor(&io.name, &io.ty)).collect(),
         outputs: plan.outputs.iter().map(|io| tensor(&io.name, &io.ty)).collect(),
@@ -197,7 +217,11 @@ impl fmt::Display for Summary {
             let dims: Vec<String> = self.dims.iter().map(|(n, v)| format!("{n}={v}")).collect();
             writeln!(f, "dims: {}", dims.join(", "))?;
         }
-        writeln!(f, "strategy: {}", strategy(&self.strategy, self.devices.len()))?;
+        let mut described = strategy(&self.strategy, self.devices.len());
+        if self.optimizer_sharded {
+            described.push_str(", optimizer state sharded over the replicas (ZeRO-1)");
+        }
+        writeln!(f, "strategy: {described}")?;
 
         let tensors = |list: &[TensorSummary]| -> Vec<Vec<String>> {
             list.iter().map(|t| vec![t.name.clone(), format!("{}{}", t.dtype, shape(&t.shape))]).collect()
@@ -243,21 +267,26 @@ impl fmt::Display for Summary {
         }
 
         writeln!(f, "devices")?;
+        // The optimizer's share of the variables, where it keeps any.
+        let with_state = self.devices.iter().any(|d| d.optimizer_state_bytes > 0);
         let devices: Vec<Vec<String>> = self
             .devices
             .iter()
             .map(|d| {
                 let ops: Vec<String> = d.ops.iter().map(|(op, n)| format!("{op} {n}")).collect();
-                vec![
+                let mut row = vec![
                     d.device.clone(),
                     plural(d.n_nodes, "node", "nodes"),
                     plural(d.n_variables, "variable", "variables"),
                     bytes(d.variable_bytes),
-                    format!("({})", ops.join(", ")),
-                ]
+                ];
+                row.extend(with_state.then(|| format!("optimizer state {}", bytes(d.optimizer_state_bytes))));
+                row.push(format!("({})", ops.join(", ")));
+                row
             })
             .collect();
-        table(f, &devices, &[false, true, true, true])?;
+        let right = if with_state { &[false, true, true, true, false][..] } else { &[false, true, true, true][..] };
+        table(f, &devices, right)?;
         let kernels: Vec<Vec<String>> = self
             .devices
             .iter()
@@ -285,8 +314,10 @@ impl fmt::Display for Summary {
 /// `mirrored, 4 replicas, variables round-robin`; `single`.
 fn strategy(s: &StrategySpec, n_devices: usize) -> String {
     let mut text = s.name.clone();
-    if s.replicas > 1 {
-        text.push_str(&format!(", {} replicas", s.replicas));
+    match s.name.as_str() {
+        "model" if s.replicas > 1 => text.push_str(&format!(", a pipeline of {} micro-batches", s.replicas)),
+        _ if s.replicas > 1 => text.push_str(&format!(", {} replicas", s.replicas)),
+        _ => {}
     }
     if s.name == "ps" {
         text.push_str(if s.sync { ", synchronous updates" } else { ", asynchronous updates" });
