@@ -771,3 +771,36 @@ fn shard_optimizer_needs_mirrored_replicas_and_keeps_a_share_each() {
     let padded = 2 * 4 * (784 * 256 / 4 + 256 / 4 + 256 * 256 / 4 + 256 / 4 + 256 * 10 / 4 + 12 / 4);
     assert_eq!(shares, [padded + 4; 4]);
 }
+
+/// `--micro-batches` pipelines the `model` strategy's stages: under another strategy, or as 0,
+/// it is refused in one line; a batch that does not split is located; a pipelined plan says
+/// how many micro-batches it runs.
+#[test]
+fn micro_batches_need_the_model_strategy() {
+    let mlp = root().join("examples/mlp.df");
+    let mlp = mlp.to_str().expect("utf-8");
+    let plan = scratch("micro_batches.plan");
+    let plan = plan.to_str().expect("utf-8");
+    let mirrored =
+        dfc(&["compile", mlp, "--devices", "2", "--strategy", "mirrored", "--micro-batches", "4", "-o", plan]);
+    assert_no_panic(&mirrored);
+    assert_eq!(mirrored.status.code(), Some(1));
+    assert_eq!(
+        text(&mirrored.stderr).trim_end(),
+        "error: --micro-batches pipelines the stages of a model split over the devices, but the strategy is mirrored; use --strategy model"
+    );
+    let zero = dfc(&["compile", mlp, "--devices", "2", "--strategy", "model", "--micro-batches", "0", "-o", plan]);
+    assert_no_panic(&zero);
+    assert_eq!(zero.status.code(), Some(2), "clap refuses 0: {}", text(&zero.stderr));
+    let uneven = dfc(&["compile", mlp, "--devices", "2", "--strategy", "model", "--micro-batches", "3", "-o", plan]);
+    assert_eq!(uneven.status.code(), Some(1));
+    let stderr = text(&uneven.stderr);
+    assert!(
+        stderr.contains("does not split evenly over 3 micro-batches") && stderr.contains("mlp.df:13:5"),
+        "{stderr}"
+    );
+    let pipelined = dfc(&["compile", mlp, "--devices", "2", "--strategy", "model", "--micro-batches", "4", "-o", plan]);
+    assert!(pipelined.status.success(), "{}", text(&pipelined.stderr));
+    let inspected = text(&dfc(&["inspect", plan]).stdout);
+    assert!(inspected.contains("strategy: model, a pipeline of 4 micro-batches"), "{inspected}");
+}
