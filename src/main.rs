@@ -362,6 +362,12 @@ struct DistributeArgs {
     /// one after another, their gradients summed into one update (GPipe).
     #[arg(long, value_name = "M", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=4096))]
     micro_batches: u32,
+    /// With --micro-batches: the order of each stage's passes. 1f1b: once the pipeline is
+    /// full, one forward and one backward pass in turn, so that a stage holds at most as many
+    /// micro-batches' activations as there are stages from it to the last (the default);
+    /// gpipe: every forward pass first.
+    #[arg(long, value_name = "SCHEDULE", value_parser = ["1f1b", "gpipe"])]
+    pipeline_schedule: Option<String>,
     /// Set aside device requests the cluster or the strategy cannot satisfy (with a warning)
     /// instead of failing.
     #[arg(long)]
@@ -660,6 +666,11 @@ fn compile_options(model: &ModelArgs, args: &DistributeArgs) -> Result<dfc_compi
             "--sync applies to --strategy ps only (mirrored and central storage are always synchronous)".into(),
         ));
     }
+    if args.pipeline_schedule.is_some() && args.micro_batches < 2 {
+        return Err(Failure(
+            "--pipeline-schedule orders a pipeline's micro-batches: give --micro-batches M too".into(),
+        ));
+    }
     if args.model_placement.is_some() && args.strategy != "model" {
         return Err(Failure(format!(
             "--model-placement applies to --strategy model, not {}{}",
@@ -726,6 +737,7 @@ fn compile_options(model: &ModelArgs, args: &DistributeArgs) -> Result<dfc_compi
         backup_workers: args.backup_workers,
         shard_optimizer: args.shard_optimizer,
         micro_batches: args.micro_batches,
+        one_forward_one_backward: args.pipeline_schedule.as_deref() != Some("gpipe"),
     })
 }
 

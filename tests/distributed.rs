@@ -1077,3 +1077,41 @@ fn a_pipeline_of_micro_batches_trains_as_one_device() {
 fn node_flops(graph: &dfc_ir::Graph, id: dfc_ir::NodeId) -> f64 {
     dfc_passes::cost::node_flops(graph, id)
 }
+
+/// The order of a pipeline's passes on its first stage (of 2, 4 micro-batches), as the
+/// runtime runs them (`dfc_interp::schedule`): 1F1B holds two micro-batches at a time and
+/// alternates once the pipeline is full; GPipe's runs every forward pass first. Both train
+/// to the same values.
+#[test]
+fn a_pipeline_s_first_stage_runs_its_passes_in_the_schedule_s_order() {
+    let single = plan("mlp", Cluster::local(1, DeviceKind::Cpu), Strategy::Single);
+    let data = batches(&single);
+    let mut trained = Vec::new();
+    for (one_forward_one_backward, expected) in [(true, "F0 F1 B0 F2 B1 F3 B2 B3"), (false, "F0 F1 F2 F3 B0 B1 B2 B3")]
+    {
+        let options = CompileOptions {
+            cluster: Cluster::local(2, DeviceKind::Cpu),
+            strategy: Strategy::Model,
+            micro_batches: 4,
+            one_forward_one_backward,
+            ..CompileOptions::default()
+        };
+        let pipeline = plan_with("mlp", options);
+        let modules: Vec<&dfc_ir::Module> = pipeline.partitions.iter().map(|p| &p.module).collect();
+        let orders = dfc_interp::schedule(&modules).expect("a schedule");
+        let graph = &modules[0].graph;
+        // The first stage's products: a forward one per micro-batch, then its weights' gradient.
+        let passes: Vec<String> = orders[0]
+            .iter()
+            .filter(|&&id| matches!(graph.node(id).op, dfc_ir::Op::MatMul { .. }))
+            .map(|&id| {
+                let name = &graph.node(id).name;
+                let replica = name.strip_prefix("replica_").and_then(|r| r.split('/').next()).expect("a micro-batch's");
+                format!("{}{replica}", if name.contains("/gradients/") { "B" } else { "F" })
+            })
+            .collect();
+        assert_eq!(passes.join(" "), expected, "1F1B: {one_forward_one_backward}");
+        trained.push(train(&pipeline, &data));
+    }
+    assert_eq!(trained[0], trained[1], "the schedule changes the order, not the arithmetic");
+}

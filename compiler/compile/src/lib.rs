@@ -110,6 +110,8 @@ pub struct CompileOptions {
     /// consecutive layers balanced by the cost model, the batch split into M micro-batches
     /// whose gradients are summed into one update (GPipe); 1: no pipeline.
     pub micro_batches: u32,
+    /// `--pipeline-schedule`: with `micro_batches`, 1F1B (the default) or GPipe's.
+    pub one_forward_one_backward: bool,
 }
 
 impl Default for CompileOptions {
@@ -132,6 +134,7 @@ impl Default for CompileOptions {
             backup_workers: 0,
             shard_optimizer: false,
             micro_batches: 1,
+            one_forward_one_backward: true,
         }
     }
 }
@@ -351,7 +354,8 @@ pub fn compile(source: &str, source_name: &str, options: &CompileOptions) -> Res
                 local_sgd: options.sync_every.is_some(),
                 staleness_aware,
                 backup_workers,
-                micro_batches: false,
+                micro_batches: None,
+                one_forward_one_backward: false,
             };
             let (module, found) =
                 dfc_passes::replicate(&per_replica, &full, &replicate).map_err(CompileError::Diagnostics)?;
@@ -670,7 +674,8 @@ fn pipelined(
         local_sgd: false,
         staleness_aware: false,
         backup_workers: 0,
-        micro_batches: true,
+        micro_batches: Some(devices),
+        one_forward_one_backward: options.one_forward_one_backward,
     };
     let (module, _) = dfc_passes::replicate(&per_micro_batch, full, &pipeline).map_err(CompileError::Diagnostics)?;
     Ok(module)

@@ -85,10 +85,17 @@ pub struct ReplicateOptions<'a> {
     /// `Shared { sync: true }` only: replicas beyond the N whose gradients make an update.
     pub backup_workers: usize,
     /// `Shared { sync: true }` only: the replicas are the micro-batches of a pipeline (the
-    /// `model` strategy's `--micro-batches`): each copy of a node keeps the node's request, its
-    /// stage's device (`devices` are unused), and the copies are made micro-batch by
-    /// micro-batch, so that where the runtime has a choice it takes the earlier micro-batch.
-    pub micro_batches: bool,
+    /// `model` strategy's `--micro-batches`) whose stages are these devices, in order: each
+    /// copy of a node keeps the node's request, its stage's device (`devices` are unused), and
+    /// the copies are made micro-batch by micro-batch, so that where the runtime has a choice
+    /// it takes the earlier micro-batch.
+    pub micro_batches: Option<&'a [DeviceSpec]>,
+    /// With `micro_batches`: the 1F1B schedule (PipeDream-Flush). Stage k of K starts the
+    /// forward pass of micro-batch r + K − k only after the backward pass of micro-batch r
+    /// (control edges), so that it holds at most K − k micro-batches' activations and, once
+    /// the pipeline is full, alternates one forward and one backward pass. Without it, GPipe's:
+    /// each stage runs every forward pass it can before the backward ones.
+    pub one_forward_one_backward: bool,
 }
 
 /// The key prefix of local SGD's averaging all-reduces, which tensor fusion keeps apart from
@@ -441,7 +448,7 @@ impl<'a> Builder<'a> {
             }
         }
 
-        if self.options.micro_batches {
+        if self.options.micro_batches.is_some() {
             // The shared state, each micro-batch's copies in turn, then the shared update.
             let computed = order.iter().filter(|&&id| !matches!(graph.node(id).op, Op::Input { .. }));
             let (shared, each): (Vec<NodeId>, Vec<NodeId>) = computed.partition(|&&id| self.is_shared(id));
@@ -460,7 +467,7 @@ impl<'a> Builder<'a> {
                 self.shared_copy(id);
             }
         }
-        for &id in order.iter().filter(|_| !self.options.micro_batches) {
+        for &id in order.iter().filter(|_| self.options.micro_batches.is_none()) {
             if matches!(graph.node(id).op, Op::Input { .. }) {
                 continue;
             }
@@ -474,6 +481,9 @@ impl<'a> Builder<'a> {
             }
         }
         self.control_edges(&order);
+        if let (Some(stages), true) = (self.options.micro_batches, self.options.one_forward_one_backward) {
+            self.one_forward_one_backward(stages);
+        }
         // A step's reads of the versions come before its increments of them.
         for &read in &self.version_reads {
             for &increment in &self.version_increments {
@@ -486,6 +496,41 @@ impl<'a> Builder<'a> {
             }
         }
         self.interface(full);
+    }
+
+    /// The 1F1B schedule's control edges: on stage k of K, from each end of micro-batch r's
+    /// backward pass there (a backward node none of whose users is one) to each start of
+    /// micro-batch r + K − k's forward pass there (a forward node none of whose operands is
+    /// one; constants aside, which are copied wherever they are used).
+    fn one_forward_one_backward(&mut self, stages: &[DeviceSpec]) {
+        let graph = &self.src.graph;
+        let Some(training) = &self.src.training else { return };
+        let mut roots = vec![training.loss.node];
+        roots.extend(self.src.outputs.iter().chain(&self.src.metrics).map(|o| o.tensor.node));
+        let forward: BTreeSet<NodeId> = graph.ancestors(&roots).into_iter().collect();
+        for (k, stage) in stages.iter().enumerate() {
+            let in_flight = stages.len() - k;
+            let per_micro_batch = graph.node_ids().filter(|&id| {
+                let node = graph.node(id);
+                node.requested_device.as_ref() == Some(stage)
+                    && !self.is_shared(id)
+                    && !matches!(node.op, Op::Input { .. } | Op::Const { .. })
+            });
+            let (ahead, back): (BTreeSet<NodeId>, BTreeSet<NodeId>) =
+                per_micro_batch.partition(|id| forward.contains(id));
+            let starts: Vec<NodeId> =
+                ahead.iter().copied().filter(|&id| graph.inputs(id).iter().all(|t| !ahead.contains(&t.node))).collect();
+            let ends: Vec<NodeId> =
+                back.iter().copied().filter(|&id| graph.users(id).iter().all(|u| !back.contains(u))).collect();
+            for r in 0..self.replicas().saturating_sub(in_flight) {
+                for &end in &ends {
+                    for &start in &starts {
+                        let (before, after) = (self.copies[r][&end], self.copies[r + in_flight][&start]);
+                        self.out.graph.add_control_edge(before, after);
+                    }
+                }
+            }
+        }
     }
 
     fn local_sgd(&self) -> bool {
@@ -971,7 +1016,7 @@ impl<'a> Builder<'a> {
     /// The device replica `r`'s copy of `id` is requested on: the replica's device, checked
     /// against what the source asked for.
     fn request(&mut self, id: NodeId, r: usize) -> Option<DeviceSpec> {
-        if self.options.micro_batches {
+        if self.options.micro_batches.is_some() {
             return self.src.graph.node(id).requested_device.clone();
         }
         let device = self.options.devices[r].clone();
@@ -1114,8 +1159,8 @@ impl<'a> Builder<'a> {
         let parts: Vec<TensorRef> = (0..n).map(|r| self.part(tensor, r)).collect();
         // A pipeline's micro-batches meet on the stage that computes them.
         let home = match self.options.micro_batches {
-            true => self.src.graph.node(tensor.node).requested_device.clone(),
-            false => Some(self.home()),
+            Some(_) => self.src.graph.node(tensor.node).requested_device.clone(),
+            None => Some(self.home()),
         };
         let g: &mut Graph = &mut self.out.graph;
         if stacked {

@@ -58,7 +58,8 @@ fn mirrored(example: &str, replicas: usize) -> Module {
         local_sgd: false,
         staleness_aware: false,
         backup_workers: 0,
-        micro_batches: false,
+        micro_batches: None,
+        one_forward_one_backward: false,
     };
     let (module, _) = dfc_passes::replicate(&per_replica, &full, &options).expect("replicates");
     module
