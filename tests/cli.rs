@@ -804,3 +804,26 @@ fn micro_batches_need_the_model_strategy() {
     let inspected = text(&dfc(&["inspect", plan]).stdout);
     assert!(inspected.contains("strategy: model, a pipeline of 4 micro-batches"), "{inspected}");
 }
+
+/// `--strategy auto` compares sharded optimizers and pipelines itself: asking for either
+/// beside it is refused in one line, and so is a schedule without micro-batches.
+#[test]
+fn auto_and_pipeline_schedules_refuse_what_they_choose_themselves() {
+    let mlp = root().join("examples/mlp.df");
+    let mlp = mlp.to_str().expect("utf-8");
+    let plan = scratch("auto_refusals.plan");
+    let plan = plan.to_str().expect("utf-8");
+    let cases: [(&[&str], &str); 3] = [
+        (&["--strategy", "auto", "--shard-optimizer"], "--strategy auto compares mirrored replicas with and without a sharded optimizer itself; leave out --shard-optimizer"),
+        (&["--strategy", "auto", "--micro-batches", "4"], "--strategy auto compares pipelines of 2, 4 and 8 micro-batches itself; leave out --micro-batches"),
+        (&["--strategy", "model", "--pipeline-schedule", "gpipe"], "--pipeline-schedule orders a pipeline's micro-batches: give --micro-batches M too"),
+    ];
+    for (extra, expected) in cases {
+        let mut args = vec!["compile", mlp, "--devices", "2", "-o", plan];
+        args.extend_from_slice(extra);
+        let refused = dfc(&args);
+        assert_no_panic(&refused);
+        assert_eq!(refused.status.code(), Some(1), "{extra:?}");
+        assert_eq!(text(&refused.stderr).trim_end(), format!("error: {expected}"), "{extra:?}");
+    }
+}

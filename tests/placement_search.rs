@@ -153,7 +153,7 @@ fn strategy_auto_chooses_the_fastest_candidate_it_reports() {
             stderr.contains(&format!("{strategy}, chosen by --strategy auto")),
             "the plan is the chosen candidate's: {stderr}"
         );
-        let expected = if devices[1] == "4" { 8 } else { 5 };
+        let expected = if devices[1] == "4" { 11 } else { 5 };
         assert!(stdout.starts_with(&format!("strategy auto: {expected} candidates")), "{stdout}");
         let inspect = dfc(&["inspect", plan.to_str().unwrap()]);
         assert!(inspect.status.success(), "the chosen plan is an ordinary plan");

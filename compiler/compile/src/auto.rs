@@ -2,7 +2,8 @@
 //! cost model's simulation of its plan; the fastest becomes the plan, an ordinary one.
 //!
 //! The candidates, in order: single; model with the searched placement and with the
-//! earliest-finish one; mirrored; mirrored with the optimizer sharded over the replicas
+//! earliest-finish one; model as a pipeline of 2, 4 and 8 micro-batches (stages cut by
+//! FLOPs); mirrored; mirrored with the optimizer sharded over the replicas
 //! (ZeRO-1: the same training in less memory); synchronous ps; central storage. A candidate that the cluster
 //! or the model rules out (no `ps` job, no `minimize`, a batch that does not split) is listed
 //! with the reason and set aside. A later candidate wins only if it is predicted more than
@@ -22,6 +23,9 @@ use std::time::Instant;
 
 /// A later candidate must be predicted this much faster than the best before it to win.
 const MARGIN: f64 = 0.02;
+
+/// The micro-batch counts of the pipelines compared (1F1B, or the user's schedule).
+const PIPELINE_MICRO_BATCHES: [u32; 3] = [2, 4, 8];
 
 /// What `--strategy auto` compared.
 #[derive(Clone, Debug, PartialEq)]
@@ -55,6 +59,7 @@ fn candidates(options: &CompileOptions) -> Vec<(String, CompileOptions, bool)> {
         strategy,
         model_placement,
         shard_optimizer: false,
+        micro_batches: 1,
         ..options.clone()
     };
     let searched = ModelPlacement::Searched(Budget::default());
@@ -66,6 +71,10 @@ fn candidates(options: &CompileOptions) -> Vec<(String, CompileOptions, bool)> {
             with(Strategy::Model, ModelPlacement::EarliestFinish),
             false,
         ));
+        for micro_batches in PIPELINE_MICRO_BATCHES {
+            let pipeline = CompileOptions { micro_batches, ..with(Strategy::Model, ModelPlacement::EarliestFinish) };
+            list.push((format!("model, a pipeline of {micro_batches} micro-batches"), pipeline, false));
+        }
     }
     list.push(("mirrored".into(), with(Strategy::Mirrored, ModelPlacement::EarliestFinish), false));
     let sharded = CompileOptions { shard_optimizer: true, ..with(Strategy::Mirrored, ModelPlacement::EarliestFinish) };

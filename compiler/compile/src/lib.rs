@@ -222,6 +222,11 @@ pub fn compile(source: &str, source_name: &str, options: &CompileOptions) -> Res
             "--strategy auto compares mirrored replicas with and without a sharded optimizer itself; leave out --shard-optimizer".into(),
         ));
     }
+    if options.strategy == Strategy::Auto && options.micro_batches > 1 {
+        return Err(CompileError::Usage(
+            "--strategy auto compares pipelines of 2, 4 and 8 micro-batches itself; leave out --micro-batches".into(),
+        ));
+    }
     if options.strategy == Strategy::Auto {
         let (mut compiled, report) = auto::compile_auto(source, source_name, options)?;
         compiled.auto = Some(report);
