@@ -2,8 +2,7 @@
 //! cost model's simulation of its plan; the fastest becomes the plan, an ordinary one.
 //!
 //! The candidates, in order: single; model with the searched placement and with the
-//! earliest-finish one; model as a pipeline of 2, 4 and 8 micro-batches (stages cut by
-//! FLOPs); mirrored; mirrored with the optimizer sharded over the replicas
+//! earliest-finish one; model as a pipeline of 2, 4 and 8 micro-batches; mirrored; mirrored with the optimizer sharded over the replicas
 //! (ZeRO-1: the same training in less memory); synchronous ps; central storage. A candidate that the cluster
 //! or the model rules out (no `ps` job, no `minimize`, a batch that does not split) is listed
 //! with the reason and set aside. A later candidate wins only if it is predicted more than

@@ -669,7 +669,7 @@ fn pipelined(
     }
     let micro_batches = options.micro_batches as usize;
     let mut per_micro_batch = per_replica_module(source, full, micro_batches, options, shard)?;
-    dfc_passes::assign_stages(&mut per_micro_batch, devices);
+    dfc_passes::assign_stages(&mut per_micro_batch, devices, &options.cost_model);
     let pipeline = ReplicateOptions {
         replication: Replication::Shared { sync: true },
         devices: &vec![devices[0].clone(); micro_batches],

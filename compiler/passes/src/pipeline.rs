@@ -6,8 +6,9 @@
 //!
 //! - The forward pass's compute (what the loss, outputs and metrics need, but for inputs,
 //!   constants, variables and their reads) is cut, in topological order, into one contiguous
-//!   run per device, each of about the same cost: a node's FLOPs (`cost::node_flops`) and
-//!   those of the backward nodes that differentiate it.
+//!   run per device, each of about the same cost: a node's time in the cost model (from this
+//!   host's profile where it has one, else its FLOPs at the assumed rate) and that of the
+//!   backward nodes that differentiate it.
 //! - A variable and its reads are on the stage of the variable's first forward use; an input
 //!   or a constant on its first user's.
 //! - Every other node (the backward pass, the optimizer's update) is on the stage of what it
@@ -15,14 +16,14 @@
 //!   `gradients/<node>/…`, the optimizer an update `<variable>/update/…`), else the node it is
 //!   colocated with, else its latest operand's.
 
-use crate::cost::node_flops;
+use crate::cost::{self, CostModel};
 use dfc_ir::{DeviceSpec, Module, NodeId, Op};
 use std::collections::{HashMap, HashSet};
 
 /// Requests every node of `module` on one of `devices`, its pipeline stage (see the module's
 /// comment). Nothing is requested where `devices` is empty.
-pub fn assign_stages(module: &mut Module, devices: &[DeviceSpec]) {
-    let Some(stages) = stages(module, devices.len()) else { return };
+pub fn assign_stages(module: &mut Module, devices: &[DeviceSpec], model: &CostModel) {
+    let Some(stages) = stages(module, devices.len(), model) else { return };
     for (id, stage) in stages {
         let device = devices[stage].clone();
         module.graph.request(id, Some(device), None);
@@ -31,7 +32,7 @@ pub fn assign_stages(module: &mut Module, devices: &[DeviceSpec]) {
 
 /// Each node's stage of `n`, or `None` for a module that is not a training module or an empty
 /// pipeline.
-fn stages(module: &Module, n: usize) -> Option<HashMap<NodeId, usize>> {
+fn stages(module: &Module, n: usize, model: &CostModel) -> Option<HashMap<NodeId, usize>> {
     let training = module.training.as_ref()?;
     if n == 0 {
         return None;
@@ -59,12 +60,26 @@ fn stages(module: &Module, n: usize) -> Option<HashMap<NodeId, usize>> {
         by_name.get(name).copied().filter(|&owner| owner != id && forward.contains(&owner))
     };
 
-    // The forward compute's weights: its own FLOPs and its backward nodes'.
+    // The forward compute's weights: its own time and its backward nodes'. A node of no time
+    // (one inside a fused kernel, whose root has the kernel's) weighs a nanosecond, so that
+    // every node has a place in the cut.
+    let profiled = model.profile.as_ref().map(|p| cost::profiled_seconds(module, p.full()));
+    let seconds = |id: NodeId| {
+        let s = match &profiled {
+            Some(times) => times.get(id.index()).copied().unwrap_or(0.0),
+            None => cost::node_flops(graph, id) / model.flops_per_second,
+        };
+        if s.is_finite() {
+            s.max(1e-9)
+        } else {
+            1e-9
+        }
+    };
     let mut weight: HashMap<NodeId, f64> = HashMap::new();
     for &id in &order {
         let owner = if forward.contains(&id) { Some(id) } else { scope_of(id).filter(|o| forward.contains(o)) };
         if let Some(owner) = owner.filter(|&o| !is_source(o)) {
-            *weight.entry(owner).or_default() += node_flops(graph, id).max(1.0);
+            *weight.entry(owner).or_default() += seconds(id);
         }
     }
     let compute: Vec<NodeId> = order.iter().copied().filter(|id| forward.contains(id) && !is_source(*id)).collect();
