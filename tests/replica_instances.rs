@@ -26,7 +26,9 @@ fn cluster(spec: &str) -> Cluster {
 }
 
 /// A model that fetches its inputs as they are (each replica's slice of one is an output that
-/// lives where the input does), one only so, and has one it does not use.
+/// lives where the input does), one only so, and has one it does not use; and whose slice is
+/// named as a sharded optimizer's replica shards are not (they end in `@replica_shard`), so
+/// that instances leave it as it is.
 const ECHO: &str = "
 model echo {
     dim batch = 24
@@ -35,7 +37,8 @@ model echo {
     input unused: f32[batch, 2]
     param w: f32[4, 4] = glorot_uniform
     let y = x @ w
-    output x, y, shown
+    let replica_shard = slice(y, begin = [0, 1], size = [-1, 2])
+    output x, y, shown, replica_shard
     minimize mean((y - x) * (y - x)) with sgd(lr = 0.1)
 }
 ";

@@ -11,7 +11,7 @@
 //!   `from;name';Dr`, with name' renamed as above;
 //! - an all-reduce of replica t is replica r's, and so is the slot of a `pad` named
 //!   `…/replica_slot` (an all-gather's: the replica's rows at its index along axis 0), and
-//!   the shard of a `slice` or a variable named `…/replica_shard` (a sharded optimizer's:
+//!   the shard of a `slice` or a variable named `…@replica_shard` (a sharded optimizer's:
 //!   the replica's rows of a tensor split over the replicas along axis 0).
 //!
 //! Everything else (ops, types, edges, spans, colocations, the module's lists) is the
@@ -27,7 +27,9 @@ pub const REPLICA_SLOT: &str = "/replica_slot";
 /// The name ending of a `slice` that takes a replica's shard of a tensor split evenly over
 /// the replicas along axis 0 (`begin` = replica × `size`), or of a variable that holds such a
 /// shard (its `origin`'s `offset`): a sharded optimizer's, moved by instances to their own.
-pub const REPLICA_SHARD: &str = "/replica_shard";
+/// No name the language gives ends so (`@` is in no identifier), so a model's own slice is
+/// never taken for one.
+pub const REPLICA_SHARD: &str = "@replica_shard";
 use serde::{Deserialize, Serialize};
 
 /// Replica `replica` on `device`, a copy of the partition that is replica `template_replica`.
@@ -160,7 +162,7 @@ impl Renamer {
     }
 }
 
-/// `op`, the `slice` or variable of replica `from`'s shard (named `…/replica_shard`), as
+/// `op`, the `slice` or variable of replica `from`'s shard (named `…@replica_shard`), as
 /// replica `to`'s: the same size, `to` shards along axis 0. An error where `op` is not
 /// replica `from`'s shard, or replica `to`'s would not fit in the whole.
 pub fn replica_shard(op: &Op, from: u32, to: u32) -> Result<Op, String> {

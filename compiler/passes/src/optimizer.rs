@@ -27,8 +27,8 @@
 //! the replica's shard: the gradient is the replicas' mean (`CrossReplicaMean`, which
 //! replication makes an all-reduce and a scale, as a mirrored gradient is), flattened and
 //! padded to N × S elements (S = ⌈elements / N⌉); the replica takes its S of it and of the
-//! variable's value (slices named `…/replica_shard`, which replication and instances move to
-//! each replica's rows), its slots hold S elements (variables named `…/replica_shard`, shards
+//! variable's value (slices named `…@replica_shard`, which replication and instances move to
+//! each replica's rows), its slots hold S elements (variables named `…@replica_shard`, shards
 //! of the whole slot), and the new shard is all-gathered (each replica's in its slot of an
 //! `[N, S]` tensor, `…/replica_slot`, summed by an all-reduce) and assigned whole. The
 //! arithmetic of each element is the unsharded update's. A lookup's gradient (rows, not a
@@ -171,7 +171,6 @@ pub fn apply_optimizer(module: &mut Module, options: &OptimizerOptions) {
             None => (g, None, ty.shape.clone()),
         };
         u.shards = layout;
-        let ty = dfc_ir::TensorType::new(dtype, slot_shape);
         let lr = match (&optimizer.schedule, global_step.filter(|_| optimizer.schedule.is_some())) {
             (Some(schedule), Some(step)) => *scheduled.entry(dtype).or_insert_with(|| {
                 let op = Op::LearningRate { schedule: schedule.clone(), dtype };
@@ -184,7 +183,7 @@ pub fn apply_optimizer(module: &mut Module, options: &OptimizerOptions) {
         let delta = match optimizer.kind {
             OptimizerKind::Sgd => u.mul(lr, g),
             OptimizerKind::Momentum { momentum, nesterov } => {
-                let slot = u.slot(&format!("{name}/momentum"), dtype, &ty.shape, Initializer::Zeros);
+                let slot = u.slot(&format!("{name}/momentum"), dtype, &slot_shape, Initializer::Zeros);
                 let old = u.read(slot);
                 let m = u.constant(dtype, momentum);
                 let decayed = u.mul(m, old);
@@ -201,8 +200,8 @@ pub fn apply_optimizer(module: &mut Module, options: &OptimizerOptions) {
             }
             OptimizerKind::Adam { beta1, beta2, epsilon } => {
                 let t = step.expect("adam has a step counter");
-                let m_slot = u.slot(&format!("{name}/adam_m"), dtype, &ty.shape, Initializer::Zeros);
-                let v_slot = u.slot(&format!("{name}/adam_v"), dtype, &ty.shape, Initializer::Zeros);
+                let m_slot = u.slot(&format!("{name}/adam_m"), dtype, &slot_shape, Initializer::Zeros);
+                let v_slot = u.slot(&format!("{name}/adam_v"), dtype, &slot_shape, Initializer::Zeros);
                 let m = u.moving_average(m_slot, g, beta1, false);
                 let v = u.moving_average(v_slot, g, beta2, true);
                 updates.extend([m.node, v.node]);
@@ -227,7 +226,7 @@ pub fn apply_optimizer(module: &mut Module, options: &OptimizerOptions) {
                 let slot = u.slot(
                     &format!("{name}/adagrad"),
                     dtype,
-                    &ty.shape,
+                    &slot_shape,
                     Initializer::Constant { value: initial_accumulator },
                 );
                 let g2 = u.mul(g, g);
@@ -237,13 +236,13 @@ pub fn apply_optimizer(module: &mut Module, options: &OptimizerOptions) {
                 u.mul(lr, normalised)
             }
             OptimizerKind::RmsProp { rho, momentum, epsilon } => {
-                let ms_slot = u.slot(&format!("{name}/rms"), dtype, &ty.shape, Initializer::Zeros);
+                let ms_slot = u.slot(&format!("{name}/rms"), dtype, &slot_shape, Initializer::Zeros);
                 let ms = u.moving_average(ms_slot, g, rho, true);
                 updates.push(ms.node);
                 let normalised = u.normalise(g, ms, epsilon);
                 let step = u.mul(lr, normalised);
                 if momentum > 0.0 {
-                    let mom_slot = u.slot(&format!("{name}/rms_momentum"), dtype, &ty.shape, Initializer::Zeros);
+                    let mom_slot = u.slot(&format!("{name}/rms_momentum"), dtype, &slot_shape, Initializer::Zeros);
                     let old = u.read(mom_slot);
                     let m = u.constant(dtype, momentum);
                     let decayed = u.mul(m, old);
@@ -268,7 +267,7 @@ pub fn apply_optimizer(module: &mut Module, options: &OptimizerOptions) {
         let update = match (layout, current) {
             (Some(layout), Some(current)) => {
                 let new = u.binary(BinaryOp::Sub, current, delta);
-                let whole = u.all_gathered(new, layout, &name, &graph_shape(u.graph, variable));
+                let whole = u.all_gathered(new, layout, &name, &ty.shape);
                 u.add(Op::Assign, &[variable.into(), whole])
             }
             _ => u.add(Op::AssignSub, &[variable.into(), delta]),
@@ -327,10 +326,6 @@ struct Updater<'g> {
     scope: String,
     /// Sharded: slots hold the replica's shard of the whole slot.
     shards: Option<ShardLayout>,
-}
-
-fn graph_shape(graph: &Graph, variable: NodeId) -> Shape {
-    graph.node(variable).outputs[0].shape.clone()
 }
 
 impl Updater<'_> {

@@ -311,6 +311,8 @@ struct Builder<'a> {
     gates: HashMap<NodeId, NodeId>,
     /// Backup workers: the emptying of the accumulators and counts and the versions' counts.
     backup_updates: Vec<NodeId>,
+    /// Per replica, what makes replica 0's replica-dependent ops (a sharded optimizer's) its own.
+    renamers: Vec<dfc_ir::Renamer>,
 }
 
 impl<'a> Builder<'a> {
@@ -352,6 +354,12 @@ impl<'a> Builder<'a> {
             arrivals: HashMap::new(),
             gates,
             backup_updates: Vec::new(),
+            renamers: options
+                .devices
+                .iter()
+                .enumerate()
+                .map(|(r, device)| dfc_ir::Renamer::new(0, &options.devices[0], r as u32, device))
+                .collect(),
         }
     }
 
@@ -592,11 +600,8 @@ impl<'a> Builder<'a> {
         // replica r's; such a variable is a shard of its own, not a mirror.
         let mut replica_specific = false;
         if let Some(r) = replica {
-            let devices = self.options.devices;
-            let renamer = dfc_ir::Renamer::new(0, &devices[0], r as u32, &devices[r]);
-            if let Some(specific) =
-                renamer.replica_op(&node.name, &op).expect("the optimizer builds replica 0's shards")
-            {
+            let specific = self.renamers[r].replica_op(&node.name, &op);
+            if let Some(specific) = specific.expect("the optimizer builds replica 0's shards") {
                 op = specific;
                 replica_specific = true;
             }

@@ -21,7 +21,7 @@ pub struct Summary {
     /// How the model is spread over the cluster.
     pub strategy: StrategySpec,
     /// The replicas each keep a shard of the optimizer's state (`--shard-optimizer`): some
-    /// variable is a replica's shard (named `…/replica_shard`).
+    /// variable is a replica's shard (named `…@replica_shard`).
     pub optimizer_sharded: bool,
     pub devices: Vec<DeviceSummary>,
     pub inputs: Vec<TensorSummary>,
