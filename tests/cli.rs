@@ -719,6 +719,14 @@ fn compile_timings_list_every_stage() {
     assert!(stderr.contains("peak rss:"), "{stderr}");
 }
 
+/// What `dfc args` says when it refuses them: exit status 1 without a panic, and its stderr.
+fn refused(args: &[&str]) -> String {
+    let output = dfc(args);
+    assert_no_panic(&output);
+    assert_eq!(output.status.code(), Some(1), "dfc {}", args.join(" "));
+    text(&output.stderr).trim_end().to_string()
+}
+
 /// `--shard-optimizer` shards mirrored replicas' optimizer state: under another strategy, or
 /// with local SGD's replicas that update on their own, it is refused in one line; a mirrored
 /// plan says so, and each device keeps a quarter of the state plain mirrored keeps on 4.
@@ -728,28 +736,12 @@ fn shard_optimizer_needs_mirrored_replicas_and_keeps_a_share_each() {
     let mlp = mlp.to_str().expect("utf-8");
     let plan = scratch("shard_optimizer.plan");
     let plan = plan.to_str().expect("utf-8");
-    let ps = dfc(&["compile", mlp, "--devices", "2", "--strategy", "ps", "--sync", "--shard-optimizer", "-o", plan]);
-    assert_no_panic(&ps);
-    assert_eq!(ps.status.code(), Some(1));
     assert_eq!(
-        text(&ps.stderr).trim_end(),
+        refused(&["compile", mlp, "--devices", "2", "--strategy", "ps", "--sync", "--shard-optimizer", "-o", plan]),
         "error: --shard-optimizer splits the optimizer's state over mirrored replicas that step together, but the ps strategy has no mirrored replicas; use --strategy mirrored without --sync-every"
     );
-    let local = dfc(&[
-        "compile",
-        mlp,
-        "--devices",
-        "2",
-        "--strategy",
-        "mirrored",
-        "--sync-every",
-        "4",
-        "--shard-optimizer",
-        "-o",
-        plan,
-    ]);
-    assert_eq!(local.status.code(), Some(1));
-    let stderr = text(&local.stderr);
+    let local = ["--strategy", "mirrored", "--sync-every", "4", "--shard-optimizer"];
+    let stderr = refused(&[&["compile", mlp, "--devices", "2", "-o", plan][..], &local].concat());
     assert!(stderr.contains("with --sync-every 4 each replica updates on its own"), "{stderr}");
     let state = |sharded: bool| {
         let mut args =
@@ -781,20 +773,15 @@ fn micro_batches_need_the_model_strategy() {
     let mlp = mlp.to_str().expect("utf-8");
     let plan = scratch("micro_batches.plan");
     let plan = plan.to_str().expect("utf-8");
-    let mirrored =
-        dfc(&["compile", mlp, "--devices", "2", "--strategy", "mirrored", "--micro-batches", "4", "-o", plan]);
-    assert_no_panic(&mirrored);
-    assert_eq!(mirrored.status.code(), Some(1));
     assert_eq!(
-        text(&mirrored.stderr).trim_end(),
+        refused(&["compile", mlp, "--devices", "2", "--strategy", "mirrored", "--micro-batches", "4", "-o", plan]),
         "error: --micro-batches pipelines the stages of a model split over the devices, but the strategy is mirrored; use --strategy model"
     );
     let zero = dfc(&["compile", mlp, "--devices", "2", "--strategy", "model", "--micro-batches", "0", "-o", plan]);
     assert_no_panic(&zero);
     assert_eq!(zero.status.code(), Some(2), "clap refuses 0: {}", text(&zero.stderr));
-    let uneven = dfc(&["compile", mlp, "--devices", "2", "--strategy", "model", "--micro-batches", "3", "-o", plan]);
-    assert_eq!(uneven.status.code(), Some(1));
-    let stderr = text(&uneven.stderr);
+    let stderr =
+        refused(&["compile", mlp, "--devices", "2", "--strategy", "model", "--micro-batches", "3", "-o", plan]);
     assert!(
         stderr.contains("does not split evenly over 3 micro-batches") && stderr.contains("mlp.df:13:5"),
         "{stderr}"
@@ -821,9 +808,6 @@ fn auto_and_pipeline_schedules_refuse_what_they_choose_themselves() {
     for (extra, expected) in cases {
         let mut args = vec!["compile", mlp, "--devices", "2", "-o", plan];
         args.extend_from_slice(extra);
-        let refused = dfc(&args);
-        assert_no_panic(&refused);
-        assert_eq!(refused.status.code(), Some(1), "{extra:?}");
-        assert_eq!(text(&refused.stderr).trim_end(), format!("error: {expected}"), "{extra:?}");
+        assert_eq!(refused(&args), format!("error: {expected}"), "{extra:?}");
     }
 }
