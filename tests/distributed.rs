@@ -160,6 +160,11 @@ fn check(example: &str) {
         assert_same(&format!("{example}, {what}"), &reference, &train(&plan, &data), 1e-4);
     }
 
+    // A replica alone does single's work: no all-reduce, the same numbers exactly.
+    let alone = plan(example, Cluster::local(1, DeviceKind::Cpu), Strategy::Mirrored);
+    assert_eq!(all_reduces(&alone), [0], "{example}, mirrored on 1 device");
+    assert_same(&format!("{example}, mirrored on 1 device"), &reference, &train(&alone, &data), 0.0);
+
     // Model parallelism moves tensors, not arithmetic: the same numbers exactly.
     let model = plan(example, Cluster::local(3, DeviceKind::Cpu), Strategy::Model);
     assert_same(&format!("{example}, model parallel on 3 devices"), &reference, &train(&model, &data), 0.0);

@@ -372,6 +372,12 @@ pub fn compile(source: &str, source_name: &str, options: &CompileOptions) -> Res
             verify_after(&module, "replicate");
             clock.lap("replicate");
             let mut module = module;
+            // A replica alone: its all-reduces, the mean's scale by one and the batch's slice
+            // are its own tensors, which simplification removes (the plan of `single`'s work).
+            if layout.replicas.len() == 1 {
+                dfc_passes::simplify(&mut module);
+                verify_after(&module, "simplify");
+            }
             dfc_passes::fuse_all_reduces(&mut module, &options.fusion, built.map(|b| b as u32));
             verify_after(&module, "fuse_all_reduces");
             clock.lap("fuse all-reduces");

@@ -11,14 +11,16 @@
 //!   (the runtime saturates).
 //! - **Algebraic identities**, only where the result has the type of `x` (broadcasting may
 //!   change a shape): `x * 1`, `1 * x`, `x + 0`, `0 + x`, `x - 0`, `x / 1`, `neg(neg(x))`,
-//!   `identity(x)`, `reshape` to `x`'s own shape, `transpose` by the identity permutation and
-//!   `cast` to `x`'s own dtype are `x`. (`stop_gradient` stays: it matters to autodiff.)
+//!   `identity(x)`, `reshape` to `x`'s own shape, `transpose` by the identity permutation,
+//!   `cast` to `x`'s own dtype, a slice of all of `x` and an all-reduce over one member are
+//!   `x`. (`stop_gradient` stays: it matters to autodiff.)
 //! - **Common subexpressions.** Nodes with the same op and attributes (constants compared bit
 //!   for bit), the same operands in order, the same control inputs and the same requested and
 //!   assigned devices are merged into the first in topological order. Stateful ops, `read`
 //!   (two reads of one variable may see different values) and `input` are never merged.
 //! - **Dead nodes.** Nodes that no output, metric, loss, gradient or update needs are removed;
-//!   inputs, variables and assignments stay, whatever uses them.
+//!   inputs, variables, assignments and exchanges stay, whatever uses them, except an
+//!   all-reduce over one member.
 //!
 //! Users of a replaced tensor, and the module's outputs, metrics, loss and gradients, are
 //! rewired to its replacement, except that the module's references never move to an `input`
@@ -467,6 +469,9 @@ fn identity_operand(graph: &Graph, id: NodeId) -> Option<TensorRef> {
         Op::Reshape { shape } if *shape == graph.ty(inputs[0]).shape => inputs[0],
         Op::Transpose { perm } if perm.iter().enumerate().all(|(i, &p)| i == p) => inputs[0],
         Op::Cast { to } if *to == graph.ty(inputs[0]).dtype => inputs[0],
+        // Summed over one member (a replica alone).
+        Op::AllReduce { group_size: 1, .. } => inputs[0],
+        Op::Slice { begin, .. } if begin.iter().all(|&b| b == 0) => inputs[0],
         Op::Unary(UnaryOp::Neg) => {
             let inner = inputs[0].node;
             let double =
@@ -576,9 +581,10 @@ fn remove_dead_nodes(module: &mut Module) -> bool {
         roots.extend(training.gradients.iter().flat_map(|(v, g)| [*v, g.node]));
         roots.extend(&training.updates);
     }
+    // An all-reduce over one member waits for no one: unused, it is dead like any other node.
     roots.extend(graph.node_ids().filter(|&id| {
         let op = &graph.node(id).op;
-        matches!(op, Op::Input { .. }) || op.is_stateful()
+        matches!(op, Op::Input { .. }) || (op.is_stateful() && !matches!(op, Op::AllReduce { group_size: 1, .. }))
     }));
     let live = graph.ancestors(&roots);
     let dead: Vec<NodeId> = graph.node_ids().filter(|id| !live.contains(id)).collect();

@@ -180,3 +180,36 @@ fn the_loss_and_gradients_are_rewired() {
     assert_eq!(module.graph.node(loss.node).name, "s", "the identity is bypassed");
     assert!(!module.graph.node_ids().any(|id| module.graph.node(id).name == "loss"));
 }
+
+#[test]
+fn a_lone_replicas_all_reduce_and_whole_slice_are_their_operands_and_go_when_unused() {
+    let all_reduce = |group_size: u32| Op::AllReduce { key: "gradients/v".into(), group_size, replica: 0 };
+    let whole = Op::Slice { begin: vec![0], size: vec![2] };
+    let module = module_with(|m| {
+        let x = input(m, "x");
+        let sliced = add(m, whole.clone(), &[x.into()], "sliced");
+        let summed = add(m, all_reduce(1), &[sliced], "summed");
+        let y = add(m, Op::Unary(UnaryOp::Exp), &[summed], "y");
+        // Unused: a lone all-reduce goes; one of two members must still be entered.
+        add(m, all_reduce(1), &[x.into()], "lone");
+        add(m, Op::AllReduce { key: "other".into(), group_size: 2, replica: 0 }, &[x.into()], "shared");
+        vec![y]
+    });
+    let module = simplified(module);
+    let names: Vec<&str> = module.graph.node_ids().map(|id| module.graph.node(id).name.as_str()).collect();
+    assert_eq!(names, ["x", "y", "shared"], "{}", dfc_ir::print(&module));
+    let y = module.outputs[0].tensor;
+    assert_eq!(module.graph.node(module.graph.inputs(y.node)[0].node).name, "x");
+}
+
+#[test]
+fn a_slice_of_part_of_its_operand_stays() {
+    let module = module_with(|m| {
+        let x = input(m, "x");
+        let tail = add(m, Op::Slice { begin: vec![1], size: vec![1] }, &[x.into()], "tail");
+        let head = add(m, Op::Slice { begin: vec![0], size: vec![1] }, &[x.into()], "head");
+        vec![tail, head]
+    });
+    let module = simplified(module);
+    assert_eq!(module.graph.len(), 3, "{}", dfc_ir::print(&module));
+}
