@@ -2,19 +2,21 @@
 # The cost model's prediction against the measured step (a benchmark, not a test):
 #
 #   benches/predict.sh [MODEL...]   (default: mlp cnn softmax_regression; env STEPS=200,
-#                                    CALIBRATE=1 to run `dfc calibrate` first, DATA)
+#                                    ROUNDS=3, CALIBRATE=1 to run `dfc calibrate` first, DATA)
 #
 # Each model is compiled under single (1 worker), mirrored (1, 2 and 4 workers), ps --sync
 # (1 ps task and 1 or 2 workers) and model (2 workers), and trained STEPS steps of Fashion-MNIST
 # on `dfc run --spawn` workers with --timeline; `dfc run` then prints the median step (the
 # driver's step spans) beside the step the cost model predicts from this host's profile for the
-# way it ran. The same plans on one process: `dfc bench`'s median beside its prediction.
+# way it ran. The same plans on one process: `dfc bench`'s median beside its prediction. Each
+# plan runs ROUNDS times, a round over all of them at a time, and a row is its rounds' median.
 # Prints each row's error (predicted / measured - 1), then the median and worst |error| of each
 # set, and whether each model's plans are ordered alike by the predictions and the
 # measurements.
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 STEPS=${STEPS:-200}
+ROUNDS=${ROUNDS:-3}
 DATA=${DATA:-/usr/share/datasets/fashion-mnist}
 MODELS=("$@"); [ $# -eq 0 ] && MODELS=(mlp cnn softmax_regression)
 cd "$REPO"
@@ -23,7 +25,7 @@ dfc=$REPO/target/release/dfc
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 [ "${CALIBRATE:-0}" = 1 ] && "$dfc" calibrate >&2
-echo "cpu: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; $STEPS steps a run"
+echo "cpu: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; $STEPS steps a run, $ROUNDS rounds"
 
 cluster() {  # workers → a cluster file of 1 ps task and N-1 worker tasks (addresses unused: --spawn)
     python3 - "$1" <<'PY'
@@ -34,6 +36,7 @@ PY
 }
 
 : >"$dir/rows"
+plans=()
 for model in "${MODELS[@]}"; do
     configs=("single 1" "mirrored 1" "mirrored 2" "mirrored 4" "ps 2" "ps 3" "model 2")
     for config in "${configs[@]}"; do
@@ -46,6 +49,16 @@ for model in "${MODELS[@]}"; do
         esac
         "$dfc" compile "examples/$model.df" "${flags[@]}" -o "$plan" >/dev/null 2>"$dir/err" || {
             echo "$model $strategy $workers: does not compile: $(head -1 "$dir/err")" >&2; continue; }
+        plans+=("$model $strategy $workers")
+    done
+done
+
+# Rounds over all the plans, so that a slow spell of this host falls on one run of many plans
+# rather than on every run of one.
+for round in $(seq "$ROUNDS"); do
+    for entry in "${plans[@]}"; do
+        read -r model strategy workers <<<"$entry"
+        plan=$dir/$model-$strategy-$workers.plan
         "$dfc" run "$plan" --spawn "$workers" --feed images="$DATA/train-images-idx3-ubyte.gz" \
             --feed labels="$DATA/train-labels-idx1-ubyte.gz" --steps "$STEPS" \
             --timeline "$dir/timeline.json" >/dev/null 2>"$dir/err" || { cat "$dir/err" >&2; exit 1; }
@@ -61,11 +74,18 @@ r = json.loads(sys.argv[1])
 print("one-process", sys.argv[2], r["median_step_us"] / 1e3, r["predicted_step_us"] / 1e3)
 PY
     done
+    echo "round $round of $ROUNDS done" >&2
 done
 
 python3 - "$dir/rows" <<'PY'
 import statistics, sys
-rows = [line.split() for line in open(sys.argv[1])]
+# One row per plan and place: the median of its rounds' measurements and predictions.
+runs = {}
+for line in open(sys.argv[1]):
+    where, model, strategy, workers, measured, predicted = line.split()
+    runs.setdefault((where, model, strategy, workers), []).append((float(measured), float(predicted)))
+rows = [list(key) + [statistics.median(m for m, _ in v), statistics.median(p for _, p in v)]
+        for key, v in runs.items()]
 print(f"{'where':12} {'model':20} {'strategy':9} {'workers':>7} {'measured ms':>12} {'predicted ms':>13} {'error':>8}")
 for where, model, strategy, workers, measured, predicted in rows:
     error = float(predicted) / float(measured) - 1
@@ -82,4 +102,9 @@ for where in ("spawned", "one-process"):
         same = "the same" if by_measured == by_predicted else "differently"
         print(f"  {model}: fastest first, measured {' < '.join(by_measured)}; predicted orders them {same}"
               + ("" if same == "the same" else f" ({' < '.join(by_predicted)})"))
+        # Pairs whose measurements are apart by more than this host's noise between runs.
+        apart = [(a, b) for i, a in enumerate(mine) for b in mine[i + 1:]
+                 if max(a[4], b[4]) > 1.1 * min(a[4], b[4])]
+        alike = sum((a[4] < b[4]) == (a[5] < b[5]) for a, b in apart)
+        print(f"    of the {len(apart)} pairs measured more than 10% apart, the predictions order {alike} alike")
 PY

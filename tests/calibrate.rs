@@ -46,7 +46,7 @@ fn quick_profile() -> &'static PathBuf {
         let printed = text(&output.stdout);
         assert!(printed.contains("GFLOP/s at 256³"), "{printed}");
         assert!(printed.contains("shared memory between workers: "), "{printed}");
-        assert!(printed.contains("a step driven on a worker: "), "{printed}");
+        assert!(printed.contains("a step driven on workers: "), "{printed}");
         assert!(printed.contains(&format!("profile: {}", path.display())), "{printed}");
         path
     })
@@ -59,16 +59,20 @@ fn mlp() -> PathBuf {
 #[test]
 fn a_quick_profile_is_json_of_this_cpu_with_a_run_per_thread_count() {
     let json: serde_json::Value = serde_json::from_slice(&std::fs::read(quick_profile()).unwrap()).unwrap();
-    assert_eq!(json["version"], 1);
+    assert_eq!(json["version"], 2);
     let threads = json["cpu"]["threads"].as_u64().unwrap();
     let runs = json["runs"].as_array().unwrap();
     assert_eq!(runs[0]["threads"], 1);
     assert_eq!(runs.last().unwrap()["threads"].as_u64().unwrap(), threads);
     let sizes = json["gemm_sizes"].as_array().unwrap().len();
     assert_eq!(runs[0]["nn"].as_array().unwrap().len(), sizes.pow(3));
-    for link in ["shared_memory", "tcp", "remote_step"] {
+    for link in ["shared_memory", "tcp", "driven_step"] {
         assert!(json[link]["bytes_per_second"].as_f64().unwrap() > 0.0, "{link}: {}", json[link]);
     }
+    // A step's fixed cost on 1, 2 and 4 workers, never less on more of them.
+    let driven: Vec<[f64; 2]> = serde_json::from_value(json["driven_step"]["latency"]["points"].clone()).unwrap();
+    assert_eq!(driven.iter().map(|p| p[0]).collect::<Vec<_>>(), [1.0, 2.0, 4.0], "{driven:?}");
+    assert!(driven.windows(2).all(|w| w[1][1] >= w[0][1]) && driven[0][1] > 0.0, "{driven:?}");
     // Products of more work take longer: the largest square against the smallest.
     let nn = runs[0]["nn"].as_array().unwrap();
     assert!(nn.last().unwrap().as_f64().unwrap() > 100.0 * nn[0].as_f64().unwrap(), "{nn:?}");
@@ -144,12 +148,18 @@ fn damaged_profiles_are_refused_by_name_or_set_aside_with_a_warning() {
     negative["tcp"]["bytes_per_second"] = serde_json::json!(-1.0);
     let mut newer = good.clone();
     newer["version"] = serde_json::json!(7);
+    let mut older = good.clone();
+    older["version"] = serde_json::json!(1);
+    let mut unordered = good.clone();
+    unordered["driven_step"]["latency"]["points"] = serde_json::json!([[2.0, 3e-4], [1.0, 2e-4]]);
     let mut huge_sizes = good.clone();
     huge_sizes["gemm_sizes"] = serde_json::json!((1..=40).collect::<Vec<u32>>());
     let cases = [
         (write("short.json", short.to_string().as_bytes()), "runs[0].tn: expected"),
         (write("negative.json", negative.to_string().as_bytes()), "tcp.bytes_per_second: -1"),
         (write("newer.json", newer.to_string().as_bytes()), "version 7"),
+        (write("older.json", older.to_string().as_bytes()), "run `dfc calibrate` again"),
+        (write("unordered.json", unordered.to_string().as_bytes()), "driven_step.latency.points: expected ascending"),
         (write("sizes.json", huge_sizes.to_string().as_bytes()), "gemm_sizes: expected 1 to 16 sizes"),
         (write("text.json", b"not json"), "not a dfc profile"),
         (write("binary.json", &[0xff, 0xfe, 0x00]), "is not UTF-8"),

@@ -372,11 +372,20 @@ fn unfused_seconds(graph: &Graph, id: NodeId, profile: Rates<'_>) -> f64 {
             conv(profile, ConvForm::BackpropFilter, dims_of(1), filter_shape.dims())
         }
         _ => {
-            // A kernel of its own over what it reads and writes; data movement, a copy.
+            // A kernel of its own over what it reads and writes; a pooling, its measured op's
+            // time over as many bytes; data movement, a copy.
             let read: u64 =
                 inputs.iter().filter_map(|t| graph.node(t.node).outputs.get(t.port as usize)).map(tensor_bytes).sum();
             let written: u64 = node.outputs.iter().map(tensor_bytes).sum();
             let touched = (read + written) as f64;
+            let pool = &profile.run.pool;
+            match &node.op {
+                Op::MaxPool { .. } => return pool.max.seconds(touched),
+                Op::MaxPoolGrad { .. } => return pool.max_grad.seconds(touched),
+                Op::AvgPool { .. } => return pool.avg.seconds(touched),
+                Op::AvgPoolGrad { .. } => return pool.avg_grad.seconds(touched),
+                _ => {}
+            }
             if work_kind(graph, id) == "layout" {
                 return profile.run.copy.seconds(touched);
             }
@@ -522,7 +531,8 @@ pub struct Topology {
     /// By process: the threads it computes on, 0 for all of its host's.
     pub threads: Vec<u32>,
     /// Whether the processes are workers that a driver calls for every step, sending their
-    /// feeds (with a profile, each step of each then costs the profile's `remote_step`).
+    /// feeds (with a profile, each step of each then costs the profile's `driven_step` for so
+    /// many workers).
     pub driven: bool,
 }
 
@@ -993,8 +1003,10 @@ pub fn estimate_on(partitions: &[&Module], model: &CostModel, topology: &Topolog
                     .sum();
                 *feeds.entry(topology.process_of(p).0).or_default() += bytes;
             }
+            // The driver calls every worker at once; together they cost more than one alone.
+            let workers = feeds.len();
             for (p, device) in devices.iter_mut().enumerate() {
-                device.finish_seconds += profile.remote_step.seconds(feeds[&topology.process_of(p).0] as f64);
+                device.finish_seconds += profile.driven_step.seconds(workers, feeds[&topology.process_of(p).0] as f64);
             }
         }
     }

@@ -3,8 +3,8 @@
 //! convolutions take beside a product of the same size, its fused kernels and copies by their
 //! bytes, transcendental functions and row ops per element, a hand-off between threads, the
 //! fixed cost of running a program; and the links between workers on one host (shared memory)
-//! and between hosts (TCP), and a step driven on a worker. The cost model (`cost.rs`) predicts
-//! from these in place of FLOP counts at one assumed rate.
+//! and between hosts (TCP), and a step driven on 1, 2 and 4 workers. The cost model
+//! (`cost.rs`) predicts from these in place of FLOP counts at one assumed rate.
 //!
 //! A profile is JSON from outside: `Profile::from_json` refuses, with a message naming the
 //! field, anything that is not a profile of this version with finite, positive times and a
@@ -13,7 +13,7 @@
 use serde::{Deserialize, Serialize};
 
 /// The version of the profile's JSON form; a profile of another version is refused.
-pub const PROFILE_VERSION: u32 = 1;
+pub const PROFILE_VERSION: u32 = 2;
 
 /// The largest profile file read (a profile is a few tens of kilobytes).
 pub const MAX_PROFILE_BYTES: u64 = 4 << 20;
@@ -43,9 +43,37 @@ pub struct Profile {
     pub shared_memory: Throughput,
     /// Between worker processes through the data plane's TCP connections (between hosts).
     pub tcp: Throughput,
-    /// What a step driven on a worker process costs beyond its program: the driver's call,
-    /// and the bytes of its feeds and fetches.
-    pub remote_step: Throughput,
+    /// What a step driven on worker processes costs beyond their programs: the driver's calls,
+    /// and the bytes of their feeds and fetches.
+    pub driven_step: DrivenStep,
+}
+
+/// A step driven on worker processes of this host, beyond their programs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DrivenStep {
+    /// Its fixed cost by the number of workers the driver calls at once, `[workers, seconds]`
+    /// (a `Curve`: beyond the most workers measured, growing with their number). On a host
+    /// of few cores the calls, the workers' RPC threads and the driver share them, so that
+    /// each worker costs more than the one before.
+    pub latency: Curve,
+    /// What each worker's feeds and fetches cost by their bytes.
+    pub bytes_per_second: f64,
+}
+
+impl DrivenStep {
+    /// A step on `workers` workers, one of which is fed and fetches `bytes`.
+    pub fn seconds(&self, workers: usize, bytes: f64) -> f64 {
+        self.latency.seconds(workers.max(1) as f64) + bytes.max(0.0) / self.bytes_per_second
+    }
+
+    fn check(&self) -> Result<(), String> {
+        self.latency.check().map_err(|e| format!("latency.{e}"))?;
+        if !positive(self.bytes_per_second) {
+            return Err(format!("bytes_per_second: {}; it must be finite and positive", self.bytes_per_second));
+        }
+        Ok(())
+    }
 }
 
 /// The costs measured on one number of threads.
@@ -62,8 +90,11 @@ pub struct Run {
     pub nt: Vec<f64>,
     /// A convolution's time over that of a product of its im2col shape (`m` = output pixels
     /// of the batch, `n` = filters, `k` = window taps × input channels), for each of its three
-    /// forms.
+    /// forms, by `k` (a convolution over few input channels is far from its product's speed).
     pub conv: ConvFactors,
+    /// A pooling's time by the bytes it reads and writes, for each of its four ops: their
+    /// windows' compares and scattered adds cost more than a fused kernel's bytes.
+    pub pool: PoolCosts,
     /// A fused loop kernel's time by the bytes it reads and writes.
     pub kernel: Curve,
     /// A copy's (a slice, a concatenation, a transpose; a transfer within a process) by the
@@ -185,12 +216,67 @@ impl Throughput {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ConvFactors {
-    pub forward: f64,
-    pub backprop_input: f64,
-    pub backprop_filter: f64,
+    pub forward: Factors,
+    pub backprop_input: Factors,
+    pub backprop_filter: Factors,
+}
+
+/// A factor measured at several lengths, `[length, factor]` by ascending length: between two
+/// it is interpolated in log-length, and beyond them it is the nearer one's.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Factors {
+    pub points: Vec<[f64; 2]>,
+}
+
+impl Factors {
+    /// The same factor at every length.
+    pub fn constant(factor: f64) -> Factors {
+        Factors { points: vec![[1.0, factor]] }
+    }
+
+    pub fn at(&self, length: f64) -> f64 {
+        let points = &self.points;
+        let (Some(first), Some(last)) = (points.first(), points.last()) else { return 1.0 };
+        if length <= first[0] {
+            return first[1];
+        }
+        if length >= last[0] {
+            return last[1];
+        }
+        let upper = points.iter().position(|p| p[0] >= length).unwrap_or(points.len() - 1);
+        let (lo, hi) = (points[upper - 1], points[upper]);
+        let along = (length.ln() - lo[0].ln()) / (hi[0].ln() - lo[0].ln());
+        lo[1] + along * (hi[1] - lo[1])
+    }
+
+    fn check(&self) -> Result<(), String> {
+        Curve { points: self.points.clone() }.check()
+    }
+}
+
+/// Each pooling op's time by the bytes it reads and writes.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolCosts {
+    pub max: Curve,
+    pub max_grad: Curve,
+    pub avg: Curve,
+    pub avg_grad: Curve,
+}
+
+impl PoolCosts {
+    fn check(&self) -> Result<(), String> {
+        for (name, curve) in
+            [("max", &self.max), ("max_grad", &self.max_grad), ("avg", &self.avg), ("avg_grad", &self.avg_grad)]
+        {
+            curve.check().map_err(|e| format!("{name}.{e}"))?;
+        }
+        Ok(())
+    }
 }
 
 /// Which of a convolution's three products.
@@ -237,11 +323,10 @@ impl Profile {
         for (i, run) in self.runs.iter().enumerate() {
             run.check(sizes.len()).map_err(|e| format!("runs[{i}].{e}"))?;
         }
-        for (name, link) in
-            [("shared_memory", &self.shared_memory), ("tcp", &self.tcp), ("remote_step", &self.remote_step)]
-        {
+        for (name, link) in [("shared_memory", &self.shared_memory), ("tcp", &self.tcp)] {
             link.check().map_err(|e| format!("{name}.{e}"))?;
         }
+        self.driven_step.check().map_err(|e| format!("driven_step.{e}"))?;
         if self.cpu.threads == 0 {
             return Err("cpu.threads: 0; a profile is measured on at least one thread".into());
         }
@@ -286,15 +371,14 @@ impl Run {
                 return Err(format!("{name}: a time of {bad} s; times must be finite and positive"));
             }
         }
-        for (name, value) in [
-            ("conv.forward", self.conv.forward),
-            ("conv.backprop_input", self.conv.backprop_input),
-            ("conv.backprop_filter", self.conv.backprop_filter),
+        for (name, factors) in [
+            ("conv.forward", &self.conv.forward),
+            ("conv.backprop_input", &self.conv.backprop_input),
+            ("conv.backprop_filter", &self.conv.backprop_filter),
         ] {
-            if !positive(value) {
-                return Err(format!("{name}: {value}; it must be finite and positive"));
-            }
+            factors.check().map_err(|e| format!("{name}.{e}"))?;
         }
+        self.pool.check().map_err(|e| format!("pool.{e}"))?;
         self.kernel.check().map_err(|e| format!("kernel.{e}"))?;
         self.copy.check().map_err(|e| format!("copy.{e}"))?;
         self.row.check().map_err(|e| format!("row.{e}"))?;
@@ -377,12 +461,13 @@ impl Rates<'_> {
     /// A convolution priced as its im2col product times the form's measured factor.
     pub fn conv_seconds(&self, form: ConvForm, m: usize, n: usize, k: usize) -> f64 {
         let conv = &self.run.conv;
+        let taps = k as f64;
         match form {
-            ConvForm::Forward => self.gemm_seconds(m, n, k, false, false, 1) * conv.forward,
+            ConvForm::Forward => self.gemm_seconds(m, n, k, false, false, 1) * conv.forward.at(taps),
             // dX = dY · Wᵀ: pixels × taps from pixels × filters.
-            ConvForm::BackpropInput => self.gemm_seconds(m, k, n, false, true, 1) * conv.backprop_input,
+            ConvForm::BackpropInput => self.gemm_seconds(m, k, n, false, true, 1) * conv.backprop_input.at(taps),
             // dW = Xᵀ · dY: taps × filters over the pixels.
-            ConvForm::BackpropFilter => self.gemm_seconds(k, n, m, true, false, 1) * conv.backprop_filter,
+            ConvForm::BackpropFilter => self.gemm_seconds(k, n, m, true, false, 1) * conv.backprop_filter.at(taps),
         }
     }
 }
@@ -453,7 +538,17 @@ pub(crate) mod tests {
                 tn: nn.clone(),
                 nt: nn.clone(),
                 nn,
-                conv: ConvFactors { forward: 1.0, backprop_input: 1.0, backprop_filter: 1.0 },
+                conv: ConvFactors {
+                    forward: Factors::constant(1.0),
+                    backprop_input: Factors::constant(1.0),
+                    backprop_filter: Factors::constant(1.0),
+                },
+                pool: PoolCosts {
+                    max: Curve { points: vec![[1e3, 1e-6], [1e7, 1e-3]] },
+                    max_grad: Curve { points: vec![[1e3, 1e-6], [1e7, 1e-3]] },
+                    avg: Curve { points: vec![[1e3, 1e-6], [1e7, 1e-3]] },
+                    avg_grad: Curve { points: vec![[1e3, 1e-6], [1e7, 1e-3]] },
+                },
                 kernel: Curve { points: vec![[1e3, 1e-6], [1e7, 1e-3]] },
                 copy: Curve { points: vec![[1e3, 1e-6], [1e7, 1e-3]] },
                 handoff_seconds: 20e-6,
@@ -479,7 +574,7 @@ pub(crate) mod tests {
             gemm_sizes: sizes,
             shared_memory: Throughput { latency_seconds: 5e-6, bytes_per_second: 5e9 },
             tcp: Throughput { latency_seconds: 20e-6, bytes_per_second: 2e9 },
-            remote_step: Throughput { latency_seconds: 100e-6, bytes_per_second: 1e9 },
+            driven_step: DrivenStep { latency: Curve { points: vec![[1.0, 100e-6]] }, bytes_per_second: 1e9 },
         }
     }
 
@@ -528,8 +623,17 @@ pub(crate) mod tests {
         unsorted.runs[0].copy.points.reverse();
         assert!(unsorted.check().unwrap_err().contains("runs[0].copy.points: expected ascending"));
         let mut newer = good.clone();
-        newer.version = 2;
-        assert!(newer.check().unwrap_err().contains("version 2"));
+        newer.version = PROFILE_VERSION + 1;
+        assert!(newer.check().unwrap_err().contains(&format!("version {}", PROFILE_VERSION + 1)));
+        let mut factor = good.clone();
+        factor.runs[0].conv.backprop_filter.points = vec![[9.0, f64::INFINITY]];
+        assert!(factor.check().unwrap_err().contains("runs[0].conv.backprop_filter.points"));
+        let mut pool = good.clone();
+        pool.runs[1].pool.max_grad.points.clear();
+        assert!(pool.check().unwrap_err().contains("runs[1].pool.max_grad.points"));
+        let mut driven = good.clone();
+        driven.driven_step.latency.points = vec![[1.0, -1e-4]];
+        assert!(driven.check().unwrap_err().contains("driven_step.latency.points"));
         assert!(Profile::from_json("{\"version\": 1}").unwrap_err().starts_with("not a dfc profile"));
         assert!(Profile::from_json("[]").is_err());
         let mut extra = serde_json::to_value(&good).unwrap();
@@ -543,6 +647,16 @@ pub(crate) mod tests {
         assert_eq!(curve.seconds(10.0), 1e-6);
         assert!((curve.seconds(1e4) - 10f64.powf(-5.5)).abs() < 1e-12);
         assert!((curve.seconds(1e6) - 1e-4).abs() < 1e-15);
+    }
+
+    #[test]
+    fn factors_interpolate_in_log_length_and_keep_the_nearer_end_beyond() {
+        let factors = Factors { points: vec![[9.0, 2.0], [576.0, 0.5]] };
+        assert_eq!(factors.at(1.0), 2.0);
+        assert_eq!(factors.at(10_000.0), 0.5);
+        // 72 is halfway from 9 to 576 in log-length.
+        assert!((factors.at(72.0) - 1.25).abs() < 1e-12);
+        assert_eq!(Factors::constant(1.5).at(300.0), 1.5);
     }
 
     #[test]

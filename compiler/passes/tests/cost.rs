@@ -17,6 +17,8 @@ fn device(text: &str) -> DeviceSpec {
 
 const A: &str = "/job:worker/task:0/cpu:0";
 const B: &str = "/job:worker/task:1/cpu:0";
+const C: &str = "/job:worker/task:2/cpu:0";
+const D: &str = "/job:worker/task:3/cpu:0";
 /// In the same task as `A`.
 const A1: &str = "/job:worker/task:0/cpu:1";
 
@@ -443,7 +445,9 @@ fn the_report_prints_a_table_the_step_the_path_and_the_rates() {
 /// kernels cost 1 µs and 1 ns a byte (at 8 kB), and whose shared memory and TCP take 10 µs + 1 ns a byte
 /// and 100 µs + 10 ns a byte; measured on 1 and 2 threads of a 2-thread CPU.
 fn profile(rate: f64) -> dfc_passes::Profile {
-    use dfc_passes::profile::{ConvFactors, Cpu, Curve, RowCost, Run, Throughput, PROFILE_VERSION};
+    use dfc_passes::profile::{
+        ConvFactors, Cpu, Curve, DrivenStep, Factors, PoolCosts, RowCost, Run, Throughput, PROFILE_VERSION,
+    };
     let sizes = vec![1u32, 16, 256];
     let run = |threads: u32| {
         let mut nn = Vec::new();
@@ -455,14 +459,21 @@ fn profile(rate: f64) -> dfc_passes::Profile {
             }
         }
         let row = RowCost { short_length: 16, short_seconds: 0.0, long_length: 256, long_seconds: 0.0 };
+        // 1 µs and 1 ns a byte, at the sizes the tests use.
+        let kernel = || Curve { points: vec![[8000.0, 9e-6], [8e6, 1e-6 + 8e-3]] };
         Run {
             threads,
             tn: nn.clone(),
             nt: nn.clone(),
             nn,
-            conv: ConvFactors { forward: 1.0, backprop_input: 1.0, backprop_filter: 1.0 },
-            // 1 µs and 1 ns a byte, at the sizes the tests use.
-            kernel: Curve { points: vec![[8000.0, 9e-6], [8e6, 1e-6 + 8e-3]] },
+            conv: ConvFactors {
+                forward: Factors::constant(1.0),
+                backprop_input: Factors::constant(1.0),
+                backprop_filter: Factors::constant(1.0),
+            },
+            // Poolings as dear as kernels of their bytes.
+            pool: PoolCosts { max: kernel(), max_grad: kernel(), avg: kernel(), avg_grad: kernel() },
+            kernel: kernel(),
             copy: Curve { points: vec![[1e3, 1e-6], [1e9, 1.0]] },
             handoff_seconds: 30e-6,
             transcendental_seconds: 0.0,
@@ -480,7 +491,10 @@ fn profile(rate: f64) -> dfc_passes::Profile {
         gemm_sizes: sizes,
         shared_memory: Throughput { latency_seconds: 10e-6, bytes_per_second: 1e9 },
         tcp: Throughput { latency_seconds: 100e-6, bytes_per_second: 1e8 },
-        remote_step: Throughput { latency_seconds: 200e-6, bytes_per_second: 1e9 },
+        driven_step: DrivenStep {
+            latency: Curve { points: vec![[1.0, 200e-6], [2.0, 300e-6]] },
+            bytes_per_second: 1e9,
+        },
     }
 }
 
@@ -576,4 +590,24 @@ fn with_a_profile_a_driven_worker_pays_the_drivers_call_and_its_feeds() {
     let feeds = 256.0 * 256.0 * 4.0;
     let step = |t: &Topology| estimate_on(&[&a], &model, t).step_seconds;
     assert_close(step(&driven) - step(&here), 200e-6 + feeds * 1e-9, "the call and the feeds");
+}
+
+#[test]
+fn with_a_profile_a_step_driven_on_more_workers_pays_their_calls_at_once() {
+    use dfc_passes::cost::estimate_on;
+    use dfc_passes::Topology;
+    let model = CostModel::calibrated(profile(50e9));
+    let (a, b) = (square_product(A, 256), square_product(B, 256));
+    let here = Topology { process: vec![0, 1], host: vec![0, 0], threads: vec![1, 1], driven: false };
+    let step = |t: &Topology| estimate_on(&[&a, &b], &model, t).step_seconds;
+    let feeds = 256.0 * 256.0 * 4.0;
+    // The profile's fixed cost: 200 µs on one worker, 300 on two; beyond, growing with them.
+    let two = Topology { driven: true, ..here.clone() };
+    assert_close(step(&two) - step(&here), 300e-6 + feeds * 1e-9, "two workers' calls");
+    let four = [square_product(A, 256), square_product(B, 256), square_product(C, 256), square_product(D, 256)];
+    let parts: Vec<&Module> = four.iter().collect();
+    let alone = Topology { process: vec![0, 1, 2, 3], host: vec![0; 4], threads: vec![1; 4], driven: false };
+    let driven = Topology { driven: true, ..alone.clone() };
+    let extra = estimate_on(&parts, &model, &driven).step_seconds - estimate_on(&parts, &model, &alone).step_seconds;
+    assert_close(extra, 600e-6 + feeds * 1e-9, "four workers' calls");
 }
