@@ -20,7 +20,8 @@
 
 use crate::{Failure, Outcome};
 use dfc_passes::profile::{
-    ConvFactors, Cpu, Curve, DrivenStep, Factors, PoolCosts, Profile, Rates, RowCost, Run, Throughput, PROFILE_VERSION,
+    ConvFactors, Cpu, Curve, DrivenStep, Factors, PoolCosts, Profile, Rates, Ring, RowCost, Run, Throughput,
+    PROFILE_VERSION,
 };
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -97,12 +98,13 @@ pub fn calibrate(args: &CalibrateArgs) -> Outcome {
             }
         }
     }
-    let (shared_memory, tcp, driven_step) = if args.no_workers {
-        (
-            Throughput { latency_seconds: 5e-6, bytes_per_second: 10e9 },
-            Throughput { latency_seconds: 50e-6, bytes_per_second: 1.25e9 },
-            DrivenStep { latency: Curve { points: vec![[1.0, 200e-6]] }, bytes_per_second: 1e9 },
-        )
+    let links = if args.no_workers {
+        Links {
+            shared_memory: Throughput { latency_seconds: 5e-6, bytes_per_second: 10e9 },
+            shared_memory_rings: Vec::new(),
+            tcp: Throughput { latency_seconds: 50e-6, bytes_per_second: 1.25e9 },
+            driven_step: DrivenStep { latency: Curve { points: vec![[1.0, 200e-6]] }, bytes_per_second: 1e9 },
+        }
     } else {
         eprintln!("calibrating the links between worker processes, and steps driven on them");
         measure_links(effort)?
@@ -114,9 +116,10 @@ pub fn calibrate(args: &CalibrateArgs) -> Outcome {
         dfc: env!("CARGO_PKG_VERSION").into(),
         gemm_sizes: SIZES.to_vec(),
         runs,
-        shared_memory,
-        tcp,
-        driven_step,
+        shared_memory: links.shared_memory,
+        shared_memory_rings: links.shared_memory_rings,
+        tcp: links.tcp,
+        driven_step: links.driven_step,
     };
     profile.check().map_err(|e| Failure(format!("the measurements make no profile: {e}")))?;
     if let Some(dir) = output.parent().filter(|d| !d.as_os_str().is_empty()) {
@@ -184,6 +187,14 @@ fn print_summary(profile: &Profile) {
             "  {name} between workers: {:.1} µs + {:.2} GB/s",
             link.latency_seconds * 1e6,
             link.bytes_per_second / 1e9
+        );
+    }
+    for ring in &profile.shared_memory_rings {
+        println!(
+            "  shared memory in a ring of {}: {:.1} µs a step + {:.2} GB/s",
+            ring.members,
+            ring.link.latency_seconds * 1e6,
+            ring.link.bytes_per_second / 1e9
         );
     }
 }
@@ -678,23 +689,29 @@ fn driven_fetches(workers: usize) -> Vec<String> {
     (0..workers).map(|i| format!("z{i}")).collect()
 }
 
-/// Shared memory and TCP between two local workers, from all-reduces of two sizes, whose ring
-/// of two takes two steps each way (`2·latency + bytes / rate`); and steps driven on up to
-/// four of them (`measure_driven_steps`).
-fn measure_links(effort: Effort) -> Result<(Throughput, Throughput, DrivenStep), Failure> {
+/// What `measure_links` finds.
+struct Links {
+    shared_memory: Throughput,
+    shared_memory_rings: Vec<Ring>,
+    tcp: Throughput,
+    driven_step: DrivenStep,
+}
+
+/// Shared memory and TCP between two local workers, and shared memory in rings of 3 and 4, from
+/// all-reduces of two sizes: a ring of n takes `2(n − 1)` steps (`2(n − 1)·latency`) and moves
+/// `2(n − 1)/n` of the bytes; and steps driven on up to four of them (`measure_driven_steps`).
+fn measure_links(effort: Effort) -> Result<Links, Failure> {
     let exe = std::env::current_exe().map_err(|e| Failure(format!("cannot find the dfc executable: {e}")))?;
     let token = dfc_rpc::auth::random_token();
     let most = *DRIVEN_WORKERS.last().expect("counts");
     let workers = dfc_rpc::LocalWorkers::spawn(&exe, most, &token, None).map_err(Failure)?;
     let driven_step = measure_driven_steps(&workers.addresses, &token, effort)?;
-    let pair = &workers.addresses[..2];
     let (small, large) = (64u64 << 10, if effort.repetitions > 2 { 16u64 << 20 } else { 4 << 20 });
     let iterations = if effort.repetitions > 2 { 9 } else { 3 };
-    let mut links = Vec::new();
-    for transport in [dfc_rpc::bench::Transport::SharedMemory, dfc_rpc::bench::Transport::Tcp] {
+    let ring = |members: usize, transport| -> Result<Throughput, Failure> {
         let time = |bytes: u64| {
             dfc_rpc::bench::all_reduce(
-                pair,
+                &workers.addresses[..members],
                 &token,
                 None,
                 bytes,
@@ -706,12 +723,21 @@ fn measure_links(effort: Effort) -> Result<(Throughput, Throughput, DrivenStep),
             .map_err(Failure)
         };
         let (t_small, t_large) = (time(small)?, time(large)?);
-        let rate = (large - small) as f64 / (t_large - t_small).max(1e-9);
-        let latency = ((t_small - small as f64 / rate) / 2.0).max(0.0);
-        links.push(Throughput { latency_seconds: latency, bytes_per_second: rate });
+        let steps = 2.0 * (members - 1) as f64;
+        let moved = |bytes: u64| bytes as f64 * steps / members as f64;
+        let rate = (moved(large) - moved(small)) / (t_large - t_small).max(1e-9);
+        let latency = ((t_small - moved(small) / rate) / steps).max(0.0);
+        Ok(Throughput { latency_seconds: latency, bytes_per_second: rate })
+    };
+    let shared_memory = ring(2, dfc_rpc::bench::Transport::SharedMemory)?;
+    let tcp = ring(2, dfc_rpc::bench::Transport::Tcp)?;
+    let mut shared_memory_rings = Vec::new();
+    for members in 3..=most {
+        let link = ring(members, dfc_rpc::bench::Transport::SharedMemory)?;
+        shared_memory_rings.push(Ring { members: members as u32, link });
     }
     let _ = dfc_rpc::bench::shutdown(&workers.addresses, &token, None);
-    Ok((links[0], links[1], driven_step))
+    Ok(Links { shared_memory, shared_memory_rings, tcp, driven_step })
 }
 
 /// This CPU as /proc/cpuinfo describes its first processor, with `threads`.

@@ -73,6 +73,10 @@ fn a_quick_profile_is_json_of_this_cpu_with_a_run_per_thread_count() {
     let driven: Vec<[f64; 2]> = serde_json::from_value(json["driven_step"]["latency"]["points"].clone()).unwrap();
     assert_eq!(driven.iter().map(|p| p[0]).collect::<Vec<_>>(), [1.0, 2.0, 4.0], "{driven:?}");
     assert!(driven.windows(2).all(|w| w[1][1] >= w[0][1]) && driven[0][1] > 0.0, "{driven:?}");
+    // Rings of 3 and 4 workers beside the pair's link.
+    let rings = json["shared_memory_rings"].as_array().unwrap();
+    assert_eq!(rings.iter().map(|r| r["members"].as_u64().unwrap()).collect::<Vec<_>>(), [3, 4], "{rings:?}");
+    assert!(rings.iter().all(|r| r["link"]["bytes_per_second"].as_f64().unwrap() > 0.0), "{rings:?}");
     // Products of more work take longer: the largest square against the smallest.
     let nn = runs[0]["nn"].as_array().unwrap();
     assert!(nn.last().unwrap().as_f64().unwrap() > 100.0 * nn[0].as_f64().unwrap(), "{nn:?}");

@@ -886,7 +886,7 @@ pub fn estimate_on(partitions: &[&Module], model: &CostModel, topology: &Topolog
                         let run = &profile.full().run;
                         return run.handoff_seconds + run.copy.seconds(3.0 * bytes as f64);
                     }
-                    Link::Host => profile.shared_memory,
+                    Link::Host => profile.host_ring(group.size),
                     Link::Network => profile.tcp,
                 };
                 // Each of the ring's 2(n − 1) steps pays the link's fixed cost.

@@ -41,6 +41,10 @@ pub struct Profile {
     pub runs: Vec<Run>,
     /// Between two worker processes on one host (the shared-memory queues).
     pub shared_memory: Throughput,
+    /// Rings of more worker processes of one host than two, by their number (ascending): on a
+    /// host of few cores their members take turns on the cores, and each step of the ring
+    /// waits for the next member to run.
+    pub shared_memory_rings: Vec<Ring>,
     /// Between worker processes through the data plane's TCP connections (between hosts).
     pub tcp: Throughput,
     /// What a step driven on worker processes costs beyond their programs: the driver's calls,
@@ -210,6 +214,24 @@ pub struct Throughput {
     pub bytes_per_second: f64,
 }
 
+/// An all-reduce's ring of `members` workers of one host: each of its `2(members − 1)` steps
+/// costs the link's fixed cost, and its `2(members − 1)/members` of the tensor's bytes the link's
+/// rate.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Ring {
+    pub members: u32,
+    pub link: Throughput,
+}
+
+impl Profile {
+    /// The link of a ring of `members` workers of one host: measured at the most members that
+    /// are not more (two: `shared_memory`).
+    pub fn host_ring(&self, members: u32) -> Throughput {
+        self.shared_memory_rings.iter().rev().find(|r| r.members <= members).map_or(self.shared_memory, |r| r.link)
+    }
+}
+
 impl Throughput {
     pub fn seconds(&self, bytes: f64) -> f64 {
         self.latency_seconds + bytes.max(0.0) / self.bytes_per_second
@@ -325,6 +347,16 @@ impl Profile {
         }
         for (name, link) in [("shared_memory", &self.shared_memory), ("tcp", &self.tcp)] {
             link.check().map_err(|e| format!("{name}.{e}"))?;
+        }
+        if self.shared_memory_rings.len() > MAX_RUNS {
+            return Err(format!("shared_memory_rings: at most {MAX_RUNS}, found {}", self.shared_memory_rings.len()));
+        }
+        for (i, ring) in self.shared_memory_rings.iter().enumerate() {
+            ring.link.check().map_err(|e| format!("shared_memory_rings[{i}].link.{e}"))?;
+        }
+        let members: Vec<u32> = self.shared_memory_rings.iter().map(|r| r.members).collect();
+        if members.first().is_some_and(|&m| m < 3) || members.windows(2).any(|w| w[0] >= w[1]) {
+            return Err("shared_memory_rings: expected ascending numbers of members, at least 3".into());
         }
         self.driven_step.check().map_err(|e| format!("driven_step.{e}"))?;
         if self.cpu.threads == 0 {
@@ -573,6 +605,7 @@ pub(crate) mod tests {
             runs: vec![run(1), run(2)],
             gemm_sizes: sizes,
             shared_memory: Throughput { latency_seconds: 5e-6, bytes_per_second: 5e9 },
+            shared_memory_rings: vec![],
             tcp: Throughput { latency_seconds: 20e-6, bytes_per_second: 2e9 },
             driven_step: DrivenStep { latency: Curve { points: vec![[1.0, 100e-6]] }, bytes_per_second: 1e9 },
         }
@@ -631,6 +664,9 @@ pub(crate) mod tests {
         let mut pool = good.clone();
         pool.runs[1].pool.max_grad.points.clear();
         assert!(pool.check().unwrap_err().contains("runs[1].pool.max_grad.points"));
+        let mut pair = good.clone();
+        pair.shared_memory_rings = vec![Ring { members: 2, link: good.shared_memory }];
+        assert!(pair.check().unwrap_err().contains("shared_memory_rings: expected ascending numbers of members"));
         let mut driven = good.clone();
         driven.driven_step.latency.points = vec![[1.0, -1e-4]];
         assert!(driven.check().unwrap_err().contains("driven_step.latency.points"));
@@ -657,6 +693,18 @@ pub(crate) mod tests {
         // 72 is halfway from 9 to 576 in log-length.
         assert!((factors.at(72.0) - 1.25).abs() < 1e-12);
         assert_eq!(Factors::constant(1.5).at(300.0), 1.5);
+    }
+
+    #[test]
+    fn a_ring_is_priced_by_the_link_measured_at_the_most_members_not_more() {
+        let mut profile = uniform(50e9);
+        let slow = |latency_seconds: f64| Throughput { latency_seconds, bytes_per_second: 1e9 };
+        profile.shared_memory_rings =
+            vec![Ring { members: 3, link: slow(1e-5) }, Ring { members: 4, link: slow(2e-5) }];
+        assert_eq!(profile.host_ring(2), profile.shared_memory);
+        assert_eq!(profile.host_ring(3), slow(1e-5));
+        assert_eq!(profile.host_ring(8), slow(2e-5));
+        assert!(profile.check().is_ok());
     }
 
     #[test]

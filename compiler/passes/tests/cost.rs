@@ -490,6 +490,7 @@ fn profile(rate: f64) -> dfc_passes::Profile {
         runs: vec![run(1), run(2)],
         gemm_sizes: sizes,
         shared_memory: Throughput { latency_seconds: 10e-6, bytes_per_second: 1e9 },
+        shared_memory_rings: vec![],
         tcp: Throughput { latency_seconds: 100e-6, bytes_per_second: 1e8 },
         driven_step: DrivenStep {
             latency: Curve { points: vec![[1.0, 200e-6], [2.0, 300e-6]] },
