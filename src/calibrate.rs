@@ -20,7 +20,7 @@
 
 use crate::{Failure, Outcome};
 use dfc_passes::profile::{
-    ConvFactors, Cpu, Curve, DrivenStep, Factors, PoolCosts, Profile, Rates, Ring, RowCost, Run, Throughput,
+    ConvFactors, ConvForm, Cpu, Curve, DrivenStep, Factors, PoolCosts, Profile, Rates, Ring, RowCost, Run, Throughput,
     PROFILE_VERSION,
 };
 use std::collections::HashMap;
@@ -219,12 +219,24 @@ impl Effort {
 /// faster products.
 fn keep_fastest(fastest: &mut Run, other: &Run) {
     let min_into = |into: &mut [f64], from: &[f64]| into.iter_mut().zip(from).for_each(|(a, b)| *a = a.min(*b));
-    let faster_products = other.nn.iter().sum::<f64>() < fastest.nn.iter().sum::<f64>();
+    // A convolution's factor is its time over its pass's product: the fastest time, over the
+    // fastest product.
+    let conv_times = |run: &Run| conv_forms(run, |product, factor| product * factor);
+    let (mine, theirs) = (conv_times(fastest), conv_times(other));
     min_into(&mut fastest.nn, &other.nn);
     min_into(&mut fastest.tn, &other.tn);
     min_into(&mut fastest.nt, &other.nt);
-    if faster_products {
-        fastest.conv = other.conv.clone();
+    let fastest_conv = mine.iter().zip(&theirs).map(|(a, b)| a.min(*b)).collect::<Vec<_>>();
+    let mut times = fastest_conv.into_iter();
+    let factors = conv_forms(fastest, |product, _| times.next().expect("one time a convolution") / product);
+    for (form, chunk) in
+        [&mut fastest.conv.forward, &mut fastest.conv.backprop_input, &mut fastest.conv.backprop_filter]
+            .into_iter()
+            .zip(factors.chunks(CONVS.len()))
+    {
+        for (point, factor) in form.points.iter_mut().zip(chunk) {
+            point[1] = *factor;
+        }
     }
     let pools = [
         (&mut fastest.pool.max, &other.pool.max),
@@ -376,6 +388,31 @@ fn conv_factors(rates: Rates<'_>, effort: Effort) -> ConvFactors {
         backprop_input: Factors { points: input },
         backprop_filter: Factors { points: filter },
     }
+}
+
+/// `each(product, factor)` for every form and convolution of `CONVS` (as `conv_factors`
+/// measured them), the forms one after another: the product of the convolution's im2col shape
+/// at `run`'s rates, and its factor.
+fn conv_forms(run: &Run, mut each: impl FnMut(f64, f64) -> f64) -> Vec<f64> {
+    let rates = Rates::new(&SIZES, run);
+    let forms = [
+        (&run.conv.forward, ConvForm::Forward),
+        (&run.conv.backprop_input, ConvForm::BackpropInput),
+        (&run.conv.backprop_filter, ConvForm::BackpropFilter),
+    ];
+    let mut out = Vec::new();
+    for (factors, form) in forms {
+        for ((shape, filters), point) in CONVS.iter().zip(&factors.points) {
+            let (m, n, k) = (shape[0] * (shape[1] - 2) * (shape[2] - 2), *filters, 9 * shape[3]);
+            let product = match form {
+                ConvForm::Forward => rates.gemm_seconds(m, n, k, false, false, 1),
+                ConvForm::BackpropInput => rates.gemm_seconds(m, k, n, false, true, 1),
+                ConvForm::BackpropFilter => rates.gemm_seconds(k, n, m, true, false, 1),
+            };
+            out.push(each(product, point[1]));
+        }
+    }
+    out
 }
 
 /// Each pooling op's time by the bytes it reads and writes (as the cost model counts them:
