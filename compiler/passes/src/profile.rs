@@ -178,32 +178,52 @@ pub struct Curve {
 
 impl Curve {
     pub fn seconds(&self, bytes: f64) -> f64 {
-        let points = &self.points;
-        let (Some(first), Some(last)) = (points.first(), points.last()) else { return 0.0 };
-        if bytes <= first[0] {
-            return first[1];
+        match place(&self.points, bytes) {
+            None => 0.0,
+            Some(Place::Before(first)) => first[1],
+            Some(Place::After(last)) => last[1] * bytes / last[0],
+            Some(Place::Between(lo, hi, along)) => (lo[1].ln() + along * (hi[1].ln() - lo[1].ln())).exp(),
         }
-        if bytes >= last[0] {
-            return last[1] * bytes / last[0];
-        }
-        let upper = points.iter().position(|p| p[0] >= bytes).unwrap_or(points.len() - 1);
-        let (lo, hi) = (points[upper - 1], points[upper]);
-        let along = (bytes.ln() - lo[0].ln()) / (hi[0].ln() - lo[0].ln());
-        (lo[1].ln() + along * (hi[1].ln() - lo[1].ln())).exp()
     }
 
     fn check(&self) -> Result<(), String> {
-        if self.points.is_empty() || self.points.len() > MAX_SIZES {
-            return Err(format!("points: expected 1 to {MAX_SIZES} points, found {}", self.points.len()));
-        }
-        if self.points.iter().any(|p| !positive(p[0]) || !positive(p[1])) {
-            return Err("points: sizes and times must be finite and positive".into());
-        }
-        if self.points.windows(2).any(|w| w[0][0] >= w[1][0]) {
-            return Err("points: expected ascending sizes".into());
-        }
-        Ok(())
+        check_points(&self.points)
     }
+}
+
+/// Where `x` falls among `points` (ascending by their first value): at or before the first,
+/// at or after the last, or between two, at `along` of the way from one to the other in log-x.
+enum Place {
+    Before([f64; 2]),
+    After([f64; 2]),
+    Between([f64; 2], [f64; 2], f64),
+}
+
+fn place(points: &[[f64; 2]], x: f64) -> Option<Place> {
+    let (first, last) = (*points.first()?, *points.last()?);
+    if x <= first[0] {
+        return Some(Place::Before(first));
+    }
+    if x >= last[0] {
+        return Some(Place::After(last));
+    }
+    let upper = points.iter().position(|p| p[0] >= x).unwrap_or(points.len() - 1);
+    let (lo, hi) = (points[upper - 1], points[upper]);
+    Some(Place::Between(lo, hi, (x.ln() - lo[0].ln()) / (hi[0].ln() - lo[0].ln())))
+}
+
+/// 1 to `MAX_SIZES` points of finite, positive values, ascending by the first.
+fn check_points(points: &[[f64; 2]]) -> Result<(), String> {
+    if points.is_empty() || points.len() > MAX_SIZES {
+        return Err(format!("points: expected 1 to {MAX_SIZES} points, found {}", points.len()));
+    }
+    if points.iter().any(|p| !positive(p[0]) || !positive(p[1])) {
+        return Err("points: sizes and times must be finite and positive".into());
+    }
+    if points.windows(2).any(|w| w[0][0] >= w[1][0]) {
+        return Err("points: expected ascending sizes".into());
+    }
+    Ok(())
 }
 
 /// A fixed cost and a rate: `seconds = latency_seconds + bytes / bytes_per_second`.
@@ -261,22 +281,15 @@ impl Factors {
     }
 
     pub fn at(&self, length: f64) -> f64 {
-        let points = &self.points;
-        let (Some(first), Some(last)) = (points.first(), points.last()) else { return 1.0 };
-        if length <= first[0] {
-            return first[1];
+        match place(&self.points, length) {
+            None => 1.0,
+            Some(Place::Before(end) | Place::After(end)) => end[1],
+            Some(Place::Between(lo, hi, along)) => lo[1] + along * (hi[1] - lo[1]),
         }
-        if length >= last[0] {
-            return last[1];
-        }
-        let upper = points.iter().position(|p| p[0] >= length).unwrap_or(points.len() - 1);
-        let (lo, hi) = (points[upper - 1], points[upper]);
-        let along = (length.ln() - lo[0].ln()) / (hi[0].ln() - lo[0].ln());
-        lo[1] + along * (hi[1] - lo[1])
     }
 
     fn check(&self) -> Result<(), String> {
-        Curve { points: self.points.clone() }.check()
+        check_points(&self.points)
     }
 }
 
