@@ -157,12 +157,14 @@ fn check(example: &str) {
         let plan = plan(example, cluster, strategy);
         assert_eq!(plan.strategy.replicas, replicas, "{example}, {what}");
         assert!(plan.partitions.len() > 1, "{example}, {what}: one partition");
+        assert_fed_apart(&format!("{example}, {what}"), &plan);
         assert_same(&format!("{example}, {what}"), &reference, &train(&plan, &data), 1e-4);
     }
 
     // A replica alone does single's work: no all-reduce, the same numbers exactly.
     let alone = plan(example, Cluster::local(1, DeviceKind::Cpu), Strategy::Mirrored);
     assert_eq!(all_reduces(&alone), [0], "{example}, mirrored on 1 device");
+    assert!(alone.split_inputs.is_empty(), "{example}, mirrored on 1 device: its inputs are the model's");
     assert_same(&format!("{example}, mirrored on 1 device"), &reference, &train(&alone, &data), 0.0);
 
     // Model parallelism moves tensors, not arithmetic: the same numbers exactly.
@@ -289,8 +291,8 @@ fn a_replica_step_in_two_stages_ends_like_the_whole_step() {
     assert_eq!(plan.replicas.len(), 2);
     let replica = &plan.replicas[1];
     assert_eq!(replica.device.to_string(), "/job:worker/task:1/cpu:0");
-    let names: Vec<&str> = replica
-        .inputs
+    let own = plan.replica_inputs(1);
+    let names: Vec<&str> = own
         .iter()
         .map(|(input, node)| {
             assert_eq!(*node, format!("replica_1/{input}"));
@@ -419,6 +421,38 @@ fn variables_above_a_size_are_partitioned_over_the_parameter_servers() {
 }
 
 /// All-reduces in each partition of a plan.
+/// Each replica is fed its own rows of every input on its own device: every plan input is
+/// split among one `Input` node per replica, each in another partition, and no partition sends
+/// an input's value on.
+fn assert_fed_apart(what: &str, plan: &Plan) {
+    let split: Vec<&str> = plan.split_inputs.iter().map(|s| s.input.as_str()).collect();
+    let declared: Vec<&str> = plan.inputs.iter().map(|i| i.name.as_str()).collect();
+    assert_eq!(split, declared, "{what}: the split inputs");
+    let partition_of = |node: &str| {
+        let holds = |p: &dfc_plan::Partition| p.module.graph.node_ids().any(|id| p.module.graph.node(id).name == node);
+        plan.partitions.iter().position(holds).unwrap_or_else(|| panic!("{what}: no partition holds `{node}`"))
+    };
+    for input in &plan.split_inputs {
+        assert_eq!(input.nodes.len(), plan.strategy.replicas as usize, "{what}: `{}`", input.input);
+        let mut parts: Vec<usize> = input.nodes.iter().map(|n| partition_of(n)).collect();
+        parts.sort();
+        parts.dedup();
+        assert_eq!(parts.len(), input.nodes.len(), "{what}: `{}`'s replicas share a partition", input.input);
+    }
+    for partition in &plan.partitions {
+        let graph = &partition.module.graph;
+        for id in graph.node_ids().filter(|&id| matches!(graph.node(id).op, dfc_ir::Op::Send { .. })) {
+            let sent = graph.inputs(id)[0].node;
+            assert!(
+                !matches!(graph.node(sent).op, dfc_ir::Op::Input { .. }),
+                "{what}: `{}` sends the input `{}` on",
+                graph.node(id).name,
+                graph.node(sent).name
+            );
+        }
+    }
+}
+
 fn all_reduces(plan: &Plan) -> Vec<usize> {
     plan.partitions
         .iter()
@@ -923,6 +957,35 @@ fn backup_plans_whose_reports_do_not_fit_are_refused() {
         "`h1/w` is not a node with a scalar",
     );
     refused(&|plan| plan.replicas[0].backup.as_mut().unwrap().applied = "nowhere".into(), "`nowhere` is not a node");
+}
+
+/// A plan whose split inputs do not fit its replicas is refused when read, and says how.
+#[test]
+fn plans_whose_split_inputs_do_not_fit_are_refused() {
+    let plan = plan("mlp", Cluster::local(2, DeviceKind::Cpu), Strategy::Mirrored);
+    let refused = |change: &dyn Fn(&mut Plan), expected: &str| {
+        let mut plan = plan.clone();
+        change(&mut plan);
+        match dfc_plan::decode(&dfc_plan::encode(&plan)) {
+            Err(dfc_plan::PlanError::Invalid(message)) => assert!(message.contains(expected), "{message}"),
+            other => panic!("expected a refusal saying {expected:?}, got {:?}", other.map(|_| "a plan")),
+        }
+    };
+    dfc_plan::decode(&dfc_plan::encode(&plan)).expect("the plan as compiled reads back");
+    refused(&|plan| plan.split_inputs[0].input = "pixels".into(), "the replicas' input `pixels` is not one");
+    refused(&|plan| plan.split_inputs[1].input = "images".into(), "`images` is split among the replicas twice");
+    let one_short = |plan: &mut Plan| {
+        plan.split_inputs[0].nodes.pop();
+    };
+    refused(&one_short, "split among 1 nodes, but the strategy has 2");
+    refused(&|plan| plan.split_inputs[0].nodes[1] = "replica_0/images".into(), "`replica_0/images` is fed twice");
+    refused(&|plan| plan.split_inputs[0].nodes[1] = "h1/w".into(), "`h1/w` names no input node");
+    refused(
+        &|plan| plan.split_inputs[0].nodes[0] = "replica_0/labels".into(),
+        "takes i32[8], not its share of `images`",
+    );
+    refused(&|plan| plan.split_inputs.clear(), "input `images` names no input node");
+    refused(&|plan| plan.strategy.replicas = 4, "split among 2 nodes, but the strategy has 4");
 }
 
 /// Backup workers are refused where they cannot apply, with the reason.

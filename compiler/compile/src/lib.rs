@@ -23,7 +23,7 @@ use dfc_ir::{Cluster, DeviceKind, DeviceSpec, Module};
 use dfc_passes::{
     CostModel, ModelPlacement, OptimizerOptions, ReplicateOptions, Replication, ShardOptions, VariablePlacement,
 };
-use dfc_plan::{IoSpec, Partition, Plan, ReplicaSpec, StrategySpec};
+use dfc_plan::{IoSpec, Partition, Plan, ReplicaSpec, SplitInput, StrategySpec};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Strategy {
@@ -372,8 +372,8 @@ pub fn compile(source: &str, source_name: &str, options: &CompileOptions) -> Res
             verify_after(&module, "replicate");
             clock.lap("replicate");
             let mut module = module;
-            // A replica alone: its all-reduces, the mean's scale by one and the batch's slice
-            // are its own tensors, which simplification removes (the plan of `single`'s work).
+            // A replica alone: its all-reduces and the mean's scale by one are its own tensors,
+            // which simplification removes (the plan of `single`'s work).
             if layout.replicas.len() == 1 {
                 dfc_passes::simplify(&mut module);
                 verify_after(&module, "simplify");
@@ -462,25 +462,41 @@ pub fn compile(source: &str, source_name: &str, options: &CompileOptions) -> Res
         partitioned.parts.into_iter().map(|(device, module)| Partition { device, module }).collect();
     let mut plan = Plan::build(&partitioned.combined, partitions, cluster.clone(), strategy, source_name, source);
     plan.add_instances(instances);
-    if !replica_interfaces.is_empty() {
-        // The replicas' own inputs are fed from the model's, split by rows.
+    if layout.replication.is_some() {
+        // The model's inputs, each fed to the replicas' own inputs by rows.
+        plan.split_inputs = split_inputs(&partitioned.combined, &full_inputs, layout.replicas.len());
         plan.inputs = full_inputs;
-        plan.replicas = replica_interfaces
-            .into_iter()
-            .zip(&layout.replicas)
-            .map(|(r, device)| ReplicaSpec {
-                device: device.clone(),
-                inputs: r.inputs,
-                loss_node: r.loss_node,
-                updates: r.updates,
-                staleness: r.staleness,
-                backup: r.backup,
-            })
-            .collect();
     }
+    plan.replicas = replica_interfaces
+        .into_iter()
+        .zip(&layout.replicas)
+        .map(|(r, device)| ReplicaSpec {
+            device: device.clone(),
+            loss_node: r.loss_node,
+            updates: r.updates,
+            staleness: r.staleness,
+            backup: r.backup,
+        })
+        .collect();
     plan.report = Some(report);
     clock.lap("build the plan");
     Ok(Compiled { plan, combined: partitioned.combined, warnings, timings: clock.timings, search, auto: None })
+}
+
+/// The model inputs that the replicas of `combined` (built by `replicate`) are fed by rows:
+/// those with an input per replica, `replica_<r>/<name>` (replicas that are instances have
+/// theirs in their partitions, named alike).
+fn split_inputs(combined: &Module, inputs: &[IoSpec], replicas: usize) -> Vec<SplitInput> {
+    let graph = &combined.graph;
+    let own = |name: &str| combined.inputs.iter().any(|&id| graph.node(id).name == name);
+    inputs
+        .iter()
+        .filter(|input| own(&dfc_passes::replica_name(0, &input.name)))
+        .map(|input| SplitInput {
+            input: input.name.clone(),
+            nodes: (0..replicas).map(|r| dfc_passes::replica_name(r, &input.name)).collect(),
+        })
+        .collect()
 }
 
 /// Whether asynchronous replicas divide their gradients by their staleness: as asked, or by

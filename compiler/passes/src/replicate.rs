@@ -5,10 +5,12 @@
 //! the number of replicas; the caller recompiles the source for it, so every shape, reshape
 //! and mean is the replica's own) and the full-batch module, for the types the user sees.
 //!
-//! - Inputs keep their full-batch type and name; replica r computes on rows
-//!   `r·b .. (r+1)·b`, sliced where the input lives. Asynchronous replicas instead have an
-//!   input each (`replica_<r>/<name>`, the replica's batch, on its device), so that each can
-//!   step on its own batches: [`replica_interfaces`] names what each one feeds and runs.
+//! - Each replica has an input of its own per model input (`replica_<r>/<name>`, its rows
+//!   `r·b .. (r+1)·b` of the batch, on its device; a lone synchronous replica's keeps the
+//!   name), which the runtime feeds directly: no replica's batch passes through another
+//!   replica's device. Asynchronous replicas so step on their own batches:
+//!   [`replica_interfaces`] names what each one feeds and runs. A pipeline's micro-batches
+//!   instead slice the full-batch input (its type and name) where it lives.
 //! - `Mirrored`: every replica has its own copy of every variable (replica 0's keeps the
 //!   variable's name; the others are `replica_<r>/<name>`, mirrors of it, with the same
 //!   initial value). Each gradient is summed over the replicas by an all-reduce and divided by
@@ -73,8 +75,8 @@ pub struct ReplicateOptions<'a> {
     /// Requests that contradict the strategy are warnings and set aside, not errors.
     pub soft: bool,
     /// `Mirrored` only: how many replicas to build in full (at least 2, or all). The others
-    /// are stubs: the Sends of their slices of the inputs and the Recvs of their parts of the
-    /// loss, outputs and metrics, named as `partition` names them; their partitions are
+    /// are stubs: the Recvs of their parts of the loss, outputs and metrics, named as
+    /// `partition` names them; their partitions are
     /// instances of replica 1's (`dfc_ir::instantiate`). `None`: every replica in full.
     pub built_replicas: Option<usize>,
     /// `Mirrored` only: local SGD, each replica on its own gradients, the variables averaged
@@ -172,12 +174,11 @@ pub fn replica_name(r: usize, name: &str) -> String {
     format!("replica_{r}/{name}")
 }
 
-/// What one replica of an asynchronous (`Shared { sync: false }`) module feeds, fetches and
-/// runs, by node name, so that it can train on its own: its inputs (with the source input each
-/// is a replica's batch of), its loss and its updates.
+/// What one replica of an asynchronous (`Shared { sync: false }`) module fetches and runs, by
+/// node name, so that it can train on its own (on its own inputs, `replica_<r>/<input>`):
+/// its loss and its updates.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ReplicaInterface {
-    pub inputs: Vec<(String, String)>,
     pub loss_node: String,
     pub updates: Vec<String>,
     /// Staleness-aware: the node of the staleness τ of its last update (of its first variable).
@@ -217,11 +218,6 @@ pub fn replica_interfaces(
     };
     (0..replicas)
         .map(|r| ReplicaInterface {
-            inputs: per_replica
-                .inputs
-                .iter()
-                .map(|&i| (graph.node(i).name.clone(), replica_name(r, &graph.node(i).name)))
-                .collect(),
             loss_node: replica_name(r, &graph.node(training.loss.node).name),
             updates: training
                 .updates
@@ -412,23 +408,24 @@ impl<'a> Builder<'a> {
         self.out.dims = full.dims.clone();
         let order = graph.topo_order().expect("verified modules are acyclic");
 
-        // Free-running replicas step on their own, each on its own batches: an input per replica.
-        if self.free_running() {
-            for &input in &src.inputs {
-                let node = graph.node(input);
-                for r in 0..self.replicas() {
-                    let op = Op::Input { ty: node.outputs[0].clone() };
-                    let name = replica_name(r, &node.name);
-                    let id = self.out.graph.add(op, &[], &name, graph.span(input)).expect("typed");
-                    let device = self.request(input, r);
-                    self.out.graph.node_mut(id).requested_device = device;
-                    self.out.inputs.push(id);
-                    self.copies[r].insert(input, id);
-                }
+        // Each replica is fed its own rows of every input (its worker receives them from the
+        // driver); a lone synchronous replica is fed the input itself.
+        let own_inputs = if self.options.micro_batches.is_none() { &src.inputs[..] } else { &[][..] };
+        for &input in own_inputs {
+            let node = graph.node(input);
+            let alone = self.replicas() == 1 && !self.free_running();
+            for r in 0..self.built() {
+                let op = Op::Input { ty: node.outputs[0].clone() };
+                let name = if alone { node.name.clone() } else { replica_name(r, &node.name) };
+                let id = self.out.graph.add(op, &[], &name, graph.span(input)).expect("typed");
+                let device = self.request(input, r);
+                self.out.graph.node_mut(id).requested_device = device;
+                self.out.inputs.push(id);
+                self.copies[r].insert(input, id);
             }
         }
-        // Otherwise full-batch inputs, sliced per replica where they live.
-        let sliced = if self.free_running() { &[][..] } else { &src.inputs[..] };
+        // A pipeline's micro-batches: the full batch, sliced where the input lives.
+        let sliced = if self.options.micro_batches.is_some() { &src.inputs[..] } else { &[][..] };
         for &input in sliced {
             let node = graph.node(input);
             let full_id = full.inputs.iter().copied().find(|&i| full.graph.node(i).name == node.name);
@@ -448,11 +445,6 @@ impl<'a> Builder<'a> {
                 let s = self.out.graph.add(slice, &[id.into()], &name, graph.span(input)).expect("slices type");
                 self.out.graph.node_mut(s).requested_device = home.clone();
                 self.copies[r].insert(input, s);
-                // A stub replica receives its slice where a replica computes with it: not where
-                // the input is unused, or only an output as it is (which stays on the home device).
-                if r >= self.built() && !graph.users(input).is_empty() {
-                    self.stub_send(s, home.clone().expect("replicas request their devices"), r);
-                }
             }
         }
 
@@ -1197,11 +1189,9 @@ impl<'a> Builder<'a> {
     }
 
     /// Replica `r`'s copy of `tensor`, or for a stub replica what `partition` would make of
-    /// it on the home device: its slice of an input (which lives there), a Recv, or a copy of a
-    /// constant.
+    /// it on the home device: a Recv, or a copy of a constant.
     fn part(&mut self, tensor: TensorRef, r: usize) -> TensorRef {
-        // Built replicas have a copy of every node, stub replicas of the inputs alone.
-        if r < self.built() || self.copies[r].contains_key(&tensor.node) {
+        if r < self.built() {
             return TensorRef { node: self.copies[r][&tensor.node], port: tensor.port };
         }
         if let Some(&done) = self.stub_parts.get(&(r, tensor)) {
@@ -1225,15 +1215,5 @@ impl<'a> Builder<'a> {
         let part = if standalone { TensorRef { node: id, port: tensor.port } } else { id.into() };
         self.stub_parts.insert((r, tensor), part);
         part
-    }
-
-    /// The Send of stub replica `r`'s slice `slice` of an input, on `home`.
-    fn stub_send(&mut self, slice: NodeId, home: DeviceSpec, r: usize) {
-        let name = self.out.graph.node(slice).name.clone();
-        let to = self.options.devices[r].clone();
-        let (key, send_name, _) = transfer_names(&name, 0, &home, &to);
-        let span = self.out.graph.span(slice);
-        // Unrequested, as `partition` leaves it: placement puts it with its operand.
-        self.out.graph.add(Op::Send { key, to }, &[slice.into()], &send_name, span).expect("sends type");
     }
 }

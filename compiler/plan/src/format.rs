@@ -19,7 +19,7 @@ use thiserror::Error;
 pub const MAGIC: [u8; 8] = *b"DFCPLAN\0";
 /// Bump on any change to the header or to the serialized types (postcard is not
 /// self-describing: adding a field changes the format).
-pub const FORMAT_VERSION: u32 = 14;
+pub const FORMAT_VERSION: u32 = 15;
 pub const HEADER_LEN: usize = 24;
 
 #[derive(Debug, Error, Clone, PartialEq, Eq)]

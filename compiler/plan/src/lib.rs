@@ -44,6 +44,11 @@ pub struct Plan {
     /// plan has none left. A plan for 64 replicas stores two of them.
     pub instances: Vec<dfc_ir::Instance>,
     pub inputs: Vec<IoSpec>,
+    /// The inputs fed to replicas by rows (data parallelism, but for a pipeline's
+    /// micro-batches): the runtime splits each such input's batch and feeds every replica its
+    /// share directly, as TensorFlow's distributed datasets do, so that no replica's batch
+    /// passes through another one's device.
+    pub split_inputs: Vec<SplitInput>,
     pub outputs: Vec<IoSpec>,
     pub metrics: Vec<IoSpec>,
     /// The model's parameters as the source declares them (a partitioned one once, with its
@@ -151,15 +156,21 @@ pub struct TrainingSpec {
     pub averages: Vec<String>,
 }
 
-/// One replica's own training step (asynchronous parameter server): fed its own batches,
-/// it updates the shared variables without waiting for the other replicas.
+/// A plan input whose batch is split by rows among `Input` nodes, one per replica: node r of
+/// R takes rows `r·b .. (r+1)·b` (b = batch / R).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SplitInput {
+    pub input: String,
+    pub nodes: Vec<String>,
+}
+
+/// One replica's own training step (asynchronous parameter server): fed its own batches
+/// (its nodes of `Plan::split_inputs`), it updates the shared variables without waiting for
+/// the other replicas.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ReplicaSpec {
     /// The device its compute runs on.
     pub device: DeviceSpec,
-    /// `(plan input, Input node)`: the node takes this replica's rows of the input's batch
-    /// (replica r of R: rows `r·b .. (r+1)·b`, b = batch / R).
-    pub inputs: Vec<(String, String)>,
     /// Its loss (output 0 of this node).
     pub loss_node: String,
     /// Its updates of the shared variables, by node name.
@@ -215,6 +226,7 @@ impl Plan {
             cluster,
             strategy,
             inputs: combined.inputs.iter().map(|&id| io(id)).collect(),
+            split_inputs: Vec::new(),
             outputs: named(&combined.outputs),
             metrics: named(&combined.metrics),
             params: param_specs(combined),
@@ -299,6 +311,21 @@ impl Plan {
             self.partitions.push(Partition { device: instance.device.clone(), module });
         }
         Ok(())
+    }
+
+    /// The plan input that feeds the `Input` node `node`, and `node`'s share of its rows
+    /// (`Some((input, r, R))`: rows `r·b .. (r+1)·b` of R), or `None` if no split input feeds it.
+    pub fn split_of(&self, node: &str) -> Option<(&str, usize, usize)> {
+        self.split_inputs.iter().find_map(|split| {
+            let r = split.nodes.iter().position(|n| n == node)?;
+            Some((split.input.as_str(), r, split.nodes.len()))
+        })
+    }
+
+    /// `(plan input, Input node)` of replica `r`'s own share of every split input.
+    pub fn replica_inputs(&self, r: usize) -> Vec<(String, String)> {
+        let share = |split: &SplitInput| split.nodes.get(r).map(|node| (split.input.clone(), node.clone()));
+        self.split_inputs.iter().filter_map(share).collect()
     }
 
     /// The nodes of partition `p` whose values a run of the plan may fetch: the partition's

@@ -10,7 +10,7 @@
 //!   all-reduce groups) and node names are unique across them;
 //! - every tensor's size is a number of bytes this machine can address;
 //! - the name-level interface resolves: inputs, outputs, metrics, the loss and the updates,
-//!   and each replica's inputs, name nodes of the right kind and type.
+//!   and each replica's share of a split input, name nodes of the right kind and type.
 
 use crate::Plan;
 use dfc_ir::{Op, TensorType, VerifyOptions};
@@ -96,8 +96,8 @@ fn check_interface(plan: &Plan) -> Result<(), String> {
         _ => None,
     };
 
-    let split_inputs: HashSet<&str> =
-        plan.replicas.iter().flat_map(|r| &r.inputs).map(|(input, _)| input.as_str()).collect();
+    check_split_inputs(plan, &input_type)?;
+    let split_inputs: HashSet<&str> = plan.split_inputs.iter().map(|s| s.input.as_str()).collect();
     for input in &plan.inputs {
         if split_inputs.contains(input.name.as_str()) {
             continue;
@@ -174,6 +174,12 @@ fn check_interface(plan: &Plan) -> Result<(), String> {
             if plan.strategy.sync { "" } else { ", and asynchronous updates" }
         ));
     }
+    if replicas > 0 && replicas != plan.strategy.replicas as usize {
+        return Err(format!(
+            "the plan has {replicas} replicas that step on their own, but its strategy {}",
+            plan.strategy.replicas
+        ));
+    }
     for replica in &plan.replicas {
         scalar_loss(&replica.loss_node)?;
         existing(&replica.updates, "the update")?;
@@ -196,21 +202,43 @@ fn check_interface(plan: &Plan) -> Result<(), String> {
             }
             None => {}
         }
-        for (input, node_name) in &replica.inputs {
-            let Some(whole) = plan.inputs.iter().find(|i| i.name == *input) else {
-                return Err(format!(
-                    "a replica's input `{node_name}` is fed from `{input}`, which the plan does not declare"
-                ));
-            };
+    }
+    Ok(())
+}
+
+/// Each split input is a declared input, split once, among one `Input` node per replica of
+/// the strategy, each of its share's type and fed from no other.
+fn check_split_inputs<'p>(plan: &'p Plan, input_type: &dyn Fn(&str) -> Option<&'p TensorType>) -> Result<(), String> {
+    let replicas = plan.strategy.replicas as usize;
+    let mut split = HashSet::new();
+    let mut fed = HashSet::new();
+    for crate::SplitInput { input, nodes } in &plan.split_inputs {
+        let Some(whole) = plan.inputs.iter().find(|i| i.name == *input) else {
+            return Err(format!("the replicas' input `{input}` is not one the plan declares"));
+        };
+        if !split.insert(input.as_str()) {
+            return Err(format!("the input `{input}` is split among the replicas twice"));
+        }
+        if nodes.len() != replicas {
+            return Err(format!(
+                "the input `{input}` is split among {} nodes, but the strategy has {replicas} replicas",
+                nodes.len()
+            ));
+        }
+        let mut rows = whole.ty.shape.dims().to_vec();
+        let fits = rows.first().is_some_and(|&n| n % replicas == 0);
+        if let Some(first) = rows.first_mut() {
+            *first /= replicas;
+        }
+        let share = TensorType::new(whole.ty.dtype, rows);
+        for node_name in nodes {
+            if !fed.insert(node_name.as_str()) {
+                return Err(format!("the replicas' input node `{node_name}` is fed twice"));
+            }
             let Some(ty) = input_type(node_name) else {
                 return Err(format!("a replica's input `{node_name}` names no input node"));
             };
-            let mut rows = whole.ty.shape.dims().to_vec();
-            let fits = rows.first().is_some_and(|&n| n % replicas == 0);
-            if let Some(first) = rows.first_mut() {
-                *first /= replicas;
-            }
-            if !fits || *ty != TensorType::new(whole.ty.dtype, rows) {
+            if !fits || *ty != share {
                 return Err(format!(
                     "a replica's input `{node_name}` takes {ty}, not its share of `{input}` ({})",
                     whole.ty

@@ -46,8 +46,7 @@ pub fn index_ranges(plan: &Plan) -> Vec<IndexRange> {
         if plan.inputs.iter().any(|i| i.name == node) {
             return Some(node.to_string());
         }
-        let replica = plan.replicas.iter().flat_map(|r| &r.inputs).find(|(_, n)| n == node);
-        replica.map(|(input, _)| input.clone())
+        plan.split_of(node).map(|(input, ..)| input.to_string())
     };
     let walk = Walk::new(plan);
     let mut ranges: Vec<IndexRange> = Vec::new();

@@ -498,7 +498,7 @@ fn train_free_running(
                         }
                         let next = batches.lock().unwrap_or_else(|e| e.into_inner()).next();
                         let Some(feeds) = next else { return Ok(()) };
-                        let feeds = crate::replicas::replica_feeds(&plan.replicas[r], feeds);
+                        let feeds = crate::replicas::replica_feeds(plan, r, feeds);
                         match replicas.step(r, &feeds) {
                             Ok(step) if step.loss.is_finite() => {
                                 if let Some(backup) = step.backup {

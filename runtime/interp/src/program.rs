@@ -633,8 +633,8 @@ pub fn schedule(modules: &[&Module]) -> Result<Vec<Vec<NodeId>>, InterpError> {
         return Err(InterpError::Cycle { nodes: cyclic.into_iter().take(5).map(name).collect() });
     }
     // A ready Send comes before anything else: it never blocks, and what receives it may be
-    // waiting (a replica's slice of the batch, sent by the device its input lives on, before
-    // that device computes its own replica). A ready all-reduce comes after everything else:
+    // waiting (a pipeline stage's activations, sent before the stage computes the next
+    // micro-batch). A ready all-reduce comes after everything else:
     // it blocks until every replica is there, so each module first does all the work it can
     // without it, and every replica meets it after the same work (an all-reduce between two
     // stretches of one replica's backward pass and after another's whole would serialize them).
