@@ -4,7 +4,6 @@
 
 use crate::train::RunError;
 use dfc_interp::Tensor;
-use dfc_ir::Op;
 use dfc_plan::Plan;
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -32,17 +31,14 @@ pub fn node_feeds<'f>(
     Ok(Cow::Owned(split))
 }
 
-/// Replica `r`'s rows of a batch for `n` replicas.
+/// Replica `r`'s rows of a batch for `n` replicas: a copy of one contiguous run of it.
 fn rows_of_replica(whole: &Tensor, r: usize, n: usize) -> Result<Tensor, RunError> {
-    let mut size = whole.shape.dims().to_vec();
-    let rows = size.first().copied().unwrap_or(0);
-    if rows % n != 0 {
+    let rows = whole.shape.dims().first().copied().unwrap_or(0);
+    if rows % n != 0 || whole.shape.rank() == 0 {
         return Err(RunError::Usage(format!("a batch of {rows} cannot be split among {n} replicas")));
     }
-    size[0] = rows / n;
-    let mut begin = vec![0; size.len()];
-    begin[0] = r * size[0];
-    Ok(dfc_interp::eval(&Op::Slice { begin, size }, &[whole])?)
+    let share = rows / n;
+    Ok(whole.rows(r * share..(r + 1) * share))
 }
 
 /// The plan inputs that a program's `Input` nodes are fed from, in declaration order.

@@ -130,6 +130,26 @@ impl Tensor {
         self.len() == 0
     }
 
+    /// Rows `rows` of the tensor along axis 0 (one contiguous run of its row-major data), as a
+    /// tensor of their own. Panics if they are not all rows of it, or it is a scalar.
+    pub fn rows(&self, rows: std::ops::Range<usize>) -> Tensor {
+        let dims = self.shape.dims();
+        assert!(!dims.is_empty() && rows.start <= rows.end && rows.end <= dims[0], "rows {rows:?} of {}", self.ty());
+        let row: usize = dims[1..].iter().product();
+        let span = rows.start * row..rows.end * row;
+        let data = match &self.data {
+            Data::F32(v) => Data::F32(v[span].to_vec()),
+            Data::F64(v) => Data::F64(v[span].to_vec()),
+            Data::I32(v) => Data::I32(v[span].to_vec()),
+            Data::I64(v) => Data::I64(v[span].to_vec()),
+            Data::U8(v) => Data::U8(v[span].to_vec()),
+            Data::Bool(v) => Data::Bool(v[span].to_vec()),
+        };
+        let mut shape = dims.to_vec();
+        shape[0] = rows.len();
+        Tensor::new(shape, data)
+    }
+
     /// Every element as f64 (exact for all types but i64 beyond 2^53).
     pub fn to_f64_vec(&self) -> Vec<f64> {
         match &self.data {
@@ -228,4 +248,20 @@ fn le_bytes<T: Copy, const N: usize>(values: &[T], f: fn(&T) -> [u8; N]) -> Vec<
         return out;
     }
     values.iter().flat_map(f).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_are_a_contiguous_run_along_axis_0() {
+        let t = Tensor::from_vec(vec![4, 2, 3], (0..24).collect::<Vec<i32>>());
+        let middle = t.rows(1..3);
+        assert_eq!(middle.shape.dims(), [2, 2, 3]);
+        assert_eq!(middle.to_vec::<i32>(), (6..18).collect::<Vec<i32>>());
+        assert_eq!(t.rows(2..2).shape.dims(), [0, 2, 3]);
+        let flags = Tensor::from_vec(vec![3], vec![true, false, true]);
+        assert_eq!(flags.rows(2..3).to_vec::<bool>(), [true]);
+    }
 }
