@@ -650,11 +650,41 @@ fn check(files: &[PathBuf], model: &ModelArgs, format: MessageFormat) -> Outcome
     Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
 }
 
+/// The machine profiles the cluster file `path` gives its tasks, each path read relative to
+/// the file's directory.
+fn task_profiles(path: &std::path::Path, text: &str) -> Result<Vec<dfc_passes::TaskProfile>, Failure> {
+    let listed = dfc_ir::task_profiles(text).map_err(|e| Failure(format!("cluster `{}`: {e}", path.display())))?;
+    let dir = path.parent().unwrap_or(std::path::Path::new(""));
+    let mut loaded: Vec<(PathBuf, std::sync::Arc<dfc_passes::Profile>)> = Vec::new();
+    let mut profiles = Vec::new();
+    for (job, task, file) in listed {
+        let file = dir.join(file);
+        // Tasks of one host share its profile: read once.
+        let profile = match loaded.iter().find(|(p, _)| *p == file) {
+            Some((_, profile)) => profile.clone(),
+            None => {
+                let profile =
+                    std::sync::Arc::new(calibrate::load_profile(&file).map_err(|e| {
+                        Failure(format!("cluster `{}`, job `{job}`, task {task}: {e}", path.display()))
+                    })?);
+                loaded.push((file, profile.clone()));
+                profile
+            }
+        };
+        profiles.push(dfc_passes::TaskProfile { job, task, profile });
+    }
+    Ok(profiles)
+}
+
 fn compile_options(model: &ModelArgs, args: &DistributeArgs) -> Result<dfc_compile::CompileOptions, Failure> {
+    let mut cluster_text = None;
     let cluster = match (&args.cluster, args.devices) {
         (Some(path), _) => {
             let text = run::read_cluster(path).map_err(Failure)?;
-            dfc_ir::Cluster::from_json(&text).map_err(|e| Failure(format!("cluster `{}`: {e}", path.display())))?
+            let cluster =
+                dfc_ir::Cluster::from_json(&text).map_err(|e| Failure(format!("cluster `{}`: {e}", path.display())))?;
+            cluster_text = Some((path, text));
+            cluster
         }
         (None, devices) => {
             let (n, kind) = devices.unwrap_or((1, dfc_ir::DeviceKind::Cpu));
@@ -707,6 +737,9 @@ fn compile_options(model: &ModelArgs, args: &DistributeArgs) -> Result<dfc_compi
         if let Some(profile) = calibrate::host_profile() {
             cost_model = dfc_passes::CostModel::calibrated(profile);
         }
+    }
+    if let (Some((path, text)), false) = (cluster_text, args.no_profile || rates_given) {
+        cost_model = cost_model.with_task_profiles(task_profiles(path, &text)?);
     }
     Ok(dfc_compile::CompileOptions {
         sema: options(model)?,

@@ -137,6 +137,103 @@ fn bench_puts_the_prediction_beside_the_measured_step() {
     assert!(text(&output.stdout).contains("no prediction (no profile of this host: `dfc calibrate` makes one)"));
 }
 
+/// A cluster file gives a task its host's profile: its partition is priced by it (a host whose
+/// products take three times as long computes a mirrored replica's products in three times the
+/// time), the report says so, and a profile that cannot be read is refused naming its task.
+#[test]
+fn a_cluster_file_gives_a_task_the_profile_of_its_host() {
+    let dir = scratch("task-profiles");
+    let mut slow: serde_json::Value = serde_json::from_slice(&std::fs::read(quick_profile()).unwrap()).unwrap();
+    for run in slow["runs"].as_array_mut().unwrap() {
+        for table in ["nn", "tn", "nt"] {
+            for time in run[table].as_array_mut().unwrap() {
+                *time = serde_json::json!(time.as_f64().unwrap() * 3.0);
+            }
+        }
+    }
+    std::fs::write(dir.join("slow host.json"), slow.to_string()).unwrap();
+    let cluster = dir.join("cluster.json");
+    let write_cluster = |profile: &str| {
+        let text = format!(
+            r#"{{"cluster": {{"worker": ["fast:2222", {{"address": "slow:2222", "profile": "{profile}"}}]}}}}"#
+        );
+        std::fs::write(&cluster, text).unwrap();
+    };
+    write_cluster("slow host.json");
+    let (plan, model) = (dir.join("mlp.plan"), mlp());
+    let args = ["compile", s(&model), "--strategy", "mirrored", "--cluster", s(&cluster), "--report", "-o", s(&plan)];
+    let output = dfc(&[&args[..], &["--profile", s(quick_profile())]].concat(), "off");
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    assert!(text(&output.stdout).contains("/job:worker/task:1 from profiles of their own"), "{}", text(&output.stdout));
+    let products = |plan: &Path| -> Vec<f64> {
+        let inspected = dfc(&["inspect", s(plan), "--json"], "off");
+        let json: serde_json::Value = serde_json::from_slice(&inspected.stdout).expect("inspect's JSON");
+        let devices = json["report"]["devices"].as_array().expect("a report").clone();
+        let matmul = |d: &serde_json::Value| {
+            let kinds = d["by_kind"].as_array().unwrap();
+            kinds.iter().find(|k| k[0] == "matmul").map_or(0.0, |k| k[1].as_f64().unwrap())
+        };
+        devices.iter().map(matmul).collect()
+    };
+    let seconds = products(&plan);
+    assert_eq!(seconds.len(), 2, "{seconds:?}");
+    assert!((seconds[1] / seconds[0] - 3.0).abs() < 0.01, "the slow host's products: {seconds:?}");
+    // Without the task's profile, both replicas' products cost the same.
+    std::fs::write(&cluster, r#"{"cluster": {"worker": ["fast:2222", "slow:2222"]}}"#).unwrap();
+    let output = dfc(&[&args[..], &["--profile", s(quick_profile())]].concat(), "off");
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let same = products(&plan);
+    assert!((same[1] / same[0] - 1.0).abs() < 1e-9, "{same:?}");
+    // Placement gives the slow hosts less to do: four towers of products on four tasks, two of
+    // them on slow hosts, under `model` (earliest-finish placement).
+    let towers: String = (0..4)
+        .map(|t| format!("    param w{t}a: f32[64, 256] = glorot_uniform\n    param w{t}b: f32[256, 64] = glorot_uniform\n    let t{t} = relu(relu(x @ w{t}a) @ w{t}b)\n"))
+        .collect();
+    let source = format!(
+        "model towers {{\n    input x: f32[128, 64]\n    input y: f32[128, 64]\n{towers}    let out = t0 + t1 + t2 + t3\n    let loss = mean((out - y) * (out - y))\n    output out\n    minimize loss with sgd(lr = 0.01)\n}}\n"
+    );
+    let towers = dir.join("towers.df");
+    std::fs::write(&towers, source).unwrap();
+    let slow_share = |profiles: [Option<&str>; 4]| -> f64 {
+        let tasks: Vec<String> = profiles
+            .iter()
+            .enumerate()
+            .map(|(i, p)| match p {
+                Some(p) => format!(r#"{{"address": "h{i}:1", "profile": "{p}"}}"#),
+                None => format!(r#""h{i}:1""#),
+            })
+            .collect();
+        std::fs::write(&cluster, format!(r#"{{"cluster": {{"worker": [{}]}}}}"#, tasks.join(", "))).unwrap();
+        let placed = dir.join("towers.plan");
+        let args = ["compile", s(&towers), "--strategy", "model", "--cluster", s(&cluster), "-o", s(&placed)];
+        let output = dfc(&[&args[..], &["--profile", s(quick_profile())]].concat(), "off");
+        assert!(output.status.success(), "{}", text(&output.stderr));
+        let inspected = dfc(&["inspect", s(&placed), "--json"], "off");
+        let json: serde_json::Value = serde_json::from_slice(&inspected.stdout).expect("inspect's JSON");
+        let flops = |d: &serde_json::Value| d["flops"].as_f64().unwrap();
+        let devices = json["report"]["devices"].as_array().unwrap().clone();
+        let slow: f64 = devices
+            .iter()
+            .filter(|d| {
+                ["/job:worker/task:2/cpu:0", "/job:worker/task:3/cpu:0"].contains(&d["device"].as_str().unwrap())
+            })
+            .map(flops)
+            .sum();
+        slow / devices.iter().map(flops).sum::<f64>()
+    };
+    let alike = slow_share([None; 4]);
+    let slow = slow_share([None, None, Some("slow host.json"), Some("slow host.json")]);
+    assert!(slow < alike, "the slow hosts' share of the FLOPs: {slow:.3} with their profiles, {alike:.3} without");
+
+    // A profile that cannot be read: refused, naming the task.
+    write_cluster("missing.json");
+    let output = dfc(&[&args[..], &["--profile", s(quick_profile())]].concat(), "off");
+    assert!(!output.status.success());
+    let stderr = text(&output.stderr);
+    assert!(stderr.contains("job `worker`, task 1: cannot read the profile"), "{stderr}");
+    assert!(stderr.contains("missing.json"), "{stderr}");
+}
+
 #[test]
 fn damaged_profiles_are_refused_by_name_or_set_aside_with_a_warning() {
     let dir = scratch("damaged");

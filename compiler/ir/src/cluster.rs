@@ -9,8 +9,10 @@
 //!              "ps": ["host3:2222"]}}
 //! ```
 //!
-//! A task is an address, or an object with its address and its devices (default `["cpu:0"]`).
-//! Every device of a cluster is fully specified: `/job:worker/task:1/gpu:0`.
+//! A task is an address, or an object with its address, its devices (default `["cpu:0"]`)
+//! and the machine profile of its host (`"profile": "gpu-box.json"`, made there by
+//! `dfc calibrate -o FILE`; [`task_profiles`] lists them, for the cost model). Every device of
+//! a cluster is fully specified: `/job:worker/task:1/gpu:0`.
 
 use crate::device::{DeviceKind, DeviceSpec};
 use serde::{Deserialize, Serialize};
@@ -114,6 +116,23 @@ impl Cluster {
     }
 }
 
+/// The machine profiles that a cluster file (as [`Cluster::from_json`] reads it, which checks
+/// them) gives its tasks: `(job, task index, path as written)`, in the file's job order.
+pub fn task_profiles(text: &str) -> Result<Vec<(String, u32, String)>, String> {
+    let cluster = Cluster::from_json(text)?;
+    let value: serde_json::Value = serde_json::from_str(text).map_err(|e| format!("not valid JSON: {e}"))?;
+    let mut profiles = Vec::new();
+    for job in &cluster.jobs {
+        let entries = value["cluster"][&job.name].as_array().map(Vec::as_slice).unwrap_or_default();
+        for (t, entry) in entries.iter().enumerate() {
+            if let Some(path) = entry.get("profile").and_then(|p| p.as_str()) {
+                profiles.push((job.name.clone(), t as u32, path.to_string()));
+            }
+        }
+    }
+    Ok(profiles)
+}
+
 fn describe_device(spec: &DeviceSpec) -> String {
     let kind = match spec.kind {
         Some(DeviceKind::Gpu) => "gpu",
@@ -139,8 +158,16 @@ fn task(job: &str, index: u32, entry: &serde_json::Value) -> Result<Task, String
     let (address, devices) = match entry {
         serde_json::Value::String(address) => (address.clone(), vec![DeviceSpec::parse("cpu:0").expect("valid")]),
         serde_json::Value::Object(fields) => {
-            if let Some(unknown) = fields.keys().find(|k| *k != "address" && *k != "devices") {
-                return Err(format!("{}: unknown field `{unknown}`; a task has `address` and `devices`", at()));
+            if let Some(unknown) = fields.keys().find(|k| !["address", "devices", "profile"].contains(&k.as_str())) {
+                return Err(format!(
+                    "{}: unknown field `{unknown}`; a task has `address`, `devices` and `profile`",
+                    at()
+                ));
+            }
+            match fields.get("profile") {
+                None => {}
+                Some(serde_json::Value::String(path)) if !path.is_empty() => {}
+                Some(_) => return Err(format!("{}: \"profile\" is the path of a machine profile (a string)", at())),
             }
             let address = fields
                 .get("address")
@@ -209,6 +236,20 @@ mod tests {
         );
         assert_eq!(c.matching(&DeviceSpec::parse("/job:ps").unwrap()), [2, 3]);
         assert_eq!(c.matching(&DeviceSpec::parse("gpu:0").unwrap()), [1]);
+    }
+
+    #[test]
+    fn tasks_may_name_their_hosts_profiles() {
+        let text = r#"{"cluster": {"ps": [{"address": "a:1", "profile": "ps.json"}],
+                                  "worker": ["b:1", {"address": "c:1", "profile": "gpu box.json"}]}}"#;
+        let profiles = task_profiles(text).unwrap();
+        assert_eq!(profiles, [("worker".into(), 1, "gpu box.json".into()), ("ps".into(), 0, "ps.json".into())]);
+        let refused = |text: &str| Cluster::from_json(text).unwrap_err();
+        assert!(refused(r#"{"cluster": {"worker": [{"address": "b:1", "profile": 3}]}}"#)
+            .contains("job `worker`, task 0: \"profile\" is the path of a machine profile"));
+        assert!(refused(r#"{"cluster": {"worker": [{"address": "b:1", "profile": ""}]}}"#).contains("\"profile\""));
+        assert!(refused(r#"{"cluster": {"worker": [{"address": "b:1", "profiles": "x"}]}}"#)
+            .contains("unknown field `profiles`"));
     }
 
     #[test]

@@ -32,7 +32,7 @@ mod schedule;
 mod types;
 mod verify;
 
-pub use cluster::{address_host, Cluster, Job, Task};
+pub use cluster::{address_host, task_profiles, Cluster, Job, Task};
 pub use device::{DeviceKind, DeviceSpec};
 pub use dot::{human_bytes, to_dot, DotOptions};
 pub use graph::{Edge, Graph, Node, NodeId, TensorRef};

@@ -49,6 +49,20 @@ pub struct CostModel {
     /// links, and the devices of one host sharing its cores. Not part of a plan.
     #[serde(skip)]
     pub profile: Option<Arc<Profile>>,
+    /// The profiles of particular tasks' hosts (a cluster file's `"profile"`s), which replace
+    /// `profile` for those tasks' devices: their nodes' times, their host's cores and the
+    /// shared memory between its tasks. `profile` stays the driver's host and the network's.
+    /// Not part of a plan.
+    #[serde(skip)]
+    pub task_profiles: Vec<TaskProfile>,
+}
+
+/// A task's own machine profile.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TaskProfile {
+    pub job: String,
+    pub task: u32,
+    pub profile: Arc<Profile>,
 }
 
 impl CostModel {
@@ -64,7 +78,32 @@ impl CostModel {
             remote_latency_seconds: profile.tcp.latency_seconds,
             calibration: Some(profile.describe()),
             profile: Some(Arc::new(profile)),
+            task_profiles: Vec::new(),
         }
+    }
+
+    /// The model with `profiles` for their tasks; where it has no profile of its own, the
+    /// first of them stands for the driver's host and the network.
+    pub fn with_task_profiles(self, profiles: Vec<TaskProfile>) -> CostModel {
+        let Some(first) = profiles.first() else { return self };
+        let mut model = match self.profile {
+            Some(_) => self,
+            None => CostModel::calibrated((*first.profile).clone()),
+        };
+        let tasks: Vec<String> = profiles.iter().map(|t| format!("/job:{}/task:{}", t.job, t.task)).collect();
+        let described = model.calibration.take().unwrap_or_default();
+        model.calibration = Some(format!("{described}; {} from profiles of their own", tasks.join(", ")));
+        model.task_profiles = profiles;
+        model
+    }
+
+    /// The profile that prices `device`'s work: its task's own, else the model's.
+    pub fn profile_of(&self, device: Option<&DeviceSpec>) -> Option<&Arc<Profile>> {
+        let own = device.and_then(|d| {
+            let (job, task) = (d.job.as_deref()?, d.task?);
+            self.task_profiles.iter().find(|t| t.job == job && t.task == task)
+        });
+        own.map(|t| &t.profile).or(self.profile.as_ref())
     }
 }
 
@@ -87,6 +126,7 @@ impl Default for CostModel {
             remote_latency_seconds: 50e-6,
             calibration: None,
             profile: None,
+            task_profiles: Vec::new(),
         }
     }
 }
@@ -579,28 +619,32 @@ impl Topology {
         Topology { process, host, threads: vec![0; tasks.len()], driven: false }
     }
 
-    /// With a profile measured on `cores` threads: the threads each partition's process
-    /// computes on, and how much slower than on those threads alone (the host's processes
-    /// asking for more threads than it has take turns).
-    fn compute_shares(&self, partitions: usize, cores: u32) -> Vec<(u32, f64)> {
-        let cores = cores.max(1);
-        let threads_of = |process: u32| match self.threads.get(process as usize) {
+    /// With profiles (`cores_of` a partition's host's threads, as its profile measured): the
+    /// threads each partition's process computes on, and how much slower than on those threads
+    /// alone (the host's processes asking for more threads than it has take turns).
+    fn compute_shares(&self, partitions: usize, cores_of: impl Fn(usize) -> u32) -> Vec<(u32, f64)> {
+        // A host's cores: what the profile of its first partition says.
+        let mut host_cores: HashMap<u32, u32> = HashMap::new();
+        for p in 0..partitions {
+            host_cores.entry(self.process_of(p).1).or_insert_with(|| cores_of(p).max(1));
+        }
+        let threads_of = |process: u32, host: u32| match self.threads.get(process as usize) {
             Some(&t) if t > 0 => t,
-            _ => cores,
+            _ => host_cores[&host],
         };
         let mut asked: HashMap<u32, u64> = HashMap::new();
         let mut counted: HashSet<u32> = HashSet::new();
         for p in 0..partitions {
             let (process, host) = self.process_of(p);
             if counted.insert(process) {
-                *asked.entry(host).or_default() += u64::from(threads_of(process));
+                *asked.entry(host).or_default() += u64::from(threads_of(process, host));
             }
         }
         (0..partitions)
             .map(|p| {
                 let (process, host) = self.process_of(p);
-                let oversubscribed = (asked[&host] as f64 / f64::from(cores)).max(1.0);
-                (threads_of(process), oversubscribed)
+                let oversubscribed = (asked[&host] as f64 / f64::from(host_cores[&host])).max(1.0);
+                (threads_of(process, host), oversubscribed)
             })
             .collect()
     }
@@ -689,7 +733,11 @@ pub fn estimate_on(partitions: &[&Module], model: &CostModel, topology: &Topolog
     let executor: Vec<u32> = (0..partitions.len())
         .map(|p| if model.profile.is_some() { topology.process_of(p).0 } else { p as u32 })
         .collect();
-    let shares = model.profile.as_ref().map(|profile| topology.compute_shares(partitions.len(), profile.cpu.threads));
+    let profiles: Vec<Option<&Arc<Profile>>> = specs.iter().map(|&s| model.profile_of(s)).collect();
+    let shares = model
+        .profile
+        .as_ref()
+        .map(|_| topology.compute_shares(partitions.len(), |p| profiles[p].map_or(1, |profile| profile.cpu.threads)));
     let mut executors: Vec<u32> = executor.clone();
     executors.sort_unstable();
     executors.dedup();
@@ -715,7 +763,7 @@ pub fn estimate_on(partitions: &[&Module], model: &CostModel, topology: &Topolog
         let order = graph.topo_order().unwrap_or_else(|_| graph.node_ids().collect());
         let slots = graph.node_ids().map(|id| id.index() + 1).max().unwrap_or(0);
         let mut map = vec![NONE; slots];
-        let profiled = model.profile.as_ref().zip(shares.as_ref()).map(|(profile, shares)| {
+        let profiled = profiles[p].zip(shares.as_ref()).map(|(profile, shares)| {
             let (threads, slower) = shares[p];
             let mut times = profiled_seconds(module, profile.rates(threads));
             times.iter_mut().for_each(|t| *t *= slower);
@@ -847,7 +895,10 @@ pub fn estimate_on(partitions: &[&Module], model: &CostModel, topology: &Topolog
         let here = receiver.or(to_of(s)).unwrap_or(&unknown);
         transfer[g] = match &model.profile {
             Some(profile) => {
-                let link = link_between(topology, nodes[s as usize].partition as usize, node.partition as usize);
+                let (from, to) = (nodes[s as usize].partition as usize, node.partition as usize);
+                let link = link_between(topology, from, to);
+                // Within a host, the host's own profile; between hosts, the network's.
+                let profile = if link == Link::Network { profile } else { profiles[to].unwrap_or(profile) };
                 link_seconds(tensor_bytes(ty) as f64, link, profile)
             }
             None => transfer_seconds(tensor_bytes(ty), there, here, model),
@@ -862,7 +913,8 @@ pub fn estimate_on(partitions: &[&Module], model: &CostModel, topology: &Topolog
         .iter()
         .map(|group| {
             let Some(&first) = group.members.first() else { return 0.0 };
-            if let (Some(profile), true) = (&model.profile, group.size <= 1) {
+            let host_profile = profiles[nodes[first as usize].partition as usize];
+            if let (Some(profile), true) = (host_profile, group.size <= 1) {
                 // Alone, it still reads its operand and writes its result.
                 return profile.full().run.copy.seconds(2.0 * group.bytes as f64);
             }
@@ -879,14 +931,15 @@ pub fn estimate_on(partitions: &[&Module], model: &CostModel, topology: &Topolog
                     .map(|&m| link_between(topology, partition(first), partition(m)))
                     .max()
                     .unwrap_or(Link::Same);
+                let host = host_profile.unwrap_or(profile);
                 let through = match link {
                     // Each member's slice read from the others and summed (its bytes three
                     // times), once every member's thread has handed its part over.
                     Link::Same | Link::Process => {
-                        let run = &profile.full().run;
+                        let run = &host.full().run;
                         return run.handoff_seconds + run.copy.seconds(3.0 * bytes as f64);
                     }
-                    Link::Host => profile.host_ring(group.size),
+                    Link::Host => host.host_ring(group.size),
                     Link::Network => profile.tcp,
                 };
                 // Each of the ring's 2(n − 1) steps pays the link's fixed cost.
@@ -988,8 +1041,8 @@ pub fn estimate_on(partitions: &[&Module], model: &CostModel, topology: &Topolog
     }
     // A process's fixed cost of running its program (the feeds, the fetches, its threads).
     if let (Some(profile), Some(shares)) = (&model.profile, &shares) {
-        for (device, &(threads, _)) in devices.iter_mut().zip(shares) {
-            device.finish_seconds += profile.rates(threads).run.program_seconds;
+        for ((device, &(threads, _)), own) in devices.iter_mut().zip(shares).zip(&profiles) {
+            device.finish_seconds += own.unwrap_or(profile).rates(threads).run.program_seconds;
         }
         // A driven worker's step: the driver's call, with the feeds of its partitions.
         if topology.driven {

@@ -21,7 +21,7 @@ mod simplify;
 mod tensor_fusion;
 
 pub use autodiff::autodiff;
-pub use cost::{CostModel, CostReport, DeviceCost, Topology};
+pub use cost::{CostModel, CostReport, DeviceCost, TaskProfile, Topology};
 pub use fuse::{fuse, Fusion, Kernel};
 pub use optimizer::{apply_optimizer, OptimizerOptions};
 pub use partition::{partition, transfer_names, Partitioned};

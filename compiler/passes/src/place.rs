@@ -376,6 +376,8 @@ impl Placer<'_> {
         let all: Vec<usize> = (0..self.devices.len()).collect();
         let mut ready_at = vec![0.0f64; self.devices.len()];
         let mut finish: HashMap<NodeId, f64> = HashMap::new();
+        // Hosts with profiles of their own compute at their own speed.
+        let slowness: Vec<f64> = self.devices.iter().map(|d| search::slowness(model, d)).collect();
         for &id in order {
             let root = groups.find(id);
             let inputs = graph.inputs(id);
@@ -401,7 +403,7 @@ impl Placer<'_> {
                     let set = allowed.get(&root).unwrap_or(&all);
                     let mut best = (f64::INFINITY, set[0]);
                     for &d in set {
-                        let end = start_on(d, device_of, groups) + seconds;
+                        let end = start_on(d, device_of, groups) + seconds * slowness[d];
                         if end < best.0 {
                             best = (end, d);
                         }
@@ -410,7 +412,7 @@ impl Placer<'_> {
                     best.1
                 }
             };
-            let end = start_on(device, device_of, groups) + seconds;
+            let end = start_on(device, device_of, groups) + seconds * slowness[device];
             ready_at[device] = end;
             finish.insert(id, end);
         }

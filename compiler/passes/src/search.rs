@@ -85,9 +85,29 @@ pub struct Problem {
     /// By device: what runs its nodes (itself, or with a profile its task's process).
     executor: Vec<u32>,
     executors: usize,
+    /// By executor: how many times the model's profile's time a node takes there (its task's
+    /// own profile's product rate against the model's; 1 without profiles of tasks).
+    slowness: Vec<f64>,
     /// `devices × devices`: the link between two devices.
     link: Vec<Link>,
     devices: usize,
+}
+
+/// How many times the model's profile's time a node takes on `device`: the ratio of a square
+/// product of 256's time on its task's own profile to the model's (1 where it has none).
+pub(crate) fn slowness(model: &CostModel, device: &DeviceSpec) -> f64 {
+    let square = |p: &crate::profile::Profile| p.full().gemm_seconds(256, 256, 256, false, false, 1);
+    match (model.profile_of(Some(device)), &model.profile) {
+        (Some(own), Some(base)) if !std::sync::Arc::ptr_eq(own, base) => {
+            let ratio = square(own) / square(base);
+            if ratio.is_finite() && ratio > 0.0 {
+                ratio
+            } else {
+                1.0
+            }
+        }
+        _ => 1.0,
+    }
 }
 
 /// Where the units of a graph are, as `place` groups them.
@@ -146,6 +166,7 @@ impl Problem {
             neighbours: vec![Vec::new(); count],
             executor: Vec::new(),
             executors: 0,
+            slowness: Vec::new(),
             link: Vec::with_capacity(devices.len() * devices.len()),
             devices: devices.len(),
         };
@@ -227,6 +248,7 @@ impl Problem {
         distinct.dedup();
         problem.executor = executors.iter().map(|e| distinct.binary_search(e).expect("listed") as u32).collect();
         problem.executors = distinct.len();
+        problem.slowness = distinct.iter().map(|&d| slowness(model, &devices[d])).collect();
         problem
     }
 
@@ -469,7 +491,7 @@ impl Schedule {
             }
             let Some(Reverse((_, at))) = self.queues[executor].pop() else { continue };
             self.running[executor] = true;
-            let seconds = if at & DUMMY != 0 { 0.0 } else { p.seconds[at as usize] };
+            let seconds = if at & DUMMY != 0 { 0.0 } else { p.seconds[at as usize] * p.slowness[executor] };
             self.push(now + seconds, at);
         }
         self.idle.clear();
