@@ -234,6 +234,26 @@ fn a_cluster_file_gives_a_task_the_profile_of_its_host() {
     assert!(stderr.contains("missing.json"), "{stderr}");
 }
 
+/// With a profile, the devices of one process take turns on its threads: mirrored on 4 devices
+/// of one process (replicas 2 and 3 stored as instances of replica 1) is predicted to take at
+/// least all four replicas' compute, one after another.
+#[test]
+fn replicas_of_one_process_take_turns_in_the_prediction() {
+    let dir = scratch("one-process");
+    let (plan, model) = (dir.join("mlp.plan"), mlp());
+    let args = ["compile", s(&model), "--strategy", "mirrored", "--devices", "4", "-o", s(&plan)];
+    let output = dfc(&[&args[..], &["--profile", s(quick_profile())]].concat(), "off");
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let inspected = dfc(&["inspect", s(&plan), "--json"], "off");
+    let json: serde_json::Value = serde_json::from_slice(&inspected.stdout).expect("inspect's JSON");
+    let report = &json["report"];
+    let devices = report["devices"].as_array().unwrap();
+    assert_eq!(devices.len(), 4);
+    let computing: f64 = devices.iter().map(|d| d["compute_seconds"].as_f64().unwrap()).sum();
+    let step = report["step_seconds"].as_f64().unwrap();
+    assert!(step >= computing, "a step of {step} s for {computing} s of the process's compute");
+}
+
 #[test]
 fn damaged_profiles_are_refused_by_name_or_set_aside_with_a_warning() {
     let dir = scratch("damaged");

@@ -413,7 +413,7 @@ pub fn compile(source: &str, source_name: &str, options: &CompileOptions) -> Res
         }
     }
     let built_parts = partitioned.parts.len();
-    let stand_ins = instance_stand_ins(&partitioned.parts, &instances);
+    let stand_ins = instance_stand_ins(&partitioned.parts, &instances, options.cost_model.profile.is_some());
     let parts: Vec<(&DeviceSpec, &Module)> = partitioned
         .parts
         .iter()
@@ -542,8 +542,14 @@ enum Costed {
 
 /// The stand-in of each instance: one instance of each way of meeting its peers (within the
 /// template's task or not) is built in full for the cost model, so that remote replicas are
-/// simulated as remote; the others cost what it (or the template) does.
-fn instance_stand_ins(parts: &[(DeviceSpec, Module)], instances: &[dfc_ir::Instance]) -> Vec<StandIn> {
+/// simulated as remote; the others cost what it (or the template) does. With `shared_threads`
+/// (a profile: a task's partitions take turns on its process's threads), an instance in the
+/// task of another partition is built in full too, so that its work loads the process.
+fn instance_stand_ins(
+    parts: &[(DeviceSpec, Module)],
+    instances: &[dfc_ir::Instance],
+    shared_threads: bool,
+) -> Vec<StandIn> {
     let Some(first) = instances.first() else { return Vec::new() };
     let (template_device, template) = &parts[first.template as usize];
     let graph = &template.graph;
@@ -566,7 +572,13 @@ fn instance_stand_ins(parts: &[(DeviceSpec, Module)], instances: &[dfc_ir::Insta
         .map(|(k, instance)| {
             let transfers = dfc_ir::instance_transfers(template, template_device, instance).expect(expect);
             let key = signature(&instance.device);
-            let costed = match standing.iter().find(|(s, _)| *s == key) {
+            let shares_a_process = shared_threads
+                && parts
+                    .iter()
+                    .map(|(d, _)| d)
+                    .chain(instances.iter().map(|i| &i.device))
+                    .any(|d| *d != instance.device && dfc_passes::cost::same_task(d, &instance.device));
+            let costed = match standing.iter().find(|(s, _)| *s == key).filter(|_| !shares_a_process) {
                 Some(&(_, p)) => Costed::As(p),
                 None => {
                     standing.push((key, parts.len() + k));
