@@ -26,7 +26,7 @@ while [ $# -gt 0 ]; do
 done
 
 (cd "$REPO" && cargo build --release --quiet --bin dfc)
-DFC=$REPO/target/release/dfc
+DFC=${DFC:-$REPO/target/release/dfc}
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/compile.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
 

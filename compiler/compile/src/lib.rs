@@ -413,7 +413,7 @@ pub fn compile(source: &str, source_name: &str, options: &CompileOptions) -> Res
         }
     }
     let built_parts = partitioned.parts.len();
-    let stand_ins = instance_stand_ins(&partitioned.parts, &instances, options.cost_model.profile.is_some());
+    let stand_ins = instance_stand_ins(&partitioned.parts, &instances);
     let parts: Vec<(&DeviceSpec, &Module)> = partitioned
         .parts
         .iter()
@@ -444,6 +444,10 @@ pub fn compile(source: &str, source_name: &str, options: &CompileOptions) -> Res
             cost.device = instance.device.to_string();
             report.devices[built_parts + k] = cost;
         }
+    }
+    if options.cost_model.profile.is_some() && !instances.is_empty() {
+        let devices: Vec<&DeviceSpec> = parts.iter().map(|(d, _)| *d).collect();
+        dfc_passes::cost::take_turns(&mut report, &devices);
     }
     clock.lap("cost model");
 
@@ -542,14 +546,8 @@ enum Costed {
 
 /// The stand-in of each instance: one instance of each way of meeting its peers (within the
 /// template's task or not) is built in full for the cost model, so that remote replicas are
-/// simulated as remote; the others cost what it (or the template) does. With `shared_threads`
-/// (a profile: a task's partitions take turns on its process's threads), an instance in the
-/// task of another partition is built in full too, so that its work loads the process.
-fn instance_stand_ins(
-    parts: &[(DeviceSpec, Module)],
-    instances: &[dfc_ir::Instance],
-    shared_threads: bool,
-) -> Vec<StandIn> {
+/// simulated as remote; the others cost what it (or the template) does.
+fn instance_stand_ins(parts: &[(DeviceSpec, Module)], instances: &[dfc_ir::Instance]) -> Vec<StandIn> {
     let Some(first) = instances.first() else { return Vec::new() };
     let (template_device, template) = &parts[first.template as usize];
     let graph = &template.graph;
@@ -572,13 +570,7 @@ fn instance_stand_ins(
         .map(|(k, instance)| {
             let transfers = dfc_ir::instance_transfers(template, template_device, instance).expect(expect);
             let key = signature(&instance.device);
-            let shares_a_process = shared_threads
-                && parts
-                    .iter()
-                    .map(|(d, _)| d)
-                    .chain(instances.iter().map(|i| &i.device))
-                    .any(|d| *d != instance.device && dfc_passes::cost::same_task(d, &instance.device));
-            let costed = match standing.iter().find(|(s, _)| *s == key).filter(|_| !shares_a_process) {
+            let costed = match standing.iter().find(|(s, _)| *s == key) {
                 Some(&(_, p)) => Costed::As(p),
                 None => {
                     standing.push((key, parts.len() + k));

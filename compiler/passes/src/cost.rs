@@ -722,6 +722,26 @@ fn add_work(by_kind: &mut Vec<(String, f64)>, work: &str, seconds: f64) {
     }
 }
 
+/// With a profile, the partitions of one process take turns on its threads, so a step takes at
+/// least their compute one after another. `estimate_on` simulates that for the partitions it
+/// is given; this applies it to `report` (whose devices are `devices`, one task a process)
+/// where some stood for others, replica instances simulated by their transfers alone and
+/// costed as the partition they copy, whose compute must take its turn too.
+pub fn take_turns(report: &mut CostReport, devices: &[&DeviceSpec]) {
+    let mut processes: Vec<(&DeviceSpec, f64)> = Vec::new();
+    for (cost, &device) in report.devices.iter().zip(devices) {
+        match processes.iter_mut().find(|(d, _)| same_task(d, device)) {
+            Some((_, busy)) => *busy += cost.compute_seconds,
+            None => processes.push((device, cost.compute_seconds)),
+        }
+    }
+    for (cost, &device) in report.devices.iter_mut().zip(devices) {
+        let busy = processes.iter().find(|(d, _)| same_task(d, device)).map_or(0.0, |p| p.1);
+        cost.finish_seconds = cost.finish_seconds.max(busy);
+        report.step_seconds = report.step_seconds.max(cost.finish_seconds);
+    }
+}
+
 /// `estimate` with the partitions run as `topology` says (a run on spawned workers: the
 /// workers' processes, all on this host).
 pub fn estimate_on(partitions: &[&Module], model: &CostModel, topology: &Topology) -> CostReport {
