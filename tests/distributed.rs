@@ -935,18 +935,21 @@ fn backup_workers_on(optimizer: &str, backend: dfc_driver::Backend) {
     assert_ne!(after_two.get("h1/w").unwrap().to_f64_vec(), after_one.get("h1/w").unwrap().to_f64_vec());
 }
 
+/// `plan` changed by `change`, written and read back: refused as invalid, saying `expected`.
+fn refused_when_read(plan: &Plan, change: &dyn Fn(&mut Plan), expected: &str) {
+    let mut plan = plan.clone();
+    change(&mut plan);
+    match dfc_plan::decode(&dfc_plan::encode(&plan)) {
+        Err(dfc_plan::PlanError::Invalid(message)) => assert!(message.contains(expected), "{message}"),
+        other => panic!("expected a refusal saying {expected:?}, got {:?}", other.map(|_| "a plan")),
+    }
+}
+
 /// A backup-worker plan whose replicas' reports do not match its strategy is refused when read.
 #[test]
 fn backup_plans_whose_reports_do_not_fit_are_refused() {
     let plan = mlp_with(MOMENTUM, ps_cluster(3), Strategy::ParameterServer { sync: true }, 12, 1);
-    let refused = |change: &dyn Fn(&mut Plan), expected: &str| {
-        let mut plan = plan.clone();
-        change(&mut plan);
-        match dfc_plan::decode(&dfc_plan::encode(&plan)) {
-            Err(dfc_plan::PlanError::Invalid(message)) => assert!(message.contains(expected), "{message}"),
-            other => panic!("expected a refusal saying {expected:?}, got {:?}", other.map(|_| "a plan")),
-        }
-    };
+    let refused = |change: &dyn Fn(&mut Plan), expected: &str| refused_when_read(&plan, change, expected);
     dfc_plan::decode(&dfc_plan::encode(&plan)).expect("the plan as compiled reads back");
     refused(&|plan| plan.strategy.backup_workers = 0, "reports dropped gradients, but the plan has no backup workers");
     refused(&|plan| plan.replicas[2].backup = None, "does not report its dropped gradients");
@@ -963,14 +966,7 @@ fn backup_plans_whose_reports_do_not_fit_are_refused() {
 #[test]
 fn plans_whose_split_inputs_do_not_fit_are_refused() {
     let plan = plan("mlp", Cluster::local(2, DeviceKind::Cpu), Strategy::Mirrored);
-    let refused = |change: &dyn Fn(&mut Plan), expected: &str| {
-        let mut plan = plan.clone();
-        change(&mut plan);
-        match dfc_plan::decode(&dfc_plan::encode(&plan)) {
-            Err(dfc_plan::PlanError::Invalid(message)) => assert!(message.contains(expected), "{message}"),
-            other => panic!("expected a refusal saying {expected:?}, got {:?}", other.map(|_| "a plan")),
-        }
-    };
+    let refused = |change: &dyn Fn(&mut Plan), expected: &str| refused_when_read(&plan, change, expected);
     dfc_plan::decode(&dfc_plan::encode(&plan)).expect("the plan as compiled reads back");
     refused(&|plan| plan.split_inputs[0].input = "pixels".into(), "the replicas' input `pixels` is not one");
     refused(&|plan| plan.split_inputs[1].input = "images".into(), "`images` is split among the replicas twice");
