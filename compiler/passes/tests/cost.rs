@@ -612,3 +612,28 @@ fn with_a_profile_a_step_driven_on_more_workers_pays_their_calls_at_once() {
     let extra = estimate_on(&parts, &model, &driven).step_seconds - estimate_on(&parts, &model, &alone).step_seconds;
     assert_close(extra, 600e-6 + feeds * 1e-9, "four workers' calls");
 }
+
+/// A process's devices take turns on its threads: `take_turns` makes the step at least each
+/// process's compute (instances costed as the partition they copy included), and leaves a
+/// process alone whose devices already finish later than that.
+#[test]
+fn the_devices_of_one_process_take_turns() {
+    let cost = |on: &str, compute: f64, finish: f64| dfc_passes::DeviceCost {
+        device: on.into(),
+        compute_seconds: compute,
+        finish_seconds: finish,
+        ..Default::default()
+    };
+    let names = ["/job:worker/task:0/cpu:0", "/job:worker/task:0/cpu:1", "/job:worker/task:1/cpu:0"];
+    let mut report = CostReport {
+        devices: vec![cost(names[0], 2.0, 2.5), cost(names[1], 2.0, 2.5), cost(names[2], 1.0, 3.0)],
+        step_seconds: 3.0,
+        ..Default::default()
+    };
+    let specs: Vec<DeviceSpec> = names.iter().map(|n| device(n)).collect();
+    let devices: Vec<&DeviceSpec> = specs.iter().collect();
+    dfc_passes::cost::take_turns(&mut report, &devices);
+    let finish: Vec<f64> = report.devices.iter().map(|d| d.finish_seconds).collect();
+    assert_eq!(finish, [4.0, 4.0, 3.0]);
+    assert_eq!(report.step_seconds, 4.0);
+}
