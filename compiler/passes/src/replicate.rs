@@ -9,7 +9,7 @@
 //!   `r·b .. (r+1)·b` of the batch, on its device; a lone synchronous replica's keeps the
 //!   name), which the runtime feeds directly: no replica's batch passes through another
 //!   replica's device. Asynchronous replicas so step on their own batches:
-//!   [`replica_interfaces`] names what each one feeds and runs. A pipeline's micro-batches
+//!   [`replica_interfaces`] names what each one fetches and runs. A pipeline's micro-batches
 //!   instead slice the full-batch input (its type and name) where it lives.
 //! - `Mirrored`: every replica has its own copy of every variable (replica 0's keeps the
 //!   variable's name; the others are `replica_<r>/<name>`, mirrors of it, with the same
@@ -76,8 +76,8 @@ pub struct ReplicateOptions<'a> {
     pub soft: bool,
     /// `Mirrored` only: how many replicas to build in full (at least 2, or all). The others
     /// are stubs: the Recvs of their parts of the loss, outputs and metrics, named as
-    /// `partition` names them; their partitions are
-    /// instances of replica 1's (`dfc_ir::instantiate`). `None`: every replica in full.
+    /// `partition` names them; their partitions (their inputs included) are instances of
+    /// replica 1's (`dfc_ir::instantiate`). `None`: every replica in full.
     pub built_replicas: Option<usize>,
     /// `Mirrored` only: local SGD, each replica on its own gradients, the variables averaged
     /// by the module's `averages`.
@@ -408,44 +408,9 @@ impl<'a> Builder<'a> {
         self.out.dims = full.dims.clone();
         let order = graph.topo_order().expect("verified modules are acyclic");
 
-        // Each replica is fed its own rows of every input (its worker receives them from the
-        // driver); a lone synchronous replica is fed the input itself.
-        let own_inputs = if self.options.micro_batches.is_none() { &src.inputs[..] } else { &[][..] };
-        for &input in own_inputs {
-            let node = graph.node(input);
-            let alone = self.replicas() == 1 && !self.free_running();
-            for r in 0..self.built() {
-                let op = Op::Input { ty: node.outputs[0].clone() };
-                let name = if alone { node.name.clone() } else { replica_name(r, &node.name) };
-                let id = self.out.graph.add(op, &[], &name, graph.span(input)).expect("typed");
-                let device = self.request(input, r);
-                self.out.graph.node_mut(id).requested_device = device;
-                self.out.inputs.push(id);
-                self.copies[r].insert(input, id);
-            }
-        }
-        // A pipeline's micro-batches: the full batch, sliced where the input lives.
-        let sliced = if self.options.micro_batches.is_some() { &src.inputs[..] } else { &[][..] };
-        for &input in sliced {
-            let node = graph.node(input);
-            let full_id = full.inputs.iter().copied().find(|&i| full.graph.node(i).name == node.name);
-            let full_ty = full_id.map_or_else(|| node.outputs[0].clone(), |i| full.graph.node(i).outputs[0].clone());
-            let id = self.out.graph.add(Op::Input { ty: full_ty }, &[], &node.name, graph.span(input)).expect("typed");
-            let home = self.request(input, 0);
-            self.out.graph.node_mut(id).requested_device = home.clone();
-            self.out.inputs.push(id);
-            let rows = node.outputs[0].shape.dims().first().copied().unwrap_or(1);
-            for r in 0..self.replicas() {
-                let mut begin = vec![0; node.outputs[0].shape.rank()];
-                if let Some(first) = begin.first_mut() {
-                    *first = r * rows;
-                }
-                let slice = Op::Slice { begin, size: node.outputs[0].shape.dims().to_vec() };
-                let name = replica_name(r, &node.name);
-                let s = self.out.graph.add(slice, &[id.into()], &name, graph.span(input)).expect("slices type");
-                self.out.graph.node_mut(s).requested_device = home.clone();
-                self.copies[r].insert(input, s);
-            }
+        match self.options.micro_batches {
+            None => self.own_inputs(),
+            Some(_) => self.sliced_inputs(full),
         }
 
         if self.options.micro_batches.is_some() {
@@ -496,6 +461,53 @@ impl<'a> Builder<'a> {
             }
         }
         self.interface(full);
+    }
+
+    /// Each replica is fed its own rows of every input (its worker receives them from the
+    /// driver); a lone synchronous replica is fed the input itself.
+    fn own_inputs(&mut self) {
+        let src = self.src;
+        let graph = &src.graph;
+        for &input in &src.inputs {
+            let node = graph.node(input);
+            let alone = self.replicas() == 1 && !self.free_running();
+            for r in 0..self.built() {
+                let op = Op::Input { ty: node.outputs[0].clone() };
+                let name = if alone { node.name.clone() } else { replica_name(r, &node.name) };
+                let id = self.out.graph.add(op, &[], &name, graph.span(input)).expect("typed");
+                let device = self.request(input, r);
+                self.out.graph.node_mut(id).requested_device = device;
+                self.out.inputs.push(id);
+                self.copies[r].insert(input, id);
+            }
+        }
+    }
+
+    /// A pipeline's micro-batches: the full batch, sliced where the input lives.
+    fn sliced_inputs(&mut self, full: &Module) {
+        let src = self.src;
+        let graph = &src.graph;
+        for &input in &src.inputs {
+            let node = graph.node(input);
+            let full_id = full.inputs.iter().copied().find(|&i| full.graph.node(i).name == node.name);
+            let full_ty = full_id.map_or_else(|| node.outputs[0].clone(), |i| full.graph.node(i).outputs[0].clone());
+            let id = self.out.graph.add(Op::Input { ty: full_ty }, &[], &node.name, graph.span(input)).expect("typed");
+            let home = self.request(input, 0);
+            self.out.graph.node_mut(id).requested_device = home.clone();
+            self.out.inputs.push(id);
+            let rows = node.outputs[0].shape.dims().first().copied().unwrap_or(1);
+            for r in 0..self.replicas() {
+                let mut begin = vec![0; node.outputs[0].shape.rank()];
+                if let Some(first) = begin.first_mut() {
+                    *first = r * rows;
+                }
+                let slice = Op::Slice { begin, size: node.outputs[0].shape.dims().to_vec() };
+                let name = replica_name(r, &node.name);
+                let s = self.out.graph.add(slice, &[id.into()], &name, graph.span(input)).expect("slices type");
+                self.out.graph.node_mut(s).requested_device = home.clone();
+                self.copies[r].insert(input, s);
+            }
+        }
     }
 
     /// The 1F1B schedule's control edges: on stage k of K, from each end of micro-batch r's
