@@ -73,7 +73,8 @@ pub fn breakdown(events: &[Event], steps: usize, predicted: &CostReport) -> Vec<
         let on_device = |e: &&Event| *e.track == *device.device || e.track.ends_with(&remote);
         // Per kind: the measured microseconds and the predicted seconds.
         let mut kinds: HashMap<&str, (f64, f64)> = HashMap::new();
-        for event in events.iter().filter(on_device).filter(|e| e.category != "partition") {
+        let work: Vec<&Event> = events.iter().filter(on_device).filter(|e| e.category != "partition").collect();
+        for event in outermost(work) {
             kinds.entry(&event.category).or_default().0 += event.duration_us;
         }
         for (kind, seconds) in &device.by_kind {
@@ -96,6 +97,23 @@ pub fn breakdown(events: &[Event], steps: usize, predicted: &CostReport) -> Vec<
         });
     }
     rows
+}
+
+/// The spans of one device that lie within none of the others (a ring's phases lie within its
+/// all-reduce, and are counted there once), in order of their start.
+fn outermost(mut spans: Vec<&Event>) -> Vec<&Event> {
+    spans.sort_by(|a, b| a.start_us.total_cmp(&b.start_us).then(b.duration_us.total_cmp(&a.duration_us)));
+    let mut kept: Vec<&Event> = Vec::with_capacity(spans.len());
+    let mut reach = f64::NEG_INFINITY;
+    for span in spans {
+        let end = span.start_us + span.duration_us;
+        if end <= reach {
+            continue;
+        }
+        reach = end;
+        kept.push(span);
+    }
+    kept
 }
 
 /// The rows of `breakdown` for a person, a device at a time.
@@ -125,4 +143,36 @@ pub fn measured_step(events: &[Event]) -> Option<(f64, usize)> {
 
 fn tenths(us: f64) -> f64 {
     (us * 10.0).round() / 10.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn span(category: &'static str, start_us: f64, duration_us: f64) -> Event {
+        Event {
+            track: Arc::from("/job:localhost/task:0/cpu:0"),
+            category: category.into(),
+            name: Arc::from(category),
+            start_us,
+            duration_us,
+            bytes: None,
+        }
+    }
+
+    #[test]
+    fn a_span_within_another_is_counted_once_and_an_overlapping_one_in_full() {
+        let spans = [
+            span("all_reduce", 100.0, 50.0),
+            span("all_reduce", 105.0, 20.0), // its reduce-scatter
+            span("all_reduce", 125.0, 20.0), // its all-gather
+            span("matmul", 0.0, 80.0),
+            span("all_reduce", 60.0, 30.0), // on the communication thread, past the product's end
+            span("kernel", 200.0, 10.0),
+        ];
+        let kept: Vec<(f64, f64)> =
+            outermost(spans.iter().collect()).iter().map(|e| (e.start_us, e.duration_us)).collect();
+        assert_eq!(kept, [(0.0, 80.0), (60.0, 30.0), (100.0, 50.0), (200.0, 10.0)]);
+    }
 }

@@ -533,6 +533,22 @@ pub unsafe fn run_host_step(
                 message: "an overlapped all-reduce runs only in a native program's run".into(),
             })
         }
+        Step::AllReduce { key, group_size, members, ty, overlapped: false }
+            if members.len() == 1 && ty.dtype != DType::Bool && cfg!(target_endian = "little") =>
+        {
+            // One replica here: the sum is made in the output's own memory, not in a tensor
+            // copied out of the arena and back (two copies of a whole fused gradient).
+            let (replica, value, out) = members[0];
+            let bytes = ty.size_in_bytes();
+            if value != out {
+                // SAFETY: two slots of the step, distinct (checked), each of `bytes` bytes.
+                unsafe { std::ptr::copy_nonoverlapping(at(value), at(out), bytes) };
+            }
+            // SAFETY: the output slot holds `bytes` bytes, a number type's native (here
+            // little-endian) representation, which no other step touches while this one runs.
+            let sum = unsafe { std::slice::from_raw_parts_mut(at(out), bytes) };
+            exchange(key)?.all_reduce_in_place(key, *group_size, replica, ty, sum)?;
+        }
         Step::AllReduce { key, group_size, members, ty, overlapped: false } => {
             let rendezvous = exchange(key)?;
             let contributions: Vec<(usize, u32, Tensor)> =

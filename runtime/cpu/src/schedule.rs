@@ -805,18 +805,29 @@ impl Schedule {
                 Op::AllReduce { key, group_size, .. } => {
                     // Replicas of one key in this program contribute together, at the first.
                     let ty = ty.unwrap();
+                    let replicas = order[position[&id]..]
+                        .iter()
+                        .filter(|&&other| matches!(&graph.node(other).op, Op::AllReduce { key: k, .. } if k == key))
+                        .count();
                     let mut members = Vec::new();
                     for &other in &order[position[&id]..] {
                         if let Op::AllReduce { key: k, replica, .. } = &graph.node(other).op {
                             if k == key {
-                                let value = *slot_of.get(&graph.inputs(other)[0].node).ok_or_else(|| {
+                                let operand = graph.inputs(other)[0].node;
+                                let value = *slot_of.get(&operand).ok_or_else(|| {
                                     malformed(
                                         module,
                                         other,
                                         "its operand is not computed when the first replica reduces",
                                     )
                                 })?;
-                                let out = builder.buffer(&ty);
+                                // A lone replica's sum takes its operand's buffer where nothing
+                                // reads the operand after: the ring then sums in place, uncopied.
+                                let dies_here = matches!(value, Slot::Arena(_))
+                                    && !aliases_operand(operand)
+                                    && !fetched.contains(&operand)
+                                    && last_use.get(&operand) == Some(&position[&other]);
+                                let out = if replicas == 1 && dies_here { value } else { builder.buffer(&ty) };
                                 slot_of.insert(other, out);
                                 reduced_later.insert(other);
                                 members.push((*replica, value, out));

@@ -49,7 +49,7 @@ pub mod trace;
 
 pub use init::{fans, fnv1a_64, initial_value, initialize, try_initialize, try_initialize_some};
 pub use program::{reduce_together, schedule, Program, StagedRun};
-pub use rendezvous::{wait_on, InProcessRendezvous, Rendezvous};
+pub use rendezvous::{all_reduce_through_copies, wait_on, InProcessRendezvous, Rendezvous};
 pub use tensor::{Data, Element, Tensor};
 
 use dfc_ir::{Op, TensorType};

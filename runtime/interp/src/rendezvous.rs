@@ -10,7 +10,7 @@
 use crate::kernels;
 use crate::tensor::Tensor;
 use crate::InterpError;
-use dfc_ir::{BinaryOp, Op};
+use dfc_ir::{BinaryOp, Op, TensorType};
 use std::collections::HashMap;
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -29,6 +29,21 @@ pub trait Rendezvous: Sync {
     /// order `0 + 1 + ... + (n - 1)`, with the interpreter's own `add`: every replica gets the
     /// same, bit-identical tensor. The contributions must all have one type.
     fn all_reduce(&self, key: &str, group_size: u32, replica: u32, value: Tensor) -> Result<Tensor, InterpError>;
+
+    /// [`Rendezvous::all_reduce`] of the value of type `ty` whose little-endian bytes are
+    /// `bytes`, the sum written over them. By default through a tensor copied in and out
+    /// ([`all_reduce_through_copies`]); a rendezvous that can reduce in the caller's memory
+    /// overrides it, which spares a large gradient's two copies.
+    fn all_reduce_in_place(
+        &self,
+        key: &str,
+        group_size: u32,
+        replica: u32,
+        ty: &TensorType,
+        bytes: &mut [u8],
+    ) -> Result<(), InterpError> {
+        all_reduce_through_copies(self, key, group_size, replica, ty, bytes)
+    }
 
     /// Gives up the step: every waiter, now or later, gets `InterpError::Aborted` with
     /// `reason`. The first reason given is kept.
@@ -121,6 +136,26 @@ impl Default for InProcessRendezvous {
     fn default() -> InProcessRendezvous {
         InProcessRendezvous::new()
     }
+}
+
+/// [`Rendezvous::all_reduce_in_place`] through [`Rendezvous::all_reduce`]: the bytes are copied
+/// into a tensor, and its sum back over them.
+pub fn all_reduce_through_copies<R: Rendezvous + ?Sized>(
+    rendezvous: &R,
+    key: &str,
+    group_size: u32,
+    replica: u32,
+    ty: &TensorType,
+    bytes: &mut [u8],
+) -> Result<(), InterpError> {
+    let value = Tensor::from_le_bytes(ty, bytes)
+        .ok_or_else(|| conflict(key, format!("{} bytes are not a value of {ty}", bytes.len())))?;
+    let sum = rendezvous.all_reduce(key, group_size, replica, value)?;
+    if sum.ty() != *ty {
+        return Err(conflict(key, format!("the sum is {}, the value reduced {ty}", sum.ty())));
+    }
+    bytes.copy_from_slice(&sum.to_le_bytes());
+    Ok(())
 }
 
 fn conflict(key: &str, message: String) -> InterpError {

@@ -456,6 +456,31 @@ impl Rendezvous for NetRendezvous {
         self.timed(|| self.all_reduce_now(key, group_size, replica, value))
     }
 
+    fn all_reduce_in_place(
+        &self,
+        key: &str,
+        group_size: u32,
+        replica: u32,
+        ty: &TensorType,
+        bytes: &mut [u8],
+    ) -> Result<(), InterpError> {
+        if !self.rings_alone(key) {
+            return dfc_interp::all_reduce_through_copies(self, key, group_size, replica, ty, bytes);
+        }
+        self.timed(|| {
+            if let Some(reason) = &self.lock().aborted {
+                return Err(InterpError::Aborted { reason: reason.clone() });
+            }
+            let (ranks, _) = &self.routes.reductions[key];
+            if ranks.len() == 1 {
+                return Ok(());
+            }
+            let me = ranks.iter().position(|&r| r == self.routes.rank).unwrap_or(0);
+            let _waiting = self.waiting(key, true, Some(ranks[(me + ranks.len() - 1) % ranks.len()]));
+            self.ring_in_place(key, ranks, ty, bytes)
+        })
+    }
+
     fn abort(&self, reason: &str) {
         let mut state = self.lock();
         if state.aborted.is_none() {
@@ -524,6 +549,15 @@ impl NetRendezvous {
         self.wait_for(key, |state| state.received.get(key).cloned())?
             .into_tensor()
             .map_err(|message| InterpError::RendezvousConflict { key: key.to_string(), message })
+    }
+
+    /// Whether the all-reduce `key` is this worker's alone among its replicas and runs as a flat
+    /// ring (or over this worker alone): then it may reduce in the caller's memory.
+    fn rings_alone(&self, key: &str) -> bool {
+        let Some((ranks, local)) = self.routes.reductions.get(key) else { return false };
+        let through_mpi = self.routes.mpi && ranks.len() > 1 && ranks.len() == self.peers.names.len();
+        let hierarchical = self.routes.hosts.as_deref().and_then(|hosts| host_groups(ranks, hosts)).is_some();
+        *local == 1 && !through_mpi && !hierarchical
     }
 
     fn all_reduce_now(&self, key: &str, _group_size: u32, replica: u32, value: Tensor) -> Result<Tensor, InterpError> {

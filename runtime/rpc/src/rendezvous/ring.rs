@@ -31,7 +31,7 @@
 //! An all-gather run alone writes segments me, me − 1, …, each before it passes it on, and
 //! only sends segment me + 1, which it never writes: its chunks need no wait.
 
-use super::{NetRendezvous, Received, State};
+use super::{byte_len, NetRendezvous, Received, State};
 use crate::data::{Chunk, Placement, DATA_CHUNK};
 use dfc_interp::{InterpError, Tensor};
 use dfc_ir::{DType, TensorType};
@@ -112,6 +112,22 @@ impl NetRendezvous {
     /// the tensor's memory (in a copy of its little-endian bytes where that memory is not them).
     pub(super) fn ring(&self, key: &str, ranks: &[usize], value: Tensor) -> Result<Tensor, InterpError> {
         self.in_place(key, value, |ty, add, bytes| self.ring_phases(key, ranks, ty, add, bytes, Phases::Both))
+    }
+
+    /// The ring over `ranks` in `bytes`, the little-endian bytes of a value of `ty`, which then
+    /// hold this worker's sum.
+    pub(super) fn ring_in_place(
+        &self,
+        key: &str,
+        ranks: &[usize],
+        ty: &TensorType,
+        bytes: &mut [u8],
+    ) -> Result<(), InterpError> {
+        let add = adder(ty.dtype).ok_or_else(|| self.fail(format!("all-reduce `{key}` of {ty}: not a number type")))?;
+        if Some(bytes.len()) != byte_len(ty) {
+            return Err(self.fail(format!("all-reduce `{key}` of {ty}: given {} bytes", bytes.len())));
+        }
+        self.ring_phases(key, ranks, ty, add, bytes, Phases::Both)
     }
 
     /// Runs `reduce` on the little-endian bytes of `value` (its own memory where it can), with
