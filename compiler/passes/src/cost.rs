@@ -714,6 +714,16 @@ pub(crate) fn link_seconds(bytes: f64, link: Link, profile: &Profile) -> f64 {
     }
 }
 
+/// Of `link_seconds`, the part in which the sender's thread is busy: between processes of one
+/// host, its copy of the bytes into the shared queue, half the bytes' time (the receiver's
+/// copy out is the other); the rest of the transfer follows the send.
+pub(crate) fn sender_seconds(bytes: f64, link: Link, profile: &Profile) -> f64 {
+    match link {
+        Link::Host => (profile.shared_memory.seconds(bytes) - profile.shared_memory.latency_seconds) / 2.0,
+        Link::Same | Link::Process | Link::Network => 0.0,
+    }
+}
+
 /// Adds `seconds` of `work` to a device's time by kind of work.
 fn add_work(by_kind: &mut Vec<(String, f64)>, work: &str, seconds: f64) {
     match by_kind.iter_mut().find(|(k, _)| k == work) {
@@ -897,6 +907,8 @@ pub fn estimate_on(partitions: &[&Module], model: &CostModel, topology: &Topolog
     }
     let mut transfer = vec![0.0f64; n];
     let mut recv_source = vec![NONE; n];
+    // Sends that keep their device busy, and for how long (see `sender_seconds`).
+    let mut busy_sends: Vec<(u32, f64)> = Vec::new();
     for (g, node) in nodes.iter().enumerate() {
         let Op::Recv { key, from, ty } = op_of(node) else { continue };
         let Some(candidates) = sends.get(key.as_str()) else { continue };
@@ -919,13 +931,29 @@ pub fn estimate_on(partitions: &[&Module], model: &CostModel, topology: &Topolog
                 let link = link_between(topology, from, to);
                 // Within a host, the host's own profile; between hosts, the network's.
                 let profile = if link == Link::Network { profile } else { profiles[to].unwrap_or(profile) };
-                link_seconds(tensor_bytes(ty) as f64, link, profile)
+                let whole = link_seconds(tensor_bytes(ty) as f64, link, profile);
+                let sender = sender_seconds(tensor_bytes(ty) as f64, link, profile).min(whole);
+                if sender > 0.0 {
+                    busy_sends.push((s, sender));
+                }
+                whole - sender
             }
             None => transfer_seconds(tensor_bytes(ty), there, here, model),
         };
         recv_source[g] = s;
         successors[s as usize].push(g as u32);
         pending[g] += 1;
+    }
+
+    for (s, seconds) in busy_sends {
+        let node = &mut nodes[s as usize];
+        // A copy on a crowded host's cores, slowed as its compute is.
+        let seconds = seconds * shares.as_ref().map_or(1.0, |shares| shares[node.partition as usize].1);
+        node.kind = Kind::Compute;
+        node.seconds += seconds;
+        // As the programs run them: a send as soon as its value is made, before other work.
+        node.priority = 0;
+        add_work(&mut devices[node.partition as usize].by_kind, "send", seconds);
     }
 
     // The ring all-reduce time of each group, from its members' devices.

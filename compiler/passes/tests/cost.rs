@@ -562,6 +562,48 @@ fn with_a_profile_transfers_take_the_link_between_their_processes() {
     assert_close(hosts - host, tcp - shared, "TCP against shared memory");
 }
 
+/// Between processes of one host the sender copies the bytes into the queue, half the link's
+/// time of them: a process's sends to two others follow one another, and the second arrives
+/// that much later. Between hosts nothing keeps the sender (TCP's buffers take the bytes).
+#[test]
+fn with_a_profile_a_sender_copies_its_sends_one_after_another() {
+    use dfc_passes::cost::estimate_on;
+    use dfc_passes::Topology;
+    let model = CostModel::calibrated(profile(50e9));
+    let ty = f32(&[64, 256]);
+    let a = partition(A, |m| {
+        let x = input(m, ty.clone(), "x");
+        send(m, x, "to_b", B);
+        send(m, x, "to_c", C);
+    });
+    let b = partition(B, |m| {
+        recv(m, "to_b", A, ty.clone());
+    });
+    let c = partition(C, |m| {
+        recv(m, "to_c", A, ty.clone());
+    });
+    let bytes = 64.0 * 256.0 * 4.0;
+    // Three processes of a thread each on the host's two: its copies, as its compute, slowed
+    // by 3/2.
+    let copy = bytes * 1e-9 / 2.0 * 1.5;
+    let host = Topology { process: vec![0, 1, 2], host: vec![0; 3], threads: vec![1; 3], driven: false };
+    let report = estimate_on(&[&a, &b, &c], &model, &host);
+    let shared = 10e-6 + bytes * 1e-9;
+    let finish: Vec<f64> = report.devices.iter().map(|d| d.finish_seconds).collect();
+    assert_close(finish[0], 2.0 * copy, "the sender, after both copies");
+    assert_close(finish[1].min(finish[2]), shared + copy - copy / 1.5, "the first receiver");
+    assert_close(finish[1].max(finish[2]), shared + 2.0 * copy - copy / 1.5, "the second, one copy later");
+    assert_eq!(cost_of(&report, A).by_kind, [("send".to_string(), 2.0 * copy)]);
+
+    let hosts = Topology { process: vec![0, 1, 2], host: vec![0, 1, 2], threads: vec![1; 3], driven: false };
+    let report = estimate_on(&[&a, &b, &c], &model, &hosts);
+    let tcp = 100e-6 + bytes * 1e-8;
+    let finish: Vec<f64> = report.devices.iter().map(|d| d.finish_seconds).collect();
+    assert_close(finish[0], 0.0, "a sender to other hosts");
+    assert_close(finish[1], tcp, "each receiver");
+    assert_close(finish[2], tcp, "each receiver");
+}
+
 #[test]
 fn with_a_profile_a_fused_kernel_costs_its_fixed_cost_and_bytes() {
     let model = CostModel::calibrated(profile(50e9));

@@ -512,6 +512,26 @@ pub unsafe fn run_host_step(
             // SAFETY: distinct buffers of `bytes` each.
             unsafe { std::ptr::copy_nonoverlapping(at(*from), at(*to), *bytes) };
         }
+        // Numbers go as the bytes of their slots (native, here little-endian), uncopied into a
+        // tensor on the way.
+        Step::Send { key, value, ty } if ty.dtype != DType::Bool && cfg!(target_endian = "little") => {
+            // SAFETY: the slot holds a value of `ty` (see `Bindings::at`): its bytes.
+            let bytes = unsafe { std::slice::from_raw_parts(at(*value), ty.size_in_bytes()) };
+            exchange(key)?.send_bytes(key, ty, bytes)?;
+        }
+        Step::Recv { node, key, out, ty } if ty.dtype != DType::Bool && cfg!(target_endian = "little") => {
+            let (found, bytes) = exchange(node)?.recv_bytes(key)?;
+            if found != *ty || bytes.len() != ty.size_in_bytes() {
+                return Err(InterpError::RecvType {
+                    node: node.clone(),
+                    key: key.clone(),
+                    expected: ty.clone(),
+                    found,
+                });
+            }
+            // SAFETY: the slot has room for a value of `ty`, `bytes` of its bytes (checked).
+            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), at(*out), bytes.len()) };
+        }
         Step::Send { key, value, ty } => {
             exchange(key)?.send(key, read(*value, ty))?;
         }

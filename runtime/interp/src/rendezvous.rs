@@ -12,7 +12,7 @@ use crate::tensor::Tensor;
 use crate::InterpError;
 use dfc_ir::{BinaryOp, Op, TensorType};
 use std::collections::HashMap;
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// How the partitions of one step exchange tensors. Implementations are shared by the threads
@@ -23,6 +23,23 @@ pub trait Rendezvous: Sync {
 
     /// The tensor sent under `key`, waiting until it is sent.
     fn recv(&self, key: &str) -> Result<Tensor, InterpError>;
+
+    /// [`Rendezvous::send`] of the value of type `ty` whose little-endian bytes are `bytes`. By
+    /// default through a tensor copied from them; a rendezvous that can send the bytes as they
+    /// are overrides it.
+    fn send_bytes(&self, key: &str, ty: &TensorType, bytes: &[u8]) -> Result<(), InterpError> {
+        let value = Tensor::from_le_bytes(ty, bytes)
+            .ok_or_else(|| conflict(key, format!("{} bytes are not a value of {ty}", bytes.len())))?;
+        self.send(key, value)
+    }
+
+    /// [`Rendezvous::recv`] as the type and little-endian bytes of the tensor. By default
+    /// copied out of the tensor; a rendezvous that receives bytes overrides it, and may share
+    /// them between the receives of one value.
+    fn recv_bytes(&self, key: &str) -> Result<(TensorType, Arc<Vec<u8>>), InterpError> {
+        let value = self.recv(key)?;
+        Ok((value.ty(), Arc::new(value.to_le_bytes())))
+    }
 
     /// Contributes `value` as replica `replica` of the `group_size` replicas that reduce under
     /// `key`, waits for the others, and returns the sum of all contributions taken in replica

@@ -201,11 +201,12 @@ impl Peers {
 }
 
 /// A value sent to this worker: a tensor from a partition here, or the bytes of one pushed by
-/// another worker (turned into a tensor when a Recv takes it; a ring step adds them as they are).
+/// another worker (turned into a tensor when a Recv takes it; a ring step adds them as they are;
+/// shared, not copied, with each Recv of them: `Rendezvous::recv_bytes`).
 #[derive(Clone)]
 pub enum Received {
     Tensor(Tensor),
-    Bytes(TensorType, Vec<u8>),
+    Bytes(TensorType, Arc<Vec<u8>>),
 }
 
 impl Received {
@@ -221,7 +222,7 @@ impl Received {
     fn into_bytes(self) -> Vec<u8> {
         match self {
             Received::Tensor(t) => t.to_le_bytes(),
-            Received::Bytes(_, bytes) => bytes,
+            Received::Bytes(_, bytes) => Arc::try_unwrap(bytes).unwrap_or_else(|shared| shared.to_vec()),
         }
     }
 }
@@ -391,7 +392,7 @@ impl NetRendezvous {
         };
         let (offset, part) = (offset as usize, chunk.as_slice());
         if offset == 0 && part.len() == total {
-            return self.deliver(key, Received::Bytes(ty.clone(), part.to_vec()));
+            return self.deliver(key, Received::Bytes(ty.clone(), Arc::new(part.to_vec())));
         }
         let mut state = self.lock();
         let (buffer, filled) = state.assembling.entry(key.to_string()).or_insert_with(|| (vec![0; total], 0));
@@ -406,7 +407,7 @@ impl NetRendezvous {
         }
         let (buffer, _) = state.assembling.remove(key).expect("assembling");
         drop(state);
-        self.deliver(key, Received::Bytes(ty.clone(), buffer))
+        self.deliver(key, Received::Bytes(ty.clone(), Arc::new(buffer)))
     }
 
     /// Notes that a partition waits for `key` from worker `from` until the result is dropped.
@@ -450,6 +451,17 @@ impl Rendezvous for NetRendezvous {
 
     fn recv(&self, key: &str) -> Result<Tensor, InterpError> {
         self.timed(|| self.recv_now(key))
+    }
+
+    fn send_bytes(&self, key: &str, ty: &TensorType, bytes: &[u8]) -> Result<(), InterpError> {
+        self.timed(|| self.send_bytes_now(key, ty, bytes))
+    }
+
+    fn recv_bytes(&self, key: &str) -> Result<(TensorType, Arc<Vec<u8>>), InterpError> {
+        self.timed(|| match self.received(key)? {
+            Received::Bytes(ty, bytes) => Ok((ty, bytes)),
+            Received::Tensor(value) => Ok((value.ty(), Arc::new(value.to_le_bytes()))),
+        })
     }
 
     fn all_reduce(&self, key: &str, group_size: u32, replica: u32, value: Tensor) -> Result<Tensor, InterpError> {
@@ -545,10 +557,40 @@ impl NetRendezvous {
     }
 
     fn recv_now(&self, key: &str) -> Result<Tensor, InterpError> {
-        let _waiting = self.waiting(key, false, self.routes.sender.get(key).copied());
-        self.wait_for(key, |state| state.received.get(key).cloned())?
+        self.received(key)?
             .into_tensor()
             .map_err(|message| InterpError::RendezvousConflict { key: key.to_string(), message })
+    }
+
+    /// The value sent under `key`, once it is here. It stays for the step's other Recvs of it
+    /// (a partition run in stages receives some values in each).
+    fn received(&self, key: &str) -> Result<Received, InterpError> {
+        let _waiting = self.waiting(key, false, self.routes.sender.get(key).copied());
+        self.wait_for(key, |state| state.received.get(key).cloned())
+    }
+
+    /// [`Rendezvous::send_bytes`]: the bytes as they are onto the data plane, where the value
+    /// goes there and now (not handed over to a thread); else through a tensor.
+    fn send_bytes_now(&self, key: &str, ty: &TensorType, bytes: &[u8]) -> Result<(), InterpError> {
+        let detached = self.detach_sends.load(std::sync::atomic::Ordering::Relaxed);
+        match self.routes.receiver.get(key) {
+            Some(&rank) if rank != self.routes.rank && self.peers.links.reaches(rank) && !detached => {
+                if let Some(reason) = &self.lock().aborted {
+                    return Err(InterpError::Aborted { reason: reason.clone() });
+                }
+                if Some(bytes.len()) != byte_len(ty) {
+                    return Err(self.fail(format!("send `{key}` of {ty}: given {} bytes", bytes.len())));
+                }
+                let wire = tensor_wire_key(key, ty);
+                let sent = self.peers.links.send(rank, self.step, &wire, bytes, 0, bytes.len(), self.wait);
+                sent.map_err(|e| self.fail(e))
+            }
+            _ => {
+                let value = Tensor::from_le_bytes(ty, bytes)
+                    .ok_or_else(|| self.fail(format!("send `{key}` of {ty}: given {} bytes", bytes.len())))?;
+                self.send_now(key, value)
+            }
+        }
     }
 
     /// Whether the all-reduce `key` is this worker's alone among its replicas and runs as a flat
@@ -633,6 +675,43 @@ impl NetRendezvous {
 mod tests {
     use super::*;
     use dfc_ir::DType;
+
+    /// Worker 0 of 2 (whose peer is never reached) in step 0, waiting up to `wait`.
+    pub(super) fn worker_of_two(wait: Duration) -> (tokio::runtime::Runtime, NetRendezvous) {
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let names = vec!["127.0.0.1:1".to_string(), "127.0.0.1:2".to_string()];
+        let peers = Peers {
+            clients: Vec::new(),
+            links: crate::data::Links::new("token", b"run", 0, &names, &[0, 0], false, None),
+            names,
+            plan_sha256: Default::default(),
+            runtime: runtime.handle().clone(),
+            detached: Default::default(),
+        };
+        let rendezvous = NetRendezvous::new(0, Arc::new(Routes::default()), Arc::new(peers), wait);
+        (runtime, rendezvous)
+    }
+
+    #[test]
+    fn a_value_received_is_shared_by_its_receives_and_never_sent_again() {
+        let (_runtime, rendezvous) = worker_of_two(Duration::from_secs(30));
+        let ty = TensorType::new(DType::F32, vec![2]);
+        let bytes: Vec<u8> = [1.5f32, -2.0].iter().flat_map(|x| x.to_le_bytes()).collect();
+        rendezvous.deliver("k", Received::Bytes(ty.clone(), Arc::new(bytes.clone()))).unwrap();
+        let (found, first) = rendezvous.recv_bytes("k").unwrap();
+        assert_eq!((&found, first.as_slice()), (&ty, bytes.as_slice()));
+        let (_, again) = rendezvous.recv_bytes("k").unwrap();
+        assert!(Arc::ptr_eq(&first, &again), "the bytes as they came, not a copy");
+        assert_eq!(rendezvous.recv("k").unwrap().to_le_bytes(), bytes);
+        let resent = rendezvous.deliver("k", Received::Bytes(ty.clone(), Arc::new(bytes))).unwrap_err();
+        assert!(resent.contains("sent twice"), "{resent}");
+
+        // A tensor sent here by a partition of this worker comes as its bytes too.
+        let value = Tensor::from_le_bytes(&ty, &[0, 0, 64, 64, 0, 0, 128, 64]).unwrap();
+        rendezvous.deliver("t", Received::Tensor(value.clone())).unwrap();
+        let (found, got) = rendezvous.recv_bytes("t").unwrap();
+        assert_eq!((found, got.to_vec()), (ty, value.to_le_bytes()));
+    }
 
     #[test]
     fn a_tensors_data_plane_key_carries_its_type() {

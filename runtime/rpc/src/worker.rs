@@ -591,7 +591,7 @@ impl Worker for WorkerService {
         if bytes.len() != total {
             return Err(bad(format!("push of `{key}`: {} bytes, not the {total} of a {ty}", bytes.len())));
         }
-        let value = crate::rendezvous::Received::Bytes(ty, bytes);
+        let value = crate::rendezvous::Received::Bytes(ty, std::sync::Arc::new(bytes));
         host.step(step).deliver(&key, value).map_err(Status::already_exists)?;
         Ok(Response::new(PushReply {}))
     }

@@ -571,25 +571,12 @@ mod tests {
     //! an all-gather chunk only once this worker has sent the bytes it overwrites.
 
     use super::*;
-    use crate::data::Links;
-    use crate::rendezvous::{Peers, Routes};
-    use std::sync::Arc;
     use std::time::Duration;
 
     /// Worker 0 of 2, with a ring `k` over `buffer` under way: it receives bytes 8..16 in the
     /// reduce-scatter (step 0) and 0..8, its own segment, in the all-gather (step 1).
     fn ring_here(buffer: &mut [u8; 16], wait: Duration) -> (tokio::runtime::Runtime, NetRendezvous) {
-        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
-        let names = vec!["127.0.0.1:1".to_string(), "127.0.0.1:2".to_string()];
-        let peers = Peers {
-            clients: Vec::new(),
-            links: Links::new("token", b"run", 0, &names, &[0, 0], false, None),
-            names,
-            plan_sha256: Default::default(),
-            runtime: runtime.handle().clone(),
-            detached: Default::default(),
-        };
-        let rendezvous = NetRendezvous::new(0, Arc::new(Routes::default()), Arc::new(peers), wait);
+        let (runtime, rendezvous) = crate::rendezvous::tests::worker_of_two(wait);
         let segments = vec![8..16, 0..8];
         let progress = RingProgress {
             buffer: SharedBytes(buffer.as_mut_ptr()),
