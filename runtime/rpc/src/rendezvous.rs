@@ -530,18 +530,12 @@ impl NetRendezvous {
                     let Err(bytes) = self.peers.send_detached(rank, self.step, wire.clone(), bytes, self.wait) else {
                         return Ok(());
                     };
-                    let sent = self.peers.links.send(rank, self.step, &wire, &bytes, 0, bytes.len(), self.wait);
-                    return sent.map_err(|e| self.fail(e));
+                    return self.send_on_link(rank, &wire, &bytes);
                 }
-                let links = &self.peers.links;
-                let sent = match value.le_bytes_mut() {
-                    Some(bytes) => links.send(rank, self.step, &wire, bytes, 0, bytes.len(), self.wait),
-                    None => {
-                        let bytes = value.to_le_bytes();
-                        links.send(rank, self.step, &wire, &bytes, 0, bytes.len(), self.wait)
-                    }
-                };
-                sent.map_err(|e| self.fail(e))
+                match value.le_bytes_mut() {
+                    Some(bytes) => self.send_on_link(rank, &wire, bytes),
+                    None => self.send_on_link(rank, &wire, &value.to_le_bytes()),
+                }
             }
             Some(&rank) if rank != self.routes.rank => {
                 self.peers.push(rank, self.step, key, &value, self.wait).map_err(|e| self.fail(e))
@@ -569,27 +563,27 @@ impl NetRendezvous {
         self.wait_for(key, |state| state.received.get(key).cloned())
     }
 
+    /// `bytes` onto the data plane to worker `rank` under `wire`.
+    fn send_on_link(&self, rank: usize, wire: &str, bytes: &[u8]) -> Result<(), InterpError> {
+        self.peers.links.send(rank, self.step, wire, bytes, 0, bytes.len(), self.wait).map_err(|e| self.fail(e))
+    }
+
     /// [`Rendezvous::send_bytes`]: the bytes as they are onto the data plane, where the value
     /// goes there and now (not handed over to a thread); else through a tensor.
     fn send_bytes_now(&self, key: &str, ty: &TensorType, bytes: &[u8]) -> Result<(), InterpError> {
+        let fail = || self.fail(format!("send `{key}` of {ty}: given {} bytes", bytes.len()));
+        if Some(bytes.len()) != byte_len(ty) {
+            return Err(fail());
+        }
         let detached = self.detach_sends.load(std::sync::atomic::Ordering::Relaxed);
         match self.routes.receiver.get(key) {
             Some(&rank) if rank != self.routes.rank && self.peers.links.reaches(rank) && !detached => {
                 if let Some(reason) = &self.lock().aborted {
                     return Err(InterpError::Aborted { reason: reason.clone() });
                 }
-                if Some(bytes.len()) != byte_len(ty) {
-                    return Err(self.fail(format!("send `{key}` of {ty}: given {} bytes", bytes.len())));
-                }
-                let wire = tensor_wire_key(key, ty);
-                let sent = self.peers.links.send(rank, self.step, &wire, bytes, 0, bytes.len(), self.wait);
-                sent.map_err(|e| self.fail(e))
+                self.send_on_link(rank, &tensor_wire_key(key, ty), bytes)
             }
-            _ => {
-                let value = Tensor::from_le_bytes(ty, bytes)
-                    .ok_or_else(|| self.fail(format!("send `{key}` of {ty}: given {} bytes", bytes.len())))?;
-                self.send_now(key, value)
-            }
+            _ => self.send_now(key, Tensor::from_le_bytes(ty, bytes).ok_or_else(fail)?),
         }
     }
 
