@@ -72,14 +72,16 @@ pub fn calibrate(args: &CalibrateArgs) -> Outcome {
     };
     let cores = std::thread::available_parallelism().map_or(1, usize::from) as u32;
     let effort = if args.quick { Effort::QUICK } else { Effort::FULL };
-    let mut runs = Vec::new();
     let mut counts = vec![1];
     if cores > 1 {
         counts.push(cores);
     }
-    // Each pass measures everything once, and the profile keeps each measurement's fastest:
-    // a slow spell of a shared host (seconds long, where a measurement takes milliseconds)
-    // then spoils one pass's, not the profile.
+    // Each pass measures everything once, and the profile keeps each measurement's median over
+    // the passes: a shared host's slow spells (seconds long, where a measurement takes
+    // milliseconds) then weigh in the profile as much as they do in the steps it predicts,
+    // whose medians a step's prediction is compared with; the fastest of the passes predicted
+    // every step of a noisy host 20-30% fast.
+    let mut passes: Vec<Vec<Run>> = vec![Vec::new(); counts.len()];
     for pass in 1..=effort.passes {
         for (i, &threads) in counts.iter().enumerate() {
             eprintln!(
@@ -91,13 +93,10 @@ pub fn calibrate(args: &CalibrateArgs) -> Outcome {
                 .num_threads(threads as usize)
                 .build()
                 .map_err(|e| Failure(format!("cannot start {threads} threads: {e}")))?;
-            let run = pool.install(|| measure_run(threads, effort))?;
-            match runs.get_mut(i) {
-                Some(fastest) => keep_fastest(fastest, &run),
-                None => runs.push(run),
-            }
+            passes[i].push(pool.install(|| measure_run(threads, effort))?);
         }
     }
+    let runs: Vec<Run> = passes.iter().map(|runs| typical_run(runs)).collect();
     let links = if args.no_workers {
         Links {
             shared_memory: Throughput { latency_seconds: 5e-6, bytes_per_second: 10e9 },
@@ -106,7 +105,6 @@ pub fn calibrate(args: &CalibrateArgs) -> Outcome {
             driven_step: DrivenStep { latency: Curve { points: vec![[1.0, 200e-6]] }, bytes_per_second: 1e9 },
         }
     } else {
-        eprintln!("calibrating the links between worker processes, and steps driven on them");
         measure_links(effort)?
     };
     let profile = Profile {
@@ -214,50 +212,76 @@ impl Effort {
     const QUICK: Effort = Effort { repetitions: 2, seconds: 0.0005, passes: 1 };
 }
 
-/// `fastest` with each of its times replaced by `other`'s where that is shorter (the same
-/// measurements, of another pass). A convolution's factor is kept from the pass with the
-/// faster products.
-fn keep_fastest(fastest: &mut Run, other: &Run) {
-    let min_into = |into: &mut [f64], from: &[f64]| into.iter_mut().zip(from).for_each(|(a, b)| *a = a.min(*b));
-    // A convolution's factor is its time over its pass's product: the fastest time, over the
-    // fastest product.
-    let conv_times = |run: &Run| conv_forms(run, |product, factor| product * factor);
-    let (mine, theirs) = (conv_times(fastest), conv_times(other));
-    min_into(&mut fastest.nn, &other.nn);
-    min_into(&mut fastest.tn, &other.tn);
-    min_into(&mut fastest.nt, &other.nt);
-    let fastest_conv = mine.iter().zip(&theirs).map(|(a, b)| a.min(*b)).collect::<Vec<_>>();
-    let mut times = fastest_conv.into_iter();
-    let factors = conv_forms(fastest, |product, _| times.next().expect("one time a convolution") / product);
-    for (form, chunk) in
-        [&mut fastest.conv.forward, &mut fastest.conv.backprop_input, &mut fastest.conv.backprop_filter]
-            .into_iter()
-            .zip(factors.chunks(CONVS.len()))
+/// Each measurement of `runs` (one a pass, at least one) at its median over them. A
+/// convolution's factor is its median time over the median product of its shape.
+fn typical_run(runs: &[Run]) -> Run {
+    let all: Vec<Vec<f64>> = runs.iter().map(measurements).collect();
+    let typical: Vec<f64> = (0..all[0].len())
+        .map(|i| {
+            let mut values: Vec<f64> = all.iter().map(|run| run[i]).collect();
+            median(&mut values)
+        })
+        .collect();
+    with_measurements(&runs[0], &typical)
+}
+
+/// A run's times, in the order `with_measurements` takes them; a convolution's as its time
+/// (its product's times its factor), not its factor.
+fn measurements(run: &Run) -> Vec<f64> {
+    let mut out = Vec::new();
+    for table in [&run.nn, &run.tn, &run.nt] {
+        out.extend_from_slice(table);
+    }
+    out.extend(conv_forms(run, |product, factor| product * factor));
+    for curve in curves(run) {
+        out.extend(curve.points.iter().map(|point| point[1]));
+    }
+    for row in [&run.row, &run.exp_row] {
+        out.extend([row.short_seconds, row.long_seconds]);
+    }
+    out.extend([run.handoff_seconds, run.transcendental_seconds, run.program_seconds]);
+    out
+}
+
+/// The curves of a run: its kernels', copies' and poolings' times by bytes.
+fn curves(run: &Run) -> [&Curve; 6] {
+    let pool = &run.pool;
+    [&run.kernel, &run.copy, &pool.max, &pool.max_grad, &pool.avg, &pool.avg_grad]
+}
+
+/// `template` with its times from `values` (as `measurements` lists them); a convolution's
+/// factor then over the product of the new tables.
+fn with_measurements(template: &Run, values: &[f64]) -> Run {
+    let mut run = template.clone();
+    let mut values = values.iter().copied();
+    let mut next = || values.next().expect("as many values as measurements");
+    for table in [&mut run.nn, &mut run.tn, &mut run.nt] {
+        table.iter_mut().for_each(|time| *time = next());
+    }
+    let conv_times: Vec<f64> = conv_forms(template, |_, _| 0.0).iter().map(|_| next()).collect();
+    let pool = &mut run.pool;
+    for curve in [&mut run.kernel, &mut run.copy, &mut pool.max, &mut pool.max_grad, &mut pool.avg, &mut pool.avg_grad]
+    {
+        curve.points.iter_mut().for_each(|point| point[1] = next());
+    }
+    for row in [&mut run.row, &mut run.exp_row] {
+        row.short_seconds = next();
+        row.long_seconds = next();
+    }
+    run.handoff_seconds = next();
+    run.transcendental_seconds = next();
+    run.program_seconds = next();
+    let mut times = conv_times.into_iter();
+    let factors = conv_forms(&run, |product, _| times.next().expect("one time a convolution") / product);
+    for (form, chunk) in [&mut run.conv.forward, &mut run.conv.backprop_input, &mut run.conv.backprop_filter]
+        .into_iter()
+        .zip(factors.chunks(CONVS.len()))
     {
         for (point, factor) in form.points.iter_mut().zip(chunk) {
             point[1] = *factor;
         }
     }
-    let pools = [
-        (&mut fastest.pool.max, &other.pool.max),
-        (&mut fastest.pool.max_grad, &other.pool.max_grad),
-        (&mut fastest.pool.avg, &other.pool.avg),
-        (&mut fastest.pool.avg_grad, &other.pool.avg_grad),
-    ];
-    for (into, from) in
-        [(&mut fastest.kernel, &other.kernel), (&mut fastest.copy, &other.copy)].into_iter().chain(pools)
-    {
-        for (a, b) in into.points.iter_mut().zip(&from.points) {
-            a[1] = a[1].min(b[1]);
-        }
-    }
-    for (into, from) in [(&mut fastest.row, &other.row), (&mut fastest.exp_row, &other.exp_row)] {
-        into.short_seconds = into.short_seconds.min(from.short_seconds);
-        into.long_seconds = into.long_seconds.min(from.long_seconds);
-    }
-    fastest.handoff_seconds = fastest.handoff_seconds.min(other.handoff_seconds);
-    fastest.transcendental_seconds = fastest.transcendental_seconds.min(other.transcendental_seconds);
-    fastest.program_seconds = fastest.program_seconds.min(other.program_seconds);
+    run
 }
 
 /// The median time of `work` after one untimed call.
@@ -652,8 +676,10 @@ const DRIVEN_WORKERS: [usize; 3] = [1, 2, 4];
 /// What a step driven on workers costs beyond the same program run in this process: the
 /// fixed cost of the driver's calls for each of `DRIVEN_WORKERS` (each worker runs the
 /// calibration model's kernel over 1,024 elements), and the feeds' and fetches' bytes, from
-/// one worker's kernel at two sizes.
-fn measure_driven_steps(addresses: &[String], token: &str, effort: Effort) -> Result<DrivenStep, Failure> {
+/// one worker's kernel at two sizes. The times, as `driven_step` takes them: the program in
+/// this process over `DRIVEN_SMALL` and `DRIVEN_LARGE` elements, then driven on each of
+/// `DRIVEN_WORKERS` over the small, then on one worker over the large.
+fn time_driven_steps(addresses: &[String], token: &str, effort: Effort) -> Result<Vec<f64>, Failure> {
     let failure = |e: dfc_driver::RunError| Failure(format!("running the calibration model on workers: {e}"));
     let effort = Effort { repetitions: 3 * effort.repetitions, seconds: 8.0 * effort.seconds, ..effort };
     // The same program in this process, on one partition.
@@ -679,23 +705,35 @@ fn measure_driven_steps(addresses: &[String], token: &str, effort: Effort) -> Re
         .map_err(failure)?;
         median_run(&mut session, &driven_feeds(workers, n), &driven_fetches(workers), effort).map_err(failure)
     };
-    // Two operands in, one result out: 12 bytes an element.
-    let (small, large) = (1usize << 10, 1usize << 18);
-    let bytes = |n: usize| 12.0 * n as f64;
-    let (small_local, large_local) = (local_seconds(small)?, local_seconds(large)?);
-    let mut extra = Vec::new();
+    let mut times = vec![local_seconds(DRIVEN_SMALL)?, local_seconds(DRIVEN_LARGE)?];
     for &workers in &DRIVEN_WORKERS {
-        extra.push((remote_seconds(workers, small)? - small_local).max(0.0));
+        times.push(remote_seconds(workers, DRIVEN_SMALL)?);
     }
-    let large_extra = (remote_seconds(1, large)? - large_local).max(0.0);
-    let rate = (bytes(large) - bytes(small)) / (large_extra - extra[0]).max(1e-9);
+    times.push(remote_seconds(1, DRIVEN_LARGE)?);
+    Ok(times)
+}
+
+/// Elements of each operand of the calibration model's kernel in `time_driven_steps`.
+const DRIVEN_SMALL: usize = 1 << 10;
+const DRIVEN_LARGE: usize = 1 << 18;
+
+/// A step driven on workers from the times of `time_driven_steps`.
+fn driven_step(times: &[f64]) -> DrivenStep {
+    let (small_local, large_local) = (times[0], times[1]);
+    let remote_small = &times[2..2 + DRIVEN_WORKERS.len()];
+    let remote_large = times[2 + DRIVEN_WORKERS.len()];
+    // Two operands in, one result out: 12 bytes an element.
+    let bytes = |n: usize| 12.0 * n as f64;
+    let extra: Vec<f64> = remote_small.iter().map(|t| (t - small_local).max(0.0)).collect();
+    let large_extra = (remote_large - large_local).max(0.0);
+    let rate = (bytes(DRIVEN_LARGE) - bytes(DRIVEN_SMALL)) / (large_extra - extra[0]).max(1e-9);
     // Each fixed cost without its own worker's bytes; never less than the fewer workers'.
     let mut points: Vec<[f64; 2]> = Vec::new();
     for (&workers, seconds) in DRIVEN_WORKERS.iter().zip(extra) {
         let floor = points.last().map_or(1e-7, |p| p[1]);
-        points.push([workers as f64, (seconds - bytes(small) / rate).max(floor)]);
+        points.push([workers as f64, (seconds - bytes(DRIVEN_SMALL) / rate).max(floor)]);
     }
-    Ok(DrivenStep { latency: Curve { points }, bytes_per_second: rate })
+    DrivenStep { latency: Curve { points }, bytes_per_second: rate }
 }
 
 /// The calibration model of `workers` devices, each computing `z = x * y + x` over `n`
@@ -742,10 +780,15 @@ fn measure_links(effort: Effort) -> Result<Links, Failure> {
     let token = dfc_rpc::auth::random_token();
     let most = *DRIVEN_WORKERS.last().expect("counts");
     let workers = dfc_rpc::LocalWorkers::spawn(&exe, most, &token, None).map_err(Failure)?;
-    let driven_step = measure_driven_steps(&workers.addresses, &token, effort)?;
     let (small, large) = (64u64 << 10, if effort.repetitions > 2 { 16u64 << 20 } else { 4 << 20 });
     let iterations = if effort.repetitions > 2 { 9 } else { 3 };
-    let ring = |members: usize, transport| -> Result<Throughput, Failure> {
+    // Rings of two over shared memory and TCP, then of 3.. over shared memory.
+    let rings: Vec<(usize, dfc_rpc::bench::Transport)> = [2, 2]
+        .into_iter()
+        .zip([dfc_rpc::bench::Transport::SharedMemory, dfc_rpc::bench::Transport::Tcp])
+        .chain((3..=most).map(|members| (members, dfc_rpc::bench::Transport::SharedMemory)))
+        .collect();
+    let ring_times = |members: usize, transport| -> Result<[f64; 2], Failure> {
         let time = |bytes: u64| {
             dfc_rpc::bench::all_reduce(
                 &workers.addresses[..members],
@@ -759,22 +802,40 @@ fn measure_links(effort: Effort) -> Result<Links, Failure> {
             .map(|r| r.median_seconds)
             .map_err(Failure)
         };
-        let (t_small, t_large) = (time(small)?, time(large)?);
+        Ok([time(small)?, time(large)?])
+    };
+    // As the products are, each time at its median over passes; three times as many passes,
+    // each a few seconds, to span as long a time as the products' passes do.
+    let count = 3 * effort.passes;
+    let mut passes = Vec::new();
+    for pass in 1..=count {
+        eprintln!("calibrating the links between worker processes, and steps driven on them (pass {pass} of {count})");
+        let mut times = time_driven_steps(&workers.addresses, &token, effort)?;
+        for &(members, transport) in &rings {
+            times.extend(ring_times(members, transport)?);
+        }
+        passes.push(times);
+    }
+    let _ = dfc_rpc::bench::shutdown(&workers.addresses, &token, None);
+    let times: Vec<f64> =
+        (0..passes[0].len()).map(|i| median(&mut passes.iter().map(|pass| pass[i]).collect::<Vec<_>>())).collect();
+    let driven = DRIVEN_WORKERS.len() + 3;
+    let driven_step = driven_step(&times[..driven]);
+    let ring = |members: usize, at: usize| -> Throughput {
+        let (t_small, t_large) = (times[driven + 2 * at], times[driven + 2 * at + 1]);
         let steps = 2.0 * (members - 1) as f64;
         let moved = |bytes: u64| bytes as f64 * steps / members as f64;
         let rate = (moved(large) - moved(small)) / (t_large - t_small).max(1e-9);
         let latency = ((t_small - moved(small) / rate) / steps).max(0.0);
-        Ok(Throughput { latency_seconds: latency, bytes_per_second: rate })
+        Throughput { latency_seconds: latency, bytes_per_second: rate }
     };
-    let shared_memory = ring(2, dfc_rpc::bench::Transport::SharedMemory)?;
-    let tcp = ring(2, dfc_rpc::bench::Transport::Tcp)?;
-    let mut shared_memory_rings = Vec::new();
-    for members in 3..=most {
-        let link = ring(members, dfc_rpc::bench::Transport::SharedMemory)?;
-        shared_memory_rings.push(Ring { members: members as u32, link });
-    }
-    let _ = dfc_rpc::bench::shutdown(&workers.addresses, &token, None);
-    Ok(Links { shared_memory, shared_memory_rings, tcp, driven_step })
+    let links: Vec<Throughput> = rings.iter().enumerate().map(|(at, &(members, _))| ring(members, at)).collect();
+    let shared_memory_rings = rings[2..]
+        .iter()
+        .zip(&links[2..])
+        .map(|(&(members, _), &link)| Ring { members: members as u32, link })
+        .collect();
+    Ok(Links { shared_memory: links[0], shared_memory_rings, tcp: links[1], driven_step })
 }
 
 /// This CPU as /proc/cpuinfo describes its first processor, with `threads`.
@@ -866,5 +927,47 @@ pub fn host_profile() -> Option<dfc_passes::Profile> {
             eprintln!("warning: {e}; predicting from the assumed rates (run `dfc calibrate` again)");
             None
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scaled(run: &Run, factor: f64) -> Run {
+        let times: Vec<f64> = measurements(run).iter().map(|t| t * factor).collect();
+        with_measurements(run, &times)
+    }
+
+    fn close(a: &Run, b: &Run) -> bool {
+        let (a, b) = (measurements(a), measurements(b));
+        a.len() == b.len() && a.iter().zip(&b).all(|(x, y)| (x - y).abs() <= 1e-9 * x.abs().max(1e-12))
+    }
+
+    #[test]
+    fn a_profile_keeps_each_measurement_at_its_median_over_the_passes() {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().expect("a thread");
+        let run = pool.install(|| measure_run(1, Effort::QUICK)).unwrap_or_else(|e| panic!("a quick run: {}", e.0));
+        assert!(close(&with_measurements(&run, &measurements(&run)), &run), "the times go back where they came from");
+        // A slow spell in one pass and a fast one in another: neither is the profile's.
+        let typical = typical_run(&[scaled(&run, 1.6), run.clone(), scaled(&run, 0.7)]);
+        assert!(close(&typical, &run));
+        for (kept, measured) in [&typical.conv.forward, &typical.conv.backprop_input, &typical.conv.backprop_filter]
+            .into_iter()
+            .zip([&run.conv.forward, &run.conv.backprop_input, &run.conv.backprop_filter])
+        {
+            for (k, m) in kept.points.iter().zip(&measured.points) {
+                assert!((k[1] - m[1]).abs() <= 1e-9 * m[1], "a convolution's factor {} against {}", k[1], m[1]);
+            }
+        }
+        // Each measurement on its own: the median of the third is the middle pass's.
+        let mixed = {
+            let (mut a, b) = (measurements(&run), measurements(&scaled(&run, 2.0)));
+            a[0] = b[0];
+            with_measurements(&run, &a)
+        };
+        let typical = typical_run(&[mixed.clone(), scaled(&run, 3.0), scaled(&run, 0.5)]);
+        assert_eq!(typical.nn[0], 2.0 * run.nn[0]);
+        assert_eq!(typical.nn[1], run.nn[1]);
     }
 }
