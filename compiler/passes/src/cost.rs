@@ -23,7 +23,7 @@
 //! cycle are never started (they count in the load, not in the times).
 
 use crate::profile::{ConvForm, Profile, Rates};
-use dfc_ir::{BinaryOp, Cluster, DeviceSpec, Graph, Module, NodeId, Op, TensorType, UnaryOp};
+use dfc_ir::{BinaryOp, Cluster, DeviceSpec, Graph, Module, NodeId, Op, TensorRef, TensorType, UnaryOp};
 use serde::{Deserialize, Serialize};
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BinaryHeap, HashMap, HashSet};
@@ -298,16 +298,24 @@ pub fn profiled_seconds(module: &Module, profile: Rates<'_>) -> Vec<f64> {
         .collect();
     let fusion = crate::fuse::fuse(module, &kept);
     let mut fused = vec![false; slots];
-    let type_of = |t: &dfc_ir::TensorRef| graph.node(t.node).outputs.get(t.port as usize).map_or(0, tensor_bytes);
+    let type_of = |t: &TensorRef| graph.node(t.node).outputs.get(t.port as usize).map_or(0, tensor_bytes);
+    let only_user = |id: NodeId, user: NodeId| !kept.contains(&id) && graph.users(id).into_iter().eq([user]);
     for kernel in &fusion.kernels {
         for member in &kernel.members {
             fused[member.index()] = true;
+        }
+        if crate::fuse::folded_update(module, kernel.root, &kernel.members, only_user).is_some() {
+            // Inside its product: the GEMM adds into the variable.
+            continue;
         }
         let read: u64 = kernel.inputs.iter().map(type_of).sum();
         let written: u64 = graph.node(kernel.root).outputs.iter().map(tensor_bytes).sum();
         let transcendentals: f64 = kernel.members.iter().map(|&m| transcendental_elements(graph, m)).sum();
         let rows: f64 = kernel.members.iter().map(|&m| row_seconds(graph, m, profile)).sum();
-        times[kernel.root.index()] = profile.run.kernel.seconds((read + written) as f64)
+        let assigns = matches!(graph.node(kernel.root).op, Op::Assign | Op::AssignAdd | Op::AssignSub);
+        let state = kernel.inputs.iter().filter(|t| is_state(graph, **t)).map(type_of).sum::<u64>()
+            + if assigns { written } else { 0 };
+        times[kernel.root.index()] = kernel_seconds(&profile.run.kernel, read + written, state)
             + transcendentals * profile.run.transcendental_seconds
             + rows;
     }
@@ -317,6 +325,35 @@ pub fn profiled_seconds(module: &Module, profile: Rates<'_>) -> Vec<f64> {
         }
     }
     times
+}
+
+/// Whether `t` is a variable's value (or the variable an assignment writes): state that a step
+/// touches once, its last touch a step's worth of other values ago.
+fn is_state(graph: &Graph, t: TensorRef) -> bool {
+    let mut id = t.node;
+    loop {
+        match graph.node(id).op {
+            Op::Variable { .. } => return true,
+            Op::Read | Op::Identity | Op::StopGradient | Op::Reshape { .. } => id = graph.inputs(id)[0].node,
+            _ => return false,
+        }
+    }
+}
+
+/// A kernel's time over `bytes`, `state` of them read or written outside the caches: those at
+/// the rate of the largest kernel calibrated (tens of MB, beyond any cache), where that is
+/// slower. A step's state (weights, an optimizer's slots) is touched by its update long after
+/// the forward pass read it, and by then a step's other values (and a shared host's other
+/// tenants) have pushed it out of the caches that the kernel's calibration runs in.
+fn kernel_seconds(curve: &crate::profile::Curve, bytes: u64, state: u64) -> f64 {
+    let seconds = curve.seconds(bytes as f64);
+    let Some(&[largest, largest_seconds]) = curve.points.last() else { return seconds };
+    if state == 0 || bytes == 0 || largest <= 0.0 {
+        return seconds;
+    }
+    // A small kernel's fixed cost already exceeds what its bytes would take from memory.
+    let in_cache = seconds / bytes as f64;
+    seconds + state as f64 * (largest_seconds / largest - in_cache).max(0.0)
 }
 
 /// The elements on which node `id` computes a transcendental function (an exponential, a

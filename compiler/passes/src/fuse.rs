@@ -190,3 +190,60 @@ pub fn fuse(module: &Module, keep: &[NodeId]) -> Fusion {
     }
     Fusion { kernels }
 }
+
+/// The value of a scalar f32 constant.
+pub fn scalar_const(module: &Module, t: TensorRef) -> Option<f32> {
+    match &module.graph.node(t.node).op {
+        Op::Const { value } if value.shape.n_elements() == 1 => match &value.data {
+            dfc_ir::ConstData::F32(v) => Some(v[0]),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// The product and α when the assignment kernel of `root` and `members` computes `v -= c·(a·b)`
+/// or `v += c·(a·b)` (c a scalar constant, or absent) of an f32 matrix product that nothing
+/// else needs (`only_user(value, user)`: `value`'s only use is by `user`), which reads nothing
+/// stored in `v`. The CPU back end runs it as `v += α·a·b`, one GEMM that writes `v` once and
+/// stores no gradient (SGD's update of a dense layer's weights); the cost model prices it so.
+pub fn folded_update(
+    module: &Module,
+    root: NodeId,
+    members: &[NodeId],
+    only_user: impl Fn(NodeId, NodeId) -> bool,
+) -> Option<(NodeId, f32)> {
+    let graph = &module.graph;
+    let sign = match graph.node(root).op {
+        Op::AssignSub => -1.0,
+        Op::AssignAdd => 1.0,
+        _ => return None,
+    };
+    let [variable, value] = graph.inputs(root)[..] else { return None };
+    let is_product = |t: TensorRef| matches!(graph.node(t.node).op, Op::MatMul { .. });
+    let (product, scale) = match graph.node(value.node).op {
+        Op::MatMul { .. } if members == [root] => (value.node, 1.0),
+        Op::Binary(BinaryOp::Mul) if members == [value.node, root] && only_user(value.node, root) => {
+            match graph.inputs(value.node)[..] {
+                [c, p] | [p, c] if is_product(p) && scalar_const(module, c).is_some() => {
+                    (p.node, scalar_const(module, c)?)
+                }
+                _ => return None,
+            }
+        }
+        _ => return None,
+    };
+    let ty = &graph.node(product).outputs[0];
+    let stored = |t: TensorRef| {
+        let mut id = t.node;
+        while matches!(graph.node(id).op, Op::Read | Op::Reshape { .. } | Op::Identity | Op::StopGradient) {
+            id = graph.inputs(id)[0].node;
+        }
+        id == variable.node
+    };
+    let fits = ty.dtype == DType::F32 && ty.shape.rank() == 2 && *ty == *graph.ty(variable);
+    let operands = graph.inputs(product);
+    let plain = operands.iter().all(|t| graph.ty(*t).shape.rank() == 2 && !stored(*t));
+    let user = if product == value.node { root } else { value.node };
+    (fits && plain && only_user(product, user)).then_some((product, sign * scale))
+}

@@ -679,3 +679,84 @@ fn the_devices_of_one_process_take_turns() {
     assert_eq!(finish, [4.0, 4.0, 3.0]);
     assert_eq!(report.step_seconds, 4.0);
 }
+
+/// `profile(50e9)` whose kernels beyond its largest measured (8 MB) take 3 ns a byte.
+fn profile_with_memory() -> dfc_passes::Profile {
+    let mut profile = profile(50e9);
+    for run in &mut profile.runs {
+        run.kernel.points.push([8e8, 8e8 * 3e-9]);
+    }
+    profile
+}
+
+/// A variable of `ty` (not its read).
+fn variable(module: &mut Module, ty: TensorType, name: &str) -> TensorRef {
+    let op = Op::Variable { ty, init: Initializer::Zeros, trainable: true, partitions: 1, origin: None };
+    let id = module.graph.add(op, &[], name, None).unwrap();
+    module.params.push(id);
+    id.into()
+}
+
+#[test]
+fn with_a_profile_an_update_reads_and_writes_its_state_beyond_the_caches() {
+    let model = CostModel::calibrated(profile_with_memory());
+    // w -= g: reads w and g, writes w; 8,000 of its 12,000 bytes are the variable's.
+    let update = partition(A, |m| {
+        let w = variable(m, f32(&[1000]), "w");
+        let g = input(m, f32(&[1000]), "g");
+        add(m, Op::AssignSub, &[w, g], "w/update");
+    });
+    // The same bytes, none of them state: z = x + g.
+    let sum = partition(A, |m| {
+        let x = input(m, f32(&[1000]), "x");
+        let g = input(m, f32(&[1000]), "g");
+        let z = add(m, Op::Binary(dfc_ir::BinaryOp::Add), &[x, g], "z");
+        m.outputs.push(dfc_ir::Output { name: "z".into(), tensor: z });
+    });
+    let in_cache = estimate(&[&sum], &model).step_seconds;
+    let from_memory = 8000.0 * (3e-9 - in_cache / 12000.0);
+    assert!(from_memory > 0.0);
+    assert_close(estimate(&[&update], &model).step_seconds, in_cache + from_memory, "the update");
+    // A small kernel's fixed cost already covers its bytes from memory.
+    let small = partition(A, |m| {
+        let w = variable(m, f32(&[10]), "w");
+        let g = input(m, f32(&[10]), "g");
+        add(m, Op::AssignSub, &[w, g], "w/update");
+    });
+    let model = CostModel::calibrated(profile(50e9));
+    let plain_small = estimate(&[&small], &model).step_seconds;
+    assert_close(estimate(&[&small], &CostModel::calibrated(profile_with_memory())).step_seconds, plain_small, "small");
+}
+
+#[test]
+fn with_a_profile_an_update_by_a_scaled_product_is_priced_inside_the_product() {
+    let model = CostModel::calibrated(profile_with_memory());
+    let product = |m: &mut Module| {
+        let x = input(m, f32(&[256, 256]), "x");
+        let dy = input(m, f32(&[256, 256]), "dy");
+        add(m, Op::MatMul { transpose_a: true, transpose_b: false }, &[x, dy], "dw")
+    };
+    // w -= 0.01·(xᵀ·dy): one GEMM into w, as the CPU back end runs it.
+    let folded = partition(A, |m| {
+        let w = variable(m, f32(&[256, 256]), "w");
+        let dw = product(m);
+        let lr = m.graph.add(Op::Const { value: dfc_ir::ConstValue::scalar(DType::F32, 0.01) }, &[], "lr", None);
+        let step = add(m, Op::Binary(dfc_ir::BinaryOp::Mul), &[lr.unwrap().into(), dw], "step");
+        add(m, Op::AssignSub, &[w, step], "w/update");
+    });
+    let alone = partition(A, |m| {
+        let dw = product(m);
+        m.outputs.push(dfc_ir::Output { name: "dw".into(), tensor: dw });
+    });
+    let step = |module: &Module| estimate(&[module], &model).step_seconds;
+    assert_close(step(&folded), step(&alone), "the folded update");
+    assert_close(step(&alone), product_seconds(256, 50e9, 2.0), "the product");
+    // Fetched, the gradient is stored and the update is a kernel of its own.
+    let fetched = {
+        let mut module = folded.clone();
+        let dw = module.graph.node_ids().find(|&id| module.graph.node(id).name == "dw").unwrap();
+        module.outputs.push(dfc_ir::Output { name: "dw".into(), tensor: dw.into() });
+        module
+    };
+    assert!(step(&fetched) > step(&alone) * 1.01, "{} against {}", step(&fetched), step(&alone));
+}

@@ -7,7 +7,7 @@
 use crate::memory::{self, Lifetime};
 use crate::CpuError;
 use dfc_gemm::ByteScale;
-use dfc_interp::{Data, InterpError, Tensor};
+use dfc_interp::{InterpError, Tensor};
 use dfc_ir::{DType, Module, NodeId, Op, TensorRef, TensorType};
 use dfc_kernels::{Conv2dGeometry, PoolGeometry};
 use std::collections::{HashMap, HashSet};
@@ -29,7 +29,7 @@ pub type Access = (Slot, usize);
 #[derive(Debug)]
 pub struct Schedule {
     pub steps: Vec<Step>,
-    /// The updates run as one GEMM into their variable (`folded_update`), by node name.
+    /// The updates run as one GEMM into their variable (`dfc_passes::fuse::folded_update`), by node name.
     pub folded_updates: Vec<String>,
     /// The kernels that scale bytes fed in whose products read the bytes instead (`byte_operands`), by node name.
     pub bytes_read: Vec<String>,
@@ -482,7 +482,12 @@ impl Schedule {
         let folded: HashMap<NodeId, (NodeId, f32)> = order
             .iter()
             .filter_map(|id| kernels.get(id))
-            .filter_map(|kernel| folded_update(module, kernel, &needed, &fetched).map(|f| (kernel.root, f)))
+            .filter_map(|kernel| {
+                dfc_passes::fuse::folded_update(module, kernel.root, kernel.members, |id, user| {
+                    !fetched.contains(&id) && graph.users(id).into_iter().filter(|u| needed.contains(u)).eq([user])
+                })
+                .map(|f| (kernel.root, f))
+            })
             .collect();
         let epilogues: HashMap<NodeId, FusedProduct> = if fuse_products {
             // How many of the kernels run read each value: a product that another kernel reads too (one that
@@ -1028,8 +1033,9 @@ struct FusedProduct {
 fn masked_product(module: &Module, kernel: &KernelSite<'_>, computed: &[NodeId]) -> Option<FusedProduct> {
     let graph = &module.graph;
     let root = kernel.root;
-    let zero =
-        |t: TensorRef, signed: bool| scalar_const(module, t).is_some_and(|c| c.to_bits() == 0 || (signed && c == 0.0));
+    let zero = |t: TensorRef, signed: bool| {
+        dfc_passes::fuse::scalar_const(module, t).is_some_and(|c| c.to_bits() == 0 || (signed && c == 0.0))
+    };
     let (Op::Select, [cond, p, otherwise]) = (&graph.node(root).op, &graph.inputs(root)[..]) else { return None };
     let (Op::Compare(dfc_ir::CompareOp::Greater), [mask, limit]) =
         (&graph.node(cond.node).op, &graph.inputs(cond.node)[..])
@@ -1143,17 +1149,6 @@ fn computed_members(module: &Module, kernel: &KernelSite<'_>) -> Vec<NodeId> {
     kernel.members.iter().copied().filter(|m| !matches!(module.graph.node(*m).op, Op::Const { .. })).collect()
 }
 
-/// The value of a scalar f32 constant.
-fn scalar_const(module: &Module, t: TensorRef) -> Option<f32> {
-    match &module.graph.node(t.node).op {
-        Op::Const { value } if value.shape.n_elements() == 1 => match &value.data {
-            Data::F32(v) => Some(v[0]),
-            _ => None,
-        },
-        _ => None,
-    }
-}
-
 /// The kernels that only scale bytes fed in (`cast<f32>(x) * c`, `c * cast<f32>(x)` or `cast<f32>(x) / c`, x a
 /// u8 input, c a scalar f32 constant) and whose every use is as the A of an f32 product of two matrices at least
 /// 32 rows and columns wide: those products read the bytes where they are fed (`dfc_gemm::sgemm_fused`), and
@@ -1179,10 +1174,12 @@ fn byte_operands(
             _ => None,
         };
         let (x, scale) = match graph.node(root).op {
-            Op::Binary(dfc_ir::BinaryOp::Div) => (cast_of_input(l)?, ByteScale::Div(scalar_const(module, r)?)),
+            Op::Binary(dfc_ir::BinaryOp::Div) => {
+                (cast_of_input(l)?, ByteScale::Div(dfc_passes::fuse::scalar_const(module, r)?))
+            }
             Op::Binary(dfc_ir::BinaryOp::Mul) => match (cast_of_input(l), cast_of_input(r)) {
-                (Some(x), None) => (x, ByteScale::Mul(scalar_const(module, r)?)),
-                (None, Some(x)) => (x, ByteScale::Mul(scalar_const(module, l)?)),
+                (Some(x), None) => (x, ByteScale::Mul(dfc_passes::fuse::scalar_const(module, r)?)),
+                (None, Some(x)) => (x, ByteScale::Mul(dfc_passes::fuse::scalar_const(module, l)?)),
                 _ => return None,
             },
             _ => return None,
@@ -1329,53 +1326,6 @@ fn pooled_epilogue(
         !fetched.contains(&pool.node) && graph.users(pool.node).into_iter().filter(|u| needed.contains(u)).eq([reader]);
     (is_pooling(pool) && kernel.inputs.contains(&pool) && bias_fits && same_type && only_reader)
         .then_some(PooledEpilogue { pool: pool.node, bias, relu })
-}
-
-/// The product and α when the assignment kernel `kernel` computes `v -= c·(a·b)` or `v += c·(a·b)` (c a scalar
-/// constant, or absent) of an f32 matrix product that nothing else needs, which reads nothing stored in `v`: run as
-/// `v += α·a·b`, one GEMM that writes `v` once and stores no gradient (SGD's update of a dense layer's weights).
-fn folded_update(
-    module: &Module,
-    kernel: &KernelSite<'_>,
-    needed: &std::collections::BTreeSet<NodeId>,
-    fetched: &HashSet<NodeId>,
-) -> Option<(NodeId, f32)> {
-    let graph = &module.graph;
-    let root = kernel.root;
-    let sign = match graph.node(root).op {
-        Op::AssignSub => -1.0,
-        Op::AssignAdd => 1.0,
-        _ => return None,
-    };
-    let [variable, value] = graph.inputs(root)[..] else { return None };
-    let only_user = |id: NodeId, user: NodeId| {
-        !fetched.contains(&id) && graph.users(id).into_iter().filter(|u| needed.contains(u)).eq([user])
-    };
-    let scalar_const = |t| scalar_const(module, t);
-    let is_product = |t: TensorRef| matches!(graph.node(t.node).op, Op::MatMul { .. });
-    let (product, scale) = match graph.node(value.node).op {
-        Op::MatMul { .. } if kernel.members == [root] => (value.node, 1.0),
-        Op::Binary(dfc_ir::BinaryOp::Mul) if kernel.members == [value.node, root] && only_user(value.node, root) => {
-            match graph.inputs(value.node)[..] {
-                [c, p] | [p, c] if is_product(p) && scalar_const(c).is_some() => (p.node, scalar_const(c)?),
-                _ => return None,
-            }
-        }
-        _ => return None,
-    };
-    let ty = &graph.node(product).outputs[0];
-    let stored = |t: TensorRef| {
-        let mut id = t.node;
-        while matches!(graph.node(id).op, Op::Read | Op::Reshape { .. } | Op::Identity | Op::StopGradient) {
-            id = graph.inputs(id)[0].node;
-        }
-        id == variable.node
-    };
-    let fits = ty.dtype == DType::F32 && ty.shape.rank() == 2 && *ty == *graph.ty(variable);
-    let operands = graph.inputs(product);
-    let plain = operands.iter().all(|t| graph.ty(*t).shape.rank() == 2 && !stored(*t));
-    let user = if product == value.node { root } else { value.node };
-    (fits && plain && only_user(product, user)).then_some((product, sign * scale))
 }
 
 /// Element offsets of `a` and `b` for each batch of a batched product, batch axes broadcast.
