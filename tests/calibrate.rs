@@ -251,7 +251,8 @@ fn replicas_of_one_process_take_turns_in_the_prediction() {
     assert_eq!(devices.len(), 4);
     let computing: f64 = devices.iter().map(|d| d["compute_seconds"].as_f64().unwrap()).sum();
     let step = report["step_seconds"].as_f64().unwrap();
-    assert!(step >= computing, "a step of {step} s for {computing} s of the process's compute");
+    // Within rounding: the step and the devices' compute are sums of the same times in other orders.
+    assert!(step >= computing * (1.0 - 1e-12), "a step of {step} s for {computing} s of the process's compute");
 }
 
 #[test]
