@@ -79,8 +79,8 @@ pub fn calibrate(args: &CalibrateArgs) -> Outcome {
     // Each pass measures everything once, and the profile keeps each measurement's median over
     // the passes: a shared host's slow spells (seconds long, where a measurement takes
     // milliseconds) then weigh in the profile as much as they do in the steps it predicts,
-    // whose medians a step's prediction is compared with; the fastest of the passes predicted
-    // every step of a noisy host 20-30% fast.
+    // whose medians a step's prediction is compared with (the fastest of the passes predicted
+    // 20 of 21 spawned runs of a noisy VM fast, by up to 39%).
     let mut passes: Vec<Vec<Run>> = vec![Vec::new(); counts.len()];
     for pass in 1..=effort.passes {
         for (i, &threads) in counts.iter().enumerate() {
@@ -774,7 +774,7 @@ struct Links {
 
 /// Shared memory and TCP between two local workers, and shared memory in rings of 3 and 4, from
 /// all-reduces of two sizes: a ring of n takes `2(n − 1)` steps (`2(n − 1)·latency`) and moves
-/// `2(n − 1)/n` of the bytes; and steps driven on up to four of them (`measure_driven_steps`).
+/// `2(n − 1)/n` of the bytes; and steps driven on up to four of them (`time_driven_steps`).
 fn measure_links(effort: Effort) -> Result<Links, Failure> {
     let exe = std::env::current_exe().map_err(|e| Failure(format!("cannot find the dfc executable: {e}")))?;
     let token = dfc_rpc::auth::random_token();
@@ -819,6 +819,7 @@ fn measure_links(effort: Effort) -> Result<Links, Failure> {
     let _ = dfc_rpc::bench::shutdown(&workers.addresses, &token, None);
     let times: Vec<f64> =
         (0..passes[0].len()).map(|i| median(&mut passes.iter().map(|pass| pass[i]).collect::<Vec<_>>())).collect();
+    // `time_driven_steps`'s: two in this process, one for each count of workers, one large.
     let driven = DRIVEN_WORKERS.len() + 3;
     let driven_step = driven_step(&times[..driven]);
     let ring = |members: usize, at: usize| -> Throughput {
