@@ -670,7 +670,7 @@ fn time_kernel(shape: &[usize], expression: &str, effort: Effort) -> Result<(f64
     Ok((median(&mut kernel), whole))
 }
 
-/// The numbers of workers a step is driven on at once in `measure_driven_steps`.
+/// The numbers of workers a step is driven on at once in `time_driven_steps`.
 const DRIVEN_WORKERS: [usize; 3] = [1, 2, 4];
 
 /// What a step driven on workers costs beyond the same program run in this process: the
