@@ -363,9 +363,9 @@ struct DistributeArgs {
     #[arg(long, value_name = "M", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=4096))]
     micro_batches: u32,
     /// With --micro-batches: the order of each stage's passes. 1f1b: once the pipeline is
-    /// full, one forward and one backward pass in turn, so that a stage holds at most as many
-    /// micro-batches' activations as there are stages from it to the last (the default);
-    /// gpipe: every forward pass first.
+    /// full, one forward and one backward pass in turn, so that a stage holds at most one
+    /// more micro-batch's activations than there are stages from it to the last (the last
+    /// stage: one; the default); gpipe: every forward pass first.
     #[arg(long, value_name = "SCHEDULE", value_parser = ["1f1b", "gpipe"])]
     pipeline_schedule: Option<String>,
     /// Set aside device requests the cluster or the strategy cannot satisfy (with a warning)

@@ -1143,15 +1143,15 @@ fn node_flops(graph: &dfc_ir::Graph, id: dfc_ir::NodeId) -> f64 {
 }
 
 /// The order of a pipeline's passes on its first stage (of 2, 4 micro-batches), as the
-/// runtime runs them (`dfc_interp::schedule`): 1F1B holds two micro-batches at a time and
-/// alternates once the pipeline is full; GPipe's runs every forward pass first. Both train
+/// runtime runs them (`dfc_interp::schedule`): 1F1B holds three micro-batches at a time (two
+/// stages from it to the last, and one of slack) and alternates once the pipeline is full; GPipe's runs every forward pass first. Both train
 /// to the same values.
 #[test]
 fn a_pipeline_s_first_stage_runs_its_passes_in_the_schedule_s_order() {
     let single = plan("mlp", Cluster::local(1, DeviceKind::Cpu), Strategy::Single);
     let data = batches(&single);
     let mut trained = Vec::new();
-    for (one_forward_one_backward, expected) in [(true, "F0 F1 B0 F2 B1 F3 B2 B3"), (false, "F0 F1 F2 F3 B0 B1 B2 B3")]
+    for (one_forward_one_backward, expected) in [(true, "F0 F1 F2 B0 F3 B1 B2 B3"), (false, "F0 F1 F2 F3 B0 B1 B2 B3")]
     {
         let options = CompileOptions {
             cluster: Cluster::local(2, DeviceKind::Cpu),

@@ -92,11 +92,15 @@ pub struct ReplicateOptions<'a> {
     /// the copies are made micro-batch by micro-batch, so that where the runtime has a choice
     /// it takes the earlier micro-batch.
     pub micro_batches: Option<&'a [DeviceSpec]>,
-    /// With `micro_batches`: the 1F1B schedule (PipeDream-Flush). Stage k of K starts the
-    /// forward pass of micro-batch r + K − k only after the backward pass of micro-batch r
-    /// (control edges), so that it holds at most K − k micro-batches' activations and, once
-    /// the pipeline is full, alternates one forward and one backward pass. Without it, GPipe's:
-    /// each stage runs every forward pass it can before the backward ones.
+    /// With `micro_batches`: the 1F1B schedule (PipeDream-Flush) with a micro-batch of slack.
+    /// Stage k of K (from 0) starts the forward pass of micro-batch r + K − k + 1 (the last
+    /// stage: r + 1) only after the backward pass of micro-batch r (control edges), so that
+    /// it holds at most that many micro-batches' activations and, once the pipeline is full,
+    /// alternates one forward and one backward pass. PipeDream-Flush's r + K − k ties each
+    /// stage's next forward pass to the round trip of the last backward one through the
+    /// stages after it, and every exchange's latency is then idle time; one micro-batch more
+    /// in flight hides it. Without it, GPipe's: each stage runs every forward pass it can
+    /// before the backward ones.
     pub one_forward_one_backward: bool,
 }
 
@@ -512,8 +516,9 @@ impl<'a> Builder<'a> {
 
     /// The 1F1B schedule's control edges: on stage k of K, from each end of micro-batch r's
     /// backward pass there (a backward node none of whose users is one) to each start of
-    /// micro-batch r + K − k's forward pass there (a forward node none of whose operands is
-    /// one; constants aside, which are copied wherever they are used).
+    /// micro-batch r + K − k + 1's forward pass there (r + 1's on the last stage; a forward
+    /// node none of whose operands is one; constants aside, which are copied wherever they
+    /// are used).
     fn one_forward_one_backward(&mut self, stages: &[DeviceSpec]) {
         let graph = &self.src.graph;
         let Some(training) = &self.src.training else { return };
@@ -521,7 +526,8 @@ impl<'a> Builder<'a> {
         roots.extend(self.src.outputs.iter().chain(&self.src.metrics).map(|o| o.tensor.node));
         let forward: BTreeSet<NodeId> = graph.ancestors(&roots).into_iter().collect();
         for (k, stage) in stages.iter().enumerate() {
-            let in_flight = stages.len() - k;
+            // The slack of one micro-batch: none on the last stage, which needs no round trip.
+            let in_flight = stages.len() - k + usize::from(k + 1 < stages.len());
             let per_micro_batch = graph.node_ids().filter(|&id| {
                 let node = graph.node(id);
                 node.requested_device.as_ref() == Some(stage)
