@@ -13,7 +13,7 @@
 //! each on one thread and on all of them (a spawned worker computes on its share of the
 //! cores); then the shared-memory queues and TCP between two local worker processes, from
 //! all-reduces of two sizes, and what a step driven on 1, 2 and 4 workers costs beyond their
-//! programs.
+//! programs, with the workers idle and with each computing for about a millisecond.
 //!
 //! The profile goes to this host's default place, where `dfc compile` finds it, unless `-o`
 //! says otherwise; `DFC_PROFILE` names another file, or `off` for none.
@@ -102,7 +102,12 @@ pub fn calibrate(args: &CalibrateArgs) -> Outcome {
             shared_memory: Throughput { latency_seconds: 5e-6, bytes_per_second: 10e9 },
             shared_memory_rings: Vec::new(),
             tcp: Throughput { latency_seconds: 50e-6, bytes_per_second: 1.25e9 },
-            driven_step: DrivenStep { latency: Curve { points: vec![[1.0, 200e-6]] }, bytes_per_second: 1e9 },
+            driven_step: DrivenStep {
+                latency: Curve { points: vec![[1.0, 200e-6]] },
+                bytes_per_second: 1e9,
+                busy_latency: Curve { points: vec![[1.0, 200e-6]] },
+                busy_seconds: 1e-3,
+            },
         }
     } else {
         measure_links(effort)?
@@ -168,17 +173,18 @@ fn print_summary(profile: &Profile) {
             7e6 / run.pool.max_grad.seconds(7e6) / 1e9,
         );
     }
-    let fixed: Vec<String> = profile
-        .driven_step
-        .latency
-        .points
-        .iter()
-        .map(|[workers, seconds]| format!("{:.1} µs on {workers}", seconds * 1e6))
-        .collect();
+    let fixed = |curve: &Curve| -> String {
+        let each: Vec<String> =
+            curve.points.iter().map(|[workers, seconds]| format!("{:.1} µs on {workers}", seconds * 1e6)).collect();
+        each.join(", ")
+    };
+    let driven = &profile.driven_step;
     println!(
-        "  a step driven on workers: {} + {:.2} GB/s of each one's feeds and fetches",
-        fixed.join(", "),
-        profile.driven_step.bytes_per_second / 1e9
+        "  a step driven on workers: {} + {:.2} GB/s of each one's feeds and fetches; workers busy for {:.0} µs: {}",
+        fixed(&driven.latency),
+        driven.bytes_per_second / 1e9,
+        driven.busy_seconds * 1e6,
+        fixed(&driven.busy_latency)
     );
     for (name, link) in [("shared memory", &profile.shared_memory), ("TCP", &profile.tcp)] {
         println!(
@@ -670,7 +676,8 @@ fn time_kernel(shape: &[usize], expression: &str, effort: Effort) -> Result<(f64
     Ok((median(&mut kernel), whole))
 }
 
-/// The numbers of workers a step is driven on at once in `time_driven_steps`.
+/// The numbers of workers a step is driven on at once in `time_driven_steps` and
+/// `time_busy_steps`: one on all the cores, more on a share of them each (`DrivenWorkers`).
 const DRIVEN_WORKERS: [usize; 3] = [1, 2, 4];
 
 /// What a step driven on workers costs beyond the same program run in this process: the
@@ -679,7 +686,7 @@ const DRIVEN_WORKERS: [usize; 3] = [1, 2, 4];
 /// one worker's kernel at two sizes. The times, as `driven_step` takes them: the program in
 /// this process over `DRIVEN_SMALL` and `DRIVEN_LARGE` elements, then driven on each of
 /// `DRIVEN_WORKERS` over the small, then on one worker over the large.
-fn time_driven_steps(addresses: &[String], token: &str, effort: Effort) -> Result<Vec<f64>, Failure> {
+fn time_driven_steps(on: &DrivenWorkers, effort: Effort) -> Result<Vec<f64>, Failure> {
     let failure = |e: dfc_driver::RunError| Failure(format!("running the calibration model on workers: {e}"));
     let effort = Effort { repetitions: 3 * effort.repetitions, seconds: 8.0 * effort.seconds, ..effort };
     // The same program in this process, on one partition.
@@ -689,20 +696,7 @@ fn time_driven_steps(addresses: &[String], token: &str, effort: Effort) -> Resul
         median_run(&mut session, &driven_feeds(1, n), &driven_fetches(1), effort).map_err(failure)
     };
     let remote_seconds = |workers: usize, n: usize| -> Result<f64, Failure> {
-        let plan = driven_plan(workers, n)?;
-        let assignment = dfc_rpc::assign(&plan, workers).map_err(Failure)?;
-        let mut session = dfc_rpc::RemoteSession::connect(
-            &plan,
-            &addresses[..workers],
-            &assignment,
-            token,
-            0,
-            dfc_driver::Backend::Llvm,
-            std::time::Duration::from_secs(60),
-            None,
-            dfc_rpc::rendezvous::Algorithm::Ring,
-        )
-        .map_err(failure)?;
+        let mut session = on.session(&driven_plan(workers, n)?, workers)?;
         median_run(&mut session, &driven_feeds(workers, n), &driven_fetches(workers), effort).map_err(failure)
     };
     let mut times = vec![local_seconds(DRIVEN_SMALL)?, local_seconds(DRIVEN_LARGE)?];
@@ -713,15 +707,103 @@ fn time_driven_steps(addresses: &[String], token: &str, effort: Effort) -> Resul
     Ok(times)
 }
 
+/// The times of steps driven on each of `DRIVEN_WORKERS` whose workers compute about a
+/// millisecond each on a core (`busy_plan`), then of one worker's program in this process on
+/// one thread and on `cores`, as `driven_step` takes them.
+fn time_busy_steps(on: &DrivenWorkers, cores: usize, effort: Effort) -> Result<Vec<f64>, Failure> {
+    let failure = |e: dfc_driver::RunError| Failure(format!("running the busy calibration model on workers: {e}"));
+    let effort = Effort { repetitions: 3 * effort.repetitions, seconds: 8.0 * effort.seconds, ..effort };
+    let mut times = Vec::new();
+    for &workers in &DRIVEN_WORKERS {
+        let mut session = on.session(&busy_plan(workers)?, workers)?;
+        times.push(median_run(&mut session, &busy_feeds(workers), &driven_fetches(workers), effort).map_err(failure)?);
+    }
+    let plan = busy_plan(1)?;
+    for threads in [1, cores] {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .map_err(|e| Failure(format!("cannot start {threads} threads: {e}")))?;
+        times.push(pool.install(|| -> Result<f64, Failure> {
+            let mut session =
+                dfc_driver::Session::with_backend(&plan, 0, dfc_driver::Backend::Llvm).map_err(failure)?;
+            median_run(&mut session, &busy_feeds(1), &driven_fetches(1), effort).map_err(failure)
+        })?);
+    }
+    Ok(times)
+}
+
+/// The worker processes that calibration drives steps on: one on all the cores, as
+/// `dfc run --spawn 1` starts it, and `DRIVEN_WORKERS`' most, each on its share of them.
+struct DrivenWorkers<'a> {
+    alone: &'a [String],
+    shared: &'a [String],
+    token: &'a str,
+}
+
+impl DrivenWorkers<'_> {
+    /// A session of `plan` on `workers` of them.
+    fn session(&self, plan: &dfc_plan::Plan, workers: usize) -> Result<dfc_rpc::RemoteSession, Failure> {
+        let addresses = if workers == 1 { self.alone } else { &self.shared[..workers] };
+        let assignment = dfc_rpc::assign(plan, workers).map_err(Failure)?;
+        dfc_rpc::RemoteSession::connect(
+            plan,
+            addresses,
+            &assignment,
+            self.token,
+            0,
+            dfc_driver::Backend::Llvm,
+            std::time::Duration::from_secs(60),
+            None,
+            dfc_rpc::rendezvous::Algorithm::Ring,
+        )
+        .map_err(|e| Failure(format!("driving the calibration model on workers: {e}")))
+    }
+}
+
+/// Products of `BUSY_SIDE`² matrices in a busy worker's chain: about a millisecond on a core.
+const BUSY_PRODUCTS: usize = 14;
+const BUSY_SIDE: usize = 128;
+/// A busy worker's feed and fetch: `xI` and the scalar `zI`.
+const BUSY_BYTES: usize = 4 * (BUSY_SIDE * BUSY_SIDE + 1);
+
+/// The calibration model of `workers` devices, each computing a chain of `BUSY_PRODUCTS`
+/// products `aJ = tanh(aJ−1 · xI)` from its own input `xI` (`BUSY_SIDE` square) and fetching
+/// their sum `zI`: a worker busy for about a millisecond, fed and fetching little.
+fn busy_plan(workers: usize) -> Result<dfc_plan::Plan, Failure> {
+    let side = BUSY_SIDE;
+    let mut source = String::from("model calibrate {\n");
+    for i in 0..workers {
+        source += &format!("  device \"/job:localhost/task:0/cpu:{i}\" {{\n    input x{i}: f32[{side}, {side}]\n");
+        let mut last = format!("x{i}");
+        for j in 1..=BUSY_PRODUCTS {
+            source += &format!("    let a{i}_{j} = tanh({last} @ x{i})\n");
+            last = format!("a{i}_{j}");
+        }
+        source += &format!("    let z{i} = sum({last})\n  }}\n  output z{i}\n");
+    }
+    source += "}\n";
+    compile_on_devices(&source, workers)
+}
+
+fn busy_feeds(workers: usize) -> HashMap<String, dfc_interp::Tensor> {
+    let x = calibration_feeds(&[BUSY_SIDE, BUSY_SIDE]).remove("x").expect("an x");
+    (0..workers).map(|i| (format!("x{i}"), x.clone())).collect()
+}
+
 /// Elements of each operand of the calibration model's kernel in `time_driven_steps`.
 const DRIVEN_SMALL: usize = 1 << 10;
 const DRIVEN_LARGE: usize = 1 << 18;
 
-/// A step driven on workers from the times of `time_driven_steps`.
-fn driven_step(times: &[f64]) -> DrivenStep {
+/// A step driven on workers from the times of `time_driven_steps` and then `time_busy_steps`
+/// (`cores` this host's).
+fn driven_step(times: &[f64], cores: usize) -> DrivenStep {
+    let counts = DRIVEN_WORKERS.len();
     let (small_local, large_local) = (times[0], times[1]);
-    let remote_small = &times[2..2 + DRIVEN_WORKERS.len()];
-    let remote_large = times[2 + DRIVEN_WORKERS.len()];
+    let remote_small = &times[2..2 + counts];
+    let remote_large = times[2 + counts];
+    let busy_remote = &times[3 + counts..3 + 2 * counts];
+    let (busy_local, busy_local_all) = (times[3 + 2 * counts], times[4 + 2 * counts]);
     // Two operands in, one result out: 12 bytes an element.
     let bytes = |n: usize| 12.0 * n as f64;
     let extra: Vec<f64> = remote_small.iter().map(|t| (t - small_local).max(0.0)).collect();
@@ -733,7 +815,23 @@ fn driven_step(times: &[f64]) -> DrivenStep {
         let floor = points.last().map_or(1e-7, |p| p[1]);
         points.push([workers as f64, (seconds - bytes(DRIVEN_SMALL) / rate).max(floor)]);
     }
-    DrivenStep { latency: Curve { points }, bytes_per_second: rate }
+    // Busy workers' fixed cost: beyond their computing (one on all the cores; more, each on
+    // one, in turns where they outnumber the cores) and their bytes; never less than idle
+    // ones', nor than fewer busy ones'.
+    let mut busy_points: Vec<[f64; 2]> = Vec::new();
+    for ((&workers, seconds), idle) in DRIVEN_WORKERS.iter().zip(busy_remote).zip(&points) {
+        let turns = (workers as f64 / cores.max(1) as f64).max(1.0);
+        let computing = if workers == 1 { busy_local_all } else { busy_local * turns };
+        let extra = seconds - computing - BUSY_BYTES as f64 / rate;
+        let floor = busy_points.last().map_or(idle[1], |p| p[1].max(idle[1]));
+        busy_points.push([workers as f64, extra.max(floor)]);
+    }
+    DrivenStep {
+        latency: Curve { points },
+        bytes_per_second: rate,
+        busy_latency: Curve { points: busy_points },
+        busy_seconds: busy_local,
+    }
 }
 
 /// The calibration model of `workers` devices, each computing `z = x * y + x` over `n`
@@ -746,11 +844,16 @@ fn driven_plan(workers: usize, n: usize) -> Result<dfc_plan::Plan, Failure> {
         );
     }
     source += "}\n";
+    compile_on_devices(&source, workers)
+}
+
+/// The plan of a calibration model of `workers` devices.
+fn compile_on_devices(source: &str, workers: usize) -> Result<dfc_plan::Plan, Failure> {
     let options = dfc_compile::CompileOptions {
         cluster: dfc_ir::Cluster::local(workers, dfc_ir::DeviceKind::Cpu),
         ..dfc_compile::CompileOptions::default()
     };
-    let compiled = dfc_compile::compile(&source, "calibrate.df", &options)
+    let compiled = dfc_compile::compile(source, "calibrate.df", &options)
         .map_err(|_| Failure(format!("the calibration model of {workers} devices does not compile")))?;
     Ok(compiled.plan)
 }
@@ -780,6 +883,9 @@ fn measure_links(effort: Effort) -> Result<Links, Failure> {
     let token = dfc_rpc::auth::random_token();
     let most = *DRIVEN_WORKERS.last().expect("counts");
     let workers = dfc_rpc::LocalWorkers::spawn(&exe, most, &token, None).map_err(Failure)?;
+    let alone = dfc_rpc::LocalWorkers::spawn(&exe, 1, &token, None).map_err(Failure)?;
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let driven_on = DrivenWorkers { alone: &alone.addresses, shared: &workers.addresses, token: &token };
     let (small, large) = (64u64 << 10, if effort.repetitions > 2 { 16u64 << 20 } else { 4 << 20 });
     let iterations = if effort.repetitions > 2 { 9 } else { 3 };
     // Rings of two over shared memory and TCP, then of 3.. over shared memory.
@@ -810,18 +916,21 @@ fn measure_links(effort: Effort) -> Result<Links, Failure> {
     let mut passes = Vec::new();
     for pass in 1..=count {
         eprintln!("calibrating the links between worker processes, and steps driven on them (pass {pass} of {count})");
-        let mut times = time_driven_steps(&workers.addresses, &token, effort)?;
+        let mut times = time_driven_steps(&driven_on, effort)?;
+        times.extend(time_busy_steps(&driven_on, cores, effort)?);
         for &(members, transport) in &rings {
             times.extend(ring_times(members, transport)?);
         }
         passes.push(times);
     }
     let _ = dfc_rpc::bench::shutdown(&workers.addresses, &token, None);
+    let _ = dfc_rpc::bench::shutdown(&alone.addresses, &token, None);
     let times: Vec<f64> =
         (0..passes[0].len()).map(|i| median(&mut passes.iter().map(|pass| pass[i]).collect::<Vec<_>>())).collect();
-    // `time_driven_steps`'s: two in this process, one for each count of workers, one large.
-    let driven = DRIVEN_WORKERS.len() + 3;
-    let driven_step = driven_step(&times[..driven]);
+    // `time_driven_steps`'s: two in this process, one for each count of workers, one large;
+    // then `time_busy_steps`': one for each count of workers, two in this process.
+    let driven = 2 * DRIVEN_WORKERS.len() + 5;
+    let driven_step = driven_step(&times[..driven], cores);
     let ring = |members: usize, at: usize| -> Throughput {
         let (t_small, t_large) = (times[driven + 2 * at], times[driven + 2 * at + 1]);
         let steps = 2.0 * (members - 1) as f64;

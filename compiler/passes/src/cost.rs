@@ -1141,10 +1141,19 @@ pub fn estimate_on(partitions: &[&Module], model: &CostModel, topology: &Topolog
                     .sum();
                 *feeds.entry(topology.process_of(p).0).or_default() += bytes;
             }
-            // The driver calls every worker at once; together they cost more than one alone.
+            // Each worker's computing on its cores alone (its partitions take turns; the
+            // host's processes' turns on its cores are not the driver's cost).
+            let mut computing: HashMap<u32, f64> = HashMap::new();
+            for (p, (device, &(_, slower))) in devices.iter().zip(shares).enumerate() {
+                *computing.entry(topology.process_of(p).0).or_default() += device.compute_seconds / slower;
+            }
+            // The driver calls every worker at once; together they cost more than one alone,
+            // and busy ones more than idle ones.
             let workers = feeds.len();
             for (p, device) in devices.iter_mut().enumerate() {
-                device.finish_seconds += profile.driven_step.seconds(workers, feeds[&topology.process_of(p).0] as f64);
+                let process = topology.process_of(p).0;
+                let (bytes, computing) = (feeds[&process] as f64, computing[&process]);
+                device.finish_seconds += profile.driven_step.seconds(workers, bytes, computing);
             }
         }
     }

@@ -13,7 +13,7 @@
 use serde::{Deserialize, Serialize};
 
 /// The version of the profile's JSON form; a profile of another version is refused.
-pub const PROFILE_VERSION: u32 = 2;
+pub const PROFILE_VERSION: u32 = 3;
 
 /// The largest profile file read (a profile is a few tens of kilobytes).
 pub const MAX_PROFILE_BYTES: u64 = 4 << 20;
@@ -63,18 +63,35 @@ pub struct DrivenStep {
     pub latency: Curve,
     /// What each worker's feeds and fetches cost by their bytes.
     pub bytes_per_second: f64,
+    /// Its fixed cost where each worker computes for `busy_seconds` a step, by the number of
+    /// workers (beyond their computing, and their turns where they outnumber the cores): a
+    /// busy worker's RPC threads, and the driver, wait for a core, and a step waits for the
+    /// last worker to start.
+    pub busy_latency: Curve,
+    /// What each worker computed in the steps of `busy_latency`, on one thread.
+    pub busy_seconds: f64,
 }
 
 impl DrivenStep {
-    /// A step on `workers` workers, one of which is fed and fetches `bytes`.
-    pub fn seconds(&self, workers: usize, bytes: f64) -> f64 {
-        self.latency.seconds(workers.max(1) as f64) + bytes.max(0.0) / self.bytes_per_second
+    /// A step on `workers` workers, one of which is fed and fetches `bytes` and computes for
+    /// `computing` seconds: the fixed cost of idle workers, and of busy ones in proportion to
+    /// the computing, up to `busy_seconds`' (the cost of a longer one is not measured).
+    pub fn seconds(&self, workers: usize, bytes: f64, computing: f64) -> f64 {
+        let workers = workers.max(1) as f64;
+        let idle = self.latency.seconds(workers);
+        let busy = (self.busy_latency.seconds(workers) - idle).max(0.0);
+        let share = (computing.max(0.0) / self.busy_seconds).min(1.0);
+        idle + busy * share + bytes.max(0.0) / self.bytes_per_second
     }
 
     fn check(&self) -> Result<(), String> {
         self.latency.check().map_err(|e| format!("latency.{e}"))?;
+        self.busy_latency.check().map_err(|e| format!("busy_latency.{e}"))?;
         if !positive(self.bytes_per_second) {
             return Err(format!("bytes_per_second: {}; it must be finite and positive", self.bytes_per_second));
+        }
+        if !positive(self.busy_seconds) {
+            return Err(format!("busy_seconds: {}; it must be finite and positive", self.busy_seconds));
         }
         Ok(())
     }
@@ -620,7 +637,12 @@ pub(crate) mod tests {
             shared_memory: Throughput { latency_seconds: 5e-6, bytes_per_second: 5e9 },
             shared_memory_rings: vec![],
             tcp: Throughput { latency_seconds: 20e-6, bytes_per_second: 2e9 },
-            driven_step: DrivenStep { latency: Curve { points: vec![[1.0, 100e-6]] }, bytes_per_second: 1e9 },
+            driven_step: DrivenStep {
+                latency: Curve { points: vec![[1.0, 100e-6]] },
+                bytes_per_second: 1e9,
+                busy_latency: Curve { points: vec![[1.0, 300e-6]] },
+                busy_seconds: 1e-3,
+            },
         }
     }
 
@@ -683,6 +705,9 @@ pub(crate) mod tests {
         let mut driven = good.clone();
         driven.driven_step.latency.points = vec![[1.0, -1e-4]];
         assert!(driven.check().unwrap_err().contains("driven_step.latency.points"));
+        let mut busy = good.clone();
+        busy.driven_step.busy_seconds = 0.0;
+        assert!(busy.check().unwrap_err().contains("driven_step.busy_seconds"));
         assert!(Profile::from_json("{\"version\": 1}").unwrap_err().starts_with("not a dfc profile"));
         assert!(Profile::from_json("[]").is_err());
         let mut extra = serde_json::to_value(&good).unwrap();
