@@ -20,8 +20,8 @@
 
 use crate::{Failure, Outcome};
 use dfc_passes::profile::{
-    ConvFactors, ConvForm, Cpu, Curve, DrivenStep, Factors, PoolCosts, Profile, Rates, Ring, RowCost, Run, Throughput,
-    PROFILE_VERSION,
+    BusyStep, ConvFactors, ConvForm, Cpu, Curve, DrivenStep, Factors, PoolCosts, Profile, Rates, Ring, RowCost, Run,
+    Throughput, PROFILE_VERSION,
 };
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -105,8 +105,7 @@ pub fn calibrate(args: &CalibrateArgs) -> Outcome {
             driven_step: DrivenStep {
                 latency: Curve { points: vec![[1.0, 200e-6]] },
                 bytes_per_second: 1e9,
-                busy_latency: Curve { points: vec![[1.0, 200e-6]] },
-                busy_seconds: 1e-3,
+                busy: Vec::new(),
             },
         }
     } else {
@@ -179,12 +178,16 @@ fn print_summary(profile: &Profile) {
         each.join(", ")
     };
     let driven = &profile.driven_step;
+    let busy: Vec<String> = driven
+        .busy
+        .iter()
+        .map(|busy| format!("workers busy for {:.0} µs: {}", busy.computing_seconds * 1e6, fixed(&busy.latency)))
+        .collect();
     println!(
-        "  a step driven on workers: {} + {:.2} GB/s of each one's feeds and fetches; workers busy for {:.0} µs: {}",
+        "  a step driven on workers: {} + {:.2} GB/s of each one's feeds and fetches; {}",
         fixed(&driven.latency),
         driven.bytes_per_second / 1e9,
-        driven.busy_seconds * 1e6,
-        fixed(&driven.busy_latency)
+        busy.join("; ")
     );
     for (name, link) in [("shared memory", &profile.shared_memory), ("TCP", &profile.tcp)] {
         println!(
@@ -707,28 +710,31 @@ fn time_driven_steps(on: &DrivenWorkers, effort: Effort) -> Result<Vec<f64>, Fai
     Ok(times)
 }
 
-/// The times of steps driven on each of `DRIVEN_WORKERS` whose workers compute about a
-/// millisecond each on a core (`busy_plan`), then of one worker's program in this process on
-/// one thread and on `cores`, as `driven_step` takes them.
+/// For each of `BUSY_CHAINS`, the times of steps driven on each of `DRIVEN_WORKERS` whose
+/// workers compute a chain of so many products (`busy_plan`), then of one worker's program in
+/// this process on one thread and on `cores`, as `driven_step` takes them.
 fn time_busy_steps(on: &DrivenWorkers, cores: usize, effort: Effort) -> Result<Vec<f64>, Failure> {
     let failure = |e: dfc_driver::RunError| Failure(format!("running the busy calibration model on workers: {e}"));
     let effort = Effort { repetitions: 3 * effort.repetitions, seconds: 8.0 * effort.seconds, ..effort };
     let mut times = Vec::new();
-    for &workers in &DRIVEN_WORKERS {
-        let mut session = on.session(&busy_plan(workers)?, workers)?;
-        times.push(median_run(&mut session, &busy_feeds(workers), &driven_fetches(workers), effort).map_err(failure)?);
-    }
-    let plan = busy_plan(1)?;
-    for threads in [1, cores] {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .map_err(|e| Failure(format!("cannot start {threads} threads: {e}")))?;
-        times.push(pool.install(|| -> Result<f64, Failure> {
-            let mut session =
-                dfc_driver::Session::with_backend(&plan, 0, dfc_driver::Backend::Llvm).map_err(failure)?;
-            median_run(&mut session, &busy_feeds(1), &driven_fetches(1), effort).map_err(failure)
-        })?);
+    for products in BUSY_CHAINS {
+        for &workers in &DRIVEN_WORKERS {
+            let mut session = on.session(&busy_plan(workers, products)?, workers)?;
+            let feeds = busy_feeds(workers);
+            times.push(median_run(&mut session, &feeds, &driven_fetches(workers), effort).map_err(failure)?);
+        }
+        let plan = busy_plan(1, products)?;
+        for threads in [1, cores] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .map_err(|e| Failure(format!("cannot start {threads} threads: {e}")))?;
+            times.push(pool.install(|| -> Result<f64, Failure> {
+                let mut session =
+                    dfc_driver::Session::with_backend(&plan, 0, dfc_driver::Backend::Llvm).map_err(failure)?;
+                median_run(&mut session, &busy_feeds(1), &driven_fetches(1), effort).map_err(failure)
+            })?);
+        }
     }
     Ok(times)
 }
@@ -761,22 +767,22 @@ impl DrivenWorkers<'_> {
     }
 }
 
-/// Products of `BUSY_SIDE`² matrices in a busy worker's chain: about a millisecond on a core.
-const BUSY_PRODUCTS: usize = 14;
+/// Products of `BUSY_SIDE`² matrices in a busy worker's chain: about 1 and 4 ms on a core.
+const BUSY_CHAINS: [usize; 2] = [14, 56];
 const BUSY_SIDE: usize = 128;
 /// A busy worker's feed and fetch: `xI` and the scalar `zI`.
 const BUSY_BYTES: usize = 4 * (BUSY_SIDE * BUSY_SIDE + 1);
 
-/// The calibration model of `workers` devices, each computing a chain of `BUSY_PRODUCTS`
+/// The calibration model of `workers` devices, each computing a chain of `products`
 /// products `aJ = tanh(aJ−1 · xI)` from its own input `xI` (`BUSY_SIDE` square) and fetching
-/// their sum `zI`: a worker busy for about a millisecond, fed and fetching little.
-fn busy_plan(workers: usize) -> Result<dfc_plan::Plan, Failure> {
+/// their sum `zI`: a busy worker, fed and fetching little.
+fn busy_plan(workers: usize, products: usize) -> Result<dfc_plan::Plan, Failure> {
     let side = BUSY_SIDE;
     let mut source = String::from("model calibrate {\n");
     for i in 0..workers {
         source += &format!("  device \"/job:localhost/task:0/cpu:{i}\" {{\n    input x{i}: f32[{side}, {side}]\n");
         let mut last = format!("x{i}");
-        for j in 1..=BUSY_PRODUCTS {
+        for j in 1..=products {
             source += &format!("    let a{i}_{j} = tanh({last} @ x{i})\n");
             last = format!("a{i}_{j}");
         }
@@ -802,8 +808,6 @@ fn driven_step(times: &[f64], cores: usize) -> DrivenStep {
     let (small_local, large_local) = (times[0], times[1]);
     let remote_small = &times[2..2 + counts];
     let remote_large = times[2 + counts];
-    let busy_remote = &times[3 + counts..3 + 2 * counts];
-    let (busy_local, busy_local_all) = (times[3 + 2 * counts], times[4 + 2 * counts]);
     // Two operands in, one result out: 12 bytes an element.
     let bytes = |n: usize| 12.0 * n as f64;
     let extra: Vec<f64> = remote_small.iter().map(|t| (t - small_local).max(0.0)).collect();
@@ -815,23 +819,26 @@ fn driven_step(times: &[f64], cores: usize) -> DrivenStep {
         let floor = points.last().map_or(1e-7, |p| p[1]);
         points.push([workers as f64, (seconds - bytes(DRIVEN_SMALL) / rate).max(floor)]);
     }
-    // Busy workers' fixed cost: beyond their computing (one on all the cores; more, each on
-    // one, in turns where they outnumber the cores) and their bytes; never less than idle
-    // ones', nor than fewer busy ones'.
-    let mut busy_points: Vec<[f64; 2]> = Vec::new();
-    for ((&workers, seconds), idle) in DRIVEN_WORKERS.iter().zip(busy_remote).zip(&points) {
-        let turns = (workers as f64 / cores.max(1) as f64).max(1.0);
-        let computing = if workers == 1 { busy_local_all } else { busy_local * turns };
-        let extra = seconds - computing - BUSY_BYTES as f64 / rate;
-        let floor = busy_points.last().map_or(idle[1], |p| p[1].max(idle[1]));
-        busy_points.push([workers as f64, extra.max(floor)]);
+    // Busy workers' fixed cost, chain by chain: beyond their computing (one on all the cores;
+    // more, each on one, in turns where they outnumber the cores) and their bytes; never less
+    // than idle ones' or a shorter chain's, nor than fewer busy ones'.
+    let mut busy: Vec<BusyStep> = Vec::new();
+    for chain in times[3 + counts..].chunks_exact(counts + 2) {
+        let (remote, local, local_all) = (&chain[..counts], chain[counts], chain[counts + 1]);
+        let mut busy_points: Vec<[f64; 2]> = Vec::new();
+        for (i, (&workers, seconds)) in DRIVEN_WORKERS.iter().zip(remote).enumerate() {
+            let turns = (workers as f64 / cores.max(1) as f64).max(1.0);
+            let computing = if workers == 1 { local_all } else { local * turns };
+            let extra = seconds - computing - BUSY_BYTES as f64 / rate;
+            let shorter = busy.last().map_or(points[i][1], |b| b.latency.points[i][1]);
+            let floor = busy_points.last().map_or(shorter, |p| p[1].max(shorter));
+            busy_points.push([workers as f64, extra.max(floor)]);
+        }
+        // The chains' computing times ascend, as their lengths do, but for noise.
+        let computing_seconds = busy.last().map_or(local, |b| local.max(b.computing_seconds * 1.01));
+        busy.push(BusyStep { computing_seconds, latency: Curve { points: busy_points } });
     }
-    DrivenStep {
-        latency: Curve { points },
-        bytes_per_second: rate,
-        busy_latency: Curve { points: busy_points },
-        busy_seconds: busy_local,
-    }
+    DrivenStep { latency: Curve { points }, bytes_per_second: rate, busy }
 }
 
 /// The calibration model of `workers` devices, each computing `z = x * y + x` over `n`
@@ -928,8 +935,8 @@ fn measure_links(effort: Effort) -> Result<Links, Failure> {
     let times: Vec<f64> =
         (0..passes[0].len()).map(|i| median(&mut passes.iter().map(|pass| pass[i]).collect::<Vec<_>>())).collect();
     // `time_driven_steps`'s: two in this process, one for each count of workers, one large;
-    // then `time_busy_steps`': one for each count of workers, two in this process.
-    let driven = 2 * DRIVEN_WORKERS.len() + 5;
+    // then `time_busy_steps`', per chain: one for each count of workers, two in this process.
+    let driven = DRIVEN_WORKERS.len() + 3 + BUSY_CHAINS.len() * (DRIVEN_WORKERS.len() + 2);
     let driven_step = driven_step(&times[..driven], cores);
     let ring = |members: usize, at: usize| -> Throughput {
         let (t_small, t_large) = (times[driven + 2 * at], times[driven + 2 * at + 1]);

@@ -73,12 +73,21 @@ fn a_quick_profile_is_json_of_this_cpu_with_a_run_per_thread_count() {
     let driven: Vec<[f64; 2]> = serde_json::from_value(json["driven_step"]["latency"]["points"].clone()).unwrap();
     assert_eq!(driven.iter().map(|p| p[0]).collect::<Vec<_>>(), [1.0, 2.0, 4.0], "{driven:?}");
     assert!(driven.windows(2).all(|w| w[1][1] >= w[0][1]) && driven[0][1] > 0.0, "{driven:?}");
-    // And with busy workers: never less than idle ones, nor on more of them.
-    let busy: Vec<[f64; 2]> = serde_json::from_value(json["driven_step"]["busy_latency"]["points"].clone()).unwrap();
-    assert_eq!(busy.iter().map(|p| p[0]).collect::<Vec<_>>(), [1.0, 2.0, 4.0], "{busy:?}");
-    assert!(busy.windows(2).all(|w| w[1][1] >= w[0][1]), "{busy:?}");
-    assert!(busy.iter().zip(&driven).all(|(b, d)| b[1] >= d[1]), "{busy:?} against {driven:?}");
-    assert!(json["driven_step"]["busy_seconds"].as_f64().unwrap() > 0.0);
+    // And with workers busy for longer and longer: never less than idle ones or a shorter
+    // chain's, nor on more of them.
+    let chains = json["driven_step"]["busy"].as_array().unwrap();
+    assert_eq!(chains.len(), 2, "{chains:?}");
+    let (mut shorter, mut computing) = (driven.clone(), 0.0);
+    for chain in chains {
+        let seconds = chain["computing_seconds"].as_f64().unwrap();
+        assert!(seconds > computing, "{chains:?}");
+        computing = seconds;
+        let busy: Vec<[f64; 2]> = serde_json::from_value(chain["latency"]["points"].clone()).unwrap();
+        assert_eq!(busy.iter().map(|p| p[0]).collect::<Vec<_>>(), [1.0, 2.0, 4.0], "{busy:?}");
+        assert!(busy.windows(2).all(|w| w[1][1] >= w[0][1]), "{busy:?}");
+        assert!(busy.iter().zip(&shorter).all(|(b, d)| b[1] >= d[1]), "{busy:?} against {shorter:?}");
+        shorter = busy;
+    }
     // Rings of 3 and 4 workers beside the pair's link.
     let rings = json["shared_memory_rings"].as_array().unwrap();
     assert_eq!(rings.iter().map(|r| r["members"].as_u64().unwrap()).collect::<Vec<_>>(), [3, 4], "{rings:?}");

@@ -63,35 +63,63 @@ pub struct DrivenStep {
     pub latency: Curve,
     /// What each worker's feeds and fetches cost by their bytes.
     pub bytes_per_second: f64,
-    /// Its fixed cost where each worker computes for `busy_seconds` a step, by the number of
-    /// workers (beyond their computing, and their turns where they outnumber the cores): a
-    /// busy worker's RPC threads, and the driver, wait for a core, and a step waits for the
-    /// last worker to start.
-    pub busy_latency: Curve,
-    /// What each worker computed in the steps of `busy_latency`, on one thread.
-    pub busy_seconds: f64,
+    /// Its fixed cost where each worker computes, for longer and longer (ascending by
+    /// `computing_seconds`): a busy worker's RPC threads, and the driver, wait for a core, a
+    /// step waits for the last worker to start, and the workers' compute loses what the
+    /// others take of the cores.
+    pub busy: Vec<BusyStep>,
+}
+
+/// A driven step's fixed cost where each worker computes for `computing_seconds` (on one
+/// thread), by the number of workers, beyond their computing (and their turns where they
+/// outnumber the cores) and their bytes.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BusyStep {
+    pub computing_seconds: f64,
+    pub latency: Curve,
 }
 
 impl DrivenStep {
     /// A step on `workers` workers, one of which is fed and fetches `bytes` and computes for
-    /// `computing` seconds: the fixed cost of idle workers, and of busy ones in proportion to
-    /// the computing, up to `busy_seconds`' (the cost of a longer one is not measured).
+    /// `computing` seconds: the fixed cost of idle workers at no computing, of busy ones at
+    /// theirs, linear between them and beyond the longest (a worker's cores are shared for as
+    /// long as it computes), never falling.
     pub fn seconds(&self, workers: usize, bytes: f64, computing: f64) -> f64 {
         let workers = workers.max(1) as f64;
-        let idle = self.latency.seconds(workers);
-        let busy = (self.busy_latency.seconds(workers) - idle).max(0.0);
-        let share = (computing.max(0.0) / self.busy_seconds).min(1.0);
-        idle + busy * share + bytes.max(0.0) / self.bytes_per_second
+        let mut points = vec![(0.0, self.latency.seconds(workers))];
+        for busy in &self.busy {
+            let floor = points.last().map_or(0.0, |p| p.1);
+            points.push((busy.computing_seconds, busy.latency.seconds(workers).max(floor)));
+        }
+        let computing = computing.max(0.0);
+        let at = points.iter().rposition(|p| p.0 <= computing).unwrap_or(0).min(points.len().saturating_sub(2));
+        let fixed = match (points.get(at), points.get(at + 1)) {
+            (Some(&(x0, y0)), Some(&(x1, y1))) => y0 + (y1 - y0) * (computing - x0) / (x1 - x0),
+            (Some(&(_, y0)), None) => y0,
+            _ => 0.0,
+        };
+        fixed + bytes.max(0.0) / self.bytes_per_second
     }
 
     fn check(&self) -> Result<(), String> {
         self.latency.check().map_err(|e| format!("latency.{e}"))?;
-        self.busy_latency.check().map_err(|e| format!("busy_latency.{e}"))?;
         if !positive(self.bytes_per_second) {
             return Err(format!("bytes_per_second: {}; it must be finite and positive", self.bytes_per_second));
         }
-        if !positive(self.busy_seconds) {
-            return Err(format!("busy_seconds: {}; it must be finite and positive", self.busy_seconds));
+        if self.busy.len() > MAX_RUNS {
+            return Err(format!("busy: at most {MAX_RUNS}, found {}", self.busy.len()));
+        }
+        let mut last = 0.0;
+        for (i, busy) in self.busy.iter().enumerate() {
+            if !positive(busy.computing_seconds) || busy.computing_seconds <= last {
+                return Err(format!(
+                    "busy[{i}].computing_seconds: {}; they must be finite, positive and ascending",
+                    busy.computing_seconds
+                ));
+            }
+            last = busy.computing_seconds;
+            busy.latency.check().map_err(|e| format!("busy[{i}].latency.{e}"))?;
         }
         Ok(())
     }
@@ -640,8 +668,7 @@ pub(crate) mod tests {
             driven_step: DrivenStep {
                 latency: Curve { points: vec![[1.0, 100e-6]] },
                 bytes_per_second: 1e9,
-                busy_latency: Curve { points: vec![[1.0, 300e-6]] },
-                busy_seconds: 1e-3,
+                busy: vec![BusyStep { computing_seconds: 1e-3, latency: Curve { points: vec![[1.0, 300e-6]] } }],
             },
         }
     }
@@ -706,8 +733,8 @@ pub(crate) mod tests {
         driven.driven_step.latency.points = vec![[1.0, -1e-4]];
         assert!(driven.check().unwrap_err().contains("driven_step.latency.points"));
         let mut busy = good.clone();
-        busy.driven_step.busy_seconds = 0.0;
-        assert!(busy.check().unwrap_err().contains("driven_step.busy_seconds"));
+        busy.driven_step.busy[0].computing_seconds = 0.0;
+        assert!(busy.check().unwrap_err().contains("driven_step.busy[0].computing_seconds"));
         assert!(Profile::from_json("{\"version\": 1}").unwrap_err().starts_with("not a dfc profile"));
         assert!(Profile::from_json("[]").is_err());
         let mut extra = serde_json::to_value(&good).unwrap();

@@ -496,8 +496,7 @@ fn profile(rate: f64) -> dfc_passes::Profile {
         driven_step: DrivenStep {
             latency: Curve { points: vec![[1.0, 200e-6], [2.0, 300e-6]] },
             bytes_per_second: 1e9,
-            busy_latency: Curve { points: vec![[1.0, 200e-6], [2.0, 300e-6]] },
-            busy_seconds: 1e-3,
+            busy: vec![],
         },
     }
 }
@@ -661,27 +660,43 @@ fn with_a_profile_a_step_driven_on_more_workers_pays_their_calls_at_once() {
 #[test]
 fn with_a_profile_a_busy_driven_worker_pays_more_for_the_call_as_it_computes_longer() {
     use dfc_passes::cost::estimate_on;
+    use dfc_passes::profile::{BusyStep, Curve};
     use dfc_passes::Topology;
     let mut profile = profile(50e9);
-    // Workers computing a millisecond cost 500 µs more on one worker, 900 on two.
-    profile.driven_step.busy_latency = dfc_passes::profile::Curve { points: vec![[1.0, 700e-6], [2.0, 1200e-6]] };
+    // Workers computing 1 ms cost 500 µs more than idle ones on one worker, 900 on two; 4 ms,
+    // 800 and 1,500 µs more.
+    profile.driven_step.busy = vec![
+        BusyStep { computing_seconds: 1e-3, latency: Curve { points: vec![[1.0, 700e-6], [2.0, 1200e-6]] } },
+        BusyStep { computing_seconds: 4e-3, latency: Curve { points: vec![[1.0, 1000e-6], [2.0, 1800e-6]] } },
+    ];
     let model = CostModel::calibrated(profile);
     let here = Topology { process: vec![0], host: vec![0], threads: vec![0], driven: false };
     let driven = Topology { driven: true, ..here.clone() };
-    for n in [64, 256, 512] {
+    // Linear in the worker's compute: from the idle cost to the first busy one, on to the
+    // second, and beyond it at the same slope.
+    let busy = |computing: f64| {
+        if computing < 1e-3 {
+            500e-6 * computing / 1e-3
+        } else {
+            500e-6 + 300e-6 * (computing - 1e-3) / 3e-3
+        }
+    };
+    for n in [64, 256, 512, 1024] {
         let a = square_product(A, n);
         let computing = estimate_on(&[&a], &model, &here).step_seconds;
         let feeds = (n * n * 4) as f64;
         let extra = estimate_on(&[&a], &model, &driven).step_seconds - computing;
-        let busy = 500e-6 * (computing / 1e-3).min(1.0);
-        assert_close(extra, 200e-6 + busy + feeds * 1e-9, &format!("a worker computing {computing} s"));
+        assert_close(extra, 200e-6 + busy(computing) + feeds * 1e-9, &format!("a worker computing {computing} s"));
     }
+    // Two workers, each computing on one of the two cores.
     let (a, b) = (square_product(A, 512), square_product(B, 512));
     let two = Topology { process: vec![0, 1], host: vec![0, 0], threads: vec![1, 1], driven: false };
     let step = |t: &Topology| estimate_on(&[&a, &b], &model, t).step_seconds;
-    assert!(step(&two) > 1e-3, "each worker computes longer than the busy ones measured");
-    let extra = step(&Topology { driven: true, ..two.clone() }) - step(&two);
-    assert_close(extra, 1200e-6 + (512 * 512 * 4) as f64 * 1e-9, "two busy workers' calls");
+    let computing = step(&two);
+    assert!(computing > 4e-3, "each worker computes longer than the busy ones measured: {computing}");
+    let extra = step(&Topology { driven: true, ..two.clone() }) - computing;
+    let busy = 1500e-6 + 600e-6 * (computing - 4e-3) / 3e-3;
+    assert_close(extra, 300e-6 + busy + (512 * 512 * 4) as f64 * 1e-9, "two busy workers' calls");
 }
 
 /// A process's devices take turns on its threads: `take_turns` makes the step at least each
