@@ -13,7 +13,7 @@
 //! each on one thread and on all of them (a spawned worker computes on its share of the
 //! cores); then the shared-memory queues and TCP between two local worker processes, from
 //! all-reduces of two sizes, and what a step driven on 1, 2 and 4 workers costs beyond their
-//! programs, with the workers idle and with each computing for about a millisecond.
+//! programs, with the workers idle and with each computing for about 1 and 4 ms.
 //!
 //! The profile goes to this host's default place, where `dfc compile` finds it, unless `-o`
 //! says otherwise; `DFC_PROFILE` names another file, or `off` for none.
@@ -712,7 +712,8 @@ fn time_driven_steps(on: &DrivenWorkers, effort: Effort) -> Result<Vec<f64>, Fai
 
 /// For each of `BUSY_CHAINS`, the times of steps driven on each of `DRIVEN_WORKERS` whose
 /// workers compute a chain of so many products (`busy_plan`), then of one worker's program in
-/// this process on one thread and on `cores`, as `driven_step` takes them.
+/// this process on a shared worker's threads and on all of `cores`, as `driven_step` takes
+/// them.
 fn time_busy_steps(on: &DrivenWorkers, cores: usize, effort: Effort) -> Result<Vec<f64>, Failure> {
     let failure = |e: dfc_driver::RunError| Failure(format!("running the busy calibration model on workers: {e}"));
     let effort = Effort { repetitions: 3 * effort.repetitions, seconds: 8.0 * effort.seconds, ..effort };
@@ -724,7 +725,7 @@ fn time_busy_steps(on: &DrivenWorkers, cores: usize, effort: Effort) -> Result<V
             times.push(median_run(&mut session, &feeds, &driven_fetches(workers), effort).map_err(failure)?);
         }
         let plan = busy_plan(1, products)?;
-        for threads in [1, cores] {
+        for threads in [shared_threads(cores), cores] {
             let pool = rayon::ThreadPoolBuilder::new()
                 .num_threads(threads)
                 .build()
@@ -737,6 +738,12 @@ fn time_busy_steps(on: &DrivenWorkers, cores: usize, effort: Effort) -> Result<V
         }
     }
     Ok(times)
+}
+
+/// The threads of each of `DRIVEN_WORKERS`' most workers on `cores`, as `LocalWorkers` starts
+/// them.
+fn shared_threads(cores: usize) -> usize {
+    (cores / DRIVEN_WORKERS[DRIVEN_WORKERS.len() - 1]).max(1)
 }
 
 /// The worker processes that calibration drives steps on: one on all the cores, as
@@ -820,14 +827,16 @@ fn driven_step(times: &[f64], cores: usize) -> DrivenStep {
         points.push([workers as f64, (seconds - bytes(DRIVEN_SMALL) / rate).max(floor)]);
     }
     // Busy workers' fixed cost, chain by chain: beyond their computing (one on all the cores;
-    // more, each on one, in turns where they outnumber the cores) and their bytes; never less
-    // than idle ones' or a shorter chain's, nor than fewer busy ones'.
+    // more, each on its share, in turns where they ask for more threads than there are cores)
+    // and their bytes; never less than idle ones' or a shorter chain's, nor than fewer busy
+    // ones'.
     let mut busy: Vec<BusyStep> = Vec::new();
     for chain in times[3 + counts..].chunks_exact(counts + 2) {
         let (remote, local, local_all) = (&chain[..counts], chain[counts], chain[counts + 1]);
         let mut busy_points: Vec<[f64; 2]> = Vec::new();
         for (i, (&workers, seconds)) in DRIVEN_WORKERS.iter().zip(remote).enumerate() {
-            let turns = (workers as f64 / cores.max(1) as f64).max(1.0);
+            let asked = workers * shared_threads(cores);
+            let turns = (asked as f64 / cores.max(1) as f64).max(1.0);
             let computing = if workers == 1 { local_all } else { local * turns };
             let extra = seconds - computing - BUSY_BYTES as f64 / rate;
             let shorter = busy.last().map_or(points[i][1], |b| b.latency.points[i][1]);

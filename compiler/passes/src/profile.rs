@@ -70,8 +70,8 @@ pub struct DrivenStep {
     pub busy: Vec<BusyStep>,
 }
 
-/// A driven step's fixed cost where each worker computes for `computing_seconds` (on one
-/// thread), by the number of workers, beyond their computing (and their turns where they
+/// A driven step's fixed cost where each worker computes for `computing_seconds` (on the
+/// threads of one of 4 workers sharing the host: one on 2 cores), by the number of workers, beyond their computing (and their turns where they
 /// outnumber the cores) and their bytes.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
