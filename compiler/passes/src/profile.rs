@@ -71,8 +71,8 @@ pub struct DrivenStep {
 }
 
 /// A driven step's fixed cost where each worker computes for `computing_seconds` (on the
-/// threads of one of 4 workers sharing the host: one on 2 cores), by the number of workers, beyond their computing (and their turns where they
-/// outnumber the cores) and their bytes.
+/// threads of one of 4 workers sharing the host: one on 2 cores), by the number of workers,
+/// beyond their computing (and their turns where they outnumber the cores) and their bytes.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BusyStep {
@@ -94,10 +94,10 @@ impl DrivenStep {
         }
         let computing = computing.max(0.0);
         let at = points.iter().rposition(|p| p.0 <= computing).unwrap_or(0).min(points.len().saturating_sub(2));
-        let fixed = match (points.get(at), points.get(at + 1)) {
-            (Some(&(x0, y0)), Some(&(x1, y1))) => y0 + (y1 - y0) * (computing - x0) / (x1 - x0),
-            (Some(&(_, y0)), None) => y0,
-            _ => 0.0,
+        let (x0, y0) = points[at];
+        let fixed = match points.get(at + 1) {
+            Some(&(x1, y1)) => y0 + (y1 - y0) * (computing - x0) / (x1 - x0),
+            None => y0,
         };
         fixed + bytes.max(0.0) / self.bytes_per_second
     }
