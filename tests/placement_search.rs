@@ -5,7 +5,7 @@
 
 use dfc_compile::{module_after, CompileOptions, Strategy};
 use dfc_ir::{Cluster, DeviceKind, DeviceSpec, NodeId};
-use dfc_passes::search::{improve, Budget, Link, Problem, Simulator, Units};
+use dfc_passes::search::{improve, improve_on, Budget, Link, Problem, Simulator, Units};
 use dfc_passes::CostModel;
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -97,6 +97,21 @@ fn the_search_ends_no_worse_than_it_starts_and_scores_what_it_returns() {
     let rescored = problem.step_seconds(&outcome.assignment);
     assert!((outcome.step_seconds - rescored).abs() <= 1e-9 * rescored);
     assert!(outcome.scored > 0 && outcome.scored <= 3_000);
+}
+
+#[test]
+fn the_search_finds_the_same_placement_on_any_number_of_threads() {
+    let (problem, units) = problem(8);
+    let start = problem.round_robin(&vec![0u32; units], |_| true);
+    let budget = Budget { candidates: 2_000, nodes: u64::MAX, seconds: 600.0 };
+    let alone = improve_on(&problem, start.clone(), budget, 1);
+    assert!(alone.step_seconds < alone.start_seconds, "the search improves on round-robin");
+    for threads in [2, 3, 8] {
+        let together = improve_on(&problem, start.clone(), budget, threads);
+        assert_eq!(together.assignment, alone.assignment, "{threads} threads");
+        assert_eq!(together.step_seconds, alone.step_seconds, "{threads} threads");
+        assert_eq!(together.scored, alone.scored, "{threads} threads");
+    }
 }
 
 fn dfc(args: &[&str]) -> std::process::Output {

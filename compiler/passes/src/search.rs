@@ -17,25 +17,38 @@
 //! the two agree to the microsecond. They part where a partition's own topological order (the
 //! report's priority) ranks a node that waits on a Recv later than creation order does, since
 //! the Recv is created last: on searched placements the report is up to 30% slower. Every trial
-//! is simulated from the start (a schedule's buffers are kept between trials): about 12,000 a
-//! second on a thousand-node graph on one core of this project's VM.
+//! is simulated from the start (a schedule's buffers are kept between trials): 7,000–12,000 a
+//! second on a thousand-node graph on one core of this project's VMs. Resuming a trial from a
+//! checkpoint of the accepted schedule was tried and does not pay: three trials in four move
+//! a node that is ready at the start (a variable), takes an input done at the start, or waits
+//! for a constant's copy (which its device runs at its first idle moment), so they part from
+//! the accepted schedule at its first instant, and the rest saved less than the checkpoints
+//! cost (6% of the trials' instructions against 10% for the accepted schedules').
 //!
 //! The search is a descent: from a starting assignment (the earliest-finish-time placement,
 //! and round-robin), every movable unit, the costliest first, tries each device it may use (on
 //! a large cluster: its neighbours' devices and the least-loaded ones), alone and with its
 //! neighbours on its device, and keeps the first move that shortens the step (or, at an equal
 //! step, ends the work sooner: a smaller sum of finishing times); passes repeat until one
-//! changes nothing or the `Budget` is spent.
+//! changes nothing or the `Budget` is spent. A unit's moves are scored on every core, each
+//! thread taking the next in order, and the first better one kept: the outcome is the
+//! one-thread search's, found about 1.6 times as fast on two cores.
 
 use crate::cost::{self, CostModel};
 use dfc_ir::{DeviceSpec, Graph, NodeId, Op};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, PoisonError, RwLock};
 use std::time::Instant;
 
 /// Beyond this many devices a unit tries its neighbours' devices and the least-loaded ones,
 /// not every device.
 const ALL_DEVICES_UP_TO: usize = 16;
+
+/// The most threads a search scores its moves on: a unit tries 2 × 7 moves at most on 8
+/// devices, about as many on a larger cluster.
+const MAX_THREADS: usize = 8;
 
 /// The least-loaded devices a unit also tries on a large cluster.
 const IDLE_CANDIDATES: usize = 4;
@@ -79,6 +92,9 @@ pub struct Problem {
     /// By unit: its first position, the devices it may use (empty: any), its total time, and
     /// the units it exchanges tensors with.
     first: Vec<u32>,
+    /// By unit: its nodes' range in `unit_nodes` (positions, ascending).
+    unit_node_start: Vec<u32>,
+    unit_nodes: Vec<u32>,
     allowed: Vec<Vec<u32>>,
     unit_seconds: Vec<f64>,
     neighbours: Vec<Vec<u32>>,
@@ -161,6 +177,8 @@ impl Problem {
             user_start: Vec::new(),
             user_edges: Vec::new(),
             first: vec![u32::MAX; count],
+            unit_node_start: Vec::new(),
+            unit_nodes: Vec::new(),
             allowed: units.allowed,
             unit_seconds: vec![0.0; count],
             neighbours: vec![Vec::new(); count],
@@ -225,6 +243,20 @@ impl Problem {
             }
         }
         problem.user_start = users;
+        let mut starts = vec![0u32; count + 1];
+        for &unit in &problem.unit {
+            starts[unit as usize + 1] += 1;
+        }
+        for u in 0..count {
+            starts[u + 1] += starts[u];
+        }
+        let mut filled = starts.clone();
+        problem.unit_nodes = vec![0; n];
+        for (at, &unit) in problem.unit.iter().enumerate() {
+            problem.unit_nodes[filled[unit as usize] as usize] = at as u32;
+            filled[unit as usize] += 1;
+        }
+        problem.unit_node_start = starts;
         problem.priority = order.iter().map(|id| u32::try_from(id.index()).unwrap_or(LAST - 1)).collect();
         for list in &mut problem.neighbours {
             list.sort_unstable();
@@ -276,7 +308,12 @@ impl Problem {
 
     /// The step's time under `assignment` (by unit), simulated from the start.
     pub fn step_seconds(&self, assignment: &[u32]) -> f64 {
-        Simulator::new(self, assignment.to_vec()).step
+        Schedule::default().run(self, assignment, &[], 0).0
+    }
+
+    /// The positions of unit `u`'s nodes.
+    fn nodes_of(&self, u: usize) -> &[u32] {
+        &self.unit_nodes[self.unit_node_start[u] as usize..self.unit_node_start[u + 1] as usize]
     }
 
     /// Round-robin placement: each movable unit that `rotate` picks, in the graph's
@@ -354,7 +391,8 @@ impl Schedule {
     /// times. The same list schedule as `cost::estimate_on`: an executor that is free starts
     /// the ready node of the lowest priority; a transfer delays its user's
     /// readiness (a Recv) without occupying an executor.
-    fn run(&mut self, p: &Problem, assignment: &[u32]) -> (f64, f64) {
+    /// `moved` units are on `to` whatever `assignment` says.
+    fn run(&mut self, p: &Problem, assignment: &[u32], moved: &[u32], to: u32) -> (f64, f64) {
         let n = p.nodes();
         self.pending.clear();
         self.pending.extend((0..n).map(|i| p.edge_start[i + 1] - p.edge_start[i]));
@@ -370,6 +408,11 @@ impl Schedule {
         self.dummy.resize(p.edges.len(), (0, 0));
         self.device.clear();
         self.device.extend(p.unit.iter().map(|&u| assignment[u as usize]));
+        for &unit in moved {
+            for &at in p.nodes_of(unit as usize) {
+                self.device[at as usize] = to;
+            }
+        }
         let devices = std::mem::take(&mut self.device);
         let device = |at: u32| devices[at as usize] as usize;
         for at in 0..n as u32 {
@@ -522,7 +565,7 @@ struct Trial {
 impl<'a> Simulator<'a> {
     pub fn new(problem: &'a Problem, assignment: Vec<u32>) -> Simulator<'a> {
         let mut schedule = Schedule::default();
-        let (step, sum) = schedule.run(problem, &assignment);
+        let (step, sum) = schedule.run(problem, &assignment, &[], 0);
         Simulator { problem, assignment, schedule, trial: None, step, sum, scored: 1 }
     }
 
@@ -535,11 +578,11 @@ impl<'a> Simulator<'a> {
     pub fn try_moves(&mut self, units: &[u32], device: u32) -> (f64, f64) {
         self.reject();
         let moved: Vec<(u32, u32)> = units.iter().map(|&u| (u, self.assignment[u as usize])).collect();
+        self.scored += 1;
+        let (step, sum) = self.schedule.run(self.problem, &self.assignment, units, device);
         for &unit in units {
             self.assignment[unit as usize] = device;
         }
-        self.scored += 1;
-        let (step, sum) = self.schedule.run(self.problem, &self.assignment);
         self.trial = Some(Trial { moved, step, sum });
         (step, sum)
     }
@@ -557,6 +600,137 @@ impl<'a> Simulator<'a> {
                 self.assignment[unit as usize] = was;
             }
         }
+    }
+}
+
+/// Whether a trial's step and sum of finishing times beat the accepted ones: a shorter step,
+/// or an equal one whose work ends sooner.
+fn better(step: f64, sum: f64, new_step: f64, new_sum: f64) -> bool {
+    let shorter = new_step < step * (1.0 - 1e-9);
+    let sooner = new_step <= step && new_sum < sum * (1.0 - 1e-6);
+    shorter || sooner
+}
+
+/// A list of trial moves against one assignment, in the order the search tries them.
+#[derive(Default)]
+struct Batch {
+    assignment: Vec<u32>,
+    step: f64,
+    sum: f64,
+    /// The sets of units that move, and each move: a set and the device it goes to.
+    sets: [Vec<u32>; 2],
+    moves: Vec<(usize, u32)>,
+}
+
+/// The threads that score a batch: the searching thread, and helpers that wait for the next
+/// batch spinning (a batch takes a millisecond or so, less than waking a sleeping thread can
+/// take on a VM). Each thread claims the next move of the batch in order, and none is scored
+/// past a move already found better, so the first better move is the one a single thread
+/// would find, with fewer moves scored in vain than threads.
+struct Crew<'p> {
+    problem: &'p Problem,
+    batch: RwLock<Batch>,
+    helpers: usize,
+    /// The batch's number: a helper scores a batch once.
+    posted: AtomicU64,
+    next: AtomicUsize,
+    /// The first move found better so far (`usize::MAX`: none), and its score.
+    kept: AtomicUsize,
+    kept_score: Mutex<(f64, f64)>,
+    /// How many helpers are done with the batch.
+    finished: AtomicUsize,
+    quit: AtomicBool,
+}
+
+impl<'p> Crew<'p> {
+    fn new(problem: &'p Problem, batch: Batch, helpers: usize) -> Crew<'p> {
+        Crew {
+            problem,
+            batch: RwLock::new(batch),
+            helpers,
+            posted: AtomicU64::new(0),
+            next: AtomicUsize::new(0),
+            kept: AtomicUsize::new(usize::MAX),
+            kept_score: Mutex::new((0.0, 0.0)),
+            finished: AtomicUsize::new(0),
+            quit: AtomicBool::new(false),
+        }
+    }
+
+    /// A helper's life: each batch posted, scored, until the crew is dismissed.
+    fn help(&self) {
+        let mut schedule = Schedule::default();
+        let mut seen = 0;
+        loop {
+            let mut spins = 0u32;
+            while self.posted.load(Ordering::Acquire) == seen && !self.quit.load(Ordering::Acquire) {
+                wait_a_moment(&mut spins);
+            }
+            if self.quit.load(Ordering::Acquire) {
+                return;
+            }
+            seen = self.posted.load(Ordering::Acquire);
+            {
+                let batch = self.batch.read().unwrap_or_else(PoisonError::into_inner);
+                self.score(&batch, &mut schedule);
+            }
+            self.finished.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Scores the batch's moves this thread claims, in order, until none is left or a move
+    /// before the next one was found better.
+    fn score(&self, batch: &Batch, schedule: &mut Schedule) {
+        loop {
+            let k = self.next.fetch_add(1, Ordering::AcqRel);
+            if k >= batch.moves.len() || k > self.kept.load(Ordering::Acquire) {
+                return;
+            }
+            let (set, device) = batch.moves[k];
+            let (step, sum) = schedule.run(self.problem, &batch.assignment, &batch.sets[set], device);
+            if better(batch.step, batch.sum, step, sum) {
+                let mut kept_score = self.kept_score.lock().unwrap_or_else(PoisonError::into_inner);
+                if k < self.kept.load(Ordering::Acquire) {
+                    self.kept.store(k, Ordering::Release);
+                    *kept_score = (step, sum);
+                }
+            }
+        }
+    }
+
+    /// Scores the posted batch with the helpers: the first move better than its assignment,
+    /// and that move's step and sum.
+    fn first_better(&self, schedule: &mut Schedule) -> Option<(usize, f64, f64)> {
+        self.next.store(0, Ordering::Release);
+        self.kept.store(usize::MAX, Ordering::Release);
+        self.finished.store(0, Ordering::Release);
+        self.posted.fetch_add(1, Ordering::AcqRel);
+        self.score(&self.batch.read().unwrap_or_else(PoisonError::into_inner), schedule);
+        let mut spins = 0u32;
+        while self.finished.load(Ordering::Acquire) < self.helpers {
+            wait_a_moment(&mut spins);
+        }
+        let k = self.kept.load(Ordering::Acquire);
+        let (step, sum) = *self.kept_score.lock().unwrap_or_else(PoisonError::into_inner);
+        (k != usize::MAX).then_some((k, step, sum))
+    }
+
+    fn batch(&self) -> std::sync::RwLockWriteGuard<'_, Batch> {
+        self.batch.write().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn dismiss(&self) {
+        self.quit.store(true, Ordering::Release);
+    }
+}
+
+/// Spins, and now and then lets another thread have the core.
+fn wait_a_moment(spins: &mut u32) {
+    *spins = spins.wrapping_add(1);
+    if spins.is_multiple_of(64) {
+        std::thread::yield_now();
+    } else {
+        std::hint::spin_loop();
     }
 }
 
@@ -595,81 +769,113 @@ pub struct Outcome {
 }
 
 /// Descends from `start` (by unit) to an assignment no single move improves, or as far as the
-/// budget goes.
+/// budget goes, scoring moves on as many threads as the machine has cores (at most
+/// `MAX_THREADS`).
 pub fn improve(problem: &Problem, start: Vec<u32>, budget: Budget) -> Outcome {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    improve_on(problem, start, budget, cores.min(MAX_THREADS))
+}
+
+/// `improve` on `threads` threads: the same outcome on any number.
+pub fn improve_on(problem: &Problem, start: Vec<u32>, budget: Budget, threads: usize) -> Outcome {
     let clock = Instant::now();
-    let mut simulator = Simulator::new(problem, start);
-    let start_seconds = simulator.step;
+    let mut schedule = Schedule::default();
+    let (step, sum) = schedule.run(problem, &start, &[], 0);
+    let batch = Batch { assignment: start, step, sum, ..Batch::default() };
+    let crew = Crew::new(problem, batch, threads.max(1) - 1);
+    let (scored, assignment) = std::thread::scope(|scope| {
+        for _ in 0..crew.helpers {
+            scope.spawn(|| crew.help());
+        }
+        let scored = descend(&crew, &mut schedule, budget, clock);
+        crew.dismiss();
+        (scored, std::mem::take(&mut crew.batch().assignment))
+    });
+    let step_seconds = crew.batch().step;
+    Outcome { assignment, step_seconds, start_seconds: step, scored, seconds: clock.elapsed().as_secs_f64() }
+}
+
+/// The descent: every movable unit, the costliest first, tries its devices alone and then
+/// with its neighbours on its device, and the first move that shortens the step is kept;
+/// passes repeat until one changes nothing or the budget is spent. Returns the placements
+/// scored.
+fn descend(crew: &Crew, schedule: &mut Schedule, budget: Budget, clock: Instant) -> u64 {
+    let problem = crew.problem;
+    let mut assignment = crew.batch().assignment.clone();
     let mut load = vec![0.0f64; problem.devices];
-    for (u, &d) in simulator.assignment().iter().enumerate() {
+    for (u, &d) in assignment.iter().enumerate() {
         load[d as usize] += problem.unit_seconds[u];
     }
     let mut order: Vec<usize> = (0..problem.units()).filter(|&u| problem.movable(u)).collect();
     order.sort_by(|&a, &b| problem.unit_seconds[b].total_cmp(&problem.unit_seconds[a]).then(a.cmp(&b)));
     let mut candidates: Vec<u32> = Vec::new();
-    let mut group: Vec<u32> = Vec::new();
     let size = problem.nodes().max(1) as u64;
-    let spent = |s: &Simulator| {
-        s.scored >= budget.candidates
-            || s.scored.saturating_mul(size) >= budget.nodes
-            || clock.elapsed().as_secs_f64() >= budget.seconds
-    };
+    let last = budget.candidates.min(budget.nodes.div_ceil(size));
+    let mut scored = 1u64;
     'passes: loop {
         let mut moved = false;
         for &u in &order {
-            devices_to_try(problem, u, simulator.assignment(), &load, &mut candidates);
+            devices_to_try(problem, u, &assignment, &load, &mut candidates);
+            if candidates.is_empty() {
+                continue;
+            }
+            let left = last.saturating_sub(scored) as usize;
+            if left == 0 || clock.elapsed().as_secs_f64() >= budget.seconds {
+                break 'passes;
+            }
+            let here = assignment[u];
+            let mut batch = crew.batch();
+            let Batch { sets: [alone, group], moves, .. } = &mut *batch;
             // The unit alone, then with its neighbours on its device (a layer's ops, a chain):
             // a stretch of work that one move at a time could not carry across.
+            alone.clear();
+            alone.push(u as u32);
             group.clear();
-            let here = simulator.assignment()[u];
             group.push(u as u32);
             group.extend(
                 problem.neighbours[u]
                     .iter()
                     .copied()
-                    .filter(|&v| simulator.assignment()[v as usize] == here && problem.movable(v as usize)),
+                    .filter(|&v| assignment[v as usize] == here && problem.movable(v as usize)),
             );
-            let moves: &[&[u32]] = if group.len() > 1 { &[&group[..1], &group] } else { &[&group[..1]] };
-            for units in moves {
-                for &d in &candidates {
-                    if spent(&simulator) {
+            moves.clear();
+            let sets = if group.len() > 1 { 2 } else { 1 };
+            for (set, units) in [&*alone, &*group].into_iter().enumerate().take(sets) {
+                let allowed = candidates.iter().filter(|&&d| units.iter().all(|&v| problem.may_use(v as usize, d)));
+                moves.extend(allowed.map(|&d| (set, d)));
+            }
+            let cut = moves.len() > left;
+            moves.truncate(left);
+            drop(batch);
+            match crew.first_better(schedule) {
+                Some((k, step, sum)) => {
+                    scored += k as u64 + 1;
+                    let mut batch = crew.batch();
+                    let (set, d) = batch.moves[k];
+                    let units = std::mem::take(&mut batch.sets[set]);
+                    for &v in &units {
+                        assignment[v as usize] = d;
+                        batch.assignment[v as usize] = d;
+                        load[here as usize] -= problem.unit_seconds[v as usize];
+                        load[d as usize] += problem.unit_seconds[v as usize];
+                    }
+                    batch.sets[set] = units;
+                    (batch.step, batch.sum) = (step, sum);
+                    moved = true;
+                }
+                None => {
+                    scored += crew.batch().moves.len() as u64;
+                    if cut {
                         break 'passes;
                     }
-                    if units.iter().any(|&v| !problem.may_use(v as usize, d)) {
-                        continue;
-                    }
-                    let (step, sum) = (simulator.step, simulator.sum);
-                    let (new_step, new_sum) = simulator.try_moves(units, d);
-                    let shorter = new_step < step * (1.0 - 1e-9);
-                    let sooner = new_step <= step && new_sum < sum * (1.0 - 1e-6);
-                    if shorter || sooner {
-                        simulator.accept();
-                        for &v in *units {
-                            load[here as usize] -= problem.unit_seconds[v as usize];
-                            load[d as usize] += problem.unit_seconds[v as usize];
-                        }
-                        moved = true;
-                        break;
-                    }
-                }
-                if simulator.assignment()[u] != here {
-                    break;
                 }
             }
-            simulator.reject();
         }
         if !moved {
             break;
         }
     }
-    simulator.reject();
-    Outcome {
-        step_seconds: simulator.step,
-        assignment: simulator.assignment().to_vec(),
-        start_seconds,
-        scored: simulator.scored,
-        seconds: clock.elapsed().as_secs_f64(),
-    }
+    scored
 }
 
 /// The devices unit `u` tries, other than its own: all it may use on a small cluster; on a
