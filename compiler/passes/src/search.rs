@@ -366,6 +366,12 @@ const DUMMY: u32 = 1 << 30;
 /// nodes added rank in a partition's topological order.
 const LAST: u32 = u32::MAX;
 
+/// A ready node's entry in its executor's queue: its priority, then its position (or a
+/// dummy's mark), in one number so that the queue compares once.
+fn queued(priority: u32, at: u32) -> u64 {
+    u64::from(priority) << 32 | u64::from(at)
+}
+
 /// The list schedule's working memory, kept between trials.
 #[derive(Default)]
 struct Schedule {
@@ -375,8 +381,8 @@ struct Schedule {
     /// Finishes and arrivals as `time's bits << 64 | sequence << 32 | what`: times are never
     /// negative, so their bits order them, and equal times keep the order they were pushed in.
     events: BinaryHeap<Reverse<u128>>,
-    /// Per executor, its ready nodes (priority, position), the lowest priority first.
-    queues: Vec<BinaryHeap<Reverse<(u32, u32)>>>,
+    /// Per executor, its ready nodes (`queued`), the lowest priority first.
+    queues: Vec<BinaryHeap<Reverse<u64>>>,
     running: Vec<bool>,
     /// The executors that may start a node once every event of this instant is done.
     dispatching: Vec<bool>,
@@ -428,7 +434,7 @@ impl Schedule {
                 if edge.kind == EdgeKind::Constant && device(edge.from) != device(to) {
                     let executor = p.executor[device(to)] as usize;
                     self.dummy[e as usize] = (to, executor as u32);
-                    self.queues[executor].push(Reverse((LAST, e | DUMMY)));
+                    self.queues[executor].push(Reverse(queued(LAST, e | DUMMY)));
                     self.request_dispatch(executor);
                 }
             }
@@ -470,7 +476,7 @@ impl Schedule {
                         EdgeKind::Constant if link != Link::Same => continue,
                         EdgeKind::Control if link != Link::Same => {
                             self.dummy[edge as usize] = (user, executor as u32);
-                            self.queues[executor].push(Reverse((LAST, edge | DUMMY)));
+                            self.queues[executor].push(Reverse(queued(LAST, edge | DUMMY)));
                             continue;
                         }
                         _ => {}
@@ -513,7 +519,7 @@ impl Schedule {
 
     fn make_ready(&mut self, p: &Problem, device: usize, at: u32) {
         let executor = p.executor[device] as usize;
-        self.queues[executor].push(Reverse((p.priority[at as usize], at)));
+        self.queues[executor].push(Reverse(queued(p.priority[at as usize], at)));
         self.request_dispatch(executor);
     }
 
@@ -532,7 +538,8 @@ impl Schedule {
             if self.running[executor] {
                 continue;
             }
-            let Some(Reverse((_, at))) = self.queues[executor].pop() else { continue };
+            let Some(Reverse(entry)) = self.queues[executor].pop() else { continue };
+            let at = entry as u32;
             self.running[executor] = true;
             let seconds = if at & DUMMY != 0 { 0.0 } else { p.seconds[at as usize] * p.slowness[executor] };
             self.push(now + seconds, at);
