@@ -1145,13 +1145,15 @@ fn node_flops(graph: &dfc_ir::Graph, id: dfc_ir::NodeId) -> f64 {
 /// The order of a pipeline's passes on its first stage (of 2, 4 micro-batches), as the
 /// runtime runs them (`dfc_interp::schedule`): 1F1B holds three micro-batches at a time (two
 /// stages from it to the last, and one of slack) and alternates once the pipeline is full; GPipe's runs every forward pass first. Both train
-/// to the same values.
+/// to the same values. Either way each micro-batch's gradient joins the sum of the gradients
+/// as soon as it is computed, so that a stage never holds all M of them.
 #[test]
 fn a_pipeline_s_first_stage_runs_its_passes_in_the_schedule_s_order() {
     let single = plan("mlp", Cluster::local(1, DeviceKind::Cpu), Strategy::Single);
     let data = batches(&single);
     let mut trained = Vec::new();
-    for (one_forward_one_backward, expected) in [(true, "F0 F1 F2 B0 F3 B1 B2 B3"), (false, "F0 F1 F2 F3 B0 B1 B2 B3")]
+    for (one_forward_one_backward, expected) in
+        [(true, "F0 F1 F2 B0 F3 B1 S1 B2 S2 B3 S3"), (false, "F0 F1 F2 F3 B0 B1 S1 B2 S2 B3 S3")]
     {
         let options = CompileOptions {
             cluster: Cluster::local(2, DeviceKind::Cpu),
@@ -1164,14 +1166,22 @@ fn a_pipeline_s_first_stage_runs_its_passes_in_the_schedule_s_order() {
         let modules: Vec<&dfc_ir::Module> = pipeline.partitions.iter().map(|p| &p.module).collect();
         let orders = dfc_interp::schedule(&modules).expect("a schedule");
         let graph = &modules[0].graph;
-        // The first stage's products: a forward one per micro-batch, then its weights' gradient.
+        // The first stage's products: a forward one per micro-batch, then its weights'
+        // gradient, which joins the sum of the micro-batches' (S) as it comes.
+        let summed = orders[0].iter().find_map(|&id| graph.node(id).name.split_once("/gradient_sum_").map(|(v, _)| v));
+        let first_weight = summed.expect("a sum of the micro-batches' gradients").to_string();
         let passes: Vec<String> = orders[0]
             .iter()
-            .filter(|&&id| matches!(graph.node(id).op, dfc_ir::Op::MatMul { .. }))
-            .map(|&id| {
+            .filter_map(|&id| {
                 let name = &graph.node(id).name;
+                if let Some(r) = name.strip_prefix(&format!("{first_weight}/gradient_sum_")) {
+                    return Some(format!("S{r}"));
+                }
+                if !matches!(graph.node(id).op, dfc_ir::Op::MatMul { .. }) {
+                    return None;
+                }
                 let replica = name.strip_prefix("replica_").and_then(|r| r.split('/').next()).expect("a micro-batch's");
-                format!("{}{replica}", if name.contains("/gradients/") { "B" } else { "F" })
+                Some(format!("{}{replica}", if name.contains("/gradients/") { "B" } else { "F" }))
             })
             .collect();
         assert_eq!(passes.join(" "), expected, "1F1B: {one_forward_one_backward}");
