@@ -311,6 +311,12 @@ impl Problem {
         Schedule::default().run(self, assignment, &[], 0).0
     }
 
+    /// The step with `units` moved to `device` from `assignment`, and the sum of the nodes'
+    /// finishing times: a trial move as the search scores it.
+    pub fn score_move(&self, assignment: &[u32], units: &[u32], device: u32) -> (f64, f64) {
+        Schedule::default().run(self, assignment, units, device)
+    }
+
     /// The positions of unit `u`'s nodes.
     fn nodes_of(&self, u: usize) -> &[u32] {
         &self.unit_nodes[self.unit_node_start[u] as usize..self.unit_node_start[u + 1] as usize]
@@ -545,68 +551,6 @@ impl Schedule {
             self.push(now + seconds, at);
         }
         self.idle.clear();
-    }
-}
-
-/// An assignment and its score, with trial moves scored against it.
-pub struct Simulator<'a> {
-    problem: &'a Problem,
-    assignment: Vec<u32>,
-    schedule: Schedule,
-    trial: Option<Trial>,
-    /// The accepted assignment's step, and the sum of its nodes' finishing times (what breaks
-    /// ties between equal steps: the schedule that ends its work sooner).
-    pub step: f64,
-    pub sum: f64,
-    /// How many assignments were scored.
-    pub scored: u64,
-}
-
-struct Trial {
-    /// The units moved, and where each was.
-    moved: Vec<(u32, u32)>,
-    step: f64,
-    sum: f64,
-}
-
-impl<'a> Simulator<'a> {
-    pub fn new(problem: &'a Problem, assignment: Vec<u32>) -> Simulator<'a> {
-        let mut schedule = Schedule::default();
-        let (step, sum) = schedule.run(problem, &assignment, &[], 0);
-        Simulator { problem, assignment, schedule, trial: None, step, sum, scored: 1 }
-    }
-
-    pub fn assignment(&self) -> &[u32] {
-        &self.assignment
-    }
-
-    /// The step with `units` all moved to `device`, and its sum of finishing times; `accept`
-    /// keeps it, and another trial or `reject` drops it.
-    pub fn try_moves(&mut self, units: &[u32], device: u32) -> (f64, f64) {
-        self.reject();
-        let moved: Vec<(u32, u32)> = units.iter().map(|&u| (u, self.assignment[u as usize])).collect();
-        self.scored += 1;
-        let (step, sum) = self.schedule.run(self.problem, &self.assignment, units, device);
-        for &unit in units {
-            self.assignment[unit as usize] = device;
-        }
-        self.trial = Some(Trial { moved, step, sum });
-        (step, sum)
-    }
-
-    pub fn accept(&mut self) {
-        if let Some(trial) = self.trial.take() {
-            self.step = trial.step;
-            self.sum = trial.sum;
-        }
-    }
-
-    pub fn reject(&mut self) {
-        if let Some(trial) = self.trial.take() {
-            for (unit, was) in trial.moved.into_iter().rev() {
-                self.assignment[unit as usize] = was;
-            }
-        }
     }
 }
 
