@@ -610,6 +610,7 @@ impl<'p> Crew<'p> {
 
     /// A helper's life: each batch posted, scored, until the crew is dismissed.
     fn help(&self) {
+        let _dismissal = Dismissal(self);
         let mut schedule = Schedule::default();
         let mut seen = 0;
         loop {
@@ -658,7 +659,7 @@ impl<'p> Crew<'p> {
         self.posted.fetch_add(1, Ordering::AcqRel);
         self.score(&self.batch.read().unwrap_or_else(PoisonError::into_inner), schedule);
         let mut spins = 0u32;
-        while self.finished.load(Ordering::Acquire) < self.helpers {
+        while self.finished.load(Ordering::Acquire) < self.helpers && !self.quit.load(Ordering::Acquire) {
             wait_a_moment(&mut spins);
         }
         let k = self.kept.load(Ordering::Acquire);
@@ -672,6 +673,17 @@ impl<'p> Crew<'p> {
 
     fn dismiss(&self) {
         self.quit.store(true, Ordering::Release);
+    }
+}
+
+/// Dismisses the crew when dropped: when the search ends, and when one of its threads
+/// panics, so that no thread waits for one that is gone (the panic goes on when the threads
+/// are joined).
+struct Dismissal<'a, 'p>(&'a Crew<'p>);
+
+impl Drop for Dismissal<'_, '_> {
+    fn drop(&mut self) {
+        self.0.dismiss();
     }
 }
 
@@ -738,8 +750,9 @@ pub fn improve_on(problem: &Problem, start: Vec<u32>, budget: Budget, threads: u
         for _ in 0..crew.helpers {
             scope.spawn(|| crew.help());
         }
+        let dismissal = Dismissal(&crew);
         let scored = descend(&crew, &mut schedule, budget, clock);
-        crew.dismiss();
+        drop(dismissal);
         (scored, std::mem::take(&mut crew.batch().assignment))
     });
     let step_seconds = crew.batch().step;
