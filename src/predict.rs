@@ -29,17 +29,23 @@ pub fn predict(plan: &Plan, modules: &[dfc_ir::Module], placement: Placement<'_>
     let profile = crate::calibrate::host_profile()?;
     let parts: Vec<&dfc_ir::Module> = modules.iter().collect();
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let overlap = plan.strategy.overlap;
     let topology = match placement {
-        Placement::Here => {
-            Topology { process: vec![0; parts.len()], host: vec![0; parts.len()], threads: vec![0], driven: false }
-        }
+        Placement::Here => Topology {
+            process: vec![0; parts.len()],
+            host: vec![0; parts.len()],
+            threads: vec![0],
+            driven: false,
+            overlap,
+        },
         Placement::Spawned { partition_worker, workers } => Topology {
             process: partition_worker.iter().map(|&w| w as u32).collect(),
             host: vec![0; parts.len()],
             threads: vec![(cores / workers.max(1)).max(1) as u32; workers],
             driven: true,
+            overlap,
         },
-        Placement::Cluster => Topology::of_cluster(&parts, &plan.cluster),
+        Placement::Cluster => Topology { overlap, ..Topology::of_cluster(&parts, &plan.cluster) },
     };
     Some(dfc_passes::cost::estimate_on(&parts, &CostModel::calibrated(profile), &topology))
 }

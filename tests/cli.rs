@@ -792,7 +792,7 @@ fn micro_batches_need_the_model_strategy() {
     assert!(inspected.contains("strategy: model, a pipeline of 4 micro-batches"), "{inspected}");
 }
 
-/// `--strategy auto` compares sharded optimizers and pipelines itself: asking for either
+/// `--strategy auto` compares overlapped all-reduces, sharded optimizers and pipelines itself: asking for one
 /// beside it is refused in one line, and so is a schedule without micro-batches.
 #[test]
 fn auto_and_pipeline_schedules_refuse_what_they_choose_themselves() {
@@ -800,7 +800,8 @@ fn auto_and_pipeline_schedules_refuse_what_they_choose_themselves() {
     let mlp = mlp.to_str().expect("utf-8");
     let plan = scratch("auto_refusals.plan");
     let plan = plan.to_str().expect("utf-8");
-    let cases: [(&[&str], &str); 3] = [
+    let cases: [(&[&str], &str); 4] = [
+        (&["--strategy", "auto", "--overlap"], "--strategy auto compares mirrored replicas with and without overlapped all-reduces itself; leave out --overlap"),
         (&["--strategy", "auto", "--shard-optimizer"], "--strategy auto compares mirrored replicas with and without a sharded optimizer itself; leave out --shard-optimizer"),
         (&["--strategy", "auto", "--micro-batches", "4"], "--strategy auto compares pipelines of 2, 4 and 8 micro-batches itself; leave out --micro-batches"),
         (&["--strategy", "model", "--pipeline-schedule", "gpipe"], "--pipeline-schedule orders a pipeline's micro-batches: give --micro-batches M too"),

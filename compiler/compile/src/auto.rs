@@ -2,8 +2,12 @@
 //! cost model's simulation of its plan; the fastest becomes the plan, an ordinary one.
 //!
 //! The candidates, in order: single; model with the searched placement and with the
-//! earliest-finish one; model as a pipeline of 2, 4 and 8 micro-batches; mirrored; mirrored with the optimizer sharded over the replicas
-//! (ZeRO-1: the same training in less memory); synchronous ps; central storage. A candidate that the cluster
+//! earliest-finish one; model as a pipeline of 2, 4 and 8 micro-batches; mirrored; mirrored
+//! with its all-reduces overlapped with the backward pass (in the buckets `--overlap` makes);
+//! mirrored with the optimizer sharded over the replicas (ZeRO-1: the same training in less
+//! memory); synchronous ps, and where the cluster has two ps tasks or more, with the variables
+//! placed by size (greedy-sorted) and with large variables partitioned over the ps tasks;
+//! central storage. A candidate that the cluster
 //! or the model rules out (no `ps` job, no `minimize`, a batch that does not split) is listed
 //! with the reason and set aside. A later candidate wins only if it is predicted more than
 //! `MARGIN` faster than the best before it: near a tie the simpler plan is kept, since the
@@ -16,7 +20,7 @@
 use crate::{compile, CompileError, CompileOptions, Compiled, Strategy};
 use dfc_passes::cost::human_seconds;
 use dfc_passes::search::Budget;
-use dfc_passes::{CostReport, ModelPlacement, SearchReport};
+use dfc_passes::{CostReport, FusionOptions, ModelPlacement, SearchReport, VariablePlacement};
 use std::fmt;
 use std::time::Instant;
 
@@ -25,6 +29,10 @@ const MARGIN: f64 = 0.02;
 
 /// The micro-batch counts of the pipelines compared (1F1B, or the user's schedule).
 const PIPELINE_MICRO_BATCHES: [u32; 3] = [2, 4, 8];
+
+/// The smallest shard of a partitioned variable, as TensorFlow's min-max partitioner's
+/// default slice: variables of twice this or more are split over the ps tasks.
+const PARTITION_MIN_BYTES: u64 = 256 << 10;
 
 /// What `--strategy auto` compared.
 #[derive(Clone, Debug, PartialEq)]
@@ -59,6 +67,7 @@ fn candidates(options: &CompileOptions) -> Vec<(String, CompileOptions, bool)> {
         model_placement,
         shard_optimizer: false,
         micro_batches: 1,
+        overlap: false,
         ..options.clone()
     };
     let searched = ModelPlacement::Searched(Budget::default());
@@ -76,13 +85,27 @@ fn candidates(options: &CompileOptions) -> Vec<(String, CompileOptions, bool)> {
         }
     }
     list.push(("mirrored".into(), with(Strategy::Mirrored, ModelPlacement::EarliestFinish), false));
+    // Overlapped, in the smaller buckets that let the first all-reduces start early (unless
+    // the fusion threshold was given).
+    let fusion = if options.fusion == FusionOptions::default() { FusionOptions::overlapped() } else { options.fusion };
+    let overlapped =
+        CompileOptions { overlap: true, fusion, ..with(Strategy::Mirrored, ModelPlacement::EarliestFinish) };
+    list.push(("mirrored, all-reduces overlapped".into(), overlapped, false));
     let sharded = CompileOptions { shard_optimizer: true, ..with(Strategy::Mirrored, ModelPlacement::EarliestFinish) };
     list.push(("mirrored, sharded optimizer".into(), sharded, false));
-    list.push((
-        "ps --sync".into(),
-        with(Strategy::ParameterServer { sync: true }, ModelPlacement::EarliestFinish),
-        false,
-    ));
+    let ps = with(Strategy::ParameterServer { sync: true }, ModelPlacement::EarliestFinish);
+    list.push(("ps --sync".into(), ps.clone(), false));
+    // Over several ps tasks, where the variables go (unless given).
+    if options.cluster.job("ps").is_some_and(|job| job.tasks.len() > 1) {
+        if options.placement == VariablePlacement::RoundRobin {
+            let by_size = CompileOptions { placement: VariablePlacement::GreedySorted, ..ps.clone() };
+            list.push(("ps --sync, variables placed by size".into(), by_size, false));
+        }
+        if options.partition_min_bytes.is_none() {
+            let partitioned = CompileOptions { partition_min_bytes: Some(PARTITION_MIN_BYTES), ..ps };
+            list.push(("ps --sync, large variables partitioned".into(), partitioned, false));
+        }
+    }
     list.push(("central-storage".into(), with(Strategy::CentralStorage, ModelPlacement::EarliestFinish), false));
     if options.cluster.devices().len() > 1 {
         list.push(("model, round-robin placement".into(), with(Strategy::Model, ModelPlacement::RoundRobin), true));

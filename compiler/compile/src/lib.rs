@@ -222,6 +222,11 @@ pub fn compile(source: &str, source_name: &str, options: &CompileOptions) -> Res
             "--strategy auto compares mirrored replicas with and without a sharded optimizer itself; leave out --shard-optimizer".into(),
         ));
     }
+    if options.strategy == Strategy::Auto && options.overlap {
+        return Err(CompileError::Usage(
+            "--strategy auto compares mirrored replicas with and without overlapped all-reduces itself; leave out --overlap".into(),
+        ));
+    }
     if options.strategy == Strategy::Auto && options.micro_batches > 1 {
         return Err(CompileError::Usage(
             "--strategy auto compares pipelines of 2, 4 and 8 micro-batches itself; leave out --micro-batches".into(),
@@ -435,7 +440,8 @@ pub fn compile(source: &str, source_name: &str, options: &CompileOptions) -> Res
     // A step's cost leaves out local SGD's averages, which run every few steps apart from it.
     let stepping: Vec<Option<Module>> = simulated.iter().map(|m| dfc_passes::without_averages(m)).collect();
     let simulated: Vec<&Module> = simulated.iter().zip(&stepping).map(|(m, s)| s.as_ref().unwrap_or(m)).collect();
-    let topology = dfc_passes::Topology::of_cluster(&simulated, cluster);
+    let topology =
+        dfc_passes::Topology { overlap: options.overlap, ..dfc_passes::Topology::of_cluster(&simulated, cluster) };
     let mut report = dfc_passes::cost::estimate_on(&simulated, &options.cost_model, &topology);
     // An instance simulated by its transfers alone costs what the partition standing for it does.
     for (k, (instance, stand_in)) in instances.iter().zip(&stand_ins).enumerate() {

@@ -11,9 +11,13 @@
 //! - Communication does not occupy a device (it is the transport's work, as TensorFlow's Send,
 //!   Recv and collectives are asynchronous kernels): a `Send` is done as soon as its operand is;
 //!   its `Recv` (same key) is done `transfer_seconds` later. An `AllReduce` is done on every
-//!   member when the last member's operand is ready plus the time of a ring all-reduce,
+//!   member when the last member's program has started it plus the time of a ring all-reduce,
 //!   `2(n−1)/n · bytes / bandwidth`, plus `2(n−1)` latencies when the members span tasks (its
-//!   additions overlap the transfers; it takes at least their compute time).
+//!   additions overlap the transfers; it takes at least their compute time). A partition's
+//!   program starts its all-reduces one at a time, in the order their operands are done. In
+//!   place (`Topology::overlap` off, as the runtime runs them without `--overlap`) it starts
+//!   one only when it has no compute node ready or running, and runs nothing else until it is
+//!   done; overlapped, every one but the last starts as soon as its operand is done.
 //! - The critical path is found by walking back from the node that finishes last through
 //!   whatever decided each node's start: the input that arrived last or, where the node waited
 //!   for its device, the node the device ran before it.
@@ -26,7 +30,7 @@ use crate::profile::{ConvForm, Profile, Rates};
 use dfc_ir::{BinaryOp, Cluster, DeviceSpec, Graph, Module, NodeId, Op, TensorRef, TensorType, UnaryOp};
 use serde::{Deserialize, Serialize};
 use std::cmp::{Ordering, Reverse};
-use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 use std::fmt;
 use std::sync::Arc;
 
@@ -558,7 +562,8 @@ struct Group {
     /// The largest `group_size` its members claim.
     size: u32,
     bytes: u64,
-    ready: usize,
+    /// Members whose programs have started it.
+    arrived: usize,
     latest: f64,
     latest_member: u32,
 }
@@ -611,6 +616,10 @@ pub struct Topology {
     /// feeds (with a profile, each step of each then costs the profile's `driven_step` for so
     /// many workers).
     pub driven: bool,
+    /// Whether the programs start their all-reduces as soon as their operands are computed
+    /// and go on computing (`--overlap`), all but the last, rather than run each in place,
+    /// waiting for it.
+    pub overlap: bool,
 }
 
 impl Topology {
@@ -653,7 +662,7 @@ impl Topology {
             process.push(index as u32);
         }
         let host = process.iter().map(|&p| task_host[p as usize]).collect();
-        Topology { process, host, threads: vec![0; tasks.len()], driven: false }
+        Topology { process, host, threads: vec![0; tasks.len()], driven: false, overlap: false }
     }
 
     /// With profiles (`cores_of` a partition's host's threads, as its profile measured): the
@@ -927,7 +936,7 @@ pub fn estimate_on(partitions: &[&Module], model: &CostModel, topology: &Topolog
                         members: Vec::new(),
                         size: 0,
                         bytes: 0,
-                        ready: 0,
+                        arrived: 0,
                         latest: f64::NEG_INFINITY,
                         latest_member: NONE,
                     });
@@ -1052,6 +1061,35 @@ pub fn estimate_on(partitions: &[&Module], model: &CostModel, topology: &Topolog
         }
     }
 
+    // A program runs its all-reduces one at a time. In place, it waits for each; overlapped,
+    // only for its last (the one it starts last: the largest topological position, and the
+    // other replicas' members of that reduction in the program).
+    let mut in_place = vec![!topology.overlap; n];
+    if topology.overlap {
+        let mut last: Vec<Option<u32>> = vec![None; partitions.len()];
+        let all_reduces = || nodes.iter().enumerate().filter(|(_, node)| node.kind == Kind::AllReduce);
+        for (g, node) in all_reduces() {
+            let last = &mut last[node.partition as usize];
+            if last.is_none_or(|l| nodes[l as usize].priority < node.priority) {
+                *last = Some(g as u32);
+            }
+        }
+        for (g, node) in all_reduces() {
+            in_place[g] = last[node.partition as usize].is_some_and(|l| group_of[l as usize] == group_of[g]);
+        }
+    }
+
+    // A partition of inputs and exchanges alone stands for another (`dfc_ir::instance_transfers`).
+    let programs: Vec<bool> = partitions
+        .iter()
+        .map(|module| {
+            let graph = &module.graph;
+            let exchange =
+                |op: &Op| matches!(op, Op::Input { .. } | Op::Send { .. } | Op::Recv { .. } | Op::AllReduce { .. });
+            graph.node_ids().any(|id| !exchange(&graph.node(id).op))
+        })
+        .collect();
+
     let mut sim = Simulation {
         nodes: &nodes,
         ready: vec![f64::NEG_INFINITY; n],
@@ -1068,6 +1106,12 @@ pub fn estimate_on(partitions: &[&Module], model: &CostModel, topology: &Topolog
         groups,
         group_of,
         ring_seconds,
+        in_place,
+        collectives: vec![VecDeque::new(); partitions.len()],
+        collective_running: vec![None; partitions.len()],
+        waiting: vec![false; partitions.len()],
+        active: vec![0; partitions.len()],
+        programs,
     };
     for (g, &waiting) in pending.iter().enumerate() {
         if waiting == 0 {
@@ -1085,11 +1129,25 @@ pub fn estimate_on(partitions: &[&Module], model: &CostModel, topology: &Topolog
         sim.finished += 1;
         sim.finish_order[g] = sim.finished;
         let node = &nodes[g];
-        if node.kind == Kind::Compute {
-            let e = node.executor as usize;
-            sim.running[e] = false;
-            sim.last_run[e] = what;
-            sim.request_dispatch(node.executor, now);
+        let p = node.partition as usize;
+        match node.kind {
+            Kind::Compute => {
+                let e = node.executor as usize;
+                sim.running[e] = false;
+                sim.last_run[e] = what;
+                sim.active[p] -= 1;
+                sim.request_dispatch(node.executor, now);
+            }
+            Kind::AllReduce => {
+                // (Replicas in one program: its members finish together, the first ends it.)
+                if sim.collective_running[p] == Some(sim.group_of[g]) {
+                    sim.collective_running[p] = None;
+                    if std::mem::take(&mut sim.waiting[p]) {
+                        sim.request_dispatch(node.executor, now);
+                    }
+                }
+            }
+            Kind::Send | Kind::Recv => {}
         }
         for &s in &successors[g] {
             let arrival = if recv_source[s as usize] == what { now + transfer[s as usize] } else { now };
@@ -1101,6 +1159,10 @@ pub fn estimate_on(partitions: &[&Module], model: &CostModel, topology: &Topolog
             if pending[s as usize] == 0 {
                 sim.make_ready(s, sim.ready[s as usize]);
             }
+        }
+        // With what it made ready counted, the program may now start its next all-reduce.
+        if matches!(node.kind, Kind::Compute | Kind::AllReduce) {
+            sim.start_collective(p, now);
         }
     }
 
@@ -1204,6 +1266,20 @@ struct Simulation<'a> {
     groups: Vec<Group>,
     group_of: Vec<u32>,
     ring_seconds: Vec<f64>,
+    /// By node: an all-reduce its program runs in place, waiting for it.
+    in_place: Vec<bool>,
+    /// By partition: its all-reduces whose operands are done, not yet started, in order.
+    collectives: Vec<VecDeque<u32>>,
+    /// By partition: the group of its all-reduce started and not done.
+    collective_running: Vec<Option<u32>>,
+    /// By partition: its program waits for an all-reduce in place and starts nothing else.
+    waiting: Vec<bool>,
+    /// By partition: its compute nodes ready or running.
+    active: Vec<u32>,
+    /// By partition: whether it computes. One that does not (an instance simulated by its
+    /// exchanges alone) does not order its all-reduces: it starts each when its operand is
+    /// done, and its peers' programs decide when the ring starts.
+    programs: Vec<bool>,
 }
 
 impl Simulation<'_> {
@@ -1226,34 +1302,67 @@ impl Simulation<'_> {
         let node = &self.nodes[g as usize];
         match node.kind {
             Kind::Compute => {
+                self.active[node.partition as usize] += 1;
                 self.queues[node.executor as usize].push(Reverse((node.priority, g)));
                 self.request_dispatch(node.executor, ready);
             }
             Kind::Send | Kind::Recv => self.push(ready, FINISH, g),
             Kind::AllReduce => {
-                let index = self.group_of[g as usize] as usize;
-                let group = &mut self.groups[index];
-                group.ready += 1;
-                if ready >= group.latest {
-                    group.latest = ready;
-                    group.latest_member = g;
-                }
-                if group.ready < group.members.len() {
-                    return;
-                }
-                let (latest, latest_member) = (group.latest, group.latest_member);
-                let members = std::mem::take(&mut group.members);
-                let additions = members.iter().map(|&m| self.nodes[m as usize].seconds).fold(0.0, f64::max);
-                let done = latest + self.ring_seconds[index].max(additions);
-                for &m in &members {
-                    if m != latest_member {
-                        self.cause[m as usize] = latest_member;
-                    }
-                }
-                for &m in &members {
-                    self.push(done, FINISH, m);
+                let p = node.partition as usize;
+                if !self.programs[p] || self.collective_running[p] == Some(self.group_of[g as usize]) {
+                    // A stand-in's member (it meets its peers as the replica it copies does),
+                    // or another replica's in this program, whose all-reduce is under way.
+                    self.arrive(g, ready);
+                } else {
+                    self.collectives[p].push_back(g);
+                    self.start_collective(p, ready);
                 }
             }
+        }
+    }
+
+    /// Partition `p`'s program starts its next all-reduce at `now` if it can: when none of
+    /// its all-reduces is running, and for one run in place, when the program has nothing
+    /// else to do (`dfc_interp::schedule` puts a ready all-reduce after all other ready work).
+    fn start_collective(&mut self, p: usize, now: f64) {
+        while let Some(&g) = self.collectives[p].front() {
+            let group = self.group_of[g as usize];
+            match self.collective_running[p] {
+                Some(running) if running != group => return,
+                None if self.in_place[g as usize] && self.active[p] > 0 => return,
+                _ => {}
+            }
+            self.collectives[p].pop_front();
+            self.collective_running[p] = Some(group);
+            self.waiting[p] |= self.in_place[g as usize];
+            self.arrive(g, now);
+        }
+    }
+
+    /// All-reduce member `g`'s program starts it at `now`; the last member to start starts
+    /// the ring.
+    fn arrive(&mut self, g: u32, now: f64) {
+        let index = self.group_of[g as usize] as usize;
+        let group = &mut self.groups[index];
+        group.arrived += 1;
+        if now >= group.latest {
+            group.latest = now;
+            group.latest_member = g;
+        }
+        if group.arrived < group.members.len() {
+            return;
+        }
+        let (latest, latest_member) = (group.latest, group.latest_member);
+        let members = std::mem::take(&mut group.members);
+        let additions = members.iter().map(|&m| self.nodes[m as usize].seconds).fold(0.0, f64::max);
+        let done = latest + self.ring_seconds[index].max(additions);
+        for &m in &members {
+            if m != latest_member {
+                self.cause[m as usize] = latest_member;
+            }
+        }
+        for &m in &members {
+            self.push(done, FINISH, m);
         }
     }
 
@@ -1265,7 +1374,18 @@ impl Simulation<'_> {
         if self.running[p] {
             return;
         }
-        let Some(Reverse((_, g))) = self.queues[p].pop() else { return };
+        // The first ready node whose program is not waiting for an all-reduce.
+        let mut set_aside = Vec::new();
+        let next = loop {
+            match self.queues[p].pop() {
+                Some(Reverse((priority, g))) if self.waiting[self.nodes[g as usize].partition as usize] => {
+                    set_aside.push(Reverse((priority, g)));
+                }
+                other => break other,
+            }
+        };
+        self.queues[p].extend(set_aside);
+        let Some(Reverse((_, g))) = next else { return };
         // It waited for the device: what the device ran before decided its start.
         if self.ready[g as usize] < now && self.last_run[p] != NONE {
             self.cause[g as usize] = self.last_run[p];

@@ -4,8 +4,8 @@
 use dfc_ir::{
     DType, DeviceSpec, Initializer, Module, NodeId, Op, Padding, ReduceKind, Shape, TensorRef, TensorType, UnaryOp,
 };
-use dfc_passes::cost::{estimate, node_flops, tensor_bytes, transfer_seconds};
-use dfc_passes::{CostModel, CostReport};
+use dfc_passes::cost::{estimate, estimate_on, node_flops, tensor_bytes, transfer_seconds};
+use dfc_passes::{CostModel, CostReport, Topology};
 
 fn f32(dims: &[usize]) -> TensorType {
     TensorType::new(DType::F32, dims.to_vec())
@@ -516,8 +516,6 @@ fn square_product(on: &str, n: usize) -> Module {
 
 #[test]
 fn with_a_profile_partitions_of_one_process_take_turns_on_its_threads() {
-    use dfc_passes::cost::estimate_on;
-    use dfc_passes::Topology;
     let rate = 50e9;
     let model = CostModel::calibrated(profile(rate));
     assert_eq!(model.calibration.as_deref(), Some("test ( family 0, model 0), 2 threads, measured 1970-01-01"));
@@ -527,12 +525,13 @@ fn with_a_profile_partitions_of_one_process_take_turns_on_its_threads() {
     let report = estimate(&[&a, &b], &model);
     assert_close(report.step_seconds, both, "one process");
     // Two processes on one host, one thread each: side by side, each at one thread's rate.
-    let apart = Topology { process: vec![0, 1], host: vec![0, 0], threads: vec![1, 1], driven: false };
+    let apart = Topology { process: vec![0, 1], host: vec![0, 0], threads: vec![1, 1], driven: false, overlap: false };
     let report = estimate_on(&[&a, &b], &model, &apart);
     assert_close(report.step_seconds, product_seconds(256, rate, 1.0), "two processes");
     // Four processes of one thread on two: twice as slow again.
     let (c, d) = (square_product(B, 16), square_product("/job:worker/task:2/cpu:0", 16));
-    let crowded = Topology { process: vec![0, 1, 2, 3], host: vec![0; 4], threads: vec![1; 4], driven: false };
+    let crowded =
+        Topology { process: vec![0, 1, 2, 3], host: vec![0; 4], threads: vec![1; 4], driven: false, overlap: false };
     let report = estimate_on(&[&a, &b, &c, &d], &model, &crowded);
     assert_close(report.step_seconds, 2.0 * product_seconds(256, rate, 1.0), "four processes on two threads");
     // Without a profile, every device computes on its own at the assumed rate.
@@ -548,15 +547,15 @@ fn with_a_profile_partitions_of_one_process_take_turns_on_its_threads() {
 
 #[test]
 fn with_a_profile_transfers_take_the_link_between_their_processes() {
-    use dfc_passes::cost::estimate_on;
-    use dfc_passes::Topology;
     let rate = 50e9;
     let model = CostModel::calibrated(profile(rate));
     let (a, b) = chain(A, B);
     let bytes = 64.0 * 256.0 * 4.0;
     let on = |topology: &Topology| estimate_on(&[&a, &b], &model, topology).step_seconds;
-    let hosts = on(&Topology { process: vec![0, 1], host: vec![0, 1], threads: vec![1, 1], driven: false });
-    let host = on(&Topology { process: vec![0, 1], host: vec![0, 0], threads: vec![1, 1], driven: false });
+    let hosts =
+        on(&Topology { process: vec![0, 1], host: vec![0, 1], threads: vec![1, 1], driven: false, overlap: false });
+    let host =
+        on(&Topology { process: vec![0, 1], host: vec![0, 0], threads: vec![1, 1], driven: false, overlap: false });
     // The same compute either way (each process on one of its host's two threads); the link
     // differs.
     let tcp = 100e-6 + bytes * 1e-8;
@@ -569,8 +568,6 @@ fn with_a_profile_transfers_take_the_link_between_their_processes() {
 /// that much later. Between hosts nothing keeps the sender (TCP's buffers take the bytes).
 #[test]
 fn with_a_profile_a_sender_copies_its_sends_one_after_another() {
-    use dfc_passes::cost::estimate_on;
-    use dfc_passes::Topology;
     let model = CostModel::calibrated(profile(50e9));
     let ty = f32(&[64, 256]);
     let a = partition(A, |m| {
@@ -588,7 +585,8 @@ fn with_a_profile_a_sender_copies_its_sends_one_after_another() {
     // Three processes of a thread each on the host's two: its copies, as its compute, slowed
     // by 3/2.
     let copy = bytes * 1e-9 / 2.0 * 1.5;
-    let host = Topology { process: vec![0, 1, 2], host: vec![0; 3], threads: vec![1; 3], driven: false };
+    let host =
+        Topology { process: vec![0, 1, 2], host: vec![0; 3], threads: vec![1; 3], driven: false, overlap: false };
     let report = estimate_on(&[&a, &b, &c], &model, &host);
     let shared = 10e-6 + bytes * 1e-9;
     let finish: Vec<f64> = report.devices.iter().map(|d| d.finish_seconds).collect();
@@ -597,7 +595,8 @@ fn with_a_profile_a_sender_copies_its_sends_one_after_another() {
     assert_close(finish[1].max(finish[2]), shared + 2.0 * copy - copy / 1.5, "the second, one copy later");
     assert_eq!(cost_of(&report, A).by_kind, [("send".to_string(), 2.0 * copy)]);
 
-    let hosts = Topology { process: vec![0, 1, 2], host: vec![0, 1, 2], threads: vec![1; 3], driven: false };
+    let hosts =
+        Topology { process: vec![0, 1, 2], host: vec![0, 1, 2], threads: vec![1; 3], driven: false, overlap: false };
     let report = estimate_on(&[&a, &b, &c], &model, &hosts);
     let tcp = 100e-6 + bytes * 1e-8;
     let finish: Vec<f64> = report.devices.iter().map(|d| d.finish_seconds).collect();
@@ -626,11 +625,9 @@ fn with_a_profile_a_fused_kernel_costs_its_fixed_cost_and_bytes() {
 
 #[test]
 fn with_a_profile_a_driven_worker_pays_the_drivers_call_and_its_feeds() {
-    use dfc_passes::cost::estimate_on;
-    use dfc_passes::Topology;
     let model = CostModel::calibrated(profile(50e9));
     let a = square_product(A, 256);
-    let here = Topology { process: vec![0], host: vec![0], threads: vec![0], driven: false };
+    let here = Topology { process: vec![0], host: vec![0], threads: vec![0], driven: false, overlap: false };
     let driven = Topology { driven: true, ..here.clone() };
     let feeds = 256.0 * 256.0 * 4.0;
     let step = |t: &Topology| estimate_on(&[&a], &model, t).step_seconds;
@@ -639,11 +636,9 @@ fn with_a_profile_a_driven_worker_pays_the_drivers_call_and_its_feeds() {
 
 #[test]
 fn with_a_profile_a_step_driven_on_more_workers_pays_their_calls_at_once() {
-    use dfc_passes::cost::estimate_on;
-    use dfc_passes::Topology;
     let model = CostModel::calibrated(profile(50e9));
     let (a, b) = (square_product(A, 256), square_product(B, 256));
-    let here = Topology { process: vec![0, 1], host: vec![0, 0], threads: vec![1, 1], driven: false };
+    let here = Topology { process: vec![0, 1], host: vec![0, 0], threads: vec![1, 1], driven: false, overlap: false };
     let step = |t: &Topology| estimate_on(&[&a, &b], &model, t).step_seconds;
     let feeds = 256.0 * 256.0 * 4.0;
     // The profile's fixed cost: 200 µs on one worker, 300 on two; beyond, growing with them.
@@ -651,7 +646,8 @@ fn with_a_profile_a_step_driven_on_more_workers_pays_their_calls_at_once() {
     assert_close(step(&two) - step(&here), 300e-6 + feeds * 1e-9, "two workers' calls");
     let four = [square_product(A, 256), square_product(B, 256), square_product(C, 256), square_product(D, 256)];
     let parts: Vec<&Module> = four.iter().collect();
-    let alone = Topology { process: vec![0, 1, 2, 3], host: vec![0; 4], threads: vec![1; 4], driven: false };
+    let alone =
+        Topology { process: vec![0, 1, 2, 3], host: vec![0; 4], threads: vec![1; 4], driven: false, overlap: false };
     let driven = Topology { driven: true, ..alone.clone() };
     let extra = estimate_on(&parts, &model, &driven).step_seconds - estimate_on(&parts, &model, &alone).step_seconds;
     assert_close(extra, 600e-6 + feeds * 1e-9, "four workers' calls");
@@ -659,9 +655,7 @@ fn with_a_profile_a_step_driven_on_more_workers_pays_their_calls_at_once() {
 
 #[test]
 fn with_a_profile_a_busy_driven_worker_pays_more_for_the_call_as_it_computes_longer() {
-    use dfc_passes::cost::estimate_on;
     use dfc_passes::profile::{BusyStep, Curve};
-    use dfc_passes::Topology;
     let mut profile = profile(50e9);
     // Workers computing 1 ms cost 500 µs more than idle ones on one worker, 900 on two; 4 ms,
     // 800 and 1,500 µs more.
@@ -670,7 +664,7 @@ fn with_a_profile_a_busy_driven_worker_pays_more_for_the_call_as_it_computes_lon
         BusyStep { computing_seconds: 4e-3, latency: Curve { points: vec![[1.0, 1000e-6], [2.0, 1800e-6]] } },
     ];
     let model = CostModel::calibrated(profile);
-    let here = Topology { process: vec![0], host: vec![0], threads: vec![0], driven: false };
+    let here = Topology { process: vec![0], host: vec![0], threads: vec![0], driven: false, overlap: false };
     let driven = Topology { driven: true, ..here.clone() };
     // Linear in the worker's compute: from the idle cost to the first busy one, on to the
     // second, and beyond it at the same slope.
@@ -690,7 +684,7 @@ fn with_a_profile_a_busy_driven_worker_pays_more_for_the_call_as_it_computes_lon
     }
     // Two workers, each computing on one of the two cores.
     let (a, b) = (square_product(A, 512), square_product(B, 512));
-    let two = Topology { process: vec![0, 1], host: vec![0, 0], threads: vec![1, 1], driven: false };
+    let two = Topology { process: vec![0, 1], host: vec![0, 0], threads: vec![1, 1], driven: false, overlap: false };
     let step = |t: &Topology| estimate_on(&[&a, &b], &model, t).step_seconds;
     let computing = step(&two);
     assert!(computing > 4e-3, "each worker computes longer than the busy ones measured: {computing}");
@@ -803,4 +797,103 @@ fn with_a_profile_an_update_by_a_scaled_product_is_priced_inside_the_product() {
         module
     };
     assert!(step(&fetched) > step(&alone) * 1.01, "{} against {}", step(&fetched), step(&alone));
+}
+
+#[test]
+fn a_program_runs_its_all_reduces_one_at_a_time_in_place_unless_overlapped() {
+    // Per replica: g1 = exp(x), then h = exp(g1) and g2 = exp(h); g1 and g2 all-reduced, and
+    // u1 = exp(sum of g1). Each exp takes e, each all-reduce r (< e here).
+    let model = CostModel { flops_per_second: 1e9, ..CostModel::default() };
+    let n = 1_000_000;
+    let replica = |on: &str, r: u32| {
+        partition(on, |m| {
+            let x = input(m, f32(&[n]), "x");
+            let g1 = add(m, Op::Unary(UnaryOp::Exp), &[x], "g1");
+            let h = add(m, Op::Unary(UnaryOp::Exp), &[g1], "h");
+            let g2 = add(m, Op::Unary(UnaryOp::Exp), &[h], "g2");
+            let s1 = add(m, Op::AllReduce { key: "g1".into(), group_size: 2, replica: r }, &[g1], "g1/all_reduce");
+            add(m, Op::AllReduce { key: "g2".into(), group_size: 2, replica: r }, &[g2], "g2/all_reduce");
+            add(m, Op::Unary(UnaryOp::Exp), &[s1], "u1");
+        })
+    };
+    let (a, b) = (replica(A, 0), replica(A1, 1));
+    let e = 4.0 * n as f64 / model.flops_per_second;
+    // The ring, or the additions (one a element) where they take longer.
+    let r = ((n * 4) as f64 / model.local_bytes_per_second).max(n as f64 / model.flops_per_second);
+    assert!(r < e);
+    let step = |overlap: bool| {
+        let topology = Topology { overlap, ..Topology::of_tasks(&[&a, &b]) };
+        estimate_on(&[&a, &b], &model, &topology).step_seconds
+    };
+    // In place: the program starts an all-reduce when it has nothing else to do, and waits
+    // for it: g1 h g2, g1's all-reduce, u1, g2's all-reduce.
+    assert_close(step(false), 4.0 * e + 2.0 * r, "in place");
+    // Overlapped: g1's all-reduce runs beside h and g2, and only the last, g2's, in place
+    // after u1.
+    assert_close(step(true), 4.0 * e + r, "overlapped");
+}
+
+#[test]
+fn a_program_runs_many_small_all_reduces_one_after_another() {
+    // Unfused gradients: a program runs their all-reduces in turn, each paying the link's
+    // fixed cost, where one fused all-reduce pays it once.
+    let model = CostModel::default();
+    let replica = |on: &str, r: u32, keys: usize| {
+        partition(on, |m| {
+            let x = input(m, f32(&[16]), "x");
+            let g = add(m, Op::Unary(UnaryOp::Exp), &[x], "g");
+            for k in 0..keys {
+                let key = format!("g{k}");
+                add(
+                    m,
+                    Op::AllReduce { key: key.clone(), group_size: 2, replica: r },
+                    &[g],
+                    &format!("{key}/all_reduce"),
+                );
+            }
+        })
+    };
+    let step = |keys: usize| {
+        let (a, b) = (replica(A, 0, keys), replica(B, 1, keys));
+        estimate(&[&a, &b], &model).step_seconds
+    };
+    let exp = 4.0 * 16.0 / model.flops_per_second;
+    assert_close(step(100) - exp, 100.0 * (step(1) - exp), "100 all-reduces");
+}
+
+#[test]
+fn a_stand_in_of_exchanges_alone_meets_its_peers_in_their_order() {
+    // Replicas in place: g1 and g2 computed, then their all-reduces in the order they were
+    // made ready. A stand-in (an instance simulated by its exchanges alone, its operands
+    // inputs) lists them the other way round; it must not make the others wait on it.
+    let model = CostModel::default();
+    let keys = |r: u32| {
+        (
+            Op::AllReduce { key: "k1".into(), group_size: 3, replica: r },
+            Op::AllReduce { key: "k2".into(), group_size: 3, replica: r },
+        )
+    };
+    let replica = |on: &str, r: u32| {
+        partition(on, |m| {
+            let x = input(m, f32(&[1000]), "x");
+            let g1 = add(m, Op::Unary(UnaryOp::Exp), &[x], "g1");
+            let g2 = add(m, Op::Unary(UnaryOp::Exp), &[g1], "g2");
+            let (k1, k2) = keys(r);
+            add(m, k1, &[g1], "g1/all_reduce");
+            add(m, k2, &[g2], "g2/all_reduce");
+        })
+    };
+    let stand_in = partition(C, |m| {
+        let (k1, k2) = keys(2);
+        let g2 = input(m, f32(&[1000]), "g2/all_reduce/operand");
+        add(m, k2, &[g2], "g2/all_reduce");
+        let g1 = input(m, f32(&[1000]), "g1/all_reduce/operand");
+        add(m, k1, &[g1], "g1/all_reduce");
+    });
+    let (a, b, c) = (replica(A, 0), replica(B, 1), replica(C, 2));
+    let built = estimate(&[&a, &b, &c], &model);
+    let standing_in = estimate(&[&a, &b, &stand_in], &model);
+    assert!(built.step_seconds.is_finite() && built.step_seconds > 0.0);
+    assert_close(standing_in.step_seconds, built.step_seconds, "step with a stand-in");
+    assert_close(cost_of(&standing_in, A).finish_seconds, cost_of(&built, A).finish_seconds, "A's finish");
 }
