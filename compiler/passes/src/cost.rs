@@ -545,6 +545,7 @@ enum Kind {
 }
 
 /// One node of the simulation.
+#[derive(Clone, Copy)]
 struct SimNode {
     partition: u32,
     /// What runs it, one node at a time: its device, or with a profile, its process.
@@ -1079,6 +1080,22 @@ pub fn estimate_on(partitions: &[&Module], model: &CostModel, topology: &Topolog
         }
     }
 
+    // An overlapped all-reduce's additions run on its process's cores beside the compute, on
+    // its program's communication thread: a compute node of their time, ready when the ring
+    // starts, first in its executor's queue (as a busy send is), that nothing waits for.
+    let mut shadow_of = vec![NONE; n];
+    for g in 0..n {
+        let node = &nodes[g];
+        if node.kind == Kind::AllReduce && !in_place[g] && node.seconds > 0.0 {
+            shadow_of[g] = nodes.len() as u32;
+            let shadow = SimNode { kind: Kind::Compute, priority: 0, ..*node };
+            nodes.push(shadow);
+            successors.push(Vec::new());
+            pending.push(1);
+        }
+    }
+    let with_shadows = nodes.len();
+
     // A partition of inputs and exchanges alone stands for another (`dfc_ir::instance_transfers`).
     let programs: Vec<bool> = partitions
         .iter()
@@ -1092,10 +1109,10 @@ pub fn estimate_on(partitions: &[&Module], model: &CostModel, topology: &Topolog
 
     let mut sim = Simulation {
         nodes: &nodes,
-        ready: vec![f64::NEG_INFINITY; n],
-        cause: vec![NONE; n],
-        finish: vec![f64::NAN; n],
-        finish_order: vec![0; n],
+        ready: vec![f64::NEG_INFINITY; with_shadows],
+        cause: vec![NONE; with_shadows],
+        finish: vec![f64::NAN; with_shadows],
+        finish_order: vec![0; with_shadows],
         finished: 0,
         events: BinaryHeap::new(),
         seq: 0,
@@ -1112,6 +1129,7 @@ pub fn estimate_on(partitions: &[&Module], model: &CostModel, topology: &Topolog
         waiting: vec![false; partitions.len()],
         active: vec![0; partitions.len()],
         programs,
+        shadow_of,
     };
     for (g, &waiting) in pending.iter().enumerate() {
         if waiting == 0 {
@@ -1222,7 +1240,7 @@ pub fn estimate_on(partitions: &[&Module], model: &CostModel, topology: &Topolog
     let step_seconds = devices.iter().map(|d| d.finish_seconds).fold(0.0, f64::max);
     let mut path = Vec::new();
     let mut at = last.unwrap_or(NONE);
-    while at != NONE && path.len() <= n {
+    while at != NONE && path.len() <= with_shadows {
         path.push(at);
         at = sim.cause[at as usize];
     }
@@ -1280,6 +1298,8 @@ struct Simulation<'a> {
     /// exchanges alone) does not order its all-reduces: it starts each when its operand is
     /// done, and its peers' programs decide when the ring starts.
     programs: Vec<bool>,
+    /// By all-reduce member: the compute node of its additions when it is overlapped.
+    shadow_of: Vec<u32>,
 }
 
 impl Simulation<'_> {
@@ -1363,6 +1383,11 @@ impl Simulation<'_> {
         }
         for &m in &members {
             self.push(done, FINISH, m);
+            let shadow = self.shadow_of[m as usize];
+            if shadow != NONE {
+                self.ready[shadow as usize] = latest;
+                self.make_ready(shadow, latest);
+            }
         }
     }
 
