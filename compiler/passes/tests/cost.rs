@@ -355,6 +355,30 @@ fn broken_pairings_do_not_hang_or_panic() {
     assert_eq!(report.devices.len(), 2);
     assert_eq!(report.step_seconds, 0.0);
 
+    // All-reduces that programs meet in crossed orders, a key twice in one program, and a
+    // group smaller than it says: what can finish does, in place and overlapped alike.
+    let reduce = |m: &mut Module, key: &str, x: TensorRef, replica: u32| {
+        let op = Op::AllReduce { key: key.into(), group_size: 3, replica };
+        add(m, op, &[x], &format!("{key}/{replica}"))
+    };
+    let crossed = |on: &str, first: &str, second: &str, r: u32| {
+        partition(on, |m| {
+            let x = input(m, f32(&[4]), "x");
+            let y = add(m, Op::Unary(UnaryOp::Exp), &[x], "y");
+            reduce(m, first, y, r);
+            let z = add(m, Op::Unary(UnaryOp::Exp), &[y], "z");
+            reduce(m, second, z, r);
+            reduce(m, "twice", z, r);
+            reduce(m, "twice", y, r + 10);
+        })
+    };
+    let (a, b) = (crossed(A, "p", "q", 0), crossed(B, "q", "p", 1));
+    for overlap in [false, true] {
+        let topology = Topology { overlap, ..Topology::of_tasks(&[&a, &b]) };
+        let report = estimate_on(&[&a, &b], &model, &topology);
+        assert!(report.step_seconds.is_finite(), "{report:?}");
+    }
+
     let empty = estimate(&[], &model);
     assert!(empty.devices.is_empty() && empty.critical_path.is_empty());
     assert_eq!(empty.step_seconds, 0.0);
