@@ -670,6 +670,24 @@ impl Topology {
     /// threads each partition's process computes on, and how much slower than on those threads
     /// alone (the host's processes asking for more threads than it has take turns).
     fn compute_shares(&self, partitions: usize, cores_of: impl Fn(usize) -> u32) -> Vec<(u32, f64)> {
+        self.thread_counts(partitions, cores_of)
+            .into_iter()
+            .map(|(threads, asked, cores)| (threads, (asked as f64 / f64::from(cores)).max(1.0)))
+            .collect()
+    }
+
+    /// With profiles: how much longer an overlapped all-reduce's ring takes on each
+    /// partition's host than alone, its communication thread one more asking for the cores.
+    fn communication_slowdowns(&self, partitions: usize, cores_of: impl Fn(usize) -> u32) -> Vec<f64> {
+        self.thread_counts(partitions, cores_of)
+            .into_iter()
+            .map(|(_, asked, cores)| ((asked + 1) as f64 / f64::from(cores)).max(1.0))
+            .collect()
+    }
+
+    /// By partition: the threads its process computes on, the threads its host's processes
+    /// ask for together, and the host's cores.
+    fn thread_counts(&self, partitions: usize, cores_of: impl Fn(usize) -> u32) -> Vec<(u32, u64, u32)> {
         // A host's cores: what the profile of its first partition says.
         let mut host_cores: HashMap<u32, u32> = HashMap::new();
         for p in 0..partitions {
@@ -690,8 +708,7 @@ impl Topology {
         (0..partitions)
             .map(|p| {
                 let (process, host) = self.process_of(p);
-                let oversubscribed = (asked[&host] as f64 / f64::from(host_cores[&host])).max(1.0);
-                (threads_of(process, host), oversubscribed)
+                (threads_of(process, host), asked[&host], host_cores[&host])
             })
             .collect()
     }
@@ -815,6 +832,12 @@ pub fn estimate_on(partitions: &[&Module], model: &CostModel, topology: &Topolog
         .profile
         .as_ref()
         .map(|_| topology.compute_shares(partitions.len(), |p| profiles[p].map_or(1, |profile| profile.cpu.threads)));
+    let communication_slowdowns = match (&model.profile, topology.overlap) {
+        (Some(_), true) => {
+            topology.communication_slowdowns(partitions.len(), |p| profiles[p].map_or(1, |profile| profile.cpu.threads))
+        }
+        _ => vec![1.0; partitions.len()],
+    };
     let mut executors: Vec<u32> = executor.clone();
     executors.sort_unstable();
     executors.dedup();
@@ -1130,6 +1153,7 @@ pub fn estimate_on(partitions: &[&Module], model: &CostModel, topology: &Topolog
         active: vec![0; partitions.len()],
         programs,
         shadow_of,
+        communication_slowdowns,
     };
     for (g, &waiting) in pending.iter().enumerate() {
         if waiting == 0 {
@@ -1300,6 +1324,8 @@ struct Simulation<'a> {
     programs: Vec<bool>,
     /// By all-reduce member: the compute node of its additions when it is overlapped.
     shadow_of: Vec<u32>,
+    /// By partition: how much longer its overlapped all-reduces' rings take.
+    communication_slowdowns: Vec<f64>,
 }
 
 impl Simulation<'_> {
@@ -1375,7 +1401,13 @@ impl Simulation<'_> {
         let (latest, latest_member) = (group.latest, group.latest_member);
         let members = std::mem::take(&mut group.members);
         let additions = members.iter().map(|&m| self.nodes[m as usize].seconds).fold(0.0, f64::max);
-        let done = latest + self.ring_seconds[index].max(additions);
+        // Overlapped, its thread shares the cores with the compute.
+        let slowdown = members
+            .iter()
+            .filter(|&&m| !self.in_place[m as usize])
+            .map(|&m| self.communication_slowdowns[self.nodes[m as usize].partition as usize])
+            .fold(1.0, f64::max);
+        let done = latest + (self.ring_seconds[index] * slowdown).max(additions);
         for &m in &members {
             if m != latest_member {
                 self.cause[m as usize] = latest_member;

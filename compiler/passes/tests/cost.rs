@@ -922,3 +922,30 @@ fn a_stand_in_of_exchanges_alone_meets_its_peers_in_their_order() {
     assert_close(standing_in.step_seconds, built.step_seconds, "step with a stand-in");
     assert_close(cost_of(&standing_in, A).finish_seconds, cost_of(&built, A).finish_seconds, "A's finish");
 }
+
+#[test]
+fn with_a_profile_an_overlapped_ring_shares_the_cores_with_the_compute() {
+    // Two replicas in one process: g1's all-reduce overlapped (its program goes on to g2),
+    // g2's last, in place, after it. Where the process computes on every core of the host,
+    // the overlapped ring's thread is one more asking for them, and its ring takes longer.
+    let model = CostModel::calibrated(profile(50e9));
+    let replica = |on: &str, r: u32| {
+        partition(on, |m| {
+            let x = input(m, f32(&[1000]), "x");
+            let g1 = add(m, Op::Unary(UnaryOp::Exp), &[x], "g1");
+            add(m, Op::AllReduce { key: "g1".into(), group_size: 2, replica: r }, &[g1], "g1/all_reduce");
+            let g2 = add(m, Op::Unary(UnaryOp::Exp), &[g1], "g2");
+            add(m, Op::AllReduce { key: "g2".into(), group_size: 2, replica: r }, &[g2], "g2/all_reduce");
+        })
+    };
+    let (a, b) = (replica(A, 0), replica(A1, 1));
+    let step = |threads: u32, overlap: bool| {
+        let topology =
+            Topology { process: vec![0, 0], host: vec![0, 0], threads: vec![threads], driven: false, overlap };
+        estimate_on(&[&a, &b], &model, &topology).step_seconds
+    };
+    // One thread of two cores leaves a core to the ring; two do not.
+    assert!(step(2, true) > step(1, true), "{} vs {}", step(2, true), step(1, true));
+    // In place, the program waits for its rings and they have the cores.
+    assert_close(step(2, false), step(1, false), "in place");
+}
