@@ -2,18 +2,22 @@
 # `--strategy auto` against the hand-picked strategies, measured (a benchmark, not a test):
 #
 #   benches/auto_measured.sh [MODEL...]   (default: mlp cnn softmax_regression; env STEPS=200,
-#                                          WORKERS="1 2 4", CALIBRATE=1 to run `dfc calibrate`
-#                                          first, DATA)
+#                                          ROUNDS=3, WORKERS="1 2 4", CALIBRATE=1 to run
+#                                          `dfc calibrate` first, DATA)
 #
 # For each model and number of workers N, compiles `--strategy auto` for N devices and the
 # hand-picked plans — single, mirrored and model on N devices, ps --sync on 1 ps task and N-1
-# workers — trains each STEPS steps of Fashion-MNIST on `dfc run --spawn N` workers (a single
-# plan, which uses one device, on 1), and prints each
-# plan's measured median step, which strategy auto chose, and auto's step against the fastest
-# hand-picked one. Predictions come from this host's profile: run `dfc calibrate` first.
+# workers — and trains each STEPS steps of Fashion-MNIST on `dfc run --spawn` workers, one for
+# each device the plan gives work (a single plan's one; a model plan may leave devices idle). Every plan runs ROUNDS times, a round over all of
+# them at a time, so that a slow spell of this host falls on one run of many plans rather than
+# on every run of one; a plan's figure is its rounds' median. Prints each plan's median and
+# range, which strategy auto chose, whether auto's plan does the same work as a hand-picked one
+# (`dfc inspect --json` alike), and auto's median against the fastest hand-picked median.
+# Predictions come from this host's profile: run `dfc calibrate` first.
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 STEPS=${STEPS:-200}
+ROUNDS=${ROUNDS:-3}
 WORKERS=${WORKERS:-"1 2 4"}
 DATA=${DATA:-/usr/share/datasets/fashion-mnist}
 MODELS=("$@"); [ $# -eq 0 ] && MODELS=(mlp cnn softmax_regression)
@@ -23,22 +27,17 @@ dfc=$REPO/target/release/dfc
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 [ "${CALIBRATE:-0}" = 1 ] && "$dfc" calibrate >&2
-echo "cpu: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; $STEPS steps a run; dfc $(git rev-parse --short HEAD)"
+echo "cpu: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; $STEPS steps a run, $ROUNDS rounds; dfc $(git rev-parse --short HEAD)"
 
-measure() {  # plan workers → the median step in ms, or nothing where it does not run
-    if "$dfc" run "$1" --spawn "$2" --feed images="$DATA/train-images-idx3-ubyte.gz" \
-        --feed labels="$DATA/train-labels-idx1-ubyte.gz" --steps "$STEPS" \
-        --timeline "$dir/timeline.json" >/dev/null 2>"$dir/err"; then
-        sed -n 's/^step: median \([0-9.]*\) ms.*/\1/p' "$dir/err"
-    else
-        echo "  does not run on $2 workers: $(grep -m1 '^error' "$dir/err")" >&2
-    fi
+workers() {  # plan → the workers it runs on: one a device with work (a model plan may leave some idle)
+    "$dfc" inspect --json "$1" | python3 -c 'import json, sys; print(len(json.load(sys.stdin)["devices"]))'
 }
 
-printf '%-20s %7s  %-34s %s\n' model workers "plan" "measured ms"
+# Compile every plan first: entries "model n label workers", the plan in $dir/model-n-label.plan.
+entries=()
+: >"$dir/same"
 for model in "${MODELS[@]}"; do
     for n in $WORKERS; do
-        : >"$dir/rows"
         candidates=(single mirrored model ps)
         [ "$n" = 1 ] && candidates=(single mirrored)
         for strategy in "${candidates[@]}"; do
@@ -48,29 +47,67 @@ for model in "${MODELS[@]}"; do
                     flags=(--cluster "$dir/cluster.json" --strategy ps --sync) ;;
                 *) flags=(--devices "$n" --strategy "$strategy") ;;
             esac
-            "$dfc" compile "examples/$model.df" "${flags[@]}" -o "$dir/plan" >/dev/null 2>"$dir/err" || {
+            plan=$dir/$model-$n-$strategy.plan
+            "$dfc" compile "examples/$model.df" "${flags[@]}" -o "$plan" >/dev/null 2>"$dir/err" || {
                 echo "$model $strategy $n: does not compile: $(head -1 "$dir/err")" >&2; continue; }
-            workers=$n
-            [ "$strategy" = single ] && workers=1
-            step=$(measure "$dir/plan" "$workers")
-            [ -n "$step" ] || continue
-            printf '%-20s %7s  %-34s %s\n' "$model" "$n" "$strategy" "$step"
-            echo "$strategy $step" >>"$dir/rows"
+            entries+=("$model $n $strategy $(workers "$plan")")
         done
-        "$dfc" compile "examples/$model.df" --devices "$n" --strategy auto -o "$dir/plan" >/dev/null 2>"$dir/err"
+        plan=$dir/$model-$n-auto.plan
+        "$dfc" compile "examples/$model.df" --devices "$n" --strategy auto -o "$plan" >/dev/null 2>"$dir/err"
         chose=$(sed -n 's/.*(model `[^`]*`, \(.*\), chosen by --strategy auto.*/\1/p' "$dir/err")
-        workers=$n
-        [ "$chose" = single ] && workers=1
-        step=$(measure "$dir/plan" "$workers")
-        printf '%-20s %7s  %-34s %s\n' "$model" "$n" "auto (chose $chose)" "$step"
-        [ -n "$step" ] || continue
-        python3 - "$dir/rows" "$step" "$chose" <<'PY'
-import sys
-rows = [l.split() for l in open(sys.argv[1])]
-best = min(rows, key=lambda r: float(r[1]))
-auto = float(sys.argv[2])
-same = " (the same strategy: the difference is run to run)" if sys.argv[3].split(",")[0].replace(" --sync", "") == best[0] else ""
-print(f"{'':30}  auto against the fastest hand-picked ({best[0]}, {float(best[1]):.3f} ms): {auto / float(best[1]) - 1:+.1%}{same}")
-PY
+        entries+=("$model $n auto $(workers "$plan")")
+        # Which hand-picked plan, if any, does the same work: their summaries differ only where
+        # a plan names how it was chosen.
+        "$dfc" inspect --json "$plan" >"$dir/auto.json"
+        for strategy in "${candidates[@]}"; do
+            [ -f "$dir/$model-$n-$strategy.plan" ] || continue
+            "$dfc" inspect --json "$dir/$model-$n-$strategy.plan" | cmp -s - "$dir/auto.json" &&
+                echo "$model $n $strategy" >>"$dir/same"
+        done
+        echo "$model $n $chose" >>"$dir/chose"
     done
 done
+
+: >"$dir/rows"
+for round in $(seq "$ROUNDS"); do
+    for entry in "${entries[@]}"; do
+        read -r model n label workers <<<"$entry"
+        if "$dfc" run "$dir/$model-$n-$label.plan" --spawn "$workers" \
+            --feed images="$DATA/train-images-idx3-ubyte.gz" \
+            --feed labels="$DATA/train-labels-idx1-ubyte.gz" --steps "$STEPS" \
+            --timeline "$dir/timeline.json" >/dev/null 2>"$dir/err"; then
+            step=$(sed -n 's/^step: median \([0-9.]*\) ms.*/\1/p' "$dir/err")
+            echo "$model $n $label $step" >>"$dir/rows"
+        else
+            echo "$model $label on $workers workers does not run: $(grep -m1 '^error' "$dir/err")" >&2
+        fi
+    done
+    echo "round $round of $ROUNDS done" >&2
+done
+
+python3 - "$dir/rows" "$dir/chose" "$dir/same" <<'PY'
+import statistics, sys
+runs = {}
+for line in open(sys.argv[1]):
+    model, n, label, step = line.split()
+    runs.setdefault((model, int(n)), {}).setdefault(label, []).append(float(step))
+chose = {tuple(l.split()[:2]): " ".join(l.split()[2:]) for l in open(sys.argv[2])}
+same = {(l.split()[0], l.split()[1]): l.split()[2] for l in open(sys.argv[3])}
+print(f"{'model':20} {'N':>2}  {'plan':34} {'median ms':>10}  range")
+for (model, n), plans in runs.items():
+    for label, steps in plans.items():
+        name = f"auto (chose {chose[(model, str(n))]})" if label == "auto" else label
+        print(f"{model:20} {n:>2}  {name:34} {statistics.median(steps):10.3f}  "
+              f"{min(steps):.3f}-{max(steps):.3f}")
+    hand = {k: statistics.median(v) for k, v in plans.items() if k != "auto"}
+    if "auto" not in plans or not hand:
+        continue
+    best = min(hand, key=hand.get)
+    auto = statistics.median(plans["auto"])
+    twin = same.get((model, str(n)))
+    note = f"; auto's plan does {twin}'s work" if twin else "; auto's plan is none of the hand-picked"
+    if twin == best:
+        note += ", the fastest hand-picked plan: the difference is run to run"
+    print(f"{'':24}auto against the fastest hand-picked ({best}, {hand[best]:.3f} ms): "
+          f"{auto / hand[best] - 1:+.1%}{note}")
+PY

@@ -12,7 +12,8 @@
 # plan runs ROUNDS times, a round over all of them at a time, and a row is its rounds' median.
 # Prints each row's error (predicted / measured - 1), then the median and worst |error| of each
 # set, and whether each model's plans are ordered alike by the predictions and the
-# measurements.
+# measurements: in all, in the pairs measured more than 10% apart, and in the pairs whose
+# rounds' ranges do not overlap (which this host's noise did not reorder in any round).
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 STEPS=${STEPS:-200}
@@ -84,12 +85,13 @@ runs = {}
 for line in open(sys.argv[1]):
     where, model, strategy, workers, measured, predicted = line.split()
     runs.setdefault((where, model, strategy, workers), []).append((float(measured), float(predicted)))
-rows = [list(key) + [statistics.median(m for m, _ in v), statistics.median(p for _, p in v)]
+rows = [list(key) + [statistics.median(m for m, _ in v), statistics.median(p for _, p in v),
+                     min(m for m, _ in v), max(m for m, _ in v)]
         for key, v in runs.items()]
-print(f"{'where':12} {'model':20} {'strategy':9} {'workers':>7} {'measured ms':>12} {'predicted ms':>13} {'error':>8}")
-for where, model, strategy, workers, measured, predicted in rows:
-    error = float(predicted) / float(measured) - 1
-    print(f"{where:12} {model:20} {strategy:9} {workers:>7} {float(measured):12.3f} {float(predicted):13.3f} {error:+8.1%}")
+print(f"{'where':12} {'model':20} {'strategy':9} {'workers':>7} {'measured ms':>12} {'predicted ms':>13} {'error':>8}  rounds' range")
+for where, model, strategy, workers, measured, predicted, low, high in rows:
+    error = predicted / measured - 1
+    print(f"{where:12} {model:20} {strategy:9} {workers:>7} {measured:12.3f} {predicted:13.3f} {error:+8.1%}  {low:.3f}-{high:.3f}")
 for where in ("spawned", "one-process"):
     errors = [abs(float(r[5]) / float(r[4]) - 1) for r in rows if r[0] == where]
     if not errors:
@@ -107,4 +109,9 @@ for where in ("spawned", "one-process"):
                  if max(a[4], b[4]) > 1.1 * min(a[4], b[4])]
         alike = sum((a[4] < b[4]) == (a[5] < b[5]) for a, b in apart)
         print(f"    of the {len(apart)} pairs measured more than 10% apart, the predictions order {alike} alike")
+        # Pairs that every round ordered alike: the slower plan's fastest round slower than the
+        # faster plan's slowest.
+        told = [(a, b) for i, a in enumerate(mine) for b in mine[i + 1:] if a[7] < b[6] or b[7] < a[6]]
+        alike = sum((a[4] < b[4]) == (a[5] < b[5]) for a, b in told)
+        print(f"    of the {len(told)} pairs whose rounds' ranges do not overlap, the predictions order {alike} alike")
 PY
