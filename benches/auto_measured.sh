@@ -8,9 +8,10 @@
 # For each model and number of workers N, compiles `--strategy auto` for N devices and the
 # hand-picked plans — single, mirrored and model on N devices, ps --sync on 1 ps task and N-1
 # workers — and trains each STEPS steps of Fashion-MNIST on `dfc run --spawn` workers, one for
-# each device the plan gives work (a single plan's one; a model plan may leave devices idle). Every plan runs ROUNDS times, a round over all of
-# them at a time, so that a slow spell of this host falls on one run of many plans rather than
-# on every run of one; a plan's figure is its rounds' median. Prints each plan's median and
+# each device the plan gives work (a single plan's one; a model plan may leave devices idle).
+# Every plan runs ROUNDS times, a round over all of them at a time, so that a slow spell of this
+# host falls on one run of many plans rather than on every run of one; a plan's figure is its
+# rounds' median. Prints each plan's median and
 # range, which strategy auto chose, whether auto's plan does the same work as a hand-picked one
 # (`dfc inspect --json` alike), and auto's median against the fastest hand-picked median.
 # Predictions come from this host's profile: run `dfc calibrate` first.
@@ -29,7 +30,7 @@ trap 'rm -rf "$dir"' EXIT
 [ "${CALIBRATE:-0}" = 1 ] && "$dfc" calibrate >&2
 echo "cpu: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; $STEPS steps a run, $ROUNDS rounds; dfc $(git rev-parse --short HEAD)"
 
-workers() {  # plan → the workers it runs on: one a device with work (a model plan may leave some idle)
+workers() {  # plan → the workers it runs on: one per device with work (a model plan may leave some idle)
     "$dfc" inspect --json "$1" | python3 -c 'import json, sys; print(len(json.load(sys.stdin)["devices"]))'
 }
 
