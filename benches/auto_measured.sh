@@ -45,8 +45,8 @@ for model in "${MODELS[@]}"; do
             case $strategy in
                 ps) python3 -c 'import json, sys; n = int(sys.argv[1]); print(json.dumps({"cluster": {"ps": ["127.0.0.1:1"], "worker": [f"127.0.0.1:{2 + i}" for i in range(n - 1)]}}))' \
                         "$n" >"$dir/cluster.json"
-                    flags=(--cluster "$dir/cluster.json" --strategy ps --sync) ;;
-                *) flags=(--devices "$n" --strategy "$strategy") ;;
+                    flags=(--cluster "$dir/cluster.json" --spawn "$n" --strategy ps --sync) ;;
+                *) flags=(--devices "$n" --spawn "$n" --strategy "$strategy") ;;
             esac
             plan=$dir/$model-$n-$strategy.plan
             "$dfc" compile "examples/$model.df" "${flags[@]}" -o "$plan" >/dev/null 2>"$dir/err" || {
@@ -54,7 +54,7 @@ for model in "${MODELS[@]}"; do
             entries+=("$model $n $strategy $(workers "$plan")")
         done
         plan=$dir/$model-$n-auto.plan
-        "$dfc" compile "examples/$model.df" --devices "$n" --strategy auto -o "$plan" >/dev/null 2>"$dir/err"
+        "$dfc" compile "examples/$model.df" --devices "$n" --spawn "$n" --strategy auto -o "$plan" >/dev/null 2>"$dir/err"
         chose=$(sed -n 's/.*(model `[^`]*`, \(.*\), chosen by --strategy auto.*/\1/p' "$dir/err")
         entries+=("$model $n auto $(workers "$plan")")
         # Which hand-picked plan, if any, does the same work: their summaries differ only where

@@ -106,6 +106,7 @@ pub fn calibrate(args: &CalibrateArgs) -> Outcome {
                 latency: Curve { points: vec![[1.0, 200e-6]] },
                 bytes_per_second: 1e9,
                 busy: Vec::new(),
+                exchanging: Curve::default(),
             },
         }
     } else {
@@ -189,6 +190,9 @@ fn print_summary(profile: &Profile) {
         driven.bytes_per_second / 1e9,
         busy.join("; ")
     );
+    if !driven.exchanging.points.is_empty() {
+        println!("  workers that wait for each other within a step: {} more", fixed(&driven.exchanging));
+    }
     for (name, link) in [("shared memory", &profile.shared_memory), ("TCP", &profile.tcp)] {
         println!(
             "  {name} between workers: {:.1} µs + {:.2} GB/s",
@@ -740,6 +744,66 @@ fn time_busy_steps(on: &DrivenWorkers, cores: usize, effort: Effort) -> Result<V
     Ok(times)
 }
 
+/// The numbers of workers that exchange within a step in `time_exchanging_steps`.
+const EXCHANGING_WORKERS: [usize; 2] = [2, 4];
+
+/// For each of `EXCHANGING_WORKERS`, the time of a step driven on so many busy workers (the
+/// shorter of `BUSY_CHAINS`) that do not exchange, then of one whose workers each send their
+/// result to the next (`exchanging_plan`), as `exchanging` takes them.
+fn time_exchanging_steps(on: &DrivenWorkers, effort: Effort) -> Result<Vec<f64>, Failure> {
+    let failure = |e: dfc_driver::RunError| Failure(format!("running the exchanging calibration model: {e}"));
+    let effort = Effort { repetitions: 3 * effort.repetitions, seconds: 8.0 * effort.seconds, ..effort };
+    let products = BUSY_CHAINS[0];
+    let mut times = Vec::new();
+    for workers in EXCHANGING_WORKERS {
+        for plan in [busy_plan(workers, products)?, exchanging_plan(workers, products)?] {
+            let mut session = on.session(&plan, workers)?;
+            let feeds = busy_feeds(workers);
+            times.push(median_run(&mut session, &feeds, &driven_fetches(workers), effort).map_err(failure)?);
+        }
+    }
+    Ok(times)
+}
+
+/// What workers that wait for each other within a step cost more, by their number, from the
+/// times of `time_exchanging_steps`: the exchanging step's beyond the other's and a hop of
+/// `link`'s (the scalar each receives); never less than fewer workers'.
+fn exchanging(times: &[f64], link: Throughput) -> Curve {
+    let mut points: Vec<[f64; 2]> = Vec::new();
+    for (&workers, pair) in EXCHANGING_WORKERS.iter().zip(times.chunks_exact(2)) {
+        let floor = points.last().map_or(1e-7, |p| p[1]);
+        let extra = pair[1] - pair[0] - link.seconds(4.0);
+        points.push([workers as f64, extra.max(floor)]);
+    }
+    Curve { points }
+}
+
+/// The calibration model of `workers` devices, each computing `busy_plan`'s chain to its sum
+/// `sI`, and then `zI = sI + sJ` with J the device before it (the last before the first):
+/// every worker waits for another within the step, as replicas do in an all-reduce.
+fn exchanging_plan(workers: usize, products: usize) -> Result<dfc_plan::Plan, Failure> {
+    let side = BUSY_SIDE;
+    let device = |i: usize| format!("  device \"/job:localhost/task:0/cpu:{i}\" {{\n");
+    let mut source = String::from("model calibrate {\n");
+    for i in 0..workers {
+        source += &device(i);
+        source += &format!("    input x{i}: f32[{side}, {side}]\n");
+        let mut last = format!("x{i}");
+        for j in 1..=products {
+            source += &format!("    let a{i}_{j} = tanh({last} @ x{i})\n");
+            last = format!("a{i}_{j}");
+        }
+        source += &format!("    let s{i} = sum({last})\n  }}\n");
+    }
+    for i in 0..workers {
+        let before = (i + workers - 1) % workers;
+        source += &device(i);
+        source += &format!("    let z{i} = s{i} + s{before}\n  }}\n  output z{i}\n");
+    }
+    source += "}\n";
+    compile_on_devices(&source, workers)
+}
+
 /// The threads of each of `DRIVEN_WORKERS`' most workers on `cores`, as `LocalWorkers` starts
 /// them.
 fn shared_threads(cores: usize) -> usize {
@@ -809,7 +873,7 @@ const DRIVEN_SMALL: usize = 1 << 10;
 const DRIVEN_LARGE: usize = 1 << 18;
 
 /// A step driven on workers from the times of `time_driven_steps` and then `time_busy_steps`
-/// (`cores` this host's).
+/// (`cores` this host's); `exchanging` is measured apart (`time_exchanging_steps`).
 fn driven_step(times: &[f64], cores: usize) -> DrivenStep {
     let counts = DRIVEN_WORKERS.len();
     let (small_local, large_local) = (times[0], times[1]);
@@ -847,7 +911,7 @@ fn driven_step(times: &[f64], cores: usize) -> DrivenStep {
         let computing_seconds = busy.last().map_or(local, |b| local.max(b.computing_seconds * 1.01));
         busy.push(BusyStep { computing_seconds, latency: Curve { points: busy_points } });
     }
-    DrivenStep { latency: Curve { points }, bytes_per_second: rate, busy }
+    DrivenStep { latency: Curve { points }, bytes_per_second: rate, busy, exchanging: Curve::default() }
 }
 
 /// The calibration model of `workers` devices, each computing `z = x * y + x` over `n`
@@ -934,6 +998,7 @@ fn measure_links(effort: Effort) -> Result<Links, Failure> {
         eprintln!("calibrating the links between worker processes, and steps driven on them (pass {pass} of {count})");
         let mut times = time_driven_steps(&driven_on, effort)?;
         times.extend(time_busy_steps(&driven_on, cores, effort)?);
+        times.extend(time_exchanging_steps(&driven_on, effort)?);
         for &(members, transport) in &rings {
             times.extend(ring_times(members, transport)?);
         }
@@ -944,9 +1009,11 @@ fn measure_links(effort: Effort) -> Result<Links, Failure> {
     let times: Vec<f64> =
         (0..passes[0].len()).map(|i| median(&mut passes.iter().map(|pass| pass[i]).collect::<Vec<_>>())).collect();
     // `time_driven_steps`'s: two in this process, one for each count of workers, one large;
-    // then `time_busy_steps`', per chain: one for each count of workers, two in this process.
-    let driven = DRIVEN_WORKERS.len() + 3 + BUSY_CHAINS.len() * (DRIVEN_WORKERS.len() + 2);
-    let driven_step = driven_step(&times[..driven], cores);
+    // then `time_busy_steps`', per chain: one for each count of workers, two in this process;
+    // then `time_exchanging_steps`', two for each count of workers.
+    let busy = DRIVEN_WORKERS.len() + 3 + BUSY_CHAINS.len() * (DRIVEN_WORKERS.len() + 2);
+    let driven = busy + 2 * EXCHANGING_WORKERS.len();
+    let mut driven_step = driven_step(&times[..busy], cores);
     let ring = |members: usize, at: usize| -> Throughput {
         let (t_small, t_large) = (times[driven + 2 * at], times[driven + 2 * at + 1]);
         let steps = 2.0 * (members - 1) as f64;
@@ -961,6 +1028,7 @@ fn measure_links(effort: Effort) -> Result<Links, Failure> {
         .zip(&links[2..])
         .map(|(&(members, _), &link)| Ring { members: members as u32, link })
         .collect();
+    driven_step.exchanging = exchanging(&times[busy..driven], links[0]);
     Ok(Links { shared_memory: links[0], shared_memory_rings, tcp: links[1], driven_step })
 }
 

@@ -304,6 +304,11 @@ struct DistributeArgs {
     /// The cluster, in TF_CONFIG's JSON shape: {"cluster": {"worker": [...], "ps": [...]}}.
     #[arg(long, value_name = "FILE")]
     cluster: Option<PathBuf>,
+    /// The plan is for `dfc run --spawn N`: N worker processes of this machine, each on its
+    /// share of the cores. The cost model predicts its step so (and --strategy auto chooses
+    /// by that) instead of for one process [default devices: N].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=4096))]
+    spawn: Option<u16>,
     /// How to spread the model: single, model, mirrored, ps or central-storage.
     #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(dfc_compile::Strategy::NAMES), default_value = "single")]
     strategy: String,
@@ -687,7 +692,8 @@ fn compile_options(model: &ModelArgs, args: &DistributeArgs) -> Result<dfc_compi
             cluster
         }
         (None, devices) => {
-            let (n, kind) = devices.unwrap_or((1, dfc_ir::DeviceKind::Cpu));
+            let spawned = args.spawn.map(u32::from);
+            let (n, kind) = devices.unwrap_or((spawned.unwrap_or(1), dfc_ir::DeviceKind::Cpu));
             dfc_ir::Cluster::local(n as usize, kind)
         }
     };
@@ -771,6 +777,7 @@ fn compile_options(model: &ModelArgs, args: &DistributeArgs) -> Result<dfc_compi
         shard_optimizer: args.shard_optimizer,
         micro_batches: args.micro_batches,
         one_forward_one_backward: args.pipeline_schedule.as_deref() != Some("gpipe"),
+        spawned_workers: args.spawn.map(usize::from),
     })
 }
 
@@ -915,12 +922,13 @@ fn compile(
     }
     let devices = plan.partitions.len() + plan.instances.len();
     eprintln!(
-        "compiled `{}` (model `{}`, {}{} on {}) to `{}`",
+        "compiled `{}` (model `{}`, {}{} on {}{}) to `{}`",
         source.path,
         plan.model,
         plan.strategy.name,
         if chosen_by_auto { ", chosen by --strategy auto" } else { "" },
         plural(devices, "device"),
+        distribute.spawn.map_or(String::new(), |n| format!(", for `dfc run --spawn {n}`")),
         output.display()
     );
     Ok(ExitCode::SUCCESS)

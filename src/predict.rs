@@ -12,10 +12,9 @@ use std::collections::HashMap;
 pub enum Placement<'a> {
     /// All in this process, on all the cores.
     Here,
-    /// On spawned workers of this host (`dfc run --spawn`): partition `p` on worker
-    /// `partition_worker[p]`, each worker on its share of the cores, as `LocalWorkers` starts
-    /// them.
-    Spawned { partition_worker: &'a [usize], workers: usize },
+    /// On spawned workers of this host (`dfc run --spawn`), as they were assigned the
+    /// partitions, each worker on its share of the cores, as `LocalWorkers` starts them.
+    Spawned(&'a dfc_plan::Assignment),
     /// On the tasks of the plan's cluster, on the hosts its addresses name.
     Cluster,
 }
@@ -38,13 +37,9 @@ pub fn predict(plan: &Plan, modules: &[dfc_ir::Module], placement: Placement<'_>
             driven: false,
             overlap,
         },
-        Placement::Spawned { partition_worker, workers } => Topology {
-            process: partition_worker.iter().map(|&w| w as u32).collect(),
-            host: vec![0; parts.len()],
-            threads: vec![(cores / workers.max(1)).max(1) as u32; workers],
-            driven: true,
-            overlap,
-        },
+        Placement::Spawned(assignment) => {
+            Topology { overlap, ..Topology::spawned(&assignment.partition_worker, assignment.names.len(), cores) }
+        }
         Placement::Cluster => Topology { overlap, ..Topology::of_cluster(&parts, &plan.cluster) },
     };
     Some(dfc_passes::cost::estimate_on(&parts, &CostModel::calibrated(profile), &topology))

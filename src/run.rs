@@ -196,9 +196,9 @@ pub fn run(plan: &dfc_plan::Plan, args: &RunArgs) -> Result<(), String> {
 /// and per device and kind of work, the timeline's time a step beside the predicted.
 fn report_prediction(plan: &dfc_plan::Plan, args: &RunArgs, events: &[dfc_interp::trace::Event]) {
     let Some((measured, steps)) = crate::predict::measured_step(events) else { return };
-    let assignment = args.remote.spawn.and_then(|n| Some((dfc_rpc::assign(plan, n).ok()?, n)));
+    let assignment = args.remote.spawn.and_then(|n| dfc_rpc::assign(plan, n).ok());
     let placement = match (&assignment, cluster_source(&args.remote)) {
-        (Some((a, n)), _) => crate::predict::Placement::Spawned { partition_worker: &a.partition_worker, workers: *n },
+        (Some(a), _) => crate::predict::Placement::Spawned(a),
         (None, Ok(Some(_))) => crate::predict::Placement::Cluster,
         _ => crate::predict::Placement::Here,
     };
@@ -403,8 +403,12 @@ fn run_remote(plan: &dfc_plan::Plan, args: &RunArgs, cluster: Option<ClusterSour
                 None => dfc_rpc::auth::random_token(),
             };
             let assignment = dfc_rpc::assign(plan, n)?;
+            let started = assignment.names.len();
+            if started < n {
+                eprintln!("note: the plan has {started} partition(s): {started} worker(s), not {n}");
+            }
             let exe = std::env::current_exe().map_err(|e| format!("cannot find the dfc executable: {e}"))?;
-            let workers = dfc_rpc::LocalWorkers::spawn(&exe, n, &token, remote.tls_dir.as_deref())?;
+            let workers = dfc_rpc::LocalWorkers::spawn(&exe, started, &token, remote.tls_dir.as_deref())?;
             let addresses = workers.addresses.clone();
             _spawned = Some(workers);
             (token, addresses, assignment)

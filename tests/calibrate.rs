@@ -7,6 +7,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
+#[path = "support/skip.rs"]
+mod skip;
+
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
@@ -47,6 +50,7 @@ fn quick_profile() -> &'static PathBuf {
         assert!(printed.contains("GFLOP/s at 256³"), "{printed}");
         assert!(printed.contains("shared memory between workers: "), "{printed}");
         assert!(printed.contains("a step driven on workers: "), "{printed}");
+        assert!(printed.contains("workers that wait for each other within a step: "), "{printed}");
         assert!(printed.contains(&format!("profile: {}", path.display())), "{printed}");
         path
     })
@@ -88,6 +92,12 @@ fn a_quick_profile_is_json_of_this_cpu_with_a_run_per_thread_count() {
         assert!(busy.iter().zip(&shorter).all(|(b, d)| b[1] >= d[1]), "{busy:?} against {shorter:?}");
         shorter = busy;
     }
+    // Workers that wait for each other within a step, on 2 and 4 of them: more, never less
+    // on more.
+    let exchanging: Vec<[f64; 2]> =
+        serde_json::from_value(json["driven_step"]["exchanging"]["points"].clone()).unwrap();
+    assert_eq!(exchanging.iter().map(|p| p[0]).collect::<Vec<_>>(), [2.0, 4.0], "{exchanging:?}");
+    assert!(exchanging.windows(2).all(|w| w[1][1] >= w[0][1]) && exchanging[0][1] > 0.0, "{exchanging:?}");
     // Rings of 3 and 4 workers beside the pair's link.
     let rings = json["shared_memory_rings"].as_array().unwrap();
     assert_eq!(rings.iter().map(|r| r["members"].as_u64().unwrap()).collect::<Vec<_>>(), [3, 4], "{rings:?}");
@@ -268,6 +278,80 @@ fn replicas_of_one_process_take_turns_in_the_prediction() {
     let step = report["step_seconds"].as_f64().unwrap();
     // Within rounding: the step and the devices' compute are sums of the same times in other orders.
     assert!(step >= computing * (1.0 - 1e-12), "a step of {step} s for {computing} s of the process's compute");
+}
+
+/// `dfc compile --spawn N` predicts the step of the plan on N spawned workers, each on its
+/// share of the cores: what `dfc run --spawn N --timeline` predicts for it as it runs, and not
+/// the one-process step. A plan of fewer partitions runs on as many workers (and is predicted
+/// so); a cluster whose tasks cannot be spread over N workers is refused.
+#[test]
+fn compile_for_spawned_workers_predicts_what_the_run_on_them_does() {
+    let data = Path::new("/usr/share/datasets/fashion-mnist");
+    if !data.join("train-images-idx3-ubyte.gz").exists() {
+        skip::skip(
+            skip::Need::FashionMnist,
+            "Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist; .ci/run does)",
+        );
+        return;
+    }
+    let dir = scratch("spawned");
+    let (plan, model) = (dir.join("mlp.plan"), mlp());
+    let profile = quick_profile();
+    let predicted = |plan: &Path| -> f64 {
+        let inspected = dfc(&["inspect", s(plan), "--json"], "off");
+        let json: serde_json::Value = serde_json::from_slice(&inspected.stdout).expect("inspect's JSON");
+        json["report"]["step_seconds"].as_f64().expect("a prediction")
+    };
+    let feeds = [
+        format!("images={}", data.join("train-images-idx3-ubyte.gz").display()),
+        format!("labels={}", data.join("train-labels-idx1-ubyte.gz").display()),
+    ];
+    let one_process_plan = dir.join("one-process.plan");
+    for strategy in ["mirrored", "single"] {
+        let args = ["compile", s(&model), "--strategy", strategy, "--devices", "2", "-o"];
+        let output = dfc(&[&args[..], &[s(&plan), "--spawn", "2"]].concat(), s(profile));
+        assert!(output.status.success(), "{}", text(&output.stderr));
+        assert!(text(&output.stderr).contains("for `dfc run --spawn 2`"), "{}", text(&output.stderr));
+        let spawned = predicted(&plan);
+        let output = dfc(&[&args[..], &[s(&one_process_plan)]].concat(), s(profile));
+        assert!(output.status.success(), "{}", text(&output.stderr));
+        let one_process = predicted(&one_process_plan);
+        assert!(
+            (spawned / one_process - 1.0).abs() > 0.01,
+            "{strategy}: {spawned} s spawned, {one_process} s in one process"
+        );
+        let timeline = dir.join("timeline.json");
+        let run = ["run", s(&plan), "--spawn", "2", "--steps", "6", "--timeline", s(&timeline)];
+        let output = dfc(&[&run[..], &["--feed", &feeds[0], "--feed", &feeds[1]]].concat(), s(profile));
+        assert!(output.status.success(), "{}", text(&output.stderr));
+        let stderr = text(&output.stderr);
+        if strategy == "single" {
+            assert!(stderr.contains("note: the plan has 1 partition(s): 1 worker(s), not 2"), "{stderr}");
+        }
+        let line = stderr.lines().find(|l| l.starts_with("step: median")).expect("the run's prediction");
+        let ms: f64 = line.split("predicted ").nth(1).and_then(|t| t.split(' ').next()).unwrap().parse().unwrap();
+        assert!((ms / 1e3 / spawned - 1.0).abs() < 0.01, "{strategy}: compiled {spawned} s, run: {line}");
+    }
+    // The placement search scores its moves for the workers too: with a profile, two devices of
+    // one process take turns on its threads, and two workers compute at once, each on its share.
+    let searched = |spawn: &[&str]| -> String {
+        let args = ["compile", s(&model), "--strategy", "model", "--model-placement", "searched", "--devices", "2"];
+        let output = dfc(&[&args[..], spawn, &["--report", "-o", s(&plan)]].concat(), s(profile));
+        assert!(output.status.success(), "{}", text(&output.stderr));
+        let report = text(&output.stdout);
+        let line = report.lines().find(|l| l.starts_with("placement search: ")).expect("the search's line");
+        line.split("simulated step: ").nth(1).expect("its steps").to_string()
+    };
+    let (one_process, spawned) = (searched(&[]), searched(&["--spawn", "2"]));
+    assert_ne!(one_process, spawned, "the search's simulated steps");
+    // Three tasks (a ps and two workers) on two workers: refused, saying why.
+    let cluster = dir.join("cluster.json");
+    std::fs::write(&cluster, r#"{"cluster": {"worker": ["localhost:1", "localhost:2"], "ps": ["localhost:3"]}}"#)
+        .unwrap();
+    let args = ["compile", s(&model), "--strategy", "ps", "--sync", "--cluster", s(&cluster), "--spawn", "2"];
+    let output = dfc(&args, s(profile));
+    assert!(!output.status.success());
+    assert!(text(&output.stderr).contains("cannot be spread over 2 worker(s)"), "{}", text(&output.stderr));
 }
 
 #[test]

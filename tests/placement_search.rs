@@ -5,7 +5,7 @@
 
 use dfc_compile::{module_after, CompileOptions, Strategy};
 use dfc_ir::{Cluster, DeviceKind, DeviceSpec, NodeId};
-use dfc_passes::search::{improve, improve_on, Budget, Link, Problem, Units};
+use dfc_passes::search::{improve, improve_on, Budget, Link, Problem, Share, Units};
 use dfc_passes::CostModel;
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -53,7 +53,7 @@ fn problem(devices: usize) -> (Problem, usize) {
         (false, false) => Link::Network,
     };
     let units = Units { order: &order, unit_of: &unit_of, allowed: vec![Vec::new(); order.len()] };
-    (Problem::new(&module, units, &specs, links, &CostModel::default(), 1.0), order.len())
+    (Problem::new(&module, units, &specs, links, &CostModel::default(), Share::ALL), order.len())
 }
 
 #[test]

@@ -112,6 +112,11 @@ pub struct CompileOptions {
     pub micro_batches: u32,
     /// `--pipeline-schedule`: with `micro_batches`, 1F1B (the default) or GPipe's.
     pub one_forward_one_backward: bool,
+    /// `--spawn N`: the plan is to run on N worker processes of this machine (`dfc run --spawn
+    /// N`), each on its share of the cores, and its step is predicted (and `--strategy auto`'s
+    /// candidates scored) so; `None`: as the cluster says (one process for a cluster of one
+    /// task).
+    pub spawned_workers: Option<usize>,
 }
 
 impl Default for CompileOptions {
@@ -135,6 +140,7 @@ impl Default for CompileOptions {
             shard_optimizer: false,
             micro_batches: 1,
             one_forward_one_backward: true,
+            spawned_workers: None,
         }
     }
 }
@@ -399,6 +405,7 @@ pub fn compile(source: &str, source_name: &str, options: &CompileOptions) -> Res
         cost_model: (options.strategy == Strategy::Model).then_some(&options.cost_model),
         model_placement: options.model_placement,
         soft: options.soft_placement,
+        spawned_workers: options.spawned_workers,
     };
     let (placed, found) = dfc_passes::place(module, &place).map_err(CompileError::Diagnostics)?;
     let search = placed.search.clone();
@@ -440,8 +447,19 @@ pub fn compile(source: &str, source_name: &str, options: &CompileOptions) -> Res
     // A step's cost leaves out local SGD's averages, which run every few steps apart from it.
     let stepping: Vec<Option<Module>> = simulated.iter().map(|m| dfc_passes::without_averages(m)).collect();
     let simulated: Vec<&Module> = simulated.iter().zip(&stepping).map(|(m, s)| s.as_ref().unwrap_or(m)).collect();
-    let topology =
-        dfc_passes::Topology { overlap: options.overlap, ..dfc_passes::Topology::of_cluster(&simulated, cluster) };
+    let devices: Vec<&DeviceSpec> = parts.iter().map(|(d, _)| *d).collect();
+    let topology = match options.spawned_workers {
+        Some(workers) => {
+            let assignment = dfc_plan::assign_workers(&devices, cluster, workers).map_err(CompileError::Usage)?;
+            let cores = options.cost_model.profile.as_ref().map_or_else(
+                || std::thread::available_parallelism().map_or(1, usize::from),
+                |profile| profile.cpu.threads as usize,
+            );
+            dfc_passes::Topology::spawned(&assignment.partition_worker, assignment.names.len(), cores)
+        }
+        None => dfc_passes::Topology::of_cluster(&simulated, cluster),
+    };
+    let topology = dfc_passes::Topology { overlap: options.overlap, ..topology };
     let mut report = dfc_passes::cost::estimate_on(&simulated, &options.cost_model, &topology);
     // An instance simulated by its transfers alone costs what the partition standing for it does.
     for (k, (instance, stand_in)) in instances.iter().zip(&stand_ins).enumerate() {
@@ -452,8 +470,7 @@ pub fn compile(source: &str, source_name: &str, options: &CompileOptions) -> Res
         }
     }
     if options.cost_model.profile.is_some() && !instances.is_empty() {
-        let devices: Vec<&DeviceSpec> = parts.iter().map(|(d, _)| *d).collect();
-        dfc_passes::cost::take_turns(&mut report, &devices);
+        dfc_passes::cost::take_turns(&mut report, &topology);
     }
     clock.lap("cost model");
 

@@ -638,6 +638,20 @@ impl Topology {
         topology
     }
 
+    /// Worker processes of this host, as `dfc run --spawn` starts them: partition `p` on
+    /// worker `partition_worker[p]`, each of the `workers` computing on its share of `cores`
+    /// (at least one thread), called by the driver every step.
+    pub fn spawned(partition_worker: &[usize], workers: usize, cores: usize) -> Topology {
+        let workers = workers.max(1);
+        Topology {
+            process: partition_worker.iter().map(|&w| w as u32).collect(),
+            host: vec![0; partition_worker.len()],
+            threads: vec![(cores / workers).max(1) as u32; workers],
+            driven: true,
+            overlap: false,
+        }
+    }
+
     /// A process per task on all its host's cores; tasks for which `host_of` names the same
     /// host share it, and any other task is on a host of its own.
     fn of_tasks_on(partitions: &[&Module], host_of: impl Fn(&DeviceSpec) -> Option<String>) -> Topology {
@@ -798,20 +812,16 @@ fn add_work(by_kind: &mut Vec<(String, f64)>, work: &str, seconds: f64) {
 
 /// With a profile, the partitions of one process take turns on its threads, so a step takes at
 /// least their compute one after another. `estimate_on` simulates that for the partitions it
-/// is given; this applies it to `report` (whose devices are `devices`, one task a process)
-/// where some stood for others, replica instances simulated by their transfers alone and
-/// costed as the partition they copy, whose compute must take its turn too.
-pub fn take_turns(report: &mut CostReport, devices: &[&DeviceSpec]) {
-    let mut processes: Vec<(&DeviceSpec, f64)> = Vec::new();
-    for (cost, &device) in report.devices.iter().zip(devices) {
-        match processes.iter_mut().find(|(d, _)| same_task(d, device)) {
-            Some((_, busy)) => *busy += cost.compute_seconds,
-            None => processes.push((device, cost.compute_seconds)),
-        }
+/// is given; this applies it to `report` (whose devices run as `topology` says) where some
+/// stood for others, replica instances simulated by their transfers alone and costed as the
+/// partition they copy, whose compute must take its turn too.
+pub fn take_turns(report: &mut CostReport, topology: &Topology) {
+    let mut busy: HashMap<u32, f64> = HashMap::new();
+    for (p, cost) in report.devices.iter().enumerate() {
+        *busy.entry(topology.process_of(p).0).or_default() += cost.compute_seconds;
     }
-    for (cost, &device) in report.devices.iter_mut().zip(devices) {
-        let busy = processes.iter().find(|(d, _)| same_task(d, device)).map_or(0.0, |p| p.1);
-        cost.finish_seconds = cost.finish_seconds.max(busy);
+    for (p, cost) in report.devices.iter_mut().enumerate() {
+        cost.finish_seconds = cost.finish_seconds.max(busy[&topology.process_of(p).0]);
         report.step_seconds = report.step_seconds.max(cost.finish_seconds);
     }
 }
@@ -1130,6 +1140,22 @@ pub fn estimate_on(partitions: &[&Module], model: &CostModel, topology: &Topolog
         })
         .collect();
 
+    // The processes that wait for another within the step: a receive from another, an
+    // all-reduce among several.
+    let process = |g: u32| topology.process_of(nodes[g as usize].partition as usize).0;
+    let mut exchanging: HashSet<u32> = HashSet::new();
+    for (g, &s) in recv_source.iter().enumerate() {
+        if s != NONE && process(s) != process(g as u32) {
+            exchanging.extend([process(s), process(g as u32)]);
+        }
+    }
+    for group in &groups {
+        let members: HashSet<u32> = group.members.iter().map(|&m| process(m)).collect();
+        if members.len() > 1 {
+            exchanging.extend(members);
+        }
+    }
+
     let mut sim = Simulation {
         nodes: &nodes,
         ready: vec![f64::NEG_INFINITY; with_shadows],
@@ -1254,10 +1280,15 @@ pub fn estimate_on(partitions: &[&Module], model: &CostModel, topology: &Topolog
             // The driver calls every worker at once; together they cost more than one alone,
             // and busy ones more than idle ones.
             let workers = feeds.len();
+            // Workers that wait for each other within the step wait for the latest one's call.
+            let waiting = profile.driven_step.exchanging_seconds(workers);
             for (p, device) in devices.iter_mut().enumerate() {
                 let process = topology.process_of(p).0;
                 let (bytes, computing) = (feeds[&process] as f64, computing[&process]);
                 device.finish_seconds += profile.driven_step.seconds(workers, bytes, computing);
+                if exchanging.contains(&process) {
+                    device.finish_seconds += waiting;
+                }
             }
         }
     }

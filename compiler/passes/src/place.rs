@@ -67,6 +67,9 @@ pub struct PlaceOptions<'a> {
     pub model_placement: ModelPlacement,
     /// Requests the cluster cannot satisfy are warnings and set aside.
     pub soft: bool,
+    /// The plan is for so many worker processes of this host (`dfc run --spawn N`): the
+    /// placement search scores its moves for them.
+    pub spawned_workers: Option<usize>,
 }
 
 /// How the `model` strategy spreads the units (colocation groups) over the devices.
@@ -452,10 +455,17 @@ impl Placer<'_> {
         }
         let cluster = self.options.cluster;
         let hosts: Vec<Option<String>> = self.devices.iter().map(|d| cost::host_of(cluster, d)).collect();
+        let spawned = self.options.spawned_workers.map(|n| SpawnedWorkers::new(self.devices, n));
         let links = |a: usize, b: usize| {
             let (x, y) = (&self.devices[a], &self.devices[b]);
             if a == b {
                 cost::Link::Same
+            } else if let Some(spawned) = &spawned {
+                if spawned.same_worker(a, b, x, y) {
+                    cost::Link::Process
+                } else {
+                    cost::Link::Host
+                }
             } else if cost::same_task(x, y) {
                 cost::Link::Process
             } else if hosts[a].is_some() && hosts[a] == hosts[b] {
@@ -464,9 +474,18 @@ impl Placer<'_> {
                 cost::Link::Network
             }
         };
-        let slower = oversubscription(self.devices, &hosts, model);
+        let share = match (&spawned, &model.profile) {
+            (Some(spawned), Some(profile)) => {
+                // As `Topology::spawned`: each worker on its share of the cores, at least one.
+                let cores = profile.cpu.threads.max(1);
+                let threads = (cores / spawned.workers as u32).max(1);
+                let slower = (f64::from(threads) * spawned.workers as f64 / f64::from(cores)).max(1.0);
+                search::Share { threads, slower }
+            }
+            _ => search::Share { slower: oversubscription(self.devices, &hosts, model), ..search::Share::ALL },
+        };
         let units = search::Units { order, unit_of: &unit_of, allowed: allowed_units };
-        let problem = search::Problem::new(module, units, self.devices, links, model, slower);
+        let problem = search::Problem::new(module, units, self.devices, links, model, share);
         let earliest: Vec<u32> = roots.iter().map(|r| device_of[r] as u32).collect();
         let round_robin = problem.round_robin(&earliest, |u| !holds_variable[u]);
         let chosen = match self.options.model_placement {
@@ -565,6 +584,31 @@ impl Placer<'_> {
                 .with_help("make the two requests agree, or drop one of them")
         };
         self.diagnostics.push(diagnostic);
+    }
+}
+
+/// The worker processes of this host that the devices will run on (`dfc run --spawn N`), as
+/// `dfc_plan::assign_workers` spreads a plan's partitions: a task each where the devices are of
+/// several tasks, a single task's devices in contiguous groups (taken as all of them having
+/// work: the placement decides which do).
+struct SpawnedWorkers {
+    /// All the devices of one task: how many there are.
+    one_task: Option<usize>,
+    workers: usize,
+}
+
+impl SpawnedWorkers {
+    fn new(devices: &[DeviceSpec], workers: usize) -> SpawnedWorkers {
+        let one_task = devices.iter().all(|d| cost::same_task(d, &devices[0])).then_some(devices.len());
+        let workers = one_task.map_or(workers, |n| workers.min(n)).max(1);
+        SpawnedWorkers { one_task, workers }
+    }
+
+    fn same_worker(&self, a: usize, b: usize, x: &DeviceSpec, y: &DeviceSpec) -> bool {
+        match self.one_task {
+            Some(n) => a * self.workers / n == b * self.workers / n,
+            None => cost::same_task(x, y),
+        }
     }
 }
 

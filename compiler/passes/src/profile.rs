@@ -68,6 +68,14 @@ pub struct DrivenStep {
     /// step waits for the last worker to start, and the workers' compute loses what the
     /// others take of the cores.
     pub busy: Vec<BusyStep>,
+    /// What a step costs more where its workers wait for each other within it (a receive from
+    /// another worker, an all-reduce), by the number of workers driven (from 2), beyond busy
+    /// workers that do not exchange and the link's own time: each worker reaches the exchange
+    /// when its call arrived and its threads got a core, so that the step takes the latest
+    /// start and then the latest finish. Empty (a profile from before it was measured, or
+    /// `dfc calibrate --no-workers`): nothing.
+    #[serde(default)]
+    pub exchanging: Curve,
 }
 
 /// A driven step's fixed cost where each worker computes for `computing_seconds` (on the
@@ -102,6 +110,16 @@ impl DrivenStep {
         fixed + bytes.max(0.0) / self.bytes_per_second
     }
 
+    /// What a step of `workers` that exchange within it costs more than one whose workers do
+    /// not (nothing on one worker).
+    pub fn exchanging_seconds(&self, workers: usize) -> f64 {
+        if workers < 2 {
+            0.0
+        } else {
+            self.exchanging.seconds(workers as f64)
+        }
+    }
+
     fn check(&self) -> Result<(), String> {
         self.latency.check().map_err(|e| format!("latency.{e}"))?;
         if !positive(self.bytes_per_second) {
@@ -120,6 +138,9 @@ impl DrivenStep {
             }
             last = busy.computing_seconds;
             busy.latency.check().map_err(|e| format!("busy[{i}].latency.{e}"))?;
+        }
+        if !self.exchanging.points.is_empty() {
+            self.exchanging.check().map_err(|e| format!("exchanging.{e}"))?;
         }
         Ok(())
     }
@@ -215,7 +236,7 @@ impl RowCost {
 /// Times measured at several sizes, `[bytes, seconds]` by ascending bytes: a size between two
 /// is interpolated in log-log, a smaller one takes the first's time, and a larger one the
 /// last's rate.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Curve {
     pub points: Vec<[f64; 2]>,
@@ -669,6 +690,7 @@ pub(crate) mod tests {
                 latency: Curve { points: vec![[1.0, 100e-6]] },
                 bytes_per_second: 1e9,
                 busy: vec![BusyStep { computing_seconds: 1e-3, latency: Curve { points: vec![[1.0, 300e-6]] } }],
+                exchanging: Curve { points: vec![[2.0, 100e-6], [4.0, 300e-6]] },
             },
         }
     }

@@ -129,6 +129,20 @@ pub(crate) fn slowness(model: &CostModel, device: &DeviceSpec) -> f64 {
     }
 }
 
+/// With a profile, what a device computes on: so many threads of its host (`u32::MAX`: all
+/// it measured), at `slower` times their rates (its host's processes asking for more threads
+/// than it has).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Share {
+    pub threads: u32,
+    pub slower: f64,
+}
+
+impl Share {
+    /// All the host's threads, alone.
+    pub const ALL: Share = Share { threads: u32::MAX, slower: 1.0 };
+}
+
 /// Where the units of a graph are, as `place` groups them.
 pub struct Units<'a> {
     /// The graph's nodes in topological order.
@@ -141,23 +155,23 @@ pub struct Units<'a> {
 
 impl Problem {
     /// The problem of placing `units` of `graph` on `devices` (linked as `links` says) at the
-    /// cost model's rates: node times from the profile where it has one (at `slower` times
-    /// its all-cores rates, the host's oversubscription), else FLOPs at the assumed rate.
+    /// cost model's rates: node times from the profile where it has one (on the `share` of its
+    /// host each device computes on), else FLOPs at the assumed rate.
     pub fn new(
         module: &dfc_ir::Module,
         units: Units<'_>,
         devices: &[DeviceSpec],
         links: impl Fn(usize, usize) -> Link,
         model: &CostModel,
-        slower: f64,
+        share: Share,
     ) -> Problem {
         let graph = &module.graph;
         let n = units.order.len();
         let count = units.allowed.len();
-        let profiled = model.profile.as_ref().map(|p| cost::profiled_seconds(module, p.full()));
+        let profiled = model.profile.as_ref().map(|p| cost::profiled_seconds(module, p.rates(share.threads)));
         let node_seconds = |id: NodeId| {
             let seconds = match &profiled {
-                Some(times) => times.get(id.index()).copied().unwrap_or(0.0) * slower,
+                Some(times) => times.get(id.index()).copied().unwrap_or(0.0) * share.slower,
                 None => cost::node_flops(graph, id) / model.flops_per_second,
             };
             if seconds.is_finite() && seconds > 0.0 {

@@ -521,6 +521,7 @@ fn profile(rate: f64) -> dfc_passes::Profile {
             latency: Curve { points: vec![[1.0, 200e-6], [2.0, 300e-6]] },
             bytes_per_second: 1e9,
             busy: vec![],
+            exchanging: Curve::default(),
         },
     }
 }
@@ -717,6 +718,52 @@ fn with_a_profile_a_busy_driven_worker_pays_more_for_the_call_as_it_computes_lon
     assert_close(extra, 300e-6 + busy + (512 * 512 * 4) as f64 * 1e-9, "two busy workers' calls");
 }
 
+/// Driven workers that wait for each other within the step (an all-reduce among them, a
+/// receive from another) pay the profile's `exchanging` cost for as many workers; workers that
+/// exchange nothing, and partitions of one process, do not.
+#[test]
+fn with_a_profile_driven_workers_that_exchange_pay_for_waiting_on_each_other() {
+    use dfc_passes::profile::Curve;
+    let mut profile = profile(50e9);
+    profile.driven_step.exchanging = Curve { points: vec![[2.0, 400e-6], [4.0, 1000e-6]] };
+    let model = CostModel::calibrated(profile);
+    let n = 1000;
+    let replica = |on: &str, r: u32| {
+        partition(on, |m| {
+            let g = input(m, f32(&[n]), "g");
+            add(m, Op::AllReduce { key: "g".into(), group_size: 2, replica: r }, &[g], "g/all_reduce");
+        })
+    };
+    let (a, b) = (replica(A, 0), replica(B, 1));
+    let two = |driven| Topology { process: vec![0, 1], host: vec![0, 0], threads: vec![1, 1], driven, overlap: false };
+    let step = |parts: &[&Module], t: &Topology| estimate_on(parts, &model, t).step_seconds;
+    let feeds = (n * 4) as f64 * 1e-9;
+    let called = step(&[&a, &b], &two(true)) - step(&[&a, &b], &two(false));
+    assert_close(called, 300e-6 + feeds + 400e-6, "two workers all-reducing");
+    // A receive from the other worker waits for it too.
+    let sender = partition(A, |m| {
+        let x = input(m, f32(&[n]), "x");
+        send(m, x, "x", B);
+    });
+    let receiver = partition(B, |m| {
+        let x = recv(m, "x", A, f32(&[n]));
+        add(m, Op::Unary(UnaryOp::Exp), &[x], "exp");
+    });
+    let pair = [&sender, &receiver];
+    let called = step(&pair, &two(true)) - step(&pair, &two(false));
+    assert!(called >= 300e-6 + 400e-6, "a receive between two workers: {called}");
+    // Two workers that do not exchange: the calls alone.
+    let (c, d) = (square_product(A, 64), square_product(B, 64));
+    let called = step(&[&c, &d], &two(true)) - step(&[&c, &d], &two(false));
+    let feeds = (64 * 64 * 4) as f64 * 1e-9;
+    assert!(called < 300e-6 + feeds + 100e-6, "two workers that do not exchange: {called}");
+    // Both replicas in one driven process: no other worker to wait for.
+    let one = Topology { process: vec![0, 0], host: vec![0, 0], threads: vec![2], driven: true, overlap: false };
+    let alone = Topology { driven: false, ..one.clone() };
+    let called = step(&[&a, &b], &one) - step(&[&a, &b], &alone);
+    assert_close(called, 200e-6 + 2.0 * (n * 4) as f64 * 1e-9, "one worker");
+}
+
 /// A process's devices take turns on its threads: `take_turns` makes the step at least each
 /// process's compute (instances costed as the partition they copy included), and leaves a
 /// process alone whose devices already finish later than that.
@@ -734,12 +781,17 @@ fn the_devices_of_one_process_take_turns() {
         step_seconds: 3.0,
         ..Default::default()
     };
-    let specs: Vec<DeviceSpec> = names.iter().map(|n| device(n)).collect();
-    let devices: Vec<&DeviceSpec> = specs.iter().collect();
-    dfc_passes::cost::take_turns(&mut report, &devices);
+    // The first two devices in one process, the third in another (as their tasks are).
+    let processes = Topology { process: vec![0, 0, 1], host: vec![0; 3], ..Topology::default() };
+    dfc_passes::cost::take_turns(&mut report, &processes);
     let finish: Vec<f64> = report.devices.iter().map(|d| d.finish_seconds).collect();
     assert_eq!(finish, [4.0, 4.0, 3.0]);
     assert_eq!(report.step_seconds, 4.0);
+    // Spawned workers, one device each (`dfc compile --spawn 3`): no turns to take.
+    report.devices.iter_mut().for_each(|d| d.finish_seconds = 2.5);
+    report.step_seconds = 2.5;
+    dfc_passes::cost::take_turns(&mut report, &Topology::spawned(&[0, 1, 2], 3, 2));
+    assert_eq!(report.step_seconds, 2.5);
 }
 
 /// `profile(50e9)` whose kernels beyond its largest measured (8 MB) take 3 ns a byte.

@@ -128,6 +128,7 @@ fn options<'a>(rng: &mut fastrand::Rng, cluster: &'a Cluster) -> PlaceOptions<'a
         cost_model: None,
         model_placement: dfc_passes::ModelPlacement::EarliestFinish,
         soft: false,
+        spawned_workers: None,
     }
 }
 
@@ -313,6 +314,7 @@ fn an_unknown_job_and_a_broken_colocation_are_diagnostics_naming_the_conflict() 
         cost_model: None,
         model_placement: dfc_passes::ModelPlacement::EarliestFinish,
         soft: false,
+        spawned_workers: None,
     };
     let errors = dfc_passes::place(module.clone(), &place).expect_err("the requests cannot be met");
     let by_code: HashMap<&str, &dfc_diag::Diagnostic> = errors.iter().map(|d| (d.code.as_str(), d)).collect();

@@ -19,60 +19,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-/// Which worker runs each partition, and the workers' task names.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Assignment {
-    /// The worker (rank) of each partition.
-    pub partition_worker: Vec<usize>,
-    /// Each worker's name for messages: its job and task (`/job:worker/task:1`).
-    pub names: Vec<String>,
-}
+pub use dfc_plan::Assignment;
 
-/// Spreads `plan`'s partitions over `workers` workers: one worker per task of the plan's cluster
-/// when it has that many tasks (a task without partitions, such as a parameter server that
-/// holds no variable, gets an idle worker), or per task that has partitions; when the plan has
-/// one task, its devices in `workers` contiguous groups.
+/// Spreads `plan`'s partitions over `workers` workers, as `dfc_plan::assign_workers` does.
 pub fn assign(plan: &Plan, workers: usize) -> Result<Assignment, String> {
-    let task_of = |p: &dfc_plan::Partition| (p.device.job.clone().unwrap_or_default(), p.device.task.unwrap_or(0));
-    let mut tasks: Vec<(String, u32)> = plan.partitions.iter().map(task_of).collect();
-    tasks.sort();
-    tasks.dedup();
-    // Tasks in the cluster's order (chief, worker, ps, ...), then task index.
-    let job_rank = |job: &str| plan.cluster.jobs.iter().position(|j| j.name == job).unwrap_or(usize::MAX);
-    tasks.sort_by_key(|(job, task)| (job_rank(job), *task));
-    if workers == 0 {
-        return Err("a distributed run needs at least one worker".into());
-    }
-    let cluster_tasks: Vec<(String, u32)> = plan
-        .cluster
-        .jobs
-        .iter()
-        .flat_map(|job| (0..job.tasks.len()).map(|t| (job.name.clone(), u32::try_from(t).unwrap_or(u32::MAX))))
-        .collect();
-    if cluster_tasks.len() == workers && tasks.iter().all(|t| cluster_tasks.contains(t)) {
-        tasks = cluster_tasks;
-    }
-    if tasks.len() == workers {
-        let partition_worker = plan
-            .partitions
-            .iter()
-            .map(|p| tasks.iter().position(|t| *t == task_of(p)).expect("every task is listed"))
-            .collect();
-        let names = tasks.iter().map(|(job, task)| format!("/job:{job}/task:{task}")).collect();
-        return Ok(Assignment { partition_worker, names });
-    }
-    if tasks.len() == 1 && plan.partitions.len() >= workers {
-        let n = plan.partitions.len();
-        let partition_worker = (0..n).map(|p| p * workers / n).collect();
-        let names = (0..workers).map(|w| format!("worker {w} (of {} devices of one task)", n)).collect();
-        return Ok(Assignment { partition_worker, names });
-    }
-    let cluster_tasks = plan.cluster.jobs.iter().map(|j| j.tasks.len()).sum::<usize>();
-    Err(format!(
-        "the plan was compiled for {cluster_tasks} task(s), {} of them with partitions ({} in all); it cannot be spread over {workers} worker(s): compile it for a cluster of {workers} tasks, or with --devices {workers} or more",
-        tasks.len(),
-        plan.partitions.len()
-    ))
+    let devices: Vec<&dfc_ir::DeviceSpec> = plan.partitions.iter().map(|p| &p.device).collect();
+    dfc_plan::assign_workers(&devices, &plan.cluster, workers)
 }
 
 /// Whether connecting failed because nothing listens there (yet), not for another reason (a
