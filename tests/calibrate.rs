@@ -286,14 +286,7 @@ fn replicas_of_one_process_take_turns_in_the_prediction() {
 /// so); a cluster whose tasks cannot be spread over N workers is refused.
 #[test]
 fn compile_for_spawned_workers_predicts_what_the_run_on_them_does() {
-    let data = Path::new("/usr/share/datasets/fashion-mnist");
-    if !data.join("train-images-idx3-ubyte.gz").exists() {
-        skip::skip(
-            skip::Need::FashionMnist,
-            "Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist; .ci/run does)",
-        );
-        return;
-    }
+    let Some(data) = skip::fashion_mnist() else { return };
     let dir = scratch("spawned");
     let (plan, model) = (dir.join("mlp.plan"), mlp());
     let profile = quick_profile();

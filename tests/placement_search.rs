@@ -133,8 +133,13 @@ fn strategy_auto_chooses_the_fastest_candidate_it_reports() {
     let cluster = dir.path().join("cluster.json");
     let tasks = r#"{"cluster": {"ps": ["127.0.0.1:1", "127.0.0.1:2"], "worker": ["127.0.0.1:3", "127.0.0.1:4"]}}"#;
     std::fs::write(&cluster, tasks).expect("write the cluster");
-    let cases: [(&[&str], usize); 3] =
-        [(&["--devices", "4"], 12), (&["--devices", "1"], 6), (&["--cluster", cluster.to_str().unwrap()], 14)];
+    // Overlapped all-reduces in buckets of three sizes, or of the one given.
+    let cases: [(&[&str], usize); 4] = [
+        (&["--devices", "4"], 14),
+        (&["--devices", "1"], 8),
+        (&["--cluster", cluster.to_str().unwrap()], 16),
+        (&["--devices", "4", "--fusion-threshold", "65536"], 12),
+    ];
     for (devices, expected) in cases {
         let mut args = vec!["compile", model.to_str().unwrap(), "--strategy", "auto", "--no-profile", "--report"];
         args.extend_from_slice(devices);
@@ -166,6 +171,9 @@ fn strategy_auto_chooses_the_fastest_candidate_it_reports() {
             "the plan is the chosen candidate's: {stderr}"
         );
         assert!(stdout.starts_with(&format!("strategy auto: {expected} candidates")), "{stdout}");
+        let sizes = ["256 KiB", "1 MiB", "4 MiB"].map(|size| format!("all-reduces overlapped in buckets of {size}"));
+        let given = devices.contains(&"--fusion-threshold");
+        assert!(sizes.iter().all(|s| stdout.contains(s.as_str()) != given), "{stdout}");
         let inspect = dfc(&["inspect", plan.to_str().unwrap()]);
         assert!(inspect.status.success(), "the chosen plan is an ordinary plan");
     }

@@ -651,14 +651,7 @@ fn bad_feeds_are_refused_before_any_step() {
 
 #[test]
 fn fashion_mnist_trains_softmax_regression() {
-    let data = Path::new("/usr/share/datasets/fashion-mnist");
-    if !data.join("train-images-idx3-ubyte.gz").exists() {
-        skip::skip(
-            skip::Need::FashionMnist,
-            "Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist; .ci/run does)",
-        );
-        return;
-    }
+    let Some(data) = skip::fashion_mnist() else { return };
     let dir = scratch("fashion-mnist");
     let plan = compile("softmax_regression", &dir, &["--optimizer", "sgd(lr = 0.1)"]);
     let log = dir.join("metrics.jsonl");

@@ -1077,14 +1077,7 @@ fn a_killed_distributed_run_resumes_and_ends_like_an_uninterrupted_one() {
 /// ±0.01 from epoch to epoch).
 #[test]
 fn asynchronous_parameter_servers_converge_on_fashion_mnist() {
-    let data = Path::new("/usr/share/datasets/fashion-mnist");
-    if !data.join("train-images-idx3-ubyte.gz").exists() {
-        skip::skip(
-            skip::Need::FashionMnist,
-            "Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist; .ci/run does)",
-        );
-        return;
-    }
+    let Some(data) = skip::fashion_mnist() else { return };
     let dir = scratch("ps-async-fashion");
     let cluster = dir.join("cluster.json");
     // Addresses do not matter to --spawn, which starts a worker per task.

@@ -129,6 +129,17 @@ fn test_name() -> String {
 /// Records that the calling test skips (what is left of it) for want of `need`, because of
 /// `reason` (what is missing, and how to get it); fails the test if `need` is required here.
 /// The caller returns after it.
+/// Debian's Fashion-MNIST directory, or `None` where it is not installed (the test skipped,
+/// saying so).
+pub fn fashion_mnist() -> Option<&'static std::path::Path> {
+    let data = std::path::Path::new("/usr/share/datasets/fashion-mnist");
+    if data.join("train-images-idx3-ubyte.gz").exists() {
+        return Some(data);
+    }
+    skip(Need::FashionMnist, "Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist; .ci/run does)");
+    None
+}
+
 pub fn skip(need: Need, reason: &str) {
     let required = required(need);
     let line =

@@ -3,7 +3,8 @@
 //!
 //! The candidates, in order: single; model with the searched placement and with the
 //! earliest-finish one; model as a pipeline of 2, 4 and 8 micro-batches; mirrored; mirrored
-//! with its all-reduces overlapped with the backward pass (in the buckets `--overlap` makes);
+//! with its all-reduces overlapped with the backward pass, in buckets of 256 KiB (what
+//! `--overlap` makes), 1 MiB and 4 MiB;
 //! mirrored with the optimizer sharded over the replicas (ZeRO-1: the same training in less
 //! memory); synchronous ps, and where the cluster has two ps tasks or more, with the variables
 //! placed by size (greedy-sorted) and with large variables partitioned over the ps tasks;
@@ -29,6 +30,19 @@ const MARGIN: f64 = 0.02;
 
 /// The micro-batch counts of the pipelines compared (1F1B, or the user's schedule).
 const PIPELINE_MICRO_BATCHES: [u32; 3] = [2, 4, 8];
+
+/// The fusion thresholds of the overlapped all-reduces compared: smaller buckets start
+/// earlier, larger ones pay fewer rings' fixed costs. The first is `FusionOptions::overlapped`'s.
+const OVERLAP_BUCKET_BYTES: [usize; 3] = [256 << 10, 1 << 20, 4 << 20];
+
+/// `262144` as `256 KiB`, `1048576` as `1 MiB`.
+fn kib(bytes: usize) -> String {
+    if bytes >= 1 << 20 && bytes % (1 << 20) == 0 {
+        format!("{} MiB", bytes >> 20)
+    } else {
+        format!("{} KiB", bytes >> 10)
+    }
+}
 
 /// The smallest shard of a partitioned variable, as TensorFlow's min-max partitioner's
 /// default slice: variables of twice this or more are split over the ps tasks.
@@ -85,12 +99,23 @@ fn candidates(options: &CompileOptions) -> Vec<(String, CompileOptions, bool)> {
         }
     }
     list.push(("mirrored".into(), with(Strategy::Mirrored, ModelPlacement::EarliestFinish), false));
-    // Overlapped, in the smaller buckets that let the first all-reduces start early (unless
-    // the fusion threshold was given).
-    let fusion = if options.fusion == FusionOptions::default() { FusionOptions::overlapped() } else { options.fusion };
-    let overlapped =
-        CompileOptions { overlap: true, fusion, ..with(Strategy::Mirrored, ModelPlacement::EarliestFinish) };
-    list.push(("mirrored, all-reduces overlapped".into(), overlapped, false));
+    // Overlapped, in smaller buckets that let the first all-reduces start early, of each of
+    // `OVERLAP_BUCKET_BYTES` (unless the fusion threshold was given).
+    let buckets: Vec<(String, FusionOptions)> = if options.fusion == FusionOptions::default() {
+        OVERLAP_BUCKET_BYTES
+            .iter()
+            .map(|&threshold_bytes| {
+                (format!(" in buckets of {}", kib(threshold_bytes)), FusionOptions { threshold_bytes })
+            })
+            .collect()
+    } else {
+        vec![(String::new(), options.fusion)]
+    };
+    for (buckets, fusion) in buckets {
+        let overlapped =
+            CompileOptions { overlap: true, fusion, ..with(Strategy::Mirrored, ModelPlacement::EarliestFinish) };
+        list.push((format!("mirrored, all-reduces overlapped{buckets}"), overlapped, false));
+    }
     let sharded = CompileOptions { shard_optimizer: true, ..with(Strategy::Mirrored, ModelPlacement::EarliestFinish) };
     list.push(("mirrored, sharded optimizer".into(), sharded, false));
     let ps = with(Strategy::ParameterServer { sync: true }, ModelPlacement::EarliestFinish);
