@@ -13,7 +13,7 @@
 //! each on one thread and on all of them (a spawned worker computes on its share of the
 //! cores); then the shared-memory queues and TCP between two local worker processes, from
 //! all-reduces of two sizes, and what a step driven on 1, 2 and 4 workers costs beyond their
-//! programs, with the workers idle and with each computing for about 1 and 4 ms.
+//! programs, with the workers idle and with each computing for about 1, 4 and 16 ms.
 //!
 //! The profile goes to this host's default place, where `dfc compile` finds it, unless `-o`
 //! says otherwise; `DFC_PROFILE` names another file, or `off` for none.
@@ -838,8 +838,9 @@ impl DrivenWorkers<'_> {
     }
 }
 
-/// Products of `BUSY_SIDE`² matrices in a busy worker's chain: about 1 and 4 ms on a core.
-const BUSY_CHAINS: [usize; 2] = [14, 56];
+/// Products of `BUSY_SIDE`² matrices in a busy worker's chain: about 1, 4 and 16 ms on a core (the cnn's
+/// workers compute 5–10 ms a step: measured between chains, not extrapolated from them).
+const BUSY_CHAINS: [usize; 3] = [14, 56, 224];
 const BUSY_SIDE: usize = 128;
 /// A busy worker's feed and fetch: `xI` and the scalar `zI`.
 const BUSY_BYTES: usize = 4 * (BUSY_SIDE * BUSY_SIDE + 1);

@@ -80,7 +80,7 @@ fn a_quick_profile_is_json_of_this_cpu_with_a_run_per_thread_count() {
     // And with workers busy for longer and longer: never less than idle ones or a shorter
     // chain's, nor on more of them.
     let chains = json["driven_step"]["busy"].as_array().unwrap();
-    assert_eq!(chains.len(), 2, "{chains:?}");
+    assert_eq!(chains.len(), 3, "{chains:?}");
     let (mut shorter, mut computing) = (driven.clone(), 0.0);
     for chain in chains {
         let seconds = chain["computing_seconds"].as_f64().unwrap();
