@@ -782,22 +782,14 @@ fn exchanging(times: &[f64], link: Throughput) -> Curve {
 /// `sI`, and then `zI = sI + sJ` with J the device before it (the last before the first):
 /// every worker waits for another within the step, as replicas do in an all-reduce.
 fn exchanging_plan(workers: usize, products: usize) -> Result<dfc_plan::Plan, Failure> {
-    let side = BUSY_SIDE;
-    let device = |i: usize| format!("  device \"/job:localhost/task:0/cpu:{i}\" {{\n");
     let mut source = String::from("model calibrate {\n");
     for i in 0..workers {
-        source += &device(i);
-        source += &format!("    input x{i}: f32[{side}, {side}]\n");
-        let mut last = format!("x{i}");
-        for j in 1..=products {
-            source += &format!("    let a{i}_{j} = tanh({last} @ x{i})\n");
-            last = format!("a{i}_{j}");
-        }
-        source += &format!("    let s{i} = sum({last})\n  }}\n");
+        source += &busy_chain(i, products, "s");
+        source += "  }\n";
     }
     for i in 0..workers {
         let before = (i + workers - 1) % workers;
-        source += &device(i);
+        source += &format!("  device \"/job:localhost/task:0/cpu:{i}\" {{\n");
         source += &format!("    let z{i} = s{i} + s{before}\n  }}\n  output z{i}\n");
     }
     source += "}\n";
@@ -849,19 +841,26 @@ const BUSY_BYTES: usize = 4 * (BUSY_SIDE * BUSY_SIDE + 1);
 /// products `aJ = tanh(aJ−1 · xI)` from its own input `xI` (`BUSY_SIDE` square) and fetching
 /// their sum `zI`: a busy worker, fed and fetching little.
 fn busy_plan(workers: usize, products: usize) -> Result<dfc_plan::Plan, Failure> {
-    let side = BUSY_SIDE;
     let mut source = String::from("model calibrate {\n");
     for i in 0..workers {
-        source += &format!("  device \"/job:localhost/task:0/cpu:{i}\" {{\n    input x{i}: f32[{side}, {side}]\n");
-        let mut last = format!("x{i}");
-        for j in 1..=products {
-            source += &format!("    let a{i}_{j} = tanh({last} @ x{i})\n");
-            last = format!("a{i}_{j}");
-        }
-        source += &format!("    let z{i} = sum({last})\n  }}\n  output z{i}\n");
+        source += &busy_chain(i, products, "z");
+        source += &format!("  }}\n  output z{i}\n");
     }
     source += "}\n";
     compile_on_devices(&source, workers)
+}
+
+/// Device I's block of `busy_plan`, left open: its input `xI`, the chain of `products`
+/// products, and their sum `{sum}I`.
+fn busy_chain(i: usize, products: usize, sum: &str) -> String {
+    let side = BUSY_SIDE;
+    let mut block = format!("  device \"/job:localhost/task:0/cpu:{i}\" {{\n    input x{i}: f32[{side}, {side}]\n");
+    let mut last = format!("x{i}");
+    for j in 1..=products {
+        block += &format!("    let a{i}_{j} = tanh({last} @ x{i})\n");
+        last = format!("a{i}_{j}");
+    }
+    block + &format!("    let {sum}{i} = sum({last})\n")
 }
 
 fn busy_feeds(workers: usize) -> HashMap<String, dfc_interp::Tensor> {
