@@ -366,6 +366,8 @@ fn damaged_profiles_are_refused_by_name_or_set_aside_with_a_warning() {
     older["version"] = serde_json::json!(1);
     let mut unordered = good.clone();
     unordered["driven_step"]["latency"]["points"] = serde_json::json!([[2.0, 3e-4], [1.0, 2e-4]]);
+    let mut waiting = good.clone();
+    waiting["driven_step"]["exchanging"]["points"] = serde_json::json!([[2.0, f64::MAX], [4.0, -1.0]]);
     let mut huge_sizes = good.clone();
     huge_sizes["gemm_sizes"] = serde_json::json!((1..=40).collect::<Vec<u32>>());
     let cases = [
@@ -375,6 +377,7 @@ fn damaged_profiles_are_refused_by_name_or_set_aside_with_a_warning() {
         (write("older.json", older.to_string().as_bytes()), "run `dfc calibrate` again"),
         (write("unordered.json", unordered.to_string().as_bytes()), "driven_step.latency.points: expected ascending"),
         (write("sizes.json", huge_sizes.to_string().as_bytes()), "gemm_sizes: expected 1 to 16 sizes"),
+        (write("waiting.json", waiting.to_string().as_bytes()), "driven_step.exchanging.points"),
         (write("text.json", b"not json"), "not a dfc profile"),
         (write("binary.json", &[0xff, 0xfe, 0x00]), "is not UTF-8"),
         (write("large.json", &vec![b' '; (4 << 20) + 1]), "cannot read the profile"),
