@@ -14,7 +14,7 @@ pub enum Placement<'a> {
     Here,
     /// On spawned workers of this host (`dfc run --spawn`), as they were assigned the
     /// partitions, each worker on its share of the cores, as `LocalWorkers` starts them.
-    Spawned(&'a dfc_plan::Assignment),
+    Spawned(&'a dfc_ir::Assignment),
     /// On the tasks of the plan's cluster, on the hosts its addresses name.
     Cluster,
 }

@@ -450,7 +450,7 @@ pub fn compile(source: &str, source_name: &str, options: &CompileOptions) -> Res
     let devices: Vec<&DeviceSpec> = parts.iter().map(|(d, _)| *d).collect();
     let topology = match options.spawned_workers {
         Some(workers) => {
-            let assignment = dfc_plan::assign_workers(&devices, cluster, workers).map_err(CompileError::Usage)?;
+            let assignment = dfc_ir::assign_workers(&devices, cluster, workers).map_err(CompileError::Usage)?;
             let cores = options.cost_model.profile.as_ref().map_or_else(
                 || std::thread::available_parallelism().map_or(1, usize::from),
                 |profile| profile.cpu.threads as usize,

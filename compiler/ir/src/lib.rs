@@ -31,6 +31,7 @@ mod print;
 mod schedule;
 mod types;
 mod verify;
+mod workers;
 
 pub use cluster::{address_host, task_profiles, Cluster, Job, Task};
 pub use device::{DeviceKind, DeviceSpec};
@@ -49,3 +50,4 @@ pub use print::{print, print_annotated};
 pub use schedule::{Decay, LrSchedule, MAX_BOUNDARIES};
 pub use types::{DType, Shape, TensorType};
 pub use verify::{verify, verify_graph, verify_partitions, VerifyError, VerifyOptions};
+pub use workers::{assign_workers, Assignment};

@@ -683,7 +683,7 @@ impl Topology {
     /// With profiles (`cores_of` a partition's host's threads, as its profile measured): the
     /// threads each partition's process computes on, and how much slower than on those threads
     /// alone (the host's processes asking for more threads than it has take turns).
-    fn compute_shares(&self, partitions: usize, cores_of: impl Fn(usize) -> u32) -> Vec<(u32, f64)> {
+    pub(crate) fn compute_shares(&self, partitions: usize, cores_of: impl Fn(usize) -> u32) -> Vec<(u32, f64)> {
         self.thread_counts(partitions, cores_of)
             .into_iter()
             .map(|(threads, asked, cores)| (threads, (asked as f64 / f64::from(cores)).max(1.0)))
@@ -765,7 +765,8 @@ pub enum Link {
     Network,
 }
 
-fn link_between(topology: &Topology, a: usize, b: usize) -> Link {
+/// How partitions `a` and `b` of `topology` are joined.
+pub(crate) fn link_between(topology: &Topology, a: usize, b: usize) -> Link {
     let (pa, ha) = topology.process_of(a);
     let (pb, hb) = topology.process_of(b);
     if a == b {
@@ -1140,19 +1141,21 @@ pub fn estimate_on(partitions: &[&Module], model: &CostModel, topology: &Topolog
         })
         .collect();
 
-    // The processes that wait for another within the step: a receive from another, an
-    // all-reduce among several.
-    let process = |g: u32| topology.process_of(nodes[g as usize].partition as usize).0;
+    // Driven with a profile: the processes that wait for another within the step (a receive
+    // from another, an all-reduce among several).
     let mut exchanging: HashSet<u32> = HashSet::new();
-    for (g, &s) in recv_source.iter().enumerate() {
-        if s != NONE && process(s) != process(g as u32) {
-            exchanging.extend([process(s), process(g as u32)]);
+    if topology.driven && model.profile.is_some() {
+        let process = |g: u32| topology.process_of(nodes[g as usize].partition as usize).0;
+        for (g, &s) in recv_source.iter().enumerate() {
+            if s != NONE && process(s) != process(g as u32) {
+                exchanging.extend([process(s), process(g as u32)]);
+            }
         }
-    }
-    for group in &groups {
-        let members: HashSet<u32> = group.members.iter().map(|&m| process(m)).collect();
-        if members.len() > 1 {
-            exchanging.extend(members);
+        for group in &groups {
+            let members: HashSet<u32> = group.members.iter().map(|&m| process(m)).collect();
+            if members.len() > 1 {
+                exchanging.extend(members);
+            }
         }
     }
 

@@ -455,17 +455,20 @@ impl Placer<'_> {
         }
         let cluster = self.options.cluster;
         let hosts: Vec<Option<String>> = self.devices.iter().map(|d| cost::host_of(cluster, d)).collect();
-        let spawned = self.options.spawned_workers.map(|n| SpawnedWorkers::new(self.devices, n));
+        // With `--spawn N`, the devices' worker processes as `dfc run --spawn N` gives them out
+        // (all the devices taken as having work: the placement decides which do).
+        let spawned = self.options.spawned_workers.and_then(|n| {
+            let devices: Vec<&DeviceSpec> = self.devices.iter().collect();
+            let assignment = dfc_ir::assign_workers(&devices, cluster, n).ok()?;
+            let cores = model.profile.as_ref().map_or(1, |p| p.cpu.threads as usize);
+            Some(cost::Topology::spawned(&assignment.partition_worker, assignment.names.len(), cores))
+        });
         let links = |a: usize, b: usize| {
             let (x, y) = (&self.devices[a], &self.devices[b]);
-            if a == b {
+            if let Some(spawned) = &spawned {
+                cost::link_between(spawned, a, b)
+            } else if a == b {
                 cost::Link::Same
-            } else if let Some(spawned) = &spawned {
-                if spawned.same_worker(a, b, x, y) {
-                    cost::Link::Process
-                } else {
-                    cost::Link::Host
-                }
             } else if cost::same_task(x, y) {
                 cost::Link::Process
             } else if hosts[a].is_some() && hosts[a] == hosts[b] {
@@ -476,10 +479,7 @@ impl Placer<'_> {
         };
         let share = match (&spawned, &model.profile) {
             (Some(spawned), Some(profile)) => {
-                // As `Topology::spawned`: each worker on its share of the cores, at least one.
-                let cores = profile.cpu.threads.max(1);
-                let threads = (cores / spawned.workers as u32).max(1);
-                let slower = (f64::from(threads) * spawned.workers as f64 / f64::from(cores)).max(1.0);
+                let (threads, slower) = spawned.compute_shares(self.devices.len(), |_| profile.cpu.threads)[0];
                 search::Share { threads, slower }
             }
             _ => search::Share { slower: oversubscription(self.devices, &hosts, model), ..search::Share::ALL },
@@ -584,31 +584,6 @@ impl Placer<'_> {
                 .with_help("make the two requests agree, or drop one of them")
         };
         self.diagnostics.push(diagnostic);
-    }
-}
-
-/// The worker processes of this host that the devices will run on (`dfc run --spawn N`), as
-/// `dfc_plan::assign_workers` spreads a plan's partitions: a task each where the devices are of
-/// several tasks, a single task's devices in contiguous groups (taken as all of them having
-/// work: the placement decides which do).
-struct SpawnedWorkers {
-    /// All the devices of one task: how many there are.
-    one_task: Option<usize>,
-    workers: usize,
-}
-
-impl SpawnedWorkers {
-    fn new(devices: &[DeviceSpec], workers: usize) -> SpawnedWorkers {
-        let one_task = devices.iter().all(|d| cost::same_task(d, &devices[0])).then_some(devices.len());
-        let workers = one_task.map_or(workers, |n| workers.min(n)).max(1);
-        SpawnedWorkers { one_task, workers }
-    }
-
-    fn same_worker(&self, a: usize, b: usize, x: &DeviceSpec, y: &DeviceSpec) -> bool {
-        match self.one_task {
-            Some(n) => a * self.workers / n == b * self.workers / n,
-            None => cost::same_task(x, y),
-        }
     }
 }
 

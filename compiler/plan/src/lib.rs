@@ -9,12 +9,10 @@
 mod format;
 mod summary;
 mod validate;
-mod workers;
 
 pub use format::{decode, encode, write, PlanError, FORMAT_VERSION, HEADER_LEN, MAGIC};
 pub use summary::{summary, DeviceSummary, KernelSummary, ParamSummary, Summary, TensorSummary, TrainingSummary};
 pub use validate::MAX_TENSOR_BYTES;
-pub use workers::{assign_workers, Assignment};
 
 pub use dfc_ir::{Cluster, Job, Task};
 use dfc_ir::{DeviceKind, DeviceSpec, Initializer, Module, NodeId, Op, Optimizer, TensorRef, TensorType};

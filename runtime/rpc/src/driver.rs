@@ -19,12 +19,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-pub use dfc_plan::Assignment;
+pub use dfc_ir::Assignment;
 
-/// Spreads `plan`'s partitions over `workers` workers, as `dfc_plan::assign_workers` does.
+/// Spreads `plan`'s partitions over `workers` workers, as `dfc_ir::assign_workers` does.
 pub fn assign(plan: &Plan, workers: usize) -> Result<Assignment, String> {
     let devices: Vec<&dfc_ir::DeviceSpec> = plan.partitions.iter().map(|p| &p.device).collect();
-    dfc_plan::assign_workers(&devices, &plan.cluster, workers)
+    dfc_ir::assign_workers(&devices, &plan.cluster, workers)
 }
 
 /// Whether connecting failed because nothing listens there (yet), not for another reason (a

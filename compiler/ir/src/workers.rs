@@ -1,7 +1,8 @@
 //! Which worker process runs each partition of a plan: what `dfc run --cluster/--spawn` does,
-//! and what `dfc compile --spawn N` predicts the plan's step for.
+//! what `dfc compile --spawn N` predicts the plan's step for, and what the placement search
+//! prices its moves for.
 
-use dfc_ir::{Cluster, DeviceSpec};
+use crate::{Cluster, DeviceSpec};
 
 /// Which worker runs each partition, and the workers' task names.
 #[derive(Clone, Debug, PartialEq)]
@@ -64,7 +65,7 @@ pub fn assign_workers(devices: &[&DeviceSpec], cluster: &Cluster, workers: usize
 #[cfg(test)]
 mod tests {
     use super::*;
-    use dfc_ir::DeviceKind;
+    use crate::DeviceKind;
 
     fn one_task(n: usize) -> (Vec<DeviceSpec>, Cluster) {
         let cluster = Cluster::local(n, DeviceKind::Cpu);
